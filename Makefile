@@ -1,0 +1,117 @@
+# sparrow - one readable GNU Makefile, out-of-tree builds.
+#
+#   make              build/sparrow (release, -O2)
+#   make test         unit tests + CLI tests, closing with "N passed, N failed"
+#   make asan         the same tests under AddressSanitizer + UBSan (build/asan/)
+#   make fuzz         libFuzzer targets (clang) in build/fuzz/
+#   make bench        benchmarks in bench/ (speed is asserted there, never in tests)
+#   make demo         generate a tiny model and run sparrow on it
+#   make deps         install missing Debian packages (needs root)
+#   make CUDA=1       also build the CUDA kernels (needs nvcc)
+
+BUILD ?= build
+CC ?= cc
+CUDA ?= 0
+SAN ?= 0
+NVCC ?= nvcc
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -pthread -Iinclude -Isrc -MMD -MP
+LDLIBS := -lcjson -lpcre2-8 -lutf8proc -luring -lmicrohttpd -lm -lpthread
+
+ifeq ($(SAN),1)
+CFLAGS := $(filter-out -O2 -O3,$(CFLAGS)) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+ifeq ($(CUDA),1)
+CFLAGS += -DSP_CUDA=1
+CUDA_HOME ?= /usr/local/cuda
+NVCCFLAGS ?= -O2 -std=c++17 -arch=sm_90 -Isrc -Iinclude
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CU_SRC := $(wildcard src/kernels/cuda/*.cu)
+endif
+
+# SIMD kernel files carry their instruction set in their name and are the only
+# files built with it; everything else runs on any x86-64 (runtime dispatch).
+ISA_FLAGS_avx2 := -mavx2 -mfma -mf16c
+ISA_FLAGS_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+
+LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/kernels/*/*.c))
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+TOOL_SRC := $(wildcard tools/*.c)
+FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
+BENCH_SRC := $(wildcard bench/*.c)
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+LIB := $(BUILD)/libsparrow.a
+BIN := $(BUILD)/sparrow
+TESTS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TOOLS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
+BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all test asan fuzz bench demo deps clean format
+all: $(BIN) $(TOOLS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(foreach isa,avx2 avx512,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
+
+$(BUILD)/tools/%: $(BUILD)/obj/tools/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test: $(BIN) $(TOOLS) $(TESTS)
+	BUILD=$(BUILD) tests/run.sh $(TESTS)
+
+asan:
+	$(MAKE) BUILD=build/asan SAN=1 test
+
+FUZZ_CC ?= clang
+fuzz:
+	$(MAKE) BUILD=build/fuzz-obj CC=$(FUZZ_CC) CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build/fuzz-obj/libsparrow.a
+	@mkdir -p build/fuzz
+	for f in $(FUZZ_SRC); do \
+	  $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $$f build/fuzz-obj/libsparrow.a \
+	    -o build/fuzz/$$(basename $$f .c) $(LDLIBS) || exit 1; \
+	done
+	@echo "fuzzers in build/fuzz/; run e.g. build/fuzz/fuzz_safetensors -max_total_time=600 fuzz/corpus/safetensors"
+
+bench: $(BIN) $(BENCHES)
+	bench/run.sh
+
+demo: $(BIN) $(TOOLS)
+	tools/demo.sh
+
+deps:
+	tools/install-deps.sh
+
+format:
+	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/kernels/*/*.[ch] tests/*.[ch] tools/*.c fuzz/*.c bench/*.c)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

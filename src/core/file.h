@@ -1,0 +1,48 @@
+/*
+ * file.h - files, memory maps and paths.
+ *
+ *     struct sp_map m;
+ *     if (sp_map_open(path, &m) != SP_OK) ...   // read-only, whole file
+ *     use(m.data, m.size);
+ *     sp_map_close(&m);
+ *
+ * sp_read_file returns a NUL-terminated heap copy owned by the caller
+ * (sp_free). sp_path_join returns an owned string. sp_dir_list returns an
+ * owned, sorted array of owned names (free with sp_strv_free).
+ */
+#ifndef SP_CORE_FILE_H
+#define SP_CORE_FILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+
+struct sp_map {
+    const unsigned char *data;  // NULL for an empty file
+    size_t size;
+    int fd;  // kept open for pread-based readers of the same file
+};
+
+enum sp_status sp_map_open(const char *path, struct sp_map *m);
+void sp_map_close(struct sp_map *m);
+
+/* Reads a whole file (at most max_bytes) into a NUL-terminated buffer. */
+enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len);
+/* Writes a whole file through a temporary name and rename(), so readers never
+ * see a half-written file. */
+enum sp_status sp_write_file(const char *path, const void *data, size_t len);
+
+bool sp_path_is_dir(const char *path);
+bool sp_path_is_file(const char *path);
+char *sp_path_join(const char *dir, const char *name);
+/* mkdir -p. */
+enum sp_status sp_mkdirs(const char *path);
+/* Copies a file byte for byte. */
+enum sp_status sp_copy_file(const char *src, const char *dst);
+
+/* Regular files in dir whose names end in suffix (NULL: all), sorted. */
+enum sp_status sp_dir_list(const char *dir, const char *suffix, char ***names, size_t *count);
+void sp_strv_free(char **v, size_t count);
+
+#endif
