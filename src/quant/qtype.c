@@ -1,0 +1,361 @@
+/*
+ * qtype.c - the weight-format traits table and the scalar reference
+ * dequantize / dot / quantize for each format. Rules follow mlx exactly;
+ * ../shared/specs/mlx-quant-format.md cites the lines they come from.
+ */
+#include "quant/qtype.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/half.h"
+
+/* ---- element codecs ---- */
+
+const float sp_e2m1_values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+float sp_e8m0_to_float(uint8_t s) {
+    if (s == 255) return INFINITY;
+    return ldexpf(1.0f, (int)s - 127);
+}
+
+float sp_e4m3_to_float(uint8_t x) {
+    int exp = (x >> 3) & 0xf, man = x & 7;
+    float v = exp ? ldexpf(1.0f + (float)man / 8.0f, exp - 7) : ldexpf((float)man / 8.0f, -6);
+    return (x & 0x80) ? -v : v;
+}
+
+uint8_t sp_float_to_e4m3(float v) {
+    uint8_t sign = signbit(v) ? 0x80 : 0;
+    float a = fabsf(v);
+    if (isnan(v)) return 0x7f;
+    if (a >= 448.0f) return sign | 0x7e;
+    int e;
+    frexpf(a, &e);  // a = f * 2^e, f in [0.5, 1)
+    int E = e - 1;
+    if (a == 0.0f) return sign;
+    if (E < -6) {
+        /* subnormal: steps of 2^-9; 8 steps is the smallest normal (0x08) */
+        float q = nearbyintf(ldexpf(a, 9));
+        return sign | (uint8_t)q;
+    }
+    float m = ldexpf(a, -E);  // [1, 2)
+    int mq = (int)nearbyintf((m - 1.0f) * 8.0f);
+    if (mq == 8) {
+        mq = 0;
+        E++;
+    }
+    int bits = ((E + 7) << 3) | mq;
+    if (bits > 0x7e) bits = 0x7e;
+    return sign | (uint8_t)bits;
+}
+
+uint8_t sp_float_to_e2m1(float y) {
+    float a = fabsf(y);
+    uint8_t code;
+    /* Nearest E2M1 value with ties to the even code, as mlx's kernels do. */
+    if (a <= 0.25f) code = 0;
+    else if (a < 0.75f) code = 1;
+    else if (a <= 1.25f) code = 2;
+    else if (a < 1.75f) code = 3;
+    else if (a <= 2.5f) code = 4;
+    else if (a < 3.5f) code = 5;
+    else if (a <= 5.0f) code = 6;
+    else code = 7;
+    return (uint8_t)(signbit(y) ? code | 8 : code);
+}
+
+uint8_t sp_float_to_e8m0(float x) {
+    if (!(x > 0.0f)) return 127;
+    float l = nearbyintf(log2f(x));
+    if (l < -127.0f) l = -127.0f;
+    if (l > 127.0f) l = 127.0f;
+    return (uint8_t)((int)l + 127);
+}
+
+/* ---- plain floats ---- */
+
+static void dequant_float(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    enum sp_dtype dt = m->type == SP_QTYPE_F32 ? SP_DTYPE_F32 : m->type == SP_QTYPE_F16 ? SP_DTYPE_F16 : SP_DTYPE_BF16;
+    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
+    for (int64_t i = 0; i < n; i++) out[i] = sp_dtype_load_float(dt, r, (size_t)(c0 + i));
+}
+
+static void quantize_float(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                           enum sp_dtype sdt, enum sp_dtype dt) {
+    for (int64_t i = 0; i < n; i++) sp_dtype_store_float(dt, codes, (size_t)i, x[i]);
+}
+
+static void quantize_f32(const float *x, int64_t n, int group, void *c, void *s, void *b, enum sp_dtype sdt) {
+    quantize_float(x, n, group, c, s, b, sdt, SP_DTYPE_F32);
+}
+static void quantize_f16(const float *x, int64_t n, int group, void *c, void *s, void *b, enum sp_dtype sdt) {
+    quantize_float(x, n, group, c, s, b, sdt, SP_DTYPE_F16);
+}
+static void quantize_bf16(const float *x, int64_t n, int group, void *c, void *s, void *b, enum sp_dtype sdt) {
+    quantize_float(x, n, group, c, s, b, sdt, SP_DTYPE_BF16);
+}
+
+/* ---- MLX affine ---- */
+
+static void dequant_affine(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    int bits = sp_qtype_traits(m->type)->bits;
+    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
+    int64_t ng = m->cols / m->group;
+    for (int64_t i = c0; i < c0 + n; i++) {
+        int64_t g = i / m->group;
+        float s = sp_dtype_load_float(m->scale_dtype, m->scales, (size_t)(row * ng + g));
+        float b = sp_dtype_load_float(m->scale_dtype, m->biases, (size_t)(row * ng + g));
+        out[i - c0] = s * (float)sp_unpack_bits(r, i, bits) + b;
+    }
+}
+
+/* Writes code q of element i into an LSB-first bit stream. */
+static void pack_bits(uint8_t *row, int64_t i, int b, uint32_t q) {
+    for (int k = 0; k < b; k++) {
+        uint64_t bit = (uint64_t)i * (uint64_t)b + (uint64_t)k;
+        if ((q >> k) & 1) row[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+    }
+}
+
+static void quantize_affine_bits(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                                 enum sp_dtype sdt, int bits) {
+    const float n_bins = (float)((1 << bits) - 1), eps = 1e-7f;
+    memset(codes, 0, (size_t)(n * bits / 8));
+    for (int64_t g = 0; g < n / group; g++) {
+        const float *w = x + g * group;
+        float w_max = w[0], w_min = w[0];
+        for (int i = 1; i < group; i++) {
+            if (w[i] > w_max) w_max = w[i];
+            if (w[i] < w_min) w_min = w[i];
+        }
+        bool side = fabsf(w_min) > fabsf(w_max);
+        float scale = fmaxf((w_max - w_min) / n_bins, eps);
+        scale = side ? scale : -scale;
+        float edge = side ? w_min : w_max;
+        float q0 = nearbyintf(edge / scale);
+        float bias = 0.0f;
+        if (q0 != 0.0f) {
+            scale = edge / q0;
+            bias = edge;
+        }
+        for (int i = 0; i < group; i++) {
+            float q = nearbyintf((w[i] - bias) / scale);
+            q = fminf(fmaxf(q, 0.0f), n_bins);
+            pack_bits(codes, g * group + i, bits, (uint32_t)q);
+        }
+        sp_dtype_store_float(sdt, scales, (size_t)g, scale);
+        sp_dtype_store_float(sdt, biases, (size_t)g, bias);
+    }
+}
+
+#define AFFINE_QUANTIZER(B)                                                                                    \
+    static void quantize_affine##B(const float *x, int64_t n, int group, void *c, void *s, void *b,           \
+                                   enum sp_dtype sdt) {                                                        \
+        quantize_affine_bits(x, n, group, c, s, b, sdt, B);                                                   \
+    }
+AFFINE_QUANTIZER(2)
+AFFINE_QUANTIZER(3)
+AFFINE_QUANTIZER(4)
+AFFINE_QUANTIZER(5)
+AFFINE_QUANTIZER(6)
+AFFINE_QUANTIZER(8)
+
+/* ---- microscaling: mxfp4, mxfp8, nvfp4 ---- */
+
+static float fp_scale(const struct sp_qmat *m, int64_t row, int64_t g) {
+    uint8_t s = ((const uint8_t *)m->scales)[row * (m->cols / m->group) + g];
+    return m->type == SP_QTYPE_NVFP4 ? sp_e4m3_to_float(s) : sp_e8m0_to_float(s);
+}
+
+static void dequant_fp4(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
+    for (int64_t i = c0; i < c0 + n; i++) {
+        uint8_t q = (r[i >> 1] >> ((i & 1) * 4)) & 0xf;
+        out[i - c0] = sp_e2m1_values[q] * fp_scale(m, row, i / m->group);
+    }
+}
+
+static void dequant_fp8(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
+    for (int64_t i = c0; i < c0 + n; i++) out[i - c0] = sp_e4m3_to_float(r[i]) * fp_scale(m, row, i / m->group);
+}
+
+static float group_amax(const float *w, int group) {
+    float a = 0.0f;
+    for (int i = 0; i < group; i++) a = fmaxf(a, fabsf(w[i]));
+    return a;
+}
+
+static void quantize_mxfp4(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                           enum sp_dtype sdt) {
+    uint8_t *c = codes, *s = scales;
+    memset(c, 0, (size_t)n / 2);
+    for (int64_t g = 0; g < n / group; g++) {
+        uint8_t e = sp_float_to_e8m0(group_amax(x + g * group, group) / 6.0f);
+        s[g] = e;
+        float inv = ldexpf(1.0f, 127 - (int)e);  // exact: a power of two
+        for (int i = 0; i < group; i++) {
+            int64_t k = g * group + i;
+            c[k >> 1] |= (uint8_t)(sp_float_to_e2m1(x[k] * inv) << ((k & 1) * 4));
+        }
+    }
+}
+
+static void quantize_nvfp4(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                           enum sp_dtype sdt) {
+    uint8_t *c = codes, *s = scales;
+    memset(c, 0, (size_t)n / 2);
+    for (int64_t g = 0; g < n / group; g++) {
+        uint8_t e = sp_float_to_e4m3(group_amax(x + g * group, group) / 6.0f);
+        s[g] = e;
+        float sc = sp_e4m3_to_float(e);
+        for (int i = 0; i < group; i++) {
+            int64_t k = g * group + i;
+            uint8_t q = sc > 0.0f ? sp_float_to_e2m1(x[k] / sc) : 0;
+            c[k >> 1] |= (uint8_t)(q << ((k & 1) * 4));
+        }
+    }
+}
+
+static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                           enum sp_dtype sdt) {
+    uint8_t *c = codes, *s = scales;
+    for (int64_t g = 0; g < n / group; g++) {
+        uint8_t e = sp_float_to_e8m0(group_amax(x + g * group, group) / 448.0f);
+        s[g] = e;
+        float inv = ldexpf(1.0f, 127 - (int)e);
+        for (int i = 0; i < group; i++) c[g * group + i] = sp_float_to_e4m3(x[g * group + i] * inv);
+    }
+}
+
+/* ---- the table ---- */
+
+#define DEQ_F32 dequant_float
+#define DEQ_F16 dequant_float
+#define DEQ_BF16 dequant_float
+#define DEQ_AFFINE2 dequant_affine
+#define DEQ_AFFINE3 dequant_affine
+#define DEQ_AFFINE4 dequant_affine
+#define DEQ_AFFINE5 dequant_affine
+#define DEQ_AFFINE6 dequant_affine
+#define DEQ_AFFINE8 dequant_affine
+#define DEQ_MXFP4 dequant_fp4
+#define DEQ_MXFP8 dequant_fp8
+#define DEQ_NVFP4 dequant_fp4
+#define QUANT_F32 quantize_f32
+#define QUANT_F16 quantize_f16
+#define QUANT_BF16 quantize_bf16
+#define QUANT_AFFINE2 quantize_affine2
+#define QUANT_AFFINE3 quantize_affine3
+#define QUANT_AFFINE4 quantize_affine4
+#define QUANT_AFFINE5 quantize_affine5
+#define QUANT_AFFINE6 quantize_affine6
+#define QUANT_AFFINE8 quantize_affine8
+#define QUANT_MXFP4 quantize_mxfp4
+#define QUANT_MXFP8 quantize_mxfp8
+#define QUANT_NVFP4 quantize_nvfp4
+#define SCALE_F32 SP_DTYPE_COUNT
+#define SCALE_F16 SP_DTYPE_COUNT
+#define SCALE_BF16 SP_DTYPE_COUNT
+#define SCALE_AFFINE2 SP_DTYPE_COUNT
+#define SCALE_AFFINE3 SP_DTYPE_COUNT
+#define SCALE_AFFINE4 SP_DTYPE_COUNT
+#define SCALE_AFFINE5 SP_DTYPE_COUNT
+#define SCALE_AFFINE6 SP_DTYPE_COUNT
+#define SCALE_AFFINE8 SP_DTYPE_COUNT
+#define SCALE_MXFP4 SP_DTYPE_U8
+#define SCALE_MXFP8 SP_DTYPE_U8
+#define SCALE_NVFP4 SP_DTYPE_U8
+
+static const struct sp_qtype_traits traits[SP_QTYPE_COUNT] = {
+#define SP_X(e, nm, md, b, g, hb) {nm, md, b, g, hb, SCALE_##e, DEQ_##e, QUANT_##e},
+    SP_QTYPE_LIST(SP_X)
+#undef SP_X
+};
+
+const struct sp_qtype_traits *sp_qtype_traits(enum sp_qtype t) {
+    SP_ASSERT((unsigned)t < SP_QTYPE_COUNT);
+    return &traits[t];
+}
+
+const char *sp_qtype_name(enum sp_qtype t) { return (unsigned)t < SP_QTYPE_COUNT ? traits[t].name : "?"; }
+
+bool sp_qtype_from_name(const char *name, enum sp_qtype *out) {
+    for (int i = 0; i < SP_QTYPE_COUNT; i++) {
+        if (strcmp(traits[i].name, name) == 0) {
+            *out = (enum sp_qtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out) {
+    for (int i = 0; i < SP_QTYPE_COUNT; i++) {
+        if (traits[i].mode && strcmp(traits[i].mode, mode) == 0 && traits[i].bits == bits) {
+            *out = (enum sp_qtype)i;
+            return SP_OK;
+        }
+    }
+    return sp_errorf(SP_ERR_UNSUPPORTED,
+                     "quantization mode \"%s\" with %d bits is not supported (affine: 2, 3, 4, 5, 6, 8 bits; "
+                     "mxfp4: 4; mxfp8: 8; nvfp4: 4)",
+                     mode, bits);
+}
+
+bool sp_qtype_is_quantized(enum sp_qtype t) { return sp_qtype_traits(t)->mode != NULL; }
+
+size_t sp_qtype_row_bytes(enum sp_qtype t, int64_t cols) {
+    return (size_t)cols * (size_t)sp_qtype_traits(t)->bits / 8;
+}
+
+size_t sp_qtype_matrix_bytes(enum sp_qtype t, int group, enum sp_dtype scale_dtype, int64_t rows, int64_t cols) {
+    const struct sp_qtype_traits *tr = sp_qtype_traits(t);
+    size_t bytes = (size_t)rows * sp_qtype_row_bytes(t, cols);
+    if (tr->mode) {
+        size_t per = (size_t)(cols / group) * sp_dtype_size(tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : scale_dtype);
+        bytes += (size_t)rows * per * (tr->has_biases ? 2 : 1);
+    }
+    return bytes;
+}
+
+enum sp_status sp_qtype_check_shape(enum sp_qtype t, int group, int64_t cols) {
+    const struct sp_qtype_traits *tr = sp_qtype_traits(t);
+    if (!tr->mode) return SP_OK;
+    if (tr->group == 0 && group != 32 && group != 64 && group != 128)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "%s: group size %d (supported: 32, 64, 128)", tr->name, group);
+    if (tr->group != 0 && group != tr->group)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "%s: group size %d (the format requires %d)", tr->name, group, tr->group);
+    if (cols % group != 0)
+        return sp_errorf(SP_ERR_FORMAT, "%s: %lld columns are not a whole number of %d-element groups", tr->name,
+                         (long long)cols, group);
+    return SP_OK;
+}
+
+void sp_qmat_dequant_row_ref(const struct sp_qmat *m, int64_t row, float *out) {
+    sp_qtype_traits(m->type)->dequant(m, row, 0, m->cols, out);
+}
+
+void sp_qmat_dequant_cols_ref(const struct sp_qmat *m, int64_t row, int64_t col0, int64_t n, float *out) {
+    sp_qtype_traits(m->type)->dequant(m, row, col0, n, out);
+}
+
+float sp_qmat_dot_row_ref(const struct sp_qmat *m, int64_t row, const float *x) {
+    /* Chunks of 256 columns hold whole groups (groups are 16 to 128 wide),
+     * so the reference needs no row-sized buffer. */
+    float buf[256];
+    double acc = 0.0;
+    for (int64_t c0 = 0; c0 < m->cols; c0 += 256) {
+        int64_t n = m->cols - c0 < 256 ? m->cols - c0 : 256;
+        sp_qmat_dequant_cols_ref(m, row, c0, n, buf);
+        for (int64_t i = 0; i < n; i++) acc += (double)buf[i] * (double)x[c0 + i];
+    }
+    return (float)acc;
+}
+
+void sp_qtype_quantize_row_ref(enum sp_qtype t, const float *x, int64_t n, int group, void *codes, void *scales,
+                               void *biases, enum sp_dtype scale_dtype) {
+    sp_qtype_traits(t)->quantize_row(x, n, group, codes, scales, biases, scale_dtype);
+}
