@@ -1,0 +1,106 @@
+/*
+ * arch.h - the architecture descriptor: everything the one forward pass
+ * needs to know about a model, filled from config.json. Architectures are
+ * data (DESIGN.md §3): nothing downstream branches on a model name, only on
+ * the fields below.
+ *
+ *     struct sp_arch a;
+ *     if (sp_arch_from_config(config_json, &a) != SP_OK) puts(sp_error_msg());
+ *     for (int64_t l = 0; l < a.n_layers; l++) if (a.layer_moe[l]) ...
+ *     sp_arch_free(&a);
+ */
+#ifndef SP_MODEL_ARCH_H
+#define SP_MODEL_ARCH_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+/* X(enum suffix, config.json model_type) */
+#define SP_ARCH_LIST(X)                                                        \
+    X(LLAMA, "llama")                                                          \
+    X(QWEN3, "qwen3")                                                          \
+    X(QWEN3_MOE, "qwen3_moe")                                                  \
+    X(BAILING_MOE, "bailing_moe")                                              \
+    X(GPT_OSS, "gpt_oss")
+
+enum sp_arch_id {
+#define SP_X(e, name) SP_ARCH_##e,
+    SP_ARCH_LIST(SP_X)
+#undef SP_X
+        SP_ARCH_COUNT
+};
+
+enum sp_router_kind {
+    SP_ROUTER_NONE,
+    SP_ROUTER_SOFTMAX_TOPK,        // softmax over all experts, top-k, optional renormalise
+    SP_ROUTER_SIGMOID_GROUP_TOPK,  // sigmoid (+ selection bias), group-limited top-k, renormalise, scale
+    SP_ROUTER_SOFTMAX_GROUP_TOPK,  // the same with softmax scores (bailing score_function "softmax")
+    SP_ROUTER_TOPK_SOFTMAX,        // top-k of the logits, softmax over the chosen k
+    SP_ROUTER_KIND_COUNT
+};
+
+enum sp_act_kind {
+    SP_ACT_SILU,           // silu(gate) * up
+    SP_ACT_SWIGLU_CLAMP,   // gpt-oss: gate <= limit, |up| <= limit, gate*sigmoid(alpha*gate)*(up+1)
+    SP_ACT_KIND_COUNT
+};
+
+enum sp_rope_kind { SP_ROPE_NONE, SP_ROPE_LINEAR, SP_ROPE_YARN, SP_ROPE_LLAMA3, SP_ROPE_KIND_COUNT };
+
+struct sp_rope {
+    enum sp_rope_kind kind;
+    double theta;
+    double factor;
+    int64_t orig_max_pos;            // yarn, llama3: original_max_position_embeddings
+    double beta_fast, beta_slow;     // yarn
+    bool truncate;                   // yarn: round the correction range to integers
+    double attention_factor;         // yarn: cos/sin scale (0: 0.1 ln(factor) + 1)
+    double low_freq_factor, high_freq_factor;  // llama3
+    int64_t rot_dims;                // rotated dims per head (partial rotary), even
+};
+
+struct sp_arch {
+    enum sp_arch_id id;
+    const char *model_type;  // static string
+    int64_t vocab, d_model, n_layers, n_heads, n_kv_heads, head_dim;
+    int64_t d_ff;  // dense MLP width (0 when no layer is dense)
+    int64_t max_pos;
+    double norm_eps;
+    struct sp_rope rope;
+    bool qk_norm;       // per-head RMSNorm of q and k before RoPE
+    bool fused_qkv;     // one query_key_value projection
+    bool qkv_bias, o_bias;
+    bool attn_sinks;    // per-head sink logits in the softmax denominator
+    bool tie_embeddings;
+    int64_t sliding_window;  // 0: none
+    /* MoE */
+    int64_t n_experts, n_experts_used, d_expert;
+    int64_t n_shared_experts;  // shared expert width = n_shared_experts * d_expert
+    enum sp_router_kind router;
+    int64_t n_group, topk_group;  // group-limited routing (1, 1: none)
+    double routed_scale;
+    bool norm_topk_prob;
+    bool router_bias;  // the router linear has a bias (gpt-oss)
+    enum sp_act_kind act;
+    double swiglu_limit, swiglu_alpha;
+    int64_t n_mtp_layers;  // extra next-token-prediction layers after n_layers (not run)
+    /* per layer, (n_layers) each; owned */
+    bool *layer_moe;
+    bool *layer_sliding;
+};
+
+const char *sp_arch_name(enum sp_arch_id id);
+/* Reads a config.json object. Unknown model types are an error listing the
+ * supported ones; recognised but unsupported ones say so. */
+enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *out);
+void sp_arch_free(struct sp_arch *a);
+/* "bailing_moe, qwen3_moe, ...": for messages and --help. */
+const char *sp_arch_supported_list(void);
+const char *sp_router_kind_name(enum sp_router_kind k);
+const char *sp_rope_kind_name(enum sp_rope_kind k);
+const char *sp_act_kind_name(enum sp_act_kind k);
+
+#endif

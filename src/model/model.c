@@ -1,0 +1,302 @@
+/* model.c - opening a model and typed, validated views of its weights. */
+#include "model/model.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+
+void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols) {
+    int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
+    int64_t sh = a->n_shared_experts * a->d_expert;
+    *rows = *cols = 0;
+    switch (role) {
+    case SP_ROLE_EMBED:
+    case SP_ROLE_LM_HEAD: *rows = a->vocab, *cols = d; break;
+    case SP_ROLE_OUT_NORM:
+    case SP_ROLE_ATTN_NORM:
+    case SP_ROLE_FFN_NORM: *rows = d; break;
+    case SP_ROLE_ATTN_Q: *rows = q, *cols = d; break;
+    case SP_ROLE_ATTN_K:
+    case SP_ROLE_ATTN_V: *rows = kv, *cols = d; break;
+    case SP_ROLE_ATTN_QKV: *rows = q + 2 * kv, *cols = d; break;
+    case SP_ROLE_ATTN_O: *rows = d, *cols = q; break;
+    case SP_ROLE_ATTN_Q_NORM:
+    case SP_ROLE_ATTN_K_NORM: *rows = hd; break;
+    case SP_ROLE_ATTN_SINKS: *rows = a->n_heads; break;
+    case SP_ROLE_FFN_GATE:
+    case SP_ROLE_FFN_UP: *rows = a->d_ff, *cols = d; break;
+    case SP_ROLE_FFN_DOWN: *rows = d, *cols = a->d_ff; break;
+    case SP_ROLE_ROUTER: *rows = a->n_experts, *cols = d; break;
+    case SP_ROLE_EXPERT_BIAS: *rows = a->n_experts; break;
+    case SP_ROLE_EXP_GATE:
+    case SP_ROLE_EXP_UP: *rows = a->d_expert, *cols = d; break;
+    case SP_ROLE_EXP_DOWN: *rows = d, *cols = a->d_expert; break;
+    case SP_ROLE_EXP_GATE_UP: *rows = 2 * a->d_expert, *cols = d; break;
+    case SP_ROLE_SHEXP_GATE:
+    case SP_ROLE_SHEXP_UP: *rows = sh, *cols = d; break;
+    case SP_ROLE_SHEXP_DOWN: *rows = d, *cols = sh; break;
+    default: break;
+    }
+}
+
+static const char *shard_of(const struct sp_model *m, const struct sp_st_tensor *t) {
+    for (int i = 0; i < m->files->n_shards; i++) {
+        const struct sp_st_file *f = m->files->shards[i];
+        if (t >= f->tensors && t < f->tensors + f->n_tensors) {
+            const char *slash = strrchr(f->path, '/');
+            return slash ? slash + 1 : f->path;
+        }
+    }
+    return "?";
+}
+
+static enum sp_status tensor_error(const struct sp_model *m, const struct sp_st_tensor *t, const char *fmt,
+                                   const char *detail) {
+    return sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: %s%s", shard_of(m, t), t->name, fmt, detail ? detail : "");
+}
+
+static void shape_str(const struct sp_st_tensor *t, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->ndim && n + 24 < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "x" : "", (long long)t->shape[i]);
+    if (!t->ndim) snprintf(buf, cap, "scalar");
+}
+
+/* Checks that t has `lead` leading dims (the expert dim when stacked) equal
+ * to n_experts, then (rows, last) with last as given; returns the last dim. */
+static enum sp_status check_dims(const struct sp_model *m, const struct sp_st_tensor *t, bool stacked, int64_t rows,
+                                 int64_t last, const char *what) {
+    int want = stacked ? 3 : 2;
+    bool ok = t->ndim == want && (!stacked || t->shape[0] == m->arch.n_experts) && t->shape[want - 2] == rows &&
+              t->shape[want - 1] == last;
+    if (ok) return SP_OK;
+    char got[128], msg[512];
+    shape_str(t, got, sizeof got);
+    if (stacked)
+        snprintf(msg, sizeof msg, "%s should be %lldx%lldx%lld but the header says %s", what,
+                 (long long)m->arch.n_experts, (long long)rows, (long long)last, got);
+    else
+        snprintf(msg, sizeof msg, "%s should be %lldx%lld but the header says %s", what, (long long)rows,
+                 (long long)last, got);
+    return tensor_error(m, t, msg, NULL);
+}
+
+enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_role role, int64_t expert,
+                               struct sp_linear *out) {
+    memset(out, 0, sizeof *out);
+    const struct sp_wslot *s = expert >= 0 ? sp_weights_find(&m->weights, layer, role, expert) : NULL;
+    if (!s) s = sp_weights_find(&m->weights, layer, role, -1);
+    if (!s || !s->t[SP_PARAM_WEIGHT]) {
+        if (expert >= 0)
+            return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: no %s weight for expert %lld", (long long)layer,
+                             sp_role_name(role), (long long)expert);
+        if (layer >= 0)
+            return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: no %s weight", (long long)layer, sp_role_name(role));
+        return sp_errorf(SP_ERR_NOT_FOUND, "no %s weight", sp_role_name(role));
+    }
+    bool stacked = s->stacked;
+    if (stacked && (expert < 0 || expert >= m->arch.n_experts))
+        return sp_errorf(SP_ERR_ARG, "layer %lld: %s is stacked; expert %lld is out of range", (long long)layer,
+                         sp_role_name(role), (long long)expert);
+    int64_t slice = stacked ? expert : 0;
+    const struct sp_st_tensor *w = s->t[SP_PARAM_WEIGHT], *sc = s->t[SP_PARAM_SCALES], *qb = s->t[SP_PARAM_BIASES];
+    int64_t rows, cols;
+    sp_model_expected_shape(&m->arch, role, &rows, &cols);
+    char what[96];
+    if (layer >= 0)
+        snprintf(what, sizeof what, "%s of layer %lld", sp_role_name(role), (long long)layer);
+    else
+        snprintf(what, sizeof what, "%s", sp_role_name(role));
+    struct sp_qmat *q = &out->w;
+    q->rows = rows;
+    q->cols = cols;
+    out->slot = s;
+    out->transposed = s->transposed;
+    out->interleaved = s->interleaved;
+    enum sp_status st;
+    if (sc) {
+        struct sp_qparams p;
+        if (!sp_qconfig_lookup(&m->qcfg, s->module, &p))
+            return tensor_error(m, sc, "quantization scales, but config.json has no \"quantization\" section", NULL);
+        if (!p.quantized)
+            return tensor_error(m, sc, "quantization scales, but config.json says this module is not quantized", NULL);
+        const struct sp_qtype_traits *tr = sp_qtype_traits(p.type);
+        if (s->transposed) return tensor_error(m, w, "quantized weights in the transposed layout are not supported", NULL);
+        if (w->dtype != SP_DTYPE_U32 && w->dtype != SP_DTYPE_U8)
+            return tensor_error(m, w, "quantized codes must be U32 or U8, not ", sp_dtype_name(w->dtype));
+        st = sp_qtype_check_shape(p.type, p.group, cols);
+        if (st != SP_OK) return tensor_error(m, w, sp_error_msg(), NULL);
+        int64_t packed = (int64_t)sp_qtype_row_bytes(p.type, cols) / (int64_t)sp_dtype_size(w->dtype);
+        st = check_dims(m, w, stacked, rows, packed, what);
+        if (st != SP_OK) return st;
+        int64_t groups = cols / p.group;
+        st = check_dims(m, sc, stacked, rows, groups, "its scales");
+        if (st != SP_OK) return st;
+        enum sp_dtype sdt = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : sc->dtype;
+        if (sc->dtype != sdt || (tr->scale_dtype == SP_DTYPE_COUNT && !sp_dtype_is_float(sdt)))
+            return tensor_error(m, sc, "unexpected dtype for the scales of a ",
+                                tr->name);
+        if (tr->has_biases) {
+            if (!qb) return tensor_error(m, w, "affine-quantized weight without a .biases tensor", NULL);
+            st = check_dims(m, qb, stacked, rows, groups, "its biases");
+            if (st != SP_OK) return st;
+            if (qb->dtype != sc->dtype) return tensor_error(m, qb, "biases and scales differ in dtype", NULL);
+        } else if (qb) {
+            return tensor_error(m, qb, "a .biases tensor, but the format has none: ", tr->name);
+        }
+        size_t row_bytes = sp_qtype_row_bytes(p.type, cols), srow = (size_t)groups * sp_dtype_size(sdt);
+        q->type = p.type;
+        q->group = p.group;
+        q->scale_dtype = sdt;
+        q->codes = (const uint8_t *)w->data + (size_t)slice * (size_t)rows * row_bytes;
+        q->scales = (const uint8_t *)sc->data + (size_t)slice * (size_t)rows * srow;
+        q->biases = qb ? (const uint8_t *)qb->data + (size_t)slice * (size_t)rows * srow : NULL;
+    } else {
+        if (!sp_dtype_is_float(w->dtype))
+            return tensor_error(m, w, "unquantized weights must be F32, F16 or BF16, not ", sp_dtype_name(w->dtype));
+        if (qb) return tensor_error(m, qb, "quantization biases without scales", NULL);
+        st = s->transposed ? check_dims(m, w, stacked, cols, rows, what) : check_dims(m, w, stacked, rows, cols, what);
+        if (st != SP_OK) return st;
+        q->type = w->dtype == SP_DTYPE_F32 ? SP_QTYPE_F32 : w->dtype == SP_DTYPE_F16 ? SP_QTYPE_F16 : SP_QTYPE_BF16;
+        q->group = 1;
+        q->scale_dtype = SP_DTYPE_COUNT;
+        q->codes = (const uint8_t *)w->data + (size_t)slice * (size_t)rows * (size_t)cols * sp_dtype_size(w->dtype);
+    }
+    const struct sp_st_tensor *b = s->t[SP_PARAM_BIAS];
+    if (b) {
+        bool ok = sp_dtype_is_float(b->dtype) && b->ndim == (stacked ? 2 : 1) &&
+                  (!stacked || b->shape[0] == m->arch.n_experts) && b->shape[b->ndim - 1] == rows;
+        if (!ok) {
+            char got[128], msg[512];
+            shape_str(b, got, sizeof got);
+            snprintf(msg, sizeof msg, "bias of %s should hold %lld floats per %s, header says %s %s", what,
+                     (long long)rows, stacked ? "expert" : "layer", sp_dtype_name(b->dtype), got);
+            return tensor_error(m, b, msg, NULL);
+        }
+        out->bias = (const uint8_t *)b->data + (size_t)slice * (size_t)rows * sp_dtype_size(b->dtype);
+        out->bias_dtype = b->dtype;
+    }
+    return SP_OK;
+}
+
+enum sp_status sp_model_vector(const struct sp_model *m, int64_t layer, enum sp_role role, struct sp_vector *out) {
+    memset(out, 0, sizeof *out);
+    const struct sp_wslot *s = sp_weights_find(&m->weights, layer, role, -1);
+    if (!s || !s->t[SP_PARAM_WEIGHT]) {
+        if (layer >= 0)
+            return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: no %s tensor", (long long)layer, sp_role_name(role));
+        return sp_errorf(SP_ERR_NOT_FOUND, "no %s tensor", sp_role_name(role));
+    }
+    const struct sp_st_tensor *t = s->t[SP_PARAM_WEIGHT];
+    int64_t n, unused;
+    sp_model_expected_shape(&m->arch, role, &n, &unused);
+    if (!sp_dtype_is_float(t->dtype) || t->ndim != 1 || t->shape[0] != n) {
+        char got[128], msg[512];
+        shape_str(t, got, sizeof got);
+        snprintf(msg, sizeof msg, "%s should be %lld floats, header says %s %s", sp_role_name(role), (long long)n,
+                 sp_dtype_name(t->dtype), got);
+        return tensor_error(m, t, msg, NULL);
+    }
+    out->data = t->data;
+    out->dtype = t->dtype;
+    out->n = n;
+    return SP_OK;
+}
+
+/* Every tensor the descriptor needs, checked once at open. */
+static enum sp_status validate(struct sp_model *m) {
+    const struct sp_arch *a = &m->arch;
+    struct sp_linear l;
+    struct sp_vector v;
+    enum sp_status st;
+#define CHECK(expr)                                                                                                 \
+    if ((st = (expr)) != SP_OK) return st;
+    CHECK(sp_model_linear(m, -1, SP_ROLE_EMBED, -1, &l));
+    CHECK(sp_model_vector(m, -1, SP_ROLE_OUT_NORM, &v));
+    m->has_lm_head = sp_weights_find(&m->weights, -1, SP_ROLE_LM_HEAD, -1) != NULL;
+    if (m->has_lm_head) {
+        CHECK(sp_model_linear(m, -1, SP_ROLE_LM_HEAD, -1, &l));
+    } else if (!a->tie_embeddings) {
+        return sp_errorf(SP_ERR_NOT_FOUND, "no lm_head weight, and config.json does not tie the embeddings");
+    }
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_NORM, &v));
+        CHECK(sp_model_vector(m, L, SP_ROLE_FFN_NORM, &v));
+        if (a->fused_qkv) {
+            CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_QKV, -1, &l));
+            if (a->qkv_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: use_qkv_bias is set but query_key_value has no bias", (long long)L);
+        } else {
+            enum sp_role r3[3] = {SP_ROLE_ATTN_Q, SP_ROLE_ATTN_K, SP_ROLE_ATTN_V};
+            for (int i = 0; i < 3; i++) {
+                CHECK(sp_model_linear(m, L, r3[i], -1, &l));
+                if (a->qkv_bias && !l.bias)
+                    return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: attention bias is set but %s has no bias", (long long)L, sp_role_name(r3[i]));
+            }
+        }
+        CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
+        if (a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
+        if (a->qk_norm) {
+            CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_Q_NORM, &v));
+            CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_K_NORM, &v));
+        }
+        if (a->attn_sinks) CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_SINKS, &v));
+        if (!a->layer_moe[L]) {
+            CHECK(sp_model_linear(m, L, SP_ROLE_FFN_GATE, -1, &l));
+            CHECK(sp_model_linear(m, L, SP_ROLE_FFN_UP, -1, &l));
+            CHECK(sp_model_linear(m, L, SP_ROLE_FFN_DOWN, -1, &l));
+            continue;
+        }
+        CHECK(sp_model_linear(m, L, SP_ROLE_ROUTER, -1, &l));
+        if (a->router_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the router has no bias", (long long)L);
+        if (sp_weights_find(&m->weights, L, SP_ROLE_EXPERT_BIAS, -1)) {
+            CHECK(sp_model_vector(m, L, SP_ROLE_EXPERT_BIAS, &v));
+            m->has_expert_bias = true;
+        }
+        bool fused = sp_weights_find(&m->weights, L, SP_ROLE_EXP_GATE_UP, -1) != NULL;
+        m->fused_gate_up = fused;
+        for (int64_t e = 0; e < a->n_experts; e++) {
+            if (fused) {
+                CHECK(sp_model_linear(m, L, SP_ROLE_EXP_GATE_UP, e, &l));
+            } else {
+                CHECK(sp_model_linear(m, L, SP_ROLE_EXP_GATE, e, &l));
+                CHECK(sp_model_linear(m, L, SP_ROLE_EXP_UP, e, &l));
+            }
+            CHECK(sp_model_linear(m, L, SP_ROLE_EXP_DOWN, e, &l));
+        }
+        if (a->n_shared_experts > 0) {
+            CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_GATE, -1, &l));
+            CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_UP, -1, &l));
+            CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_DOWN, -1, &l));
+        }
+    }
+#undef CHECK
+    return SP_OK;
+}
+
+enum sp_status sp_model_open(const char *spec, struct sp_model **out) {
+    *out = NULL;
+    struct sp_model *m = sp_calloc(1, sizeof *m, SP_MEM_MODEL);
+    if (!m) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    enum sp_status st = sp_model_files_open(spec, &m->files);
+    if (st == SP_OK) st = sp_arch_from_config(m->files->config, &m->arch);
+    if (st == SP_OK) st = sp_qconfig_parse(m->files->config, &m->qcfg);
+    if (st == SP_OK) st = sp_weights_build(m->files, m->arch.n_layers, &m->weights);
+    if (st == SP_OK) st = validate(m);
+    if (st != SP_OK) {
+        if (m->files) sp_error_prefix("%s: ", m->files->dir);
+        sp_model_close(m);
+        return st;
+    }
+    *out = m;
+    return SP_OK;
+}
+
+void sp_model_close(struct sp_model *m) {
+    if (!m) return;
+    sp_weights_free(&m->weights);
+    sp_qconfig_free(&m->qcfg);
+    sp_arch_free(&m->arch);
+    sp_model_files_close(m->files);
+    sp_free(m);
+}

@@ -1,0 +1,67 @@
+/*
+ * model.h - an opened model: its files, architecture descriptor,
+ * quantization config and role table, validated against each other, and
+ * typed views of its weights.
+ *
+ *     struct sp_model *m;
+ *     if (sp_model_open("path/or/org-name", &m) != SP_OK) puts(sp_error_msg());
+ *     struct sp_linear q;
+ *     sp_model_linear(m, 0, SP_ROLE_ATTN_Q, -1, &q);   // q.w is (out, in)
+ *     struct sp_vector n;
+ *     sp_model_vector(m, 0, SP_ROLE_ATTN_NORM, &n);
+ *     sp_model_close(m);
+ *
+ * Opening reads headers only and checks that every tensor the descriptor
+ * needs exists with the right shape, dtype and quantization. Views borrow
+ * from the model's mappings and are valid until sp_model_close.
+ */
+#ifndef SP_MODEL_MODEL_H
+#define SP_MODEL_MODEL_H
+
+#include "format/modeldir.h"
+#include "format/qconfig.h"
+#include "model/arch.h"
+#include "model/weights.h"
+#include "quant/qtype.h"
+
+/* A linear layer y = W x (+ b). */
+struct sp_linear {
+    struct sp_qmat w;  // (out, in); when transposed the stored matrix is (in, out)
+    bool transposed;
+    bool interleaved;  // fused gate_up whose outputs alternate gate, up
+    const void *bias;  // (out) or NULL
+    enum sp_dtype bias_dtype;
+    const struct sp_wslot *slot;  // where it came from (names for messages)
+};
+
+/* A 1-D parameter (norm weight, sinks, expert bias). */
+struct sp_vector {
+    const void *data;
+    enum sp_dtype dtype;  // F32, F16 or BF16
+    int64_t n;
+};
+
+struct sp_model {
+    struct sp_model_files *files;
+    struct sp_arch arch;
+    struct sp_qconfig qcfg;
+    struct sp_weights weights;
+    bool has_expert_bias;   // router selection bias present (bailing)
+    bool has_lm_head;       // false: logits use the embedding (tied)
+    bool fused_gate_up;     // experts store gate and up as one matrix
+};
+
+enum sp_status sp_model_open(const char *spec, struct sp_model **out);
+void sp_model_close(struct sp_model *m);
+
+/* The linear layer of (layer, role, expert); expert is -1 for non-expert
+ * roles and 0..E-1 for routed experts. */
+enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_role role, int64_t expert,
+                               struct sp_linear *out);
+enum sp_status sp_model_vector(const struct sp_model *m, int64_t layer, enum sp_role role, struct sp_vector *out);
+
+/* The shape the architecture expects for a role: (rows, cols) for matrices
+ * as (out, in), (n, 0) for vectors. */
+void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols);
+
+#endif
