@@ -38,7 +38,9 @@ endif
 ISA_FLAGS_avx2 := -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
-LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/kernels/*/*.c))
+# SKIP: source patterns to leave out of a build (e.g. SKIP=src/tokenizer/%).
+SKIP ?=
+LIB_SRC := $(filter-out src/cli/% $(SKIP),$(wildcard src/*/*.c src/kernels/*/*.c))
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TOOL_SRC := $(wildcard tools/*.c)
@@ -75,7 +77,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
-$(BUILD)/tools/%: $(BUILD)/obj/tools/%.o $(LIB)
+$(BUILD)/tools/%: $(BUILD)/obj/tools/%.o $(BUILD)/obj/src/cli/args.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

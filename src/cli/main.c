@@ -1,2 +1,39 @@
+/*
+ * main.c - the `sparrow` binary: dispatches to one subcommand per file.
+ */
 #include <stdio.h>
-int main(void) { return 0; }
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"inspect", sp_cmd_inspect, "architecture, parameters and bytes by role and format"},
+    {"quantize", sp_cmd_quantize, "write an MLX-layout quantized copy of a model"},
+};
+
+static void usage(FILE *f) {
+    fputs("usage: sparrow COMMAND [options]   (sparrow COMMAND --help for details)\n\ncommands:\n", f);
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return SP_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return SP_EXIT_USAGE;
+}

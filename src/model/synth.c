@@ -1,0 +1,225 @@
+/*
+ * synth.c - random-weight model folders in the Hugging Face layout of each
+ * architecture. The names written here are the ones each architecture's
+ * reference implementation saves with save_pretrained.
+ */
+#include "model/synth.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/buf.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "format/st_writer.h"
+#include "model/arch.h"
+
+enum init { INIT_NORMAL, INIT_ONES, INIT_SMALL };
+
+struct planned {
+    char name[160];
+    int ndim;
+    int64_t shape[3];
+    enum init init;
+    enum sp_dtype dtype;
+};
+
+struct plan {
+    struct planned *v;
+    int64_t n, cap;
+    enum sp_dtype dtype;
+    enum sp_status st;
+};
+
+static void add(struct plan *p, enum init init, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static void add(struct plan *p, enum init init, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
+    if (p->st != SP_OK) return;
+    if (p->n == p->cap) {
+        int64_t cap = p->cap ? p->cap * 2 : 256;
+        size_t bytes = (size_t)cap * sizeof *p->v;
+        struct planned *v = p->v ? sp_realloc(p->v, bytes) : sp_malloc(bytes, SP_MEM_MISC);
+        if (!v) {
+            p->st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+            return;
+        }
+        p->v = v;
+        p->cap = cap;
+    }
+    struct planned *t = &p->v[p->n++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->shape[2] = d2;
+    t->init = init;
+    t->dtype = p->dtype;
+}
+
+#define VEC(init, n, ...) add(p, init, 1, n, 0, 0, __VA_ARGS__)
+#define MAT(r, c, ...) add(p, INIT_NORMAL, 2, r, c, 0, __VA_ARGS__)
+
+/* The tensors of one architecture, in the Hugging Face layout. */
+static void plan_model(struct plan *p, const struct sp_arch *a) {
+    bool bailing = a->id == SP_ARCH_BAILING_MOE, gpt_oss = a->id == SP_ARCH_GPT_OSS;
+    int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
+    MAT(a->vocab, d, bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight");
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        const char *pre = "model.layers.";
+        VEC(INIT_ONES, d, "%s%lld.input_layernorm.weight", pre, (long long)L);
+        VEC(INIT_ONES, d, "%s%lld.post_attention_layernorm.weight", pre, (long long)L);
+        if (bailing) {
+            MAT(q + 2 * kv, d, "%s%lld.attention.query_key_value.weight", pre, (long long)L);
+            if (a->qkv_bias) VEC(INIT_SMALL, q + 2 * kv, "%s%lld.attention.query_key_value.bias", pre, (long long)L);
+            MAT(d, q, "%s%lld.attention.dense.weight", pre, (long long)L);
+            if (a->o_bias) VEC(INIT_SMALL, d, "%s%lld.attention.dense.bias", pre, (long long)L);
+            if (a->qk_norm) {
+                VEC(INIT_ONES, hd, "%s%lld.attention.query_layernorm.weight", pre, (long long)L);
+                VEC(INIT_ONES, hd, "%s%lld.attention.key_layernorm.weight", pre, (long long)L);
+            }
+        } else {
+            static const char *const qkv[3] = {"q", "k", "v"};
+            for (int i = 0; i < 3; i++) {
+                int64_t rows = i == 0 ? q : kv;
+                MAT(rows, d, "%s%lld.self_attn.%s_proj.weight", pre, (long long)L, qkv[i]);
+                if (a->qkv_bias) VEC(INIT_SMALL, rows, "%s%lld.self_attn.%s_proj.bias", pre, (long long)L, qkv[i]);
+            }
+            MAT(d, q, "%s%lld.self_attn.o_proj.weight", pre, (long long)L);
+            if (a->o_bias) VEC(INIT_SMALL, d, "%s%lld.self_attn.o_proj.bias", pre, (long long)L);
+            if (a->qk_norm) {
+                VEC(INIT_ONES, hd, "%s%lld.self_attn.q_norm.weight", pre, (long long)L);
+                VEC(INIT_ONES, hd, "%s%lld.self_attn.k_norm.weight", pre, (long long)L);
+            }
+            if (a->attn_sinks) VEC(INIT_SMALL, a->n_heads, "%s%lld.self_attn.sinks", pre, (long long)L);
+        }
+        if (!a->layer_moe[L]) {
+            MAT(a->d_ff, d, "%s%lld.mlp.gate_proj.weight", pre, (long long)L);
+            MAT(a->d_ff, d, "%s%lld.mlp.up_proj.weight", pre, (long long)L);
+            MAT(d, a->d_ff, "%s%lld.mlp.down_proj.weight", pre, (long long)L);
+            continue;
+        }
+        int64_t E = a->n_experts, ff = a->d_expert;
+        if (gpt_oss) {
+            MAT(E, d, "%s%lld.mlp.router.weight", pre, (long long)L);
+            VEC(INIT_SMALL, E, "%s%lld.mlp.router.bias", pre, (long long)L);
+            add(p, INIT_NORMAL, 3, E, d, 2 * ff, "%s%lld.mlp.experts.gate_up_proj", pre, (long long)L);
+            add(p, INIT_SMALL, 2, E, 2 * ff, 0, "%s%lld.mlp.experts.gate_up_proj_bias", pre, (long long)L);
+            add(p, INIT_NORMAL, 3, E, ff, d, "%s%lld.mlp.experts.down_proj", pre, (long long)L);
+            add(p, INIT_SMALL, 2, E, d, 0, "%s%lld.mlp.experts.down_proj_bias", pre, (long long)L);
+            continue;
+        }
+        MAT(E, d, "%s%lld.mlp.gate.weight", pre, (long long)L);
+        if (bailing) {
+            enum sp_dtype keep = p->dtype;
+            p->dtype = SP_DTYPE_F32;  // the reference keeps expert_bias in float32
+            VEC(INIT_SMALL, E, "%s%lld.mlp.gate.expert_bias", pre, (long long)L);
+            p->dtype = keep;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            MAT(ff, d, "%s%lld.mlp.experts.%lld.gate_proj.weight", pre, (long long)L, (long long)e);
+            MAT(ff, d, "%s%lld.mlp.experts.%lld.up_proj.weight", pre, (long long)L, (long long)e);
+            MAT(d, ff, "%s%lld.mlp.experts.%lld.down_proj.weight", pre, (long long)L, (long long)e);
+        }
+        if (a->n_shared_experts > 0) {
+            int64_t sh = a->n_shared_experts * ff;
+            MAT(sh, d, "%s%lld.mlp.shared_experts.gate_proj.weight", pre, (long long)L);
+            MAT(sh, d, "%s%lld.mlp.shared_experts.up_proj.weight", pre, (long long)L);
+            MAT(d, sh, "%s%lld.mlp.shared_experts.down_proj.weight", pre, (long long)L);
+        }
+    }
+    VEC(INIT_ONES, d, "model.norm.weight");
+    if (!a->tie_embeddings) MAT(a->vocab, d, "lm_head.weight");
+}
+
+#undef VEC
+#undef MAT
+
+static enum sp_status write_config(const cJSON *config, const char *dir, int64_t layers) {
+    cJSON *copy = cJSON_Duplicate(config, true);
+    if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (layers > 0) {
+        cJSON *n = cJSON_CreateNumber((double)layers);
+        if (!n || !cJSON_ReplaceItemInObjectCaseSensitive(copy, "num_hidden_layers", n)) {
+            cJSON_Delete(n);
+            cJSON_Delete(copy);
+            return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        }
+        /* Per-layer lists must shrink with the layer count. */
+        cJSON *lt = cJSON_GetObjectItemCaseSensitive(copy, "layer_types");
+        while (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) > layers) cJSON_DeleteItemFromArray(lt, cJSON_GetArraySize(lt) - 1);
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 2);
+    sp_jw_cjson(&w, copy);
+    sp_buf_putc(&b, '\n');
+    cJSON_Delete(copy);
+    char *path = sp_path_join(dir, "config.json");
+    enum sp_status st = b.failed || !path ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_write_file(path, b.data, b.len);
+    sp_free(path);
+    sp_buf_free(&b);
+    return st;
+}
+
+enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct sp_synth_opts *opts) {
+    if (!sp_dtype_is_float(opts->dtype)) return sp_errorf(SP_ERR_ARG, "synthetic weights must be F32, F16 or BF16");
+    enum sp_status st = sp_mkdirs(dir);
+    if (st != SP_OK) return st;
+    st = write_config(config, dir, opts->layers);
+    if (st != SP_OK) return st;
+    char *cfg_path = sp_path_join(dir, "config.json");
+    cJSON *cfg = NULL;
+    st = cfg_path ? sp_json_parse_file(cfg_path, 16 << 20, &cfg) : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    sp_free(cfg_path);
+    if (st != SP_OK) return st;
+    struct sp_arch a;
+    st = sp_arch_from_config(cfg, &a);
+    cJSON_Delete(cfg);
+    if (st != SP_OK) return st;
+
+    struct plan p = {.dtype = opts->dtype};
+    plan_model(&p, &a);
+    sp_arch_free(&a);
+    struct sp_st_writer w;
+    sp_st_writer_init(&w, dir, opts->shard_bytes);
+    float *chunk = NULL;
+    void *conv = NULL;
+    enum { CHUNK = 1 << 20 };
+    st = p.st;
+    for (int64_t i = 0; i < p.n && st == SP_OK; i++)
+        st = sp_st_writer_declare(&w, p.v[i].name, p.v[i].dtype, p.v[i].ndim, p.v[i].shape);
+    if (st == SP_OK) st = sp_st_writer_begin(&w);
+    chunk = sp_malloc(CHUNK * sizeof *chunk, SP_MEM_MISC);
+    conv = sp_malloc(CHUNK * sizeof(float), SP_MEM_MISC);
+    if (st == SP_OK && (!chunk || !conv)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    struct sp_rng rng;
+    sp_rng_seed(&rng, opts->seed);
+    float std = opts->init_std > 0 ? opts->init_std : 0.02f;
+    for (int64_t i = 0; i < p.n && st == SP_OK; i++) {
+        const struct planned *t = &p.v[i];
+        int64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+        for (int64_t done = 0; done < numel && st == SP_OK; done += CHUNK) {
+            int64_t n = numel - done < CHUNK ? numel - done : CHUNK;
+            for (int64_t k = 0; k < n; k++) {
+                float g = sp_rng_normal(&rng);
+                chunk[k] = t->init == INIT_NORMAL ? g * std : t->init == INIT_ONES ? 1.0f + 0.1f * g : 0.1f * g;
+            }
+            for (int64_t k = 0; k < n; k++) sp_dtype_store_float(t->dtype, conv, (size_t)k, chunk[k]);
+            st = sp_st_writer_write(&w, conv, (size_t)n * sp_dtype_size(t->dtype));
+        }
+    }
+    if (st == SP_OK) st = sp_st_writer_finish(&w);
+    sp_st_writer_free(&w);
+    sp_free(chunk);
+    sp_free(conv);
+    sp_free(p.v);
+    return st;
+}

@@ -1,0 +1,33 @@
+/*
+ * synth.h - synthetic models: a loadable model folder (config.json +
+ * safetensors in the Hugging Face layout of its architecture) with random
+ * weights of the exact shapes a config.json describes. Used by the tests,
+ * the demo and the benchmarks to have real shapes offline.
+ *
+ *     struct sp_synth_opts o = {.dtype = SP_DTYPE_BF16, .seed = 1};
+ *     if (sp_synth_write(config_json, "build/tiny-ling", &o) != SP_OK) ...
+ *
+ * Weights are streamed to disk in chunks: any size can be written.
+ */
+#ifndef SP_MODEL_SYNTH_H
+#define SP_MODEL_SYNTH_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "quant/dtype.h"
+
+struct sp_synth_opts {
+    enum sp_dtype dtype;  // F32, F16 or BF16
+    uint64_t seed;
+    size_t shard_bytes;  // 0: one file
+    int64_t layers;      // > 0: override num_hidden_layers (fit large shapes in memory)
+    float init_std;      // 0: 0.02
+};
+
+/* Writes config.json (the given config, with num_hidden_layers overridden if
+ * asked) and the weights into dir (created if needed). */
+enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct sp_synth_opts *opts);
+
+#endif
