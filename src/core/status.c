@@ -19,10 +19,13 @@ const char *sp_status_str(enum sp_status st) {
 }
 
 enum sp_status sp_errorf(enum sp_status st, const char *fmt, ...) {
+    /* Format into a copy: the arguments may include sp_error_msg() itself. */
+    char msg[sizeof err_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(err_msg, msg, sizeof msg);
     err_status = st;
     return st;
 }

@@ -40,7 +40,8 @@ enum sp_status {
 const char *sp_status_str(enum sp_status st);
 
 /* Records printf-style detail for the calling thread and returns st, so a
- * failure can be reported and returned in one statement. */
+ * failure can be reported and returned in one statement. The arguments may
+ * include sp_error_msg() to wrap the detail recorded before. */
 enum sp_status sp_errorf(enum sp_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -1,0 +1,298 @@
+/* test_safetensors.c - strict safetensors parsing: valid files as mlx and
+ * torch write them, every malformed-header case with its message, offsets
+ * beyond 2^31, and sharded model folders. */
+#include "helpers.h"
+
+#include <fcntl.h>
+
+#include "core/rng.h"
+#include "format/modeldir.h"
+#include "format/safetensors.h"
+
+static void expect_fail(const char *header, size_t data_len, enum sp_status want, const char *needle) {
+    size_t size;
+    unsigned char *b = th_safetensors(header, data_len, &size);
+    struct sp_st_file *f = (void *)1;
+    enum sp_status st = sp_st_parse(b, size, "x.safetensors", &f);
+    if (st != want || !strstr(sp_error_msg(), needle))
+        fail_msg("header %s: got status %d message \"%s\", wanted %d with \"%s\"", header, st, sp_error_msg(), want,
+                 needle);
+    assert_null(f);
+    free(b);
+}
+
+static void test_valid(void **state) {
+    /* mlx style: compact, keys sorted, no padding, data not in key order. */
+    const char *h = "{\"__metadata__\":{\"format\":\"mlx\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[8,32]},"
+                    "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+                    "\"c\":{\"dtype\":\"U32\",\"shape\":[],\"data_offsets\":[32,36]},"
+                    "\"d\":{\"dtype\":\"I8\",\"shape\":[0,5],\"data_offsets\":[36,36]}}";
+    size_t size;
+    unsigned char *b = th_safetensors(h, 36, &size);
+    struct sp_st_file *f;
+    assert_int_equal(sp_st_parse(b, size, "x", &f), SP_OK);
+    assert_int_equal(f->n_tensors, 4);
+    assert_string_equal(f->format, "mlx");
+    const struct sp_st_tensor *a = sp_st_find(f, "a");
+    assert_non_null(a);
+    assert_int_equal(a->dtype, SP_DTYPE_F32);
+    assert_int_equal(a->ndim, 2);
+    assert_int_equal(a->shape[1], 3);
+    assert_int_equal(a->nbytes, 24);
+    assert_ptr_equal(a->data, b + 8 + strlen(h) + 8);
+    assert_int_equal(sp_st_numel(a), 6);
+    assert_int_equal(sp_st_numel(sp_st_find(f, "c")), 1);
+    assert_null(sp_st_find(f, "d")->data);
+    assert_null(sp_st_find(f, "missing"));
+    sp_st_close(f);
+    free(b);
+    /* torch style: header padded with spaces to 8 bytes. */
+    const char *h2 = "{\"w\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}      ";
+    b = th_safetensors(h2, 4, &size);
+    assert_int_equal(sp_st_parse(b, size, "x", &f), SP_OK);
+    assert_null(f->format);
+    sp_st_close(f);
+    free(b);
+}
+
+static void test_every_dtype(void **state) {
+    static const char *names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "U32", "BOOL", "F8_E4M3", "F8_E5M2", "U16", "U64"};
+    static const size_t sizes[] = {8, 4, 2, 2, 8, 4, 2, 1, 1, 4, 1, 1, 1, 2, 8};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char h[200];
+        snprintf(h, sizeof h, "{\"t\":{\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,%zu]}}", names[i], 3 * sizes[i]);
+        size_t size;
+        unsigned char *b = th_safetensors(h, 3 * sizes[i], &size);
+        struct sp_st_file *f;
+        assert_int_equal(sp_st_parse(b, size, "x", &f), SP_OK);
+        assert_string_equal(sp_dtype_name(f->tensors[0].dtype), names[i]);
+        sp_st_close(f);
+        free(b);
+    }
+}
+
+static void test_bad_headers(void **state) {
+    expect_fail("{\"a\":", 0, SP_ERR_FORMAT, "invalid JSON at line 1, column");
+    expect_fail("{", 0, SP_ERR_FORMAT, "does not start with");
+    expect_fail("[1,2]", 0, SP_ERR_FORMAT, "does not start with '{'");
+    expect_fail("{\"a\":1}", 0, SP_ERR_FORMAT, "tensor a: expected an object");
+    expect_fail("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, SP_ERR_FORMAT, "\"dtype\" missing");
+    expect_fail("{\"a\":{\"dtype\":\"F4\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, SP_ERR_UNSUPPORTED, "unknown dtype \"F4\"");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, SP_ERR_FORMAT, "shape[0] is not a non-negative integer");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, SP_ERR_FORMAT, "shape[0]");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":\"2\",\"data_offsets\":[0,4]}}", 4, SP_ERR_FORMAT, "\"shape\" missing or not an array");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, SP_ERR_UNSUPPORTED, "9 dimensions");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, SP_ERR_FORMAT, "\"data_offsets\" must be");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, SP_ERR_FORMAT, "before begin");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, SP_ERR_FORMAT,
+                "header says 2x3 F32 (24 bytes), data_offsets span 20 bytes");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 10, SP_ERR_FORMAT, "file truncated");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                12, SP_ERR_FORMAT, "overlaps");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, SP_ERR_FORMAT, "4 bytes before tensor a");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 9, SP_ERR_FORMAT, "cover 4 bytes but the data section holds 9");
+    expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                8, SP_ERR_FORMAT, "appears twice");
+    expect_fail("{\"__metadata__\":{\"format\":1}}", 0, SP_ERR_FORMAT, "__metadata__.format");
+    expect_fail("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,1]}}", 1,
+                SP_ERR_FORMAT, "too large");
+    expect_fail("{} garbage", 0, SP_ERR_FORMAT, "unexpected data after the value");
+}
+
+static void test_bad_lengths(void **state) {
+    struct sp_st_file *f;
+    unsigned char tiny[4] = {0};
+    assert_int_equal(sp_st_parse(tiny, 4, "x", &f), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "too short"));
+    unsigned char big[16] = {0x00, 0x00, 0x00, 0x10, 0, 0, 0, 0, '{', '}'};  // 256 MiB header
+    assert_int_equal(sp_st_parse(big, 16, "x", &f), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "exceeds the"));
+    unsigned char past[16] = {100, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
+    assert_int_equal(sp_st_parse(past, 16, "x", &f), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "runs past the end"));
+    assert_int_equal(sp_st_open("/nonexistent/x.safetensors", &f), SP_ERR_NOT_FOUND);
+}
+
+/* Random byte flips of a valid file must parse or fail cleanly. */
+static void test_mutations(void **state) {
+    const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                    "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]}}";
+    size_t size;
+    unsigned char *orig = th_safetensors(h, 32, &size);
+    unsigned char *b = malloc(size);
+    struct sp_rng r;
+    sp_rng_seed(&r, 11);
+    for (int it = 0; it < 3000; it++) {
+        memcpy(b, orig, size);
+        int flips = 1 + (int)(sp_rng_next(&r) % 4);
+        for (int k = 0; k < flips; k++) b[sp_rng_next(&r) % size] = (unsigned char)sp_rng_next(&r);
+        struct sp_st_file *f = NULL;
+        if (sp_st_parse(b, size, "m", &f) == SP_OK) {
+            for (int64_t i = 0; i < f->n_tensors; i++)
+                assert_true(f->tensors[i].offset + f->tensors[i].nbytes <= size);
+            sp_st_close(f);
+        } else {
+            assert_null(f);
+        }
+    }
+    free(b);
+    free(orig);
+}
+
+/* A sparse file whose tensor data ends past 2^31 bytes. */
+static void test_offsets_beyond_2g(void **state) {
+    char *dir = th_tmpdir();
+    const uint64_t n = (1ull << 31) + 64;
+    char h[200];
+    snprintf(h, sizeof h, "{\"small\":{\"dtype\":\"U8\",\"shape\":[64],\"data_offsets\":[%llu,%llu]},"
+             "\"big\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[0,%llu]}}",
+             (unsigned long long)(n - 64), (unsigned long long)n, (unsigned long long)(n - 64), (unsigned long long)(n - 64));
+    char *path = sp_path_join(dir, "big.safetensors");
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    uint64_t hl = strlen(h);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hl >> (8 * i));
+    assert_int_equal(write(fd, len8, 8), 8);
+    assert_int_equal(write(fd, h, hl), (ssize_t)hl);
+    unsigned char tail = 0x5a;
+    assert_int_equal(pwrite(fd, &tail, 1, (off_t)(8 + hl + n - 1)), 1);
+    close(fd);
+    struct sp_st_file *f;
+    assert_int_equal(sp_st_open(path, &f), SP_OK);
+    const struct sp_st_tensor *s = sp_st_find(f, "small");
+    assert_int_equal(s->offset, 8 + hl + n - 64);
+    assert_int_equal(((const unsigned char *)s->data)[63], 0x5a);
+    assert_int_equal(sp_st_find(f, "big")->nbytes, n - 64);
+    sp_st_close(f);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
+static void write_st(const char *dir, const char *name, const char *header, size_t data_len) {
+    size_t size;
+    unsigned char *b = th_safetensors(header, data_len, &size);
+    th_write(dir, name, b, size);
+    free(b);
+}
+
+#define ONE(nm, off) "\"" nm "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" #off ",4]}"
+
+static void test_sharded_folder(void **state) {
+    char *dir = th_tmpdir();
+    th_write_str(dir, "config.json", "{\"model_type\":\"llama\"}");
+    write_st(dir, "model-00001-of-00002.safetensors", "{" ONE("a", 0) "}", 4);
+    write_st(dir, "model-00002-of-00002.safetensors", "{" ONE("b", 0) "}", 4);
+    th_write_str(dir, "model.safetensors.index.json",
+                 "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
+                 "\"b\":\"model-00002-of-00002.safetensors\"}}");
+    struct sp_model_files *mf;
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_OK);
+    assert_int_equal(mf->n_shards, 2);
+    assert_int_equal(mf->n_tensors, 2);
+    assert_non_null(sp_model_files_find(mf, "b"));
+    sp_model_files_close(mf);
+
+    /* the index names a tensor that its shard lacks */
+    th_write_str(dir, "model.safetensors.index.json",
+                 "{\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00001-of-00002.safetensors\"}}");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "tensor b should be in model-00001-of-00002.safetensors"));
+    /* a missing shard */
+    th_write_str(dir, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"model-00009-of-00009.safetensors\"}}");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "shard model-00009-of-00009.safetensors (holding tensor a) is missing"));
+    /* a shard name that leaves the folder */
+    th_write_str(dir, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"../x.safetensors\"}}");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    /* invalid index JSON */
+    th_write_str(dir, "model.safetensors.index.json", "{\"weight_map\":");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "model.safetensors.index.json: invalid JSON"));
+    /* no index: every .safetensors file; a tensor in two files is an error */
+    char *idx = sp_path_join(dir, "model.safetensors.index.json");
+    unlink(idx);
+    sp_free(idx);
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_OK);
+    sp_model_files_close(mf);
+    write_st(dir, "model-00002-of-00002.safetensors", "{" ONE("a", 0) "}", 4);
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "tensor a is in both"));
+    /* a truncated shard names the file and the tensor */
+    write_st(dir, "model-00002-of-00002.safetensors", "{" ONE("b", 0) "}", 2);
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "model-00002-of-00002.safetensors: tensor b: data ends at byte 4"));
+    th_rmdir(dir);
+}
+
+static void test_folder_errors(void **state) {
+    char *dir = th_tmpdir();
+    struct sp_model_files *mf;
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "no config.json"));
+    th_write_str(dir, "config.json", "{\"model_type\": ");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "config.json: invalid JSON at line 1"));
+    th_write_str(dir, "config.json", "[]");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
+    th_write_str(dir, "config.json", "{}");
+    assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "no .safetensors files"));
+    th_rmdir(dir);
+}
+
+static void test_hf_cache(void **state) {
+    char *root = th_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/hub/models--org--name/snapshots/abc123", root);
+    assert_int_equal(sp_mkdirs(path), SP_OK);
+    snprintf(path, sizeof path, "%s/hub/models--org--name/refs", root);
+    assert_int_equal(sp_mkdirs(path), SP_OK);
+    th_write_str(path, "main", "abc123\n");
+    char *dir;
+    /* HF_HOME/hub */
+    unsetenv("HF_HUB_CACHE");
+    setenv("HF_HOME", root, 1);
+    assert_int_equal(sp_model_resolve("org/name", &dir), SP_OK);
+    snprintf(path, sizeof path, "%s/hub/models--org--name/snapshots/abc123", root);
+    assert_string_equal(dir, path);
+    sp_free(dir);
+    /* a commit given directly */
+    assert_int_equal(sp_model_resolve("org/name@abc123", &dir), SP_OK);
+    sp_free(dir);
+    /* HF_HUB_CACHE wins over HF_HOME */
+    snprintf(path, sizeof path, "%s/elsewhere", root);
+    setenv("HF_HUB_CACHE", path, 1);
+    assert_int_equal(sp_model_resolve("org/name", &dir), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), path));
+    assert_non_null(strstr(sp_error_msg(), "no folder for this repository"));
+    unsetenv("HF_HUB_CACHE");
+    /* refs pointing at a missing snapshot */
+    snprintf(path, sizeof path, "%s/hub/models--org--name/refs", root);
+    th_write_str(path, "main", "deadbeef");
+    assert_int_equal(sp_model_resolve("org/name", &dir), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "the snapshot that refs points to is missing"));
+    /* ~/.cache/huggingface/hub by default */
+    unsetenv("HF_HOME");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", root, 1);
+    char *hub = sp_hf_hub_cache();
+    snprintf(path, sizeof path, "%s/.cache/huggingface/hub", root);
+    assert_string_equal(hub, path);
+    sp_free(hub);
+    /* not an id and not a folder */
+    assert_int_equal(sp_model_resolve("no/such/thing", &dir), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "not a Hugging Face id"));
+    th_rmdir(root);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid),          cmocka_unit_test(test_every_dtype),
+        cmocka_unit_test(test_bad_headers),    cmocka_unit_test(test_bad_lengths),
+        cmocka_unit_test(test_mutations),      cmocka_unit_test(test_offsets_beyond_2g),
+        cmocka_unit_test(test_sharded_folder), cmocka_unit_test(test_folder_errors),
+        cmocka_unit_test(test_hf_cache),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
