@@ -1,0 +1,173 @@
+/*
+ * chat.c - locating a model's chat template and rendering conversations
+ * with the variables transformers passes (see chat.h).
+ */
+#include "tokenizer/chat.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/json.h"
+
+#define MAX_TEMPLATE_BYTES ((size_t)4 << 20)
+#define MAX_CONFIG_BYTES ((size_t)64 << 20)
+
+/* A special token as tokenizer_config.json writes it: "text" or
+ * {"content": "text", ...}. NULL when absent or null. */
+static const char *token_text(const cJSON *cfg, const char *key) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsString(t)) return t->valuestring;
+    if (cJSON_IsObject(t)) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(t, "content");
+        if (cJSON_IsString(c)) return c->valuestring;
+    }
+    return NULL;
+}
+
+enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token,
+                                            const char *eos_token, struct sp_chat_template **out) {
+    *out = NULL;
+    enum sp_status st;
+    struct sp_chat_template *ct = sp_calloc(1, sizeof *ct, SP_MEM_TOKENIZER);
+    if (!ct) return sp_errorf(SP_ERR_NOMEM, "out of memory loading a chat template");
+    if (!(ct->source = sp_strndup(src, len, SP_MEM_TOKENIZER)) ||
+        !(ct->name = sp_strdup("default", SP_MEM_TOKENIZER)) ||
+        (bos_token && !(ct->bos_token = sp_strdup(bos_token, SP_MEM_TOKENIZER))) ||
+        (eos_token && !(ct->eos_token = sp_strdup(eos_token, SP_MEM_TOKENIZER)))) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory loading a chat template");
+        goto fail;
+    }
+    if ((st = sp_jinja_compile(src, len, &ct->tmpl)) != SP_OK) goto fail;
+    *out = ct;
+    return SP_OK;
+fail:
+    sp_chat_template_free(ct);
+    return st;
+}
+
+/* Picks the template text out of tokenizer_config.json's chat_template. */
+static enum sp_status pick_template(const cJSON *value, const char *name, const char **text, const char **chosen) {
+    const char *want = name ? name : "default";
+    if (cJSON_IsString(value)) {
+        if (name && strcmp(name, "default") != 0)
+            return sp_errorf(SP_ERR_NOT_FOUND, "tokenizer_config.json has one unnamed chat template, not '%s'", name);
+        *text = value->valuestring;
+        *chosen = "default";
+        return SP_OK;
+    }
+    if (!cJSON_IsArray(value))
+        return sp_errorf(SP_ERR_FORMAT, "tokenizer_config.json: chat_template is a %s, expected a string or a list",
+                         sp_json_type_name(value));
+    const cJSON *item;
+    cJSON_ArrayForEach(item, value) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(item, "name");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(item, "template");
+        if (cJSON_IsString(n) && cJSON_IsString(t) && strcmp(n->valuestring, want) == 0) {
+            *text = t->valuestring;
+            *chosen = n->valuestring;
+            return SP_OK;
+        }
+    }
+    return sp_errorf(SP_ERR_NOT_FOUND, "tokenizer_config.json has no chat template named '%s'", want);
+}
+
+enum sp_status sp_chat_template_load(const char *model_dir, const char *name, struct sp_chat_template **out) {
+    *out = NULL;
+    enum sp_status st = SP_OK;
+    char *jinja_path = sp_path_join(model_dir, "chat_template.jinja");
+    char *cfg_path = sp_path_join(model_dir, "tokenizer_config.json");
+    char *src = NULL;
+    size_t src_len = 0;
+    cJSON *cfg = NULL;
+    if (!jinja_path || !cfg_path) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (sp_path_is_file(cfg_path) && (st = sp_json_parse_file(cfg_path, MAX_CONFIG_BYTES, &cfg)) != SP_OK) goto fail;
+    const char *chosen = "default";
+    if (sp_path_is_file(jinja_path) && (!name || strcmp(name, "default") == 0)) {
+        if ((st = sp_read_file(jinja_path, MAX_TEMPLATE_BYTES, &src, &src_len)) != SP_OK) goto fail;
+    } else {
+        const cJSON *value = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+        if (!value || cJSON_IsNull(value)) {
+            st = sp_errorf(SP_ERR_NOT_FOUND, "%s: no chat_template.jinja and no chat_template in tokenizer_config.json",
+                           model_dir);
+            goto fail;
+        }
+        const char *text = NULL;
+        if ((st = pick_template(value, name, &text, &chosen)) != SP_OK) goto fail;
+        src_len = strlen(text);
+        if (!(src = sp_strndup(text, src_len, SP_MEM_TOKENIZER))) {
+            st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    st = sp_chat_template_from_string(src, src_len, token_text(cfg, "bos_token"), token_text(cfg, "eos_token"), out);
+    if (st != SP_OK) {
+        sp_error_prefix("%s: ", model_dir);
+        goto fail;
+    }
+    char *nm = sp_strdup(chosen, SP_MEM_TOKENIZER);
+    if (!nm) {
+        sp_chat_template_free(*out);
+        *out = NULL;
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    sp_free((*out)->name);
+    (*out)->name = nm;
+fail:
+    sp_free(src);
+    cJSON_Delete(cfg);
+    sp_free(jinja_path);
+    sp_free(cfg_path);
+    return st;
+}
+
+void sp_chat_template_free(struct sp_chat_template *ct) {
+    if (!ct) return;
+    sp_jinja_free(ct->tmpl);
+    sp_free(ct->source);
+    sp_free(ct->name);
+    sp_free(ct->bos_token);
+    sp_free(ct->eos_token);
+    sp_free(ct);
+}
+
+enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp_chat_request *req, char **out,
+                              size_t *out_len) {
+    *out = NULL;
+    if (!cJSON_IsArray(req->messages)) return sp_errorf(SP_ERR_ARG, "messages must be an array");
+    if (req->kwargs && !cJSON_IsObject(req->kwargs) && !cJSON_IsNull(req->kwargs))
+        return sp_errorf(SP_ERR_ARG, "chat template kwargs must be an object");
+    enum sp_status st = SP_ERR_NOMEM;
+    int64_t n_kw = req->kwargs ? cJSON_GetArraySize(req->kwargs) : 0;
+    struct sp_jinja_var *vars = sp_malloc((size_t)(n_kw + 5) * sizeof *vars, SP_MEM_TOKENIZER);
+    cJSON *agp = cJSON_CreateBool(req->add_generation_prompt);
+    cJSON *null = cJSON_CreateNull();
+    cJSON *bos = ct->bos_token ? cJSON_CreateString(ct->bos_token) : NULL;
+    cJSON *eos = ct->eos_token ? cJSON_CreateString(ct->eos_token) : NULL;
+    if (!vars || !agp || !null || (ct->bos_token && !bos) || (ct->eos_token && !eos)) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
+        goto fail;
+    }
+    int64_t n = 0;
+    vars[n++] = (struct sp_jinja_var){"messages", req->messages};
+    vars[n++] = (struct sp_jinja_var){"tools", req->tools ? req->tools : null};
+    vars[n++] = (struct sp_jinja_var){"add_generation_prompt", agp};
+    if (bos) vars[n++] = (struct sp_jinja_var){"bos_token", bos};
+    if (eos) vars[n++] = (struct sp_jinja_var){"eos_token", eos};
+    // kwargs come last so they override, as **template_kwargs does.
+    if (req->kwargs)
+        for (const cJSON *c = req->kwargs->child; c; c = c->next)
+            if (c->string) vars[n++] = (struct sp_jinja_var){c->string, c};
+    st = sp_jinja_render(ct->tmpl, vars, n, &ct->opts, out, out_len);
+fail:
+    sp_free(vars);
+    cJSON_Delete(agp);
+    cJSON_Delete(null);
+    cJSON_Delete(bos);
+    cJSON_Delete(eos);
+    return st;
+}

@@ -1,0 +1,259 @@
+/*
+ * test_chat.c - chat templates of real models rendered byte for byte.
+ *
+ * Every conversation in tests/data/templates/conversations/ is rendered with
+ * every model folder in tests/data/templates/models/ and compared with the
+ * reference in tests/data/templates/expected/<model>/: <name>.txt (or
+ * <name>.error.txt when the reference refused) made by @huggingface/jinja
+ * (tools/template_refs.mjs), overridden by <name>.jinja2[.error].txt where
+ * Python's jinja2 - what transformers uses - disagrees with it
+ * (tools/template_refs.py). Also covers how a model folder's template and
+ * special tokens are found.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "tokenizer/chat.h"
+
+#define DATA "tests/data/templates"
+#define FIXED_NOW 1768435200  // 2026-01-15T00:00:00Z, the date the references were made with
+
+static char *read_opt(const char *path, size_t *len) {
+    char *s = NULL;
+    if (!sp_path_is_file(path)) return NULL;
+    if (sp_read_file(path, 1 << 24, &s, len) != SP_OK) return NULL;
+    return s;
+}
+
+/* Renders every conversation with one model; returns the number of mismatches. */
+static int check_model(const char *model) {
+    char dir[512], path[1024];
+    snprintf(dir, sizeof dir, DATA "/models/%s", model);
+    struct sp_chat_template *ct;
+    if (sp_chat_template_load(dir, NULL, &ct) != SP_OK) {
+        print_error("%s: %s\n", model, sp_error_msg());
+        return 1;
+    }
+    ct->opts.now = FIXED_NOW;
+    ct->opts.utc = 1;
+    char **convs;
+    size_t n_convs;
+    assert_int_equal(sp_dir_list(DATA "/conversations", ".json", &convs, &n_convs), SP_OK);
+    assert_true(n_convs >= 20);
+    int bad = 0, checked = 0;
+    for (size_t i = 0; i < n_convs; i++) {
+        snprintf(path, sizeof path, DATA "/conversations/%s", convs[i]);
+        cJSON *conv;
+        assert_int_equal(sp_json_parse_file(path, 1 << 24, &conv), SP_OK);
+        const cJSON *agp = cJSON_GetObjectItemCaseSensitive(conv, "add_generation_prompt");
+        struct sp_chat_request req = {
+            .messages = cJSON_GetObjectItemCaseSensitive(conv, "messages"),
+            .tools = cJSON_GetObjectItemCaseSensitive(conv, "tools"),
+            .add_generation_prompt = !agp || cJSON_IsTrue(agp),
+            .kwargs = cJSON_GetObjectItemCaseSensitive(conv, "kwargs"),
+        };
+        char base[900];
+        snprintf(base, sizeof base, DATA "/expected/%s/%.*s", model, (int)(strlen(convs[i]) - 5), convs[i]);
+        size_t exp_len = 0;
+        char *expected = NULL, *expected_err = NULL;
+        snprintf(path, sizeof path, "%s.jinja2.txt", base);
+        expected = read_opt(path, &exp_len);
+        if (!expected) {
+            snprintf(path, sizeof path, "%s.jinja2.error.txt", base);
+            expected_err = read_opt(path, &exp_len);
+        }
+        if (!expected && !expected_err) {
+            snprintf(path, sizeof path, "%s.txt", base);
+            expected = read_opt(path, &exp_len);
+        }
+        if (!expected && !expected_err) {
+            snprintf(path, sizeof path, "%s.error.txt", base);
+            expected_err = read_opt(path, &exp_len);
+        }
+        if (!expected && !expected_err) {
+            print_error("%s: no reference for %s\n", model, convs[i]);
+            bad++;
+            cJSON_Delete(conv);
+            continue;
+        }
+        char *out = NULL;
+        size_t len = 0;
+        enum sp_status st = sp_chat_render(ct, &req, &out, &len);
+        checked++;
+        if (expected) {
+            if (st != SP_OK) {
+                print_error("%s / %s: render failed: %s\n", model, convs[i], sp_error_msg());
+                bad++;
+            } else if (len != exp_len || memcmp(out, expected, len) != 0) {
+                size_t at = 0;
+                while (at < len && at < exp_len && out[at] == expected[at]) at++;
+                print_error("%s / %s: differs at byte %zu (got %zu bytes, want %zu)\n  got:  %.60s\n  want: %.60s\n",
+                            model, convs[i], at, len, exp_len, out + at, expected + at);
+                bad++;
+            }
+        } else if (st == SP_OK) {
+            print_error("%s / %s: rendered, but the reference refused: %s", model, convs[i], expected_err);
+            bad++;
+        } else if (strstr(sp_error_msg(), "raise_exception: ")) {
+            // The template raised on purpose: the same message must come through.
+            char *nl = strchr(expected_err, '\n');
+            if (nl) *nl = 0;
+            if (!strstr(sp_error_msg(), expected_err)) {
+                print_error("%s / %s: error '%s', want '%s'\n", model, convs[i], sp_error_msg(), expected_err);
+                bad++;
+            }
+        }
+        sp_free(out);
+        sp_free(expected);
+        sp_free(expected_err);
+        cJSON_Delete(conv);
+    }
+    assert_int_equal(checked, (int)n_convs);
+    sp_strv_free(convs, n_convs);
+    sp_chat_template_free(ct);
+    return bad;
+}
+
+#define MODEL_TEST(fn, name) \
+    static void fn(void **state) { (void)state; assert_int_equal(check_model(name), 0); }
+MODEL_TEST(test_qwen3, "Qwen3-0.6B")
+MODEL_TEST(test_qwen35, "Qwen3.5-4B")
+MODEL_TEST(test_qwen3_coder, "Qwen3-Coder")
+MODEL_TEST(test_gpt_oss, "gpt-oss-120b")
+MODEL_TEST(test_llama31, "Llama-3.1-8B-Instruct")
+MODEL_TEST(test_deepseek_v31, "DeepSeek-V3.1")
+MODEL_TEST(test_ling2, "Ling-2.0")
+
+/* Every model folder under models/ has a test above. */
+static void test_all_models_covered(void **state) {
+    (void)state;
+    static const char *const known[] = {"Qwen3-0.6B",          "Qwen3.5-4B",    "Qwen3-Coder", "gpt-oss-120b",
+                                        "Llama-3.1-8B-Instruct", "DeepSeek-V3.1", "Ling-2.0"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, DATA "/models/%s", known[i]);
+        assert_true(sp_path_is_dir(p));
+    }
+}
+
+static void test_special_tokens(void **state) {
+    (void)state;
+    struct sp_chat_template *ct;
+    assert_int_equal(sp_chat_template_load(DATA "/models/DeepSeek-V3.1", NULL, &ct), SP_OK);
+    assert_string_equal(ct->bos_token, "<｜begin▁of▁sentence｜>");  // {"content": ...} form
+    assert_string_equal(ct->eos_token, "<｜end▁of▁sentence｜>");
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_chat_template_load(DATA "/models/Qwen3-0.6B", NULL, &ct), SP_OK);
+    assert_null(ct->bos_token);  // null in the config
+    assert_string_equal(ct->eos_token, "<|im_end|>");
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_chat_template_load(DATA "/models/Ling-2.0", NULL, &ct), SP_OK);
+    assert_string_equal(ct->bos_token, "<|startoftext|>");
+    assert_non_null(strstr(ct->source, "detailed thinking"));  // from tokenizer_config.json
+    sp_chat_template_free(ct);
+}
+
+/* A temporary model folder holding one file. */
+static void write_model(char *dir, size_t dir_size, const char *file, const char *text) {
+    snprintf(dir, dir_size, "/tmp/sp_test_chat_%d", (int)getpid());
+    assert_int_equal(sp_mkdirs(dir), SP_OK);
+    char *p = sp_path_join(dir, file);
+    assert_int_equal(sp_write_file(p, text, strlen(text)), SP_OK);
+    sp_free(p);
+}
+
+static void remove_model(const char *dir, const char *file) {
+    char *p = sp_path_join(dir, file);
+    unlink(p);
+    sp_free(p);
+    rmdir(dir);
+}
+
+static void test_named_templates(void **state) {
+    (void)state;
+    char dir[256];
+    write_model(dir, sizeof dir, "tokenizer_config.json",
+                "{\"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ messages|length }}\"},"
+                " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}], \"eos_token\": \"</s>\"}");
+    struct sp_chat_template *ct;
+    cJSON *msgs = cJSON_Parse("[{\"role\":\"user\",\"content\":\"x\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\"},{\"type\":\"function\"}]");
+    struct sp_chat_request req = {.messages = msgs, .tools = tools};
+    char *out;
+    assert_int_equal(sp_chat_template_load(dir, NULL, &ct), SP_OK);
+    assert_string_equal(ct->name, "default");
+    assert_int_equal(sp_chat_render(ct, &req, &out, NULL), SP_OK);
+    assert_string_equal(out, "D1");
+    sp_free(out);
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_chat_template_load(dir, "tool_use", &ct), SP_OK);
+    assert_string_equal(ct->name, "tool_use");
+    assert_int_equal(sp_chat_render(ct, &req, &out, NULL), SP_OK);
+    assert_string_equal(out, "T2");
+    sp_free(out);
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_chat_template_load(dir, "rag", &ct), SP_ERR_NOT_FOUND);
+    assert_null(ct);
+    remove_model(dir, "tokenizer_config.json");
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+}
+
+static void test_missing_and_broken(void **state) {
+    (void)state;
+    char dir[256];
+    struct sp_chat_template *ct;
+    write_model(dir, sizeof dir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
+    assert_int_equal(sp_chat_template_load(dir, NULL, &ct), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "no chat_template"));
+    remove_model(dir, "tokenizer_config.json");
+    write_model(dir, sizeof dir, "chat_template.jinja", "{% for m in messages %}{{ m.content }}");
+    assert_int_equal(sp_chat_template_load(dir, NULL, &ct), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "endfor"));
+    remove_model(dir, "chat_template.jinja");
+}
+
+/* kwargs reach the template as variables; messages must be an array. */
+static void test_render_variables(void **state) {
+    (void)state;
+    const char *src = "{{ bos_token }}|{{ tools is none }}|{{ add_generation_prompt }}|{{ enable_thinking }}";
+    struct sp_chat_template *ct;
+    assert_int_equal(sp_chat_template_from_string(src, strlen(src), "<s>", NULL, &ct), SP_OK);
+    cJSON *msgs = cJSON_Parse("[]"), *kw = cJSON_Parse("{\"enable_thinking\": false}");
+    struct sp_chat_request req = {.messages = msgs, .add_generation_prompt = true, .kwargs = kw};
+    char *out;
+    size_t len;
+    assert_int_equal(sp_chat_render(ct, &req, &out, &len), SP_OK);
+    assert_string_equal(out, "<s>|True|True|False");
+    assert_int_equal(len, strlen(out));
+    sp_free(out);
+    req.messages = kw;
+    assert_int_equal(sp_chat_render(ct, &req, &out, &len), SP_ERR_ARG);
+    assert_null(out);
+    sp_chat_template_free(ct);
+    cJSON_Delete(msgs);
+    cJSON_Delete(kw);
+}
+
+int main(void) {
+    sp_mem_hook_cjson();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3),           cmocka_unit_test(test_qwen35),
+        cmocka_unit_test(test_qwen3_coder),     cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_llama31),         cmocka_unit_test(test_deepseek_v31),
+        cmocka_unit_test(test_ling2),           cmocka_unit_test(test_all_models_covered),
+        cmocka_unit_test(test_special_tokens),  cmocka_unit_test(test_named_templates),
+        cmocka_unit_test(test_missing_and_broken), cmocka_unit_test(test_render_variables),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
