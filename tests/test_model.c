@@ -276,10 +276,8 @@ static void set_config_key(const char *dir, const char *key, cJSON *value) {
     char *p = sp_path_join(dir, "config.json");
     cJSON *c;
     assert_int_equal(sp_json_parse_file(p, 1 << 20, &c), SP_OK);
-    if (value)
-        cJSON_ReplaceItemInObject(c, key, value);
-    else
-        cJSON_DeleteItemFromObject(c, key);
+    cJSON_DeleteItemFromObject(c, key);
+    if (value) cJSON_AddItemToObject(c, key, value);
     char *text = cJSON_Print(c);
     th_write_str(dir, "config.json", text);
     cJSON_free(text);
