@@ -16,14 +16,16 @@ SAN ?= 0
 NVCC ?= nvcc
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -pthread -Iinclude -Isrc -MMD -MP
-LDLIBS := -lcjson -lpcre2-8 -lutf8proc -luring -lmicrohttpd -lm -lpthread
-
+OPT ?= -O2 -g
+# Extra instrumentation (sanitizers, fuzzer hooks) for every object and link.
+INSTR ?=
 ifeq ($(SAN),1)
-CFLAGS := $(filter-out -O2 -O3,$(CFLAGS)) -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDFLAGS += -fsanitize=address,undefined
+OPT := -O1 -g -fno-omit-frame-pointer
+INSTR := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 endif
+CFLAGS := $(OPT) $(INSTR) -std=c11 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -pthread -Iinclude -Isrc -MMD -MP
+LDFLAGS += $(INSTR)
+LDLIBS := -lcjson -lpcre2-8 -lutf8proc -luring -lmicrohttpd -lm -lpthread
 
 ifeq ($(CUDA),1)
 CFLAGS += -DSP_CUDA=1
@@ -93,7 +95,8 @@ asan:
 
 FUZZ_CC ?= clang
 fuzz:
-	$(MAKE) BUILD=build/fuzz-obj CC=$(FUZZ_CC) CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build/fuzz-obj/libsparrow.a
+	$(MAKE) BUILD=build/fuzz-obj CC=$(FUZZ_CC) OPT="-O1 -g" INSTR="-fsanitize=fuzzer-no-link,address,undefined" \
+	  build/fuzz-obj/libsparrow.a
 	@mkdir -p build/fuzz
 	for f in $(FUZZ_SRC); do \
 	  $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $$f build/fuzz-obj/libsparrow.a \

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The model-folder commands from the outside: synth -> inspect / quantize,
+# Hugging Face cache ids, and clear errors (exit 1, no crash) for bad models.
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+for a in bailing_moe qwen3_moe gpt_oss qwen3 llama; do
+    run "synth $a" 0 "$SYNTH" "tools/tiny/$a.json" "$TMP/$a" --dtype bf16 --seed 3
+    run "inspect $a" 0 "$SPARROW" inspect "$TMP/$a"
+    expect "inspect $a names the architecture" "$TMP/out" "architecture  $a"
+    run "inspect --json $a" 0 "$SPARROW" inspect --model "$TMP/$a" --json
+    cp "$TMP/out" "$TMP/$a.json"
+    run "inspect --json $a is JSON" 0 node -e '
+        const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+        if (r.architecture !== process.argv[2] || !(r.params.total > 0) || r.bytes.total <= 0) process.exit(1);' \
+        "$TMP/$a.json" "$a"
+    for mode in "affine --bits 4 --group-size 64" "affine --bits 8" "mxfp4"; do
+        q="$TMP/$a-$(echo "$mode" | tr -d ' -')"
+        # shellcheck disable=SC2086
+        run "quantize $a $mode" 0 "$SPARROW" quantize "$TMP/$a" "$q" --mode $mode
+        run "inspect quantized $a $mode" 0 "$SPARROW" inspect "$q"
+    done
+done
+expect "quantized formats are named" "$TMP/out" "mxfp4"
+"$SPARROW" inspect "$TMP/bailing_moe-affinebits4groupsize64" >"$TMP/q4"
+expect "affine4 with bf16 scales" "$TMP/q4" "affine4-g64/bf16"
+expect "router in 8-bit affine" "$TMP/q4" "affine8-g64/bf16"
+
+# A Hugging Face cache laid out as `hf download` leaves it: blobs + symlinks.
+hub="$TMP/hf/hub/models--acme--tiny-ling"
+mkdir -p "$hub/blobs" "$hub/refs" "$hub/snapshots/0123abcd"
+for f in config.json model.safetensors; do
+    cp "$TMP/bailing_moe/$f" "$hub/blobs/$f.blob"
+    ln -s "../../blobs/$f.blob" "$hub/snapshots/0123abcd/$f"
+done
+echo -n 0123abcd >"$hub/refs/main"
+run "inspect a Hugging Face id via HF_HOME" 0 env HF_HOME="$TMP/hf" "$SPARROW" inspect acme/tiny-ling
+run "inspect a Hugging Face id via HF_HUB_CACHE" 0 env HF_HUB_CACHE="$TMP/hf/hub" "$SPARROW" inspect acme/tiny-ling
+run "a missing Hugging Face id" 1 env HF_HUB_CACHE="$TMP/hf/hub" "$SPARROW" inspect acme/absent
+expect "says where it looked" "$TMP/err" "$TMP/hf/hub"
+expect "and how to get it" "$TMP/err" "hf download acme/absent"
+
+# Bad models: one clear message, exit 1.
+bad="$TMP/bad"
+cp -r "$TMP/llama" "$bad"
+size=$(stat -c %s "$bad/model.safetensors")
+truncate -s $((size - 100)) "$bad/model.safetensors"
+run "truncated shard" 1 "$SPARROW" inspect "$bad"
+expect "truncated shard names the file and tensor" "$TMP/err" "model.safetensors: tensor"
+expect "truncated shard says so" "$TMP/err" "file truncated?"
+cp "$TMP/llama/model.safetensors" "$bad/"
+printf '{"model_type": "llama", ' >"$bad/config.json"
+run "invalid config JSON" 1 "$SPARROW" inspect "$bad"
+expect "invalid JSON with position" "$TMP/err" "config.json: invalid JSON at line 1"
+echo '{"model_type": "rwkv"}' >"$bad/config.json"
+run "unknown model type" 1 "$SPARROW" inspect "$bad"
+expect "lists the supported types" "$TMP/err" "supported: bailing_moe, qwen3_moe, gpt_oss, qwen3, llama"
+echo '{"model_type": "qwen3_next"}' >"$bad/config.json"
+run "recognised, unsupported model type" 1 "$SPARROW" inspect "$bad"
+expect "says it is recognised" "$TMP/err" "recognised but not supported yet"
+printf 'garbage that is not safetensors' >"$bad/model.safetensors"
+cp "$TMP/llama/config.json" "$bad/"
+run "not a safetensors file" 1 "$SPARROW" inspect "$bad"
+expect "header length message" "$TMP/err" "not a safetensors file?"
+run "missing folder" 1 "$SPARROW" inspect "$TMP/nowhere"
+run "quantize with a bad mode" 2 "$SPARROW" quantize "$TMP/llama" "$TMP/x" --mode int4
+run "quantize with bad bits" 1 "$SPARROW" quantize "$TMP/llama" "$TMP/x" --mode affine --bits 7
+run "unknown command" 2 "$SPARROW" frobnicate
+run "help" 0 "$SPARROW" --help
