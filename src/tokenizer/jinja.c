@@ -231,7 +231,7 @@ static enum sp_status frame_set(struct rt *rt, struct frame *f, const char *name
         }
     }
     if (f->n == f->cap) {
-        int64_t cap = f->cap ? f->cap * 2 : 8;
+        int64_t cap = f->cap ? f->cap * 2 : 4;
         struct fvar *nv = sp_jarena_alloc(&rt->a, (size_t)cap * sizeof *nv);
         if (!nv) return SP_ERR_LIMIT;
         if (f->n) memcpy(nv, f->vars, (size_t)f->n * sizeof *nv);
@@ -1072,8 +1072,7 @@ static enum sp_status split(struct rt *rt, int line, struct sp_jv s, struct sp_j
                 }
                 if (i >= len) break;
                 if (maxsplit >= 0 && n >= maxsplit) {
-                    struct sp_jv rest = strip(sp_jv_strn(p + i, len - i), NULL, false, true);
-                    ADD(rest);
+                    ADD(sp_jv_strn(p + i, len - i));
                     break;
                 }
                 size_t j = i;
@@ -2073,12 +2072,13 @@ static enum sp_status exec_for(struct rt *rt, const struct sp_jnode *n, struct f
         struct sp_jv kept;
         if ((st = new_list(rt, n->line, count, &kept)) != SP_OK) return st;
         int64_t m = 0;
+        struct frame *ff = frame_new(rt, f);
+        if (!ff) return at_line(n->line, SP_ERR_LIMIT);
         for (int64_t i = 0; i < count; i++) {
             if (++rt->iters > rt->max_iters)
                 return fail(n->line, SP_ERR_LIMIT, "more than %lld loop iterations", (long long)rt->max_iters);
-            struct frame *ff = frame_new(rt, f);
             struct sp_jv c;
-            if (!ff) return at_line(n->line, SP_ERR_LIMIT);
+            ff->n = 0;
             if ((st = assign(rt, n->a, ff, items[i])) != SP_OK || (st = eval(rt, n->c, ff, &c)) != SP_OK) return st;
             if (sp_jv_truthy(c)) kept.list->v[m++] = items[i];
         }
@@ -2089,20 +2089,21 @@ static enum sp_status exec_for(struct rt *rt, const struct sp_jnode *n, struct f
     if (!l) return at_line(n->line, SP_ERR_LIMIT);
     l->items = items;
     l->n = count;
-    l->depth = 1;
-    struct sp_jv outer;
-    if (frame_get(f, "loop", &outer) && outer.t == SP_JV_LOOP) l->depth = ((struct loop *)outer.ptr)->depth + 1;
+    l->depth = 1;  // only recursive loops (unsupported) go deeper in jinja2
     struct sp_jv loopv = {.t = SP_JV_LOOP, .ptr = l};
     rt->loop_depth++;
+    struct frame *ff = NULL;
     for (int64_t i = 0; i < count; i++) {
         if (++rt->iters > rt->max_iters) {
             st = fail(n->line, SP_ERR_LIMIT, "more than %lld loop iterations", (long long)rt->max_iters);
             break;
         }
         l->i = i;
-        // Each iteration gets its own scope, as in jinja2.
-        struct frame *ff = frame_new(rt, f);
-        if (!ff) {
+        // Each iteration gets its own scope, as in jinja2; a fresh one only
+        // when a macro defined in the body could hold on to it.
+        if (ff && n->op) {
+            ff->n = 0;
+        } else if (!(ff = frame_new(rt, f))) {
             st = at_line(n->line, SP_ERR_LIMIT);
             break;
         }
@@ -2242,6 +2243,20 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
 
 /* ---- compile-time checks -------------------------------------------------- */
 
+/* Marks each for loop whose body defines no macro or call block (op = 1):
+ * nothing can keep a reference to such a loop's scope after an iteration,
+ * so one scope is reused for all iterations. Returns whether n defines one. */
+static bool mark_loops(struct sp_jnode *n) {
+    if (!n) return false;
+    bool defines = n->kind == SP_JN_MACRO || n->kind == SP_JN_CALLBLOCK;
+    defines |= mark_loops(n->a);
+    defines |= mark_loops(n->b);
+    defines |= mark_loops(n->c);
+    for (int64_t i = 0; i < n->nkids; i++) defines |= mark_loops(n->kids[i]);
+    if (n->kind == SP_JN_FOR) n->op = !defines;
+    return defines;
+}
+
 /* jinja2 refuses unknown filters and tests when compiling; so do we. */
 static enum sp_status check_names(const struct sp_jnode *n, int depth) {
     if (!n) return SP_OK;
@@ -2272,6 +2287,7 @@ enum sp_status sp_jinja_compile(const char *src, size_t len, struct sp_jinja **o
         goto fail;
     }
     if ((st = check_names(t->root, 0)) != SP_OK) goto fail;
+    mark_loops(t->root);
     *out = t;
     return SP_OK;
 fail:

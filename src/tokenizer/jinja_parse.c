@@ -258,8 +258,8 @@ static enum sp_status lex_number(struct lexer *lx) {
         t.val = sp_jv_float(strtod(tmp, NULL));
     } else {
         long long v = strtoll(tmp, NULL, 10);
-        if (errno == ERANGE) return lex_fail(lx, line, "integer literal out of range");
-        t.val = sp_jv_int(v);
+        // Python's integers are unbounded; past 64 bits the nearest double is kept.
+        t.val = errno == ERANGE ? sp_jv_float(strtod(tmp, NULL)) : sp_jv_int(v);
     }
     advance(lx, i);
     return push(lx, t);
