@@ -215,10 +215,8 @@ static void test_errors(void **state) {
 
 /* ---- Split behaviors, Digits, Metaspace on a tiny vocabulary ---- */
 
-/* Encodes with a one-character-per-token vocabulary so that the ids show the
- * pre-tokenizer's words: the words are joined with '|' by a decoder-less
- * decode of the pieces... simpler: a vocabulary of single characters and
- * merges none; the test inspects the pre-tokenizer directly. */
+/* Runs one pre-tokenizer config on text and compares its words, joined
+ * with '|', with want. */
 static void pretok_words(const char *json, const char *text, const char *want) {
     cJSON *j;
     assert_int_equal(sp_json_parse(json, strlen(json), "test", &j), SP_OK);
