@@ -523,6 +523,7 @@ int32_t sp_tokenizer_bos(const struct sp_tokenizer *t) { return t->bos; }
 int32_t sp_tokenizer_eos(const struct sp_tokenizer *t) { return t->eos; }
 bool sp_tokenizer_cleans_spaces(const struct sp_tokenizer *t) { return t->cleanup; }
 bool sp_tokenizer_windowable(const struct sp_tokenizer *t) { return t->windowable; }
+void sp_tokenizer_clear_cache(const struct sp_tokenizer *t) { sp_bpe_cache_clear(t->bpe); }
 
 /* ---- encode ---- */
 

@@ -89,6 +89,9 @@ bool sp_tokenizer_is_special(const struct sp_tokenizer *t, int32_t id);
 int32_t sp_tokenizer_bos(const struct sp_tokenizer *t);
 int32_t sp_tokenizer_eos(const struct sp_tokenizer *t);
 
+/* Empties the word cache (memory back to a minimum; cold-cache benchmarks). */
+void sp_tokenizer_clear_cache(const struct sp_tokenizer *t);
+
 /* For detok.c: appends the decoder's raw bytes for ids (before UTF-8 repair
  * and the space cleanup); at_start as in sp_decoder_run. */
 struct sp_rx;
