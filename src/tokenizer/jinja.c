@@ -1648,7 +1648,8 @@ static enum sp_status filter_select(struct rt *rt, int line, struct sp_jv v, str
         tname[t.s.n] = 0;
         test = tname;
     }
-    struct args ta = {.pos = a->pos + first + 1, .npos = a->npos > first + 1 ? a->npos - first - 1 : 0};
+    struct args ta = {0};
+    if (a->npos > first + 1) ta = (struct args){.pos = a->pos + first + 1, .npos = a->npos - first - 1};
     struct sp_jv l;
     if ((st = new_list(rt, line, n, &l)) != SP_OK) return st;
     int64_t m = 0;
@@ -1683,7 +1684,8 @@ static enum sp_status filter_map(struct rt *rt, int line, struct sp_jv v, struct
         memcpy(fname, a->pos[0].s.p, a->pos[0].s.n);
         fname[a->pos[0].s.n] = 0;
     }
-    struct args fa = {.pos = a->pos + 1, .npos = a->npos > 1 ? a->npos - 1 : 0};
+    struct args fa = {0};
+    if (a->npos > 1) fa = (struct args){.pos = a->pos + 1, .npos = a->npos - 1};
     for (int64_t i = 0; i < n; i++) {
         if (attr) {
             if ((st = attr_path(rt, line, items[i], *attr, &l.list->v[i])) != SP_OK) return st;

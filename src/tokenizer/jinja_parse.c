@@ -218,49 +218,52 @@ static enum sp_status lex_string(struct lexer *lx, char q) {
     return push(lx, (struct token){.t = T_STRING, .line = line, .p = s, .n = n});
 }
 
+/* Lexes an integer or float literal (digits may be grouped with '_'). */
 static enum sp_status lex_number(struct lexer *lx) {
     size_t i = lx->pos;
     int line = lx->line;
-    char tmp[64];
-    size_t tn = 0;
+    struct sp_buf b = SP_BUF_INIT;  // the literal without underscores
     bool is_float = false;
+    const char *s = lx->src;
+    size_t len = lx->len;
     // Digits with single underscores between them, as Python writes them.
-    #define DIGITS()                                                                \
-        do {                                                                        \
-            while (i < lx->len && (is_digit(lx->src[i]) ||                          \
-                                   (lx->src[i] == '_' && i + 1 < lx->len && is_digit(lx->src[i + 1])))) { \
-                if (lx->src[i] != '_' && tn < sizeof tmp - 1) tmp[tn++] = lx->src[i]; \
-                i++;                                                                \
-            }                                                                       \
-        } while (0)
+#define DIGITS()                                                                                  \
+    while (i < len && (is_digit(s[i]) || (s[i] == '_' && i + 1 < len && is_digit(s[i + 1])))) { \
+        if (s[i] != '_') sp_buf_putc(&b, s[i]);                                                   \
+        i++;                                                                                      \
+    }
     DIGITS();
-    bool after_dot = lx->pos > 0 && lx->src[lx->pos - 1] == '.';
-    if (!after_dot && i + 1 < lx->len && lx->src[i] == '.' && is_digit(lx->src[i + 1])) {
+    bool after_dot = lx->pos > 0 && s[lx->pos - 1] == '.';  // foo.0.1 is two lookups
+    if (!after_dot && i + 1 < len && s[i] == '.' && is_digit(s[i + 1])) {
         is_float = true;
-        tmp[tn++] = lx->src[i++];
+        sp_buf_putc(&b, s[i++]);
         DIGITS();
     }
-    if (!after_dot && i < lx->len && (lx->src[i] == 'e' || lx->src[i] == 'E')) {
+    if (!after_dot && i < len && (s[i] == 'e' || s[i] == 'E')) {
         size_t j = i + 1;
-        if (j < lx->len && (lx->src[j] == '+' || lx->src[j] == '-')) j++;
-        if (j < lx->len && is_digit(lx->src[j])) {
+        if (j < len && (s[j] == '+' || s[j] == '-')) j++;
+        if (j < len && is_digit(s[j])) {
             is_float = true;
-            while (i < j && tn < sizeof tmp - 1) tmp[tn++] = lx->src[i++];
+            sp_buf_append(&b, s + i, j - i);
+            i = j;
             DIGITS();
         }
     }
-    #undef DIGITS
-    tmp[tn] = 0;
+#undef DIGITS
+    if (b.failed) {
+        sp_buf_free(&b);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory parsing a template");
+    }
     struct token t = {.t = is_float ? T_FLOAT : T_INT, .line = line};
-    if (tn >= sizeof tmp - 1) return lex_fail(lx, line, "number literal too long");
     errno = 0;
     if (is_float) {
-        t.val = sp_jv_float(strtod(tmp, NULL));
+        t.val = sp_jv_float(strtod(b.data, NULL));
     } else {
-        long long v = strtoll(tmp, NULL, 10);
+        long long v = strtoll(b.data, NULL, 10);
         // Python's integers are unbounded; past 64 bits the nearest double is kept.
-        t.val = errno == ERANGE ? sp_jv_float(strtod(tmp, NULL)) : sp_jv_int(v);
+        t.val = errno == ERANGE ? sp_jv_float(strtod(b.data, NULL)) : sp_jv_int(v);
     }
+    sp_buf_free(&b);
     advance(lx, i);
     return push(lx, t);
 }
