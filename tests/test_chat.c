@@ -245,6 +245,44 @@ static void test_render_variables(void **state) {
     cJSON_Delete(kw);
 }
 
+/* The "function" object of the first tool call of message i. */
+static cJSON *call_function(cJSON *conv, int i) {
+    cJSON *msg = cJSON_GetArrayItem(cJSON_GetObjectItem(conv, "messages"), i);
+    return cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0), "function");
+}
+
+/* With parse_tool_arguments, arguments sent as JSON text render as the
+ * object they hold: templates that iterate them (Qwen3-Coder) then work. */
+static void test_parse_tool_arguments(void **state) {
+    (void)state;
+    struct sp_chat_template *ct;
+    assert_int_equal(sp_chat_template_load(DATA "/models/Qwen3-Coder", NULL, &ct), SP_OK);
+    cJSON *as_text;
+    assert_int_equal(sp_json_parse_file(DATA "/conversations/14_tool_call_string_args.json", 1 << 20, &as_text), SP_OK);
+    cJSON *as_object = cJSON_Duplicate(as_text, true);
+    const cJSON *text_args = cJSON_GetObjectItem(call_function(as_text, 1), "arguments");
+    assert_true(cJSON_IsString(text_args));
+    cJSON_ReplaceItemInObject(call_function(as_object, 1), "arguments", cJSON_Parse(text_args->valuestring));
+    struct sp_chat_request req = {.messages = cJSON_GetObjectItem(as_text, "messages"),
+                                  .tools = cJSON_GetObjectItem(as_text, "tools"),
+                                  .add_generation_prompt = true};
+    char *a, *b;
+    assert_int_equal(sp_chat_render(ct, &req, &a, NULL), SP_ERR_ARG);  // `arguments|items` on text, as in transformers
+    req.parse_tool_arguments = true;
+    assert_int_equal(sp_chat_render(ct, &req, &a, NULL), SP_OK);
+    assert_non_null(strstr(a, "<parameter=city>\nOslo\n</parameter>"));
+    req.messages = cJSON_GetObjectItem(as_object, "messages");
+    req.parse_tool_arguments = false;
+    assert_int_equal(sp_chat_render(ct, &req, &b, NULL), SP_OK);
+    assert_string_equal(a, b);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(call_function(as_text, 1), "arguments")));  // caller's tree untouched
+    sp_free(a);
+    sp_free(b);
+    cJSON_Delete(as_text);
+    cJSON_Delete(as_object);
+    sp_chat_template_free(ct);
+}
+
 int main(void) {
     sp_mem_hook_cjson();
     const struct CMUnitTest tests[] = {
@@ -254,6 +292,7 @@ int main(void) {
         cmocka_unit_test(test_ling2),           cmocka_unit_test(test_all_models_covered),
         cmocka_unit_test(test_special_tokens),  cmocka_unit_test(test_named_templates),
         cmocka_unit_test(test_missing_and_broken), cmocka_unit_test(test_render_variables),
+        cmocka_unit_test(test_parse_tool_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

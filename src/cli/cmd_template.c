@@ -14,6 +14,7 @@
 static const char usage[] =
     "usage: sparrow template --model MODEL --messages FILE.json [--tools FILE.json]\n"
     "                        [--no-generation-prompt] [--kwargs JSON] [--name NAME] [--date YYYY-MM-DD]\n"
+    "                        [--parse-arguments]\n"
     "  Prints the prompt MODEL's chat template makes of a conversation, exactly\n"
     "  (no newline added). MODEL is a folder or a Hugging Face id in the cache.\n"
     "  FILE.json ('-': standard input) holds the messages array, or an object with\n"
@@ -21,7 +22,8 @@ static const char usage[] =
     "  \"chat_template_kwargs\" (an OpenAI chat request body works as is).\n"
     "  --kwargs adds template variables (e.g. '{\"enable_thinking\": false}');\n"
     "  --name picks a named template (e.g. tool_use); --date fixes the date that\n"
-    "  strftime_now() prints.\n";
+    "  strftime_now() prints; --parse-arguments gives tool-call arguments sent as\n"
+    "  JSON text to the template as objects.\n";
 
 #define MAX_INPUT ((size_t)256 << 20)
 
@@ -64,7 +66,7 @@ static bool parse_date(const char *s, time_t *out) {
 int sp_cmd_template(int argc, char **argv) {
     const char *model = NULL, *messages_path = NULL, *tools_path = NULL, *kwargs_text = NULL, *name = NULL,
                *date = NULL;
-    bool gen_prompt = true, gen_prompt_set = false;
+    bool gen_prompt = true, gen_prompt_set = false, parse_args = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
@@ -73,6 +75,8 @@ int sp_cmd_template(int argc, char **argv) {
         } else if (sp_arg_flag(argv[i], "--no-generation-prompt")) {
             gen_prompt = false;
             gen_prompt_set = true;
+        } else if (sp_arg_flag(argv[i], "--parse-arguments")) {
+            parse_args = true;
         } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
             if (!(model = v)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--messages", &v)) {
@@ -151,7 +155,12 @@ int sp_cmd_template(int argc, char **argv) {
         ct->opts.utc = 1;
     }
     struct sp_chat_request req = {
-        .messages = messages, .tools = tools, .add_generation_prompt = gen_prompt, .kwargs = kwargs};
+        .messages = messages,
+        .tools = tools,
+        .add_generation_prompt = gen_prompt,
+        .kwargs = kwargs,
+        .parse_tool_arguments = parse_args,
+    };
     size_t len;
     if (sp_chat_render(ct, &req, &prompt, &len) != SP_OK) goto fail;
     if (fwrite(prompt, 1, len, stdout) != len || fflush(stdout) != 0) {

@@ -135,6 +135,47 @@ void sp_chat_template_free(struct sp_chat_template *ct) {
     sp_free(ct);
 }
 
+/* The function.arguments of every tool call in messages that is text
+ * holding a JSON object. */
+static cJSON *text_arguments(const cJSON *msg, const cJSON **calls_out) {
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    *calls_out = calls;
+    if (!cJSON_IsArray(calls)) return NULL;
+    const cJSON *call;
+    cJSON_ArrayForEach(call, calls) {
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments");
+        if (cJSON_IsString(args)) return args;
+    }
+    return NULL;
+}
+
+/* A copy of messages with tool-call arguments parsed (see
+ * sp_chat_request.parse_tool_arguments), or NULL when nothing needs it. */
+static enum sp_status parse_arguments(const cJSON *messages, cJSON **out) {
+    *out = NULL;
+    const cJSON *m, *calls;
+    bool any = false;
+    cJSON_ArrayForEach(m, messages) any |= text_arguments(m, &calls) != NULL;
+    if (!any) return SP_OK;
+    cJSON *copy = cJSON_Duplicate(messages, true);
+    if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
+    cJSON_ArrayForEach(m, copy) {
+        text_arguments(m, &calls);
+        if (!cJSON_IsArray(calls)) continue;
+        const cJSON *call;
+        cJSON_ArrayForEach(call, calls) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+            cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            if (!cJSON_IsString(args)) continue;
+            cJSON *parsed = cJSON_Parse(args->valuestring);
+            if (cJSON_IsObject(parsed)) cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            else cJSON_Delete(parsed);
+        }
+    }
+    *out = copy;
+    return SP_OK;
+}
+
 enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp_chat_request *req, char **out,
                               size_t *out_len) {
     *out = NULL;
@@ -148,12 +189,14 @@ enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp
     cJSON *null = cJSON_CreateNull();
     cJSON *bos = ct->bos_token ? cJSON_CreateString(ct->bos_token) : NULL;
     cJSON *eos = ct->eos_token ? cJSON_CreateString(ct->eos_token) : NULL;
+    cJSON *parsed = NULL;
     if (!vars || !agp || !null || (ct->bos_token && !bos) || (ct->eos_token && !eos)) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
         goto fail;
     }
+    if (req->parse_tool_arguments && (st = parse_arguments(req->messages, &parsed)) != SP_OK) goto fail;
     int64_t n = 0;
-    vars[n++] = (struct sp_jinja_var){"messages", req->messages};
+    vars[n++] = (struct sp_jinja_var){"messages", parsed ? parsed : req->messages};
     vars[n++] = (struct sp_jinja_var){"tools", req->tools ? req->tools : null};
     vars[n++] = (struct sp_jinja_var){"add_generation_prompt", agp};
     if (bos) vars[n++] = (struct sp_jinja_var){"bos_token", bos};
@@ -169,5 +212,6 @@ fail:
     cJSON_Delete(null);
     cJSON_Delete(bos);
     cJSON_Delete(eos);
+    cJSON_Delete(parsed);
     return st;
 }

@@ -54,6 +54,11 @@ struct sp_chat_request {
     const cJSON *tools;     // array, or NULL
     bool add_generation_prompt;
     const cJSON *kwargs;  // object of extra template variables, or NULL
+    // OpenAI clients send tool-call arguments as JSON text, while templates
+    // such as Qwen3-Coder's iterate them as a mapping (`arguments|items`).
+    // When set, arguments that are text holding a JSON object are given to
+    // the template as that object.
+    bool parse_tool_arguments;
 };
 
 /* Loads the chat template of a model folder. name selects one of several
