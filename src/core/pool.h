@@ -1,0 +1,40 @@
+/*
+ * pool.h - a fixed set of worker threads that run one function on every
+ * thread at once and return when all are done (a fork-join barrier). Built
+ * for the forward pass: many short parallel steps, so idle workers spin
+ * briefly before sleeping.
+ *
+ *     struct sp_pool *p;
+ *     sp_pool_create(2, &p);
+ *     sp_pool_run(p, work, &args);   // work(&args, tid, nth) on each thread
+ *     sp_pool_free(p);
+ *
+ * The calling thread takes part as tid 0. Each thread also owns a scratch
+ * buffer reserved up front (sp_pool_reserve), so kernels allocate nothing.
+ */
+#ifndef SP_CORE_POOL_H
+#define SP_CORE_POOL_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+
+struct sp_pool;
+
+typedef void (*sp_pool_fn)(void *ctx, int tid, int nth);
+
+/* n_threads <= 0 picks the number of physical cores. */
+enum sp_status sp_pool_create(int n_threads, struct sp_pool **out);
+void sp_pool_free(struct sp_pool *p);
+int sp_pool_size(const struct sp_pool *p);
+void sp_pool_run(struct sp_pool *p, sp_pool_fn fn, void *ctx);
+/* Grows every thread's scratch buffer to at least `bytes` (64-byte aligned). */
+enum sp_status sp_pool_reserve(struct sp_pool *p, size_t bytes);
+/* Thread tid's scratch buffer (valid until the next sp_pool_reserve). */
+void *sp_pool_scratch(struct sp_pool *p, int tid);
+/* Splits [0, n) into nth near-equal ranges; range tid is [*lo, *hi). */
+void sp_pool_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi);
+/* Physical cores of this machine (falls back to online CPUs). */
+int sp_physical_cores(void);
+
+#endif

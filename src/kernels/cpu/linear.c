@@ -1,0 +1,90 @@
+/* linear.c - portable CPU kernels (the reference structure the SIMD
+ * variants follow). */
+#include "kernels/cpu/linear.h"
+
+#include <math.h>
+#include <string.h>
+
+float sp_dot_f32(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
+}
+
+void sp_vector_to_f32(const struct sp_vector *v, float *out) {
+    for (int64_t i = 0; i < v->n; i++) out[i] = sp_dtype_load_float(v->dtype, v->data, (size_t)i);
+}
+
+size_t sp_linear_scratch_bytes(const struct sp_linear *l) {
+    int64_t n = l->transposed ? l->w.rows : l->w.cols;
+    return (size_t)n * sizeof(float) + 64;
+}
+
+struct job {
+    const struct sp_linear *l;
+    const float *x;
+    int64_t ldx;
+    float *y;
+    int64_t ldy;
+    int64_t n;
+    struct sp_pool *pool;
+};
+
+static float bias_at(const struct sp_linear *l, int64_t r) {
+    return l->bias ? sp_dtype_load_float(l->bias_dtype, l->bias, (size_t)r) : 0.0f;
+}
+
+/* (out, in) storage: threads take rows; each row is dequantized once and
+ * dotted with every token. */
+static void rows_job(void *arg, int tid, int nth) {
+    const struct job *j = arg;
+    const struct sp_qmat *w = &j->l->w;
+    float *row = sp_pool_scratch(j->pool, tid);
+    int64_t lo, hi;
+    sp_pool_split(w->rows, tid, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        sp_qmat_dequant_row_ref(w, r, row);
+        float b = bias_at(j->l, r);
+        for (int64_t t = 0; t < j->n; t++) j->y[t * j->ldy + r] = sp_dot_f32(row, j->x + t * j->ldx, w->cols) + b;
+    }
+}
+
+/* (in, out) storage: threads take output columns and stream the input rows. */
+static void cols_job(void *arg, int tid, int nth) {
+    const struct job *j = arg;
+    const struct sp_qmat *w = &j->l->w;
+    float *buf = sp_pool_scratch(j->pool, tid);
+    enum sp_dtype dt = w->type == SP_QTYPE_F32 ? SP_DTYPE_F32 : w->type == SP_QTYPE_F16 ? SP_DTYPE_F16 : SP_DTYPE_BF16;
+    int64_t lo, hi;
+    sp_pool_split(w->rows, tid, nth, &lo, &hi);
+    if (lo == hi) return;
+    for (int64_t t = 0; t < j->n; t++)
+        for (int64_t o = lo; o < hi; o++) j->y[t * j->ldy + o] = 0.0f;
+    for (int64_t i = 0; i < w->cols; i++) {
+        for (int64_t o = lo; o < hi; o++) buf[o - lo] = sp_dtype_load_float(dt, w->codes, (size_t)(i * w->rows + o));
+        for (int64_t t = 0; t < j->n; t++) {
+            float xv = j->x[t * j->ldx + i];
+            float *yt = j->y + t * j->ldy;
+            for (int64_t o = lo; o < hi; o++) yt[o] += xv * buf[o - lo];
+        }
+    }
+    for (int64_t t = 0; t < j->n; t++)
+        for (int64_t o = lo; o < hi; o++) j->y[t * j->ldy + o] += bias_at(j->l, o);
+}
+
+void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
+                     struct sp_pool *pool) {
+    struct job j = {l, x, ldx, y, ldy, n, pool};
+    sp_pool_run(pool, l->transposed ? cols_job : rows_job, &j);
+}

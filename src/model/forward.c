@@ -1,0 +1,669 @@
+/*
+ * forward.c - the generic forward pass. Every architecture runs through the
+ * same layer loop; the descriptor (struct sp_arch) decides attention
+ * details, MLP kind per layer, routing and activation.
+ */
+#include "model/forward.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/half.h"
+#include "kernels/cpu/linear.h"
+
+/* Weight views and float copies of the small parameters of one layer. */
+struct layer {
+    struct sp_linear qkv, q, k, v, o;
+    float *attn_norm, *ffn_norm;  // (d)
+    float *q_norm, *k_norm;       // (head_dim) or NULL
+    float *sinks;                 // (n_heads) or NULL
+    /* dense MLP, or the shared expert of a MoE layer */
+    struct sp_linear gate, up, down;
+    bool has_mlp;
+    /* MoE */
+    struct sp_linear router;
+    float *expert_bias;  // (E) or NULL
+    struct sp_linear *egate, *eup, *edown, *egate_up;  // (E) each; egate_up when fused
+};
+
+struct sp_ctx {
+    const struct sp_model *m;
+    const struct sp_arch *a;
+    struct sp_ctx_params p;
+    struct sp_pool *pool;
+    struct layer *layers;  // (n_layers)
+    struct sp_linear embed, lm_head;
+    float *out_norm;  // (d)
+    /* RoPE */
+    float *inv_freq;  // (rot_dims / 2)
+    float rope_scale;  // multiplies cos and sin (YaRN attention factor)
+    /* KV cache: [layer][k|v][seq][pos][kv_heads * head_dim] */
+    void *kv;
+    size_t kv_bytes, kv_elt;
+    int64_t kv_row;  // kv_heads * head_dim
+    /* batch buffers, max_batch rows each */
+    float *x, *h, *qkv, *att, *tmp;  // x, h, tmp: (B, d); qkv: (B, q + 2kv); att: (B, q)
+    int64_t ld_qkv;
+    float *ff_a, *ff_b;  // (B, max MLP width * 2)
+    int64_t ld_ff;
+    float *router_out;   // (B, E)
+    int32_t *sel;        // (B, k)
+    float *sel_w;        // (B, k)
+    int32_t *etok;       // (B * k) token of each (expert, slot)
+    float *ew;           // (B * k) its weight
+    int64_t *ecount;     // (E + 1) offsets
+    float *gath, *gout;  // (B, d)
+    float *scores;       // (threads, n_ctx + 1)
+    float *logit_rows;   // (B, d)
+};
+
+const char *sp_kv_type_name(enum sp_kv_type t) {
+    static const char *const n[SP_KV_TYPE_COUNT] = {"f16", "bf16", "f32"};
+    return (unsigned)t < SP_KV_TYPE_COUNT ? n[t] : "?";
+}
+
+bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out) {
+    for (int i = 0; i < SP_KV_TYPE_COUNT; i++)
+        if (strcmp(name, sp_kv_type_name((enum sp_kv_type)i)) == 0) {
+            *out = (enum sp_kv_type)i;
+            return true;
+        }
+    return false;
+}
+
+static enum sp_dtype kv_dtype(enum sp_kv_type t) {
+    return t == SP_KV_F32 ? SP_DTYPE_F32 : t == SP_KV_BF16 ? SP_DTYPE_BF16 : SP_DTYPE_F16;
+}
+
+/* ---- RoPE frequencies (as the reference implementations compute them) ---- */
+
+static void rope_init(struct sp_ctx *c) {
+    const struct sp_rope *r = &c->a->rope;
+    int64_t dim = r->rot_dims, half = dim / 2;
+    c->rope_scale = 1.0f;
+    for (int64_t i = 0; i < half; i++) {
+        /* inv_freq = 1 / base^(2i/dim), in float32 like the references */
+        float expo = (float)(2 * i) / (float)dim;
+        float pos_freq = powf((float)r->theta, expo);
+        c->inv_freq[i] = 1.0f / pos_freq;
+    }
+    if (r->kind == SP_ROPE_LINEAR) {
+        for (int64_t i = 0; i < half; i++) c->inv_freq[i] /= (float)r->factor;
+    } else if (r->kind == SP_ROPE_LLAMA3) {
+        double old_len = (double)r->orig_max_pos;
+        double low_wavelen = old_len / r->low_freq_factor, high_wavelen = old_len / r->high_freq_factor;
+        for (int64_t i = 0; i < half; i++) {
+            float inv = c->inv_freq[i];
+            double wavelen = 2.0 * M_PI / inv;
+            if (wavelen > low_wavelen) {
+                c->inv_freq[i] = inv / (float)r->factor;
+            } else if (wavelen >= high_wavelen) {
+                float smooth = (float)((old_len / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor));
+                c->inv_freq[i] = (1.0f - smooth) * inv / (float)r->factor + smooth * inv;
+            }
+        }
+    } else if (r->kind == SP_ROPE_YARN) {
+        double base = r->theta, f = r->factor;
+        double maxp = (double)r->orig_max_pos;
+        double low = (double)dim * log(maxp / (r->beta_fast * 2.0 * M_PI)) / (2.0 * log(base));
+        double high = (double)dim * log(maxp / (r->beta_slow * 2.0 * M_PI)) / (2.0 * log(base));
+        if (r->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        if (low < 0) low = 0;
+        if (high > (double)(dim - 1)) high = (double)(dim - 1);
+        if (low == high) high += 0.001;
+        for (int64_t i = 0; i < half; i++) {
+            float pos_freq = powf((float)base, (float)(2 * i) / (float)dim);
+            float extrap = 1.0f / pos_freq, interp = 1.0f / ((float)f * pos_freq);
+            float ramp = (float)(((double)i - low) / (high - low));
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float extrap_factor = 1.0f - ramp;
+            c->inv_freq[i] = interp * (1.0f - extrap_factor) + extrap * extrap_factor;
+        }
+        double af = r->attention_factor;
+        if (af <= 0) af = f <= 1 ? 1.0 : 0.1 * log(f) + 1.0;
+        c->rope_scale = (float)af;
+    }
+}
+
+/* Rotates the first rot_dims of one head (halves paired, as rotate_half). */
+static void rope_apply(const struct sp_ctx *c, float *v, int64_t pos) {
+    int64_t half = c->a->rope.rot_dims / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float ang = (float)pos * c->inv_freq[i];
+        float cs = (float)cos((double)ang) * c->rope_scale, sn = (float)sin((double)ang) * c->rope_scale;
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * cs - x2 * sn;
+        v[i + half] = x2 * cs + x1 * sn;
+    }
+}
+
+/* ---- setup ---- */
+
+static float *vec_f32(const struct sp_model *m, int64_t layer, enum sp_role role, enum sp_status *st) {
+    struct sp_vector v;
+    if (*st != SP_OK) return NULL;
+    *st = sp_model_vector(m, layer, role, &v);
+    if (*st != SP_OK) return NULL;
+    float *f = sp_malloc((size_t)v.n * sizeof *f, SP_MEM_WEIGHTS);
+    if (!f) {
+        *st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    sp_vector_to_f32(&v, f);
+    return f;
+}
+
+static enum sp_status lin(const struct sp_model *m, int64_t L, enum sp_role r, int64_t e, struct sp_linear *out,
+                          size_t *scratch) {
+    enum sp_status st = sp_model_linear(m, L, r, e, out);
+    if (st == SP_OK && sp_linear_scratch_bytes(out) > *scratch) *scratch = sp_linear_scratch_bytes(out);
+    return st;
+}
+
+static enum sp_status load_layer(struct sp_ctx *c, int64_t L, size_t *scratch) {
+    const struct sp_model *m = c->m;
+    const struct sp_arch *a = c->a;
+    struct layer *ly = &c->layers[L];
+    enum sp_status st = SP_OK;
+    ly->attn_norm = vec_f32(m, L, SP_ROLE_ATTN_NORM, &st);
+    ly->ffn_norm = vec_f32(m, L, SP_ROLE_FFN_NORM, &st);
+    if (a->qk_norm) {
+        ly->q_norm = vec_f32(m, L, SP_ROLE_ATTN_Q_NORM, &st);
+        ly->k_norm = vec_f32(m, L, SP_ROLE_ATTN_K_NORM, &st);
+    }
+    if (a->attn_sinks) ly->sinks = vec_f32(m, L, SP_ROLE_ATTN_SINKS, &st);
+    if (st != SP_OK) return st;
+    if (a->fused_qkv) {
+        if ((st = lin(m, L, SP_ROLE_ATTN_QKV, -1, &ly->qkv, scratch)) != SP_OK) return st;
+    } else {
+        if ((st = lin(m, L, SP_ROLE_ATTN_Q, -1, &ly->q, scratch)) != SP_OK) return st;
+        if ((st = lin(m, L, SP_ROLE_ATTN_K, -1, &ly->k, scratch)) != SP_OK) return st;
+        if ((st = lin(m, L, SP_ROLE_ATTN_V, -1, &ly->v, scratch)) != SP_OK) return st;
+    }
+    if ((st = lin(m, L, SP_ROLE_ATTN_O, -1, &ly->o, scratch)) != SP_OK) return st;
+    if (!a->layer_moe[L] || a->n_shared_experts > 0) {
+        enum sp_role g = a->layer_moe[L] ? SP_ROLE_SHEXP_GATE : SP_ROLE_FFN_GATE;
+        enum sp_role u = a->layer_moe[L] ? SP_ROLE_SHEXP_UP : SP_ROLE_FFN_UP;
+        enum sp_role d = a->layer_moe[L] ? SP_ROLE_SHEXP_DOWN : SP_ROLE_FFN_DOWN;
+        if ((st = lin(m, L, g, -1, &ly->gate, scratch)) != SP_OK) return st;
+        if ((st = lin(m, L, u, -1, &ly->up, scratch)) != SP_OK) return st;
+        if ((st = lin(m, L, d, -1, &ly->down, scratch)) != SP_OK) return st;
+        ly->has_mlp = true;
+    }
+    if (!a->layer_moe[L]) return SP_OK;
+    if ((st = lin(m, L, SP_ROLE_ROUTER, -1, &ly->router, scratch)) != SP_OK) return st;
+    if (sp_weights_find(&m->weights, L, SP_ROLE_EXPERT_BIAS, -1)) {
+        ly->expert_bias = vec_f32(m, L, SP_ROLE_EXPERT_BIAS, &st);
+        if (st != SP_OK) return st;
+    }
+    size_t n = (size_t)a->n_experts;
+    ly->edown = sp_calloc(n, sizeof *ly->edown, SP_MEM_MODEL);
+    if (m->fused_gate_up)
+        ly->egate_up = sp_calloc(n, sizeof *ly->egate_up, SP_MEM_MODEL);
+    else {
+        ly->egate = sp_calloc(n, sizeof *ly->egate, SP_MEM_MODEL);
+        ly->eup = sp_calloc(n, sizeof *ly->eup, SP_MEM_MODEL);
+    }
+    if (!ly->edown || (m->fused_gate_up ? !ly->egate_up : (!ly->egate || !ly->eup)))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t e = 0; e < a->n_experts; e++) {
+        if (m->fused_gate_up) {
+            if ((st = lin(m, L, SP_ROLE_EXP_GATE_UP, e, &ly->egate_up[e], scratch)) != SP_OK) return st;
+        } else {
+            if ((st = lin(m, L, SP_ROLE_EXP_GATE, e, &ly->egate[e], scratch)) != SP_OK) return st;
+            if ((st = lin(m, L, SP_ROLE_EXP_UP, e, &ly->eup[e], scratch)) != SP_OK) return st;
+        }
+        if ((st = lin(m, L, SP_ROLE_EXP_DOWN, e, &ly->edown[e], scratch)) != SP_OK) return st;
+    }
+    return SP_OK;
+}
+
+void sp_ctx_free(struct sp_ctx *c) {
+    if (!c) return;
+    if (c->layers) {
+        for (int64_t L = 0; L < c->a->n_layers; L++) {
+            struct layer *ly = &c->layers[L];
+            sp_free(ly->attn_norm);
+            sp_free(ly->ffn_norm);
+            sp_free(ly->q_norm);
+            sp_free(ly->k_norm);
+            sp_free(ly->sinks);
+            sp_free(ly->expert_bias);
+            sp_free(ly->egate);
+            sp_free(ly->eup);
+            sp_free(ly->edown);
+            sp_free(ly->egate_up);
+        }
+    }
+    sp_free(c->layers);
+    sp_free(c->out_norm);
+    sp_free(c->inv_freq);
+    sp_free_aligned(c->kv);
+    float *bufs[] = {c->x, c->h, c->qkv, c->att, c->tmp, c->ff_a, c->ff_b, c->router_out, c->sel_w, c->ew, c->gath, c->gout, c->scores, c->logit_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) sp_free_aligned(bufs[i]);
+    sp_free_aligned(c->sel);
+    sp_free_aligned(c->etok);
+    sp_free_aligned(c->ecount);
+    sp_pool_free(c->pool);
+    sp_free(c);
+}
+
+static void *act_buf(size_t n, size_t size, bool *ok) {
+    void *p = sp_malloc_aligned(n * size + 64, 64, SP_MEM_ACT);
+    if (!p) *ok = false;
+    return p;
+}
+
+enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *params, struct sp_ctx **out) {
+    *out = NULL;
+    const struct sp_arch *a = &m->arch;
+    struct sp_ctx *c = sp_calloc(1, sizeof *c, SP_MEM_MODEL);
+    if (!c) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->a = a;
+    c->p = *params;
+    if (c->p.n_ctx <= 0) c->p.n_ctx = a->max_pos < 4096 ? a->max_pos : 4096;
+    if (c->p.n_seq <= 0) c->p.n_seq = 1;
+    if (c->p.max_batch <= 0) c->p.max_batch = 256;
+    enum sp_status st = SP_OK;
+    if ((unsigned)c->p.kv_type >= SP_KV_TYPE_COUNT) {
+        st = sp_errorf(SP_ERR_ARG, "unknown KV cache type");
+        goto fail;
+    }
+    if ((st = sp_pool_create(c->p.n_threads, &c->pool)) != SP_OK) goto fail;
+    c->p.n_threads = sp_pool_size(c->pool);
+
+    size_t scratch = 0;
+    c->layers = sp_calloc((size_t)a->n_layers, sizeof *c->layers, SP_MEM_MODEL);
+    c->inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
+    if (!c->layers || !c->inv_freq) goto nomem;
+    rope_init(c);
+    if ((st = lin(m, -1, SP_ROLE_EMBED, -1, &c->embed, &scratch)) != SP_OK) goto fail;
+    if ((st = lin(m, -1, m->has_lm_head ? SP_ROLE_LM_HEAD : SP_ROLE_EMBED, -1, &c->lm_head, &scratch)) != SP_OK) goto fail;
+    c->out_norm = vec_f32(m, -1, SP_ROLE_OUT_NORM, &st);
+    if (st != SP_OK) goto fail;
+    for (int64_t L = 0; L < a->n_layers; L++)
+        if ((st = load_layer(c, L, &scratch)) != SP_OK) goto fail;
+    if ((st = sp_pool_reserve(c->pool, scratch)) != SP_OK) goto fail;
+
+    int64_t d = a->d_model, qd = a->n_heads * a->head_dim, B = c->p.max_batch;
+    c->kv_row = a->n_kv_heads * a->head_dim;
+    c->kv_elt = sp_dtype_size(kv_dtype(c->p.kv_type));
+    c->kv_bytes = (size_t)a->n_layers * 2 * (size_t)c->p.n_seq * (size_t)c->p.n_ctx * (size_t)c->kv_row * c->kv_elt;
+    c->kv = sp_malloc_aligned(c->kv_bytes ? c->kv_bytes : 64, 64, SP_MEM_KV);
+    if (!c->kv) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte KV cache (%lld positions x %d sequences)", c->kv_bytes,
+                       (long long)c->p.n_ctx, c->p.n_seq);
+        goto fail;
+    }
+    memset(c->kv, 0, c->kv_bytes);
+    int64_t ff = a->d_ff;
+    if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
+    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    c->ld_qkv = qd + 2 * c->kv_row;
+    c->ld_ff = ff;
+    int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
+    bool ok = true;
+    c->x = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->h = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->tmp = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->qkv = act_buf((size_t)(B * c->ld_qkv), sizeof(float), &ok);
+    c->att = act_buf((size_t)(B * qd), sizeof(float), &ok);
+    c->ff_a = act_buf((size_t)(B * ff), sizeof(float), &ok);
+    c->ff_b = act_buf((size_t)(B * ff), sizeof(float), &ok);
+    c->router_out = act_buf((size_t)(B * E), sizeof(float), &ok);
+    c->sel = act_buf((size_t)(B * K), sizeof(int32_t), &ok);
+    c->sel_w = act_buf((size_t)(B * K), sizeof(float), &ok);
+    c->etok = act_buf((size_t)(B * K), sizeof(int32_t), &ok);
+    c->ew = act_buf((size_t)(B * K), sizeof(float), &ok);
+    c->ecount = act_buf((size_t)(E + 1), sizeof(int64_t), &ok);
+    c->gath = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->gout = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->scores = act_buf((size_t)c->p.n_threads * (size_t)(c->p.n_ctx + 1), sizeof(float), &ok);
+    c->logit_rows = act_buf((size_t)(B * d), sizeof(float), &ok);
+    if (!ok) goto nomem;
+    *out = c;
+    return SP_OK;
+nomem:
+    st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+fail:
+    sp_ctx_free(c);
+    return st;
+}
+
+const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c) { return &c->p; }
+struct sp_pool *sp_ctx_pool(struct sp_ctx *c) { return c->pool; }
+size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->kv_bytes; }
+
+/* ---- KV cache ---- */
+
+static void *kv_at(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t pos) {
+    size_t idx = (((size_t)L * 2 + (size_t)which) * (size_t)c->p.n_seq + (size_t)seq) * (size_t)c->p.n_ctx + (size_t)pos;
+    return (uint8_t *)c->kv + idx * (size_t)c->kv_row * c->kv_elt;
+}
+
+static void kv_store(const struct sp_ctx *c, void *dst, const float *src, int64_t n) {
+    enum sp_dtype dt = kv_dtype(c->p.kv_type);
+    if (dt == SP_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) sp_dtype_store_float(dt, dst, (size_t)i, src[i]);
+}
+
+static void kv_load(const struct sp_ctx *c, const void *src, float *dst, int64_t n) {
+    enum sp_dtype dt = kv_dtype(c->p.kv_type);
+    if (dt == SP_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    if (dt == SP_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) dst[i] = sp_f16_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = sp_bf16_to_f32(h[i]);
+}
+
+void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
+    if (src == dst || n <= 0) return;
+    for (int64_t L = 0; L < c->a->n_layers; L++)
+        for (int w = 0; w < 2; w++)
+            memcpy(kv_at(c, L, w, dst, 0), kv_at(c, L, w, src, 0), (size_t)n * (size_t)c->kv_row * c->kv_elt);
+}
+
+/* ---- attention ---- */
+
+struct att_job {
+    struct sp_ctx *c;
+    const struct sp_batch *b;
+    int64_t L;
+};
+
+/* One (token, head) per task: scores over the visible cached positions,
+ * softmax (with the head's sink logit when the model has sinks), then the
+ * weighted sum of values. */
+static void attention_job(void *arg, int tid, int nth) {
+    const struct att_job *j = arg;
+    struct sp_ctx *c = j->c;
+    const struct sp_arch *a = c->a;
+    const struct layer *ly = &c->layers[j->L];
+    int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    float *sc = c->scores + (size_t)tid * (size_t)(c->p.n_ctx + 1);
+    float kbuf[512], vbuf[512];
+    SP_ASSERT(hd <= 512);
+    float scale = 1.0f / sqrtf((float)hd);
+    bool sliding = a->layer_sliding[j->L] && a->sliding_window > 0;
+    int64_t lo_task, hi_task;
+    sp_pool_split(j->b->n * a->n_heads, tid, nth, &lo_task, &hi_task);
+    for (int64_t task = lo_task; task < hi_task; task++) {
+        int64_t t = task / a->n_heads, h = task % a->n_heads, kvh = h / group;
+        int64_t pos = j->b->pos[t], seq = j->b->seq[t];
+        int64_t lo = sliding && pos - a->sliding_window + 1 > 0 ? pos - a->sliding_window + 1 : 0;
+        const float *q = c->qkv + t * c->ld_qkv + h * hd;
+        float mx = -INFINITY;
+        for (int64_t p = lo; p <= pos; p++) {
+            kv_load(c, (const uint8_t *)kv_at(c, j->L, 0, seq, p) + (size_t)(kvh * hd) * c->kv_elt, kbuf, hd);
+            float s = sp_dot_f32(q, kbuf, hd) * scale;
+            sc[p - lo] = s;
+            if (s > mx) mx = s;
+        }
+        float sink = ly->sinks ? ly->sinks[h] : -INFINITY;
+        if (sink > mx) mx = sink;
+        double sum = ly->sinks ? exp((double)(sink - mx)) : 0.0;
+        for (int64_t p = lo; p <= pos; p++) {
+            sc[p - lo] = expf(sc[p - lo] - mx);
+            sum += sc[p - lo];
+        }
+        float inv = (float)(1.0 / sum);
+        float *out = c->att + t * (a->n_heads * hd) + h * hd;
+        for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+        for (int64_t p = lo; p <= pos; p++) {
+            kv_load(c, (const uint8_t *)kv_at(c, j->L, 1, seq, p) + (size_t)(kvh * hd) * c->kv_elt, vbuf, hd);
+            float w = sc[p - lo] * inv;
+            for (int64_t i = 0; i < hd; i++) out[i] += w * vbuf[i];
+        }
+    }
+}
+
+/* ---- MLP ---- */
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* act(gate) * up into a, for n rows of width w (gate at ga, up at ub; both
+ * with row stride lds, or interleaved pairs when il). */
+static void activate(const struct sp_arch *a, float *out, int64_t ldo, const float *ga, const float *ub, int64_t lds,
+                     bool il, int64_t n, int64_t w) {
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < w; i++) {
+            float g = il ? ga[t * lds + 2 * i] : ga[t * lds + i];
+            float u = il ? ga[t * lds + 2 * i + 1] : ub[t * lds + i];
+            float r;
+            if (a->act == SP_ACT_SWIGLU_CLAMP) {
+                float lim = (float)a->swiglu_limit;
+                g = g > lim ? lim : g;
+                u = u > lim ? lim : u < -lim ? -lim : u;
+                float glu = g / (1.0f + expf(-g * (float)a->swiglu_alpha));
+                r = (u + 1.0f) * glu;
+            } else {
+                r = silu(g) * u;
+            }
+            out[t * ldo + i] = r;
+        }
+    }
+}
+
+/* out (n, d) = down(act(gate x, up x)) for a gated MLP given by three linears. */
+static void gated_mlp(struct sp_ctx *c, const struct sp_linear *gate, const struct sp_linear *up,
+                      const struct sp_linear *gate_up, const struct sp_linear *down, const float *x, int64_t n,
+                      float *out) {
+    int64_t w = down->w.cols, ld = c->ld_ff;
+    if (gate_up) {
+        sp_linear_apply(gate_up, x, c->a->d_model, c->ff_a, ld, n, c->pool);
+        activate(c->a, c->ff_b, ld, c->ff_a, NULL, ld, gate_up->interleaved, n, w);
+    } else {
+        sp_linear_apply(gate, x, c->a->d_model, c->ff_a, ld, n, c->pool);
+        sp_linear_apply(up, x, c->a->d_model, c->ff_b, ld, n, c->pool);
+        activate(c->a, c->ff_b, ld, c->ff_a, c->ff_b, ld, false, n, w);
+    }
+    sp_linear_apply(down, c->ff_b, ld, out, c->a->d_model, n, c->pool);
+}
+
+static void softmax_inplace(float *v, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = expf(v[i] - mx);
+        s += v[i];
+    }
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / s);
+}
+
+/* Indices of the k largest of v[0..n) (masked entries skipped), largest first. */
+static void top_k(const float *v, const bool *mask, int64_t n, int64_t k, int32_t *idx) {
+    for (int64_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int64_t i = 0; i < n; i++) {
+            if (mask && !mask[i]) continue;
+            bool taken = false;
+            for (int64_t q = 0; q < j; q++) taken |= idx[q] == i;
+            if (taken) continue;
+            if (best < 0 || v[i] > v[best]) best = (int32_t)i;
+        }
+        idx[j] = best;
+    }
+}
+
+/* Chooses k experts and their weights for one token from its router logits. */
+static void route(const struct sp_arch *a, const struct layer *ly, float *logits, int32_t *sel, float *w) {
+    int64_t E = a->n_experts, K = a->n_experts_used;
+    switch (a->router) {
+    case SP_ROUTER_SOFTMAX_TOPK: {
+        softmax_inplace(logits, E);
+        top_k(logits, NULL, E, K, sel);
+        double s = 0;
+        for (int64_t j = 0; j < K; j++) s += logits[sel[j]];
+        for (int64_t j = 0; j < K; j++) w[j] = a->norm_topk_prob ? (float)(logits[sel[j]] / s) : logits[sel[j]];
+        break;
+    }
+    case SP_ROUTER_TOPK_SOFTMAX: {
+        top_k(logits, NULL, E, K, sel);
+        float v[256];
+        SP_ASSERT(K <= 256);
+        for (int64_t j = 0; j < K; j++) v[j] = logits[sel[j]];
+        softmax_inplace(v, K);
+        for (int64_t j = 0; j < K; j++) w[j] = v[j];
+        break;
+    }
+    case SP_ROUTER_SIGMOID_GROUP_TOPK:
+    case SP_ROUTER_SOFTMAX_GROUP_TOPK: {
+        float scores[1024], biased[1024];
+        bool keep[1024];
+        SP_ASSERT(E <= 1024);
+        for (int64_t e = 0; e < E; e++) scores[e] = logits[e];
+        if (a->router == SP_ROUTER_SOFTMAX_GROUP_TOPK)
+            softmax_inplace(scores, E);
+        else
+            for (int64_t e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+        for (int64_t e = 0; e < E; e++) biased[e] = scores[e] + (ly->expert_bias ? ly->expert_bias[e] : 0.0f);
+        int64_t G = a->n_group, per = E / G;
+        for (int64_t e = 0; e < E; e++) keep[e] = true;
+        if (G > 1) {
+            /* group score: sum of its two best biased scores; keep topk_group groups */
+            float gs[1024];
+            bool gkeep[1024];
+            for (int64_t g = 0; g < G; g++) {
+                int32_t two[2];
+                top_k(biased + g * per, NULL, per, per >= 2 ? 2 : 1, two);
+                gs[g] = biased[g * per + two[0]] + (per >= 2 ? biased[g * per + two[1]] : 0.0f);
+            }
+            int32_t gsel[1024];
+            top_k(gs, NULL, G, a->topk_group, gsel);
+            for (int64_t g = 0; g < G; g++) gkeep[g] = false;
+            for (int64_t j = 0; j < a->topk_group; j++) gkeep[gsel[j]] = true;
+            for (int64_t e = 0; e < E; e++) keep[e] = gkeep[e / per];
+        }
+        top_k(biased, keep, E, K, sel);
+        double s = 0;
+        for (int64_t j = 0; j < K; j++) s += scores[sel[j]];
+        for (int64_t j = 0; j < K; j++) {
+            float v = K > 1 ? (float)(scores[sel[j]] / (s + 1e-20)) : scores[sel[j]];
+            w[j] = v * (float)a->routed_scale;
+        }
+        break;
+    }
+    default:
+        SP_ASSERT(!"unknown router kind");
+    }
+}
+
+/* Routed experts for n tokens of h, added into out (n, d). Tokens are
+ * grouped by expert so each expert's weights are read once per batch; each
+ * token sums its experts in ascending expert order whatever the batch holds. */
+static void moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
+    const struct sp_arch *a = c->a;
+    int64_t E = a->n_experts, K = a->n_experts_used, d = a->d_model;
+    sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool);
+    for (int64_t t = 0; t < n; t++) route(a, ly, c->router_out + t * E, c->sel + t * K, c->sel_w + t * K);
+    int64_t *off = c->ecount;
+    for (int64_t e = 0; e <= E; e++) off[e] = 0;
+    for (int64_t i = 0; i < n * K; i++) off[c->sel[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) off[e + 1] += off[e];
+    /* fill in token order so each expert's list is sorted by token */
+    int64_t fill[1024];
+    SP_ASSERT(E <= 1024);
+    for (int64_t e = 0; e < E; e++) fill[e] = off[e];
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < K; j++) {
+            int32_t e = c->sel[t * K + j];
+            c->etok[fill[e]] = (int32_t)t;
+            c->ew[fill[e]] = c->sel_w[t * K + j];
+            fill[e]++;
+        }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t cnt = off[e + 1] - off[e];
+        if (!cnt) continue;
+        for (int64_t i = 0; i < cnt; i++) memcpy(c->gath + i * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
+        gated_mlp(c, ly->egate ? &ly->egate[e] : NULL, ly->eup ? &ly->eup[e] : NULL,
+                  ly->egate_up ? &ly->egate_up[e] : NULL, &ly->edown[e], c->gath, cnt, c->gout);
+        for (int64_t i = 0; i < cnt; i++) {
+            float w = c->ew[off[e] + i], *dst = out + c->etok[off[e] + i] * d;
+            const float *src = c->gout + i * d;
+            for (int64_t k = 0; k < d; k++) dst[k] += w * src[k];
+        }
+    }
+}
+
+/* ---- the forward pass ---- */
+
+static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch *b) {
+    if (b->n <= 0 || b->n > c->p.max_batch)
+        return sp_errorf(SP_ERR_ARG, "batch of %lld tokens (1 to %lld allowed)", (long long)b->n, (long long)c->p.max_batch);
+    for (int64_t t = 0; t < b->n; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->a->vocab)
+            return sp_errorf(SP_ERR_ARG, "token %d is outside the vocabulary of %lld", b->tokens[t], (long long)c->a->vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= c->p.n_seq)
+            return sp_errorf(SP_ERR_ARG, "sequence %d is outside 0..%d", b->seq[t], c->p.n_seq - 1);
+        if (b->pos[t] < 0 || b->pos[t] >= c->p.n_ctx)
+            return sp_errorf(SP_ERR_ARG, "position %d is outside the context of %lld", b->pos[t], (long long)c->p.n_ctx);
+    }
+    return SP_OK;
+}
+
+enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+    enum sp_status st = check_batch(c, b);
+    if (st != SP_OK) return st;
+    const struct sp_arch *a = c->a;
+    int64_t n = b->n, d = a->d_model, hd = a->head_dim, qd = a->n_heads * hd, kvd = c->kv_row;
+    float eps = (float)a->norm_eps;
+    for (int64_t t = 0; t < n; t++) sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * d);
+
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        const struct layer *ly = &c->layers[L];
+        for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->attn_norm, d, eps);
+        if (a->fused_qkv) {
+            sp_linear_apply(&ly->qkv, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
+        } else {
+            sp_linear_apply(&ly->q, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
+            sp_linear_apply(&ly->k, c->h, d, c->qkv + qd, c->ld_qkv, n, c->pool);
+            sp_linear_apply(&ly->v, c->h, d, c->qkv + qd + kvd, c->ld_qkv, n, c->pool);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            float *row = c->qkv + t * c->ld_qkv;
+            for (int64_t h = 0; h < a->n_heads + a->n_kv_heads; h++) {
+                float *v = row + h * hd;
+                bool is_q = h < a->n_heads;
+                if (ly->q_norm) sp_rmsnorm(v, v, is_q ? ly->q_norm : ly->k_norm, hd, eps);
+                rope_apply(c, v, b->pos[t]);
+            }
+            kv_store(c, kv_at(c, L, 0, b->seq[t], b->pos[t]), row + qd, kvd);
+            kv_store(c, kv_at(c, L, 1, b->seq[t], b->pos[t]), row + qd + kvd, kvd);
+        }
+        struct att_job aj = {c, b, L};
+        sp_pool_run(c->pool, attention_job, &aj);
+        sp_linear_apply(&ly->o, c->att, qd, c->tmp, d, n, c->pool);
+        for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
+
+        for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->ffn_norm, d, eps);
+        memset(c->tmp, 0, (size_t)(n * d) * sizeof(float));
+        if (a->layer_moe[L]) moe(c, ly, n, c->tmp);
+        if (ly->has_mlp) {
+            gated_mlp(c, &ly->gate, &ly->up, NULL, &ly->down, c->h, n, c->gout);
+            for (int64_t i = 0; i < n * d; i++) c->tmp[i] += c->gout[i];
+        }
+        for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
+    }
+
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if (b->want_logits && !b->want_logits[t]) continue;
+        sp_rmsnorm(c->logit_rows + m * d, c->x + t * d, c->out_norm, d, eps);
+        m++;
+    }
+    if (m) sp_linear_apply(&c->lm_head, c->logit_rows, d, logits, a->vocab, m, c->pool);
+    return SP_OK;
+}

@@ -1,0 +1,67 @@
+/*
+ * forward.h - the one forward pass (DESIGN.md §3): a context holds the KV
+ * cache of `n_seq` sequences and the buffers for batches of up to
+ * `max_batch` tokens; sp_ctx_forward runs a batch of tokens from any of those
+ * sequences at any positions through every layer, reading only the
+ * architecture descriptor and the weight views.
+ *
+ *     struct sp_ctx *c;
+ *     struct sp_ctx_params p = {.n_ctx = 4096, .n_seq = 1};
+ *     sp_ctx_create(model, &p, &c);
+ *     int32_t tok[3] = {1, 2, 3}, pos[3] = {0, 1, 2}, seq[3] = {0, 0, 0};
+ *     struct sp_batch b = {.n = 3, .tokens = tok, .pos = pos, .seq = seq};
+ *     float *logits = ...;                 // [n tokens wanting logits][vocab]
+ *     sp_ctx_forward(c, &b, logits);
+ *     sp_ctx_free(c);
+ *
+ * Tokens of one sequence must come in increasing position order; a token
+ * attends to every cached position of its sequence up to its own (or the
+ * sliding window). A token's result does not depend on what else is in the
+ * batch: prefill in chunks and decode one by one give the same logits.
+ */
+#ifndef SP_MODEL_FORWARD_H
+#define SP_MODEL_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/pool.h"
+#include "model/model.h"
+
+/* Storage of cached keys and values (zero, the default, is f16). */
+enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
+
+struct sp_ctx_params {
+    int64_t n_ctx;         // positions per sequence (0: the model's, capped at 4096)
+    int n_seq;             // sequences (0: 1)
+    int64_t max_batch;     // tokens per forward call (0: 256)
+    enum sp_kv_type kv_type;
+    int n_threads;         // 0: physical cores
+};
+
+const char *sp_kv_type_name(enum sp_kv_type t);
+bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
+
+struct sp_batch {
+    int64_t n;
+    const int32_t *tokens;      // (n)
+    const int32_t *pos;         // (n)
+    const int32_t *seq;         // (n)
+    const bool *want_logits;    // (n) or NULL: logits for every token
+};
+
+struct sp_ctx;
+
+enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out);
+void sp_ctx_free(struct sp_ctx *c);
+/* Runs a batch; logits of the tokens that want them, in batch order,
+ * [count][vocab] floats. Bad tokens/positions/sequences are SP_ERR_ARG. */
+enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits);
+const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c);
+struct sp_pool *sp_ctx_pool(struct sp_ctx *c);
+/* Bytes of the KV cache. */
+size_t sp_ctx_kv_bytes(const struct sp_ctx *c);
+/* Copies the cached positions [0, n) of sequence src to sequence dst. */
+void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
+
+#endif

@@ -1,0 +1,192 @@
+/*
+ * test_forward.c - the forward pass of every architecture against the
+ * reference implementations' logits (tests/fixtures/, made by
+ * tools/fixtures/make_fixtures.py): every position of two sequences, the
+ * 32-token greedy continuation, and the invariances the server relies on
+ * (chunked prefill = one batch = token by token; sequences in one batch do
+ * not affect each other).
+ */
+#include "helpers.h"
+
+#include <math.h>
+
+#include "core/json.h"
+#include "model/forward.h"
+#include "runtime/sampler.h"
+
+static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe"};
+
+struct ref {
+    int32_t a[16], b[160], greedy[32];
+    int64_t na, nb, ng, vocab;
+    float *la, *lb;
+};
+
+static void read_ints(const cJSON *arr, int32_t *out, int64_t *n, int64_t cap) {
+    *n = 0;
+    for (const cJSON *e = arr ? arr->child : NULL; e; e = e->next) {
+        assert_true(*n < cap);
+        out[(*n)++] = (int32_t)e->valuedouble;
+    }
+}
+
+static float *read_f32(const char *path, size_t want) {
+    char *data;
+    size_t len;
+    assert_int_equal(sp_read_file(path, 64 << 20, &data, &len), SP_OK);
+    assert_int_equal(len, want * sizeof(float));
+    float *f = malloc(len);
+    memcpy(f, data, len);
+    sp_free(data);
+    return f;
+}
+
+static void load_ref(const char *arch, struct ref *r) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/%s/ref/ref.json", arch);
+    cJSON *j;
+    assert_int_equal(sp_json_parse_file(path, 1 << 20, &j), SP_OK);
+    read_ints(cJSON_GetObjectItem(j, "tokens_a"), r->a, &r->na, 16);
+    read_ints(cJSON_GetObjectItem(j, "tokens_b"), r->b, &r->nb, 160);
+    read_ints(cJSON_GetObjectItem(j, "greedy_a"), r->greedy, &r->ng, 32);
+    r->vocab = (int64_t)cJSON_GetObjectItem(j, "vocab")->valuedouble;
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "tests/fixtures/%s/ref/logits_a.f32", arch);
+    r->la = read_f32(path, (size_t)(r->na * r->vocab));
+    snprintf(path, sizeof path, "tests/fixtures/%s/ref/logits_b.f32", arch);
+    r->lb = read_f32(path, (size_t)(r->nb * r->vocab));
+}
+
+/* Runs tokens [0, n) of one sequence in batches of `chunk`, logits for all. */
+static void run_seq(struct sp_ctx *c, const int32_t *tok, int64_t n, int64_t chunk, int seq, float *logits, int64_t vocab) {
+    int32_t pos[256], sq[256];
+    for (int64_t s = 0; s < n; s += chunk) {
+        int64_t m = n - s < chunk ? n - s : chunk;
+        for (int64_t i = 0; i < m; i++) {
+            pos[i] = (int32_t)(s + i);
+            sq[i] = seq;
+        }
+        struct sp_batch b = {.n = m, .tokens = tok + s, .pos = pos, .seq = sq};
+        if (sp_ctx_forward(c, &b, logits + s * vocab) != SP_OK) fail_msg("%s", sp_error_msg());
+    }
+}
+
+/* max |ours - ref| <= tol * max |ref| everywhere, same argmax everywhere
+ * except where the reference's top two are within 1e-5. */
+static void compare(const char *what, const float *ours, const float *ref, int64_t n, int64_t vocab, double tol) {
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < n * vocab; i++) {
+        max_ref = fmax(max_ref, fabs(ref[i]));
+        max_diff = fmax(max_diff, fabs((double)ours[i] - ref[i]));
+    }
+    int flips = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int32_t a = sp_argmax(ours + t * vocab, vocab), b = sp_argmax(ref + t * vocab, vocab);
+        if (a != b) {
+            if (fabs(ref[t * vocab + a] - ref[t * vocab + b]) > 1e-5) flips++;
+            else print_message("%s: position %lld: argmax %d vs %d is a near-tie\n", what, (long long)t, a, b);
+        }
+    }
+    print_message("%s: max|diff| %.3g = %.3g of max|ref| %.3g\n", what, max_diff, max_diff / max_ref, max_ref);
+    if (max_diff > tol * max_ref || flips) fail_msg("%s: max|diff| %g (%.3g of max|ref|), %d argmax differences", what, max_diff, max_diff / max_ref, flips);
+}
+
+static void check_arch(const char *arch, enum sp_kv_type kv, double tol) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
+    struct sp_model *m;
+    if (sp_model_open(dir, &m) != SP_OK) fail_msg("%s", sp_error_msg());
+    struct ref r;
+    load_ref(arch, &r);
+    assert_int_equal(m->arch.vocab, r.vocab);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = kv, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    float *out = malloc((size_t)(r.nb * r.vocab) * sizeof(float));
+    char what[128];
+    snprintf(what, sizeof what, "%s (kv %s) sequence a", arch, sp_kv_type_name(kv));
+    run_seq(c, r.a, r.na, r.na, 0, out, r.vocab);
+    compare(what, out, r.la, r.na, r.vocab, tol);
+    snprintf(what, sizeof what, "%s (kv %s) sequence b", arch, sp_kv_type_name(kv));
+    run_seq(c, r.b, r.nb, 64, 1, out, r.vocab);  // chunked prefill, longer than the sliding window
+    compare(what, out, r.lb, r.nb, r.vocab, tol);
+
+    /* greedy continuation of a, one token per step on sequence 0 */
+    float *lg = malloc((size_t)r.vocab * sizeof(float));
+    int32_t tok = sp_argmax(out, 0), pos, seq = 0;
+    run_seq(c, r.a, r.na, r.na, 0, out, r.vocab);
+    tok = sp_argmax(out + (r.na - 1) * r.vocab, r.vocab);
+    for (int64_t i = 0; i < r.ng; i++) {
+        if (tok != r.greedy[i]) fail_msg("%s: greedy token %lld is %d, reference %d", arch, (long long)i, tok, r.greedy[i]);
+        pos = (int32_t)(r.na + i);
+        struct sp_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+        assert_int_equal(sp_ctx_forward(c, &b, lg), SP_OK);
+        tok = sp_argmax(lg, r.vocab);
+    }
+    free(lg);
+    free(out);
+    free(r.la);
+    free(r.lb);
+    sp_ctx_free(c);
+    sp_model_close(m);
+}
+
+static void test_reference_logits_f32_kv(void **state) {
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) check_arch(archs[i], SP_KV_F32, 1e-3);
+}
+
+static void test_reference_logits_f16_kv(void **state) {
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) check_arch(archs[i], SP_KV_F16, 1e-3);
+}
+
+/* Chunked, whole and token-by-token prefill give bit-identical logits, and
+ * two sequences interleaved in one batch do not disturb each other. */
+static void test_batch_invariance(void **state) {
+    struct sp_model *m;
+    assert_int_equal(sp_model_open("tests/fixtures/bailing_moe", &m), SP_OK);
+    struct ref r;
+    load_ref("bailing_moe", &r);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    int64_t V = r.vocab, n = r.na;
+    float *whole = malloc((size_t)(n * V) * sizeof(float)), *one = malloc((size_t)(n * V) * sizeof(float));
+    float *mixed = malloc((size_t)(2 * n * V) * sizeof(float));
+    run_seq(c, r.a, n, n, 0, whole, V);
+    run_seq(c, r.a, n, 1, 1, one, V);
+    assert_memory_equal(whole, one, (size_t)(n * V) * sizeof(float));
+    run_seq(c, r.a, n, 5, 0, one, V);
+    assert_memory_equal(whole, one, (size_t)(n * V) * sizeof(float));
+    /* a and b interleaved: a on sequence 0, b on sequence 1 */
+    int32_t tok[32], pos[32], seq[32];
+    for (int64_t i = 0; i < n; i++) {
+        tok[2 * i] = r.a[i], pos[2 * i] = (int32_t)i, seq[2 * i] = 0;
+        tok[2 * i + 1] = r.b[i], pos[2 * i + 1] = (int32_t)i, seq[2 * i + 1] = 1;
+    }
+    struct sp_batch b = {.n = 2 * n, .tokens = tok, .pos = pos, .seq = seq};
+    assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_OK);
+    for (int64_t i = 0; i < n; i++) assert_memory_equal(mixed + 2 * i * V, whole + i * V, (size_t)V * sizeof(float));
+    /* bad input is an error, not a crash */
+    int32_t bad = (int32_t)V, zero = 0, big = 64;
+    struct sp_batch bb = {.n = 1, .tokens = &bad, .pos = &zero, .seq = &zero};
+    assert_int_equal(sp_ctx_forward(c, &bb, mixed), SP_ERR_ARG);
+    bb.tokens = &zero;
+    bb.pos = &big;
+    assert_int_equal(sp_ctx_forward(c, &bb, mixed), SP_ERR_ARG);
+    free(whole);
+    free(one);
+    free(mixed);
+    free(r.la);
+    free(r.lb);
+    sp_ctx_free(c);
+    sp_model_close(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_logits_f32_kv),
+        cmocka_unit_test(test_reference_logits_f16_kv),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
