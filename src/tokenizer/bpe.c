@@ -58,6 +58,13 @@ struct sp_bpe {
     struct vtab vocab;
     struct merge_slot *merges;  // (merge_cap) open addressing
     size_t merge_cap;
+    /* Merges of two ids below SMALL, looked up directly: the first merges
+     * of every word pair two one-byte tokens, which byte-level vocabularies
+     * keep among their first ids. (SMALL * SMALL) */
+    struct small_merge {
+        int32_t rank;  // -1: no merge
+        int32_t new_id;
+    } *small;
     bool byte_level;
     int32_t byte_id[256];  // byte mode: the one-byte token of each byte
     char *raw_text;        // byte mode: the bytes each token stands for
@@ -88,6 +95,8 @@ static inline uint64_t mix64(uint64_t x) {
     x *= 0x81dadef4bc2dd44dull;
     return x ^ (x >> 33);
 }
+
+#define SMALL 256
 
 static const struct merge_slot *merge_find(const struct sp_bpe *m, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
@@ -409,6 +418,19 @@ enum sp_status sp_bpe_build(const struct sp_tokjson *tj, const cJSON *model, boo
         merge_put(m, p->a, p->b, p->rank, p->new_id);
     }
 
+    m->small = sp_malloc(SMALL * SMALL * sizeof *m->small, SP_MEM_TOKENIZER);
+    if (!m->small) {
+        st = sp_errorf(SP_ERR_NOMEM, "tokenizer: out of memory for merges");
+        goto fail;
+    }
+    memset(m->small, 0xff, SMALL * SMALL * sizeof *m->small);
+    for (size_t i = 0; i < m->merge_cap; i++) {
+        const struct merge_slot *ms = &m->merges[i];
+        if (ms->key == UINT64_MAX) continue;
+        uint32_t a = (uint32_t)(ms->key >> 32), b = (uint32_t)ms->key;
+        if (a < SMALL && b < SMALL) m->small[a * SMALL + b] = (struct small_merge){(int32_t)ms->rank, ms->new_id};
+    }
+
     /* Unknown token, byte tokens. */
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (unk && !cJSON_IsNull(unk)) {
@@ -470,6 +492,7 @@ void sp_bpe_free(struct sp_bpe *m) {
     sp_free(m->tok_off);
     sp_free(m->tok_len);
     sp_free(m->merges);
+    sp_free(m->small);
     sp_free(m->prefix);
     sp_free(m->suffix);
     if (m->cache.slots || m->cache.keys || m->cache.ids) cache_free(&m->cache);
@@ -534,10 +557,32 @@ static struct sp_bpe_cand heap_pop(struct sp_bpe_cand *h, int64_t *n) {
 static void add_cand(const struct sp_bpe *m, struct sp_bpe_scratch *s, int64_t *nh, int32_t pos) {
     int32_t r = s->sym[pos].next;
     if (r < 0) return;
-    const struct merge_slot *mg = merge_find(m, s->sym[pos].id, s->sym[r].id);
-    if (!mg) return;
-    struct sp_bpe_cand c = {mg->rank, (uint32_t)pos, s->sym[pos].id, s->sym[r].id, mg->new_id};
+    int32_t a = s->sym[pos].id, b = s->sym[r].id;
+    uint32_t rank;
+    int32_t new_id;
+    if ((uint32_t)a < SMALL && (uint32_t)b < SMALL) {
+        const struct small_merge *sm = &m->small[a * SMALL + b];
+        if (sm->rank < 0) return;
+        rank = (uint32_t)sm->rank;
+        new_id = sm->new_id;
+    } else {
+        const struct merge_slot *mg = merge_find(m, a, b);
+        if (!mg) return;
+        rank = mg->rank;
+        new_id = mg->new_id;
+    }
+    struct sp_bpe_cand c = {rank, (uint32_t)pos, a, b, new_id};
     heap_push(s->heap, nh, c);
+}
+
+/* Prefetches the merge-table slot of the pair at pos, ahead of add_cand. */
+static inline void prefetch_cand(const struct sp_bpe *m, const struct sp_bpe_scratch *s, int32_t pos) {
+    int32_t r = s->sym[pos].next;
+    if (r < 0) return;
+    uint32_t a = (uint32_t)s->sym[pos].id, b = (uint32_t)s->sym[r].id;
+    if (a < SMALL && b < SMALL) return;
+    uint64_t key = ((uint64_t)a << 32) | b;
+    __builtin_prefetch(&m->merges[mix64(key) & (m->merge_cap - 1)]);
 }
 
 static enum sp_status grow_scratch(struct sp_bpe_scratch *s, int64_t n) {
@@ -614,7 +659,7 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
     bool cacheable = len <= CACHE_MAX_WORD;
     uint64_t h = 0;
     if (cacheable) {
-        h = sp_hash_bytes(w, len);
+        h = key_hash(w, len) | 1;  // 0 marks an empty cache slot
         if (cache_get(&m->cache, h, w, len, out, &st)) return st;
     }
     if (m->ignore_merges) {
@@ -638,6 +683,7 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
         return st;
     }
     int64_t nh = 0;
+    for (int64_t i = 0; i + 1 < n; i++) prefetch_cand(m, s, (int32_t)i);
     for (int64_t i = 0; i + 1 < n; i++) add_cand(m, s, &nh, (int32_t)i);
     while (nh > 0) {
         struct sp_bpe_cand c = heap_pop(s->heap, &nh);
@@ -649,6 +695,8 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
         l->next = r->next;
         if (r->next >= 0) s->sym[r->next].prev = (int32_t)c.pos;
         r->id = -1;
+        if (l->prev >= 0) prefetch_cand(m, s, l->prev);
+        prefetch_cand(m, s, (int32_t)c.pos);
         if (l->prev >= 0) add_cand(m, s, &nh, l->prev);
         add_cand(m, s, &nh, (int32_t)c.pos);
     }

@@ -2,6 +2,7 @@
 #include "tokenizer/pretok.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -350,11 +351,127 @@ static enum sp_status unicode_norm(struct sp_buf *text, size_t from, utf8proc_op
     return sp_buf_append(text, tmp->data, tmp->len);
 }
 
+/* ---- NFC with a quick check ---- */
+
+/* quick[cp >> 6] bit (cp & 63): code point cp of the BMP is "NFC-quick":
+ * NFC leaves it unchanged, it is a starter (combining class 0) and it never
+ * composes with a character before it. Text can be cut before such a
+ * character and normalized piece by piece. Computed per 256-code-point
+ * block on first use. */
+static uint64_t nfc_quick[65536 / 64];
+static _Atomic unsigned char nfc_block_ready[256];
+static pthread_mutex_t nfc_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static bool nfc_quick_slow(uint32_t cp) {
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+    if (p->combining_class != 0) return false;
+    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;  // second of a composition
+    if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11a8 && cp <= 0x11c2)) return false;  // Hangul V, T jamo
+    if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) return true;  // no canonical decomposition
+    /* A canonical decomposition: quick only if NFC composes it back. */
+    utf8proc_int32_t buf[32];
+    utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, buf, 32, UTF8PROC_DECOMPOSE, NULL);
+    if (k < 0 || k > 32) return false;
+    k = utf8proc_normalize_utf32(buf, k, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    return k == 1 && (uint32_t)buf[0] == cp;
+}
+
+static bool nfc_quick_cp(uint32_t cp) {
+    if (cp < 0x300) return true;
+    if (cp >= 0x10000) {
+        /* Outside the BMP: quick when it takes no part in normalization. */
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        return p->combining_class == 0 && p->decomp_seqindex == UINT16_MAX && p->comb_index == UINT16_MAX;
+    }
+    unsigned blk = cp >> 8;
+    if (!nfc_block_ready[blk]) {
+        pthread_mutex_lock(&nfc_mu);
+        if (!nfc_block_ready[blk]) {
+            for (uint32_t c = blk << 8; c < (blk + 1) << 8; c++) {
+                uint64_t bit = 1ull << (c & 63);
+                if (nfc_quick_slow(c)) nfc_quick[c >> 6] |= bit;
+                else nfc_quick[c >> 6] &= ~bit;
+            }
+            nfc_block_ready[blk] = 1;
+        }
+        pthread_mutex_unlock(&nfc_mu);
+    }
+    return (nfc_quick[cp >> 6] >> (cp & 63)) & 1;
+}
+
+/* Appends the NFC form of s[0..n) to out. */
+static enum sp_status nfc_piece(const char *s, size_t n, struct sp_buf *out) {
+    utf8proc_int32_t stackbuf[256];
+    utf8proc_int32_t *cps = stackbuf;
+    utf8proc_ssize_t cap = 256, k;
+    for (;;) {
+        k = utf8proc_decompose((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, cps, cap, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (k < 0) {
+            if (cps != stackbuf) sp_free(cps);
+            return sp_errorf(SP_ERR_FORMAT, "normalizer: %s", utf8proc_errmsg(k));
+        }
+        if (k <= cap) break;
+        if (cps != stackbuf) sp_free(cps);
+        cap = k;
+        if (!(cps = sp_malloc((size_t)cap * sizeof *cps, SP_MEM_TOKENIZER))) return sp_errorf(SP_ERR_NOMEM, "normalizer: out of memory");
+    }
+    k = utf8proc_normalize_utf32(cps, k, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    enum sp_status st = k < 0 ? sp_errorf(SP_ERR_FORMAT, "normalizer: %s", utf8proc_errmsg(k)) : sp_buf_reserve(out, (size_t)k * 4);
+    for (utf8proc_ssize_t i = 0; st == SP_OK && i < k; i++) out->len += (size_t)sp_utf8_encode((uint32_t)cps[i], out->data + out->len);
+    if (st == SP_OK) out->data[out->len] = 0;
+    if (cps != stackbuf) sp_free(cps);
+    return st;
+}
+
+/* NFC in place: only the stretches around characters that are not
+ * NFC-quick go through utf8proc. */
+static enum sp_status nfc(struct sp_buf *text, struct sp_buf *tmp) {
+    const unsigned char *p = (const unsigned char *)text->data;
+    size_t n = text->len, i = 0, done = 0, prev = 0;
+    enum sp_status st = SP_OK;
+    bool changed = false;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            prev = i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = sp_utf8_decode(p + i, n - i, &cp);
+        if (k <= 0) return sp_errorf(SP_ERR_ARG, "normalizer: invalid UTF-8");
+        if (nfc_quick_cp(cp)) {
+            prev = i;
+            i += (size_t)k;
+            continue;
+        }
+        /* From the starter before this character to the next quick one. */
+        size_t s0 = i > done ? prev : i;
+        if (s0 < done) s0 = done;
+        size_t e = i + (size_t)k;
+        while (e < n) {
+            int k2 = sp_utf8_decode(p + e, n - e, &cp);
+            if (k2 <= 0) return sp_errorf(SP_ERR_ARG, "normalizer: invalid UTF-8");
+            if (nfc_quick_cp(cp)) break;
+            e += (size_t)k2;
+        }
+        if (!changed) sp_buf_clear(tmp);
+        changed = true;
+        sp_buf_append(tmp, text->data + done, s0 - done);
+        if ((st = nfc_piece(text->data + s0, e - s0, tmp)) != SP_OK) return st;
+        done = i = prev = e;
+    }
+    if (!changed) return SP_OK;
+    sp_buf_append(tmp, text->data + done, n - done);
+    if (tmp->failed) return sp_errorf(SP_ERR_NOMEM, "normalizer: out of memory");
+    sp_buf_clear(text);
+    return sp_buf_append(text, tmp->data, tmp->len);
+}
+
 static enum sp_status norm_stage_run(const struct norm_stage *s, struct sp_buf *text, struct sp_buf *tmp,
                                      struct sp_rx *rx) {
     enum sp_status st = SP_OK;
     switch (s->kind) {
     case N_NFC:
+        return nfc(text, tmp);
     case N_NFKC:
     case N_NFD:
     case N_NFKD: {
@@ -723,9 +840,19 @@ static void fold_pieces(struct pieces *p, enum behavior b, bool invert) {
     }
 }
 
-static enum sp_status stage_run(const struct pt_stage *stg, const struct sp_splits *in, struct sp_splits *out,
+/* Whether a stage only cuts text, never rewrites it. */
+static bool stage_pure(const struct pt_stage *stg, bool map_bytes) {
+    if (stg->kind == P_METASPACE) return false;
+    if (stg->kind == P_BYTELEVEL) return !stg->add_prefix_space && !map_bytes;
+    return true;
+}
+
+/* Runs one stage from `in` to `out`. A stage that only cuts keeps the text
+ * where it is: its ranges point into in's text, which then moves to out. */
+static enum sp_status stage_run(const struct pt_stage *stg, struct sp_splits *in, struct sp_splits *out,
                                 struct sp_rx *rx, bool map_bytes, struct pieces *pc, struct sp_buf *tmp) {
     enum sp_status st = SP_OK;
+    bool pure = stage_pure(stg, map_bytes);
     sp_buf_clear(&out->text);
     out->n = 0;
     for (int64_t r = 0; r < in->n; r++) {
@@ -768,7 +895,9 @@ static enum sp_status stage_run(const struct pt_stage *stg, const struct sp_spli
             if (pc->v[i].m || pc->v[i].e == pc->v[i].s) continue;
             bool o = origin && first && pc->v[i].s == 0;
             first = false;
-            if (stg->kind == P_BYTELEVEL && map_bytes) {
+            if (pure) {
+                if ((st = range_push(out, in->r[r].off + pc->v[i].s, pc->v[i].e - pc->v[i].s, o)) != SP_OK) return st;
+            } else if (stg->kind == P_BYTELEVEL && map_bytes) {
                 size_t off = out->text.len;
                 if ((st = sp_bytelevel_map(s + pc->v[i].s, pc->v[i].e - pc->v[i].s, &out->text)) != SP_OK) return st;
                 if ((st = range_push(out, off, out->text.len - off, o)) != SP_OK) return st;
@@ -776,6 +905,11 @@ static enum sp_status stage_run(const struct pt_stage *stg, const struct sp_spli
                 return st;
             }
         }
+    }
+    if (pure) {
+        struct sp_buf t = in->text;
+        in->text = out->text;
+        out->text = t;
     }
     return SP_OK;
 }
@@ -788,7 +922,9 @@ enum sp_status sp_pretok_run(const struct sp_pretok *pt, struct sp_splits *w, st
     enum sp_status st = SP_OK;
     for (int64_t i = 0; i < pt->n && st == SP_OK; i++) {
         bool map = !(defer_bytelevel && i == pt->n - 1);
-        st = stage_run(&pt->st[i], w, tmp, rx, map, &pc, &scratch);
+        const struct pt_stage *stg = &pt->st[i];
+        if (stg->kind == P_BYTELEVEL && !stg->use_regex && stage_pure(stg, map)) continue;  // nothing to do
+        st = stage_run(stg, w, tmp, rx, map, &pc, &scratch);
         struct sp_splits t = *w;
         *w = *tmp;
         *tmp = t;
