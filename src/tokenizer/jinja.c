@@ -477,6 +477,8 @@ static enum sp_status do_slice(struct rt *rt, int line, struct sp_jv obj, const 
 
 /* ---- operators ------------------------------------------------------------ */
 
+static enum sp_status check_output(int line, struct rt *rt, const struct sp_buf *b);
+
 static enum sp_status check_defined(int line, struct sp_jv a, struct sp_jv b) {
     if (a.t == SP_JV_UNDEFINED) return undefined_err(line, a);
     if (b.t == SP_JV_UNDEFINED) return undefined_err(line, b);
@@ -517,6 +519,130 @@ static double py_fmod(double a, double b) {
     double m = fmod(a, b);
     if (m != 0 && ((m < 0) != (b < 0))) m += b;
     return m;
+}
+
+/* Python's printf-style `fmt % args`: args is a tuple of positional values,
+ * a dict for %(name)s fields, or a single value. Supports the s r d i f F e
+ * E g G x X o c conversions with flags, width and precision. */
+static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, struct sp_jv args, struct sp_jv *out) {
+    const struct sp_jv *pos = &args;
+    int64_t npos = 1, next = 0;
+    if (args.t == SP_JV_LIST && args.list->tuple) {
+        pos = args.list->v;
+        npos = args.list->n;
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    enum sp_status st = SP_OK;
+    const char *p = fmt.s.p, *end = fmt.s.p + fmt.s.n;
+    while (p < end && st == SP_OK) {
+        if (*p != '%') {
+            sp_buf_putc(&b, *p++);
+            continue;
+        }
+        if (++p >= end) {
+            st = fail(line, SP_ERR_ARG, "incomplete format");
+            break;
+        }
+        const struct sp_jv *v = NULL;
+        if (*p == '(') {
+            const char *close = memchr(p, ')', (size_t)(end - p));
+            if (!close || args.t != SP_JV_DICT) {
+                st = fail(line, SP_ERR_ARG, "format requires a mapping");
+                break;
+            }
+            v = sp_jdict_get_str(args.dict, p + 1, (size_t)(close - p - 1));
+            if (!v) {
+                st = fail(line, SP_ERR_ARG, "format: key '%.*s' not found", (int)(close - p - 1), p + 1);
+                break;
+            }
+            p = close + 1;
+        }
+        char spec[32] = "%";
+        size_t sl = 1;
+        while (p < end && strchr("-+ #0", *p) && sl < 8) spec[sl++] = *p++;
+        int width = 0, prec = -1;
+        while (p < end && *p >= '0' && *p <= '9' && width < 10000) width = width * 10 + (*p++ - '0');
+        if (p < end && *p == '.') {
+            prec = 0;
+            for (p++; p < end && *p >= '0' && *p <= '9' && prec < 10000;) prec = prec * 10 + (*p++ - '0');
+        }
+        if (p >= end) {
+            st = fail(line, SP_ERR_ARG, "incomplete format");
+            break;
+        }
+        char conv = *p++;
+        if (conv == '%') {
+            sp_buf_putc(&b, '%');
+            continue;
+        }
+        if (!v) {
+            if (next >= npos) {
+                st = fail(line, SP_ERR_ARG, "not enough arguments for format string");
+                break;
+            }
+            v = &pos[next++];
+        }
+        double d;
+        int64_t k;
+        switch (conv) {
+        case 's':
+        case 'r': {
+            struct sp_buf t = SP_BUF_INIT;
+            if (conv == 's') sp_jv_write_str(&t, *v);
+            else sp_jv_write_repr(&t, *v);
+            size_t len = t.len;
+            if (prec >= 0) len = sp_utf8_offset(t.data ? t.data : "", t.len, prec);
+            int64_t chars = sp_utf8_count(t.data ? t.data : "", len);
+            bool left = memchr(spec, '-', sl) != NULL;
+            if (!left)
+                for (int64_t i = chars; i < width; i++) sp_buf_putc(&b, ' ');
+            sp_buf_append(&b, t.data ? t.data : "", len);
+            if (left)
+                for (int64_t i = chars; i < width; i++) sp_buf_putc(&b, ' ');
+            sp_buf_free(&t);
+            break;
+        }
+        case 'd':
+        case 'i':
+        case 'x':
+        case 'X':
+        case 'o':
+        case 'c':
+            if (v->t == SP_JV_FLOAT && conv != 'c' && isfinite(v->f) && fabs(v->f) < 9.2e18) k = (int64_t)v->f;
+            else if (!is_int(*v, &k)) {
+                st = fail(line, SP_ERR_ARG, "%%%c format: a number is required, not %s", conv, sp_jv_type_name(*v));
+                break;
+            }
+            if (conv == 'c') {
+                sp_utf8_put(&b, (int32_t)k);
+                break;
+            }
+            if (prec < 0) snprintf(spec + sl, sizeof spec - sl, "%dll%c", width, conv == 'i' ? 'd' : conv);
+            else snprintf(spec + sl, sizeof spec - sl, "%d.%dll%c", width, prec, conv == 'i' ? 'd' : conv);
+            sp_buf_printf(&b, spec, (long long)k);
+            break;
+        case 'f':
+        case 'F':
+        case 'e':
+        case 'E':
+        case 'g':
+        case 'G':
+            if (!sp_jv_number(*v, &d)) {
+                st = fail(line, SP_ERR_ARG, "must be real number, not %s", sp_jv_type_name(*v));
+                break;
+            }
+            snprintf(spec + sl, sizeof spec - sl, "%d.%d%c", width, prec < 0 ? 6 : prec, conv);
+            sp_buf_printf(&b, spec, d);
+            break;
+        default: st = fail(line, SP_ERR_ARG, "unsupported format character '%c'", conv);
+        }
+        if (st == SP_OK) st = check_output(line, rt, &b);
+    }
+    if (st == SP_OK && next < npos && args.t == SP_JV_LIST && args.list->tuple)
+        st = fail(line, SP_ERR_ARG, "not all arguments converted during string formatting");
+    if (st == SP_OK) st = mkstr(rt, line, &b, out);
+    sp_buf_free(&b);
+    return st;
 }
 
 static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, struct sp_jv b, struct sp_jv *out) {
@@ -604,6 +730,7 @@ static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, str
         break;
     case SP_JOP_FLOORDIV:
     case SP_JOP_MOD:
+        if (op == SP_JOP_MOD && a.t == SP_JV_STR) return percent_format(rt, line, a, b, out);
         if (ints) {
             if (ib == 0) return fail(line, SP_ERR_ARG, "integer division or modulo by zero");
             if (ia == INT64_MIN && ib == -1) return fail(line, SP_ERR_ARG, "integer overflow");
@@ -1524,7 +1651,7 @@ static const char *const FILTER_NAMES[] = {
     "float",   "indent",  "int",        "items",  "join",    "last",     "length",   "list",   "lower",
     "map",     "max",     "min",        "reject", "rejectattr", "replace", "reverse", "round", "safe",
     "select",  "selectattr", "sort",    "string", "sum",     "title",    "tojson",   "trim",   "unique",
-    "upper",   "wordcount", "dictsort", "batch",  NULL};
+    "upper",   "wordcount", "dictsort", "batch",  "format", NULL};
 
 static enum sp_status length_of(int line, struct sp_jv v, int64_t *n) {
     switch (v.t) {
@@ -1703,7 +1830,8 @@ static enum sp_status filter_map(struct rt *rt, int line, struct sp_jv v, struct
 static enum sp_status filter_tojson(struct rt *rt, int line, struct sp_jv v, struct args *a, struct sp_jv *out) {
     struct sp_jv_json_opts o = {0};
     char ind[256];
-    struct sp_jv *indent = arg(a, 0, "indent"), *seps = arg(a, -1, "separators"), *sk = arg(a, -1, "sort_keys");
+    // transformers' signature: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
+    struct sp_jv *indent = arg(a, 1, "indent"), *seps = arg(a, 2, "separators"), *sk = arg(a, 3, "sort_keys");
     int64_t k;
     if (indent && indent->t != SP_JV_NONE) {
         if (is_int(*indent, &k)) {
@@ -1731,6 +1859,8 @@ static enum sp_status filter_tojson(struct rt *rt, int line, struct sp_jv v, str
         o.key_sep = sep_s[1];
     }
     o.sort_keys = sk && sp_jv_truthy(*sk);
+    struct sp_jv *ea = arg(a, 0, "ensure_ascii");
+    o.ensure_ascii = ea && sp_jv_truthy(*ea);
     struct sp_buf b = SP_BUF_INIT;
     enum sp_status st = at_line(line, sp_jv_write_json(&b, v, &o));
     if (st == SP_OK) st = check_output(line, rt, &b);
@@ -2002,6 +2132,20 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
         struct sp_jv sargs[3] = {rev ? *rev : sp_jv_bool(false), cs ? *cs : sp_jv_bool(false), idx};
         struct args sa = {.pos = sargs, .npos = 3};
         return filter_sort(rt, line, pairs, &sa, false, false, out);
+    } else if (strcmp(name, "format") == 0) {
+        if ((st = to_str(rt, line, v, &v)) != SP_OK) return st;
+        if (a->npos && a->nkw) return fail(line, SP_ERR_ARG, "format: can't handle positional and keyword arguments");
+        if (a->nkw) {
+            if ((st = at_line(line, sp_jv_new_dict(&rt->a, SP_JV_DICT, &x))) != SP_OK) return st;
+            for (int64_t i = 0; i < a->nkw; i++)
+                if ((st = at_line(line, sp_jdict_set(&rt->a, x.dict, sp_jv_cstr(a->kwn[i]), a->kwv[i]))) != SP_OK)
+                    return st;
+        } else {
+            if ((st = new_list(rt, line, a->npos, &x)) != SP_OK) return st;
+            x.list->tuple = true;
+            for (int64_t i = 0; i < a->npos; i++) x.list->v[i] = a->pos[i];
+        }
+        return percent_format(rt, line, v, x, out);
     } else if (strcmp(name, "batch") == 0) {
         struct sp_jv *size = arg(a, 0, "linecount"), *fill = arg(a, 1, "fill_with");
         int64_t sz;

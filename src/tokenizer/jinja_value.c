@@ -522,15 +522,33 @@ enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v) { return write
 
 /* ---- json.dumps ----------------------------------------------------------- */
 
-/* json.dumps string escaping with ensure_ascii=False. */
-static void json_str(struct sp_buf *b, const char *s, size_t n) {
+/* json.dumps string escaping. */
+static void json_str(struct sp_buf *b, const char *s, size_t n, bool ascii) {
     sp_buf_reserve(b, n + 2);
     sp_buf_putc(b, '"');
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         const char *esc = NULL;
-        char tmp[8];
+        char tmp[16];
+        if (ascii && c == 0x7f) {
+            esc = "\\u007f";
+        } else if (ascii && c >= 0x80) {
+            int32_t cp;
+            size_t l = sp_utf8_next(s + i, n - i, &cp);
+            sp_buf_append(b, s + run, i - run);
+            if (cp >= 0x10000) {
+                cp -= 0x10000;
+                snprintf(tmp, sizeof tmp, "\\u%04x\\u%04x", (unsigned)(0xd800 + (cp >> 10)),
+                         (unsigned)(0xdc00 + (cp & 0x3ff)));
+            } else {
+                snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)cp);
+            }
+            sp_buf_puts(b, tmp);
+            i += l - 1;
+            run = i + 1;
+            continue;
+        }
         switch (c) {
         case '"': esc = "\\\""; break;
         case '\\': esc = "\\\\"; break;
@@ -560,10 +578,10 @@ static void json_newline(struct sp_buf *b, const struct sp_jv_json_opts *o, int 
 }
 
 /* A dict key as json.dumps converts it; false for keys it refuses. */
-static bool json_key(struct sp_buf *b, struct sp_jv k) {
+static bool json_key(struct sp_buf *b, struct sp_jv k, bool ascii) {
     char num[40];
     switch (k.t) {
-    case SP_JV_STR: json_str(b, k.s.p, k.s.n); return true;
+    case SP_JV_STR: json_str(b, k.s.p, k.s.n, ascii); return true;
     case SP_JV_INT: sp_buf_printf(b, "\"%lld\"", (long long)k.i); return true;
     case SP_JV_BOOL: sp_buf_puts(b, k.b ? "\"true\"" : "\"false\""); return true;
     case SP_JV_NONE: sp_buf_puts(b, "\"null\""); return true;
@@ -601,7 +619,7 @@ static enum sp_status json_value(struct sp_buf *b, struct sp_jv v, const struct 
         else sp_jv_format_float(num, v.f);
         sp_buf_puts(b, num);
         break;
-    case SP_JV_STR: json_str(b, v.s.p, v.s.n); break;
+    case SP_JV_STR: json_str(b, v.s.p, v.s.n, o->ensure_ascii); break;
     case SP_JV_LIST:
         if (v.list->n == 0) {
             sp_buf_puts(b, "[]");
@@ -638,7 +656,7 @@ static enum sp_status json_value(struct sp_buf *b, struct sp_jv v, const struct 
             const struct sp_jdict_entry *e = order ? order[i] : &d->e[i];
             if (i) sp_buf_puts(b, isep);
             if (o->indent) json_newline(b, o, depth + 1);
-            if (!json_key(b, e->key)) {
+            if (!json_key(b, e->key, o->ensure_ascii)) {
                 st = sp_errorf(SP_ERR_ARG, "tojson: keys must be str, int, float, bool or None, not %s",
                                sp_jv_type_name(e->key));
                 break;

@@ -153,7 +153,7 @@ enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v);
 /* Python's repr of a float ("1.0", "1e-05", "inf") into out. */
 void sp_jv_format_float(char out[40], double f);
 
-/* Appends json.dumps(v, ensure_ascii=False, indent=indent, separators=...,
+/* Appends json.dumps(v, ensure_ascii=..., indent=indent, separators=...,
  * sort_keys=...). indent NULL means compact; item_sep/key_sep NULL mean
  * Python's defaults for that indent. Fails (SP_ERR_ARG, detail recorded) on
  * values JSON cannot hold. */
@@ -161,6 +161,7 @@ struct sp_jv_json_opts {
     const char *indent;  // NULL: one line; else the string one level indents by
     const char *item_sep, *key_sep;
     bool sort_keys;
+    bool ensure_ascii;  // escape every non-ASCII character as \uXXXX
 };
 enum sp_status sp_jv_write_json(struct sp_buf *b, struct sp_jv v, const struct sp_jv_json_opts *o);
 
