@@ -12,6 +12,7 @@
 
 #include "core/json.h"
 #include "model/forward.h"
+#include "model/quantize.h"
 #include "runtime/sampler.h"
 
 static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe"};
@@ -91,6 +92,41 @@ static void compare(const char *what, const float *ours, const float *ref, int64
     if (max_diff > tol * max_ref || flips) fail_msg("%s: max|diff| %g (%.3g of max|ref|), %d argmax differences", what, max_diff, max_diff / max_ref, flips);
 }
 
+/* Runs both sequences (b in chunks, on another sequence slot) and, when
+ * asked, the greedy continuation, against the given reference logits. */
+static void check_model(const char *label, struct sp_model *m, const struct ref *r, const float *la, const float *lb,
+                        enum sp_kv_type kv, double tol, bool greedy) {
+    assert_int_equal(m->arch.vocab, r->vocab);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = kv, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    float *out = malloc((size_t)(r->nb * r->vocab) * sizeof(float));
+    char what[160];
+    snprintf(what, sizeof what, "%s (kv %s) sequence a", label, sp_kv_type_name(kv));
+    run_seq(c, r->a, r->na, r->na, 0, out, r->vocab);
+    compare(what, out, la, r->na, r->vocab, tol);
+    snprintf(what, sizeof what, "%s (kv %s) sequence b", label, sp_kv_type_name(kv));
+    run_seq(c, r->b, r->nb, 64, 1, out, r->vocab);  // chunked prefill, longer than the sliding window
+    compare(what, out, lb, r->nb, r->vocab, tol);
+    if (greedy) {
+        /* greedy continuation of a, one token per step on sequence 0 */
+        float *lg = malloc((size_t)r->vocab * sizeof(float));
+        int32_t pos, seq = 0;
+        run_seq(c, r->a, r->na, r->na, 0, out, r->vocab);
+        int32_t tok = sp_argmax(out + (r->na - 1) * r->vocab, r->vocab);
+        for (int64_t i = 0; i < r->ng; i++) {
+            if (tok != r->greedy[i]) fail_msg("%s: greedy token %lld is %d, reference %d", label, (long long)i, tok, r->greedy[i]);
+            pos = (int32_t)(r->na + i);
+            struct sp_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+            assert_int_equal(sp_ctx_forward(c, &b, lg), SP_OK);
+            tok = sp_argmax(lg, r->vocab);
+        }
+        free(lg);
+    }
+    free(out);
+    sp_ctx_free(c);
+}
+
 static void check_arch(const char *arch, enum sp_kv_type kv, double tol) {
     char dir[256];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
@@ -98,37 +134,49 @@ static void check_arch(const char *arch, enum sp_kv_type kv, double tol) {
     if (sp_model_open(dir, &m) != SP_OK) fail_msg("%s", sp_error_msg());
     struct ref r;
     load_ref(arch, &r);
-    assert_int_equal(m->arch.vocab, r.vocab);
-    struct sp_ctx *c;
-    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = kv, .n_threads = 2};
-    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
-    float *out = malloc((size_t)(r.nb * r.vocab) * sizeof(float));
-    char what[128];
-    snprintf(what, sizeof what, "%s (kv %s) sequence a", arch, sp_kv_type_name(kv));
-    run_seq(c, r.a, r.na, r.na, 0, out, r.vocab);
-    compare(what, out, r.la, r.na, r.vocab, tol);
-    snprintf(what, sizeof what, "%s (kv %s) sequence b", arch, sp_kv_type_name(kv));
-    run_seq(c, r.b, r.nb, 64, 1, out, r.vocab);  // chunked prefill, longer than the sliding window
-    compare(what, out, r.lb, r.nb, r.vocab, tol);
-
-    /* greedy continuation of a, one token per step on sequence 0 */
-    float *lg = malloc((size_t)r.vocab * sizeof(float));
-    int32_t tok = sp_argmax(out, 0), pos, seq = 0;
-    run_seq(c, r.a, r.na, r.na, 0, out, r.vocab);
-    tok = sp_argmax(out + (r.na - 1) * r.vocab, r.vocab);
-    for (int64_t i = 0; i < r.ng; i++) {
-        if (tok != r.greedy[i]) fail_msg("%s: greedy token %lld is %d, reference %d", arch, (long long)i, tok, r.greedy[i]);
-        pos = (int32_t)(r.na + i);
-        struct sp_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
-        assert_int_equal(sp_ctx_forward(c, &b, lg), SP_OK);
-        tok = sp_argmax(lg, r.vocab);
-    }
-    free(lg);
-    free(out);
+    check_model(arch, m, &r, r.la, r.lb, kv, tol, true);
     free(r.la);
     free(r.lb);
-    sp_ctx_free(c);
     sp_model_close(m);
+}
+
+/* The fixtures quantized by sparrow against the reference run on the same
+ * weights dequantized (tools/fixtures/quantized_variants.sh, ref_dequant.py). */
+static void test_quantized_variants(void **state) {
+    const struct {
+        const char *name;
+        enum sp_qtype type;
+        int group;
+    } variants[] = {{"affine4", SP_QTYPE_AFFINE4, 64}, {"affine8", SP_QTYPE_AFFINE8, 64}, {"mxfp4", SP_QTYPE_MXFP4, 32}};
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
+        char dir[256], path[300];
+        snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
+        struct sp_model *src;
+        assert_int_equal(sp_model_open(dir, &src), SP_OK);
+        struct ref r;
+        load_ref(archs[i], &r);
+        for (size_t k = 0; k < sizeof variants / sizeof *variants; k++) {
+            char *qdir = th_tmpdir();
+            struct sp_quantize_opts o = {.type = variants[k].type, .group = variants[k].group};
+            assert_int_equal(sp_quantize_model(src, qdir, &o), SP_OK);
+            struct sp_model *q;
+            assert_int_equal(sp_model_open(qdir, &q), SP_OK);
+            snprintf(path, sizeof path, "%s/ref/%s_a.f32", dir, variants[k].name);
+            float *la = read_f32(path, (size_t)(r.na * r.vocab));
+            snprintf(path, sizeof path, "%s/ref/%s_b.f32", dir, variants[k].name);
+            float *lb = read_f32(path, (size_t)(r.nb * r.vocab));
+            char label[64];
+            snprintf(label, sizeof label, "%s %s", archs[i], variants[k].name);
+            check_model(label, q, &r, la, lb, SP_KV_F32, 1e-3, false);
+            free(la);
+            free(lb);
+            sp_model_close(q);
+            th_rmdir(qdir);
+        }
+        free(r.la);
+        free(r.lb);
+        sp_model_close(src);
+    }
 }
 
 static void test_reference_logits_f32_kv(void **state) {
@@ -187,6 +235,7 @@ int main(void) {
         cmocka_unit_test(test_reference_logits_f32_kv),
         cmocka_unit_test(test_reference_logits_f16_kv),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_quantized_variants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

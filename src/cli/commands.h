@@ -7,6 +7,7 @@
 #define SP_CLI_COMMANDS_H
 
 int sp_cmd_inspect(int argc, char **argv);
+int sp_cmd_run(int argc, char **argv);
 int sp_cmd_plan(int argc, char **argv);
 int sp_cmd_quantize(int argc, char **argv);
 int sp_cmd_tokenize(int argc, char **argv);

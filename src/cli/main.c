@@ -12,8 +12,10 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"run", sp_cmd_run, "generate from a prompt on the command line"},
     {"inspect", sp_cmd_inspect, "architecture, parameters and bytes by role and format"},
     {"quantize", sp_cmd_quantize, "write an MLX-layout quantized copy of a model"},
+    {"template", sp_cmd_template, "render a chat template"},
 };
 
 static void usage(FILE *f) {

@@ -2,6 +2,7 @@
 #include "core/pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -11,7 +12,10 @@
 
 #include "core/alloc.h"
 
-#define SPIN_ITERS 200000
+/* Spins before yielding, and yields before sleeping: a worker that spins
+ * while the machine is oversubscribed would take the core its peers need. */
+#define SPIN_ITERS 2000
+#define YIELD_ITERS 200
 
 struct worker {
     struct sp_pool *pool;
@@ -50,6 +54,10 @@ static void *worker_main(void *arg) {
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_ITERS) {
                 cpu_relax();
+                continue;
+            }
+            if (spins < SPIN_ITERS + YIELD_ITERS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -135,6 +143,16 @@ void sp_pool_free(struct sp_pool *p) {
 int sp_pool_size(const struct sp_pool *p) { return p->n; }
 
 void sp_pool_run(struct sp_pool *p, sp_pool_fn fn, void *ctx) {
+    sp_pool_run_n(p, fn, ctx, p->n);
+}
+
+void sp_pool_run_n(struct sp_pool *p, sp_pool_fn fn, void *ctx, int nth) {
+    if (nth < p->n) {
+        /* Small jobs: the caller alone, no hand-off (threads > 1 but < n
+         * would still wake everyone, so fall back to one). */
+        fn(ctx, 0, 1);
+        return;
+    }
     if (p->n == 1) {
         fn(ctx, 0, 1);
         return;
@@ -147,7 +165,12 @@ void sp_pool_run(struct sp_pool *p, sp_pool_fn fn, void *ctx) {
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ITERS)
+            cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 enum sp_status sp_pool_reserve(struct sp_pool *p, size_t bytes) {

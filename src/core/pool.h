@@ -28,6 +28,9 @@ enum sp_status sp_pool_create(int n_threads, struct sp_pool **out);
 void sp_pool_free(struct sp_pool *p);
 int sp_pool_size(const struct sp_pool *p);
 void sp_pool_run(struct sp_pool *p, sp_pool_fn fn, void *ctx);
+/* The same with a hint: nth < the pool size runs fn on the caller alone
+ * (work too small to pay for waking the workers). */
+void sp_pool_run_n(struct sp_pool *p, sp_pool_fn fn, void *ctx, int nth);
 /* Grows every thread's scratch buffer to at least `bytes` (64-byte aligned). */
 enum sp_status sp_pool_reserve(struct sp_pool *p, size_t bytes);
 /* Thread tid's scratch buffer (valid until the next sp_pool_reserve). */

@@ -86,5 +86,7 @@ static void cols_job(void *arg, int tid, int nth) {
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool) {
     struct job j = {l, x, ldx, y, ldy, n, pool};
-    sp_pool_run(pool, l->transposed ? cols_job : rows_job, &j);
+    /* Below ~64K multiply-adds a hand-off to other threads costs more than it saves. */
+    int nth = (double)l->w.rows * (double)l->w.cols * (double)n < 65536.0 ? 1 : sp_pool_size(pool);
+    sp_pool_run_n(pool, l->transposed ? cols_job : rows_job, &j, nth);
 }

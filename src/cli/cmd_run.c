@@ -1,0 +1,381 @@
+/*
+ * cmd_run.c - `sparrow run`: prefill a prompt (token ids, text, or a chat
+ * message through the model's template), then generate, streaming text as
+ * it comes; prints prefill and decode speed at the end.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "model/forward.h"
+#include "runtime/sampler.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/detok.h"
+#include "tokenizer/tokenizer.h"
+
+static const char usage[] =
+    "usage: sparrow run --model MODEL (--tokens IDS | --prompt TEXT | --prompt-file FILE) [options]\n"
+    "  --chat                 wrap the prompt as one user message in the model's chat template\n"
+    "  --dump-logits FILE     write float32 logits [prompt tokens, vocab] of every prompt position\n"
+    "  --max-tokens N         tokens to generate (default 128; 0 with --dump-logits)\n"
+    "  --temp T --top-k K --top-p P --min-p P   sampling (defaults 0.8, 40, 0.95, 0.05; --temp 0 is greedy)\n"
+    "  --repeat-penalty R --presence-penalty P --frequency-penalty F   penalties (defaults off)\n"
+    "  --seed S               sampling seed (default 0)\n"
+    "  --stop TEXT            stop when TEXT is generated (repeatable)\n"
+    "  --ignore-eos           do not stop at the end-of-sequence token\n"
+    "  --threads N            worker threads (default: physical cores)\n"
+    "  --ctx N                context length (default: prompt + max tokens)\n"
+    "  --batch N              prefill chunk (default 256)\n"
+    "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n";
+
+#define MAX_STOPS 16
+
+struct run_opts {
+    const char *model, *tokens, *prompt, *prompt_file, *dump, *stops[MAX_STOPS];
+    int n_stops;
+    bool chat, ignore_eos;
+    int64_t max_tokens, ctx, batch, threads;
+    struct sp_sampler_params sp;
+    enum sp_kv_type kv;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse(int argc, char **argv, struct run_opts *o) {
+    o->sp = sp_sampler_defaults();
+    o->max_tokens = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int64_t n;
+        double x;
+#define VAL(name) (sp_arg_value(argc, argv, &i, name, &v) && (v || (exit_code = SP_EXIT_USAGE, 0)))
+        int exit_code = 0;
+        if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return -1;
+        } else if (sp_arg_flag(argv[i], "--chat")) {
+            o->chat = true;
+        } else if (sp_arg_flag(argv[i], "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else if (VAL("--model")) {
+            o->model = v;
+        } else if (VAL("--tokens")) {
+            o->tokens = v;
+        } else if (VAL("--prompt")) {
+            o->prompt = v;
+        } else if (VAL("--prompt-file")) {
+            o->prompt_file = v;
+        } else if (VAL("--dump-logits")) {
+            o->dump = v;
+        } else if (VAL("--stop")) {
+            if (o->n_stops == MAX_STOPS) {
+                fprintf(stderr, "error: at most %d --stop strings\n", MAX_STOPS);
+                return SP_EXIT_USAGE;
+            }
+            if (*v) o->stops[o->n_stops++] = v;
+        } else if (VAL("--max-tokens")) {
+            if (!sp_arg_int("--max-tokens", v, 0, 1 << 30, &o->max_tokens)) return SP_EXIT_USAGE;
+        } else if (VAL("--ctx")) {
+            if (!sp_arg_int("--ctx", v, 1, 1 << 30, &o->ctx)) return SP_EXIT_USAGE;
+        } else if (VAL("--batch")) {
+            if (!sp_arg_int("--batch", v, 1, 1 << 20, &o->batch)) return SP_EXIT_USAGE;
+        } else if (VAL("--threads")) {
+            if (!sp_arg_int("--threads", v, 1, 1024, &o->threads)) return SP_EXIT_USAGE;
+        } else if (VAL("--seed")) {
+            if (!sp_arg_int("--seed", v, 0, INT64_MAX, &n)) return SP_EXIT_USAGE;
+            o->sp.seed = (uint64_t)n;
+        } else if (VAL("--top-k")) {
+            if (!sp_arg_int("--top-k", v, 0, 1 << 30, &n)) return SP_EXIT_USAGE;
+            o->sp.top_k = (int32_t)n;
+        } else if (VAL("--temp")) {
+            if (!sp_arg_num("--temp", v, &x)) return SP_EXIT_USAGE;
+            o->sp.temp = (float)x;
+        } else if (VAL("--top-p")) {
+            if (!sp_arg_num("--top-p", v, &x)) return SP_EXIT_USAGE;
+            o->sp.top_p = (float)x;
+        } else if (VAL("--min-p")) {
+            if (!sp_arg_num("--min-p", v, &x)) return SP_EXIT_USAGE;
+            o->sp.min_p = (float)x;
+        } else if (VAL("--repeat-penalty")) {
+            if (!sp_arg_num("--repeat-penalty", v, &x) || x <= 0) return SP_EXIT_USAGE;
+            o->sp.repeat_penalty = (float)x;
+        } else if (VAL("--presence-penalty")) {
+            if (!sp_arg_num("--presence-penalty", v, &x)) return SP_EXIT_USAGE;
+            o->sp.presence_penalty = (float)x;
+        } else if (VAL("--frequency-penalty")) {
+            if (!sp_arg_num("--frequency-penalty", v, &x)) return SP_EXIT_USAGE;
+            o->sp.frequency_penalty = (float)x;
+        } else if (VAL("--kv-type")) {
+            if (!sp_kv_type_from_name(v, &o->kv)) {
+                fprintf(stderr, "error: --kv-type must be f16, bf16 or f32\n");
+                return SP_EXIT_USAGE;
+            }
+        } else if (exit_code) {
+            return exit_code;
+        } else {
+            return sp_arg_unknown("run", argv[i]);
+        }
+#undef VAL
+    }
+    int sources = !!o->tokens + !!o->prompt + !!o->prompt_file;
+    if (!o->model || sources != 1) {
+        fputs(sources > 1 ? "error: give one of --tokens, --prompt, --prompt-file\n" : usage, stderr);
+        return SP_EXIT_USAGE;
+    }
+    if (o->max_tokens < 0) o->max_tokens = o->dump ? 0 : 128;
+    return 0;
+}
+
+static enum sp_status parse_ids(const char *s, struct sp_ids *ids) {
+    while (*s) {
+        while (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t') s++;
+        if (!*s) break;
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) return sp_errorf(SP_ERR_ARG, "--tokens: \"%.20s\" is not a token id", s);
+        enum sp_status st = sp_ids_push(ids, (int32_t)v);
+        if (st != SP_OK) return st;
+        s = end;
+    }
+    if (!ids->n) return sp_errorf(SP_ERR_ARG, "--tokens: no token ids");
+    return SP_OK;
+}
+
+/* Prompt text (from --prompt or --prompt-file), wrapped in the chat template
+ * with --chat, encoded with special tokens recognised in template output. */
+static enum sp_status encode_prompt(const struct run_opts *o, const char *dir, const struct sp_tokenizer *tok,
+                                    struct sp_ids *ids) {
+    char *text = NULL, *rendered = NULL;
+    size_t len;
+    enum sp_status st;
+    if (o->prompt_file) {
+        if ((st = sp_read_file(o->prompt_file, (size_t)1 << 30, &text, &len)) != SP_OK) return st;
+    } else {
+        text = sp_strdup(o->prompt, SP_MEM_MISC);
+        if (!text) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        len = strlen(text);
+    }
+    unsigned flags = 0;
+    if (o->chat) {
+        struct sp_chat_template *ct;
+        st = sp_chat_template_load(dir, NULL, &ct);
+        if (st == SP_OK) {
+            cJSON *msgs = cJSON_CreateArray(), *msg = cJSON_CreateObject();
+            cJSON_AddStringToObject(msg, "role", "user");
+            cJSON_AddStringToObject(msg, "content", text);
+            cJSON_AddItemToArray(msgs, msg);
+            struct sp_chat_request req = {.messages = msgs, .add_generation_prompt = true};
+            st = sp_chat_render(ct, &req, &rendered, &len);
+            cJSON_Delete(msgs);
+            sp_chat_template_free(ct);
+        }
+        if (st != SP_OK) goto done;
+        flags = SP_TOK_PARSE_SPECIAL;
+    } else {
+        flags = SP_TOK_ADD_SPECIAL;
+    }
+    st = sp_tokenizer_encode(tok, rendered ? rendered : text, len, flags, ids);
+    if (st == SP_OK && !ids->n) st = sp_errorf(SP_ERR_ARG, "the prompt encodes to no tokens");
+done:
+    sp_free(text);
+    sp_free(rendered);
+    return st;
+}
+
+/* End-of-sequence ids: config.json eos_token_id (a number or a list) and the tokenizer's. */
+static int collect_eos(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
+    int n = 0;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
+    int64_t v;
+    if (sp_json_is_int(e, &v) && n < cap) eos[n++] = (int32_t)v;
+    if (cJSON_IsArray(e))
+        for (const cJSON *x = e->child; x && n < cap; x = x->next)
+            if (sp_json_is_int(x, &v)) eos[n++] = (int32_t)v;
+    if (tok && sp_tokenizer_eos(tok) >= 0 && n < cap) eos[n++] = sp_tokenizer_eos(tok);
+    return n;
+}
+
+/* Writes text, holding back any tail that could start a stop string.
+ * Returns true when a stop string was found (text before it is written). */
+static bool emit(struct sp_buf *gen, size_t *sent, const struct run_opts *o, bool final) {
+    size_t upto = gen->len;
+    bool stop = false;
+    for (int s = 0; s < o->n_stops; s++) {
+        const char *hit = memmem(gen->data, gen->len, o->stops[s], strlen(o->stops[s]));
+        if (hit && (size_t)(hit - gen->data) < upto) {
+            upto = (size_t)(hit - gen->data);
+            stop = true;
+        }
+    }
+    if (!stop && !final) {
+        for (int s = 0; s < o->n_stops; s++) {
+            size_t sl = strlen(o->stops[s]);
+            for (size_t k = sl - 1; k > 0; k--) {
+                if (k <= gen->len && memcmp(gen->data + gen->len - k, o->stops[s], k) == 0) {
+                    if (gen->len - k < upto) upto = gen->len - k;
+                    break;
+                }
+            }
+        }
+    }
+    if (upto > *sent) {
+        fwrite(gen->data + *sent, 1, upto - *sent, stdout);
+        fflush(stdout);
+        *sent = upto;
+    }
+    return stop;
+}
+
+int sp_cmd_run(int argc, char **argv) {
+    struct run_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+
+    struct sp_model *m = NULL;
+    struct sp_tokenizer *tok = NULL;
+    struct sp_ctx *c = NULL;
+    struct sp_sampler *smp = NULL;
+    struct sp_detok *dt = NULL;
+    struct sp_ids ids = {0};
+    float *logits = NULL;
+    struct sp_buf gen = SP_BUF_INIT, delta = SP_BUF_INIT;
+    FILE *dump = NULL;
+    rc = 1;
+    if (sp_model_open(o.model, &m) != SP_OK) goto fail;
+    char *tj = sp_path_join(m->files->dir, "tokenizer.json");
+    bool has_tok = tj && sp_path_is_file(tj);
+    sp_free(tj);
+    if (has_tok && sp_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
+    if (o.tokens) {
+        if (parse_ids(o.tokens, &ids) != SP_OK) goto fail;
+    } else {
+        if (!tok) {
+            sp_errorf(SP_ERR_NOT_FOUND, "%s has no tokenizer.json: give the prompt as --tokens", m->files->dir);
+            goto fail;
+        }
+        if (encode_prompt(&o, m->files->dir, tok, &ids) != SP_OK) goto fail;
+    }
+    int64_t V = m->arch.vocab, n = ids.n;
+    for (int64_t i = 0; i < n; i++)
+        if (ids.v[i] >= V) {
+            sp_errorf(SP_ERR_ARG, "token %d is outside the model's vocabulary of %lld", ids.v[i], (long long)V);
+            goto fail;
+        }
+    struct sp_ctx_params cp = {.n_ctx = o.ctx ? o.ctx : n + o.max_tokens, .n_seq = 1, .max_batch = o.batch ? o.batch : 256,
+                               .kv_type = o.kv, .n_threads = (int)o.threads};
+    if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
+    if (n + o.max_tokens > cp.n_ctx) {
+        sp_errorf(SP_ERR_ARG, "%lld prompt tokens + %lld to generate exceed the context of %lld", (long long)n,
+                  (long long)o.max_tokens, (long long)cp.n_ctx);
+        goto fail;
+    }
+    if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
+    int64_t B = sp_ctx_params(c)->max_batch;
+    logits = sp_malloc((size_t)(o.dump ? B : 1) * (size_t)V * sizeof(float), SP_MEM_ACT);
+    bool *want = sp_malloc((size_t)B * sizeof(bool), SP_MEM_ACT);
+    int32_t *pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_ACT), *seq = sp_calloc((size_t)B, sizeof(int32_t), SP_MEM_ACT);
+    if (!logits || !want || !pos || !seq) {
+        sp_free(want), sp_free(pos), sp_free(seq);
+        sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (o.dump && !(dump = fopen(o.dump, "wb"))) {
+        sp_free(want), sp_free(pos), sp_free(seq);
+        sp_errorf(SP_ERR_IO, "%s: cannot write", o.dump);
+        goto fail;
+    }
+    double t0 = now_s();
+    enum sp_status st = SP_OK;
+    for (int64_t s = 0; s < n && st == SP_OK; s += B) {
+        int64_t k = n - s < B ? n - s : B;
+        for (int64_t i = 0; i < k; i++) {
+            pos[i] = (int32_t)(s + i);
+            want[i] = o.dump || s + i == n - 1;
+        }
+        struct sp_batch b = {.n = k, .tokens = ids.v + s, .pos = pos, .seq = seq, .want_logits = want};
+        st = sp_ctx_forward(c, &b, logits);
+        if (st == SP_OK && dump && fwrite(logits, sizeof(float), (size_t)(k * V), dump) != (size_t)(k * V))
+            st = sp_errorf(SP_ERR_IO, "%s: write failed", o.dump);
+        if (st == SP_OK && dump && s + k == n) memmove(logits, logits + (k - 1) * V, (size_t)V * sizeof(float));
+    }
+    sp_free(want);
+    sp_free(pos);
+    sp_free(seq);
+    if (dump && fclose(dump) != 0 && st == SP_OK) st = sp_errorf(SP_ERR_IO, "%s: write failed", o.dump);
+    dump = NULL;
+    if (st != SP_OK) goto fail;
+    double t1 = now_s();
+
+    int32_t eos[16];
+    int n_eos = o.ignore_eos ? 0 : collect_eos(m, tok, eos, 16);
+    if (sp_sampler_create(&o.sp, V, &smp) != SP_OK) goto fail;
+    for (int64_t i = 0; i < n; i++) sp_sampler_accept(smp, ids.v[i]);
+    if (tok && sp_detok_new(tok, SP_TOK_SKIP_SPECIAL, &dt) != SP_OK) goto fail;
+    size_t sent = 0;
+    int64_t generated = 0;
+    const char *why = "length";
+    for (int64_t i = 0; i < o.max_tokens; i++) {
+        int32_t next = sp_sampler_sample(smp, logits);
+        sp_sampler_accept(smp, next);
+        generated++;
+        bool is_eos = false;
+        for (int e = 0; e < n_eos; e++) is_eos |= next == eos[e];
+        if (is_eos) {
+            why = "eos";
+            break;
+        }
+        if (dt) {
+            sp_buf_clear(&delta);
+            if (sp_detok_push(dt, next, &delta) != SP_OK) goto fail;
+            sp_buf_append(&gen, delta.data, delta.len);
+            if (emit(&gen, &sent, &o, false)) {
+                why = "stop";
+                break;
+            }
+        } else {
+            printf("%s%d", i ? " " : "", next);
+            fflush(stdout);
+        }
+        if (i + 1 == o.max_tokens) break;
+        int32_t p = (int32_t)(n + i), sq = 0;
+        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
+        if (sp_ctx_forward(c, &b, logits) != SP_OK) goto fail;
+    }
+    if (dt && strcmp(why, "stop") != 0) {
+        sp_buf_clear(&delta);
+        sp_detok_flush(dt, &delta);
+        sp_buf_append(&gen, delta.data, delta.len);
+        emit(&gen, &sent, &o, true);
+    }
+    if (o.max_tokens) putchar('\n');
+    double t2 = now_s();
+    fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); "
+            "stop: %s; threads %d\n", (long long)n, t1 - t0, (double)n / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
+            (long long)generated, t2 - t1, generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0, why,
+            sp_ctx_params(c)->n_threads);
+    rc = 0;
+fail:
+    if (rc) sp_cli_fail();
+    if (dump) fclose(dump);
+    sp_buf_free(&gen);
+    sp_buf_free(&delta);
+    sp_detok_free(dt);
+    sp_sampler_free(smp);
+    sp_free(logits);
+    sp_ids_free(&ids);
+    sp_ctx_free(c);
+    sp_tokenizer_free(tok);
+    sp_model_close(m);
+    return rc;
+}
