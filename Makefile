@@ -95,11 +95,12 @@ asan:
 
 FUZZ_CC ?= clang
 fuzz:
-	$(MAKE) BUILD=build/fuzz-obj CC=$(FUZZ_CC) OPT="-O1 -g" INSTR="-fsanitize=fuzzer-no-link,address,undefined" \
+	$(MAKE) BUILD=build/fuzz-obj CC=$(FUZZ_CC) OPT="-O1 -g" INSTR="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	  build/fuzz-obj/libsparrow.a
 	@mkdir -p build/fuzz
 	for f in $(FUZZ_SRC); do \
-	  $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $$f build/fuzz-obj/libsparrow.a \
+	  $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -Iinclude -Isrc $$f build/fuzz-obj/libsparrow.a \
 	    -o build/fuzz/$$(basename $$f .c) $(LDLIBS) || exit 1; \
 	done
 	@echo "fuzzers in build/fuzz/; run e.g. build/fuzz/fuzz_safetensors -max_total_time=600 fuzz/corpus/safetensors"

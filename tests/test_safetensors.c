@@ -55,6 +55,17 @@ static void test_valid(void **state) {
     free(b);
 }
 
+/* A tensor named "" (found by the fuzzer: an empty key in a fresh map). */
+static void test_empty_name(void **state) {
+    size_t size;
+    unsigned char *b = th_safetensors("{\"\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, &size);
+    struct sp_st_file *f;
+    assert_int_equal(sp_st_parse(b, size, "x", &f), SP_OK);
+    assert_non_null(sp_st_find(f, ""));
+    sp_st_close(f);
+    free(b);
+}
+
 static void test_every_dtype(void **state) {
     static const char *names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "U32", "BOOL", "F8_E4M3", "F8_E5M2", "U16", "U64"};
     static const size_t sizes[] = {8, 4, 2, 2, 8, 4, 2, 1, 1, 4, 1, 1, 1, 2, 8};
@@ -288,7 +299,8 @@ static void test_hf_cache(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid),          cmocka_unit_test(test_every_dtype),
+        cmocka_unit_test(test_valid),          cmocka_unit_test(test_empty_name),
+        cmocka_unit_test(test_every_dtype),
         cmocka_unit_test(test_bad_headers),    cmocka_unit_test(test_bad_lengths),
         cmocka_unit_test(test_mutations),      cmocka_unit_test(test_offsets_beyond_2g),
         cmocka_unit_test(test_sharded_folder), cmocka_unit_test(test_folder_errors),

@@ -35,7 +35,8 @@ static struct sp_strmap_slot *find(const struct sp_strmap *m, uint64_t h, const 
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         struct sp_strmap_slot *s = &m->slots[i];
         if (s->hash == 0) return s;
-        if (s->hash == h && s->key_len == len && memcmp(m->arena + s->key_off, key, len) == 0) return s;
+        /* An empty key may sit in a map whose arena was never allocated. */
+        if (s->hash == h && s->key_len == len && (len == 0 || memcmp(m->arena + s->key_off, key, len) == 0)) return s;
     }
 }
 
