@@ -58,6 +58,8 @@ TOOLS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all test asan fuzz bench demo deps clean format
+# Keep intermediate objects (test and tool mains) between builds.
+.SECONDARY:
 all: $(BIN) $(TOOLS)
 
 $(BUILD)/obj/%.o: %.c

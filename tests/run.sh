@@ -42,6 +42,7 @@ for t in "$@"; do
 done
 for s in "$here"/cli/*.sh; do
     [ -e "$s" ] || continue
+    case "$(basename "$s")" in lib*) continue ;; esac  # sourced helpers, not suites
     run_one "cli/$(basename "$s")" bash "$s"
 done
 
