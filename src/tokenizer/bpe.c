@@ -257,7 +257,7 @@ static void cache_put(struct word_cache *c, uint64_t h, const char *w, size_t n,
         c->keys_len += (uint32_t)n;
         s->ids_off = c->ids_len;
         s->ids_len = (uint32_t)k;
-        memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof *ids);
+        if (k) memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof *ids);
         c->ids_len += (uint32_t)k;
         c->count++;
     }
@@ -703,6 +703,6 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
     int64_t first = out->n;
     for (int64_t i = n ? 0 : -1; i >= 0; i = s->sym[i].next)
         if ((st = sp_ids_push(out, s->sym[i].id)) != SP_OK) return st;
-    if (cacheable) cache_put(&m->cache, h, w, len, out->v + first, out->n - first);
+    if (cacheable) cache_put(&m->cache, h, w, len, out->n > first ? out->v + first : NULL, out->n - first);
     return SP_OK;
 }
