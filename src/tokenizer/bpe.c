@@ -28,6 +28,7 @@ struct cache_slot {
 };
 
 struct word_cache {
+    bool inited;  // mu is initialized
     pthread_mutex_t mu;
     struct cache_slot *slots;  // (CACHE_SLOTS)
     uint32_t count;
@@ -192,17 +193,34 @@ static enum sp_status vtab_build(struct vtab *v, const char *arena, const uint32
     return SP_OK;
 }
 
+/* The cache's memory is taken on first use: a tokenizer that never encodes
+ * (or only loads and fails) costs nothing here. */
 static enum sp_status cache_init(struct word_cache *c) {
     memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    c->slots = sp_calloc(CACHE_SLOTS, sizeof *c->slots, SP_MEM_TOKENIZER);
-    c->keys = sp_malloc(CACHE_KEY_BYTES, SP_MEM_TOKENIZER);
-    c->ids = sp_malloc(CACHE_IDS * sizeof *c->ids, SP_MEM_TOKENIZER);
-    if (!c->slots || !c->keys || !c->ids) return sp_errorf(SP_ERR_NOMEM, "tokenizer: out of memory for the word cache");
+    if (pthread_mutex_init(&c->mu, NULL) != 0) return sp_errorf(SP_ERR_NOMEM, "tokenizer: cannot create a mutex");
+    c->inited = true;
     return SP_OK;
 }
 
+/* Allocates the tables (lock held); false when memory is short, in which
+ * case the word simply is not cached. */
+static bool cache_alloc_locked(struct word_cache *c) {
+    if (c->slots) return true;
+    c->slots = sp_calloc(CACHE_SLOTS, sizeof *c->slots, SP_MEM_TOKENIZER);
+    c->keys = sp_malloc(CACHE_KEY_BYTES, SP_MEM_TOKENIZER);
+    c->ids = sp_malloc(CACHE_IDS * sizeof *c->ids, SP_MEM_TOKENIZER);
+    if (c->slots && c->keys && c->ids) return true;
+    sp_free(c->slots);
+    sp_free(c->keys);
+    sp_free(c->ids);
+    c->slots = NULL;
+    c->keys = NULL;
+    c->ids = NULL;
+    return false;
+}
+
 static void cache_free(struct word_cache *c) {
+    if (!c->inited) return;
     sp_free(c->slots);
     sp_free(c->keys);
     sp_free(c->ids);
@@ -210,6 +228,7 @@ static void cache_free(struct word_cache *c) {
 }
 
 static void cache_clear_locked(struct word_cache *c) {
+    if (!c->slots) return;
     memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
     c->count = 0;
     c->keys_len = 0;
@@ -234,8 +253,8 @@ static bool cache_get(struct word_cache *c, uint64_t h, const char *w, size_t n,
                       enum sp_status *st) {
     bool hit = false;
     pthread_mutex_lock(&c->mu);
-    struct cache_slot *s = cache_slot(c, h, w, n);
-    if (s->hash) {
+    struct cache_slot *s = c->slots ? cache_slot(c, h, w, n) : NULL;
+    if (s && s->hash) {
         hit = true;
         *st = sp_ids_append(out, c->ids + s->ids_off, s->ids_len);
     }
@@ -246,6 +265,10 @@ static bool cache_get(struct word_cache *c, uint64_t h, const char *w, size_t n,
 static void cache_put(struct word_cache *c, uint64_t h, const char *w, size_t n, const int32_t *ids, int64_t k) {
     if (k > CACHE_MAX_WORD * 4) return;
     pthread_mutex_lock(&c->mu);
+    if (!cache_alloc_locked(c)) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
     if (c->count + 1 > CACHE_SLOTS / 2 || c->keys_len + n > CACHE_KEY_BYTES || c->ids_len + (uint64_t)k > CACHE_IDS)
         cache_clear_locked(c);
     struct cache_slot *s = cache_slot(c, h, w, n);
@@ -495,7 +518,7 @@ void sp_bpe_free(struct sp_bpe *m) {
     sp_free(m->small);
     sp_free(m->prefix);
     sp_free(m->suffix);
-    if (m->cache.slots || m->cache.keys || m->cache.ids) cache_free(&m->cache);
+    cache_free(&m->cache);
     sp_free(m);
 }
 

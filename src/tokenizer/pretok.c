@@ -99,12 +99,12 @@ enum sp_status sp_rx_init(struct sp_rx *rx) {
     if (!g) return sp_errorf(SP_ERR_NOMEM, "regex: out of memory");
     rx->md = pcre2_match_data_create(1, g);
     rx->mc = pcre2_match_context_create(g);
-    rx->js = pcre2_jit_stack_create(32 * 1024, 4 * 1024 * 1024, g);
-    if (!rx->md || !rx->mc || !rx->js) {
+    if (!rx->md || !rx->mc) {
         sp_rx_free(rx);
         return sp_errorf(SP_ERR_NOMEM, "regex: out of memory");
     }
-    pcre2_jit_stack_assign(rx->mc, NULL, rx->js);
+    /* The JIT stack is made only when PCRE2's default 32 KiB runs out
+     * (long runs under a backtracking pattern), see sp_pattern_find. */
     return SP_OK;
 }
 
@@ -166,6 +166,15 @@ bool sp_pattern_find(const struct sp_pattern *p, const char *s, size_t n, size_t
     }
     int rc = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, rx->md, rx->mc)
                     : pcre2_match(p->re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, rx->md, rx->mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !rx->js) {
+        rx->js = pcre2_jit_stack_create(64 * 1024, 16 * 1024 * 1024, rx_gctx());
+        if (!rx->js) {
+            *st = sp_errorf(SP_ERR_NOMEM, "regex: out of memory for the JIT stack");
+            return false;
+        }
+        pcre2_jit_stack_assign(rx->mc, NULL, rx->js);
+        rc = pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, rx->md, rx->mc);
+    }
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
         PCRE2_UCHAR msg[256];
