@@ -162,8 +162,9 @@ static enum sp_status iterate(struct rt *rt, int line, struct sp_jv v, const str
         *n = 0;
         return SP_OK;
     case SP_JV_LIST:
-        *items = v.list->v;
-        *n = v.list->n;
+        *items = v.list->v + v.list->pos;
+        *n = v.list->n - v.list->pos;
+        if (v.list->kind == SP_JLIST_GEN) v.list->pos = v.list->n;  // a generator is used up
         return SP_OK;
     case SP_JV_DICT: {
         struct sp_jv l;
@@ -290,6 +291,7 @@ static const char *const STR_METHODS[] = {"startswith", "endswith", "split",    
                                           "islower",    "isupper",  "splitlines", "removeprefix", "removesuffix",
                                           "format",     NULL};
 static const char *const DICT_METHODS[] = {"get", "items", "keys", "values", NULL};
+static const char *const LIST_METHODS[] = {"count", "index", NULL};
 
 static bool in_list(const char *const *l, const char *name) {
     for (int i = 0; l[i]; i++)
@@ -352,6 +354,10 @@ static enum sp_status get_attr(struct rt *rt, int line, struct sp_jv obj, const 
         if ((st = bind_method(rt, line, obj, STR_METHODS, name, out)) != SP_ERR_NOT_FOUND) return st;
         break;
     case SP_JV_LOOP: return loop_attr(rt, line, obj.ptr, name, obj, out);
+    case SP_JV_LIST:
+        if (sp_jv_is_seq(obj) && (st = bind_method(rt, line, obj, LIST_METHODS, name, out)) != SP_ERR_NOT_FOUND)
+            return st;
+        break;
     default: break;
     }
     *out = undef_msg(rt, "'%s object' has no attribute '%s'", sp_jv_type_name(obj), name);
@@ -364,6 +370,7 @@ static enum sp_status get_item(struct rt *rt, int line, struct sp_jv obj, struct
     switch (obj.t) {
     case SP_JV_UNDEFINED: return undefined_err(line, obj);
     case SP_JV_LIST:
+        if (obj.list->kind != SP_JLIST_LIST) break;  // generators and views cannot be indexed
         if (is_int(key, &k)) {
             if (k < 0) k += obj.list->n;
             *out = (k >= 0 && k < obj.list->n) ? obj.list->v[k] : undef_msg(rt, "list index out of range");
@@ -450,7 +457,7 @@ static enum sp_status do_slice(struct rt *rt, int line, struct sp_jv obj, const 
     int64_t start, step, count;
     enum sp_status st;
     if (obj.t == SP_JV_UNDEFINED) return undefined_err(line, obj);
-    if (obj.t == SP_JV_LIST) {
+    if (sp_jv_is_seq(obj)) {
         if ((st = slice_bounds(line, obj.list->n, sv, &start, &step, &count)) != SP_OK) return st;
         if ((st = new_list(rt, line, count, out)) != SP_OK) return st;
         out->list->tuple = obj.list->tuple;
@@ -468,10 +475,7 @@ static enum sp_status do_slice(struct rt *rt, int line, struct sp_jv obj, const 
         sp_buf_free(&b);
         return st;
     }
-    if (obj.t == SP_JV_NONE) {
-        *out = undef_msg(rt, "'NoneType' object is not subscriptable");
-        return SP_OK;
-    }
+    // Slices bypass jinja2's getitem, so Python's TypeError comes through.
     return fail(line, SP_ERR_ARG, "'%s' object is not subscriptable", sp_jv_type_name(obj));
 }
 
@@ -638,7 +642,9 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
         }
         if (st == SP_OK) st = check_output(line, rt, &b);
     }
-    if (st == SP_OK && next < npos && args.t == SP_JV_LIST && args.list->tuple)
+    // Python skips the check for anything with __getitem__ but a tuple or str.
+    bool mapping = args.t == SP_JV_DICT || (args.t == SP_JV_LIST && !args.list->tuple);
+    if (st == SP_OK && next < npos && !mapping)
         st = fail(line, SP_ERR_ARG, "not all arguments converted during string formatting");
     if (st == SP_OK) st = mkstr(rt, line, &b, out);
     sp_buf_free(&b);
@@ -685,7 +691,7 @@ static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, str
             *out = sp_jv_strn(s, a.s.n + b.s.n);
             return SP_OK;
         }
-        if (a.t == SP_JV_LIST && b.t == SP_JV_LIST && a.list->tuple == b.list->tuple) {
+        if (sp_jv_is_seq(a) && sp_jv_is_seq(b) && a.list->tuple == b.list->tuple) {
             if ((st = new_list(rt, line, a.list->n + b.list->n, out)) != SP_OK) return st;
             out->list->tuple = a.list->tuple;
             if (a.list->n) memcpy(out->list->v, a.list->v, (size_t)a.list->n * sizeof *a.list->v);
@@ -718,8 +724,8 @@ static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, str
             *out = sp_jv_float(da * db);
             return SP_OK;
         }
-        if ((a.t == SP_JV_STR || a.t == SP_JV_LIST) && is_int(b, &ib)) return repeat(rt, line, a, ib, out);
-        if ((b.t == SP_JV_STR || b.t == SP_JV_LIST) && is_int(a, &ia)) return repeat(rt, line, b, ia, out);
+        if ((a.t == SP_JV_STR || sp_jv_is_seq(a)) && is_int(b, &ib)) return repeat(rt, line, a, ib, out);
+        if ((b.t == SP_JV_STR || sp_jv_is_seq(b)) && is_int(a, &ia)) return repeat(rt, line, b, ia, out);
         break;
     case SP_JOP_DIV:
         if (nums) {
@@ -781,12 +787,20 @@ static enum sp_status contains(int line, struct sp_jv container, struct sp_jv it
                         sp_jv_type_name(item));
         *out = item.s.n == 0 || memmem(container.s.p, container.s.n, item.s.p, item.s.n) != NULL;
         return SP_OK;
-    case SP_JV_LIST:
+    case SP_JV_LIST: {
+        struct sp_jlist *l = container.list;
+        int64_t i = l->pos;
         *out = false;
-        for (int64_t i = 0; i < container.list->n && !*out; i++) *out = sp_jv_equal(container.list->v[i], item);
+        for (; i < l->n && !*out; i++) *out = sp_jv_equal(l->v[i], item);
+        if (l->kind == SP_JLIST_GEN) l->pos = i;  // a generator is consumed up to the match
         return SP_OK;
+    }
     case SP_JV_DICT:
-    case SP_JV_NAMESPACE: *out = sp_jdict_get(container.dict, item) != NULL; return SP_OK;
+    case SP_JV_NAMESPACE:
+        if (item.t == SP_JV_DICT || (item.t == SP_JV_LIST && !item.list->tuple))
+            return fail(line, SP_ERR_ARG, "unhashable type: '%s'", sp_jv_type_name(item));
+        *out = sp_jdict_get(container.dict, item) != NULL;
+        return SP_OK;
     default:
         return fail(line, SP_ERR_ARG, "argument of type '%s' is not iterable", sp_jv_type_name(container));
     }
@@ -1532,6 +1546,7 @@ static enum sp_status dict_method(struct rt *rt, int line, struct sp_jv d, const
     }
     if (strcmp(name, "keys") == 0 || strcmp(name, "values") == 0 || strcmp(name, "items") == 0) {
         if ((st = new_list(rt, line, dict->n, out)) != SP_OK) return st;
+        out->list->kind = name[0] == 'k' ? SP_JLIST_KEYS : name[0] == 'v' ? SP_JLIST_VALUES : SP_JLIST_ITEMS;
         for (int64_t i = 0; i < dict->n; i++) {
             if (name[0] == 'k') {
                 out->list->v[i] = dict->e[i].key;
@@ -1555,6 +1570,22 @@ static enum sp_status call_method(struct rt *rt, int line, struct sp_jv self, co
                                   struct sp_jv *out) {
     if (self.t == SP_JV_STR) return str_method(rt, line, self, name, a, out);
     if (self.t == SP_JV_DICT) return dict_method(rt, line, self, name, a, out);
+    if (self.t == SP_JV_LIST && (strcmp(name, "count") == 0 || strcmp(name, "index") == 0)) {
+        struct sp_jv *x = arg(a, 0, NULL);
+        if (!x) return fail(line, SP_ERR_ARG, "%s() takes exactly one argument (0 given)", name);
+        int64_t count = 0;
+        for (int64_t i = 0; i < self.list->n; i++) {
+            if (!sp_jv_equal(self.list->v[i], *x)) continue;
+            if (name[0] == 'i') {
+                *out = sp_jv_int(i);
+                return SP_OK;
+            }
+            count++;
+        }
+        if (name[0] == 'i') return fail(line, SP_ERR_ARG, "list.index(x): x not in list");
+        *out = sp_jv_int(count);
+        return SP_OK;
+    }
     if (self.t == SP_JV_LOOP && strcmp(name, "cycle") == 0) {
         const struct loop *l = self.ptr;
         if (a->npos == 0) return fail(line, SP_ERR_ARG, "no items for cycling given");
@@ -1577,7 +1608,6 @@ static const char *const FILTER_NAMES[];
 
 static enum sp_status apply_test(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a,
                                  bool *out) {
-    (void)rt;
     struct sp_jv *x = arg(a, 0, NULL);
     int64_t i;
     enum sp_jv_type t = v.t;
@@ -1595,21 +1625,42 @@ static enum sp_status apply_test(struct rt *rt, int line, const char *name, stru
     else if (strcmp(name, "iterable") == 0)
         *out = t == SP_JV_STR || t == SP_JV_LIST || t == SP_JV_DICT || t == SP_JV_UNDEFINED || t == SP_JV_LOOP;
     else if (strcmp(name, "sequence") == 0)
-        *out = t == SP_JV_STR || t == SP_JV_LIST || t == SP_JV_DICT || t == SP_JV_UNDEFINED;
-    else if (strcmp(name, "callable") == 0) *out = t == SP_JV_MACRO || t == SP_JV_BUILTIN || t == SP_JV_METHOD;
+        *out = t == SP_JV_STR || sp_jv_is_seq(v) || t == SP_JV_DICT || t == SP_JV_UNDEFINED;
+    else if (strcmp(name, "callable") == 0)  // jinja2's Undefined defines __call__ (to raise)
+        *out = t == SP_JV_MACRO || t == SP_JV_BUILTIN || t == SP_JV_METHOD || t == SP_JV_UNDEFINED;
     else if (strcmp(name, "escaped") == 0) *out = false;
     else if (strcmp(name, "odd") == 0 || strcmp(name, "even") == 0) {
-        if (!is_int(v, &i)) return fail(line, SP_ERR_ARG, "%s test needs an integer, got %s", name, sp_jv_type_name(v));
-        *out = (i % 2 != 0) == (name[0] == 'o');
+        // value % 2 == 1 (odd) or == 0 (even), with Python's modulo.
+        double d;
+        if (is_int(v, &i)) *out = name[0] == 'o' ? (i % 2 != 0) : (i % 2 == 0);
+        else if (sp_jv_number(v, &d)) *out = py_fmod(d, 2.0) == (name[0] == 'o' ? 1.0 : 0.0);
+        else if (t == SP_JV_STR) {
+            // str % 2 is string formatting; its result never equals a number.
+            struct sp_jv r;
+            enum sp_status st = percent_format(rt, line, v, sp_jv_int(2), &r);
+            if (st != SP_OK) return st;
+            *out = false;
+        } else return fail(line, SP_ERR_ARG, "%s test: unsupported operand type(s) for %%: '%s' and 'int'", name,
+                         sp_jv_type_name(v));
     } else if (strcmp(name, "divisibleby") == 0) {
         int64_t d;
-        if (!x || !is_int(v, &i) || !is_int(*x, &d))
-            return fail(line, SP_ERR_ARG, "divisibleby test needs integers");
-        if (d == 0) return fail(line, SP_ERR_ARG, "integer division or modulo by zero");
-        *out = d == -1 || i % d == 0;
+        double fv, fd;
+        if (!x) return fail(line, SP_ERR_ARG, "divisibleby test needs an argument");
+        if (is_int(v, &i) && is_int(*x, &d)) {
+            if (d == 0) return fail(line, SP_ERR_ARG, "integer division or modulo by zero");
+            *out = d == -1 || i % d == 0;
+        } else if (sp_jv_number(v, &fv) && sp_jv_number(*x, &fd)) {
+            if (fd == 0) return fail(line, SP_ERR_ARG, "float modulo");
+            *out = py_fmod(fv, fd) == 0;
+        } else {
+            return fail(line, SP_ERR_ARG, "divisibleby test: unsupported operand types '%s' and '%s'",
+                        sp_jv_type_name(v), sp_jv_type_name(*x));
+        }
     } else if (strcmp(name, "lower") == 0 || strcmp(name, "upper") == 0) {
-        if (t != SP_JV_STR) return fail(line, SP_ERR_ARG, "%s test needs a string", name);
-        *out = all_chars(v, name[0] == 'l' ? 'l' : 'u');
+        struct sp_jv sv;  // str(value).islower() / isupper()
+        enum sp_status st = to_str(rt, line, v, &sv);
+        if (st != SP_OK) return st;
+        *out = all_chars(sv, name[0] == 'l' ? 'l' : 'u');
     } else if (strcmp(name, "sameas") == 0) {
         if (!x) return fail(line, SP_ERR_ARG, "sameas test needs an argument");
         bool scalar = t == SP_JV_NONE || t == SP_JV_BOOL || t == SP_JV_UNDEFINED || t == SP_JV_INT;
@@ -1657,10 +1708,14 @@ static enum sp_status length_of(int line, struct sp_jv v, int64_t *n) {
     switch (v.t) {
     case SP_JV_UNDEFINED: *n = 0; return SP_OK;
     case SP_JV_STR: *n = sp_utf8_count(v.s.p, v.s.n); return SP_OK;
-    case SP_JV_LIST: *n = v.list->n; return SP_OK;
+    case SP_JV_LIST:
+        if (v.list->kind == SP_JLIST_GEN) break;
+        *n = v.list->n;
+        return SP_OK;
     case SP_JV_DICT: *n = v.dict->n; return SP_OK;
-    default: return fail(line, SP_ERR_ARG, "object of type '%s' has no len()", sp_jv_type_name(v));
+    default: break;
     }
+    return fail(line, SP_ERR_ARG, "object of type '%s' has no len()", sp_jv_type_name(v));
 }
 
 /* Resolves a dotted attribute path ("a.b", "0") on an item, as jinja2's
@@ -1792,6 +1847,7 @@ static enum sp_status filter_select(struct rt *rt, int line, struct sp_jv v, str
         if (r == keep) l.list->v[m++] = items[i];
     }
     l.list->n = m;
+    l.list->kind = SP_JLIST_GEN;
     *out = l;
     return SP_OK;
 }
@@ -1821,6 +1877,7 @@ static enum sp_status filter_map(struct rt *rt, int line, struct sp_jv v, struct
             return st;
         }
     }
+    l.list->kind = SP_JLIST_GEN;
     *out = l;
     return SP_OK;
 }
@@ -1871,7 +1928,8 @@ static enum sp_status filter_tojson(struct rt *rt, int line, struct sp_jv v, str
 
 static enum sp_status filter_indent(struct rt *rt, int line, struct sp_jv v, struct args *a, struct sp_jv *out) {
     enum sp_status st;
-    if ((st = to_str(rt, line, v, &v)) != SP_OK) return st;
+    if (v.t != SP_JV_STR)
+        return fail(line, SP_ERR_ARG, "indent: unsupported operand type(s) for +=: '%s' and 'str'", sp_jv_type_name(v));
     struct sp_jv *w = arg(a, 0, "width"), *first = arg(a, 1, "first"), *blank = arg(a, 2, "blank");
     char pad[256];
     struct sp_jv padv = sp_jv_strn("    ", 4);
@@ -2006,11 +2064,18 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
         *out = use ? (def ? *def : sp_jv_strn("", 0)) : v;
     } else if (strcmp(name, "escape") == 0 || strcmp(name, "e") == 0) {
         return filter_escape(rt, line, v, out);
+    } else if ((strcmp(name, "first") == 0 || strcmp(name, "last") == 0) && v.t == SP_JV_LIST &&
+               v.list->kind == SP_JLIST_GEN) {
+        // next(generator) takes one item; reversed(generator) is a TypeError.
+        if (name[0] == 'l') return fail(line, SP_ERR_ARG, "'generator' object is not reversible");
+        *out = v.list->pos < v.list->n ? v.list->v[v.list->pos++] : undef_msg(rt, "No first item, sequence was empty.");
     } else if (strcmp(name, "first") == 0 || strcmp(name, "last") == 0) {
         const struct sp_jv *items;
         if ((st = iterate(rt, line, v, &items, &n)) != SP_OK) return st;
         if (n == 0) *out = undef_msg(rt, "No %s item, sequence was empty.", name);
         else *out = items[name[0] == 'f' ? 0 : n - 1];
+    } else if ((strcmp(name, "float") == 0 || strcmp(name, "int") == 0) && v.t == SP_JV_UNDEFINED) {
+        return undefined_err(line, v);  // float(Undefined) raises
     } else if (strcmp(name, "float") == 0) {
         struct sp_jv *def = arg(a, 0, "default");
         double d;
@@ -2030,7 +2095,8 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
         if (v.t != SP_JV_DICT) return fail(line, SP_ERR_ARG, "items: can only get item pairs from a mapping, not %s",
                                            sp_jv_type_name(v));
         struct args none = {0};
-        return dict_method(rt, line, v, "items", &none, out);
+        if ((st = dict_method(rt, line, v, "items", &none, out)) != SP_OK) return st;
+        out->list->kind = SP_JLIST_GEN;
     } else if (strcmp(name, "list") == 0) {
         const struct sp_jv *items;
         if ((st = iterate(rt, line, v, &items, &n)) != SP_OK) return st;
@@ -2050,16 +2116,24 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
             struct sp_jv sv[3] = {sp_jv_none(), sp_jv_none(), sp_jv_int(-1)};
             return do_slice(rt, line, v, sv, out);
         }
+        // reversed() of a list or view is an iterator; a generator becomes a list.
+        bool gen_in = v.t == SP_JV_LIST && v.list->kind == SP_JLIST_GEN;
         const struct sp_jv *items;
         if ((st = iterate(rt, line, v, &items, &n)) != SP_OK) return st;
         if ((st = new_list(rt, line, n, out)) != SP_OK) return st;
         for (int64_t i = 0; i < n; i++) out->list->v[i] = items[n - 1 - i];
+        if (!gen_in) out->list->kind = SP_JLIST_GEN;
     } else if (strcmp(name, "round") == 0) {
         struct sp_jv *prec = arg(a, 0, "precision"), *method = arg(a, 1, "method");
         int64_t p = 0;
         double d;
         if (prec && !is_int(*prec, &p)) return fail(line, SP_ERR_ARG, "round: precision must be an integer");
         if (!sp_jv_number(v, &d)) return fail(line, SP_ERR_ARG, "round: needs a number, got %s", sp_jv_type_name(v));
+        bool common = !method || (method->t == SP_JV_STR && method->s.n == 6 && memcmp(method->s.p, "common", 6) == 0);
+        if (common && is_int(v, &k) && p >= 0) {
+            *out = sp_jv_int(k);  // round(int, ndigits) stays an int
+            return SP_OK;
+        }
         if (p > 300) p = 300;
         if (p < -300) p = -300;
         double m = pow(10.0, (double)p);
@@ -2068,8 +2142,15 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
             scaled = ceil(scaled);
         else if (method && method->t == SP_JV_STR && method->s.n == 5 && memcmp(method->s.p, "floor", 5) == 0)
             scaled = floor(scaled);
-        else
-            scaled = nearbyint(scaled);  // Python rounds halves to even
+        else if (p >= 0 && isfinite(d)) {
+            // Python rounds the exact binary value, halves to even: so does printf.
+            char buf[720];  // 309 integer digits + 300 decimals at most
+            snprintf(buf, sizeof buf, "%.*f", (int)p, d);
+            *out = sp_jv_float(strtod(buf, NULL));
+            return SP_OK;
+        } else {
+            scaled = nearbyint(scaled);
+        }
         *out = sp_jv_float(isfinite(scaled / m) ? scaled / m : d);
     } else if (strcmp(name, "safe") == 0 || strcmp(name, "string") == 0) {
         return to_str(rt, line, v, out);
@@ -2107,6 +2188,7 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
             l.list->v[m++] = items[i];
         }
         l.list->n = m;
+        l.list->kind = SP_JLIST_GEN;
         *out = l;
     } else if (strcmp(name, "wordcount") == 0) {
         if ((st = to_str(rt, line, v, &v)) != SP_OK) return st;
@@ -2161,6 +2243,7 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
             for (int64_t i = 0; i < cnt; i++) grp.list->v[i] = g * sz + i < n ? items[g * sz + i] : *fill;
             out->list->v[g] = grp;
         }
+        out->list->kind = SP_JLIST_GEN;
     } else {
         *handled = false;
     }

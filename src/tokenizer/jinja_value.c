@@ -191,7 +191,14 @@ const char *sp_jv_type_name(struct sp_jv v) {
     case SP_JV_INT: return "int";
     case SP_JV_FLOAT: return "float";
     case SP_JV_STR: return "str";
-    case SP_JV_LIST: return v.list->tuple ? "tuple" : "list";
+    case SP_JV_LIST:
+        switch (v.list->kind) {
+        case SP_JLIST_GEN: return "generator";
+        case SP_JLIST_ITEMS: return "dict_items";
+        case SP_JLIST_KEYS: return "dict_keys";
+        case SP_JLIST_VALUES: return "dict_values";
+        default: return v.list->tuple ? "tuple" : "list";
+        }
     case SP_JV_DICT: return "dict";
     case SP_JV_NAMESPACE: return "Namespace";
     case SP_JV_MACRO: return "Macro";
@@ -210,7 +217,7 @@ bool sp_jv_truthy(struct sp_jv v) {
     case SP_JV_INT: return v.i != 0;
     case SP_JV_FLOAT: return v.f != 0.0;
     case SP_JV_STR: return v.s.n != 0;
-    case SP_JV_LIST: return v.list->n != 0;
+    case SP_JV_LIST: return v.list->kind == SP_JLIST_GEN || v.list->n != 0;
     case SP_JV_DICT: return v.dict->n != 0;
     default: return true;
     }
@@ -243,6 +250,7 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
     case SP_JV_NONE: return true;
     case SP_JV_STR: return a.s.n == b.s.n && (a.s.n == 0 || memcmp(a.s.p, b.s.p, a.s.n) == 0);
     case SP_JV_LIST:
+        if (a.list->kind != SP_JLIST_LIST || b.list->kind != SP_JLIST_LIST) return a.list == b.list;
         if (a.list->tuple != b.list->tuple || a.list->n != b.list->n) return false;
         for (int64_t i = 0; i < a.list->n; i++)
             if (!sp_jv_equal(a.list->v[i], b.list->v[i])) return false;
@@ -282,7 +290,7 @@ bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
         *cmp = (c > 0) - (c < 0);
         return true;
     }
-    if (a.t == SP_JV_LIST && b.t == SP_JV_LIST && a.list->tuple == b.list->tuple) {
+    if (sp_jv_is_seq(a) && sp_jv_is_seq(b) && a.list->tuple == b.list->tuple) {
         int64_t n = a.list->n < b.list->n ? a.list->n : b.list->n;
         for (int64_t i = 0; i < n; i++) {
             if (sp_jv_equal(a.list->v[i], b.list->v[i])) continue;
@@ -474,6 +482,17 @@ static enum sp_status write_str_repr(struct sp_buf *b, const char *s, size_t n) 
 static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr);
 
 static enum sp_status write_seq(struct sp_buf *b, struct sp_jv v) {
+    if (v.list->kind == SP_JLIST_GEN) return sp_buf_puts(b, "<generator object>");
+    if (v.list->kind != SP_JLIST_LIST) {
+        // dict_items([('a', 1)])
+        sp_buf_puts(b, sp_jv_type_name(v));
+        sp_buf_putc(b, '(');
+        struct sp_jlist plain = *v.list;
+        plain.kind = SP_JLIST_LIST;
+        plain.tuple = false;
+        write_seq(b, (struct sp_jv){.t = SP_JV_LIST, .list = &plain});
+        return sp_buf_putc(b, ')');
+    }
     bool tuple = v.list->tuple;
     sp_buf_putc(b, tuple ? '(' : '[');
     for (int64_t i = 0; i < v.list->n; i++) {
@@ -621,6 +640,8 @@ static enum sp_status json_value(struct sp_buf *b, struct sp_jv v, const struct 
         break;
     case SP_JV_STR: json_str(b, v.s.p, v.s.n, o->ensure_ascii); break;
     case SP_JV_LIST:
+        if (v.list->kind != SP_JLIST_LIST)
+            return sp_errorf(SP_ERR_ARG, "tojson: Object of type %s is not JSON serializable", sp_jv_type_name(v));
         if (v.list->n == 0) {
             sp_buf_puts(b, "[]");
             break;

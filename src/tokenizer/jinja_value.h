@@ -88,11 +88,29 @@ struct sp_jv {
     };
 };
 
+/* What Python object a sequence stands for. Filters such as select and map
+ * return one-shot generators in jinja2 and dict.items() returns a view; a
+ * template can tell them from lists (a generator is always true, has no
+ * len(), cannot be indexed, and is used up by iterating it). */
+enum sp_jlist_kind {
+    SP_JLIST_LIST,    // list, or tuple when `tuple` is set
+    SP_JLIST_GEN,     // generator / iterator: items from `pos` on remain
+    SP_JLIST_ITEMS,   // dict_items view (of (key, value) tuples)
+    SP_JLIST_KEYS,    // dict_keys view
+    SP_JLIST_VALUES,  // dict_values view
+    SP_JLIST_KIND_COUNT
+};
+
 struct sp_jlist {
     struct sp_jv *v;  // (n)
     int64_t n;
     bool tuple;  // prints as (a, b) rather than [a, b]
+    enum sp_jlist_kind kind;
+    int64_t pos;  // SP_JLIST_GEN: items already consumed
 };
+
+/* A real list or tuple (not a generator or dict view). */
+static inline bool sp_jv_is_seq(struct sp_jv v) { return v.t == SP_JV_LIST && v.list->kind == SP_JLIST_LIST; }
 
 struct sp_jdict_entry {
     struct sp_jv key;
