@@ -157,6 +157,10 @@ static enum sp_status parse_arguments(const cJSON *messages, cJSON **out) {
     bool any = false;
     cJSON_ArrayForEach(m, messages) any |= text_arguments(m, &calls) != NULL;
     if (!any) return SP_OK;
+    // cJSON's allocator hooks are installed by the first sp_json_parse; make
+    // sure that happened before this copy is made, so it is freed the same way.
+    cJSON *probe;
+    if (sp_json_parse("null", 4, "probe", &probe) == SP_OK) cJSON_Delete(probe);
     cJSON *copy = cJSON_Duplicate(messages, true);
     if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
     cJSON_ArrayForEach(m, copy) {
@@ -185,22 +189,23 @@ enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp
     enum sp_status st = SP_ERR_NOMEM;
     int64_t n_kw = req->kwargs ? cJSON_GetArraySize(req->kwargs) : 0;
     struct sp_jinja_var *vars = sp_malloc((size_t)(n_kw + 5) * sizeof *vars, SP_MEM_TOKENIZER);
-    cJSON *agp = cJSON_CreateBool(req->add_generation_prompt);
-    cJSON *null = cJSON_CreateNull();
-    cJSON *bos = ct->bos_token ? cJSON_CreateString(ct->bos_token) : NULL;
-    cJSON *eos = ct->eos_token ? cJSON_CreateString(ct->eos_token) : NULL;
+    // The small variables are cJSON nodes on the stack: nothing to allocate or free.
+    const cJSON agp = {.type = req->add_generation_prompt ? cJSON_True : cJSON_False};
+    const cJSON null = {.type = cJSON_NULL};
+    const cJSON bos = {.type = cJSON_String, .valuestring = ct->bos_token};
+    const cJSON eos = {.type = cJSON_String, .valuestring = ct->eos_token};
     cJSON *parsed = NULL;
-    if (!vars || !agp || !null || (ct->bos_token && !bos) || (ct->eos_token && !eos)) {
+    if (!vars) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
         goto fail;
     }
     if (req->parse_tool_arguments && (st = parse_arguments(req->messages, &parsed)) != SP_OK) goto fail;
     int64_t n = 0;
     vars[n++] = (struct sp_jinja_var){"messages", parsed ? parsed : req->messages};
-    vars[n++] = (struct sp_jinja_var){"tools", req->tools ? req->tools : null};
-    vars[n++] = (struct sp_jinja_var){"add_generation_prompt", agp};
-    if (bos) vars[n++] = (struct sp_jinja_var){"bos_token", bos};
-    if (eos) vars[n++] = (struct sp_jinja_var){"eos_token", eos};
+    vars[n++] = (struct sp_jinja_var){"tools", req->tools ? req->tools : &null};
+    vars[n++] = (struct sp_jinja_var){"add_generation_prompt", &agp};
+    if (ct->bos_token) vars[n++] = (struct sp_jinja_var){"bos_token", &bos};
+    if (ct->eos_token) vars[n++] = (struct sp_jinja_var){"eos_token", &eos};
     // kwargs come last so they override, as **template_kwargs does.
     if (req->kwargs)
         for (const cJSON *c = req->kwargs->child; c; c = c->next)
@@ -208,10 +213,6 @@ enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp
     st = sp_jinja_render(ct->tmpl, vars, n, &ct->opts, out, out_len);
 fail:
     sp_free(vars);
-    cJSON_Delete(agp);
-    cJSON_Delete(null);
-    cJSON_Delete(bos);
-    cJSON_Delete(eos);
     cJSON_Delete(parsed);
     return st;
 }
