@@ -124,19 +124,21 @@ static void merge_put(struct sp_bpe *m, int32_t a, int32_t b, uint32_t rank, int
     }
 }
 
-/* A fast hash for short keys (tokens are a few bytes). */
+/* A fast hash for short keys (tokens and words are a few bytes): one
+ * multiply per 8 bytes, one full mix at the end. */
 static uint64_t key_hash(const char *s, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, s, 8);
-        h = mix64(h ^ w);
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
         s += 8;
         n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, s, n);
-    return mix64(h ^ w ^ ((uint64_t)n << 59));
+    return mix64(h ^ w);
 }
 
 /* Lookup with the key's hash already computed. */
@@ -363,9 +365,10 @@ enum sp_status sp_bpe_build(const struct sp_tokjson *tj, const cJSON *model, boo
     }
     if ((st = vtab_build(&m->vocab, m->text, m->tok_off, m->tok_len, end)) != SP_OK) goto fail;
 
-    /* Merge table at load factor <= 1/2. */
+    /* Merge table at load factor <= 2/3: smaller is faster here, the
+     * lookups are cache misses. */
     m->merge_cap = 64;
-    while (m->merge_cap < (size_t)tj->n_merges * 2) m->merge_cap *= 2;
+    while (m->merge_cap < (size_t)tj->n_merges * 3 / 2) m->merge_cap *= 2;
     m->merges = sp_malloc(m->merge_cap * sizeof *m->merges, SP_MEM_TOKENIZER);
     if (!m->merges) {
         st = sp_errorf(SP_ERR_NOMEM, "tokenizer: out of memory for merges");
