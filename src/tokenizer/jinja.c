@@ -39,6 +39,7 @@ struct frame {
 
 struct macro {
     const char *name;
+    int catch;  // MACRO_VARARGS | MACRO_KWARGS: the body uses varargs / kwargs
     struct sp_jnode *const *params;  // PARAM nodes
     int64_t nparams;
     const struct sp_jnode *body;
@@ -51,6 +52,8 @@ struct loop {
     int64_t n, i;
     int depth;
 };
+
+enum { MACRO_VARARGS = 1, MACRO_KWARGS = 2 };
 
 enum builtin { BI_RANGE = 1, BI_NAMESPACE, BI_DICT, BI_RAISE, BI_STRFTIME, BI_COUNT };
 
@@ -989,17 +992,29 @@ static enum sp_status check_output(int line, struct rt *rt, const struct sp_buf 
 static enum sp_status call_macro(struct rt *rt, int line, const struct macro *m, struct args *a, struct sp_jv *out) {
     if (rt->call_depth >= rt->max_calls)
         return fail(line, SP_ERR_LIMIT, "macro calls nested deeper than %d", rt->max_calls);
-    if (a->npos > m->nparams)
+    if (a->npos > m->nparams && !(m->catch & MACRO_VARARGS))
         return fail(line, SP_ERR_ARG, "macro '%s' takes not more than %lld argument(s)", m->name,
                     (long long)m->nparams);
-    for (int64_t k = 0; k < a->nkw; k++) {
-        bool known = false;
-        for (int64_t i = 0; i < m->nparams && !known; i++) known = strcmp(m->params[i]->str, a->kwn[k]) == 0;
-        if (!known) return fail(line, SP_ERR_ARG, "macro '%s' takes no keyword argument '%s'", m->name, a->kwn[k]);
-    }
     struct frame *mf = frame_new(rt, m->closure);
     if (!mf) return at_line(line, SP_ERR_LIMIT);
     enum sp_status st = SP_OK;
+    // A body that mentions varargs / kwargs collects the extra arguments there.
+    struct sp_jv varargs, kwargs;
+    if ((st = new_list(rt, line, a->npos > m->nparams ? a->npos - m->nparams : 0, &varargs)) != SP_OK) return st;
+    varargs.list->tuple = true;
+    for (int64_t i = m->nparams; i < a->npos; i++) varargs.list->v[i - m->nparams] = a->pos[i];
+    if ((st = at_line(line, sp_jv_new_dict(&rt->a, SP_JV_DICT, &kwargs))) != SP_OK) return st;
+    for (int64_t k = 0; k < a->nkw; k++) {
+        bool known = false;
+        for (int64_t i = 0; i < m->nparams && !known; i++) known = strcmp(m->params[i]->str, a->kwn[k]) == 0;
+        if (known) continue;
+        if (!(m->catch & MACRO_KWARGS))
+            return fail(line, SP_ERR_ARG, "macro '%s' takes no keyword argument '%s'", m->name, a->kwn[k]);
+        if ((st = at_line(line, sp_jdict_set(&rt->a, kwargs.dict, sp_jv_cstr(a->kwn[k]), a->kwv[k]))) != SP_OK)
+            return st;
+    }
+    if (m->catch & MACRO_VARARGS) st = at_line(line, frame_set(rt, mf, "varargs", varargs));
+    if (st == SP_OK && (m->catch & MACRO_KWARGS)) st = at_line(line, frame_set(rt, mf, "kwargs", kwargs));
     for (int64_t i = 0; i < m->nparams && st == SP_OK; i++) {
         const struct sp_jnode *p = m->params[i];
         struct sp_jv v;
@@ -2399,6 +2414,7 @@ static enum sp_status make_macro(struct rt *rt, const struct sp_jnode *n, const 
     m->nparams = n->nkids;
     m->body = body;
     m->closure = f;
+    m->catch = n->op;
     *out = (struct sp_jv){.t = SP_JV_MACRO, .ptr = m};
     return SP_OK;
 }
@@ -2472,6 +2488,29 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
 
 /* ---- compile-time checks -------------------------------------------------- */
 
+/* Whether the tree under n reads the variable `name`. */
+static bool mentions(const struct sp_jnode *n, const char *name) {
+    if (!n) return false;
+    if (n->kind == SP_JN_NAME && strcmp(n->str, name) == 0) return true;
+    if (mentions(n->a, name) || mentions(n->b, name) || mentions(n->c, name)) return true;
+    for (int64_t i = 0; i < n->nkids; i++)
+        if (mentions(n->kids[i], name)) return true;
+    return false;
+}
+
+/* Sets op of each macro and call block to the MACRO_* flags of its body. */
+static void mark_macros(struct sp_jnode *n) {
+    if (!n) return;
+    if (n->kind == SP_JN_MACRO || n->kind == SP_JN_CALLBLOCK) {
+        const struct sp_jnode *body = n->kind == SP_JN_MACRO ? n->a : n->b;
+        n->op = (mentions(body, "varargs") ? MACRO_VARARGS : 0) | (mentions(body, "kwargs") ? MACRO_KWARGS : 0);
+    }
+    mark_macros(n->a);
+    mark_macros(n->b);
+    mark_macros(n->c);
+    for (int64_t i = 0; i < n->nkids; i++) mark_macros(n->kids[i]);
+}
+
 /* Marks each for loop whose body defines no macro or call block (op = 1):
  * nothing can keep a reference to such a loop's scope after an iteration,
  * so one scope is reused for all iterations. Returns whether n defines one. */
@@ -2517,6 +2556,7 @@ enum sp_status sp_jinja_compile(const char *src, size_t len, struct sp_jinja **o
     }
     if ((st = check_names(t->root, 0)) != SP_OK) goto fail;
     mark_loops(t->root);
+    mark_macros(t->root);
     *out = t;
     return SP_OK;
 fail:

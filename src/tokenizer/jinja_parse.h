@@ -71,7 +71,8 @@ enum sp_jop {
 
 struct sp_jnode {
     enum sp_jnode_kind kind;
-    int op;
+    int op;  // UNARY, BINARY, COMPARE_OP, TEST: the operator; FOR, MACRO, CALLBLOCK:
+             // flags the evaluator computes once when compiling
     int line;  // 1-based source line
     struct sp_jnode *a, *b, *c;
     struct sp_jnode **kids;  // (nkids)
