@@ -133,6 +133,7 @@ struct sp_tokenizer {
     bool defer_bytelevel;  // the model maps bytes itself (see bpe.h)
     struct added *added;   // (n_added)
     int64_t n_added;
+    struct sp_strmap added_ids;  // id (4 bytes) -> index in added[], while loading
     int64_t n_ids;          // one past the largest id
     int32_t *added_of_id;   // (n_ids) index into added[], or -1
     bool *special;          // (n_ids)
@@ -146,8 +147,10 @@ struct sp_tokenizer {
 
 static enum sp_status added_add(struct sp_tokenizer *t, const char *text, int32_t id, bool special, bool lstrip,
                                 bool rstrip, bool single_word, bool normalized) {
-    for (int64_t i = 0; i < t->n_added; i++)
-        if (t->added[i].id == id) return SP_OK;  // tokenizer.json's definition comes first and wins
+    /* The first definition of an id wins: tokenizer.json's comes first. */
+    if (sp_strmap_has(&t->added_ids, (const char *)&id, sizeof id)) return SP_OK;
+    enum sp_status st = sp_strmap_put(&t->added_ids, (const char *)&id, sizeof id, t->n_added);
+    if (st != SP_OK) return st;
     void *na = t->added ? sp_realloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added)
                         : sp_malloc(sizeof *t->added, SP_MEM_TOKENIZER);
     if (!na) return sp_errorf(SP_ERR_NOMEM, "tokenizer: out of memory");
@@ -358,7 +361,7 @@ static enum sp_status load_parts(struct sp_tokenizer *t, const struct sp_tokjson
             char *end;
             long id = strtol(e->string ? e->string : "", &end, 10);
             const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-            if (!e->string || *end || id < 0 || id >= INT32_MAX || !cJSON_IsString(c)) continue;
+            if (!e->string || end == e->string || *end || id < 0 || id >= INT32_MAX || !cJSON_IsString(c)) continue;
             bool special = jflag(e, "special", false);
             if ((st = added_add(t, c->valuestring, (int32_t)id, special, jflag(e, "lstrip", false), jflag(e, "rstrip", false),
                                 jflag(e, "single_word", false), jflag(e, "normalized", !special))) != SP_OK)
@@ -417,6 +420,7 @@ enum sp_status sp_tokenizer_load_mem(const char *json, size_t json_len, const ch
     struct sp_tokenizer *t = sp_calloc(1, sizeof *t, SP_MEM_TOKENIZER);
     if (!t) return sp_errorf(SP_ERR_NOMEM, "tokenizer: out of memory");
     t->bos = t->eos = -1;
+    sp_strmap_init(&t->added_ids, SP_MEM_TOKENIZER);
     if ((st = sp_tokjson_read(json, json_len, "tokenizer.json", &tj)) != SP_OK) {
         sp_free(t);
         return st;
@@ -432,6 +436,7 @@ enum sp_status sp_tokenizer_load_mem(const char *json, size_t json_len, const ch
     }
     sp_tokjson_free(&tj);
     cJSON_Delete(cfg);
+    sp_strmap_free(&t->added_ids);
     *out = t;
     return SP_OK;
 fail:
@@ -488,6 +493,7 @@ void sp_tokenizer_free(struct sp_tokenizer *t) {
         sp_free(t->added[i].norm);
     }
     sp_free(t->added);
+    sp_strmap_free(&t->added_ids);
     sp_free(t->added_of_id);
     sp_free(t->special);
     trie_free(&t->raw_all);
