@@ -45,7 +45,7 @@ static int check_model(const char *model) {
         return 1;
     }
     ct->opts.now = FIXED_NOW;
-    ct->opts.utc = 1;
+    ct->opts.utc = true;
     char **convs;
     size_t n_convs;
     assert_int_equal(sp_dir_list(DATA "/conversations", ".json", &convs, &n_convs), SP_OK);

@@ -264,7 +264,7 @@ static void test_reuse(void **state) {
 
 static void test_strftime_now(void **state) {
     (void)state;
-    struct sp_jinja_opts o = {.now = 1768435200, .utc = 1};
+    struct sp_jinja_opts o = {.now = 1768435200, .utc = true};
     char *out;
     assert_int_equal(render_opts("{{ strftime_now('%Y-%m-%d %d %b %Y') }}", NULL, &o, &out), SP_OK);
     assert_string_equal(out, "2026-01-15 15 Jan 2026");

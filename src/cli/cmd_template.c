@@ -153,7 +153,7 @@ int sp_cmd_template(int argc, char **argv) {
     if (sp_chat_template_load(dir, name, &ct) != SP_OK) goto fail;
     if (date) {
         ct->opts.now = now;
-        ct->opts.utc = 1;
+        ct->opts.utc = true;
     }
     struct sp_chat_request req = {
         .messages = messages,

@@ -2581,7 +2581,7 @@ enum sp_status sp_jinja_render(const struct sp_jinja *t, const struct sp_jinja_v
         .max_calls = opts->max_call_depth > 0 ? opts->max_call_depth : 100,
         .max_output = opts->max_output ? opts->max_output : (size_t)16 << 20,
         .now = opts->now,
-        .utc = opts->utc != 0,
+        .utc = opts->utc,
     };
     sp_jarena_init(&rt.a, opts->max_memory ? opts->max_memory : (size_t)256 << 20);
     struct sp_buf b = SP_BUF_INIT;

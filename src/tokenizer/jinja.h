@@ -34,6 +34,7 @@
 #define SP_TOKENIZER_JINJA_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -54,7 +55,7 @@ struct sp_jinja_opts {
     size_t max_output;            // bytes of rendered text; 0: 16 MiB
     size_t max_memory;            // bytes of values made while rendering; 0: 256 MiB
     time_t now;                   // what strftime_now() formats; 0: the current time
-    int utc;                      // strftime_now in UTC rather than local time
+    bool utc;                     // strftime_now in UTC rather than local time
 };
 
 /* Compiles len bytes of template text. *out is owned by the caller
