@@ -19,6 +19,7 @@ struct sp_sampler {
     int32_t *count;  // (vocab) occurrences in the penalty window
     int32_t *hist;   // ring of the last penalty_last_n tokens (when bounded)
     int64_t hist_len, hist_pos;
+    int32_t cap_last_n;  // capacity of hist
     struct cand *c;  // (vocab)
 };
 
@@ -38,6 +39,7 @@ enum sp_status sp_sampler_create(const struct sp_sampler_params *p, int64_t voca
     s->count = sp_calloc((size_t)vocab, sizeof *s->count, SP_MEM_ACT);
     s->c = sp_malloc((size_t)vocab * sizeof *s->c, SP_MEM_ACT);
     int64_t hn = p->penalty_last_n > 0 ? p->penalty_last_n : 1;
+    s->cap_last_n = (int32_t)hn;
     s->hist = sp_malloc((size_t)hn * sizeof *s->hist, SP_MEM_ACT);
     if (!s->count || !s->c || !s->hist) {
         sp_sampler_free(s);
@@ -58,6 +60,14 @@ void sp_sampler_free(struct sp_sampler *s) {
 void sp_sampler_reset(struct sp_sampler *s) {
     memset(s->count, 0, (size_t)s->vocab * sizeof *s->count);
     s->hist_len = s->hist_pos = 0;
+}
+
+void sp_sampler_configure(struct sp_sampler *s, const struct sp_sampler_params *p) {
+    int32_t cap = s->cap_last_n;
+    s->p = *p;
+    if (s->p.penalty_last_n > cap) s->p.penalty_last_n = cap;
+    sp_rng_seed(&s->rng, p->seed);
+    sp_sampler_reset(s);
 }
 
 void sp_sampler_accept(struct sp_sampler *s, int32_t tok) {

@@ -41,6 +41,10 @@ void sp_sampler_free(struct sp_sampler *s);
 void sp_sampler_accept(struct sp_sampler *s, int32_t token);
 /* Forgets the history (a new request), keeping the parameters and the generator. */
 void sp_sampler_reset(struct sp_sampler *s);
+/* New parameters and seed, empty history: reuses the buffers for another
+ * request. penalty_last_n may not exceed the one the sampler was created with
+ * (larger values are clamped to it); -1 (all history) stays -1. */
+void sp_sampler_configure(struct sp_sampler *s, const struct sp_sampler_params *p);
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits);
 /* Index of the largest logit (first on ties). */
 int32_t sp_argmax(const float *logits, int64_t n);

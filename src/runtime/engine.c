@@ -1,0 +1,631 @@
+/*
+ * engine.c - continuous batching over the forward pass: one scheduler
+ * thread owns the context; submitters talk to it through requests, each
+ * with its own lock and condition variable.
+ */
+#include "runtime/engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "tokenizer/detok.h"
+
+const double sp_ttft_bounds[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
+struct sp_req {
+    int32_t *prompt;  // (n_prompt)
+    int64_t n_prompt;
+    struct sp_gen_params gp;
+    char *stops[SP_MAX_STOPS];  // owned copies
+    atomic_int refs;
+    atomic_bool cancelled;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu */
+    struct sp_buf text;       // released text the submitter has not taken yet
+    struct sp_tok_list toks;  // token records not taken yet
+    struct sp_req_progress prog;
+    double t_submit, t_start;
+};
+
+struct slot {
+    struct sp_req *req;  // NULL: free
+    int32_t *cache;      // (n_ctx) tokens whose KV this slot holds
+    int64_t n_cache;
+    int64_t prompt_pos;  // next prompt token to prefill
+    bool decoding;
+    int32_t pending;     // sampled, to be fed next step
+    int64_t n_gen;
+    struct sp_sampler *smp;
+    struct sp_detok *dt;  // created per request (flags differ)
+    struct sp_buf held;   // detokenized text held back for stop strings
+    uint64_t last_used;
+};
+
+struct sp_engine {
+    const struct sp_model *m;
+    const struct sp_tokenizer *tok;
+    struct sp_engine_params p;
+    struct sp_ctx *ctx;
+    int64_t vocab;
+    struct slot *slots;
+    int32_t eos[16];
+    int n_eos;
+    /* step buffers, sized up front */
+    int32_t *b_tok, *b_pos, *b_seq;
+    bool *b_want;
+    int *b_slot_of_row;  // logits row -> slot
+    float *logits;       // (n_slots, vocab)
+    float *scratch;      // (vocab) for logprobs
+    /* queue and stats, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct sp_req **queue;
+    int q_head, q_len;
+    bool stop;
+    struct sp_engine_stats st;
+    uint64_t tick;
+    pthread_t thread;
+    bool thread_started;
+};
+
+const char *sp_finish_name(enum sp_finish f) {
+    switch (f) {
+    case SP_FINISH_STOP: return "stop";
+    case SP_FINISH_LENGTH: return "length";
+    case SP_FINISH_CANCELLED: return "cancelled";
+    case SP_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sp_tok_list_free(struct sp_tok_list *l) {
+    sp_free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static bool tok_list_push(struct sp_tok_list *l, const struct sp_tok_info *t) {
+    if (l->n == l->cap) {
+        int64_t cap = l->cap ? l->cap * 2 : 16;
+        size_t bytes = (size_t)cap * sizeof *l->v;
+        struct sp_tok_info *v = l->v ? sp_realloc(l->v, bytes) : sp_malloc(bytes, SP_MEM_SERVER);
+        if (!v) return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *t;
+    return true;
+}
+
+/* ---- requests ---- */
+
+static void req_free(struct sp_req *r) {
+    sp_free(r->prompt);
+    for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(r->stops[i]);
+    sp_buf_free(&r->text);
+    sp_tok_list_free(&r->toks);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    sp_free(r);
+}
+
+void sp_req_release(struct sp_req *r) {
+    if (r && atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
+}
+
+void sp_req_cancel(struct sp_req *r) { atomic_store(&r->cancelled, true); }
+
+bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct sp_tok_list *toks,
+                 struct sp_req_progress *p) {
+    pthread_mutex_lock(&r->mu);
+    if (!r->text.len && !r->toks.n && !r->prog.finished && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    bool news = r->text.len || r->toks.n || r->prog.finished;
+    if (r->text.len) sp_buf_append(text, r->text.data, r->text.len);
+    sp_buf_clear(&r->text);
+    if (toks)
+        for (int64_t i = 0; i < r->toks.n; i++) tok_list_push(toks, &r->toks.v[i]);
+    r->toks.n = 0;
+    *p = r->prog;
+    pthread_mutex_unlock(&r->mu);
+    return news;
+}
+
+/* ---- engine ---- */
+
+static int collect_eos(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
+    int n = 0;
+    int64_t v;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
+    if (sp_json_is_int(e, &v)) eos[n++] = (int32_t)v;
+    if (cJSON_IsArray(e))
+        for (const cJSON *x = e->child; x && n < cap; x = x->next)
+            if (sp_json_is_int(x, &v)) eos[n++] = (int32_t)v;
+    if (tok && sp_tokenizer_eos(tok) >= 0 && n < cap) eos[n++] = sp_tokenizer_eos(tok);
+    return n;
+}
+
+static void *engine_main(void *arg);
+
+void sp_engine_free(struct sp_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    for (int i = 0; e->queue && i < e->q_len; i++) {
+        struct sp_req *r = e->queue[(e->q_head + i) % e->p.queue_max];
+        pthread_mutex_lock(&r->mu);
+        r->prog.finished = true;
+        r->prog.finish = SP_FINISH_CANCELLED;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        sp_req_release(r);
+    }
+    for (int i = 0; e->slots && i < e->p.n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->req) {
+            pthread_mutex_lock(&s->req->mu);
+            s->req->prog.finished = true;
+            s->req->prog.finish = SP_FINISH_CANCELLED;
+            pthread_cond_broadcast(&s->req->cv);
+            pthread_mutex_unlock(&s->req->mu);
+            sp_req_release(s->req);
+        }
+        sp_free(s->cache);
+        sp_sampler_free(s->smp);
+        sp_detok_free(s->dt);
+        sp_buf_free(&s->held);
+    }
+    sp_free(e->slots);
+    sp_free(e->queue);
+    sp_free(e->b_tok);
+    sp_free(e->b_pos);
+    sp_free(e->b_seq);
+    sp_free(e->b_want);
+    sp_free(e->b_slot_of_row);
+    sp_free(e->logits);
+    sp_free(e->scratch);
+    sp_ctx_free(e->ctx);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    sp_free(e);
+}
+
+enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokenizer *tok,
+                                const struct sp_engine_params *params, struct sp_engine **out) {
+    *out = NULL;
+    struct sp_engine *e = sp_calloc(1, sizeof *e, SP_MEM_SERVER);
+    if (!e) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->m = m;
+    e->tok = tok;
+    e->p = *params;
+    if (e->p.n_slots <= 0) e->p.n_slots = 1;
+    if (e->p.batch_tokens <= 0) e->p.batch_tokens = 256;
+    if (e->p.batch_tokens < e->p.n_slots) e->p.batch_tokens = e->p.n_slots;
+    if (e->p.queue_max <= 0) e->p.queue_max = 64;
+    if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
+    e->vocab = m->arch.vocab;
+    struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
+                               .kv_type = e->p.kv_type, .n_threads = e->p.n_threads};
+    enum sp_status st = sp_ctx_create(m, &cp, &e->ctx);
+    if (st != SP_OK) goto fail;
+    e->p.n_threads = sp_ctx_params(e->ctx)->n_threads;
+    int S = e->p.n_slots;
+    int64_t B = e->p.batch_tokens;
+    e->slots = sp_calloc((size_t)S, sizeof *e->slots, SP_MEM_SERVER);
+    e->queue = sp_calloc((size_t)e->p.queue_max, sizeof *e->queue, SP_MEM_SERVER);
+    e->b_tok = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
+    e->b_pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
+    e->b_seq = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
+    e->b_want = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
+    e->b_slot_of_row = sp_malloc((size_t)S * sizeof(int), SP_MEM_SERVER);
+    e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
+    e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
+    if (!e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_slot_of_row ||
+        !e->logits || !e->scratch)
+        goto nomem;
+    struct sp_sampler_params sp = sp_sampler_defaults();
+    sp.penalty_last_n = 4096;
+    for (int i = 0; i < S; i++) {
+        e->slots[i].cache = sp_malloc((size_t)e->p.n_ctx * sizeof(int32_t), SP_MEM_SERVER);
+        if (!e->slots[i].cache) goto nomem;
+        if ((st = sp_sampler_create(&sp, e->vocab, &e->slots[i].smp)) != SP_OK) goto fail;
+    }
+    e->n_eos = collect_eos(m, tok, e->eos, 16);
+    e->st.n_slots = S;
+    e->st.n_ctx = e->p.n_ctx;
+    e->st.kv_bytes = sp_ctx_kv_bytes(e->ctx);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        st = sp_errorf(SP_ERR_STATE, "could not start the scheduler thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    *out = e;
+    return SP_OK;
+nomem:
+    st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+fail:
+    sp_engine_free(e);
+    return st;
+}
+
+const struct sp_engine_params *sp_engine_params(const struct sp_engine *e) { return &e->p; }
+
+enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
+                                struct sp_req **out) {
+    *out = NULL;
+    if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
+    if (n >= e->p.n_ctx)
+        return sp_errorf(SP_ERR_ARG, "the prompt has %lld tokens; the context holds %lld", (long long)n,
+                         (long long)e->p.n_ctx);
+    for (int64_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return sp_errorf(SP_ERR_ARG, "token %d is outside the vocabulary of %lld", prompt[i], (long long)e->vocab);
+    struct sp_req *r = sp_calloc(1, sizeof *r, SP_MEM_SERVER);
+    if (!r) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    atomic_init(&r->refs, 2);  // the submitter's and the engine's
+    r->prompt = sp_malloc((size_t)n * sizeof(int32_t), SP_MEM_SERVER);
+    if (!r->prompt) {
+        req_free(r);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    memcpy(r->prompt, prompt, (size_t)n * sizeof(int32_t));
+    r->n_prompt = n;
+    r->gp = *gp;
+    if (r->gp.n_stops > SP_MAX_STOPS) r->gp.n_stops = SP_MAX_STOPS;
+    for (int i = 0; i < r->gp.n_stops; i++) {
+        r->stops[i] = sp_strdup(gp->stops[i], SP_MEM_SERVER);
+        if (!r->stops[i]) {
+            req_free(r);
+            return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        }
+        r->gp.stops[i] = r->stops[i];
+    }
+    if (r->gp.top_logprobs > SP_MAX_TOP_LOGPROBS) r->gp.top_logprobs = SP_MAX_TOP_LOGPROBS;
+    r->prog.prompt_tokens = n;
+    r->t_submit = now_s();
+    pthread_mutex_lock(&e->mu);
+    if (e->q_len == e->p.queue_max) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return sp_errorf(SP_ERR_LIMIT, "the server is busy: %d requests are already waiting", e->p.queue_max);
+    }
+    e->queue[(e->q_head + e->q_len) % e->p.queue_max] = r;
+    e->q_len++;
+    e->st.requests++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return SP_OK;
+}
+
+void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->st;
+    s->queue_depth = e->q_len;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- the scheduler ---- */
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Moves queued requests into free slots, each into the slot whose cached
+ * tokens share the longest prefix with its prompt (least recently used on ties). */
+static void admit(struct sp_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->q_len) {
+        int best = -1;
+        int64_t best_common = -1;
+        struct sp_req *r = e->queue[e->q_head];
+        for (int i = 0; i < e->p.n_slots; i++) {
+            struct slot *s = &e->slots[i];
+            if (s->req) continue;
+            int64_t c = common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt);
+            if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
+                best = i;
+                best_common = c;
+            }
+        }
+        if (best < 0) break;
+        e->q_head = (e->q_head + 1) % e->p.queue_max;
+        e->q_len--;
+        struct slot *s = &e->slots[best];
+        /* at least the last prompt token is computed again: its logits start generation */
+        if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
+        s->req = r;
+        s->n_cache = best_common;
+        s->prompt_pos = best_common;
+        s->decoding = false;
+        s->n_gen = 0;
+        sp_buf_clear(&s->held);
+        sp_sampler_configure(s->smp, &r->gp.sampling);
+        for (int64_t i = 0; i < r->n_prompt; i++) sp_sampler_accept(s->smp, r->prompt[i]);
+        sp_detok_free(s->dt);
+        s->dt = NULL;
+        if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
+        e->st.prompt_tokens += (uint64_t)r->n_prompt;
+        e->st.cached_tokens += (uint64_t)best_common;
+        pthread_mutex_lock(&r->mu);
+        r->prog.cached_tokens = best_common;
+        r->t_start = now_s();
+        r->prog.queue_s = r->t_start - r->t_submit;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void finish(struct sp_engine *e, struct slot *s, enum sp_finish why, bool by_eos, const char *err) {
+    struct sp_req *r = s->req;
+    pthread_mutex_lock(&r->mu);
+    r->prog.finished = true;
+    r->prog.finish = why;
+    r->prog.stopped_by_eos = by_eos;
+    r->prog.completion_tokens = s->n_gen;
+    if (err) snprintf(r->prog.error, sizeof r->prog.error, "%s", err);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    s->req = NULL;
+    s->last_used = ++e->tick;
+    sp_req_release(r);
+}
+
+/* Releases held text up to a stop string (true: found) or up to the longest
+ * tail that could still begin one. */
+static bool release_text(struct slot *s, bool final) {
+    struct sp_req *r = s->req;
+    size_t upto = s->held.len;
+    bool stop = false;
+    for (int i = 0; i < r->gp.n_stops; i++) {
+        const char *hit = memmem(s->held.data ? s->held.data : "", s->held.len, r->stops[i], strlen(r->stops[i]));
+        if (hit && (size_t)(hit - s->held.data) < upto) {
+            upto = (size_t)(hit - s->held.data);
+            stop = true;
+        }
+    }
+    if (!stop && !final) {
+        for (int i = 0; i < r->gp.n_stops; i++) {
+            size_t sl = strlen(r->stops[i]);
+            for (size_t k = sl - 1 < s->held.len ? sl - 1 : s->held.len; k > 0; k--) {
+                if (memcmp(s->held.data + s->held.len - k, r->stops[i], k) == 0) {
+                    if (s->held.len - k < upto) upto = s->held.len - k;
+                    break;
+                }
+            }
+        }
+    }
+    if (upto) {
+        pthread_mutex_lock(&r->mu);
+        sp_buf_append(&r->text, s->held.data, upto);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        memmove(s->held.data, s->held.data + upto, s->held.len - upto);
+        s->held.len -= upto;
+        s->held.data[s->held.len] = 0;
+    }
+    if (stop) sp_buf_clear(&s->held);
+    return stop;
+}
+
+/* log-softmax of the raw logits for the chosen token and the best alternatives. */
+static void token_info(struct sp_engine *e, const float *logits, int32_t id, int n_top, struct sp_tok_info *ti) {
+    float mx = logits[0];
+    for (int64_t i = 1; i < e->vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < e->vocab; i++) sum += exp((double)(logits[i] - mx));
+    float lse = mx + (float)log(sum);
+    memset(ti, 0, sizeof *ti);
+    ti->id = id;
+    ti->logprob = logits[id] - lse;
+    ti->n_top = n_top;
+    for (int k = 0; k < n_top; k++) {
+        int32_t best = -1;
+        for (int64_t i = 0; i < e->vocab; i++) {
+            bool taken = false;
+            for (int q = 0; q < k; q++) taken |= ti->top_id[q] == i;
+            if (!taken && (best < 0 || logits[i] > logits[best])) best = (int32_t)i;
+        }
+        ti->top_id[k] = best;
+        ti->top_logprob[k] = logits[best] - lse;
+    }
+}
+
+/* After a forward pass: sample the next token of a slot from its logits row. */
+static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
+    struct sp_req *r = s->req;
+    struct sp_tok_info ti;
+    bool want_info = r->gp.top_logprobs >= 0;
+    if (want_info) memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
+    int32_t tok = sp_sampler_sample(s->smp, row);
+    sp_sampler_accept(s->smp, tok);
+    s->n_gen++;
+    if (want_info) token_info(e, e->scratch, tok, r->gp.top_logprobs, &ti);
+    double t = now_s();
+    pthread_mutex_lock(&r->mu);
+    if (s->n_gen == 1) {
+        r->prog.ttft_s = t - r->t_submit;
+        r->prog.prefill_s = t - r->t_start;
+        pthread_mutex_lock(&e->mu);
+        int b = 0;
+        while (b < 11 && r->prog.ttft_s > sp_ttft_bounds[b]) b++;
+        e->st.ttft_bucket[b]++;
+        e->st.ttft_sum += r->prog.ttft_s;
+        pthread_mutex_unlock(&e->mu);
+    } else {
+        r->prog.decode_s = t - r->t_start - r->prog.prefill_s;
+    }
+    r->prog.completion_tokens = s->n_gen;
+    if (want_info) tok_list_push(&r->toks, &ti);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    e->st.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+
+    bool eos = false;
+    for (int i = 0; i < e->n_eos && !r->gp.ignore_eos; i++) eos |= tok == e->eos[i];
+    if (eos) {
+        if (s->dt) {
+            struct sp_buf tail = SP_BUF_INIT;
+            sp_detok_flush(s->dt, &tail);
+            sp_buf_append(&s->held, tail.data, tail.len);
+            sp_buf_free(&tail);
+        }
+        bool stop = release_text(s, true);
+        finish(e, s, SP_FINISH_STOP, !stop, NULL);
+        return;
+    }
+    if (s->dt) {
+        size_t before = s->held.len;
+        if (sp_detok_push(s->dt, tok, &s->held) != SP_OK) s->held.len = before;
+    }
+    if (release_text(s, false)) {
+        finish(e, s, SP_FINISH_STOP, false, NULL);
+        return;
+    }
+    bool full = s->n_cache + 1 >= e->p.n_ctx;
+    if ((r->gp.max_tokens > 0 && s->n_gen >= r->gp.max_tokens) || full) {
+        if (s->dt) {
+            struct sp_buf tail = SP_BUF_INIT;
+            sp_detok_flush(s->dt, &tail);
+            sp_buf_append(&s->held, tail.data, tail.len);
+            sp_buf_free(&tail);
+        }
+        bool stop = release_text(s, true);
+        finish(e, s, stop ? SP_FINISH_STOP : SP_FINISH_LENGTH, false, NULL);
+        return;
+    }
+    s->pending = tok;
+    s->decoding = true;
+}
+
+/* One step: cancellations, admissions, a batch of decode tokens and prefill
+ * chunks, one forward pass, sampling. Returns false when there was nothing to do. */
+static bool step(struct sp_engine *e) {
+    for (int i = 0; i < e->p.n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->req && atomic_load(&s->req->cancelled)) finish(e, s, SP_FINISH_CANCELLED, false, NULL);
+    }
+    admit(e);
+    int64_t n = 0, B = e->p.batch_tokens, n_decode = 0, n_prefill = 0;
+    int rows = 0;
+    /* decoding slots first: one token each keeps every stream moving */
+    for (int i = 0; i < e->p.n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (!s->req || !s->decoding) continue;
+        e->b_tok[n] = s->pending;
+        e->b_pos[n] = (int32_t)s->n_cache;
+        e->b_seq[n] = i;
+        e->b_want[n] = true;
+        e->b_slot_of_row[rows++] = i;
+        s->cache[s->n_cache++] = s->pending;
+        n++;
+        n_decode++;
+    }
+    /* then prefill chunks, oldest requests first, in what is left of the budget */
+    for (int i = 0; i < e->p.n_slots && n < B; i++) {
+        struct slot *s = &e->slots[i];
+        if (!s->req || s->decoding) continue;
+        struct sp_req *r = s->req;
+        int64_t k = r->n_prompt - s->prompt_pos;
+        if (k > B - n) k = B - n;
+        for (int64_t j = 0; j < k; j++) {
+            e->b_tok[n] = r->prompt[s->prompt_pos];
+            e->b_pos[n] = (int32_t)s->n_cache;
+            e->b_seq[n] = i;
+            e->b_want[n] = s->prompt_pos == r->n_prompt - 1;
+            if (e->b_want[n]) e->b_slot_of_row[rows++] = i;
+            s->cache[s->n_cache++] = r->prompt[s->prompt_pos];
+            s->prompt_pos++;
+            n++;
+            n_prefill++;
+        }
+    }
+    if (!n) return false;
+    double t0 = now_s();
+    struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+    enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
+    double dt = now_s() - t0;
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    e->st.decode_tokens += (uint64_t)n_decode;
+    e->st.prefill_tokens += (uint64_t)n_prefill;
+    /* split the step's time by token share */
+    e->st.decode_s += dt * (double)n_decode / (double)n;
+    e->st.prefill_s += dt * (double)n_prefill / (double)n;
+    pthread_mutex_unlock(&e->mu);
+    if (st != SP_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", sp_error_msg());
+        sp_log(SP_LOG_ERROR, "forward pass failed: %s", msg);
+        for (int i = 0; i < e->p.n_slots; i++)
+            if (e->slots[i].req) {
+                e->slots[i].n_cache = 0;
+                finish(e, &e->slots[i], SP_FINISH_ERROR, false, msg);
+            }
+        return true;
+    }
+    for (int k = 0; k < rows; k++) {
+        struct slot *s = &e->slots[e->b_slot_of_row[k]];
+        if (s->req) after_logits(e, s, e->logits + (size_t)k * (size_t)e->vocab);
+    }
+    return true;
+}
+
+static void *engine_main(void *arg) {
+    struct sp_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        bool worked = step(e);
+        int active = 0;
+        int64_t used = 0;
+        for (int i = 0; i < e->p.n_slots; i++) {
+            active += e->slots[i].req != NULL;
+            used += e->slots[i].n_cache;
+        }
+        pthread_mutex_lock(&e->mu);
+        e->st.active_slots = active;
+        e->st.kv_tokens_used = used;
+        if (!worked && !e->stop && (e->q_len == 0 || active == e->p.n_slots)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;  // wake up to notice cancellations
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}

@@ -1,0 +1,120 @@
+/*
+ * engine.h - the scheduler: `n_slots` sequences decode together through one
+ * forward pass per step (continuous batching); new requests prefill in
+ * chunks between steps; a bounded queue holds what does not fit yet; each
+ * slot keeps the tokens whose KV it holds, so a request sharing a prefix
+ * with an earlier one (the next turn of a chat) skips prefilling it.
+ *
+ *     struct sp_engine *e;
+ *     struct sp_engine_params ep = {.n_slots = 4, .n_ctx = 4096};
+ *     sp_engine_create(model, tokenizer, &ep, &e);      // starts the scheduler thread
+ *     struct sp_req *r;
+ *     sp_engine_submit(e, prompt_ids, n, &gen_params, &r);
+ *     struct sp_buf text = SP_BUF_INIT;
+ *     struct sp_req_progress p;
+ *     while (sp_req_poll(r, 100, &text, NULL, &p), !p.finished) { send(text); sp_buf_clear(&text); }
+ *     sp_req_release(r);
+ *     sp_engine_free(e);
+ *
+ * A request is shared by the engine and its submitter and freed when both
+ * have let go (sp_req_release by the submitter). sp_req_cancel may be called
+ * from any thread; the generation stops within one step.
+ */
+#ifndef SP_RUNTIME_ENGINE_H
+#define SP_RUNTIME_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "model/forward.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+struct sp_engine_params {
+    int n_slots;            // sequences decoded together (0: 1)
+    int64_t n_ctx;          // positions per slot (0: the model's, capped at 4096)
+    int64_t batch_tokens;   // tokens per forward step, decode and prefill chunks together (0: 256)
+    int queue_max;          // requests waiting for a slot (0: 64)
+    int n_threads;          // 0: physical cores
+    enum sp_kv_type kv_type;
+};
+
+#define SP_MAX_STOPS 8
+#define SP_MAX_TOP_LOGPROBS 20
+
+struct sp_gen_params {
+    struct sp_sampler_params sampling;
+    int64_t max_tokens;     // 0: until the context is full
+    const char *stops[SP_MAX_STOPS];  // copied at submit
+    int n_stops;
+    bool ignore_eos;
+    int top_logprobs;       // -1: no logprobs; 0..20: chosen token plus that many alternatives
+    unsigned detok_flags;   // SP_TOK_SKIP_SPECIAL or 0 (formats that parse control tokens)
+};
+
+enum sp_finish { SP_FINISH_NONE, SP_FINISH_STOP, SP_FINISH_LENGTH, SP_FINISH_CANCELLED, SP_FINISH_ERROR };
+const char *sp_finish_name(enum sp_finish f);  // "stop", "length", "cancelled", "error"
+
+/* One generated token, for logprobs. */
+struct sp_tok_info {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[SP_MAX_TOP_LOGPROBS];
+    float top_logprob[SP_MAX_TOP_LOGPROBS];
+};
+
+struct sp_tok_list {
+    struct sp_tok_info *v;
+    int64_t n, cap;
+};
+void sp_tok_list_free(struct sp_tok_list *l);
+
+struct sp_req_progress {
+    bool finished;
+    enum sp_finish finish;
+    bool stopped_by_eos;  // finish STOP because of an end-of-sequence token (not a stop string)
+    int64_t prompt_tokens, cached_tokens, completion_tokens;
+    double queue_s, ttft_s;  // waiting for a slot; submit to first token
+    double prefill_s, decode_s;
+    char error[256];
+};
+
+struct sp_engine_stats {
+    int n_slots, active_slots, queue_depth;
+    int64_t n_ctx, kv_tokens_used;   // positions held over all slots (prompt cache included)
+    size_t kv_bytes;
+    uint64_t requests, prompt_tokens, cached_tokens, generated_tokens;
+    double prefill_s, decode_s;      // forward time spent on prefill / decode tokens
+    uint64_t prefill_tokens, decode_tokens;
+    uint64_t ttft_bucket[12];        // counts of time to first token <= 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, +Inf s
+    double ttft_sum;
+    uint64_t steps;
+};
+
+extern const double sp_ttft_bounds[11];
+
+struct sp_engine;
+struct sp_req;
+
+enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokenizer *tok,
+                                const struct sp_engine_params *p, struct sp_engine **out);
+/* Stops the scheduler (unfinished requests end as cancelled) and frees it. */
+void sp_engine_free(struct sp_engine *e);
+const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
+/* Queues a request. SP_ERR_LIMIT: the queue is full; SP_ERR_ARG: the prompt
+ * is empty, has ids outside the vocabulary, or leaves no room in the context. */
+enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
+                                struct sp_req **out);
+void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
+
+/* Waits up to timeout_ms for news, then appends the new text (final: stop
+ * strings already removed) and, if toks is not NULL, the new token records;
+ * fills *p. Returns true when there was news or the request is finished. */
+bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct sp_tok_list *toks,
+                 struct sp_req_progress *p);
+void sp_req_cancel(struct sp_req *r);
+void sp_req_release(struct sp_req *r);
+
+#endif
