@@ -31,9 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     struct sp_jinja *t;
     if (sp_jinja_compile((const char *)data, size, &t) != SP_OK) return 0;
-    struct sp_jinja_opts o = {
-        .max_loop_iterations = 20000, .max_call_depth = 50, .max_output = 1 << 20, .max_memory = 64 << 20,
-        .now = 1768435200, .utc = true};
+    struct sp_jinja_opts o = {.max_loop_iterations = 20000,
+                              .max_call_depth = 50,
+                              .max_output = 1 << 20,
+                              .max_memory = 64 << 20,
+                              .now = 1768435200,
+                              .utc = true};
     char *out;
     size_t len;
     if (sp_jinja_render(t, vars, n_vars, &o, &out, &len) == SP_OK) {

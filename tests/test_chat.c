@@ -25,8 +25,8 @@
 #include "core/json.h"
 #include "tokenizer/chat.h"
 
-#define DATA "tests/data/templates"
-#define FIXED_NOW 1768435200  // 2026-01-15T00:00:00Z, the date the references were made with
+#define DATA      "tests/data/templates"
+#define FIXED_NOW 1768435200 // 2026-01-15T00:00:00Z, the date the references were made with
 
 static char *read_opt(const char *path, size_t *len) {
     char *s = NULL;
@@ -124,8 +124,11 @@ static int check_model(const char *model) {
     return bad;
 }
 
-#define MODEL_TEST(fn, name) \
-    static void fn(void **state) { (void)state; assert_int_equal(check_model(name), 0); }
+#define MODEL_TEST(fn, name)                                                                                           \
+    static void fn(void **state) {                                                                                     \
+        (void)state;                                                                                                   \
+        assert_int_equal(check_model(name), 0);                                                                        \
+    }
 MODEL_TEST(test_qwen3, "Qwen3-0.6B")
 MODEL_TEST(test_qwen35, "Qwen3.5-4B")
 MODEL_TEST(test_qwen3_coder, "Qwen3-Coder")
@@ -137,8 +140,9 @@ MODEL_TEST(test_ling2, "Ling-2.0")
 /* Every model folder under models/ has a test above. */
 static void test_all_models_covered(void **state) {
     (void)state;
-    static const char *const known[] = {"Qwen3-0.6B",          "Qwen3.5-4B",    "Qwen3-Coder", "gpt-oss-120b",
-                                        "Llama-3.1-8B-Instruct", "DeepSeek-V3.1", "Ling-2.0"};
+    static const char *const known[] = {
+        "Qwen3-0.6B",    "Qwen3.5-4B", "Qwen3-Coder", "gpt-oss-120b", "Llama-3.1-8B-Instruct",
+        "DeepSeek-V3.1", "Ling-2.0"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, DATA "/models/%s", known[i]);
@@ -150,16 +154,16 @@ static void test_special_tokens(void **state) {
     (void)state;
     struct sp_chat_template *ct;
     assert_int_equal(sp_chat_template_load(DATA "/models/DeepSeek-V3.1", NULL, &ct), SP_OK);
-    assert_string_equal(ct->bos_token, "<｜begin▁of▁sentence｜>");  // {"content": ...} form
+    assert_string_equal(ct->bos_token, "<｜begin▁of▁sentence｜>"); // {"content": ...} form
     assert_string_equal(ct->eos_token, "<｜end▁of▁sentence｜>");
     sp_chat_template_free(ct);
     assert_int_equal(sp_chat_template_load(DATA "/models/Qwen3-0.6B", NULL, &ct), SP_OK);
-    assert_null(ct->bos_token);  // null in the config
+    assert_null(ct->bos_token); // null in the config
     assert_string_equal(ct->eos_token, "<|im_end|>");
     sp_chat_template_free(ct);
     assert_int_equal(sp_chat_template_load(DATA "/models/Ling-2.0", NULL, &ct), SP_OK);
     assert_string_equal(ct->bos_token, "<|startoftext|>");
-    assert_non_null(strstr(ct->source, "detailed thinking"));  // from tokenizer_config.json
+    assert_non_null(strstr(ct->source, "detailed thinking")); // from tokenizer_config.json
     sp_chat_template_free(ct);
 }
 
@@ -267,7 +271,7 @@ static void test_parse_tool_arguments(void **state) {
                                   .tools = cJSON_GetObjectItem(as_text, "tools"),
                                   .add_generation_prompt = true};
     char *a, *b;
-    assert_int_equal(sp_chat_render(ct, &req, &a, NULL), SP_ERR_ARG);  // `arguments|items` on text, as in transformers
+    assert_int_equal(sp_chat_render(ct, &req, &a, NULL), SP_ERR_ARG); // `arguments|items` on text, as in transformers
     req.parse_tool_arguments = true;
     assert_int_equal(sp_chat_render(ct, &req, &a, NULL), SP_OK);
     assert_non_null(strstr(a, "<parameter=city>\nOslo\n</parameter>"));
@@ -275,7 +279,7 @@ static void test_parse_tool_arguments(void **state) {
     req.parse_tool_arguments = false;
     assert_int_equal(sp_chat_render(ct, &req, &b, NULL), SP_OK);
     assert_string_equal(a, b);
-    assert_true(cJSON_IsString(cJSON_GetObjectItem(call_function(as_text, 1), "arguments")));  // caller's tree untouched
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(call_function(as_text, 1), "arguments"))); // caller's tree untouched
     sp_free(a);
     sp_free(b);
     cJSON_Delete(as_text);
@@ -286,12 +290,18 @@ static void test_parse_tool_arguments(void **state) {
 int main(void) {
     sp_mem_hook_cjson();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen3),           cmocka_unit_test(test_qwen35),
-        cmocka_unit_test(test_qwen3_coder),     cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_llama31),         cmocka_unit_test(test_deepseek_v31),
-        cmocka_unit_test(test_ling2),           cmocka_unit_test(test_all_models_covered),
-        cmocka_unit_test(test_special_tokens),  cmocka_unit_test(test_named_templates),
-        cmocka_unit_test(test_missing_and_broken), cmocka_unit_test(test_render_variables),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_qwen35),
+        cmocka_unit_test(test_qwen3_coder),
+        cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_llama31),
+        cmocka_unit_test(test_deepseek_v31),
+        cmocka_unit_test(test_ling2),
+        cmocka_unit_test(test_all_models_covered),
+        cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_named_templates),
+        cmocka_unit_test(test_missing_and_broken),
+        cmocka_unit_test(test_render_variables),
         cmocka_unit_test(test_parse_tool_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -55,7 +55,8 @@ static void expect_error(const char *src, enum sp_status want_st, const char *wh
     enum sp_status st = render(src, &out);
     if (st == SP_OK) fail_msg("%s: rendered \"%s\", want an error", src, out);
     assert_null(out);
-    if (st != want_st) fail_msg("%s: status %s, want %s (%s)", src, sp_status_str(st), sp_status_str(want_st), sp_error_msg());
+    if (st != want_st)
+        fail_msg("%s: status %s, want %s (%s)", src, sp_status_str(st), sp_status_str(want_st), sp_error_msg());
     if (what && !strstr(sp_error_msg(), what)) fail_msg("%s: error \"%s\" lacks \"%s\"", src, sp_error_msg(), what);
 }
 
@@ -95,23 +96,24 @@ static void test_jinja2_cases(void **state) {
 static void test_whitespace(void **state) {
     (void)state;
     expect("", "");
-    expect("a\n", "a");  // one trailing newline is dropped (keep_trailing_newline=False)
+    expect("a\n", "a"); // one trailing newline is dropped (keep_trailing_newline=False)
     expect("a\n\n", "a\n");
     expect("a\r\nb\rc", "a\nb\nc");
-    expect("{% if true %}\nx\n{% endif %}\ny", "x\ny");  // trim_blocks
-    expect("  {% if true %}x{% endif %}", "x");        // lstrip_blocks
+    expect("{% if true %}\nx\n{% endif %}\ny", "x\ny"); // trim_blocks
+    expect("  {% if true %}x{% endif %}", "x");         // lstrip_blocks
     expect("  {%+ if true %}x{% endif %}", "  x");
     expect("{% if true +%}\nx{% endif %}", "\nx");
     expect("a  {{- 'b' -}}  c", "abc");
     expect("a\n  {# note #}\nb", "a\nb");
-    expect("{{ 'x' }}  {% if true %}y{% endif %}", "x  y");  // not at a line start: kept
+    expect("{{ 'x' }}  {% if true %}y{% endif %}", "x  y"); // not at a line start: kept
     expect("{% raw %}{{ x }}{% endraw %}", "{{ x }}");
     expect("{%- if true -%}  \n  x  \n  {%- endif -%}", "x");
 }
 
 static void test_python_semantics(void **state) {
     (void)state;
-    expect("{{ true }}{{ none }}{{ 1.0 }}{{ 1e20 }}{{ 1e-5 }}{{ 0.1 + 0.2 }}", "TrueNone1.01e+201e-050.30000000000000004");
+    expect("{{ true }}{{ none }}{{ 1.0 }}{{ 1e20 }}{{ 1e-5 }}{{ 0.1 + 0.2 }}",
+           "TrueNone1.01e+201e-050.30000000000000004");
     expect("{{ ['a', \"it's\", none] }}", "['a', \"it's\", None]");
     expect("{{ {'k': [1, (2,)]} | tojson }}", "{\"k\": [1, [2]]}");
     expect("{{ {'k': 'é\\n'} | tojson(indent=2) }}", "{\n  \"k\": \"é\\n\"\n}");
@@ -165,7 +167,7 @@ static void test_runtime_errors(void **state) {
     expect_error("{{ x.y }}", SP_ERR_ARG, "'x' is undefined");
     expect_error("{{ {}.a.b }}", SP_ERR_ARG, "has no attribute 'a'");
     expect_error("{{ 'a' + 1 }}", SP_ERR_ARG, "concatenate");
-    expect_error("{{ 2 ** 64 }}", SP_ERR_ARG, "integer overflow");  // integers are 64-bit, not Python's
+    expect_error("{{ 2 ** 64 }}", SP_ERR_ARG, "integer overflow"); // integers are 64-bit, not Python's
     expect_error("{{ 9223372036854775807 + 1 }}", SP_ERR_ARG, "integer overflow");
     expect_error("{% break %}", SP_ERR_ARG, "outside of a loop");
     expect_error("{{ 1 | int(0, 99) | tojson(indent='x' * 300) }}", SP_ERR_ARG, "indent");
@@ -192,12 +194,12 @@ static void test_limits(void **state) {
     assert_int_equal(render_opts("{% for i in range(100000) %}{% set x = [i, i, i] %}{% endfor %}", NULL, &mem, &out),
                      SP_ERR_LIMIT);
     struct sp_jinja_opts iters = {.max_loop_iterations = 10};
-    assert_int_equal(render_opts("{% for i in range(5) %}{% for j in range(5) %}{% endfor %}{% endfor %}", NULL,
-                                 &iters, &out),
-                     SP_ERR_LIMIT);
-    assert_int_equal(render_opts("{% for i in range(3) %}{% for j in range(2) %}{% endfor %}{% endfor %}", NULL,
-                                 &iters, &out),
-                     SP_OK);
+    assert_int_equal(
+        render_opts("{% for i in range(5) %}{% for j in range(5) %}{% endfor %}{% endfor %}", NULL, &iters, &out),
+        SP_ERR_LIMIT);
+    assert_int_equal(
+        render_opts("{% for i in range(3) %}{% for j in range(2) %}{% endfor %}{% endfor %}", NULL, &iters, &out),
+        SP_OK);
     sp_free(out);
 }
 
@@ -231,7 +233,7 @@ static void test_deep_nesting(void **state) {
     for (int i = 0; i < 50; i++) sp_buf_puts(&b, "{% for x in [1, 2] %}");
     sp_buf_putc(&b, 'x');
     for (int i = 0; i < 50; i++) sp_buf_puts(&b, "{% endfor %}");
-    assert_int_equal(render(b.data, &out), SP_ERR_LIMIT);  // 2^50 iterations
+    assert_int_equal(render(b.data, &out), SP_ERR_LIMIT); // 2^50 iterations
     sp_buf_free(&b);
 }
 
@@ -274,10 +276,10 @@ static void test_strftime_now(void **state) {
 int main(void) {
     sp_mem_hook_cjson();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_jinja2_cases),    cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_jinja2_cases),     cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_python_semantics), cmocka_unit_test(test_compile_errors),
-        cmocka_unit_test(test_runtime_errors),  cmocka_unit_test(test_limits),
-        cmocka_unit_test(test_deep_nesting),    cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_runtime_errors),   cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_deep_nesting),     cmocka_unit_test(test_reuse),
         cmocka_unit_test(test_strftime_now),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

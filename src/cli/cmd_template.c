@@ -64,7 +64,7 @@ static bool parse_date(const char *s, time_t *out) {
 }
 
 int sp_cmd_template(int argc, char **argv) {
-    sp_mem_hook_cjson();  // before the first cJSON node, so all are freed alike
+    sp_mem_hook_cjson(); // before the first cJSON node, so all are freed alike
     const char *model = NULL, *messages_path = NULL, *tools_path = NULL, *kwargs_text = NULL, *name = NULL,
                *date = NULL;
     bool gen_prompt = true, gen_prompt_set = false, parse_args = false;

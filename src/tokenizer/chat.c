@@ -11,7 +11,7 @@
 #include "core/json.h"
 
 #define MAX_TEMPLATE_BYTES ((size_t)4 << 20)
-#define MAX_CONFIG_BYTES ((size_t)64 << 20)
+#define MAX_CONFIG_BYTES   ((size_t)64 << 20)
 
 /* A special token as tokenizer_config.json writes it: "text" or
  * {"content": "text", ...}. NULL when absent or null. */
@@ -25,8 +25,8 @@ static const char *token_text(const cJSON *cfg, const char *key) {
     return NULL;
 }
 
-enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token,
-                                            const char *eos_token, struct sp_chat_template **out) {
+enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token, const char *eos_token,
+                                            struct sp_chat_template **out) {
     *out = NULL;
     enum sp_status st;
     struct sp_chat_template *ct = sp_calloc(1, sizeof *ct, SP_MEM_TOKENIZER);
@@ -172,8 +172,10 @@ static enum sp_status parse_arguments(const cJSON *messages, cJSON **out) {
             cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
             if (!cJSON_IsString(args)) continue;
             cJSON *parsed = cJSON_Parse(args->valuestring);
-            if (cJSON_IsObject(parsed)) cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
-            else cJSON_Delete(parsed);
+            if (cJSON_IsObject(parsed))
+                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            else
+                cJSON_Delete(parsed);
         }
     }
     *out = copy;

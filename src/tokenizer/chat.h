@@ -42,18 +42,18 @@
 
 struct sp_chat_template {
     struct sp_jinja *tmpl;
-    char *source;     // the template text
-    char *name;       // which named template was chosen ("default" when unnamed)
-    char *bos_token;  // NULL when the tokenizer has none
-    char *eos_token;  // NULL when the tokenizer has none
-    struct sp_jinja_opts opts;  // limits and clock used by sp_chat_render
+    char *source;              // the template text
+    char *name;                // which named template was chosen ("default" when unnamed)
+    char *bos_token;           // NULL when the tokenizer has none
+    char *eos_token;           // NULL when the tokenizer has none
+    struct sp_jinja_opts opts; // limits and clock used by sp_chat_render
 };
 
 struct sp_chat_request {
-    const cJSON *messages;  // array
-    const cJSON *tools;     // array, or NULL
+    const cJSON *messages; // array
+    const cJSON *tools;    // array, or NULL
     bool add_generation_prompt;
-    const cJSON *kwargs;  // object of extra template variables, or NULL
+    const cJSON *kwargs; // object of extra template variables, or NULL
     // OpenAI clients send tool-call arguments as JSON text, while templates
     // such as Qwen3-Coder's iterate them as a mapping (`arguments|items`).
     // When set, arguments that are text holding a JSON object are given to
@@ -67,8 +67,8 @@ struct sp_chat_request {
 enum sp_status sp_chat_template_load(const char *model_dir, const char *name, struct sp_chat_template **out);
 
 /* A template from text, with optional bos/eos tokens (copied). */
-enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token,
-                                            const char *eos_token, struct sp_chat_template **out);
+enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token, const char *eos_token,
+                                            struct sp_chat_template **out);
 
 void sp_chat_template_free(struct sp_chat_template *ct);
 

@@ -23,7 +23,7 @@
 #define MAX_EVAL_DEPTH 1500
 
 struct sp_jinja {
-    struct sp_jarena arena;  // the tree and the normalized source
+    struct sp_jarena arena; // the tree and the normalized source
     struct sp_jnode *root;
 };
 
@@ -33,18 +33,18 @@ struct frame {
     struct fvar {
         const char *name;
         struct sp_jv val;
-    } *vars;
+    } * vars;
     int64_t n, cap;
 };
 
 struct macro {
     const char *name;
-    int catch;  // MACRO_VARARGS | MACRO_KWARGS: the body uses varargs / kwargs
-    struct sp_jnode *const *params;  // PARAM nodes
+    int catch;                      // MACRO_VARARGS | MACRO_KWARGS: the body uses varargs / kwargs
+    struct sp_jnode *const *params; // PARAM nodes
     int64_t nparams;
     const struct sp_jnode *body;
     struct frame *closure;
-    struct sp_jv caller;  // the call block's body when called from one
+    struct sp_jv caller; // the call block's body when called from one
 };
 
 struct loop {
@@ -59,13 +59,13 @@ enum builtin { BI_RANGE = 1, BI_NAMESPACE, BI_DICT, BI_RAISE, BI_STRFTIME, BI_CO
 
 struct rt {
     struct sp_jarena a;
-    struct frame *top;  // template-level scope
+    struct frame *top; // template-level scope
     int64_t iters, max_iters;
     int call_depth, max_calls, eval_depth, loop_depth;
     size_t max_output;
     time_t now;
     bool utc;
-    int ctl;  // CTL_BREAK / CTL_CONTINUE while unwinding a loop body
+    int ctl; // CTL_BREAK / CTL_CONTINUE while unwinding a loop body
 };
 
 enum { CTL_NONE, CTL_BREAK, CTL_CONTINUE };
@@ -77,7 +77,7 @@ struct args {
     const char **kwn;
     struct sp_jv *kwv;
     int64_t nkw;
-    struct sp_jv caller;  // SP_JV_UNDEFINED unless a call block passes one
+    struct sp_jv caller; // SP_JV_UNDEFINED unless a call block passes one
 };
 
 /* ---- errors --------------------------------------------------------------- */
@@ -150,9 +150,12 @@ static enum sp_status to_str(struct rt *rt, int line, struct sp_jv v, struct sp_
 static bool is_digit_char(char c) { return c >= '0' && c <= '9'; }
 
 static bool is_int(struct sp_jv v, int64_t *out) {
-    if (v.t == SP_JV_INT) *out = v.i;
-    else if (v.t == SP_JV_BOOL) *out = v.b;
-    else return false;
+    if (v.t == SP_JV_INT)
+        *out = v.i;
+    else if (v.t == SP_JV_BOOL)
+        *out = v.b;
+    else
+        return false;
     return true;
 }
 
@@ -167,7 +170,7 @@ static enum sp_status iterate(struct rt *rt, int line, struct sp_jv v, const str
     case SP_JV_LIST:
         *items = v.list->v + v.list->pos;
         *n = v.list->n - v.list->pos;
-        if (v.list->kind == SP_JLIST_GEN) v.list->pos = v.list->n;  // a generator is used up
+        if (v.list->kind == SP_JLIST_GEN) v.list->pos = v.list->n; // a generator is used up
         return SP_OK;
     case SP_JV_DICT: {
         struct sp_jv l;
@@ -194,7 +197,8 @@ static enum sp_status iterate(struct rt *rt, int line, struct sp_jv v, const str
         *n = count;
         return SP_OK;
     }
-    default: return fail(line, SP_ERR_ARG, "'%s' object is not iterable", sp_jv_type_name(v));
+    default:
+        return fail(line, SP_ERR_ARG, "'%s' object is not iterable", sp_jv_type_name(v));
     }
 }
 
@@ -213,8 +217,8 @@ static enum sp_status arg_str(int line, const struct args *a, int64_t i, const c
         out->t = SP_JV_NONE;
         return SP_OK;
     }
-    if (v->t != SP_JV_STR) return fail(line, SP_ERR_ARG, "%s: argument '%s' must be a string, not %s", fn, name,
-                                       sp_jv_type_name(*v));
+    if (v->t != SP_JV_STR)
+        return fail(line, SP_ERR_ARG, "%s: argument '%s' must be a string, not %s", fn, name, sp_jv_type_name(*v));
     *out = *v;
     return SP_OK;
 }
@@ -280,19 +284,17 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
 static enum sp_status call_value(struct rt *rt, int line, struct sp_jv fn, struct args *a, struct sp_jv *out);
 static enum sp_status apply_filter(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a,
                                    struct sp_jv *out);
-static enum sp_status apply_test(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a,
-                                 bool *out);
+static enum sp_status apply_test(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a, bool *out);
 static enum sp_status call_method(struct rt *rt, int line, struct sp_jv self, const char *name, struct args *a,
                                   struct sp_jv *out);
 
 /* ---- attribute and item access -------------------------------------------- */
 
-static const char *const STR_METHODS[] = {"startswith", "endswith", "split",    "rsplit",     "strip",
-                                          "lstrip",     "rstrip",   "upper",    "lower",      "title",
-                                          "capitalize", "replace",  "find",     "rfind",      "count",
-                                          "join",       "isdigit",  "isalpha",  "isalnum",    "isspace",
-                                          "islower",    "isupper",  "splitlines", "removeprefix", "removesuffix",
-                                          "format",     NULL};
+static const char *const STR_METHODS[] = {
+    "startswith", "endswith",   "split",        "rsplit",       "strip",   "lstrip",  "rstrip",
+    "upper",      "lower",      "title",        "capitalize",   "replace", "find",    "rfind",
+    "count",      "join",       "isdigit",      "isalpha",      "isalnum", "isspace", "islower",
+    "isupper",    "splitlines", "removeprefix", "removesuffix", "format",  NULL};
 static const char *const DICT_METHODS[] = {"get", "items", "keys", "values", NULL};
 static const char *const LIST_METHODS[] = {"count", "index", NULL};
 
@@ -319,15 +321,24 @@ static enum sp_status bind_method(struct rt *rt, int line, struct sp_jv self, co
 static enum sp_status loop_attr(struct rt *rt, int line, const struct loop *l, const char *name, struct sp_jv self,
                                 struct sp_jv *out) {
     int64_t i = l->i, n = l->n;
-    if (strcmp(name, "index") == 0) *out = sp_jv_int(i + 1);
-    else if (strcmp(name, "index0") == 0) *out = sp_jv_int(i);
-    else if (strcmp(name, "revindex") == 0) *out = sp_jv_int(n - i);
-    else if (strcmp(name, "revindex0") == 0) *out = sp_jv_int(n - i - 1);
-    else if (strcmp(name, "first") == 0) *out = sp_jv_bool(i == 0);
-    else if (strcmp(name, "last") == 0) *out = sp_jv_bool(i == n - 1);
-    else if (strcmp(name, "length") == 0) *out = sp_jv_int(n);
-    else if (strcmp(name, "depth") == 0) *out = sp_jv_int(l->depth);
-    else if (strcmp(name, "depth0") == 0) *out = sp_jv_int(l->depth - 1);
+    if (strcmp(name, "index") == 0)
+        *out = sp_jv_int(i + 1);
+    else if (strcmp(name, "index0") == 0)
+        *out = sp_jv_int(i);
+    else if (strcmp(name, "revindex") == 0)
+        *out = sp_jv_int(n - i);
+    else if (strcmp(name, "revindex0") == 0)
+        *out = sp_jv_int(n - i - 1);
+    else if (strcmp(name, "first") == 0)
+        *out = sp_jv_bool(i == 0);
+    else if (strcmp(name, "last") == 0)
+        *out = sp_jv_bool(i == n - 1);
+    else if (strcmp(name, "length") == 0)
+        *out = sp_jv_int(n);
+    else if (strcmp(name, "depth") == 0)
+        *out = sp_jv_int(l->depth);
+    else if (strcmp(name, "depth0") == 0)
+        *out = sp_jv_int(l->depth - 1);
     else if (strcmp(name, "previtem") == 0)
         *out = i > 0 ? l->items[i - 1] : undef_msg(rt, "there is no previous item");
     else if (strcmp(name, "nextitem") == 0)
@@ -344,7 +355,8 @@ static enum sp_status loop_attr(struct rt *rt, int line, const struct loop *l, c
 static enum sp_status get_attr(struct rt *rt, int line, struct sp_jv obj, const char *name, struct sp_jv *out) {
     enum sp_status st;
     switch (obj.t) {
-    case SP_JV_UNDEFINED: return undefined_err(line, obj);
+    case SP_JV_UNDEFINED:
+        return undefined_err(line, obj);
     case SP_JV_DICT:
         if ((st = bind_method(rt, line, obj, DICT_METHODS, name, out)) != SP_ERR_NOT_FOUND) return st;
         // fall through
@@ -356,12 +368,14 @@ static enum sp_status get_attr(struct rt *rt, int line, struct sp_jv obj, const 
     case SP_JV_STR:
         if ((st = bind_method(rt, line, obj, STR_METHODS, name, out)) != SP_ERR_NOT_FOUND) return st;
         break;
-    case SP_JV_LOOP: return loop_attr(rt, line, obj.ptr, name, obj, out);
+    case SP_JV_LOOP:
+        return loop_attr(rt, line, obj.ptr, name, obj, out);
     case SP_JV_LIST:
         if (sp_jv_is_seq(obj) && (st = bind_method(rt, line, obj, LIST_METHODS, name, out)) != SP_ERR_NOT_FOUND)
             return st;
         break;
-    default: break;
+    default:
+        break;
     }
     *out = undef_msg(rt, "'%s object' has no attribute '%s'", sp_jv_type_name(obj), name);
     return SP_OK;
@@ -371,9 +385,10 @@ static enum sp_status get_attr(struct rt *rt, int line, struct sp_jv obj, const 
 static enum sp_status get_item(struct rt *rt, int line, struct sp_jv obj, struct sp_jv key, struct sp_jv *out) {
     int64_t k;
     switch (obj.t) {
-    case SP_JV_UNDEFINED: return undefined_err(line, obj);
+    case SP_JV_UNDEFINED:
+        return undefined_err(line, obj);
     case SP_JV_LIST:
-        if (obj.list->kind != SP_JLIST_LIST) break;  // generators and views cannot be indexed
+        if (obj.list->kind != SP_JLIST_LIST) break; // generators and views cannot be indexed
         if (is_int(key, &k)) {
             if (k < 0) k += obj.list->n;
             *out = (k >= 0 && k < obj.list->n) ? obj.list->v[k] : undef_msg(rt, "list index out of range");
@@ -404,7 +419,8 @@ static enum sp_status get_item(struct rt *rt, int line, struct sp_jv obj, struct
         }
         break;
     }
-    default: break;
+    default:
+        break;
     }
     if (key.t == SP_JV_STR && obj.t != SP_JV_NONE) {
         char *name = sp_jarena_strdup(&rt->a, key.s.p, key.s.n);
@@ -444,8 +460,10 @@ static enum sp_status slice_bounds(int line, int64_t len, const struct sp_jv *sv
         } else if (x >= len) {
             x = st < 0 ? len - 1 : len;
         }
-        if (i == 0) lo = x;
-        else hi = x;
+        if (i == 0)
+            lo = x;
+        else
+            hi = x;
     }
     int64_t c = 0;
     if (st > 0 && lo < hi) c = (hi - lo - 1) / st + 1;
@@ -494,10 +512,10 @@ static enum sp_status check_defined(int line, struct sp_jv a, struct sp_jv b) {
 
 static const char *op_text(int op) {
     static const char *const t[SP_JOP_COUNT] = {
-        [SP_JOP_ADD] = "+",  [SP_JOP_SUB] = "-",  [SP_JOP_MUL] = "*", [SP_JOP_DIV] = "/", [SP_JOP_FLOORDIV] = "//",
-        [SP_JOP_MOD] = "%",  [SP_JOP_POW] = "**", [SP_JOP_CONCAT] = "~", [SP_JOP_EQ] = "==", [SP_JOP_NE] = "!=",
-        [SP_JOP_LT] = "<",   [SP_JOP_LE] = "<=",  [SP_JOP_GT] = ">",  [SP_JOP_GE] = ">=", [SP_JOP_IN] = "in",
-        [SP_JOP_NOTIN] = "not in"};
+        [SP_JOP_ADD] = "+",       [SP_JOP_SUB] = "-", [SP_JOP_MUL] = "*",  [SP_JOP_DIV] = "/",
+        [SP_JOP_FLOORDIV] = "//", [SP_JOP_MOD] = "%", [SP_JOP_POW] = "**", [SP_JOP_CONCAT] = "~",
+        [SP_JOP_EQ] = "==",       [SP_JOP_NE] = "!=", [SP_JOP_LT] = "<",   [SP_JOP_LE] = "<=",
+        [SP_JOP_GT] = ">",        [SP_JOP_GE] = ">=", [SP_JOP_IN] = "in",  [SP_JOP_NOTIN] = "not in"};
     return op > 0 && op < SP_JOP_COUNT ? t[op] : "?";
 }
 
@@ -595,8 +613,10 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
         case 's':
         case 'r': {
             struct sp_buf t = SP_BUF_INIT;
-            if (conv == 's') sp_jv_write_str(&t, *v);
-            else sp_jv_write_repr(&t, *v);
+            if (conv == 's')
+                sp_jv_write_str(&t, *v);
+            else
+                sp_jv_write_repr(&t, *v);
             size_t len = t.len;
             if (prec >= 0) len = sp_utf8_offset(t.data ? t.data : "", t.len, prec);
             int64_t chars = sp_utf8_count(t.data ? t.data : "", len);
@@ -615,7 +635,8 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
         case 'X':
         case 'o':
         case 'c':
-            if (v->t == SP_JV_FLOAT && conv != 'c' && isfinite(v->f) && fabs(v->f) < 9.2e18) k = (int64_t)v->f;
+            if (v->t == SP_JV_FLOAT && conv != 'c' && isfinite(v->f) && fabs(v->f) < 9.2e18)
+                k = (int64_t)v->f;
             else if (!is_int(*v, &k)) {
                 st = fail(line, SP_ERR_ARG, "%%%c format: a number is required, not %s", conv, sp_jv_type_name(*v));
                 break;
@@ -624,8 +645,10 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
                 sp_utf8_put(&b, (int32_t)k);
                 break;
             }
-            if (prec < 0) snprintf(spec + sl, sizeof spec - sl, "%dll%c", width, conv == 'i' ? 'd' : conv);
-            else snprintf(spec + sl, sizeof spec - sl, "%d.%dll%c", width, prec, conv == 'i' ? 'd' : conv);
+            if (prec < 0)
+                snprintf(spec + sl, sizeof spec - sl, "%dll%c", width, conv == 'i' ? 'd' : conv);
+            else
+                snprintf(spec + sl, sizeof spec - sl, "%d.%dll%c", width, prec, conv == 'i' ? 'd' : conv);
             sp_buf_printf(&b, spec, (long long)k);
             break;
         case 'f':
@@ -641,7 +664,8 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
             snprintf(spec + sl, sizeof spec - sl, "%d.%d%c", width, prec < 0 ? 6 : prec, conv);
             sp_buf_printf(&b, spec, d);
             break;
-        default: st = fail(line, SP_ERR_ARG, "unsupported format character '%c'", conv);
+        default:
+            st = fail(line, SP_ERR_ARG, "unsupported format character '%c'", conv);
         }
         if (st == SP_OK) st = check_output(line, rt, &b);
     }
@@ -774,16 +798,19 @@ static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, str
             return SP_OK;
         }
         break;
-    default: break;
+    default:
+        break;
     }
-    return fail(line, SP_ERR_ARG, "unsupported operand type(s) for %s: '%s' and '%s'", op_text(op),
-                sp_jv_type_name(a), sp_jv_type_name(b));
+    return fail(line, SP_ERR_ARG, "unsupported operand type(s) for %s: '%s' and '%s'", op_text(op), sp_jv_type_name(a),
+                sp_jv_type_name(b));
 }
 
 /* Python's `item in container`. */
 static enum sp_status contains(int line, struct sp_jv container, struct sp_jv item, bool *out) {
     switch (container.t) {
-    case SP_JV_UNDEFINED: *out = false; return SP_OK;
+    case SP_JV_UNDEFINED:
+        *out = false;
+        return SP_OK;
     case SP_JV_STR:
         if (item.t != SP_JV_STR)
             return fail(line, SP_ERR_ARG, "'in <string>' requires string as left operand, not %s",
@@ -795,7 +822,7 @@ static enum sp_status contains(int line, struct sp_jv container, struct sp_jv it
         int64_t i = l->pos;
         *out = false;
         for (; i < l->n && !*out; i++) *out = sp_jv_equal(l->v[i], item);
-        if (l->kind == SP_JLIST_GEN) l->pos = i;  // a generator is consumed up to the match
+        if (l->kind == SP_JLIST_GEN) l->pos = i; // a generator is consumed up to the match
         return SP_OK;
     }
     case SP_JV_DICT:
@@ -811,15 +838,21 @@ static enum sp_status contains(int line, struct sp_jv container, struct sp_jv it
 
 static enum sp_status compare(int line, int op, struct sp_jv a, struct sp_jv b, bool *out) {
     switch (op) {
-    case SP_JOP_EQ: *out = sp_jv_equal(a, b); return SP_OK;
-    case SP_JOP_NE: *out = !sp_jv_equal(a, b); return SP_OK;
-    case SP_JOP_IN: return contains(line, b, a, out);
+    case SP_JOP_EQ:
+        *out = sp_jv_equal(a, b);
+        return SP_OK;
+    case SP_JOP_NE:
+        *out = !sp_jv_equal(a, b);
+        return SP_OK;
+    case SP_JOP_IN:
+        return contains(line, b, a, out);
     case SP_JOP_NOTIN: {
         enum sp_status st = contains(line, b, a, out);
         *out = !*out;
         return st;
     }
-    default: break;
+    default:
+        break;
     }
     enum sp_status st = check_defined(line, a, b);
     if (st != SP_OK) return st;
@@ -828,10 +861,18 @@ static enum sp_status compare(int line, int op, struct sp_jv a, struct sp_jv b, 
         return fail(line, SP_ERR_ARG, "'%s' not supported between instances of '%s' and '%s'", op_text(op),
                     sp_jv_type_name(a), sp_jv_type_name(b));
     switch (op) {
-    case SP_JOP_LT: *out = c == -1; break;
-    case SP_JOP_LE: *out = c == -1 || c == 0; break;
-    case SP_JOP_GT: *out = c == 1; break;
-    default: *out = c == 1 || c == 0; break;
+    case SP_JOP_LT:
+        *out = c == -1;
+        break;
+    case SP_JOP_LE:
+        *out = c == -1 || c == 0;
+        break;
+    case SP_JOP_GT:
+        *out = c == 1;
+        break;
+    default:
+        *out = c == 1 || c == 0;
+        break;
     }
     return SP_OK;
 }
@@ -881,8 +922,12 @@ static enum sp_status eval(struct rt *rt, const struct sp_jnode *n, struct frame
     if (++rt->eval_depth > MAX_EVAL_DEPTH) return fail(n->line, SP_ERR_LIMIT, "expression nested too deeply");
     struct sp_jv a, b;
     switch (n->kind) {
-    case SP_JN_LITERAL: *out = n->val; break;
-    case SP_JN_NAME: *out = lookup(rt, f, n->str); break;
+    case SP_JN_LITERAL:
+        *out = n->val;
+        break;
+    case SP_JN_NAME:
+        *out = lookup(rt, f, n->str);
+        break;
     case SP_JN_ATTR:
         if ((st = eval(rt, n->a, f, &a)) != SP_OK) break;
         st = get_attr(rt, n->line, a, n->str, out);
@@ -899,7 +944,9 @@ static enum sp_status eval(struct rt *rt, const struct sp_jnode *n, struct frame
         if (st == SP_OK) st = do_slice(rt, n->line, a, sv, out);
         break;
     }
-    case SP_JN_CALL: st = eval_call(rt, n, f, sp_jv_undef(), out); break;
+    case SP_JN_CALL:
+        st = eval_call(rt, n, f, sp_jv_undef(), out);
+        break;
     case SP_JN_FILTER: {
         struct args args;
         if ((st = eval(rt, n->a, f, &a)) != SP_OK || (st = eval_args(rt, n, f, &args)) != SP_OK) break;
@@ -923,8 +970,10 @@ static enum sp_status eval(struct rt *rt, const struct sp_jnode *n, struct frame
         } else if (a.t == SP_JV_FLOAT) {
             *out = sp_jv_float(n->op == '-' ? -a.f : a.f);
         } else if (is_int(a, &a.i)) {
-            if (n->op == '-' && a.i == INT64_MIN) st = fail(n->line, SP_ERR_ARG, "integer overflow");
-            else *out = sp_jv_int(n->op == '-' ? -a.i : a.i);
+            if (n->op == '-' && a.i == INT64_MIN)
+                st = fail(n->line, SP_ERR_ARG, "integer overflow");
+            else
+                *out = sp_jv_int(n->op == '-' ? -a.i : a.i);
         } else {
             st = fail(n->line, SP_ERR_ARG, "bad operand type for unary %c: '%s'", n->op, sp_jv_type_name(a));
         }
@@ -948,14 +997,19 @@ static enum sp_status eval(struct rt *rt, const struct sp_jnode *n, struct frame
     case SP_JN_AND:
     case SP_JN_OR:
         if ((st = eval(rt, n->a, f, &a)) != SP_OK) break;
-        if (sp_jv_truthy(a) == (n->kind == SP_JN_OR)) *out = a;
-        else st = eval(rt, n->b, f, out);
+        if (sp_jv_truthy(a) == (n->kind == SP_JN_OR))
+            *out = a;
+        else
+            st = eval(rt, n->b, f, out);
         break;
     case SP_JN_COND:
         if ((st = eval(rt, n->b, f, &a)) != SP_OK) break;
-        if (sp_jv_truthy(a)) st = eval(rt, n->a, f, out);
-        else if (n->c) st = eval(rt, n->c, f, out);
-        else *out = undef_msg(rt, "the inline if-expression evaluated to false and no else section was defined");
+        if (sp_jv_truthy(a))
+            st = eval(rt, n->a, f, out);
+        else if (n->c)
+            st = eval(rt, n->c, f, out);
+        else
+            *out = undef_msg(rt, "the inline if-expression evaluated to false and no else section was defined");
         break;
     case SP_JN_LIST:
     case SP_JN_TUPLE:
@@ -966,15 +1020,16 @@ static enum sp_status eval(struct rt *rt, const struct sp_jnode *n, struct frame
     case SP_JN_DICT:
         if ((st = at_line(n->line, sp_jv_new_dict(&rt->a, SP_JV_DICT, out))) != SP_OK) break;
         for (int64_t i = 0; i < n->nkids && st == SP_OK; i++) {
-            if ((st = eval(rt, n->kids[i]->a, f, &a)) != SP_OK || (st = eval(rt, n->kids[i]->b, f, &b)) != SP_OK)
-                break;
+            if ((st = eval(rt, n->kids[i]->a, f, &a)) != SP_OK || (st = eval(rt, n->kids[i]->b, f, &b)) != SP_OK) break;
             if (a.t == SP_JV_LIST || a.t == SP_JV_DICT || a.t == SP_JV_NAMESPACE)
                 st = fail(n->line, SP_ERR_ARG, "unhashable type: '%s'", sp_jv_type_name(a));
             else
                 st = at_line(n->line, sp_jdict_set(&rt->a, out->dict, a, b));
         }
         break;
-    default: st = fail(n->line, SP_ERR_STATE, "statement used as an expression"); break;
+    default:
+        st = fail(n->line, SP_ERR_STATE, "statement used as an expression");
+        break;
     }
     rt->eval_depth--;
     return st;
@@ -1021,9 +1076,12 @@ static enum sp_status call_macro(struct rt *rt, int line, const struct macro *m,
         struct sp_jv *given = i < a->npos ? &a->pos[i] : NULL;
         for (int64_t k = 0; k < a->nkw && !given; k++)
             if (strcmp(a->kwn[k], p->str) == 0) given = &a->kwv[k];
-        if (given) v = *given;
-        else if (p->a) st = eval(rt, p->a, mf, &v);
-        else v = undef_msg(rt, "parameter '%s' was not provided", p->str);
+        if (given)
+            v = *given;
+        else if (p->a)
+            st = eval(rt, p->a, mf, &v);
+        else
+            v = undef_msg(rt, "parameter '%s' was not provided", p->str);
         if (st == SP_OK) st = at_line(line, frame_set(rt, mf, p->str, v));
     }
     if (st == SP_OK && a->caller.t != SP_JV_UNDEFINED) st = at_line(line, frame_set(rt, mf, "caller", a->caller));
@@ -1049,8 +1107,10 @@ static enum sp_status builtin_strftime(struct rt *rt, int line, struct args *a, 
     if (!cfmt) return at_line(line, SP_ERR_LIMIT);
     time_t now = rt->now ? rt->now : time(NULL);
     struct tm tm;
-    if (rt->utc) gmtime_r(&now, &tm);
-    else localtime_r(&now, &tm);
+    if (rt->utc)
+        gmtime_r(&now, &tm);
+    else
+        localtime_r(&now, &tm);
     char buf[512];
     size_t n = fmt.s.n ? strftime(buf, sizeof buf, cfmt, &tm) : 0;
     if (fmt.s.n && n == 0) return fail(line, SP_ERR_ARG, "strftime_now: format gives no text or too much");
@@ -1104,18 +1164,25 @@ static enum sp_status call_builtin(struct rt *rt, int line, enum builtin id, str
         sp_buf_free(&b);
         return st;
     }
-    case BI_STRFTIME: return builtin_strftime(rt, line, a, out);
-    default: return fail(line, SP_ERR_STATE, "unknown builtin");
+    case BI_STRFTIME:
+        return builtin_strftime(rt, line, a, out);
+    default:
+        return fail(line, SP_ERR_STATE, "unknown builtin");
     }
 }
 
 static enum sp_status call_value(struct rt *rt, int line, struct sp_jv fn, struct args *a, struct sp_jv *out) {
     switch (fn.t) {
-    case SP_JV_MACRO: return call_macro(rt, line, fn.ptr, a, out);
-    case SP_JV_BUILTIN: return call_builtin(rt, line, (enum builtin)fn.i, a, out);
-    case SP_JV_METHOD: return call_method(rt, line, fn.method->self, fn.method->name, a, out);
-    case SP_JV_UNDEFINED: return undefined_err(line, fn);
-    default: return fail(line, SP_ERR_ARG, "'%s' object is not callable", sp_jv_type_name(fn));
+    case SP_JV_MACRO:
+        return call_macro(rt, line, fn.ptr, a, out);
+    case SP_JV_BUILTIN:
+        return call_builtin(rt, line, (enum builtin)fn.i, a, out);
+    case SP_JV_METHOD:
+        return call_method(rt, line, fn.method->self, fn.method->name, a, out);
+    case SP_JV_UNDEFINED:
+        return undefined_err(line, fn);
+    default:
+        return fail(line, SP_ERR_ARG, "'%s' object is not callable", sp_jv_type_name(fn));
     }
 }
 
@@ -1172,13 +1239,19 @@ static enum sp_status recase(struct rt *rt, int line, struct sp_jv s, enum casin
         i += sp_utf8_next(s.s.p + i, s.s.n - i, &cp);
         int32_t r = cp;
         switch (how) {
-        case CASE_UPPER: r = utf8proc_toupper(cp); break;
-        case CASE_LOWER: r = utf8proc_tolower(cp); break;
+        case CASE_UPPER:
+            r = utf8proc_toupper(cp);
+            break;
+        case CASE_LOWER:
+            r = utf8proc_tolower(cp);
+            break;
         case CASE_TITLE:
             r = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp);
             prev_cased = is_cased(cp);
             break;
-        case CASE_CAPITALIZE: r = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
+        case CASE_CAPITALIZE:
+            r = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp);
+            break;
         case CASE_JINJA_TITLE: {
             // jinja2's title filter: words start after '-', whitespace or an opening bracket.
             bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || sp_unicode_isspace(cp);
@@ -1196,23 +1269,23 @@ static enum sp_status recase(struct rt *rt, int line, struct sp_jv s, enum casin
 }
 
 /* Python str.split / str.rsplit. sep NONE: runs of whitespace. */
-static enum sp_status split(struct rt *rt, int line, struct sp_jv s, struct sp_jv sep, int64_t maxsplit, bool from_right,
-                            struct sp_jv *out) {
+static enum sp_status split(struct rt *rt, int line, struct sp_jv s, struct sp_jv sep, int64_t maxsplit,
+                            bool from_right, struct sp_jv *out) {
     struct sp_jv parts[64];
     struct sp_jv *v = parts;
     int64_t n = 0, cap = 64;
     enum sp_status st = SP_OK;
     if (sep.t == SP_JV_STR && sep.s.n == 0) return fail(line, SP_ERR_ARG, "empty separator");
-#define ADD(x)                                                                            \
-    do {                                                                                  \
-        if (n == cap) {                                                                   \
-            struct sp_jv *nv = sp_jarena_alloc(&rt->a, (size_t)cap * 2 * sizeof *nv);     \
-            if (!nv) return at_line(line, SP_ERR_LIMIT);                                  \
-            memcpy(nv, v, (size_t)n * sizeof *v);                                         \
-            v = nv;                                                                       \
-            cap *= 2;                                                                     \
-        }                                                                                 \
-        v[n++] = (x);                                                                     \
+#define ADD(x)                                                                                                         \
+    do {                                                                                                               \
+        if (n == cap) {                                                                                                \
+            struct sp_jv *nv = sp_jarena_alloc(&rt->a, (size_t)cap * 2 * sizeof *nv);                                  \
+            if (!nv) return at_line(line, SP_ERR_LIMIT);                                                               \
+            memcpy(nv, v, (size_t)n * sizeof *v);                                                                      \
+            v = nv;                                                                                                    \
+            cap *= 2;                                                                                                  \
+        }                                                                                                              \
+        v[n++] = (x);                                                                                                  \
     } while (0)
     const char *p = s.s.p;
     size_t len = s.s.n;
@@ -1365,10 +1438,18 @@ static bool all_chars(struct sp_jv s, int kind) {
         bool letter = c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO;
         bool digit = c == UTF8PROC_CATEGORY_ND;
         switch (kind) {
-        case 'd': if (!digit) return false; break;
-        case 'a': if (!letter) return false; break;
-        case 'n': if (!letter && !digit && c != UTF8PROC_CATEGORY_NL && c != UTF8PROC_CATEGORY_NO) return false; break;
-        case 's': if (!sp_unicode_isspace(cp)) return false; break;
+        case 'd':
+            if (!digit) return false;
+            break;
+        case 'a':
+            if (!letter) return false;
+            break;
+        case 'n':
+            if (!letter && !digit && c != UTF8PROC_CATEGORY_NL && c != UTF8PROC_CATEGORY_NO) return false;
+            break;
+        case 's':
+            if (!sp_unicode_isspace(cp)) return false;
+            break;
         case 'l':
             if (c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LT) return false;
             any_cased |= c == UTF8PROC_CATEGORY_LL;
@@ -1508,8 +1589,8 @@ static enum sp_status str_method(struct rt *rt, int line, struct sp_jv s, const 
         for (int64_t i = 0; i < n; i++) {
             if (items[i].t != SP_JV_STR) {
                 sp_buf_free(&b);
-                return fail(line, SP_ERR_ARG, "join: sequence item %lld: expected str instance, %s found",
-                            (long long)i, sp_jv_type_name(items[i]));
+                return fail(line, SP_ERR_ARG, "join: sequence item %lld: expected str instance, %s found", (long long)i,
+                            sp_jv_type_name(items[i]));
             }
             if (i) sp_buf_append(&b, s.s.p, s.s.n);
             sp_buf_append(&b, items[i].s.p, items[i].s.n);
@@ -1521,8 +1602,12 @@ static enum sp_status str_method(struct rt *rt, int line, struct sp_jv s, const 
     }
     if (strcmp(name, "isdigit") == 0 || strcmp(name, "isalpha") == 0 || strcmp(name, "isalnum") == 0 ||
         strcmp(name, "isspace") == 0 || strcmp(name, "islower") == 0 || strcmp(name, "isupper") == 0) {
-        int kind = name[2] == 'd' ? 'd' : name[2] == 's' ? 's' : name[2] == 'l' ? 'l' : name[2] == 'u' ? 'u'
-                   : name[4] == 'p' ? 'a' : 'n';
+        int kind = name[2] == 'd'   ? 'd'
+                   : name[2] == 's' ? 's'
+                   : name[2] == 'l' ? 'l'
+                   : name[2] == 'u' ? 'u'
+                   : name[4] == 'p' ? 'a'
+                                    : 'n';
         *out = sp_jv_bool(all_chars(s, kind));
         return SP_OK;
     }
@@ -1612,51 +1697,66 @@ static enum sp_status call_method(struct rt *rt, int line, struct sp_jv self, co
 
 /* ---- tests ---------------------------------------------------------------- */
 
-static const char *const TEST_NAMES[] = {
-    "defined", "undefined", "none",    "boolean", "false",      "true",     "integer",  "float",  "number",
-    "string",  "mapping",   "iterable", "sequence", "callable",  "odd",      "even",     "divisibleby",
-    "eq",      "equalto",   "==",      "ne",      "!=",         "lt",       "lessthan", "<",      "le",
-    "<=",      "gt",        "greaterthan", ">",   "ge",         ">=",       "in",       "lower",  "upper",
-    "sameas",  "escaped",   "filter",  "test",    NULL};
+static const char *const TEST_NAMES[] = {"defined",  "undefined", "none",   "boolean", "false",       "true",
+                                         "integer",  "float",     "number", "string",  "mapping",     "iterable",
+                                         "sequence", "callable",  "odd",    "even",    "divisibleby", "eq",
+                                         "equalto",  "==",        "ne",     "!=",      "lt",          "lessthan",
+                                         "<",        "le",        "<=",     "gt",      "greaterthan", ">",
+                                         "ge",       ">=",        "in",     "lower",   "upper",       "sameas",
+                                         "escaped",  "filter",    "test",   NULL};
 
 static const char *const FILTER_NAMES[];
 
-static enum sp_status apply_test(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a,
-                                 bool *out) {
+static enum sp_status apply_test(struct rt *rt, int line, const char *name, struct sp_jv v, struct args *a, bool *out) {
     struct sp_jv *x = arg(a, 0, NULL);
     int64_t i;
     enum sp_jv_type t = v.t;
-    if (strcmp(name, "defined") == 0) *out = t != SP_JV_UNDEFINED;
-    else if (strcmp(name, "undefined") == 0) *out = t == SP_JV_UNDEFINED;
-    else if (strcmp(name, "none") == 0) *out = t == SP_JV_NONE;
-    else if (strcmp(name, "boolean") == 0) *out = t == SP_JV_BOOL;
-    else if (strcmp(name, "false") == 0) *out = t == SP_JV_BOOL && !v.b;
-    else if (strcmp(name, "true") == 0) *out = t == SP_JV_BOOL && v.b;
-    else if (strcmp(name, "integer") == 0) *out = t == SP_JV_INT;
-    else if (strcmp(name, "float") == 0) *out = t == SP_JV_FLOAT;
-    else if (strcmp(name, "number") == 0) *out = t == SP_JV_INT || t == SP_JV_FLOAT || t == SP_JV_BOOL;
-    else if (strcmp(name, "string") == 0) *out = t == SP_JV_STR;
-    else if (strcmp(name, "mapping") == 0) *out = t == SP_JV_DICT;
+    if (strcmp(name, "defined") == 0)
+        *out = t != SP_JV_UNDEFINED;
+    else if (strcmp(name, "undefined") == 0)
+        *out = t == SP_JV_UNDEFINED;
+    else if (strcmp(name, "none") == 0)
+        *out = t == SP_JV_NONE;
+    else if (strcmp(name, "boolean") == 0)
+        *out = t == SP_JV_BOOL;
+    else if (strcmp(name, "false") == 0)
+        *out = t == SP_JV_BOOL && !v.b;
+    else if (strcmp(name, "true") == 0)
+        *out = t == SP_JV_BOOL && v.b;
+    else if (strcmp(name, "integer") == 0)
+        *out = t == SP_JV_INT;
+    else if (strcmp(name, "float") == 0)
+        *out = t == SP_JV_FLOAT;
+    else if (strcmp(name, "number") == 0)
+        *out = t == SP_JV_INT || t == SP_JV_FLOAT || t == SP_JV_BOOL;
+    else if (strcmp(name, "string") == 0)
+        *out = t == SP_JV_STR;
+    else if (strcmp(name, "mapping") == 0)
+        *out = t == SP_JV_DICT;
     else if (strcmp(name, "iterable") == 0)
         *out = t == SP_JV_STR || t == SP_JV_LIST || t == SP_JV_DICT || t == SP_JV_UNDEFINED || t == SP_JV_LOOP;
     else if (strcmp(name, "sequence") == 0)
         *out = t == SP_JV_STR || sp_jv_is_seq(v) || t == SP_JV_DICT || t == SP_JV_UNDEFINED;
-    else if (strcmp(name, "callable") == 0)  // jinja2's Undefined defines __call__ (to raise)
+    else if (strcmp(name, "callable") == 0) // jinja2's Undefined defines __call__ (to raise)
         *out = t == SP_JV_MACRO || t == SP_JV_BUILTIN || t == SP_JV_METHOD || t == SP_JV_UNDEFINED;
-    else if (strcmp(name, "escaped") == 0) *out = false;
+    else if (strcmp(name, "escaped") == 0)
+        *out = false;
     else if (strcmp(name, "odd") == 0 || strcmp(name, "even") == 0) {
         // value % 2 == 1 (odd) or == 0 (even), with Python's modulo.
         double d;
-        if (is_int(v, &i)) *out = name[0] == 'o' ? (i % 2 != 0) : (i % 2 == 0);
-        else if (sp_jv_number(v, &d)) *out = py_fmod(d, 2.0) == (name[0] == 'o' ? 1.0 : 0.0);
+        if (is_int(v, &i))
+            *out = name[0] == 'o' ? (i % 2 != 0) : (i % 2 == 0);
+        else if (sp_jv_number(v, &d))
+            *out = py_fmod(d, 2.0) == (name[0] == 'o' ? 1.0 : 0.0);
         else if (t == SP_JV_STR) {
             // str % 2 is string formatting; its result never equals a number.
             struct sp_jv r;
             enum sp_status st = percent_format(rt, line, v, sp_jv_int(2), &r);
             if (st != SP_OK) return st;
             *out = false;
-        } else return fail(line, SP_ERR_ARG, "%s test: unsupported operand type(s) for %%: '%s' and 'int'", name,
-                         sp_jv_type_name(v));
+        } else
+            return fail(line, SP_ERR_ARG, "%s test: unsupported operand type(s) for %%: '%s' and 'int'", name,
+                        sp_jv_type_name(v));
     } else if (strcmp(name, "divisibleby") == 0) {
         int64_t d;
         double fv, fd;
@@ -1672,15 +1772,15 @@ static enum sp_status apply_test(struct rt *rt, int line, const char *name, stru
                         sp_jv_type_name(v), sp_jv_type_name(*x));
         }
     } else if (strcmp(name, "lower") == 0 || strcmp(name, "upper") == 0) {
-        struct sp_jv sv;  // str(value).islower() / isupper()
+        struct sp_jv sv; // str(value).islower() / isupper()
         enum sp_status st = to_str(rt, line, v, &sv);
         if (st != SP_OK) return st;
         *out = all_chars(sv, name[0] == 'l' ? 'l' : 'u');
     } else if (strcmp(name, "sameas") == 0) {
         if (!x) return fail(line, SP_ERR_ARG, "sameas test needs an argument");
         bool scalar = t == SP_JV_NONE || t == SP_JV_BOOL || t == SP_JV_UNDEFINED || t == SP_JV_INT;
-        *out = x->t == t && (scalar ? sp_jv_equal(v, *x) : (t == SP_JV_STR ? v.s.p == x->s.p && v.s.n == x->s.n
-                                                                            : v.ptr == x->ptr));
+        *out = x->t == t &&
+               (scalar ? sp_jv_equal(v, *x) : (t == SP_JV_STR ? v.s.p == x->s.p && v.s.n == x->s.n : v.ptr == x->ptr));
     } else if (strcmp(name, "in") == 0) {
         if (!x) return fail(line, SP_ERR_ARG, "in test needs an argument");
         return contains(line, *x, v, out);
@@ -1696,10 +1796,10 @@ static enum sp_status apply_test(struct rt *rt, int line, const char *name, stru
         static const struct {
             const char *name;
             int op;
-        } cmp[] = {{"eq", SP_JOP_EQ},          {"equalto", SP_JOP_EQ}, {"==", SP_JOP_EQ},     {"ne", SP_JOP_NE},
-                   {"!=", SP_JOP_NE},          {"lt", SP_JOP_LT},      {"lessthan", SP_JOP_LT}, {"<", SP_JOP_LT},
-                   {"le", SP_JOP_LE},          {"<=", SP_JOP_LE},      {"gt", SP_JOP_GT},     {"greaterthan", SP_JOP_GT},
-                   {">", SP_JOP_GT},           {"ge", SP_JOP_GE},      {">=", SP_JOP_GE}};
+        } cmp[] = {{"eq", SP_JOP_EQ}, {"equalto", SP_JOP_EQ}, {"==", SP_JOP_EQ},       {"ne", SP_JOP_NE},
+                   {"!=", SP_JOP_NE}, {"lt", SP_JOP_LT},      {"lessthan", SP_JOP_LT}, {"<", SP_JOP_LT},
+                   {"le", SP_JOP_LE}, {"<=", SP_JOP_LE},      {"gt", SP_JOP_GT},       {"greaterthan", SP_JOP_GT},
+                   {">", SP_JOP_GT},  {"ge", SP_JOP_GE},      {">=", SP_JOP_GE}};
         for (size_t k = 0; k < sizeof cmp / sizeof cmp[0]; k++) {
             if (strcmp(cmp[k].name, name) != 0) continue;
             if (!x) return fail(line, SP_ERR_ARG, "%s test needs an argument", name);
@@ -1713,22 +1813,29 @@ static enum sp_status apply_test(struct rt *rt, int line, const char *name, stru
 /* ---- filters -------------------------------------------------------------- */
 
 static const char *const FILTER_NAMES[] = {
-    "abs",     "attr",    "capitalize", "count",  "default", "d",        "escape",   "e",      "first",
-    "float",   "indent",  "int",        "items",  "join",    "last",     "length",   "list",   "lower",
-    "map",     "max",     "min",        "reject", "rejectattr", "replace", "reverse", "round", "safe",
-    "select",  "selectattr", "sort",    "string", "sum",     "title",    "tojson",   "trim",   "unique",
-    "upper",   "wordcount", "dictsort", "batch",  "format", NULL};
+    "abs",    "attr",       "capitalize", "count",  "default",    "d",       "escape",  "e",     "first",
+    "float",  "indent",     "int",        "items",  "join",       "last",    "length",  "list",  "lower",
+    "map",    "max",        "min",        "reject", "rejectattr", "replace", "reverse", "round", "safe",
+    "select", "selectattr", "sort",       "string", "sum",        "title",   "tojson",  "trim",  "unique",
+    "upper",  "wordcount",  "dictsort",   "batch",  "format",     NULL};
 
 static enum sp_status length_of(int line, struct sp_jv v, int64_t *n) {
     switch (v.t) {
-    case SP_JV_UNDEFINED: *n = 0; return SP_OK;
-    case SP_JV_STR: *n = sp_utf8_count(v.s.p, v.s.n); return SP_OK;
+    case SP_JV_UNDEFINED:
+        *n = 0;
+        return SP_OK;
+    case SP_JV_STR:
+        *n = sp_utf8_count(v.s.p, v.s.n);
+        return SP_OK;
     case SP_JV_LIST:
         if (v.list->kind == SP_JLIST_GEN) break;
         *n = v.list->n;
         return SP_OK;
-    case SP_JV_DICT: *n = v.dict->n; return SP_OK;
-    default: break;
+    case SP_JV_DICT:
+        *n = v.dict->n;
+        return SP_OK;
+    default:
+        break;
     }
     return fail(line, SP_ERR_ARG, "object of type '%s' has no len()", sp_jv_type_name(v));
 }
@@ -1828,8 +1935,8 @@ static enum sp_status filter_sort(struct rt *rt, int line, struct sp_jv v, struc
 }
 
 /* select / reject / selectattr / rejectattr. */
-static enum sp_status filter_select(struct rt *rt, int line, struct sp_jv v, struct args *a, bool by_attr,
-                                    bool keep, struct sp_jv *out) {
+static enum sp_status filter_select(struct rt *rt, int line, struct sp_jv v, struct args *a, bool by_attr, bool keep,
+                                    struct sp_jv *out) {
     const struct sp_jv *items;
     int64_t n;
     enum sp_status st;
@@ -2005,12 +2112,23 @@ static enum sp_status filter_escape(struct rt *rt, int line, struct sp_jv v, str
     struct sp_buf b = SP_BUF_INIT;
     for (size_t i = 0; i < v.s.n; i++) {
         switch (v.s.p[i]) {
-        case '&': sp_buf_puts(&b, "&amp;"); break;
-        case '<': sp_buf_puts(&b, "&lt;"); break;
-        case '>': sp_buf_puts(&b, "&gt;"); break;
-        case '"': sp_buf_puts(&b, "&#34;"); break;
-        case '\'': sp_buf_puts(&b, "&#39;"); break;
-        default: sp_buf_putc(&b, v.s.p[i]);
+        case '&':
+            sp_buf_puts(&b, "&amp;");
+            break;
+        case '<':
+            sp_buf_puts(&b, "&lt;");
+            break;
+        case '>':
+            sp_buf_puts(&b, "&gt;");
+            break;
+        case '"':
+            sp_buf_puts(&b, "&#34;");
+            break;
+        case '\'':
+            sp_buf_puts(&b, "&#39;");
+            break;
+        default:
+            sp_buf_putc(&b, v.s.p[i]);
         }
     }
     st = check_output(line, rt, &b);
@@ -2055,20 +2173,27 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
     struct sp_jv x, y;
     *handled = true;
     if (strcmp(name, "abs") == 0) {
-        if (v.t == SP_JV_FLOAT) *out = sp_jv_float(fabs(v.f));
-        else if (is_int(v, &k) && k != INT64_MIN) *out = sp_jv_int(k < 0 ? -k : k);
-        else return fail(line, SP_ERR_ARG, "bad operand type for abs(): '%s'", sp_jv_type_name(v));
+        if (v.t == SP_JV_FLOAT)
+            *out = sp_jv_float(fabs(v.f));
+        else if (is_int(v, &k) && k != INT64_MIN)
+            *out = sp_jv_int(k < 0 ? -k : k);
+        else
+            return fail(line, SP_ERR_ARG, "bad operand type for abs(): '%s'", sp_jv_type_name(v));
     } else if (strcmp(name, "attr") == 0) {
         if ((st = arg_str(line, a, 0, "name", name, &x, true)) != SP_OK) return st;
         char *nm = sp_jarena_strdup(&rt->a, x.s.p, x.s.n);
         if (!nm) return at_line(line, SP_ERR_LIMIT);
-        if (v.t == SP_JV_DICT && !in_list(DICT_METHODS, nm)) *out = undef_msg(rt, "'dict object' has no attribute '%s'", nm);
-        else return get_attr(rt, line, v, nm, out);
+        if (v.t == SP_JV_DICT && !in_list(DICT_METHODS, nm))
+            *out = undef_msg(rt, "'dict object' has no attribute '%s'", nm);
+        else
+            return get_attr(rt, line, v, nm, out);
     } else if (strcmp(name, "capitalize") == 0 || strcmp(name, "lower") == 0 || strcmp(name, "upper") == 0 ||
                strcmp(name, "title") == 0) {
         if ((st = to_str(rt, line, v, &v)) != SP_OK) return st;
-        enum casing c = name[0] == 'c' ? CASE_CAPITALIZE : name[0] == 'l' ? CASE_LOWER : name[0] == 'u' ? CASE_UPPER
-                                                                                                        : CASE_JINJA_TITLE;
+        enum casing c = name[0] == 'c'   ? CASE_CAPITALIZE
+                        : name[0] == 'l' ? CASE_LOWER
+                        : name[0] == 'u' ? CASE_UPPER
+                                         : CASE_JINJA_TITLE;
         return recase(rt, line, v, c, out);
     } else if (strcmp(name, "length") == 0 || strcmp(name, "count") == 0) {
         if ((st = length_of(line, v, &n)) != SP_OK) return st;
@@ -2087,28 +2212,35 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
     } else if (strcmp(name, "first") == 0 || strcmp(name, "last") == 0) {
         const struct sp_jv *items;
         if ((st = iterate(rt, line, v, &items, &n)) != SP_OK) return st;
-        if (n == 0) *out = undef_msg(rt, "No %s item, sequence was empty.", name);
-        else *out = items[name[0] == 'f' ? 0 : n - 1];
+        if (n == 0)
+            *out = undef_msg(rt, "No %s item, sequence was empty.", name);
+        else
+            *out = items[name[0] == 'f' ? 0 : n - 1];
     } else if ((strcmp(name, "float") == 0 || strcmp(name, "int") == 0) && v.t == SP_JV_UNDEFINED) {
-        return undefined_err(line, v);  // float(Undefined) raises
+        return undefined_err(line, v); // float(Undefined) raises
     } else if (strcmp(name, "float") == 0) {
         struct sp_jv *def = arg(a, 0, "default");
         double d;
         if (v.t == SP_JV_STR && parse_number(v, false, 10, out)) return SP_OK;
-        if (v.t != SP_JV_STR && sp_jv_number(v, &d)) *out = sp_jv_float(d);
-        else *out = def ? *def : sp_jv_float(0.0);
+        if (v.t != SP_JV_STR && sp_jv_number(v, &d))
+            *out = sp_jv_float(d);
+        else
+            *out = def ? *def : sp_jv_float(0.0);
     } else if (strcmp(name, "int") == 0) {
         struct sp_jv *def = arg(a, 0, "default"), *base = arg(a, 1, "base");
         int64_t b = 10;
         if (base && (!is_int(*base, &b) || b < 2 || b > 36)) b = 10;
         if (v.t == SP_JV_STR && parse_number(v, true, b, out)) return SP_OK;
-        if (is_int(v, &k)) *out = sp_jv_int(k);
-        else if (v.t == SP_JV_FLOAT && isfinite(v.f) && fabs(v.f) < 9.2e18) *out = sp_jv_int((int64_t)v.f);
-        else *out = def ? *def : sp_jv_int(0);
+        if (is_int(v, &k))
+            *out = sp_jv_int(k);
+        else if (v.t == SP_JV_FLOAT && isfinite(v.f) && fabs(v.f) < 9.2e18)
+            *out = sp_jv_int((int64_t)v.f);
+        else
+            *out = def ? *def : sp_jv_int(0);
     } else if (strcmp(name, "items") == 0) {
         if (v.t == SP_JV_UNDEFINED) return new_list(rt, line, 0, out);
-        if (v.t != SP_JV_DICT) return fail(line, SP_ERR_ARG, "items: can only get item pairs from a mapping, not %s",
-                                           sp_jv_type_name(v));
+        if (v.t != SP_JV_DICT)
+            return fail(line, SP_ERR_ARG, "items: can only get item pairs from a mapping, not %s", sp_jv_type_name(v));
         struct args none = {0};
         if ((st = dict_method(rt, line, v, "items", &none, out)) != SP_OK) return st;
         out->list->kind = SP_JLIST_GEN;
@@ -2146,7 +2278,7 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
         if (!sp_jv_number(v, &d)) return fail(line, SP_ERR_ARG, "round: needs a number, got %s", sp_jv_type_name(v));
         bool common = !method || (method->t == SP_JV_STR && method->s.n == 6 && memcmp(method->s.p, "common", 6) == 0);
         if (common && is_int(v, &k) && p >= 0) {
-            *out = sp_jv_int(k);  // round(int, ndigits) stays an int
+            *out = sp_jv_int(k); // round(int, ndigits) stays an int
             return SP_OK;
         }
         if (p > 300) p = 300;
@@ -2159,7 +2291,7 @@ static enum sp_status filter_basic(struct rt *rt, int line, const char *name, st
             scaled = floor(scaled);
         else if (p >= 0 && isfinite(d)) {
             // Python rounds the exact binary value, halves to even: so does printf.
-            char buf[720];  // 309 integer digits + 300 decimals at most
+            char buf[720]; // 309 integer digits + 300 decimals at most
             snprintf(buf, sizeof buf, "%.*f", (int)p, d);
             *out = sp_jv_float(strtod(buf, NULL));
             return SP_OK;
@@ -2333,7 +2465,7 @@ static enum sp_status exec_for(struct rt *rt, const struct sp_jnode *n, struct f
     if (!l) return at_line(n->line, SP_ERR_LIMIT);
     l->items = items;
     l->n = count;
-    l->depth = 1;  // only recursive loops (unsupported) go deeper in jinja2
+    l->depth = 1; // only recursive loops (unsupported) go deeper in jinja2
     struct sp_jv loopv = {.t = SP_JV_LOOP, .ptr = l};
     rt->loop_depth++;
     struct frame *ff = NULL;
@@ -2405,8 +2537,8 @@ static enum sp_status exec_set(struct rt *rt, const struct sp_jnode *n, struct f
     return assign(rt, n->a, f, v);
 }
 
-static enum sp_status make_macro(struct rt *rt, const struct sp_jnode *n, const char *name,
-                                 const struct sp_jnode *body, struct frame *f, struct sp_jv *out) {
+static enum sp_status make_macro(struct rt *rt, const struct sp_jnode *n, const char *name, const struct sp_jnode *body,
+                                 struct frame *f, struct sp_jv *out) {
     struct macro *m = sp_jarena_alloc(&rt->a, sizeof *m);
     if (!m) return at_line(n->line, SP_ERR_LIMIT);
     m->name = name;
@@ -2438,11 +2570,17 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
         break;
     case SP_JN_IF:
         if ((st = eval(rt, n->a, f, &v)) != SP_OK) break;
-        if (sp_jv_truthy(v)) st = exec(rt, n->b, f, out);
-        else if (n->c) st = exec(rt, n->c, f, out);
+        if (sp_jv_truthy(v))
+            st = exec(rt, n->b, f, out);
+        else if (n->c)
+            st = exec(rt, n->c, f, out);
         break;
-    case SP_JN_FOR: st = exec_for(rt, n, f, out); break;
-    case SP_JN_SET: st = exec_set(rt, n, f); break;
+    case SP_JN_FOR:
+        st = exec_for(rt, n, f, out);
+        break;
+    case SP_JN_SET:
+        st = exec_set(rt, n, f);
+        break;
     case SP_JN_MACRO:
         if ((st = make_macro(rt, n, n->str, n->a, f, &v)) == SP_OK) st = at_line(n->line, frame_set(rt, f, n->str, v));
         break;
@@ -2480,7 +2618,9 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
         }
         rt->ctl = n->kind == SP_JN_BREAK ? CTL_BREAK : CTL_CONTINUE;
         break;
-    default: st = fail(n->line, SP_ERR_STATE, "expression used as a statement"); break;
+    default:
+        st = fail(n->line, SP_ERR_STATE, "expression used as a statement");
+        break;
     }
     rt->eval_depth--;
     return st;

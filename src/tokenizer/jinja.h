@@ -50,12 +50,12 @@ struct sp_jinja_var {
 };
 
 struct sp_jinja_opts {
-    int64_t max_loop_iterations;  // all loops of one render together; 0: 1,000,000
-    int max_call_depth;           // nested macro calls; 0: 100
-    size_t max_output;            // bytes of rendered text; 0: 16 MiB
-    size_t max_memory;            // bytes of values made while rendering; 0: 256 MiB
-    time_t now;                   // what strftime_now() formats; 0: the current time
-    bool utc;                     // strftime_now in UTC rather than local time
+    int64_t max_loop_iterations; // all loops of one render together; 0: 1,000,000
+    int max_call_depth;          // nested macro calls; 0: 100
+    size_t max_output;           // bytes of rendered text; 0: 16 MiB
+    size_t max_memory;           // bytes of values made while rendering; 0: 256 MiB
+    time_t now;                  // what strftime_now() formats; 0: the current time
+    bool utc;                    // strftime_now in UTC rather than local time
 };
 
 /* Compiles len bytes of template text. *out is owned by the caller

@@ -17,7 +17,7 @@
 /* Nesting limits: blocks inside blocks, and expression depth. Both keep the
  * parser (and later the evaluator) well inside the C stack. */
 #define MAX_BLOCK_DEPTH 100
-#define MAX_EXPR_DEPTH 200
+#define MAX_EXPR_DEPTH  200
 
 /* ---- lexer ---------------------------------------------------------------- */
 
@@ -38,9 +38,9 @@ enum tok_type {
 struct token {
     enum tok_type t;
     int line;
-    const char *p;  // T_TEXT, T_NAME, T_OP, T_STRING (unescaped, arena): the bytes
+    const char *p; // T_TEXT, T_NAME, T_OP, T_STRING (unescaped, arena): the bytes
     size_t n;
-    struct sp_jv val;  // T_INT, T_FLOAT
+    struct sp_jv val; // T_INT, T_FLOAT
 };
 
 struct lexer {
@@ -48,7 +48,7 @@ struct lexer {
     const char *src;
     size_t len, pos;
     int line;
-    bool line_starting;  // the last tag ended at the start of a line
+    bool line_starting; // the last tag ended at the start of a line
     struct token *toks;
     int64_t n, cap;
 };
@@ -112,8 +112,10 @@ static size_t skip_all_ws(const char *s, size_t pos, size_t len) {
  * (trim_blocks). */
 static void after_tag(struct lexer *lx, char sign, bool is_block) {
     size_t p = lx->pos;
-    if (sign == '-') p = skip_all_ws(lx->src, p, lx->len);
-    else if (sign != '+' && is_block && p < lx->len && lx->src[p] == '\n') p++;
+    if (sign == '-')
+        p = skip_all_ws(lx->src, p, lx->len);
+    else if (sign != '+' && is_block && p < lx->len && lx->src[p] == '\n')
+        p++;
     lx->line_starting = p > lx->pos ? lx->src[p - 1] == '\n' : false;
     advance(lx, p);
 }
@@ -162,25 +164,53 @@ static enum sp_status lex_string(struct lexer *lx, char q) {
         int32_t cp = -1;
         int digits = 0;
         switch (e) {
-        case 'n': sp_buf_putc(&b, '\n'); break;
-        case 't': sp_buf_putc(&b, '\t'); break;
-        case 'r': sp_buf_putc(&b, '\r'); break;
-        case 'b': sp_buf_putc(&b, '\b'); break;
-        case 'f': sp_buf_putc(&b, '\f'); break;
-        case 'v': sp_buf_putc(&b, '\v'); break;
-        case 'a': sp_buf_putc(&b, '\a'); break;
-        case '\\': sp_buf_putc(&b, '\\'); break;
-        case '\'': sp_buf_putc(&b, '\''); break;
-        case '"': sp_buf_putc(&b, '"'); break;
-        case '\n': break;  // line continuation
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
+        case 'n':
+            sp_buf_putc(&b, '\n');
+            break;
+        case 't':
+            sp_buf_putc(&b, '\t');
+            break;
+        case 'r':
+            sp_buf_putc(&b, '\r');
+            break;
+        case 'b':
+            sp_buf_putc(&b, '\b');
+            break;
+        case 'f':
+            sp_buf_putc(&b, '\f');
+            break;
+        case 'v':
+            sp_buf_putc(&b, '\v');
+            break;
+        case 'a':
+            sp_buf_putc(&b, '\a');
+            break;
+        case '\\':
+            sp_buf_putc(&b, '\\');
+            break;
+        case '\'':
+            sp_buf_putc(&b, '\'');
+            break;
+        case '"':
+            sp_buf_putc(&b, '"');
+            break;
+        case '\n':
+            break; // line continuation
+        case 'x':
+            digits = 2;
+            break;
+        case 'u':
+            digits = 4;
+            break;
+        case 'U':
+            digits = 8;
+            break;
         default:
             if (e >= '0' && e <= '7') {
                 cp = 0;
                 int nd = 0;
-                while (nd < 3 && k < i && lx->src[k] >= '0' && lx->src[k] <= '7') cp = cp * 8 + (lx->src[k++] - '0'), nd++;
+                while (nd < 3 && k < i && lx->src[k] >= '0' && lx->src[k] <= '7')
+                    cp = cp * 8 + (lx->src[k++] - '0'), nd++;
                 k--;
                 sp_utf8_put(&b, cp);
             } else {
@@ -222,18 +252,18 @@ static enum sp_status lex_string(struct lexer *lx, char q) {
 static enum sp_status lex_number(struct lexer *lx) {
     size_t i = lx->pos;
     int line = lx->line;
-    struct sp_buf b = SP_BUF_INIT;  // the literal without underscores
+    struct sp_buf b = SP_BUF_INIT; // the literal without underscores
     bool is_float = false;
     const char *s = lx->src;
     size_t len = lx->len;
     // Digits with single underscores between them, as Python writes them.
-#define DIGITS()                                                                                  \
-    while (i < len && (is_digit(s[i]) || (s[i] == '_' && i + 1 < len && is_digit(s[i + 1])))) { \
-        if (s[i] != '_') sp_buf_putc(&b, s[i]);                                                   \
-        i++;                                                                                      \
+#define DIGITS()                                                                                                       \
+    while (i < len && (is_digit(s[i]) || (s[i] == '_' && i + 1 < len && is_digit(s[i + 1])))) {                        \
+        if (s[i] != '_') sp_buf_putc(&b, s[i]);                                                                        \
+        i++;                                                                                                           \
     }
     DIGITS();
-    bool after_dot = lx->pos > 0 && s[lx->pos - 1] == '.';  // foo.0.1 is two lookups
+    bool after_dot = lx->pos > 0 && s[lx->pos - 1] == '.'; // foo.0.1 is two lookups
     if (!after_dot && i + 1 < len && s[i] == '.' && is_digit(s[i + 1])) {
         is_float = true;
         sp_buf_putc(&b, s[i++]);
@@ -274,13 +304,14 @@ static const char *const OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", 
 /* Lexes the inside of `{{ ... }}` or `{% ... %}` up to and including the
  * closing marker. `block` selects which marker closes it. */
 static enum sp_status lex_tag(struct lexer *lx, bool block) {
-    int depth = 0;  // open brackets: a closing marker inside them is an operator
+    int depth = 0; // open brackets: a closing marker inside them is an operator
     enum sp_status st;
     for (;;) {
         while (lx->pos < lx->len && is_ws(lx->src[lx->pos])) advance(lx, lx->pos + 1);
         if (lx->pos >= lx->len)
-            return lex_fail(lx, lx->line, block ? "unexpected end of template, expected '%}'"
-                                                : "unexpected end of template, expected '}}'");
+            return lex_fail(lx, lx->line,
+                            block ? "unexpected end of template, expected '%}'"
+                                  : "unexpected end of template, expected '}}'");
         const char *s = lx->src + lx->pos;
         size_t left = lx->len - lx->pos;
         if (depth == 0) {
@@ -362,7 +393,7 @@ static enum sp_status lex_all(struct lexer *lx) {
         }
         char kind = s[t + 1];
         char sign = (t + 2 < lx->len && (s[t + 2] == '-' || s[t + 2] == '+')) ? s[t + 2] : 0;
-        if (kind == '{' && sign == '+') sign = 0;  // `{{+` is not a marker
+        if (kind == '{' && sign == '+') sign = 0; // `{{+` is not a marker
         if ((st = emit_text(lx, lx->pos, t, kind, sign, lx->line)) != SP_OK) return st;
         advance(lx, t);
         int line = lx->line;
@@ -439,16 +470,25 @@ static bool is_name(struct parser *p, const char *name) { return tok_is(cur(p), 
 
 static const char *describe(const struct token *t) {
     switch (t->t) {
-    case T_EOF: return "end of template";
-    case T_TEXT: return "text";
-    case T_VAR_BEGIN: return "'{{'";
-    case T_VAR_END: return "'}}'";
-    case T_BLOCK_BEGIN: return "'{%'";
-    case T_BLOCK_END: return "'%}'";
-    case T_STRING: return "string";
+    case T_EOF:
+        return "end of template";
+    case T_TEXT:
+        return "text";
+    case T_VAR_BEGIN:
+        return "'{{'";
+    case T_VAR_END:
+        return "'}}'";
+    case T_BLOCK_BEGIN:
+        return "'{%'";
+    case T_BLOCK_END:
+        return "'%}'";
+    case T_STRING:
+        return "string";
     case T_INT:
-    case T_FLOAT: return "number";
-    default: return NULL;
+    case T_FLOAT:
+        return "number";
+    default:
+        return NULL;
     }
 }
 
@@ -509,14 +549,14 @@ static enum sp_status parse_tuple(struct parser *p, bool with_cond, bool simplif
 static enum sp_status parse_unary(struct parser *p, bool with_filter, struct sp_jnode **out);
 static enum sp_status parse_primary(struct parser *p, struct sp_jnode **out);
 
-#define TRY(x)                                  \
-    do {                                        \
-        enum sp_status st_ = (x);               \
-        if (st_ != SP_OK) return st_;           \
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        enum sp_status st_ = (x);                                                                                      \
+        if (st_ != SP_OK) return st_;                                                                                  \
     } while (0)
-#define NEW(var, kind, line)                             \
-    do {                                                 \
-        if (!((var) = node(p, (kind), (line)))) return SP_ERR_LIMIT; \
+#define NEW(var, kind, line)                                                                                           \
+    do {                                                                                                               \
+        if (!((var) = node(p, (kind), (line)))) return SP_ERR_LIMIT;                                                   \
     } while (0)
 
 /* Call arguments after '(' up to and including ')': positional expressions
@@ -566,7 +606,7 @@ static enum sp_status parse_dotted_name(struct parser *p, const char **out) {
 
 static enum sp_status parse_subscript(struct parser *p, struct sp_jnode *obj, struct sp_jnode **out) {
     int line = cur(p)->line;
-    p->pos++;  // '['
+    p->pos++; // '['
     struct sp_jnode *parts[3] = {NULL, NULL, NULL};
     bool slice = false;
     int i = 0;
@@ -691,8 +731,7 @@ static enum sp_status parse_primary(struct parser *p, struct sp_jnode **out) {
     struct token *t = cur(p);
     int line = t->line;
     struct sp_jnode *n;
-    if (++p->expr_depth > MAX_EXPR_DEPTH)
-        return sp_errorf(SP_ERR_LIMIT, "line %d: expression nested too deeply", line);
+    if (++p->expr_depth > MAX_EXPR_DEPTH) return sp_errorf(SP_ERR_LIMIT, "line %d: expression nested too deeply", line);
     if (t->t == T_NAME) {
         static const struct {
             const char *name;
@@ -830,8 +869,11 @@ static enum sp_status parse_math2(struct parser *p, struct sp_jnode **out) {
     struct sp_jnode *l, *r;
     TRY(parse_pow(p, &l));
     for (;;) {
-        int op = is_op(p, "*") ? SP_JOP_MUL : is_op(p, "/") ? SP_JOP_DIV : is_op(p, "//") ? SP_JOP_FLOORDIV
-                 : is_op(p, "%") ? SP_JOP_MOD : 0;
+        int op = is_op(p, "*")    ? SP_JOP_MUL
+                 : is_op(p, "/")  ? SP_JOP_DIV
+                 : is_op(p, "//") ? SP_JOP_FLOORDIV
+                 : is_op(p, "%")  ? SP_JOP_MOD
+                                  : 0;
         if (!op) break;
         int line = cur(p)->line;
         p->pos++;
@@ -876,9 +918,14 @@ static enum sp_status parse_compare(struct parser *p, struct sp_jnode **out) {
     TRY(parse_math1(p, &first));
     struct kids k = {0};
     for (;;) {
-        int op = is_op(p, "==") ? SP_JOP_EQ : is_op(p, "!=") ? SP_JOP_NE : is_op(p, "<") ? SP_JOP_LT
-                 : is_op(p, "<=") ? SP_JOP_LE : is_op(p, ">") ? SP_JOP_GT : is_op(p, ">=") ? SP_JOP_GE
-                 : is_name(p, "in") ? SP_JOP_IN : 0;
+        int op = is_op(p, "==")     ? SP_JOP_EQ
+                 : is_op(p, "!=")   ? SP_JOP_NE
+                 : is_op(p, "<")    ? SP_JOP_LT
+                 : is_op(p, "<=")   ? SP_JOP_LE
+                 : is_op(p, ">")    ? SP_JOP_GT
+                 : is_op(p, ">=")   ? SP_JOP_GE
+                 : is_name(p, "in") ? SP_JOP_IN
+                                    : 0;
         int skip = 1;
         if (!op && is_name(p, "not") && tok_is(peek(p, 1), T_NAME, "in")) {
             op = SP_JOP_NOTIN;
@@ -1018,8 +1065,7 @@ static enum sp_status parse_tuple(struct parser *p, bool with_cond, bool simplif
 
 /* ---- statements ----------------------------------------------------------- */
 
-static enum sp_status parse_body(struct parser *p, const char *const *ends, struct sp_jnode **out,
-                                 const char **which);
+static enum sp_status parse_body(struct parser *p, const char *const *ends, struct sp_jnode **out, const char **which);
 
 static enum sp_status end_tag(struct parser *p) { return expect(p, T_BLOCK_END, "'%}'"); }
 
@@ -1034,7 +1080,7 @@ static enum sp_status parse_if(struct parser *p, int line, struct sp_jnode **out
     if (strcmp(which, "elif") == 0) {
         TRY(parse_if(p, peek(p, -1)->line, &n->c));
         *out = n;
-        return SP_OK;  // the nested if consumed endif
+        return SP_OK; // the nested if consumed endif
     }
     if (strcmp(which, "else") == 0) {
         static const char *const ends2[] = {"endif", NULL};
@@ -1158,7 +1204,7 @@ static enum sp_status parse_macro(struct parser *p, int line, struct sp_jnode **
     TRY(end_tag(p));
     const char *which;
     TRY(parse_body(p, ends, &n->a, &which));
-    if (cur(p)->t == T_NAME) p->pos++;  // `endmacro name`
+    if (cur(p)->t == T_NAME) p->pos++; // `endmacro name`
     TRY(end_tag(p));
     *out = n;
     return SP_OK;
@@ -1249,8 +1295,7 @@ static enum sp_status parse_statement(struct parser *p, struct sp_jnode **out) {
 
 /* Parses statements until EOF (ends == NULL) or until a block tag named in
  * ends, which is consumed up to its name; *which is set to that name. */
-static enum sp_status parse_body(struct parser *p, const char *const *ends, struct sp_jnode **out,
-                                 const char **which) {
+static enum sp_status parse_body(struct parser *p, const char *const *ends, struct sp_jnode **out, const char **which) {
     if (++p->block_depth > MAX_BLOCK_DEPTH)
         return sp_errorf(SP_ERR_LIMIT, "line %d: blocks nested too deeply", cur(p)->line);
     struct sp_jnode *body;

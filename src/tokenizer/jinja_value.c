@@ -90,7 +90,9 @@ char *sp_jarena_strdup(struct sp_jarena *a, const char *s, size_t n) {
 
 /* ---- construction --------------------------------------------------------- */
 
-struct sp_jv sp_jv_cstr(const char *p) { return sp_jv_strn(p, strlen(p)); }
+struct sp_jv sp_jv_cstr(const char *p) {
+    return sp_jv_strn(p, strlen(p));
+}
 
 enum sp_status sp_jv_new_list(struct sp_jarena *a, int64_t n, struct sp_jv *out) {
     if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(struct sp_jv) / 2)
@@ -123,8 +125,7 @@ struct sp_jv *sp_jdict_get(const struct sp_jdict *d, struct sp_jv key) {
 struct sp_jv *sp_jdict_get_str(const struct sp_jdict *d, const char *key, size_t n) {
     for (int64_t i = 0; i < d->n; i++) {
         const struct sp_jv *k = &d->e[i].key;
-        if (k->t == SP_JV_STR && k->s.n == n && (n == 0 || memcmp(k->s.p, key, n) == 0))
-            return &d->e[i].val;
+        if (k->t == SP_JV_STR && k->s.n == n && (n == 0 || memcmp(k->s.p, key, n) == 0)) return &d->e[i].val;
     }
     return NULL;
 }
@@ -172,8 +173,7 @@ enum sp_status sp_jv_from_cjson(struct sp_jarena *a, const cJSON *j, struct sp_j
         for (const cJSON *c = j->child; c; c = c->next) {
             struct sp_jv v;
             if ((st = sp_jv_from_cjson(a, c, &v)) != SP_OK) return st;
-            if ((st = sp_jdict_set(a, out->dict, sp_jv_cstr(c->string ? c->string : ""), v)) != SP_OK)
-                return st;
+            if ((st = sp_jdict_set(a, out->dict, sp_jv_cstr(c->string ? c->string : ""), v)) != SP_OK) return st;
         }
     } else {
         *out = sp_jv_none();
@@ -185,57 +185,93 @@ enum sp_status sp_jv_from_cjson(struct sp_jarena *a, const cJSON *j, struct sp_j
 
 const char *sp_jv_type_name(struct sp_jv v) {
     switch (v.t) {
-    case SP_JV_UNDEFINED: return "Undefined";
-    case SP_JV_NONE: return "NoneType";
-    case SP_JV_BOOL: return "bool";
-    case SP_JV_INT: return "int";
-    case SP_JV_FLOAT: return "float";
-    case SP_JV_STR: return "str";
+    case SP_JV_UNDEFINED:
+        return "Undefined";
+    case SP_JV_NONE:
+        return "NoneType";
+    case SP_JV_BOOL:
+        return "bool";
+    case SP_JV_INT:
+        return "int";
+    case SP_JV_FLOAT:
+        return "float";
+    case SP_JV_STR:
+        return "str";
     case SP_JV_LIST:
         switch (v.list->kind) {
-        case SP_JLIST_GEN: return "generator";
-        case SP_JLIST_ITEMS: return "dict_items";
-        case SP_JLIST_KEYS: return "dict_keys";
-        case SP_JLIST_VALUES: return "dict_values";
-        default: return v.list->tuple ? "tuple" : "list";
+        case SP_JLIST_GEN:
+            return "generator";
+        case SP_JLIST_ITEMS:
+            return "dict_items";
+        case SP_JLIST_KEYS:
+            return "dict_keys";
+        case SP_JLIST_VALUES:
+            return "dict_values";
+        default:
+            return v.list->tuple ? "tuple" : "list";
         }
-    case SP_JV_DICT: return "dict";
-    case SP_JV_NAMESPACE: return "Namespace";
-    case SP_JV_MACRO: return "Macro";
-    case SP_JV_BUILTIN: return "builtin_function_or_method";
-    case SP_JV_METHOD: return "builtin_function_or_method";
-    case SP_JV_LOOP: return "LoopContext";
-    default: return "object";
+    case SP_JV_DICT:
+        return "dict";
+    case SP_JV_NAMESPACE:
+        return "Namespace";
+    case SP_JV_MACRO:
+        return "Macro";
+    case SP_JV_BUILTIN:
+        return "builtin_function_or_method";
+    case SP_JV_METHOD:
+        return "builtin_function_or_method";
+    case SP_JV_LOOP:
+        return "LoopContext";
+    default:
+        return "object";
     }
 }
 
 bool sp_jv_truthy(struct sp_jv v) {
     switch (v.t) {
     case SP_JV_UNDEFINED:
-    case SP_JV_NONE: return false;
-    case SP_JV_BOOL: return v.b;
-    case SP_JV_INT: return v.i != 0;
-    case SP_JV_FLOAT: return v.f != 0.0;
-    case SP_JV_STR: return v.s.n != 0;
-    case SP_JV_LIST: return v.list->kind == SP_JLIST_GEN || v.list->n != 0;
-    case SP_JV_DICT: return v.dict->n != 0;
-    default: return true;
+    case SP_JV_NONE:
+        return false;
+    case SP_JV_BOOL:
+        return v.b;
+    case SP_JV_INT:
+        return v.i != 0;
+    case SP_JV_FLOAT:
+        return v.f != 0.0;
+    case SP_JV_STR:
+        return v.s.n != 0;
+    case SP_JV_LIST:
+        return v.list->kind == SP_JLIST_GEN || v.list->n != 0;
+    case SP_JV_DICT:
+        return v.dict->n != 0;
+    default:
+        return true;
     }
 }
 
 bool sp_jv_number(struct sp_jv v, double *out) {
     switch (v.t) {
-    case SP_JV_BOOL: *out = v.b ? 1.0 : 0.0; return true;
-    case SP_JV_INT: *out = (double)v.i; return true;
-    case SP_JV_FLOAT: *out = v.f; return true;
-    default: return false;
+    case SP_JV_BOOL:
+        *out = v.b ? 1.0 : 0.0;
+        return true;
+    case SP_JV_INT:
+        *out = (double)v.i;
+        return true;
+    case SP_JV_FLOAT:
+        *out = v.f;
+        return true;
+    default:
+        return false;
     }
 }
 
 static bool is_intlike(struct sp_jv v, int64_t *out) {
-    if (v.t == SP_JV_INT) *out = v.i;
-    else if (v.t == SP_JV_BOOL) *out = v.b;
-    else return false;
+    if (v.t == SP_JV_INT)
+        *out = v.i;
+    else if (v.t == SP_JV_BOOL)
+        *out = v.b;
+    else
+        return false;
     return true;
 }
 
@@ -247,8 +283,10 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
     if (a.t != b.t) return false;
     switch (a.t) {
     case SP_JV_UNDEFINED:
-    case SP_JV_NONE: return true;
-    case SP_JV_STR: return a.s.n == b.s.n && (a.s.n == 0 || memcmp(a.s.p, b.s.p, a.s.n) == 0);
+    case SP_JV_NONE:
+        return true;
+    case SP_JV_STR:
+        return a.s.n == b.s.n && (a.s.n == 0 || memcmp(a.s.p, b.s.p, a.s.n) == 0);
     case SP_JV_LIST:
         if (a.list->kind != SP_JLIST_LIST || b.list->kind != SP_JLIST_LIST) return a.list == b.list;
         if (a.list->tuple != b.list->tuple || a.list->n != b.list->n) return false;
@@ -262,8 +300,10 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
             if (!o || !sp_jv_equal(a.dict->e[i].val, *o)) return false;
         }
         return true;
-    case SP_JV_BUILTIN: return a.i == b.i;
-    default: return a.ptr == b.ptr;
+    case SP_JV_BUILTIN:
+        return a.i == b.i;
+    default:
+        return a.ptr == b.ptr;
     }
 }
 
@@ -276,7 +316,7 @@ bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
     double da, db;
     if (sp_jv_number(a, &da) && sp_jv_number(b, &db)) {
         if (isnan(da) || isnan(db)) {
-            *cmp = 2;  // every ordering test is false
+            *cmp = 2; // every ordering test is false
             return true;
         }
         *cmp = (da > db) - (da < db);
@@ -358,8 +398,8 @@ enum sp_status sp_utf8_put(struct sp_buf *b, int32_t cp) {
 bool sp_unicode_isspace(int32_t c) {
     if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return true;
     if (c < 0x85) return false;
-    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
-           c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
 /* ---- text forms ----------------------------------------------------------- */
@@ -395,7 +435,7 @@ void sp_jv_format_float(char out[40], double f) {
     digits[nd] = 0;
     int exp10 = atoi(p + 1);
     while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0;
-    int decpt = exp10 + 1;  // value = 0.digits * 10^decpt
+    int decpt = exp10 + 1; // value = 0.digits * 10^decpt
     char *o = out;
     if (neg) *o++ = '-';
     if (decpt > -4 && decpt <= 16) {
@@ -443,8 +483,10 @@ static bool py_printable(int32_t cp) {
     case UTF8PROC_CATEGORY_CN:
     case UTF8PROC_CATEGORY_ZL:
     case UTF8PROC_CATEGORY_ZP:
-    case UTF8PROC_CATEGORY_ZS: return false;
-    default: return true;
+    case UTF8PROC_CATEGORY_ZS:
+        return false;
+    default:
+        return true;
     }
 }
 
@@ -517,22 +559,31 @@ static enum sp_status write_dict(struct sp_buf *b, const struct sp_jdict *d) {
 static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr) {
     char num[40];
     switch (v.t) {
-    case SP_JV_UNDEFINED: return repr ? sp_buf_puts(b, "Undefined") : SP_OK;
-    case SP_JV_NONE: return sp_buf_puts(b, "None");
-    case SP_JV_BOOL: return sp_buf_puts(b, v.b ? "True" : "False");
-    case SP_JV_INT: return sp_buf_printf(b, "%lld", (long long)v.i);
-    case SP_JV_FLOAT: sp_jv_format_float(num, v.f); return sp_buf_puts(b, num);
-    case SP_JV_STR: return repr ? write_str_repr(b, v.s.p, v.s.n) : sp_buf_append(b, v.s.p, v.s.n);
-    case SP_JV_LIST: return write_seq(b, v);
-    case SP_JV_DICT: return write_dict(b, v.dict);
+    case SP_JV_UNDEFINED:
+        return repr ? sp_buf_puts(b, "Undefined") : SP_OK;
+    case SP_JV_NONE:
+        return sp_buf_puts(b, "None");
+    case SP_JV_BOOL:
+        return sp_buf_puts(b, v.b ? "True" : "False");
+    case SP_JV_INT:
+        return sp_buf_printf(b, "%lld", (long long)v.i);
+    case SP_JV_FLOAT:
+        sp_jv_format_float(num, v.f);
+        return sp_buf_puts(b, num);
+    case SP_JV_STR:
+        return repr ? write_str_repr(b, v.s.p, v.s.n) : sp_buf_append(b, v.s.p, v.s.n);
+    case SP_JV_LIST:
+        return write_seq(b, v);
+    case SP_JV_DICT:
+        return write_dict(b, v.dict);
     case SP_JV_NAMESPACE:
         sp_buf_puts(b, "<Namespace ");
         write_dict(b, v.dict);
         return sp_buf_putc(b, '>');
     case SP_JV_METHOD:
-        return sp_buf_printf(b, "<built-in method %s of %s object>", v.method->name,
-                             sp_jv_type_name(v.method->self));
-    default: return sp_buf_printf(b, "<%s object>", sp_jv_type_name(v));
+        return sp_buf_printf(b, "<built-in method %s of %s object>", v.method->name, sp_jv_type_name(v.method->self));
+    default:
+        return sp_buf_printf(b, "<%s object>", sp_jv_type_name(v));
     }
 }
 
@@ -569,13 +620,27 @@ static void json_str(struct sp_buf *b, const char *s, size_t n, bool ascii) {
             continue;
         }
         switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
+        case '"':
+            esc = "\\\"";
+            break;
+        case '\\':
+            esc = "\\\\";
+            break;
+        case '\n':
+            esc = "\\n";
+            break;
+        case '\r':
+            esc = "\\r";
+            break;
+        case '\t':
+            esc = "\\t";
+            break;
+        case '\b':
+            esc = "\\b";
+            break;
+        case '\f':
+            esc = "\\f";
+            break;
         default:
             if (c < 0x20) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)c & 0xffu);
@@ -600,17 +665,29 @@ static void json_newline(struct sp_buf *b, const struct sp_jv_json_opts *o, int 
 static bool json_key(struct sp_buf *b, struct sp_jv k, bool ascii) {
     char num[40];
     switch (k.t) {
-    case SP_JV_STR: json_str(b, k.s.p, k.s.n, ascii); return true;
-    case SP_JV_INT: sp_buf_printf(b, "\"%lld\"", (long long)k.i); return true;
-    case SP_JV_BOOL: sp_buf_puts(b, k.b ? "\"true\"" : "\"false\""); return true;
-    case SP_JV_NONE: sp_buf_puts(b, "\"null\""); return true;
+    case SP_JV_STR:
+        json_str(b, k.s.p, k.s.n, ascii);
+        return true;
+    case SP_JV_INT:
+        sp_buf_printf(b, "\"%lld\"", (long long)k.i);
+        return true;
+    case SP_JV_BOOL:
+        sp_buf_puts(b, k.b ? "\"true\"" : "\"false\"");
+        return true;
+    case SP_JV_NONE:
+        sp_buf_puts(b, "\"null\"");
+        return true;
     case SP_JV_FLOAT:
-        if (isnan(k.f)) strcpy(num, "NaN");
-        else if (isinf(k.f)) strcpy(num, k.f > 0 ? "Infinity" : "-Infinity");
-        else sp_jv_format_float(num, k.f);
+        if (isnan(k.f))
+            strcpy(num, "NaN");
+        else if (isinf(k.f))
+            strcpy(num, k.f > 0 ? "Infinity" : "-Infinity");
+        else
+            sp_jv_format_float(num, k.f);
         sp_buf_printf(b, "\"%s\"", num);
         return true;
-    default: return false;
+    default:
+        return false;
     }
 }
 
@@ -629,16 +706,27 @@ static enum sp_status json_value(struct sp_buf *b, struct sp_jv v, const struct 
     const char *ksep = o->key_sep ? o->key_sep : ": ";
     enum sp_status st;
     switch (v.t) {
-    case SP_JV_NONE: sp_buf_puts(b, "null"); break;
-    case SP_JV_BOOL: sp_buf_puts(b, v.b ? "true" : "false"); break;
-    case SP_JV_INT: sp_buf_printf(b, "%lld", (long long)v.i); break;
+    case SP_JV_NONE:
+        sp_buf_puts(b, "null");
+        break;
+    case SP_JV_BOOL:
+        sp_buf_puts(b, v.b ? "true" : "false");
+        break;
+    case SP_JV_INT:
+        sp_buf_printf(b, "%lld", (long long)v.i);
+        break;
     case SP_JV_FLOAT:
-        if (isnan(v.f)) strcpy(num, "NaN");
-        else if (isinf(v.f)) strcpy(num, v.f > 0 ? "Infinity" : "-Infinity");
-        else sp_jv_format_float(num, v.f);
+        if (isnan(v.f))
+            strcpy(num, "NaN");
+        else if (isinf(v.f))
+            strcpy(num, v.f > 0 ? "Infinity" : "-Infinity");
+        else
+            sp_jv_format_float(num, v.f);
         sp_buf_puts(b, num);
         break;
-    case SP_JV_STR: json_str(b, v.s.p, v.s.n, o->ensure_ascii); break;
+    case SP_JV_STR:
+        json_str(b, v.s.p, v.s.n, o->ensure_ascii);
+        break;
     case SP_JV_LIST:
         if (v.list->kind != SP_JLIST_LIST)
             return sp_errorf(SP_ERR_ARG, "tojson: Object of type %s is not JSON serializable", sp_jv_type_name(v));

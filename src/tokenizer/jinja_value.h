@@ -36,8 +36,8 @@ struct sp_jarena_chunk;
 
 struct sp_jarena {
     struct sp_jarena_chunk *head;
-    size_t used;   // bytes handed out, all chunks
-    size_t limit;  // 0: unlimited
+    size_t used;  // bytes handed out, all chunks
+    size_t limit; // 0: unlimited
 };
 
 void sp_jarena_init(struct sp_jarena *a, size_t limit);
@@ -57,13 +57,13 @@ enum sp_jv_type {
     SP_JV_INT,
     SP_JV_FLOAT,
     SP_JV_STR,
-    SP_JV_LIST,       // list, or tuple when list->tuple is set
+    SP_JV_LIST, // list, or tuple when list->tuple is set
     SP_JV_DICT,
-    SP_JV_NAMESPACE,  // jinja2 namespace(): a dict whose attributes can be set
-    SP_JV_MACRO,      // ptr: the evaluator's macro object
-    SP_JV_BUILTIN,    // i: the evaluator's builtin-function id
-    SP_JV_METHOD,     // method: a method name bound to a receiver
-    SP_JV_LOOP,       // ptr: the evaluator's loop state
+    SP_JV_NAMESPACE, // jinja2 namespace(): a dict whose attributes can be set
+    SP_JV_MACRO,     // ptr: the evaluator's macro object
+    SP_JV_BUILTIN,   // i: the evaluator's builtin-function id
+    SP_JV_METHOD,    // method: a method name bound to a receiver
+    SP_JV_LOOP,      // ptr: the evaluator's loop state
     SP_JV_TYPE_COUNT
 };
 
@@ -78,9 +78,9 @@ struct sp_jv {
         int64_t i;
         double f;
         struct {
-            const char *p;  // not NUL-terminated in general
+            const char *p; // not NUL-terminated in general
             size_t n;
-        } s;  // SP_JV_STR; for SP_JV_UNDEFINED, the name that was missing (may be empty)
+        } s; // SP_JV_STR; for SP_JV_UNDEFINED, the name that was missing (may be empty)
         struct sp_jlist *list;
         struct sp_jdict *dict;
         struct sp_jmethod *method;
@@ -93,20 +93,20 @@ struct sp_jv {
  * template can tell them from lists (a generator is always true, has no
  * len(), cannot be indexed, and is used up by iterating it). */
 enum sp_jlist_kind {
-    SP_JLIST_LIST,    // list, or tuple when `tuple` is set
-    SP_JLIST_GEN,     // generator / iterator: items from `pos` on remain
-    SP_JLIST_ITEMS,   // dict_items view (of (key, value) tuples)
-    SP_JLIST_KEYS,    // dict_keys view
-    SP_JLIST_VALUES,  // dict_values view
+    SP_JLIST_LIST,   // list, or tuple when `tuple` is set
+    SP_JLIST_GEN,    // generator / iterator: items from `pos` on remain
+    SP_JLIST_ITEMS,  // dict_items view (of (key, value) tuples)
+    SP_JLIST_KEYS,   // dict_keys view
+    SP_JLIST_VALUES, // dict_values view
     SP_JLIST_KIND_COUNT
 };
 
 struct sp_jlist {
-    struct sp_jv *v;  // (n)
+    struct sp_jv *v; // (n)
     int64_t n;
-    bool tuple;  // prints as (a, b) rather than [a, b]
+    bool tuple; // prints as (a, b) rather than [a, b]
     enum sp_jlist_kind kind;
-    int64_t pos;  // SP_JLIST_GEN: items already consumed
+    int64_t pos; // SP_JLIST_GEN: items already consumed
 };
 
 /* A real list or tuple (not a generator or dict view). */
@@ -118,13 +118,13 @@ struct sp_jdict_entry {
 };
 
 struct sp_jdict {
-    struct sp_jdict_entry *e;  // (n), insertion order
+    struct sp_jdict_entry *e; // (n), insertion order
     int64_t n, cap;
 };
 
 struct sp_jmethod {
     struct sp_jv self;
-    const char *name;  // NUL-terminated, static or arena
+    const char *name; // NUL-terminated, static or arena
 };
 
 static inline struct sp_jv sp_jv_undef(void) { return (struct sp_jv){.t = SP_JV_UNDEFINED}; }
@@ -132,9 +132,7 @@ static inline struct sp_jv sp_jv_none(void) { return (struct sp_jv){.t = SP_JV_N
 static inline struct sp_jv sp_jv_bool(bool b) { return (struct sp_jv){.t = SP_JV_BOOL, .b = b}; }
 static inline struct sp_jv sp_jv_int(int64_t i) { return (struct sp_jv){.t = SP_JV_INT, .i = i}; }
 static inline struct sp_jv sp_jv_float(double f) { return (struct sp_jv){.t = SP_JV_FLOAT, .f = f}; }
-static inline struct sp_jv sp_jv_strn(const char *p, size_t n) {
-    return (struct sp_jv){.t = SP_JV_STR, .s = {p, n}};
-}
+static inline struct sp_jv sp_jv_strn(const char *p, size_t n) { return (struct sp_jv){.t = SP_JV_STR, .s = {p, n}}; }
 /* A borrowed C string. */
 struct sp_jv sp_jv_cstr(const char *p);
 
@@ -176,10 +174,10 @@ void sp_jv_format_float(char out[40], double f);
  * Python's defaults for that indent. Fails (SP_ERR_ARG, detail recorded) on
  * values JSON cannot hold. */
 struct sp_jv_json_opts {
-    const char *indent;  // NULL: one line; else the string one level indents by
+    const char *indent; // NULL: one line; else the string one level indents by
     const char *item_sep, *key_sep;
     bool sort_keys;
-    bool ensure_ascii;  // escape every non-ASCII character as \uXXXX
+    bool ensure_ascii; // escape every non-ASCII character as \uXXXX
 };
 enum sp_status sp_jv_write_json(struct sp_buf *b, struct sp_jv v, const struct sp_jv_json_opts *o);
 
