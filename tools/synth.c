@@ -4,7 +4,7 @@
  * it with the tiny configs in tools/tiny/.
  *
  *   build/tools/synth CONFIG.json OUT_DIR [--dtype f32|f16|bf16] [--seed N]
- *                     [--layers N] [--shard-size SIZE]
+ *                     [--layers N] [--shard-size SIZE] [--init-std X]
  */
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +34,10 @@ int main(int argc, char **argv) {
             o.seed = (uint64_t)n;
         } else if (sp_arg_value(argc, argv, &i, "--layers", &v)) {
             if (!v || !sp_arg_int("--layers", v, 1, 100000, &o.layers)) return 2;
+        } else if (sp_arg_value(argc, argv, &i, "--init-std", &v)) {
+            double x;
+            if (!v || !sp_arg_num("--init-std", v, &x) || x <= 0) return 2;
+            o.init_std = (float)x;
         } else if (sp_arg_value(argc, argv, &i, "--shard-size", &v)) {
             if (!v || !sp_arg_size("--shard-size", v, &sz)) return 2;
             o.shard_bytes = (size_t)sz;
@@ -50,7 +54,7 @@ int main(int argc, char **argv) {
     }
     if (!config || !out) {
         fprintf(stderr, "usage: synth CONFIG.json OUT_DIR [--dtype f32|f16|bf16] [--seed N] [--layers N] "
-                        "[--shard-size SIZE]\n");
+                        "[--shard-size SIZE] [--init-std X]\n");
         return 2;
     }
     cJSON *cfg;

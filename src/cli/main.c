@@ -12,9 +12,12 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"serve", sp_cmd_serve, "the OpenAI-compatible server"},
     {"run", sp_cmd_run, "generate from a prompt on the command line"},
     {"inspect", sp_cmd_inspect, "architecture, parameters and bytes by role and format"},
     {"quantize", sp_cmd_quantize, "write an MLX-layout quantized copy of a model"},
+    {"tokenize", sp_cmd_tokenize, "print the token ids of a text"},
+    {"detokenize", sp_cmd_detokenize, "print the text of token ids"},
     {"template", sp_cmd_template, "render a chat template"},
 };
 

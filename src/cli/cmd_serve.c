@@ -1,0 +1,230 @@
+/*
+ * cmd_serve.c - `sparrow serve`: the OpenAI-compatible server. Listens
+ * first (/health says 503 while loading), loads the model, prints what it
+ * holds and one JSON line {"event":"ready", ...}, then serves until SIGINT
+ * or SIGTERM.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "model/inspect.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+static const char usage[] =
+    "usage: sparrow serve --model MODEL [options]\n"
+    "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
+    "  --port N               port (default 5413)\n"
+    "  --parallel N           sequences decoded together (default 1)\n"
+    "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
+    "  --batch N              tokens per forward step, prefill chunks included (default 256)\n"
+    "  --queue N              requests that may wait for a free sequence (default 64)\n"
+    "  --api-key KEY          require Authorization: Bearer KEY\n"
+    "  --cors ORIGIN          send Access-Control-Allow-Origin: ORIGIN\n"
+    "  --max-tokens N         default generation limit (default: until the context is full)\n"
+    "  --temp T --top-p P --top-k K --min-p P   default sampling (0.8, 0.95, 40, 0.05)\n"
+    "  --threads N            worker threads (default: physical cores)\n"
+    "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
+    "  --model-id NAME        the model name clients see (default: the folder name)\n"
+    "  --max-body SIZE        largest request body (default 8M)\n";
+
+int sp_cmd_serve(int argc, char **argv) {
+    struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
+    struct sp_engine_params ep = {.n_slots = 1};
+    const char *model = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int64_t n;
+        double x;
+        uint64_t sz;
+        if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+#define VAL(name) sp_arg_value(argc, argv, &i, name, &v)
+#define NEED() \
+    if (!v) return SP_EXIT_USAGE
+        if (VAL("--model")) {
+            NEED();
+            model = v;
+        } else if (VAL("--host")) {
+            NEED();
+            so.host = v;
+        } else if (VAL("--port")) {
+            NEED();
+            if (!sp_arg_int("--port", v, 0, 65535, &n)) return SP_EXIT_USAGE;
+            so.port = (int)n;
+        } else if (VAL("--parallel")) {
+            NEED();
+            if (!sp_arg_int("--parallel", v, 1, 1024, &n)) return SP_EXIT_USAGE;
+            ep.n_slots = (int)n;
+        } else if (VAL("--ctx")) {
+            NEED();
+            if (!sp_arg_int("--ctx", v, 16, 1 << 24, &ep.n_ctx)) return SP_EXIT_USAGE;
+        } else if (VAL("--batch")) {
+            NEED();
+            if (!sp_arg_int("--batch", v, 1, 1 << 16, &ep.batch_tokens)) return SP_EXIT_USAGE;
+        } else if (VAL("--queue")) {
+            NEED();
+            if (!sp_arg_int("--queue", v, 1, 1 << 20, &n)) return SP_EXIT_USAGE;
+            ep.queue_max = (int)n;
+        } else if (VAL("--threads")) {
+            NEED();
+            if (!sp_arg_int("--threads", v, 1, 1024, &n)) return SP_EXIT_USAGE;
+            ep.n_threads = (int)n;
+        } else if (VAL("--api-key")) {
+            NEED();
+            so.api_key = v;
+        } else if (VAL("--cors")) {
+            NEED();
+            so.cors = v;
+        } else if (VAL("--model-id")) {
+            NEED();
+            so.model_id = v;
+        } else if (VAL("--max-tokens")) {
+            NEED();
+            if (!sp_arg_int("--max-tokens", v, 1, 1 << 30, &so.default_max_tokens)) return SP_EXIT_USAGE;
+        } else if (VAL("--max-body")) {
+            NEED();
+            if (!sp_arg_size("--max-body", v, &sz)) return SP_EXIT_USAGE;
+            so.max_body = (size_t)sz;
+        } else if (VAL("--temp")) {
+            NEED();
+            if (!sp_arg_num("--temp", v, &x)) return SP_EXIT_USAGE;
+            so.defaults.temp = (float)x;
+        } else if (VAL("--top-p")) {
+            NEED();
+            if (!sp_arg_num("--top-p", v, &x)) return SP_EXIT_USAGE;
+            so.defaults.top_p = (float)x;
+        } else if (VAL("--min-p")) {
+            NEED();
+            if (!sp_arg_num("--min-p", v, &x)) return SP_EXIT_USAGE;
+            so.defaults.min_p = (float)x;
+        } else if (VAL("--top-k")) {
+            NEED();
+            if (!sp_arg_int("--top-k", v, 0, 1 << 30, &n)) return SP_EXIT_USAGE;
+            so.defaults.top_k = (int32_t)n;
+        } else if (VAL("--kv-type")) {
+            NEED();
+            if (!sp_kv_type_from_name(v, &ep.kv_type)) {
+                fprintf(stderr, "error: --kv-type must be f16, bf16 or f32\n");
+                return SP_EXIT_USAGE;
+            }
+        } else {
+            return sp_arg_unknown("serve", argv[i]);
+        }
+#undef VAL
+#undef NEED
+    }
+    if (!model) {
+        fputs(usage, stderr);
+        return SP_EXIT_USAGE;
+    }
+    /* Signals are taken synchronously by the main thread; every thread
+     * started from here on inherits the blocked mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct sp_model *m = NULL;
+    struct sp_tokenizer *tok = NULL;
+    struct sp_chat_template *ct = NULL;
+    struct sp_engine *eng = NULL;
+    struct sp_server *srv = NULL;
+    char id_buf[256];
+    int rc = 1;
+    if (!so.model_id) {
+        const char *base = strrchr(model, '/');
+        snprintf(id_buf, sizeof id_buf, "%s", base && base[1] ? base + 1 : model);
+        so.model_id = id_buf;
+    }
+    if (sp_server_start(&so, &srv) != SP_OK) goto fail;
+    sp_log(SP_LOG_INFO, "listening on %s:%d; loading %s", so.host, sp_server_port(srv), model);
+    if (sp_model_open(model, &m) != SP_OK) goto fail;
+    if (sp_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
+    if (sp_chat_template_load(m->files->dir, NULL, &ct) != SP_OK) {
+        sp_log(SP_LOG_WARN, "no chat template (%s): /v1/chat/completions will answer 400", sp_error_msg());
+        ct = NULL;
+    }
+    struct sp_model_stats stats;
+    sp_model_stats(m, &stats);
+    struct sp_buf rep = SP_BUF_INIT;
+    sp_model_report(m, &stats, false, &rep);
+    fputs(rep.data ? rep.data : "", stderr);
+    sp_buf_free(&rep);
+    if (sp_engine_create(m, tok, &ep, &eng) != SP_OK) goto fail;
+    const struct sp_engine_params *p = sp_engine_params(eng);
+    sp_server_attach(srv, eng, tok, ct, m);
+
+    struct sp_buf ready = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &ready, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "event");
+    sp_jw_str(&w, "ready");
+    sp_jw_key(&w, "model");
+    sp_jw_str(&w, m->files->dir);
+    sp_jw_key(&w, "model_id");
+    sp_jw_str(&w, so.model_id);
+    sp_jw_key(&w, "architecture");
+    sp_jw_str(&w, m->arch.model_type);
+    sp_jw_key(&w, "host");
+    sp_jw_str(&w, so.host);
+    sp_jw_key(&w, "port");
+    sp_jw_int(&w, sp_server_port(srv));
+    sp_jw_key(&w, "ctx");
+    sp_jw_int(&w, p->n_ctx);
+    sp_jw_key(&w, "slots");
+    sp_jw_int(&w, p->n_slots);
+    sp_jw_key(&w, "threads");
+    sp_jw_int(&w, p->n_threads);
+    sp_jw_key(&w, "kv_type");
+    sp_jw_str(&w, sp_kv_type_name(p->kv_type));
+    sp_jw_key(&w, "memory");
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "model_file_bytes");
+    sp_jw_uint(&w, m->files->total_bytes);
+    sp_jw_key(&w, "bytes_per_token");
+    sp_jw_uint(&w, stats.active_bytes);
+    struct sp_engine_stats es;
+    sp_engine_stats(eng, &es);
+    sp_jw_key(&w, "kv_cache_bytes");
+    sp_jw_uint(&w, es.kv_bytes);
+    for (int i = 0; i < SP_MEM_CLASS_COUNT; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "allocated_%s_bytes", sp_mem_class_name((enum sp_mem_class)i));
+        sp_jw_key(&w, key);
+        sp_jw_uint(&w, sp_mem_used((enum sp_mem_class)i));
+    }
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    printf("%s\n", ready.data);
+    fflush(stdout);
+    sp_buf_free(&ready);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    sp_log(SP_LOG_INFO, "signal %d: shutting down", sig);
+    rc = 0;
+fail:
+    if (rc) sp_cli_fail();
+    sp_server_stop(srv);
+    sp_engine_free(eng);
+    sp_chat_template_free(ct);
+    sp_tokenizer_free(tok);
+    sp_model_close(m);
+    return rc;
+}

@@ -1,0 +1,1012 @@
+/*
+ * server.c - OpenAI routes over libmicrohttpd. Each connection has its own
+ * thread (MHD_USE_THREAD_PER_CONNECTION), so a route may block waiting for
+ * its request's tokens; a hung-up client is noticed by polling the socket
+ * between waits and cancels its generation.
+ */
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/rng.h"
+
+#define POLL_MS 50
+
+static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+#define N_STATUS (sizeof status_codes / sizeof *status_codes)
+
+struct sp_server {
+    struct sp_server_opts o;
+    struct MHD_Daemon *d;
+    int port;
+    /* set once by sp_server_attach */
+    atomic_bool ready;
+    struct sp_engine *engine;
+    const struct sp_tokenizer *tok;
+    const struct sp_chat_template *ct;
+    const struct sp_model *m;
+    atomic_ullong status_count[N_STATUS];
+    atomic_ullong id_counter;
+    int64_t started;
+};
+
+/* Per-connection state, from the first call of the access handler to the
+ * completion notice. */
+struct conn {
+    struct sp_server *srv;
+    struct sp_buf body;
+    bool too_big;
+    struct job *job;  // a generation in flight (owned; freed at completion)
+};
+
+/* ---- responses ---- */
+
+static void count_status(struct sp_server *s, int code) {
+    for (size_t i = 0; i < N_STATUS; i++)
+        if (status_codes[i] == code) atomic_fetch_add(&s->status_count[i], 1);
+}
+
+static void add_common_headers(struct sp_server *s, struct MHD_Response *r, const char *ctype) {
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (s->o.cors) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", s->o.cors);
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    }
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
+                                 const char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    add_common_headers(s, r, ctype);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
+    MHD_destroy_response(r);
+    count_status(s, code);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, int code, const struct sp_buf *b) {
+    if (b->failed) return MHD_NO;
+    return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                  const char *param, const char *ecode, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                  const char *param, const char *ecode, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "error");
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "message");
+    sp_jw_str(&w, msg);
+    sp_jw_key(&w, "type");
+    sp_jw_str(&w, type);
+    sp_jw_key(&w, "param");
+    sp_jw_str(&w, param);
+    sp_jw_key(&w, "code");
+    if (ecode)
+        sp_jw_str(&w, ecode);
+    else
+        sp_jw_int(&w, code);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    enum MHD_Result r = send_json(c, s, code, &b);
+    sp_buf_free(&b);
+    return r;
+}
+
+#define BAD_REQUEST(c, s, param, ...) send_error(c, s, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+
+/* ---- request parameters ---- */
+
+/* A parameter problem: the message and the offending field. */
+struct perr {
+    char msg[512];
+    const char *param;
+};
+
+static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->param = param;
+    return false;
+}
+
+static const cJSON *field(const cJSON *o, const char *k) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    return it && !cJSON_IsNull(it) ? it : NULL;
+}
+
+static bool get_number(const cJSON *o, const char *k, double lo, double hi, double *out, struct perr *e) {
+    const cJSON *it = field(o, k);
+    if (!it) return true;
+    if (!cJSON_IsNumber(it)) return fail_param(e, k, "'%s' must be a number, not %s", k, sp_json_type_name(it));
+    if (!(it->valuedouble >= lo && it->valuedouble <= hi))
+        return fail_param(e, k, "'%s' must be between %g and %g, got %g", k, lo, hi, it->valuedouble);
+    *out = it->valuedouble;
+    return true;
+}
+
+static bool get_integer(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out, struct perr *e) {
+    const cJSON *it = field(o, k);
+    int64_t v;
+    if (!it) return true;
+    if (!sp_json_is_int(it, &v)) return fail_param(e, k, "'%s' must be an integer, not %s", k, sp_json_type_name(it));
+    if (v < lo || v > hi) return fail_param(e, k, "'%s' must be between %lld and %lld, got %lld", k, (long long)lo, (long long)hi, (long long)v);
+    *out = v;
+    return true;
+}
+
+static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
+    const cJSON *it = field(o, k);
+    if (!it) return true;
+    if (!cJSON_IsBool(it)) return fail_param(e, k, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
+    *out = cJSON_IsTrue(it);
+    return true;
+}
+
+/* A generation in flight: the parsed request, the engine request, and the
+ * streaming state. */
+struct job {
+    struct sp_server *srv;
+    bool chat, stream, include_usage, want_logprobs;
+    int top_logprobs;
+    struct sp_gen_params gp;
+    char *stop_store[SP_MAX_STOPS];
+    struct sp_ids prompt;
+    char id[48];
+    int64_t created;
+    struct sp_req *req;
+    int fd;
+    /* streaming */
+    struct sp_buf out;  // SSE bytes not yet handed to MHD
+    size_t out_pos;
+    bool sent_role, done;
+    /* collected */
+    struct sp_buf text;
+    struct sp_tok_list toks;
+    struct sp_req_progress prog;
+};
+
+static void job_free(struct job *j) {
+    if (!j) return;
+    if (j->req) {
+        sp_req_cancel(j->req);
+        sp_req_release(j->req);
+    }
+    for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(j->stop_store[i]);
+    sp_ids_free(&j->prompt);
+    sp_buf_free(&j->out);
+    sp_buf_free(&j->text);
+    sp_tok_list_free(&j->toks);
+    sp_free(j);
+}
+
+static bool parse_stop(const cJSON *body, struct job *j, struct perr *e) {
+    const cJSON *st = field(body, "stop");
+    if (!st) return true;
+    if (cJSON_IsString(st)) {
+        if (!*st->valuestring) return true;
+        j->stop_store[0] = sp_strdup(st->valuestring, SP_MEM_SERVER);
+        j->gp.stops[0] = j->stop_store[0];
+        j->gp.n_stops = 1;
+        return true;
+    }
+    if (!cJSON_IsArray(st)) return fail_param(e, "stop", "'stop' must be a string or an array of strings");
+    if (cJSON_GetArraySize(st) > SP_MAX_STOPS)
+        return fail_param(e, "stop", "'stop' may hold at most %d strings", SP_MAX_STOPS);
+    for (const cJSON *x = st->child; x; x = x->next) {
+        if (!cJSON_IsString(x)) return fail_param(e, "stop", "'stop' must hold only strings");
+        if (!*x->valuestring) continue;
+        j->stop_store[j->gp.n_stops] = sp_strdup(x->valuestring, SP_MEM_SERVER);
+        j->gp.stops[j->gp.n_stops] = j->stop_store[j->gp.n_stops];
+        j->gp.n_stops++;
+    }
+    return true;
+}
+
+/* Sampling, length, stop, n, seed, logprobs: shared by both completion routes. */
+static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
+    struct sp_server *s = j->srv;
+    j->gp.sampling = s->o.defaults;
+    j->gp.max_tokens = s->o.default_max_tokens;
+    j->gp.top_logprobs = -1;
+    j->gp.detok_flags = SP_TOK_SKIP_SPECIAL;
+    double x;
+    int64_t v;
+    x = j->gp.sampling.temp;
+    if (!get_number(body, "temperature", 0, 2, &x, e)) return false;
+    j->gp.sampling.temp = (float)x;
+    x = j->gp.sampling.top_p;
+    if (!get_number(body, "top_p", 0, 1, &x, e)) return false;
+    j->gp.sampling.top_p = (float)x;
+    x = j->gp.sampling.min_p;
+    if (!get_number(body, "min_p", 0, 1, &x, e)) return false;
+    j->gp.sampling.min_p = (float)x;
+    v = j->gp.sampling.top_k;
+    if (!get_integer(body, "top_k", 0, 1 << 30, &v, e)) return false;
+    j->gp.sampling.top_k = (int32_t)v;
+    x = j->gp.sampling.presence_penalty;
+    if (!get_number(body, "presence_penalty", -2, 2, &x, e)) return false;
+    j->gp.sampling.presence_penalty = (float)x;
+    x = j->gp.sampling.frequency_penalty;
+    if (!get_number(body, "frequency_penalty", -2, 2, &x, e)) return false;
+    j->gp.sampling.frequency_penalty = (float)x;
+    x = j->gp.sampling.repeat_penalty;
+    if (!get_number(body, "repetition_penalty", 0.01, 100, &x, e)) return false;
+    if (!get_number(body, "repeat_penalty", 0.01, 100, &x, e)) return false;
+    j->gp.sampling.repeat_penalty = (float)x;
+    v = -1;
+    if (!get_integer(body, "seed", INT64_MIN / 2, INT64_MAX / 2, &v, e)) return false;
+    if (field(body, "seed"))
+        j->gp.sampling.seed = (uint64_t)v;
+    else
+        j->gp.sampling.seed = (uint64_t)time(NULL) ^ atomic_fetch_add(&s->id_counter, 1) * 0x9e3779b97f4a7c15ull;
+    v = j->gp.max_tokens;
+    if (!get_integer(body, "max_tokens", 1, 1 << 30, &v, e)) return false;
+    if (!get_integer(body, "max_completion_tokens", 1, 1 << 30, &v, e)) return false;
+    j->gp.max_tokens = v;
+    v = 1;
+    if (!get_integer(body, "n", INT64_MIN / 2, INT64_MAX / 2, &v, e)) return false;
+    if (v != 1) return fail_param(e, "n", "only n = 1 is supported, got %lld", (long long)v);
+    if (!get_bool(body, "stream", &j->stream, e)) return false;
+    const cJSON *so = field(body, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return fail_param(e, "stream_options", "'stream_options' must be an object");
+        if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
+    }
+    if (!parse_stop(body, j, e)) return false;
+    return true;
+}
+
+/* Flattens OpenAI content (a string or a list of text parts) to a string
+ * inside a copy of the messages, which templates expect. */
+static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return fail_param(e, "messages", "'messages' must be a non-empty array");
+    cJSON *copy = cJSON_Duplicate(msgs, true);
+    if (!copy) return fail_param(e, "messages", "out of memory");
+    int i = 0;
+    for (cJSON *m = copy->child; m; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            cJSON_Delete(copy);
+            return fail_param(e, "messages", "messages[%d] must be an object with a string 'role'", i);
+        }
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (content && cJSON_IsArray(content)) {
+            struct sp_buf t = SP_BUF_INIT;
+            int k = 0;
+            for (const cJSON *p = content->child; p; p = p->next, k++) {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+                const cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+                if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+                    !cJSON_IsString(text)) {
+                    sp_buf_free(&t);
+                    cJSON_Delete(copy);
+                    return fail_param(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
+                }
+                if (t.len) sp_buf_putc(&t, '\n');
+                sp_buf_puts(&t, text->valuestring);
+            }
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(t.data ? t.data : ""));
+            sp_buf_free(&t);
+        } else if (content && !cJSON_IsString(content) && !cJSON_IsNull(content)) {
+            cJSON_Delete(copy);
+            return fail_param(e, "messages", "messages[%d].content must be a string or an array of text parts", i);
+        }
+    }
+    *out = copy;
+    return true;
+}
+
+static const char *gen_id(struct sp_server *s, const char *prefix, char *buf, size_t cap) {
+    uint64_t x = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + atomic_fetch_add(&s->id_counter, 1);
+    struct sp_rng r;
+    sp_rng_seed(&r, x);
+    snprintf(buf, cap, "%s%016llx%08llx", prefix, (unsigned long long)sp_rng_next(&r),
+             (unsigned long long)(sp_rng_next(&r) & 0xffffffffu));
+    return buf;
+}
+
+/* ---- output ---- */
+
+static void write_usage(struct sp_jw *w, const struct sp_req_progress *p) {
+    sp_jw_key(w, "usage");
+    sp_jw_obj(w);
+    sp_jw_key(w, "prompt_tokens");
+    sp_jw_int(w, p->prompt_tokens);
+    sp_jw_key(w, "completion_tokens");
+    sp_jw_int(w, p->completion_tokens);
+    sp_jw_key(w, "total_tokens");
+    sp_jw_int(w, p->prompt_tokens + p->completion_tokens);
+    sp_jw_key(w, "prompt_tokens_details");
+    sp_jw_obj(w);
+    sp_jw_key(w, "cached_tokens");
+    sp_jw_int(w, p->cached_tokens);
+    sp_jw_end(w);
+    sp_jw_end(w);
+}
+
+static const char *finish_reason(const struct sp_req_progress *p) {
+    return p->finish == SP_FINISH_LENGTH ? "length" : "stop";
+}
+
+static void token_text(const struct sp_tokenizer *tok, int32_t id, struct sp_buf *out) {
+    sp_buf_clear(out);
+    if (tok) sp_tokenizer_decode(tok, &id, 1, 0, out);
+}
+
+/* logprobs of chat responses: {"content": [{token, logprob, bytes, top_logprobs}]} */
+static void write_chat_logprobs(struct sp_jw *w, const struct sp_tokenizer *tok, const struct sp_tok_list *l,
+                                int64_t from) {
+    struct sp_buf t = SP_BUF_INIT;
+    sp_jw_key(w, "logprobs");
+    sp_jw_obj(w);
+    sp_jw_key(w, "content");
+    sp_jw_arr(w);
+    for (int64_t i = from; i < l->n; i++) {
+        const struct sp_tok_info *ti = &l->v[i];
+        for (int k = -1; k < ti->n_top; k++) {
+            int32_t id = k < 0 ? ti->id : ti->top_id[k];
+            float lp = k < 0 ? ti->logprob : ti->top_logprob[k];
+            if (k == 0) {
+                sp_jw_key(w, "top_logprobs");
+                sp_jw_arr(w);
+            }
+            token_text(tok, id, &t);
+            sp_jw_obj(w);
+            sp_jw_key(w, "token");
+            sp_jw_strn(w, t.data ? t.data : "", t.len);
+            sp_jw_key(w, "logprob");
+            sp_jw_num(w, lp);
+            sp_jw_key(w, "bytes");
+            sp_jw_arr(w);
+            for (size_t b = 0; b < t.len; b++) sp_jw_int(w, (unsigned char)t.data[b]);
+            sp_jw_end(w);
+            if (k >= 0) sp_jw_end(w);
+        }
+        if (ti->n_top > 0) sp_jw_end(w);
+        else {
+            sp_jw_key(w, "top_logprobs");
+            sp_jw_arr(w);
+            sp_jw_end(w);
+        }
+        sp_jw_end(w);
+    }
+    sp_jw_end(w);
+    sp_jw_end(w);
+    sp_buf_free(&t);
+}
+
+static void chunk_begin(struct job *j, struct sp_jw *w) {
+    sp_jw_obj(w);
+    sp_jw_key(w, "id");
+    sp_jw_str(w, j->id);
+    sp_jw_key(w, "object");
+    sp_jw_str(w, j->chat ? "chat.completion.chunk" : "text_completion");
+    sp_jw_key(w, "created");
+    sp_jw_int(w, j->created);
+    sp_jw_key(w, "model");
+    sp_jw_str(w, j->srv->o.model_id);
+    sp_jw_key(w, "system_fingerprint");
+    sp_jw_str(w, "sparrow");
+}
+
+/* One SSE chunk with a text delta (and the finish reason when given). */
+static void sse_delta(struct job *j, const char *text, size_t len, const char *finish, int64_t tok_from) {
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    chunk_begin(j, &w);
+    sp_jw_key(&w, "choices");
+    sp_jw_arr(&w);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "index");
+    sp_jw_int(&w, 0);
+    if (j->chat) {
+        sp_jw_key(&w, "delta");
+        sp_jw_obj(&w);
+        if (!j->sent_role) {
+            sp_jw_key(&w, "role");
+            sp_jw_str(&w, "assistant");
+            j->sent_role = true;
+        }
+        if (len || !finish) {
+            sp_jw_key(&w, "content");
+            sp_jw_strn(&w, text, len);
+        }
+        sp_jw_end(&w);
+        if (j->want_logprobs && tok_from < j->toks.n) write_chat_logprobs(&w, j->srv->tok, &j->toks, tok_from);
+        else {
+            sp_jw_key(&w, "logprobs");
+            sp_jw_null(&w);
+        }
+    } else {
+        sp_jw_key(&w, "text");
+        sp_jw_strn(&w, text, len);
+        sp_jw_key(&w, "logprobs");
+        sp_jw_null(&w);
+    }
+    sp_jw_key(&w, "finish_reason");
+    sp_jw_str(&w, finish);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    sp_buf_puts(&j->out, "data: ");
+    sp_buf_append(&j->out, b.data, b.len);
+    sp_buf_puts(&j->out, "\n\n");
+    sp_buf_free(&b);
+}
+
+static void sse_usage_and_done(struct job *j) {
+    if (j->include_usage) {
+        struct sp_buf b = SP_BUF_INIT;
+        struct sp_jw w;
+        sp_jw_init(&w, &b, 0);
+        chunk_begin(j, &w);
+        sp_jw_key(&w, "choices");
+        sp_jw_arr(&w);
+        sp_jw_end(&w);
+        write_usage(&w, &j->prog);
+        sp_jw_end(&w);
+        sp_buf_puts(&j->out, "data: ");
+        sp_buf_append(&j->out, b.data, b.len);
+        sp_buf_puts(&j->out, "\n\n");
+        sp_buf_free(&b);
+    }
+    sp_buf_puts(&j->out, "data: [DONE]\n\n");
+}
+
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static void log_done(struct job *j) {
+    const struct sp_req_progress *p = &j->prog;
+    sp_log(SP_LOG_INFO,
+           "srv  %s | prompt %lld tokens (%lld cached), prefill %.1f tok/s | decode %lld tokens, %.1f tok/s | "
+           "ttft %.3f s | finish %s | mem %.1f MiB",
+           j->id, (long long)p->prompt_tokens, (long long)p->cached_tokens,
+           p->prefill_s > 0 ? (double)(p->prompt_tokens - p->cached_tokens) / p->prefill_s : 0.0,
+           (long long)p->completion_tokens,
+           p->decode_s > 0 && p->completion_tokens > 1 ? (double)(p->completion_tokens - 1) / p->decode_s : 0.0,
+           p->ttft_s, p->finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(p),
+           (double)sp_mem_used_total() / 1048576.0);
+}
+
+/* MHD pulls the SSE stream through here; waits for the next tokens. */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct job *j = cls;
+    while (j->out_pos == j->out.len) {
+        sp_buf_clear(&j->out);
+        j->out_pos = 0;
+        if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (client_gone(j->fd)) {
+            sp_req_cancel(j->req);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        struct sp_buf text = SP_BUF_INIT;
+        int64_t tok_from = j->toks.n;
+        sp_req_poll(j->req, POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        if (text.len || (j->want_logprobs && j->toks.n > tok_from)) sse_delta(j, text.data ? text.data : "", text.len, NULL, tok_from);
+        sp_buf_free(&text);
+        if (j->prog.finished) {
+            if (j->prog.finish == SP_FINISH_ERROR) {
+                sp_buf_printf(&j->out, "data: {\"error\":{\"message\":\"generation failed: ");
+                sp_buf_puts(&j->out, "internal error\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n");
+            } else {
+                sse_delta(j, "", 0, finish_reason(&j->prog), j->toks.n);
+            }
+            sse_usage_and_done(j);
+            j->done = true;
+            log_done(j);
+        }
+    }
+    size_t n = j->out.len - j->out_pos < max ? j->out.len - j->out_pos : max;
+    memcpy(buf, j->out.data + j->out_pos, n);
+    j->out_pos += n;
+    return (ssize_t)n;
+}
+
+/* The whole response of a non-streaming request. */
+static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) {
+    struct sp_server *s = j->srv;
+    for (;;) {
+        sp_req_poll(j->req, POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        if (j->prog.finished) break;
+        if (client_gone(j->fd)) {
+            sp_req_cancel(j->req);
+            sp_log(SP_LOG_INFO, "srv  %s | client went away; generation cancelled", j->id);
+            return MHD_NO;
+        }
+    }
+    log_done(j);
+    if (j->prog.finish == SP_FINISH_ERROR)
+        return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "id");
+    sp_jw_str(&w, j->id);
+    sp_jw_key(&w, "object");
+    sp_jw_str(&w, j->chat ? "chat.completion" : "text_completion");
+    sp_jw_key(&w, "created");
+    sp_jw_int(&w, j->created);
+    sp_jw_key(&w, "model");
+    sp_jw_str(&w, s->o.model_id);
+    sp_jw_key(&w, "system_fingerprint");
+    sp_jw_str(&w, "sparrow");
+    sp_jw_key(&w, "choices");
+    sp_jw_arr(&w);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "index");
+    sp_jw_int(&w, 0);
+    if (j->chat) {
+        sp_jw_key(&w, "message");
+        sp_jw_obj(&w);
+        sp_jw_key(&w, "role");
+        sp_jw_str(&w, "assistant");
+        sp_jw_key(&w, "content");
+        sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
+        sp_jw_end(&w);
+        if (j->want_logprobs) write_chat_logprobs(&w, s->tok, &j->toks, 0);
+        else {
+            sp_jw_key(&w, "logprobs");
+            sp_jw_null(&w);
+        }
+    } else {
+        sp_jw_key(&w, "text");
+        sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
+        sp_jw_key(&w, "logprobs");
+        sp_jw_null(&w);
+    }
+    sp_jw_key(&w, "finish_reason");
+    sp_jw_str(&w, finish_reason(&j->prog));
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    write_usage(&w, &j->prog);
+    sp_jw_end(&w);
+    enum MHD_Result r = send_json(c, s, 200, &b);
+    sp_buf_free(&b);
+    return r;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* Submits the job and answers: SSE stream or one JSON body. */
+static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
+    struct sp_server *s = j->srv;
+    enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
+    if (st == SP_ERR_LIMIT) return send_error(c, s, 503, "server_error", NULL, "server_busy", "%s", sp_error_msg());
+    if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
+    j->fd = conn_fd(c);
+    j->created = (int64_t)time(NULL);
+    if (!j->stream) return finish_blocking(c, j);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, NULL);
+    if (!r) return MHD_NO;
+    add_common_headers(s, r, "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    cn->job = j;  // freed when the connection completes
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_status(s, 200);
+    return ret;
+}
+
+static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
+    struct sp_server *s = cn->srv;
+    struct perr e = {{0}, NULL};
+    struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
+    if (!j) return MHD_NO;
+    j->srv = s;
+    j->chat = true;
+    j->fd = -1;
+    gen_id(s, "chatcmpl-", j->id, sizeof j->id);
+    cJSON *msgs = NULL, *kwargs = NULL;
+    char *prompt = NULL;
+    enum MHD_Result ret;
+    if (!parse_common(body, j, &e) || !get_bool(body, "logprobs", &j->want_logprobs, &e)) goto bad;
+    int64_t tl = 0;
+    if (!get_integer(body, "top_logprobs", 0, SP_MAX_TOP_LOGPROBS, &tl, &e)) goto bad;
+    if (j->want_logprobs) j->gp.top_logprobs = (int)tl;
+    j->top_logprobs = (int)tl;
+    if (!normalise_messages(field(body, "messages"), &msgs, &e)) goto bad;
+    const cJSON *tools = field(body, "tools");
+    if (tools && !cJSON_IsArray(tools)) {
+        fail_param(&e, "tools", "'tools' must be an array");
+        goto bad;
+    }
+    const cJSON *tc = field(body, "tool_choice");
+    if (tc) {
+        bool ok = (cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none") ||
+                                          !strcmp(tc->valuestring, "required"))) ||
+                  cJSON_IsObject(tc);
+        if (!ok) {
+            fail_param(&e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+            goto bad;
+        }
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
+    }
+    const cJSON *rf = field(body, "response_format");
+    if (rf) {
+        const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(type) || (strcmp(type->valuestring, "text") && strcmp(type->valuestring, "json_object"))) {
+            fail_param(&e, "response_format", "'response_format.type' must be \"text\" or \"json_object\"");
+            goto bad;
+        }
+    }
+    const cJSON *ck = field(body, "chat_template_kwargs");
+    if (ck && !cJSON_IsObject(ck)) {
+        fail_param(&e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        goto bad;
+    }
+    kwargs = ck ? cJSON_Duplicate(ck, true) : cJSON_CreateObject();
+    const cJSON *effort = field(body, "reasoning_effort");
+    if (effort) {
+        if (!cJSON_IsString(effort)) {
+            fail_param(&e, "reasoning_effort", "'reasoning_effort' must be a string");
+            goto bad;
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(kwargs, "reasoning_effort");
+        cJSON_AddStringToObject(kwargs, "reasoning_effort", effort->valuestring);
+    }
+    if (!s->ct) {
+        ret = BAD_REQUEST(c, s, "messages", "this model has no chat template; use /v1/completions");
+        goto out;
+    }
+    struct sp_chat_request creq = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs,
+                                   .parse_tool_arguments = true};
+    size_t plen;
+    if (sp_chat_render(s->ct, &creq, &prompt, &plen) != SP_OK) {
+        ret = BAD_REQUEST(c, s, "messages", "chat template: %s", sp_error_msg());
+        goto out;
+    }
+    if (sp_tokenizer_encode(s->tok, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
+        ret = BAD_REQUEST(c, s, "messages", "%s", sp_error_msg());
+        goto out;
+    }
+    cJSON_Delete(msgs);
+    cJSON_Delete(kwargs);
+    sp_free(prompt);
+    ret = run_job(c, cn, j);
+    if (cn->job != j) job_free(j);
+    return ret;
+bad:
+    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+out:
+    cJSON_Delete(msgs);
+    cJSON_Delete(kwargs);
+    sp_free(prompt);
+    job_free(j);
+    return ret;
+}
+
+static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
+    struct sp_server *s = cn->srv;
+    struct perr e = {{0}, NULL};
+    struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
+    if (!j) return MHD_NO;
+    j->srv = s;
+    j->fd = -1;
+    gen_id(s, "cmpl-", j->id, sizeof j->id);
+    enum MHD_Result ret;
+    if (!parse_common(body, j, &e)) goto bad;
+    const cJSON *p = field(body, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+    if (cJSON_IsString(p)) {
+        if (!s->tok) {
+            fail_param(&e, "prompt", "this model has no tokenizer: give the prompt as token ids");
+            goto bad;
+        }
+        if (sp_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), SP_TOK_PARSE_SPECIAL | SP_TOK_ADD_SPECIAL,
+                                &j->prompt) != SP_OK) {
+            fail_param(&e, "prompt", "%s", sp_error_msg());
+            goto bad;
+        }
+    } else if (cJSON_IsArray(p)) {
+        for (const cJSON *x = p->child; x; x = x->next) {
+            int64_t v;
+            if (!sp_json_is_int(x, &v) || v < 0 || v > INT32_MAX) {
+                fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+                goto bad;
+            }
+            sp_ids_push(&j->prompt, (int32_t)v);
+        }
+    } else {
+        fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+        goto bad;
+    }
+    ret = run_job(c, cn, j);
+    if (cn->job != j) job_free(j);
+    return ret;
+bad:
+    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    job_free(j);
+    return ret;
+}
+
+static enum MHD_Result handle_models(struct MHD_Connection *c, struct sp_server *s) {
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "object");
+    sp_jw_str(&w, "list");
+    sp_jw_key(&w, "data");
+    sp_jw_arr(&w);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "id");
+    sp_jw_str(&w, s->o.model_id);
+    sp_jw_key(&w, "object");
+    sp_jw_str(&w, "model");
+    sp_jw_key(&w, "created");
+    sp_jw_int(&w, s->started);
+    sp_jw_key(&w, "owned_by");
+    sp_jw_str(&w, "sparrow");
+    sp_jw_key(&w, "context_length");
+    sp_jw_int(&w, sp_engine_params(s->engine)->n_ctx);
+    if (s->m) {
+        sp_jw_key(&w, "architecture");
+        sp_jw_str(&w, s->m->arch.model_type);
+    }
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    enum MHD_Result r = send_json(c, s, 200, &b);
+    sp_buf_free(&b);
+    return r;
+}
+
+/* Resident memory of the process from /proc/self/status, in bytes. */
+static void proc_memory(size_t *rss, size_t *anon, size_t *file) {
+    *rss = *anon = *file = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) *rss = (size_t)kb * 1024;
+        if (sscanf(line, "RssAnon: %llu kB", &kb) == 1) *anon = (size_t)kb * 1024;
+        if (sscanf(line, "RssFile: %llu kB", &kb) == 1) *file = (size_t)kb * 1024;
+    }
+    fclose(f);
+}
+
+static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server *s) {
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (atomic_load(&s->ready)) sp_engine_stats(s->engine, &st);
+#define METRIC(name, type, help) sp_buf_printf(&b, "# HELP sparrow_" name " " help "\n# TYPE sparrow_" name " " type "\n")
+    METRIC("requests_total", "counter", "HTTP responses by status code");
+    for (size_t i = 0; i < N_STATUS; i++)
+        sp_buf_printf(&b, "sparrow_requests_total{status=\"%d\"} %llu\n", status_codes[i],
+                      (unsigned long long)atomic_load(&s->status_count[i]));
+    METRIC("generation_requests_total", "counter", "requests given to the scheduler");
+    sp_buf_printf(&b, "sparrow_generation_requests_total %llu\n", (unsigned long long)st.requests);
+    METRIC("prompt_tokens_total", "counter", "prompt tokens of all requests");
+    sp_buf_printf(&b, "sparrow_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
+    METRIC("prompt_tokens_cached_total", "counter", "prompt tokens reused from the prompt cache");
+    sp_buf_printf(&b, "sparrow_prompt_tokens_cached_total %llu\n", (unsigned long long)st.cached_tokens);
+    METRIC("generated_tokens_total", "counter", "tokens generated");
+    sp_buf_printf(&b, "sparrow_generated_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
+    METRIC("prefill_tokens_per_second", "gauge", "prompt tokens computed per second of prefill (since start)");
+    sp_buf_printf(&b, "sparrow_prefill_tokens_per_second %.3f\n", st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0);
+    METRIC("decode_tokens_per_second", "gauge", "tokens decoded per second of decode steps (since start)");
+    sp_buf_printf(&b, "sparrow_decode_tokens_per_second %.3f\n", st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0);
+    METRIC("time_to_first_token_seconds", "histogram", "from request to first generated token");
+    uint64_t cum = 0;
+    for (int i = 0; i < 12; i++) {
+        cum += st.ttft_bucket[i];
+        if (i < 11)
+            sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n", sp_ttft_bounds[i], (unsigned long long)cum);
+        else
+            sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_sum %.6f\nsparrow_time_to_first_token_seconds_count %llu\n",
+                  st.ttft_sum, (unsigned long long)cum);
+    METRIC("queue_depth", "gauge", "requests waiting for a slot");
+    sp_buf_printf(&b, "sparrow_queue_depth %d\n", st.queue_depth);
+    METRIC("slots_active", "gauge", "slots generating");
+    sp_buf_printf(&b, "sparrow_slots_active %d\n", st.active_slots);
+    METRIC("slots", "gauge", "slots (parallel sequences)");
+    sp_buf_printf(&b, "sparrow_slots %d\n", st.n_slots);
+    METRIC("kv_cache_tokens", "gauge", "positions held in the KV cache, prompt cache included");
+    sp_buf_printf(&b, "sparrow_kv_cache_tokens %lld\n", (long long)st.kv_tokens_used);
+    METRIC("kv_cache_capacity_tokens", "gauge", "positions the KV cache can hold");
+    sp_buf_printf(&b, "sparrow_kv_cache_capacity_tokens %lld\n", (long long)st.n_ctx * st.n_slots);
+    METRIC("kv_cache_bytes", "gauge", "bytes reserved for the KV cache (the prompt cache lives in it)");
+    sp_buf_printf(&b, "sparrow_kv_cache_bytes %zu\n", st.kv_bytes);
+    METRIC("memory_allocated_bytes", "gauge", "heap bytes sparrow allocated, by class");
+    for (int i = 0; i < SP_MEM_CLASS_COUNT; i++)
+        sp_buf_printf(&b, "sparrow_memory_allocated_bytes{class=\"%s\"} %zu\n", sp_mem_class_name((enum sp_mem_class)i),
+                      sp_mem_used((enum sp_mem_class)i));
+    size_t rss, anon, file;
+    proc_memory(&rss, &anon, &file);
+    METRIC("resident_bytes", "gauge", "resident memory of the process (kind: total, anonymous, file-backed)");
+    sp_buf_printf(&b, "sparrow_resident_bytes{kind=\"total\"} %zu\nsparrow_resident_bytes{kind=\"anon\"} %zu\n"
+                      "sparrow_resident_bytes{kind=\"file\"} %zu\n", rss, anon, file);
+    if (s->m) {
+        METRIC("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)");
+        sp_buf_printf(&b, "sparrow_model_file_bytes %zu\n", s->m->files->total_bytes);
+    }
+#undef METRIC
+    enum MHD_Result r = send_body(c, s, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
+    sp_buf_free(&b);
+    return r;
+}
+
+static bool authorized(struct MHD_Connection *c, struct sp_server *s) {
+    if (!s->o.api_key || !*s->o.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    const char *k = h + 7, *want = s->o.api_key;
+    size_t kl = strlen(k), wl = strlen(want);
+    unsigned diff = kl != wl;
+    for (size_t i = 0; i < wl; i++) diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
+    return diff == 0;
+}
+
+static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const char *url, const char *method) {
+    struct sp_server *s = cn->srv;
+    if (!strcmp(method, "OPTIONS")) return send_body(c, s, 200, "text/plain", "", 0);
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) {
+        if (!atomic_load(&s->ready))
+            return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+        return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    }
+    if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
+    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
+    if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
+    if (!authorized(c, s))
+        return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
+    if (!atomic_load(&s->ready))
+        return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+    if (!strcmp(url, "/v1/models")) {
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        return handle_models(c, s);
+    }
+    if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use POST %s", url);
+    if (cn->too_big)
+        return send_error(c, s, 413, "invalid_request_error", NULL, "request_too_large",
+                          "the request body exceeds %zu bytes", s->o.max_body);
+    cJSON *body;
+    if (sp_json_parse(cn->body.data ? cn->body.data : "", cn->body.len, "request body", &body) != SP_OK)
+        return BAD_REQUEST(c, s, NULL, "%s", sp_error_msg());
+    enum MHD_Result r;
+    if (!cJSON_IsObject(body))
+        r = BAD_REQUEST(c, s, NULL, "the request body must be a JSON object");
+    else if (!strcmp(url, "/v1/chat/completions"))
+        r = handle_chat(c, cn, body);
+    else
+        r = handle_completion(c, cn, body);
+    cJSON_Delete(body);
+    return r;
+}
+
+static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                      const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    struct sp_server *s = cls;
+    struct conn *cn = *con_cls;
+    if (!cn) {
+        cn = sp_calloc(1, sizeof *cn, SP_MEM_SERVER);
+        if (!cn) return MHD_NO;
+        cn->srv = s;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cn->too_big && cn->body.len + *upload_size > s->o.max_body) {
+            cn->too_big = true;
+            sp_buf_free(&cn->body);
+        }
+        if (!cn->too_big) sp_buf_append(&cn->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(c, cn, url, method);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    struct conn *cn = *con_cls;
+    if (!cn) return;
+    job_free(cn->job);  // cancels a generation still running (client gone)
+    sp_buf_free(&cn->body);
+    sp_free(cn);
+    *con_cls = NULL;
+}
+
+enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server **out) {
+    *out = NULL;
+    struct sp_server *s = sp_calloc(1, sizeof *s, SP_MEM_SERVER);
+    if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    s->o = *o;
+    if (!s->o.max_body) s->o.max_body = (size_t)8 << 20;
+    if (!s->o.model_id) s->o.model_id = "sparrow";
+    s->started = (int64_t)time(NULL);
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    const char *host = o->host ? o->host : "127.0.0.1";
+    if (strchr(host, ':')) {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)o->port);
+        if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1) {
+            sp_free(s);
+            return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv6 address", host);
+        }
+        flags |= MHD_USE_IPv6;
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&addr;
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)o->port);
+        if (inet_pton(AF_INET, host, &a4->sin_addr) != 1) {
+            sp_free(s);
+            return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv4 address", host);
+        }
+    }
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, access_handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_LIMIT, 512u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+    if (!s->d) {
+        sp_free(s);
+        return sp_errorf(SP_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", host, o->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    *out = s;
+    return SP_OK;
+}
+
+void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
+                      const struct sp_chat_template *ct, const struct sp_model *m) {
+    s->engine = e;
+    s->tok = tok;
+    s->ct = ct;
+    s->m = m;
+    atomic_store(&s->ready, true);
+}
+
+int sp_server_port(const struct sp_server *s) { return s->port; }
+
+void sp_server_stop(struct sp_server *s) {
+    if (!s) return;
+    if (s->d) MHD_stop_daemon(s->d);
+    sp_free(s);
+}

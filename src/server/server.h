@@ -1,0 +1,53 @@
+/*
+ * server.h - the OpenAI-compatible HTTP server (libmicrohttpd, a thread per
+ * connection): /v1/chat/completions, /v1/completions (both with SSE
+ * streaming), /v1/models, /health, /metrics. It listens before the model is
+ * loaded (/health answers 503 until sp_server_attach), so load progress can
+ * be watched.
+ *
+ *     struct sp_server *srv;
+ *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
+ *     sp_server_start(&o, &srv);
+ *     ... load ...
+ *     sp_server_attach(srv, engine, tokenizer, chat_template, model);
+ *     ... until a signal ...
+ *     sp_server_stop(srv);
+ *
+ * Errors are answered in OpenAI's shape {"error": {message, type, param,
+ * code}} with 400 for bad requests, 401 for a missing or wrong key, 404,
+ * 405, 413 for a body over max_body, 503 while loading or when the queue is
+ * full; bad input never yields 500.
+ */
+#ifndef SP_SERVER_SERVER_H
+#define SP_SERVER_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+struct sp_server_opts {
+    const char *host;      // "127.0.0.1"; "0.0.0.0" or "::" to listen everywhere
+    int port;
+    const char *api_key;   // NULL: no key required
+    const char *cors;      // Access-Control-Allow-Origin value, or NULL
+    const char *model_id;  // reported by /v1/models and in responses
+    size_t max_body;       // bytes (0: 8 MiB)
+    int64_t default_max_tokens;  // when a request gives none (0: until the context is full)
+    struct sp_sampler_params defaults;  // temperature, top_p, ... when a request gives none
+};
+
+struct sp_server;
+
+enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server **out);
+/* Makes the model available; the objects must outlive the server. */
+void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
+                      const struct sp_chat_template *ct, const struct sp_model *m);
+void sp_server_stop(struct sp_server *s);
+/* The port actually bound (useful with port 0). */
+int sp_server_port(const struct sp_server *s);
+
+#endif
