@@ -264,6 +264,33 @@ static void test_reuse(void **state) {
     cJSON_Delete(e);
 }
 
+/* Objects from JSON: duplicate keys keep the last value in the first
+ * position (as json.loads does), and big objects stay fast to look up. */
+static void test_big_and_duplicate_objects(void **state) {
+    (void)state;
+    cJSON *ctx = cJSON_Parse("{\"d\": {\"a\": 1, \"b\": 2, \"a\": 3}}");
+    char *out;
+    assert_int_equal(render_opts("{{ d }}|{{ d.a }}|{{ d | length }}", ctx, NULL, &out), SP_OK);
+    assert_string_equal(out, "{'a': 3, 'b': 2}|3|2");
+    sp_free(out);
+    cJSON_Delete(ctx);
+
+    struct sp_buf b = SP_BUF_INIT;
+    sp_buf_puts(&b, "{\"d\": {");
+    for (int i = 0; i < 60000; i++) sp_buf_printf(&b, "%s\"k%d\": %d", i ? ", " : "", i, i);
+    sp_buf_puts(&b, "}}");
+    ctx = cJSON_Parse(b.data);
+    sp_buf_free(&b);
+    assert_non_null(ctx);
+    // 60000 iterations, each looking a key up: quadratic scanning would take minutes.
+    const char *src = "{% set ns = namespace(sum=0) %}{% for k in d %}{% set ns.sum = ns.sum + d[k] %}{% endfor %}"
+                      "{{ ns.sum }}|{{ d.k59999 }}|{{ d['k7'] }}|{{ d.get('nope', 'none') }}|{{ 'k123' in d }}";
+    assert_int_equal(render_opts(src, ctx, NULL, &out), SP_OK);
+    assert_string_equal(out, "1799970000|59999|7|none|True");
+    sp_free(out);
+    cJSON_Delete(ctx);
+}
+
 static void test_strftime_now(void **state) {
     (void)state;
     struct sp_jinja_opts o = {.now = 1768435200, .utc = true};
@@ -280,7 +307,7 @@ int main(void) {
         cmocka_unit_test(test_python_semantics), cmocka_unit_test(test_compile_errors),
         cmocka_unit_test(test_runtime_errors),   cmocka_unit_test(test_limits),
         cmocka_unit_test(test_deep_nesting),     cmocka_unit_test(test_reuse),
-        cmocka_unit_test(test_strftime_now),
+        cmocka_unit_test(test_strftime_now),     cmocka_unit_test(test_big_and_duplicate_objects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <utf8proc.h>
 
 #include "core/alloc.h"
+#include "core/strmap.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 
@@ -115,6 +116,10 @@ enum sp_status sp_jv_new_dict(struct sp_jarena *a, enum sp_jv_type t, struct sp_
     return SP_OK;
 }
 
+/* Dicts up to this size are scanned; larger ones get a hash index, so
+ * that a request with a huge tool schema cannot make lookups quadratic. */
+#define DICT_INDEX_FROM 16
+
 struct sp_jv *sp_jdict_get(const struct sp_jdict *d, struct sp_jv key) {
     if (key.t == SP_JV_STR) return sp_jdict_get_str(d, key.s.p, key.s.n);
     for (int64_t i = 0; i < d->n; i++)
@@ -122,12 +127,43 @@ struct sp_jv *sp_jdict_get(const struct sp_jdict *d, struct sp_jv key) {
     return NULL;
 }
 
+static bool key_is(const struct sp_jv *k, const char *key, size_t n) {
+    return k->t == SP_JV_STR && k->s.n == n && (n == 0 || memcmp(k->s.p, key, n) == 0);
+}
+
 struct sp_jv *sp_jdict_get_str(const struct sp_jdict *d, const char *key, size_t n) {
-    for (int64_t i = 0; i < d->n; i++) {
-        const struct sp_jv *k = &d->e[i].key;
-        if (k->t == SP_JV_STR && k->s.n == n && (n == 0 || memcmp(k->s.p, key, n) == 0)) return &d->e[i].val;
+    if (d->slots) {
+        uint64_t mask = (uint64_t)d->nslots - 1;
+        for (uint64_t h = sp_hash_bytes(key, n) & mask;; h = (h + 1) & mask) {
+            int64_t s = d->slots[h];
+            if (!s) return NULL;
+            if (key_is(&d->e[s - 1].key, key, n)) return &d->e[s - 1].val;
+        }
     }
+    for (int64_t i = 0; i < d->n; i++)
+        if (key_is(&d->e[i].key, key, n)) return &d->e[i].val;
     return NULL;
+}
+
+static void index_entry(struct sp_jdict *d, int64_t i) {
+    const struct sp_jv *k = &d->e[i].key;
+    if (k->t != SP_JV_STR) return;
+    uint64_t mask = (uint64_t)d->nslots - 1;
+    uint64_t h = sp_hash_bytes(k->s.p, k->s.n) & mask;
+    while (d->slots[h]) h = (h + 1) & mask;
+    d->slots[h] = i + 1;
+}
+
+/* (Re)builds the hash index at a quarter load. */
+static enum sp_status reindex(struct sp_jarena *a, struct sp_jdict *d) {
+    int64_t nslots = 64;
+    while (nslots < 4 * d->n) nslots *= 2;
+    int64_t *slots = sp_jarena_alloc(a, (size_t)nslots * sizeof *slots);
+    if (!slots) return SP_ERR_LIMIT;
+    d->slots = slots;
+    d->nslots = nslots;
+    for (int64_t i = 0; i < d->n; i++) index_entry(d, i);
+    return SP_OK;
 }
 
 enum sp_status sp_jdict_set(struct sp_jarena *a, struct sp_jdict *d, struct sp_jv key, struct sp_jv val) {
@@ -145,7 +181,11 @@ enum sp_status sp_jdict_set(struct sp_jarena *a, struct sp_jdict *d, struct sp_j
         d->cap = cap;
     }
     d->e[d->n++] = (struct sp_jdict_entry){key, val};
-    return SP_OK;
+    if (d->slots && 2 * d->n <= d->nslots) {
+        index_entry(d, d->n - 1);
+        return SP_OK;
+    }
+    return d->n > DICT_INDEX_FROM ? reindex(a, d) : SP_OK;
 }
 
 enum sp_status sp_jv_from_cjson(struct sp_jarena *a, const cJSON *j, struct sp_jv *out) {

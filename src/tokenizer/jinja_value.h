@@ -120,6 +120,8 @@ struct sp_jdict_entry {
 struct sp_jdict {
     struct sp_jdict_entry *e; // (n), insertion order
     int64_t n, cap;
+    int64_t *slots; // (nslots) hash index of the string keys: entry index + 1, 0 = empty;
+    int64_t nslots; // NULL while the dict is small enough to scan
 };
 
 struct sp_jmethod {
