@@ -1,21 +1,17 @@
-/* linear.c - portable CPU kernels (the reference structure the SIMD
- * variants follow). */
+/* linear.c - linear layers over the thread pool (the row products come
+ * from the dispatched kernel set of kernels.h), RMSNorm, small vector ops. */
 #include "kernels/cpu/linear.h"
+
+#include "kernels/cpu/kernels.h"
 
 #include "core/half.h"
 
 #include <math.h>
 #include <string.h>
 
-float sp_dot_f32(const float *a, const float *b, int64_t n) {
-    float s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
-}
+float sp_dot_f32(const float *a, const float *b, int64_t n) { return sp_kernels()->dot(a, b, n); }
+
+void sp_axpy_f32(float *y, float a, const float *x, int64_t n) { sp_kernels()->axpy(y, a, x, n); }
 
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0;
@@ -29,8 +25,8 @@ void sp_vector_to_f32(const struct sp_vector *v, float *out) {
 }
 
 size_t sp_linear_scratch_bytes(const struct sp_linear *l) {
-    int64_t n = l->transposed ? l->w.rows : l->w.cols;
-    return (size_t)n * sizeof(float) + 64;
+    if (l->transposed) return (size_t)l->w.rows * sizeof(float) + 64;
+    return sp_kernels_scratch_bytes(&l->w);
 }
 
 struct job {
@@ -47,77 +43,19 @@ static float bias_at(const struct sp_linear *l, int64_t r) {
     return l->bias ? sp_dtype_load_float(l->bias_dtype, l->bias, (size_t)r) : 0.0f;
 }
 
-/* Dequantizes one row into floats: tight loops for the common formats, the
- * reference for the rest (same values either way: the same float ops). */
-static void dequant_row(const struct sp_qmat *w, int64_t r, float *out) {
-    const uint8_t *row = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols);
-    int64_t n = w->cols, ng = w->cols / w->group;
-    switch (w->type) {
-    case SP_QTYPE_F32:
-        memcpy(out, row, (size_t)n * sizeof(float));
-        return;
-    case SP_QTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, row + 2 * i, 2);
-            out[i] = sp_bf16_to_f32(h);
-        }
-        return;
-    case SP_QTYPE_F16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, row + 2 * i, 2);
-            out[i] = sp_f16_to_f32(h);
-        }
-        return;
-    case SP_QTYPE_AFFINE4:
-    case SP_QTYPE_AFFINE8: {
-        int bits = sp_qtype_traits(w->type)->bits;
-        for (int64_t g = 0; g < ng; g++) {
-            float s = sp_dtype_load_float(w->scale_dtype, w->scales, (size_t)(r * ng + g));
-            float b = sp_dtype_load_float(w->scale_dtype, w->biases, (size_t)(r * ng + g));
-            const uint8_t *c = row + (size_t)(g * w->group * bits / 8);
-            float *o = out + g * w->group;
-            if (bits == 4)
-                for (int64_t i = 0; i < w->group / 2; i++) {
-                    o[2 * i] = s * (float)(c[i] & 0xf) + b;
-                    o[2 * i + 1] = s * (float)(c[i] >> 4) + b;
-                }
-            else
-                for (int64_t i = 0; i < w->group; i++) o[i] = s * (float)c[i] + b;
-        }
-        return;
-    }
-    case SP_QTYPE_MXFP4: {
-        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)(r * ng);
-        for (int64_t g = 0; g < ng; g++) {
-            float s = sp_e8m0_to_float(sc[g]);
-            const uint8_t *c = row + (size_t)(g * 16);
-            float *o = out + g * 32;
-            for (int i = 0; i < 16; i++) {
-                o[2 * i] = sp_e2m1_values[c[i] & 0xf] * s;
-                o[2 * i + 1] = sp_e2m1_values[c[i] >> 4] * s;
-            }
-        }
-        return;
-    }
-    default:
-        sp_qmat_dequant_row_ref(w, r, out);
-    }
-}
-
-/* (out, in) storage: threads take rows; each row is dequantized once and
- * dotted with every token. */
+/* (out, in) storage: threads take rows; the dispatched kernel reads each
+ * row once and multiplies it with every token. */
 static void rows_job(void *arg, int tid, int nth) {
     const struct job *j = arg;
     const struct sp_qmat *w = &j->l->w;
-    float *row = sp_pool_scratch(j->pool, tid);
     int64_t lo, hi;
     sp_pool_split(w->rows, tid, nth, &lo, &hi);
+    if (lo == hi) return;
+    sp_kernels()->matmul_rows(w, lo, hi, j->x, j->ldx, j->n, j->y, j->ldy, sp_pool_scratch(j->pool, tid));
+    if (!j->l->bias) return;
     for (int64_t r = lo; r < hi; r++) {
-        dequant_row(w, r, row);
         float b = bias_at(j->l, r);
-        for (int64_t t = 0; t < j->n; t++) j->y[t * j->ldy + r] = sp_dot_f32(row, j->x + t * j->ldx, w->cols) + b;
+        for (int64_t t = 0; t < j->n; t++) j->y[t * j->ldy + r] += b;
     }
 }
 

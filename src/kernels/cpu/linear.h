@@ -23,8 +23,10 @@ size_t sp_linear_scratch_bytes(const struct sp_linear *l);
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool);
 
-/* Dot product of n floats (8 independent partial sums). */
+/* Dot product of n floats, and y += a * x over n floats, with the
+ * dispatched kernel set (kernels.h). */
 float sp_dot_f32(const float *a, const float *b, int64_t n);
+void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Converts a 1-D parameter to floats. */

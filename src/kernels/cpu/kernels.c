@@ -1,0 +1,150 @@
+/* kernels.c - the portable kernel set (plain C, the structure SIMD sets
+ * follow) and the run-time choice of a set (cpuid + SPARROW_KERNELS). */
+#include "kernels/cpu/kernels.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half.h"
+
+/* Dequantizes one row into floats: tight loops for the common formats, the
+ * reference for the rest (same values either way: the same float ops). */
+static void dequant_row(const struct sp_qmat *w, int64_t r, float *out) {
+    const uint8_t *row = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols);
+    int64_t n = w->cols, ng = w->cols / w->group;
+    switch (w->type) {
+    case SP_QTYPE_F32:
+        memcpy(out, row, (size_t)n * sizeof(float));
+        return;
+    case SP_QTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            out[i] = sp_bf16_to_f32(h);
+        }
+        return;
+    case SP_QTYPE_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            out[i] = sp_f16_to_f32(h);
+        }
+        return;
+    case SP_QTYPE_AFFINE4:
+    case SP_QTYPE_AFFINE8: {
+        int bits = sp_qtype_traits(w->type)->bits;
+        for (int64_t g = 0; g < ng; g++) {
+            float s = sp_dtype_load_float(w->scale_dtype, w->scales, (size_t)(r * ng + g));
+            float b = sp_dtype_load_float(w->scale_dtype, w->biases, (size_t)(r * ng + g));
+            const uint8_t *c = row + (size_t)(g * w->group * bits / 8);
+            float *o = out + g * w->group;
+            if (bits == 4)
+                for (int64_t i = 0; i < w->group / 2; i++) {
+                    o[2 * i] = s * (float)(c[i] & 0xf) + b;
+                    o[2 * i + 1] = s * (float)(c[i] >> 4) + b;
+                }
+            else
+                for (int64_t i = 0; i < w->group; i++) o[i] = s * (float)c[i] + b;
+        }
+        return;
+    }
+    case SP_QTYPE_MXFP4: {
+        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)(r * ng);
+        for (int64_t g = 0; g < ng; g++) {
+            float s = sp_e8m0_to_float(sc[g]);
+            const uint8_t *c = row + (size_t)(g * 16);
+            float *o = out + g * 32;
+            for (int i = 0; i < 16; i++) {
+                o[2 * i] = sp_e2m1_values[c[i] & 0xf] * s;
+                o[2 * i + 1] = sp_e2m1_values[c[i] >> 4] * s;
+            }
+        }
+        return;
+    }
+    default:
+        sp_qmat_dequant_row_ref(w, r, out);
+    }
+}
+
+/* Eight independent partial sums: the compiler may vectorize them, and the
+ * order does not depend on the instruction set. */
+static float dot_portable(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static void axpy_portable(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* Each row is dequantized once into scratch and dotted with every token. */
+void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy, void *scratch) {
+    float *row = scratch;
+    for (int64_t r = r0; r < r1; r++) {
+        dequant_row(w, r, row);
+        for (int64_t t = 0; t < n; t++) y[t * ldy + r] = dot_portable(row, x + t * ldx, w->cols);
+    }
+}
+
+static const struct sp_kernels portable = {
+    .isa = SP_KERNELS_PORTABLE,
+    .name = "portable",
+    .matmul_rows = sp_matmul_rows_portable,
+    .dot = dot_portable,
+    .axpy = axpy_portable,
+};
+
+static bool cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
+    switch (isa) {
+    case SP_KERNELS_PORTABLE:
+        return &portable;
+    case SP_KERNELS_AVX2:
+#if defined(__x86_64__)
+        return cpu_has_avx2() ? sp_kernels_avx2_set() : NULL;
+#else
+        return NULL;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+const struct sp_kernels *sp_kernels_select(const char *env_value) {
+    if (env_value && strcmp(env_value, "portable") == 0) return &portable;
+    const struct sp_kernels *k = sp_kernels_of(SP_KERNELS_AVX2);
+    return k ? k : &portable;
+}
+
+const struct sp_kernels *sp_kernels(void) {
+    /* Racing first calls compute the same answer; the atomic keeps it defined. */
+    static _Atomic(const struct sp_kernels *) chosen;
+    const struct sp_kernels *k = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (!k) {
+        k = sp_kernels_select(getenv("SPARROW_KERNELS"));
+        atomic_store_explicit(&chosen, k, memory_order_release);
+    }
+    return k;
+}
+
+/* The portable product dequantizes a whole row; the AVX2 blocked one a
+ * block of rows x columns. */
+size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
+    size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
+    return (row > block ? row : block) + 64;
+}

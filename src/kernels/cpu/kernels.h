@@ -1,0 +1,77 @@
+/*
+ * kernels.h - the CPU kernel sets and their run-time dispatch. A kernel set
+ * is a table of function pointers for the hot loops of the forward pass:
+ * products of packed weight rows with a batch of activation vectors, and the
+ * float dot / axpy of attention. The portable set (plain C, any x86-64 or
+ * other CPU) is the reference structure; the AVX2 set (matvec_avx2.c, built
+ * with -mavx2 -mfma -mf16c) is chosen when the CPU has AVX2, FMA and F16C.
+ * SPARROW_KERNELS=portable in the environment forces the portable set.
+ *
+ *     const struct sp_kernels *k = sp_kernels();      // chosen once per process
+ *     // y[t * ldy + r] = (row r of w) . x[t * ldx ...] for r in [r0, r1), t < n
+ *     k->matmul_rows(&w, r0, r1, x, ldx, n, y, ldy, scratch);
+ *     float s = k->dot(a, b, 128);
+ *
+ * scratch is a per-thread buffer of at least sp_kernels_scratch_bytes(&w)
+ * bytes, 64-byte aligned (the thread pool's scratch); kernels allocate
+ * nothing. The returned tables are static and live for the whole process.
+ *
+ * Numerics: every set computes the same products in float with a different
+ * summation order (and FMA rounding); tests/test_kernels.c holds each set to
+ * the scalar reference of quant/qtype.h with a tolerance relative to
+ * sum |w_i x_i|.
+ */
+#ifndef SP_KERNELS_CPU_KERNELS_H
+#define SP_KERNELS_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/qtype.h"
+
+enum sp_kernels_isa {
+    SP_KERNELS_PORTABLE,
+    SP_KERNELS_AVX2,
+    SP_KERNELS_ISA_COUNT
+};
+
+struct sp_kernels {
+    enum sp_kernels_isa isa;
+    const char *name;  // "portable", "avx2"
+    /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
+     * t in [0, n): every weight row is read from memory once per call. Works
+     * for every format of the traits table (formats a set has no fast path
+     * for go through the portable code). */
+    void (*matmul_rows)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
+                        float *y, int64_t ldy, void *scratch);
+    /* sum of a[i] * b[i] over n floats */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y[i] += a * x[i] over n floats */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
+};
+
+/* The set this process uses: AVX2 when the CPU supports it, unless
+ * SPARROW_KERNELS=portable. Chosen on first call; thread-safe. */
+const struct sp_kernels *sp_kernels(void);
+/* The set of one instruction set, or NULL when this CPU cannot run it. */
+const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
+/* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
+ * "portable" forces the portable set, "avx2" asks for AVX2 (portable when
+ * the CPU lacks it), anything else means automatic. */
+const struct sp_kernels *sp_kernels_select(const char *env_value);
+/* Floats of scratch the AVX2 blocked (prefill) product uses: 4 rows x 512
+ * columns dequantized at a time. */
+#define SP_KERNELS_BLOCK_ROWS 4
+#define SP_KERNELS_BLOCK_COLS 512
+/* Per-thread scratch bytes that matmul_rows of any set needs for w. */
+size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
+
+/* The AVX2 set (matvec_avx2.c); only call when the CPU has AVX2+FMA+F16C. */
+const struct sp_kernels *sp_kernels_avx2_set(void);
+/* The portable matmul_rows, which the AVX2 set falls back on for formats it
+ * has no fast path for. */
+void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy, void *scratch);
+
+#endif

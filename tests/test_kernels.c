@@ -1,0 +1,304 @@
+/*
+ * test_kernels.c - every CPU kernel set this machine can run (portable,
+ * AVX2) against the scalar reference of quant/qtype.h: each format x
+ * shapes (odd row counts, one-group rows, rows longer than a blocked
+ * slice) x batch sizes (fused and blocked paths) on random inputs, plus the
+ * float dot / axpy, the run-time choice of a set, and sp_linear_apply over
+ * two threads.
+ */
+#include "helpers.h"
+
+#include <float.h>
+#include <math.h>
+
+#include "core/pool.h"
+#include "core/rng.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/linear.h"
+
+/* Allowed |kernel - reference| relative to sum_i |w_i x_i| (the reference
+ * sums in double). The sets sum in float in another order and decode affine
+ * weights with one FMA (s*q+b rounded once): for rows of up to ~1000
+ * columns that stays near 1e-6; a wrong code, scale or column is >= 1e-3. */
+#define TOL_MATMUL 1e-5
+#define TOL_DOT 1e-5
+
+struct mat {
+    struct sp_qmat m;
+    void *codes, *scales, *biases;
+};
+
+/* A random rows x cols matrix of type t, quantized by the reference
+ * quantizer. Row magnitudes vary over 2^-8..2^8 so scales vary too. */
+static void mat_make(struct mat *o, enum sp_qtype t, int group, enum sp_dtype sdt, int64_t rows, int64_t cols,
+                     struct sp_rng *rng) {
+    const struct sp_qtype_traits *tr = sp_qtype_traits(t);
+    memset(o, 0, sizeof *o);
+    if (!tr->mode) group = 1;
+    enum sp_dtype s_dt = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : sdt;
+    size_t rb = sp_qtype_row_bytes(t, cols);
+    int64_t ng = cols / group;
+    size_t sb = tr->mode ? (size_t)ng * sp_dtype_size(s_dt) : 0;
+    o->codes = calloc((size_t)rows, rb + 1);
+    if (tr->mode) o->scales = calloc((size_t)rows, sb);
+    if (tr->has_biases) o->biases = calloc((size_t)rows, sb);
+    float *x = malloc((size_t)cols * sizeof *x);
+    for (int64_t r = 0; r < rows; r++) {
+        float mag = ldexpf(1.0f, (int)(sp_rng_next(rng) % 17) - 8);
+        /* a per-row offset makes affine biases matter */
+        float off = (sp_rng_uniform(rng) - 0.5f) * mag;
+        for (int64_t i = 0; i < cols; i++) x[i] = sp_rng_normal(rng) * mag + off;
+        sp_qtype_quantize_row_ref(t, x, cols, group, (uint8_t *)o->codes + (size_t)r * rb,
+                                  o->scales ? (uint8_t *)o->scales + (size_t)r * sb : NULL,
+                                  o->biases ? (uint8_t *)o->biases + (size_t)r * sb : NULL, s_dt);
+    }
+    free(x);
+    o->m = (struct sp_qmat){.type = t, .group = group, .rows = rows, .cols = cols, .codes = o->codes,
+                            .scales = o->scales, .biases = o->biases,
+                            .scale_dtype = tr->mode ? s_dt : SP_DTYPE_COUNT};
+}
+
+static void mat_free(struct mat *o) {
+    free(o->codes);
+    free(o->scales);
+    free(o->biases);
+}
+
+/* Worst |got - ref| / (tol * sum |w x|) over outputs; > 1 is a failure. */
+static double worst_ratio(const struct sp_qmat *m, const float *x, int64_t ldx, int64_t n, const float *y,
+                          int64_t ldy, double tol, int64_t *bad_r, int64_t *bad_t) {
+    float *w = malloc((size_t)m->cols * sizeof *w);
+    double worst = 0.0;
+    for (int64_t r = 0; r < m->rows; r++) {
+        sp_qmat_dequant_row_ref(m, r, w);
+        for (int64_t t = 0; t < n; t++) {
+            const float *xt = x + t * ldx;
+            double mag = 0.0;
+            for (int64_t i = 0; i < m->cols; i++) mag += fabs((double)w[i] * xt[i]);
+            double ref = sp_qmat_dot_row_ref(m, r, xt), got = y[t * ldy + r];
+            double ratio = fabs(got - ref) / (tol * mag + DBL_MIN);
+            if (!(ratio <= worst)) {  // also catches NaN
+                worst = isnan(ratio) ? INFINITY : ratio;
+                *bad_r = r;
+                *bad_t = t;
+            }
+        }
+    }
+    free(w);
+    return worst;
+}
+
+static double worst_seen = 0.0;
+
+/* Runs k->matmul_rows on m for n tokens the way the pool does (two row
+ * ranges), checks every output against the reference and that nothing
+ * outside the outputs was written. */
+static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_t n, struct sp_rng *rng) {
+    const struct sp_qmat *m = &M->m;
+    int64_t ldx = m->cols + 3, ldy = m->rows + 5;
+    float *x = malloc((size_t)(n * ldx) * sizeof *x);
+    float *y = malloc((size_t)(n * ldy) * sizeof *y);
+    for (int64_t i = 0; i < n * ldx; i++) x[i] = sp_rng_normal(rng);
+    for (int64_t i = 0; i < n * ldy; i++) y[i] = 12345.0f;
+    void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(m), 64, SP_MEM_MISC);
+    int64_t half = m->rows / 2;
+    k->matmul_rows(m, 0, half, x, ldx, n, y, ldy, scratch);
+    k->matmul_rows(m, half, m->rows, x, ldx, n, y, ldy, scratch);
+    sp_free_aligned(scratch);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = m->rows; r < ldy; r++) assert_true(y[t * ldy + r] == 12345.0f);
+    int64_t br = -1, bt = -1;
+    double ratio = worst_ratio(m, x, ldx, n, y, ldy, TOL_MATMUL, &br, &bt);
+    if (ratio > 1.0)
+        print_error("%s %s g%d scales %s: %lldx%lld batch %lld: row %lld token %lld off by %.3g x tolerance\n", k->name,
+                    sp_qtype_name(m->type), m->group, m->scale_dtype < SP_DTYPE_COUNT ? sp_dtype_name(m->scale_dtype) : "-",
+                    (long long)m->rows, (long long)m->cols, (long long)n, (long long)br, (long long)bt, ratio);
+    assert_true(ratio <= 1.0);
+    if (ratio > worst_seen) worst_seen = ratio;
+    free(x);
+    free(y);
+}
+
+static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17};
+static const int64_t row_counts[] = {1, 13, 67};
+
+/* Every available set x rows x batch on one (type, group, scale dtype) for
+ * each column count in cols[]. */
+static void check_format(enum sp_qtype t, int group, enum sp_dtype sdt, const int64_t *cols, int ncols) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 1000u + (uint64_t)t * 31u + (uint64_t)group * 7u + (uint64_t)sdt);
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (int c = 0; c < ncols; c++)
+            for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++) {
+                struct mat M;
+                mat_make(&M, t, group, sdt, row_counts[ri], cols[c], &rng);
+                for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_matmul(k, &M, batches[b], &rng);
+                /* a prefill-sized batch over a long row: several column slices */
+                if (ri == 1 && cols[c] >= 512) check_matmul(k, &M, 64, &rng);
+                mat_free(&M);
+            }
+    }
+}
+
+static void test_plain_formats(void **state) {
+    /* any column count: tails of 1..31 columns after the 32-wide steps */
+    const int64_t cols[] = {1, 7, 8, 33, 100, 517};
+    check_format(SP_QTYPE_F32, 1, SP_DTYPE_COUNT, cols, 6);
+    check_format(SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, cols, 6);
+    check_format(SP_QTYPE_F16, 1, SP_DTYPE_COUNT, cols, 6);
+}
+
+static void check_affine(enum sp_qtype t) {
+    const int groups[] = {32, 64, 128};
+    const enum sp_dtype sdts[] = {SP_DTYPE_F32, SP_DTYPE_BF16, SP_DTYPE_F16};
+    for (int g = 0; g < 3; g++)
+        for (int s = 0; s < 3; s++) {
+            /* one group, three groups, and 640 = one 512-column slice + 128 */
+            const int64_t cols[] = {groups[g], 3 * groups[g], 640};
+            check_format(t, groups[g], sdts[s], cols, 3);
+        }
+}
+
+static void test_affine4(void **state) { check_affine(SP_QTYPE_AFFINE4); }
+static void test_affine8(void **state) { check_affine(SP_QTYPE_AFFINE8); }
+
+static void test_mxfp4(void **state) {
+    const int64_t cols[] = {32, 96, 640};
+    check_format(SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, cols, 3);
+}
+
+/* Formats without a SIMD fast path must still be right in every set. */
+static void test_other_formats(void **state) {
+    const int64_t cols[] = {128, 256};
+    check_format(SP_QTYPE_AFFINE2, 64, SP_DTYPE_BF16, cols, 2);
+    check_format(SP_QTYPE_AFFINE3, 32, SP_DTYPE_F16, cols, 2);
+    check_format(SP_QTYPE_AFFINE5, 64, SP_DTYPE_F32, cols, 2);
+    check_format(SP_QTYPE_AFFINE6, 128, SP_DTYPE_BF16, cols, 2);
+    check_format(SP_QTYPE_MXFP8, 32, SP_DTYPE_U8, cols, 2);
+    check_format(SP_QTYPE_NVFP4, 16, SP_DTYPE_U8, cols, 2);
+}
+
+/* The checker itself: a result off by 10x the tolerance must be flagged. */
+static void test_checker_catches_errors(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 7);
+    struct mat M;
+    mat_make(&M, SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 3, 128, &rng);
+    float x[128], y[3], w[128];
+    for (int i = 0; i < 128; i++) x[i] = sp_rng_normal(&rng);
+    for (int r = 0; r < 3; r++) y[r] = sp_qmat_dot_row_ref(&M.m, r, x);
+    int64_t br, bt;
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) <= 1.0);
+    sp_qmat_dequant_row_ref(&M.m, 1, w);
+    double mag = 0;
+    for (int i = 0; i < 128; i++) mag += fabs((double)w[i] * x[i]);
+    y[1] += (float)(10 * TOL_MATMUL * mag);
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) > 1.0);
+    assert_int_equal(br, 1);
+    y[1] = NAN;
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) > 1.0);
+    mat_free(&M);
+}
+
+static void test_dot_axpy(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 11);
+    const int64_t ns[] = {0, 1, 7, 8, 9, 31, 32, 33, 64, 128, 1000};
+    float a[1000], b[1000], y[1000], y0[1000];
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+            int64_t n = ns[c];
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < n; i++) {
+                a[i] = sp_rng_normal(&rng);
+                b[i] = sp_rng_normal(&rng);
+                ref += (double)a[i] * b[i];
+                mag += fabs((double)a[i] * b[i]);
+            }
+            assert_true(fabs(k->dot(a, b, n) - ref) <= TOL_DOT * mag + DBL_MIN);
+            float s = sp_rng_normal(&rng);
+            for (int64_t i = 0; i < n + 1 && i < 1000; i++) y[i] = y0[i] = sp_rng_normal(&rng);
+            k->axpy(y, s, b, n);
+            /* one product and one sum per element: FMA or not, within 1 ulp-ish */
+            for (int64_t i = 0; i < n; i++) {
+                double want = (double)y0[i] + (double)s * b[i];
+                assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * b[i])));
+            }
+            if (n < 1000) assert_true(y[n] == y0[n]);  // writes nothing past n
+        }
+    }
+}
+
+static void test_dispatch(void **state) {
+    const struct sp_kernels *portable = sp_kernels_of(SP_KERNELS_PORTABLE);
+    const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
+    assert_non_null(portable);
+    assert_string_equal(portable->name, "portable");
+    assert_ptr_equal(sp_kernels_select("portable"), portable);
+    const struct sp_kernels *best = avx2 ? avx2 : portable;
+    assert_ptr_equal(sp_kernels_select(NULL), best);
+    assert_ptr_equal(sp_kernels_select("avx2"), best);
+    assert_ptr_equal(sp_kernels_select(""), best);
+    assert_ptr_equal(sp_kernels(), sp_kernels_select(getenv("SPARROW_KERNELS")));
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    assert_int_equal(avx2 != NULL, has);
+    if (avx2) assert_string_equal(avx2->name, "avx2");
+#endif
+}
+
+/* The linear layer over a 2-thread pool with a bias, whichever set runs. */
+static void test_linear_apply(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 5);
+    struct sp_pool *pool;
+    assert_int_equal(sp_pool_create(2, &pool), SP_OK);
+    const int64_t ns[] = {1, 3, 17};
+    for (int fmt = 0; fmt < 2; fmt++) {
+        struct mat M;
+        mat_make(&M, fmt ? SP_QTYPE_MXFP4 : SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 301, 256, &rng);
+        float bias[301];
+        for (int r = 0; r < 301; r++) bias[r] = sp_rng_normal(&rng);
+        struct sp_linear l = {.w = M.m, .bias = bias, .bias_dtype = SP_DTYPE_F32};
+        assert_int_equal(sp_pool_reserve(pool, sp_linear_scratch_bytes(&l)), SP_OK);
+        for (size_t c = 0; c < 3; c++) {
+            int64_t n = ns[c];
+            float *x = malloc((size_t)(n * 256) * sizeof *x), *y = malloc((size_t)(n * 301) * sizeof *y);
+            for (int64_t i = 0; i < n * 256; i++) x[i] = sp_rng_normal(&rng);
+            sp_linear_apply(&l, x, 256, y, 301, n, pool);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t r = 0; r < 301; r++) y[t * 301 + r] -= bias[r];
+            int64_t br, bt;
+            assert_true(worst_ratio(&M.m, x, 256, n, y, 301, TOL_MATMUL, &br, &bt) <= 1.0);
+            free(x);
+            free(y);
+        }
+        mat_free(&M);
+    }
+    sp_pool_free(pool);
+}
+
+static int report(void **state) {
+    printf("# worst kernel error: %.3g x TOL_MATMUL (%g); active set: %s\n", worst_seen, TOL_MATMUL, sp_kernels()->name);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checker_catches_errors),
+        cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_plain_formats),
+        cmocka_unit_test(test_affine4),
+        cmocka_unit_test(test_affine8),
+        cmocka_unit_test(test_mxfp4),
+        cmocka_unit_test(test_other_formats),
+        cmocka_unit_test(test_linear_apply),
+    };
+    return cmocka_run_group_tests(tests, NULL, report);
+}
