@@ -11,9 +11,9 @@
 #include "tokenizer/utf8.h"
 
 #define CACHE_MAX_WORD 256
-#define CACHE_SLOTS (1u << 15)  // at most half of them used
-#define CACHE_KEY_BYTES (1u << 20)
-#define CACHE_IDS (1u << 18)
+#define CACHE_SLOTS (1u << 16)  // at most half of them used: 32k words
+#define CACHE_KEY_BYTES (1u << 21)
+#define CACHE_IDS (1u << 19)
 
 struct merge_slot {
     uint64_t key;  // (left id << 32) | right id; UINT64_MAX when empty
@@ -681,6 +681,8 @@ static enum sp_status char_symbols(const struct sp_bpe *m, const char *w, size_t
 enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, struct sp_bpe_scratch *s,
                                   struct sp_ids *out) {
     if (len == 0) return SP_OK;
+    if (len == 1 && m->byte_level && m->byte_id[(unsigned char)w[0]] >= 0)
+        return sp_ids_push(out, m->byte_id[(unsigned char)w[0]]);  // nothing to merge, nothing to cache
     enum sp_status st = SP_OK;
     bool cacheable = len <= CACHE_MAX_WORD;
     uint64_t h = 0;
