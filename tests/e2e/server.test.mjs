@@ -1,0 +1,272 @@
+// End-to-end tests of `sparrow serve` with the official `openai` client.
+// The model is a tiny random qwen3_moe carrying the real Qwen3 tokenizer and
+// chat template (tools/make-e2e-model.sh): its text is gibberish, so these
+// tests check protocol, shapes and determinism, not meaning.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const BUILD = process.env.BUILD || 'build';
+const SPARROW = path.resolve(BUILD, 'sparrow');
+const servers = [];
+let dir, main, cold;
+
+// Starts a server on a free port; resolves with its base URL once the
+// "ready" JSON line is printed.
+function startServer(extra = []) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(SPARROW, ['serve', '--model', dir, '--port', '0', '--ctx', '512', '--threads', '2', ...extra],
+      { stdio: ['ignore', 'pipe', 'pipe'] });
+    servers.push(p);
+    let out = '', err = '';
+    const timer = setTimeout(() => reject(new Error(`server did not start: ${err}`)), 60000);
+    p.stdout.on('data', (d) => {
+      out += d;
+      const line = out.split('\n').find((l) => l.startsWith('{"event":"ready"'));
+      if (line) {
+        clearTimeout(timer);
+        const ready = JSON.parse(line);
+        resolve({ proc: p, ready, url: `http://127.0.0.1:${ready.port}`, log: () => err });
+      }
+    });
+    p.stderr.on('data', (d) => { err += d; });
+    p.on('exit', (code) => reject(new Error(`server exited with ${code}: ${err}`)));
+  });
+}
+
+const client = (s, key = 'none') => new OpenAI({ baseURL: `${s.url}/v1`, apiKey: key, maxRetries: 0 });
+const chat = (content) => [{ role: 'user', content }];
+
+before(async () => {
+  dir = mkdtempSync(path.join(tmpdir(), 'sparrow-e2e-'));
+  execFileSync('tools/make-e2e-model.sh', [dir], { env: { ...process.env, BUILD } });
+  main = await startServer(['--parallel', '4']);
+  cold = await startServer(['--parallel', '1']);
+});
+
+after(() => {
+  for (const p of servers) p.kill('SIGTERM');
+  rmSync(dir, { recursive: true, force: true });
+});
+
+test('models lists the model with its context length', async () => {
+  const list = await client(main).models.list();
+  assert.equal(list.data.length, 1);
+  assert.equal(list.data[0].object, 'model');
+  assert.equal(list.data[0].owned_by, 'sparrow');
+  assert.equal(list.data[0].context_length, 512);
+  assert.equal(main.ready.architecture, 'qwen3_moe');
+});
+
+test('chat completion: message, usage, finish_reason length', async () => {
+  const r = await client(main).chat.completions.create({ model: 'x', messages: chat('Hello there'), max_tokens: 12, temperature: 0 });
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(r.choices[0].message.content.length > 0);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 12);
+  assert.ok(r.usage.prompt_tokens > 5);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 12);
+});
+
+test('streaming deltas add up to the non-streaming text; usage chunk; [DONE]', async () => {
+  const req = { model: 'x', messages: chat('Stream this'), max_tokens: 16, temperature: 0.9, seed: 11 };
+  const whole = await client(main).chat.completions.create(req);
+  const stream = await client(main).chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, first = true;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    if (!chunk.choices.length) continue;
+    if (first) { assert.equal(chunk.choices[0].delta.role, 'assistant'); first = false; }
+    text += chunk.choices[0].delta.content ?? '';
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 16);
+});
+
+test('the same seed gives the same text; another seed another', async () => {
+  const req = { model: 'x', messages: chat('Seeds'), max_tokens: 24, temperature: 1.0, top_p: 1, seed: 5 };
+  const a = await client(main).chat.completions.create(req);
+  const b = await client(main).chat.completions.create(req);
+  const c = await client(main).chat.completions.create({ ...req, seed: 6 });
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.notEqual(a.choices[0].message.content, c.choices[0].message.content);
+});
+
+test('stop strings end the text before them with finish_reason stop', async () => {
+  const req = { model: 'x', messages: chat('Stop test'), max_tokens: 30, temperature: 0 };
+  const full = (await client(main).chat.completions.create(req)).choices[0].message.content;
+  const stop = full.slice(Math.floor(full.length / 2), Math.floor(full.length / 2) + 2);
+  const cut = full.slice(0, full.indexOf(stop));
+  const r = await client(main).chat.completions.create({ ...req, stop: [stop] });
+  assert.equal(r.choices[0].message.content, cut);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const s = await client(main).chat.completions.create({ ...req, stop, stream: true });
+  let text = '';
+  for await (const chunk of s) text += chunk.choices[0]?.delta?.content ?? '';
+  assert.equal(text, cut);
+});
+
+test('prompt cache: the second turn reuses the first and matches a cold run', async () => {
+  const turn1 = chat('Tell me a story about caches');
+  const r1 = await client(main).chat.completions.create({ model: 'x', messages: turn1, max_tokens: 8, temperature: 0 });
+  const turn2 = [...turn1, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'Go on' }];
+  const req = { model: 'x', messages: turn2, max_tokens: 10, temperature: 0.7, seed: 3 };
+  const warm = await client(main).chat.completions.create(req);
+  assert.ok(warm.usage.prompt_tokens_details.cached_tokens > 10, JSON.stringify(warm.usage));
+  const coldRun = await client(cold).chat.completions.create(req);
+  assert.equal(coldRun.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(warm.choices[0].message.content, coldRun.choices[0].message.content);
+});
+
+test('text completions: string and token-array prompts, streaming', async () => {
+  const r = await client(main).completions.create({ model: 'x', prompt: 'Once upon a time', max_tokens: 6, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.usage.completion_tokens, 6);
+  const ids = await client(main).completions.create({ model: 'x', prompt: [9707, 11, 1879], max_tokens: 4, temperature: 0 });
+  assert.equal(ids.usage.prompt_tokens, 3);
+  const s = await client(main).completions.create({ model: 'x', prompt: 'Once upon a time', max_tokens: 6, temperature: 0, stream: true });
+  let text = '';
+  for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, r.choices[0].text);
+});
+
+test('logprobs: one entry per token with top alternatives', async () => {
+  const r = await client(main).chat.completions.create({ model: 'x', messages: chat('probs'), max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 5);
+  for (const t of lp) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 3);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+    assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4, 'greedy picks the most likely token');
+  }
+});
+
+test('tools in the request are rendered by the template and accepted', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' },
+  ];
+  const r = await client(main).chat.completions.create({ model: 'x', messages, tools, tool_choice: 'auto', max_tokens: 4, temperature: 0 });
+  assert.ok(r.usage.prompt_tokens > 60, 'the tool definitions are in the prompt');
+  const none = await client(main).chat.completions.create({ model: 'x', messages, tools, tool_choice: 'none', max_tokens: 4, temperature: 0 });
+  assert.ok(none.usage.prompt_tokens < r.usage.prompt_tokens);
+});
+
+test('aborting a stream cancels the generation and frees the slot', async () => {
+  const ac = new AbortController();
+  const s = await client(main).chat.completions.create({ model: 'x', messages: chat('long'), max_tokens: 400, stream: true }, { signal: ac.signal });
+  let n = 0;
+  try {
+    for await (const _ of s) { if (++n === 3) ac.abort(); }
+  } catch (e) {
+    assert.match(String(e.name), /Abort/);  // the client sees the abort as an error, or as the end of the stream
+  }
+  assert.ok(n >= 3 && n < 100, `read ${n} chunks`);
+  let active = -1;
+  for (let i = 0; i < 50 && active !== 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    const m = await (await fetch(`${main.url}/metrics`)).text();
+    active = Number(/^sparrow_slots_active (\d+)/m.exec(m)[1]);
+  }
+  assert.equal(active, 0);
+  const gen = Number(/^sparrow_generated_tokens_total (\d+)/m.exec(await (await fetch(`${main.url}/metrics`)).text())[1]);
+  await new Promise((r) => setTimeout(r, 300));
+  const gen2 = Number(/^sparrow_generated_tokens_total (\d+)/m.exec(await (await fetch(`${main.url}/metrics`)).text())[1]);
+  assert.equal(gen2, gen, 'nothing is generated after the abort');
+});
+
+test('metrics are Prometheus text', async () => {
+  const res = await fetch(`${main.url}/metrics`);
+  assert.equal(res.status, 200);
+  const text = await res.text();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    assert.match(line, /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? -?[0-9.eE+-]+$|\+Inf/, line);
+  }
+  for (const name of ['sparrow_requests_total', 'sparrow_time_to_first_token_seconds_bucket', 'sparrow_queue_depth',
+    'sparrow_slots_active', 'sparrow_kv_cache_tokens', 'sparrow_memory_allocated_bytes', 'sparrow_prompt_tokens_total',
+    'sparrow_generated_tokens_total', 'sparrow_decode_tokens_per_second', 'sparrow_resident_bytes']) {
+    assert.ok(text.includes(name), name);
+  }
+  assert.ok(Number(/^sparrow_generated_tokens_total (\d+)/m.exec(text)[1]) > 0);
+});
+
+test('API key: missing or wrong is 401, right is 200', async () => {
+  const keyed = await startServer(['--api-key', 'sekrit']);
+  await assert.rejects(client(keyed, 'wrong').models.list(), (e) => e.status === 401);
+  const res = await fetch(`${keyed.url}/v1/models`);
+  assert.equal(res.status, 401);
+  assert.equal((await res.json()).error.code, 'invalid_api_key');
+  const ok = await client(keyed, 'sekrit').models.list();
+  assert.equal(ok.data.length, 1);
+  assert.equal((await fetch(`${keyed.url}/health`)).status, 200);
+});
+
+async function post(route, body, headers = {}) {
+  const res = await fetch(`${main.url}${route}`, { method: 'POST', body, headers: { 'Content-Type': 'application/json', ...headers } });
+  return { status: res.status, json: await res.json().catch(() => null) };
+}
+
+test('bad input: clear 4xx errors in OpenAI shape, and the server keeps serving', async () => {
+  const cases = [
+    ['{not json', 400],
+    ['[1,2]', 400],
+    [JSON.stringify({ messages: 'hi' }), 400],
+    [JSON.stringify({ messages: chat('x'), temperature: 'hot' }), 400],
+    [JSON.stringify({ messages: chat('x'), max_tokens: -5 }), 400],
+    [JSON.stringify({ messages: chat('x'), n: 3 }), 400],
+    [JSON.stringify({ messages: chat('x'), stop: [1, 2] }), 400],
+    [JSON.stringify({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400],
+    [JSON.stringify({ messages: chat('x'), response_format: { type: 'yaml' } }), 400],
+    ['['.repeat(5000) + ']'.repeat(5000), 400],
+    [JSON.stringify({ messages: chat('word '.repeat(2000)) }), 400],
+  ];
+  for (const [body, status] of cases) {
+    const r = await post('/v1/chat/completions', body);
+    assert.equal(r.status, status, body.slice(0, 80));
+    assert.equal(typeof r.json.error.message, 'string');
+    assert.ok('type' in r.json.error && 'param' in r.json.error && 'code' in r.json.error);
+  }
+  const big = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'.repeat(9 << 20)) }));
+  assert.equal(big.status, 413);
+  const bad = await fetch(`${main.url}/v1/chat/completions`, { method: 'POST',
+    body: Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}],"max_tokens":2}')]) });
+  assert.ok(bad.status === 200 || bad.status === 400, `invalid UTF-8 gave ${bad.status}`);
+  const unknown = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'), max_tokens: 2, frobnicate: true }));
+  assert.equal(unknown.status, 200, 'unknown fields are ignored');
+  assert.equal((await fetch(`${main.url}/v1/nope`)).status, 404);
+  assert.equal((await fetch(`${main.url}/v1/chat/completions`)).status, 405);
+  assert.equal((await fetch(`${main.url}/health`)).status, 200);
+});
+
+test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
+  const one = async (i) => {
+    for (let k = 0; k < 3; k++) {
+      const s = await client(main).chat.completions.create({ model: 'x', messages: chat(`client ${i} request ${k}`),
+        max_tokens: 8, temperature: 0.5, seed: i, stream: true, stream_options: { include_usage: true } });
+      let finish = null, usage = null;
+      for await (const c of s) {
+        if (c.usage) usage = c.usage;
+        if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+      }
+      assert.equal(finish, 'length');
+      assert.equal(usage.completion_tokens, 8);
+    }
+  };
+  await Promise.all(Array.from({ length: 32 }, (_, i) => one(i)));
+});
