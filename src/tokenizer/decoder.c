@@ -271,9 +271,22 @@ static enum sp_status stage_run(const struct dec_stage *s, const struct sp_piece
     return SP_OK;
 }
 
-enum sp_status sp_decoder_run(const struct sp_decoder *d, struct sp_pieces *p, bool at_start, struct sp_rx *rx,
-                              struct sp_buf *out) {
+enum sp_status sp_dec_work_init(struct sp_dec_work *w) {
+    memset(w, 0, sizeof *w);
+    return sp_rx_init(&w->rx);
+}
+
+void sp_dec_work_free(struct sp_dec_work *w) {
+    if (!w) return;
+    sp_pieces_free(&w->p);
+    sp_pieces_free(&w->other);
+    sp_buf_free(&w->tmp);
+    sp_rx_free(&w->rx);
+}
+
+enum sp_status sp_decoder_run(const struct sp_decoder *d, struct sp_dec_work *w, bool at_start, struct sp_buf *out) {
     enum sp_status st = SP_OK;
+    struct sp_pieces *p = &w->p;
     if (!d) {
         for (int64_t i = 0; i < p->n; i++) {
             if (i > 0 || !at_start) sp_buf_putc(out, ' ');
@@ -281,18 +294,14 @@ enum sp_status sp_decoder_run(const struct sp_decoder *d, struct sp_pieces *p, b
         }
         return out->failed ? sp_errorf(SP_ERR_NOMEM, "decoder: out of memory") : SP_OK;
     }
-    struct sp_pieces other = {0};
-    struct sp_buf tmp = SP_BUF_INIT;
     bool head_cont = false;
     for (int64_t i = 0; i < d->n && st == SP_OK; i++) {
-        st = stage_run(&d->st[i], p, &other, at_start, &head_cont, rx, &tmp);
-        struct sp_pieces t = *p;
-        *p = other;
-        other = t;
+        st = stage_run(&d->st[i], &w->p, &w->other, at_start, &head_cont, &w->rx, &w->tmp);
+        struct sp_pieces t = w->p;
+        w->p = w->other;
+        w->other = t;
     }
     for (int64_t i = 0; st == SP_OK && i < p->n; i++) st = sp_buf_append(out, p->text.data + p->v[i].off, p->v[i].len);
-    sp_pieces_free(&other);
-    sp_buf_free(&tmp);
     return st;
 }
 

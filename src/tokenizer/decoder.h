@@ -12,9 +12,11 @@
  *
  *     struct sp_decoder *d;
  *     sp_decoder_parse(cJSON_GetObjectItem(root, "decoder"), "decoder", &d);
- *     struct sp_pieces p = {0};
- *     sp_pieces_add(&p, "\xc4\xa0hi", 4, false);     // "Ġhi"
- *     sp_decoder_run(d, &p, true, &rx, &bytes);      // appends " hi"
+ *     struct sp_dec_work w;
+ *     sp_dec_work_init(&w);
+ *     sp_pieces_add(&w.p, "\xc4\xa0hi", 4, false);   // "Ġhi"
+ *     sp_decoder_run(d, &w, true, &bytes);           // appends " hi"
+ *     sp_dec_work_free(&w);
  *
  * The chain and piece lists are owned by the caller (_free, NULL-safe).
  */
@@ -44,19 +46,30 @@ enum sp_status sp_pieces_add(struct sp_pieces *p, const char *s, size_t len, boo
 void sp_pieces_clear(struct sp_pieces *p);
 void sp_pieces_free(struct sp_pieces *p);
 
+/* The working memory of decoding, kept between calls so that a streaming
+ * decoder allocates nothing once its buffers have grown to size. */
+struct sp_dec_work {
+    struct sp_pieces p;      // the input pieces; scratch after a run
+    struct sp_pieces other;  // scratch
+    struct sp_buf tmp;       // scratch
+    struct sp_rx rx;
+};
+
+enum sp_status sp_dec_work_init(struct sp_dec_work *w);
+void sp_dec_work_free(struct sp_dec_work *w);
+
 struct sp_decoder;
 /* j may be NULL or JSON null: *out is then NULL, and decoding joins the
  * token texts with single spaces, as the reference does. */
 enum sp_status sp_decoder_parse(const cJSON *j, const char *where, struct sp_decoder **out);
 void sp_decoder_free(struct sp_decoder *d);
 
-/* Runs the chain over p (consumed: its contents are scratch afterwards) and
- * appends the bytes to out. at_start says whether p's first token begins the
+/* Runs the chain over w->p (consumed: its contents are scratch afterwards)
+ * and appends the bytes to out. at_start says whether p's first token begins the
  * text: only then do Metaspace and a Strip after Fuse remove the leading
  * space, so a window of later tokens decodes to exactly its share of the
  * whole text. */
-enum sp_status sp_decoder_run(const struct sp_decoder *d, struct sp_pieces *p, bool at_start, struct sp_rx *rx,
-                              struct sp_buf *out);
+enum sp_status sp_decoder_run(const struct sp_decoder *d, struct sp_dec_work *w, bool at_start, struct sp_buf *out);
 
 /* True when decoding a window of tokens, with at_start false, gives the same
  * bytes as the whole text has there; false for chains whose steps look

@@ -18,14 +18,14 @@ struct sp_detok {
     struct sp_buf shown;  // those bytes, to check that later decodes keep them
     struct sp_buf raw, text;  // scratch
     struct sp_buf pend;   // clean-up mode: text not yet cleaned and emitted
-    struct sp_rx rx;
+    struct sp_dec_work work;  // reused by every decode
 };
 
 enum sp_status sp_detok_new(const struct sp_tokenizer *t, unsigned flags, struct sp_detok **out) {
     *out = NULL;
     struct sp_detok *d = sp_calloc(1, sizeof *d, SP_MEM_TOKENIZER);
     if (!d) return sp_errorf(SP_ERR_NOMEM, "detokenizer: out of memory");
-    enum sp_status st = sp_rx_init(&d->rx);
+    enum sp_status st = sp_dec_work_init(&d->work);
     if (st != SP_OK) {
         sp_free(d);
         return st;
@@ -45,7 +45,7 @@ void sp_detok_free(struct sp_detok *d) {
     sp_buf_free(&d->raw);
     sp_buf_free(&d->text);
     sp_buf_free(&d->pend);
-    sp_rx_free(&d->rx);
+    sp_dec_work_free(&d->work);
     sp_free(d);
 }
 
@@ -87,7 +87,7 @@ enum sp_status sp_detok_push(struct sp_detok *d, int32_t id, struct sp_buf *out)
                          (long long)sp_tokenizer_vocab_size(d->t));
     if ((st = sp_ids_push(&d->win, id)) != SP_OK) return st;
     sp_buf_clear(&d->raw);
-    if ((st = sp_tokenizer_decode_raw(d->t, d->win.v, d->win.n, d->flags, d->at_start, &d->rx, &d->raw)) != SP_OK) {
+    if ((st = sp_tokenizer_decode_raw(d->t, d->win.v, d->win.n, d->flags, d->at_start, &d->work, &d->raw)) != SP_OK) {
         d->win.n--;
         return st;
     }
@@ -122,7 +122,7 @@ enum sp_status sp_detok_push(struct sp_detok *d, int32_t id, struct sp_buf *out)
 static enum sp_status rest(struct sp_detok *d, bool final, struct sp_buf *out) {
     enum sp_status st;
     sp_buf_clear(&d->raw);
-    if ((st = sp_tokenizer_decode_raw(d->t, d->win.v, d->win.n, d->flags, d->at_start, &d->rx, &d->raw)) != SP_OK)
+    if ((st = sp_tokenizer_decode_raw(d->t, d->win.v, d->win.n, d->flags, d->at_start, &d->work, &d->raw)) != SP_OK)
         return st;
     sp_buf_clear(&d->text);
     if (d->raw.len > d->emitted && (st = sp_utf8_sanitize(d->raw.data + d->emitted, d->raw.len - d->emitted, &d->text)) != SP_OK)

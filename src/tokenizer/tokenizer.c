@@ -677,32 +677,26 @@ done:
 /* ---- decode ---- */
 
 enum sp_status sp_tokenizer_decode_raw(const struct sp_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags,
-                                       bool at_start, struct sp_rx *rx, struct sp_buf *out) {
-    enum sp_status st = SP_OK;
-    struct sp_pieces p = {0};
+                                       bool at_start, struct sp_dec_work *w, struct sp_buf *out) {
+    enum sp_status st;
+    sp_pieces_clear(&w->p);
     for (int64_t i = 0; i < n; i++) {
         size_t len;
         const char *s = sp_tokenizer_token(t, ids[i], &len);
-        if (!s) {
-            st = sp_errorf(SP_ERR_ARG, "token id %d is outside the vocabulary (size %lld)", ids[i], (long long)t->n_ids);
-            goto done;
-        }
+        if (!s) return sp_errorf(SP_ERR_ARG, "token id %d is outside the vocabulary (size %lld)", ids[i], (long long)t->n_ids);
         if (flags & SP_TOK_SKIP_SPECIAL && t->special[ids[i]]) continue;
-        if ((st = sp_pieces_add(&p, s, len, t->added_of_id[ids[i]] >= 0)) != SP_OK) goto done;
+        if ((st = sp_pieces_add(&w->p, s, len, t->added_of_id[ids[i]] >= 0)) != SP_OK) return st;
     }
-    st = sp_decoder_run(t->dec, &p, at_start, rx, out);
-done:
-    sp_pieces_free(&p);
-    return st;
+    return sp_decoder_run(t->dec, w, at_start, out);
 }
 
 enum sp_status sp_tokenizer_decode(const struct sp_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags,
                                    struct sp_buf *out) {
-    struct sp_rx rx;
+    struct sp_dec_work w;
     struct sp_buf raw = SP_BUF_INIT, valid = SP_BUF_INIT;
-    enum sp_status st = sp_rx_init(&rx);
+    enum sp_status st = sp_dec_work_init(&w);
     if (st != SP_OK) return st;
-    if ((st = sp_tokenizer_decode_raw(t, ids, n, flags, true, &rx, &raw)) != SP_OK) goto done;
+    if ((st = sp_tokenizer_decode_raw(t, ids, n, flags, true, &w, &raw)) != SP_OK) goto done;
     if (!t->cleanup) {
         st = sp_utf8_sanitize(raw.data ? raw.data : "", raw.len, out);
         goto done;
@@ -713,6 +707,6 @@ done:
     if (st == SP_OK && !out->data) st = sp_buf_reserve(out, 0);
     sp_buf_free(&raw);
     sp_buf_free(&valid);
-    sp_rx_free(&rx);
+    sp_dec_work_free(&w);
     return st;
 }

@@ -93,10 +93,11 @@ int32_t sp_tokenizer_eos(const struct sp_tokenizer *t);
 void sp_tokenizer_clear_cache(const struct sp_tokenizer *t);
 
 /* For detok.c: appends the decoder's raw bytes for ids (before UTF-8 repair
- * and the space cleanup); at_start as in sp_decoder_run. */
-struct sp_rx;
+ * and the space cleanup); at_start as in sp_decoder_run; w is reused
+ * working memory (decoder.h). */
+struct sp_dec_work;
 enum sp_status sp_tokenizer_decode_raw(const struct sp_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags,
-                                       bool at_start, struct sp_rx *rx, struct sp_buf *out);
+                                       bool at_start, struct sp_dec_work *w, struct sp_buf *out);
 /* Whether decode applies clean_up_tokenization_spaces. */
 bool sp_tokenizer_cleans_spaces(const struct sp_tokenizer *t);
 /* Whether the decoder chain can be run on a window of tokens. */
