@@ -186,6 +186,21 @@ static void test_limits(void **state) {
                  "{% endfor %}",
                  SP_ERR_LIMIT, NULL);
 
+    // Values nested past what can be printed, and shared structure that
+    // would print (or compare) exponentially: errors, not a crash or a hang.
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(300000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                 "{{ ns.x }}",
+                 SP_ERR_LIMIT, "nested too deeply");
+    expect_error("{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+                 "{{ ns.x }}",
+                 SP_ERR_LIMIT, "exceeds");
+    expect_error("{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+                 "{{ ns.x | tojson }}",
+                 SP_ERR_LIMIT, "exceeds");
+    expect("{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}"
+           "{% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x == ns.x }}",
+           "True");
+
     struct sp_jinja_opts o = {.max_output = 100};
     char *out;
     assert_int_equal(render_opts("{% for i in range(200) %}x{% endfor %}", NULL, &o, &out), SP_ERR_LIMIT);

@@ -141,8 +141,8 @@ static enum sp_status to_str(struct rt *rt, int line, struct sp_jv v, struct sp_
         return SP_OK;
     }
     struct sp_buf b = SP_BUF_INIT;
-    sp_jv_write_str(&b, v);
-    enum sp_status st = mkstr(rt, line, &b, out);
+    enum sp_status st = at_line(line, sp_jv_write_str(&b, v, rt->max_output));
+    if (st == SP_OK) st = mkstr(rt, line, &b, out);
     sp_buf_free(&b);
     return st;
 }
@@ -613,10 +613,12 @@ static enum sp_status percent_format(struct rt *rt, int line, struct sp_jv fmt, 
         case 's':
         case 'r': {
             struct sp_buf t = SP_BUF_INIT;
-            if (conv == 's')
-                sp_jv_write_str(&t, *v);
-            else
-                sp_jv_write_repr(&t, *v);
+            st = at_line(line, conv == 's' ? sp_jv_write_str(&t, *v, rt->max_output)
+                                           : sp_jv_write_repr(&t, *v, rt->max_output));
+            if (st != SP_OK) {
+                sp_buf_free(&t);
+                break;
+            }
             size_t len = t.len;
             if (prec >= 0) len = sp_utf8_offset(t.data ? t.data : "", t.len, prec);
             int64_t chars = sp_utf8_count(t.data ? t.data : "", len);
@@ -682,13 +684,9 @@ static enum sp_status arith(struct rt *rt, int line, int op, struct sp_jv a, str
     enum sp_status st;
     if (op == SP_JOP_CONCAT) {
         struct sp_buf buf = SP_BUF_INIT;
-        sp_jv_write_str(&buf, a);
-        sp_jv_write_str(&buf, b);
-        if (buf.len > rt->max_output) {
-            sp_buf_free(&buf);
-            return fail(line, SP_ERR_LIMIT, "string exceeds the output limit");
-        }
-        st = mkstr(rt, line, &buf, out);
+        st = at_line(line, sp_jv_write_str(&buf, a, rt->max_output));
+        if (st == SP_OK) st = at_line(line, sp_jv_write_str(&buf, b, rt->max_output));
+        if (st == SP_OK) st = mkstr(rt, line, &buf, out);
         sp_buf_free(&buf);
         return st;
     }
@@ -1159,7 +1157,7 @@ static enum sp_status call_builtin(struct rt *rt, int line, enum builtin id, str
     }
     case BI_RAISE: {
         struct sp_buf b = SP_BUF_INIT;
-        if (a->npos) sp_jv_write_str(&b, a->pos[0]);
+        if (a->npos) sp_jv_write_str(&b, a->pos[0], 4096); // the message; a partial one will do
         st = fail(line, SP_ERR_ARG, "raise_exception: %s", b.data ? b.data : "");
         sp_buf_free(&b);
         return st;
@@ -1503,7 +1501,7 @@ static enum sp_status str_format(struct rt *rt, int line, struct sp_jv s, struct
             st = fail(line, SP_ERR_ARG, "format: unsupported or missing field '{%.*s}'", (int)fl, f0);
             break;
         }
-        sp_jv_write_str(&b, *v);
+        if ((st = at_line(line, sp_jv_write_str(&b, *v, rt->max_output))) != SP_OK) break;
         i = (size_t)(close - s.s.p);
     }
     if (st == SP_OK) st = mkstr(rt, line, &b, out);
@@ -2038,6 +2036,7 @@ static enum sp_status filter_tojson(struct rt *rt, int line, struct sp_jv v, str
         o.key_sep = sep_s[1];
     }
     o.sort_keys = sk && sp_jv_truthy(*sk);
+    o.max_len = rt->max_output;
     struct sp_jv *ea = arg(a, 0, "ensure_ascii");
     o.ensure_ascii = ea && sp_jv_truthy(*ea);
     struct sp_buf b = SP_BUF_INIT;
@@ -2098,8 +2097,7 @@ static enum sp_status filter_join(struct rt *rt, int line, struct sp_jv v, struc
         struct sp_jv x = items[i];
         if (attr && attr->t != SP_JV_NONE) st = attr_path(rt, line, x, *attr, &x);
         if (i) sp_buf_append(&b, sep.s.p, sep.s.n);
-        sp_jv_write_str(&b, x);
-        if (st == SP_OK) st = check_output(line, rt, &b);
+        if (st == SP_OK) st = at_line(line, sp_jv_write_str(&b, x, rt->max_output));
     }
     if (st == SP_OK) st = mkstr(rt, line, &b, out);
     sp_buf_free(&b);
@@ -2565,8 +2563,8 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
         break;
     case SP_JN_OUTPUT:
         if ((st = eval(rt, n->a, f, &v)) != SP_OK) break;
-        sp_jv_write_str(out, v);
-        st = check_output(n->line, rt, out);
+        if ((st = at_line(n->line, sp_jv_write_str(out, v, rt->max_output))) == SP_OK)
+            st = check_output(n->line, rt, out);
         break;
     case SP_JN_IF:
         if ((st = eval(rt, n->a, f, &v)) != SP_OK) break;
@@ -2588,15 +2586,15 @@ static enum sp_status exec(struct rt *rt, const struct sp_jnode *n, struct frame
         struct sp_jv caller;
         if ((st = make_macro(rt, n, "caller", n->b, f, &caller)) != SP_OK) break;
         if ((st = eval_call(rt, n->a, f, caller, &v)) != SP_OK) break;
-        sp_jv_write_str(out, v);
-        st = check_output(n->line, rt, out);
+        if ((st = at_line(n->line, sp_jv_write_str(out, v, rt->max_output))) == SP_OK)
+            st = check_output(n->line, rt, out);
         break;
     }
     case SP_JN_FILTERBLOCK:
         if ((st = render_to_value(rt, n->a, f, n->line, &v)) != SP_OK) break;
         if ((st = filter_chain(rt, n, f, &v)) != SP_OK) break;
-        sp_jv_write_str(out, v);
-        st = check_output(n->line, rt, out);
+        if ((st = at_line(n->line, sp_jv_write_str(out, v, rt->max_output))) == SP_OK)
+            st = check_output(n->line, rt, out);
         break;
     case SP_JN_WITH: {
         struct frame *wf = frame_new(rt, f);

@@ -315,7 +315,10 @@ static bool is_intlike(struct sp_jv v, int64_t *out) {
     return true;
 }
 
-bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
+#define MAX_NESTING 1000
+
+static bool equal_at(struct sp_jv a, struct sp_jv b, int depth, int64_t *budget) {
+    if (--*budget < 0 || depth > MAX_NESTING) return false;
     int64_t ia, ib;
     if (is_intlike(a, &ia) && is_intlike(b, &ib)) return ia == ib;
     double da, db;
@@ -328,16 +331,18 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
     case SP_JV_STR:
         return a.s.n == b.s.n && (a.s.n == 0 || memcmp(a.s.p, b.s.p, a.s.n) == 0);
     case SP_JV_LIST:
-        if (a.list->kind != SP_JLIST_LIST || b.list->kind != SP_JLIST_LIST) return a.list == b.list;
+        if (a.list == b.list) return true; // Python compares by identity first
+        if (a.list->kind != SP_JLIST_LIST || b.list->kind != SP_JLIST_LIST) return false;
         if (a.list->tuple != b.list->tuple || a.list->n != b.list->n) return false;
         for (int64_t i = 0; i < a.list->n; i++)
-            if (!sp_jv_equal(a.list->v[i], b.list->v[i])) return false;
+            if (!equal_at(a.list->v[i], b.list->v[i], depth + 1, budget)) return false;
         return true;
     case SP_JV_DICT:
+        if (a.dict == b.dict) return true;
         if (a.dict->n != b.dict->n) return false;
         for (int64_t i = 0; i < a.dict->n; i++) {
             struct sp_jv *o = sp_jdict_get(b.dict, a.dict->e[i].key);
-            if (!o || !sp_jv_equal(a.dict->e[i].val, *o)) return false;
+            if (!o || !equal_at(a.dict->e[i].val, *o, depth + 1, budget)) return false;
         }
         return true;
     case SP_JV_BUILTIN:
@@ -347,7 +352,13 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
     }
 }
 
-bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
+bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
+    int64_t budget = (int64_t)1 << 24;
+    return equal_at(a, b, 0, &budget);
+}
+
+static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth, int64_t *budget) {
+    if (--*budget < 0 || depth > MAX_NESTING) return false;
     int64_t ia, ib;
     if (is_intlike(a, &ia) && is_intlike(b, &ib)) {
         *cmp = (ia > ib) - (ia < ib);
@@ -373,13 +384,18 @@ bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
     if (sp_jv_is_seq(a) && sp_jv_is_seq(b) && a.list->tuple == b.list->tuple) {
         int64_t n = a.list->n < b.list->n ? a.list->n : b.list->n;
         for (int64_t i = 0; i < n; i++) {
-            if (sp_jv_equal(a.list->v[i], b.list->v[i])) continue;
-            return sp_jv_compare(a.list->v[i], b.list->v[i], cmp);
+            if (equal_at(a.list->v[i], b.list->v[i], depth + 1, budget)) continue;
+            return compare_at(a.list->v[i], b.list->v[i], cmp, depth + 1, budget);
         }
         *cmp = (a.list->n > b.list->n) - (a.list->n < b.list->n);
         return true;
     }
     return false;
+}
+
+bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
+    int64_t budget = (int64_t)1 << 24;
+    return compare_at(a, b, cmp, 0, &budget);
 }
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
@@ -561,9 +577,18 @@ static enum sp_status write_str_repr(struct sp_buf *b, const char *s, size_t n) 
     return sp_buf_putc(b, q);
 }
 
-static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr);
+/* Where str() / repr() write, and the limits they write under. */
+struct writer {
+    struct sp_buf *b;
+    size_t max_len;
+    int depth;
+};
 
-static enum sp_status write_seq(struct sp_buf *b, struct sp_jv v) {
+static enum sp_status write_text(struct writer *w, struct sp_jv v, bool repr);
+
+static enum sp_status write_seq(struct writer *w, struct sp_jv v) {
+    struct sp_buf *b = w->b;
+    enum sp_status st;
     if (v.list->kind == SP_JLIST_GEN) return sp_buf_puts(b, "<generator object>");
     if (v.list->kind != SP_JLIST_LIST) {
         // dict_items([('a', 1)])
@@ -572,32 +597,35 @@ static enum sp_status write_seq(struct sp_buf *b, struct sp_jv v) {
         struct sp_jlist plain = *v.list;
         plain.kind = SP_JLIST_LIST;
         plain.tuple = false;
-        write_seq(b, (struct sp_jv){.t = SP_JV_LIST, .list = &plain});
+        if ((st = write_seq(w, (struct sp_jv){.t = SP_JV_LIST, .list = &plain})) != SP_OK) return st;
         return sp_buf_putc(b, ')');
     }
     bool tuple = v.list->tuple;
     sp_buf_putc(b, tuple ? '(' : '[');
     for (int64_t i = 0; i < v.list->n; i++) {
         if (i) sp_buf_puts(b, ", ");
-        write_text(b, v.list->v[i], true);
+        if ((st = write_text(w, v.list->v[i], true)) != SP_OK) return st;
     }
     if (tuple && v.list->n == 1) sp_buf_putc(b, ',');
     return sp_buf_putc(b, tuple ? ')' : ']');
 }
 
-static enum sp_status write_dict(struct sp_buf *b, const struct sp_jdict *d) {
-    sp_buf_putc(b, '{');
+static enum sp_status write_dict(struct writer *w, const struct sp_jdict *d) {
+    enum sp_status st;
+    sp_buf_putc(w->b, '{');
     for (int64_t i = 0; i < d->n; i++) {
-        if (i) sp_buf_puts(b, ", ");
-        write_text(b, d->e[i].key, true);
-        sp_buf_puts(b, ": ");
-        write_text(b, d->e[i].val, true);
+        if (i) sp_buf_puts(w->b, ", ");
+        if ((st = write_text(w, d->e[i].key, true)) != SP_OK) return st;
+        sp_buf_puts(w->b, ": ");
+        if ((st = write_text(w, d->e[i].val, true)) != SP_OK) return st;
     }
-    return sp_buf_putc(b, '}');
+    return sp_buf_putc(w->b, '}');
 }
 
-static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr) {
+static enum sp_status write_value(struct writer *w, struct sp_jv v, bool repr) {
+    struct sp_buf *b = w->b;
     char num[40];
+    enum sp_status st;
     switch (v.t) {
     case SP_JV_UNDEFINED:
         return repr ? sp_buf_puts(b, "Undefined") : SP_OK;
@@ -613,12 +641,12 @@ static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr) {
     case SP_JV_STR:
         return repr ? write_str_repr(b, v.s.p, v.s.n) : sp_buf_append(b, v.s.p, v.s.n);
     case SP_JV_LIST:
-        return write_seq(b, v);
+        return write_seq(w, v);
     case SP_JV_DICT:
-        return write_dict(b, v.dict);
+        return write_dict(w, v.dict);
     case SP_JV_NAMESPACE:
         sp_buf_puts(b, "<Namespace ");
-        write_dict(b, v.dict);
+        if ((st = write_dict(w, v.dict)) != SP_OK) return st;
         return sp_buf_putc(b, '>');
     case SP_JV_METHOD:
         return sp_buf_printf(b, "<built-in method %s of %s object>", v.method->name, sp_jv_type_name(v.method->self));
@@ -627,8 +655,28 @@ static enum sp_status write_text(struct sp_buf *b, struct sp_jv v, bool repr) {
     }
 }
 
-enum sp_status sp_jv_write_str(struct sp_buf *b, struct sp_jv v) { return write_text(b, v, false); }
-enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v) { return write_text(b, v, true); }
+static enum sp_status write_text(struct writer *w, struct sp_jv v, bool repr) {
+    if (w->depth >= MAX_NESTING) return sp_errorf(SP_ERR_LIMIT, "value nested too deeply to print");
+    if (w->max_len && w->b->len > w->max_len)
+        return sp_errorf(SP_ERR_LIMIT, "text of a value exceeds %zu bytes", w->max_len);
+    w->depth++;
+    enum sp_status st = write_value(w, v, repr);
+    w->depth--;
+    if (st == SP_OK && w->b->failed) st = sp_errorf(SP_ERR_NOMEM, "out of memory printing a value");
+    if (st == SP_OK && w->max_len && w->b->len > w->max_len)
+        st = sp_errorf(SP_ERR_LIMIT, "text of a value exceeds %zu bytes", w->max_len);
+    return st;
+}
+
+enum sp_status sp_jv_write_str(struct sp_buf *b, struct sp_jv v, size_t max_len) {
+    struct writer w = {b, max_len, 0};
+    return write_text(&w, v, false);
+}
+
+enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v, size_t max_len) {
+    struct writer w = {b, max_len, 0};
+    return write_text(&w, v, true);
+}
 
 /* ---- json.dumps ----------------------------------------------------------- */
 
@@ -742,6 +790,7 @@ static int cmp_keys(const void *pa, const void *pb) {
 static enum sp_status json_value(struct sp_buf *b, struct sp_jv v, const struct sp_jv_json_opts *o, int depth) {
     char num[40];
     if (depth > 512) return sp_errorf(SP_ERR_LIMIT, "tojson: value nested too deeply");
+    if (o->max_len && b->len > o->max_len) return sp_errorf(SP_ERR_LIMIT, "tojson: text exceeds %zu bytes", o->max_len);
     const char *isep = o->item_sep ? o->item_sep : (o->indent ? "," : ", ");
     const char *ksep = o->key_sep ? o->key_sep : ": ";
     enum sp_status st;

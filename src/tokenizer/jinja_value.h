@@ -156,7 +156,9 @@ const char *sp_jv_type_name(struct sp_jv v);
 
 /* Python truthiness (undefined is false). */
 bool sp_jv_truthy(struct sp_jv v);
-/* Python ==, with 1 == 1.0 == True and deep comparison of containers. */
+/* Python ==, with 1 == 1.0 == True and deep comparison of containers.
+ * Containers nested deeper than 1000 levels, or comparisons visiting more
+ * than 16M values, compare unequal rather than exhaust the stack or time. */
 bool sp_jv_equal(struct sp_jv a, struct sp_jv b);
 /* Python ordering of two numbers or two strings (or two lists of those):
  * sets *cmp to -1, 0 or 1, or returns false when Python would raise. */
@@ -164,10 +166,12 @@ bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp);
 /* A number (bool, int or float) as a double. */
 bool sp_jv_number(struct sp_jv v, double *out);
 
-/* Appends Python's str(v): what `{{ v }}` prints. */
-enum sp_status sp_jv_write_str(struct sp_buf *b, struct sp_jv v);
-/* Appends Python's repr(v). */
-enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v);
+/* Appends Python's str(v): what `{{ v }}` prints. Fails with SP_ERR_LIMIT
+ * (detail recorded) once b holds more than max_len bytes (0: no limit) or
+ * for containers nested more than 1000 deep. */
+enum sp_status sp_jv_write_str(struct sp_buf *b, struct sp_jv v, size_t max_len);
+/* Appends Python's repr(v), with the same limits. */
+enum sp_status sp_jv_write_repr(struct sp_buf *b, struct sp_jv v, size_t max_len);
 /* Python's repr of a float ("1.0", "1e-05", "inf") into out. */
 void sp_jv_format_float(char out[40], double f);
 
@@ -180,6 +184,7 @@ struct sp_jv_json_opts {
     const char *item_sep, *key_sep;
     bool sort_keys;
     bool ensure_ascii; // escape every non-ASCII character as \uXXXX
+    size_t max_len;    // fail (SP_ERR_LIMIT) once the buffer is longer; 0: no limit
 };
 enum sp_status sp_jv_write_json(struct sp_buf *b, struct sp_jv v, const struct sp_jv_json_opts *o);
 
