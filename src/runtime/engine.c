@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "runtime/jsonv.h"
 #include "tokenizer/detok.h"
 
 const double sp_ttft_bounds[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
@@ -46,6 +47,7 @@ struct slot {
     struct sp_detok *dt;  // created per request (flags differ)
     struct sp_buf held;   // detokenized text held back for stop strings
     uint64_t last_used;
+    struct sp_jsonv jv;   // JSON-constrained requests: the output so far
 };
 
 struct sp_engine {
@@ -63,6 +65,9 @@ struct sp_engine {
     int *b_slot_of_row;  // logits row -> slot
     float *logits;       // (n_slots, vocab)
     float *scratch;      // (vocab) for logprobs
+    float *scratch2;     // (vocab) for constrained sampling
+    char *tok_text;      // every token's text back to back (JSON constraint), built on first use
+    int64_t *tok_off;    // (vocab + 1) offsets into tok_text
     /* queue and stats, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -207,6 +212,9 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->b_slot_of_row);
     sp_free(e->logits);
     sp_free(e->scratch);
+    sp_free(e->scratch2);
+    sp_free(e->tok_text);
+    sp_free(e->tok_off);
     sp_ctx_free(e->ctx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -245,7 +253,8 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->b_slot_of_row = sp_malloc((size_t)S * sizeof(int), SP_MEM_SERVER);
     e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
-    if (!e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_slot_of_row ||
+    e->scratch2 = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
+    if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_slot_of_row ||
         !e->logits || !e->scratch)
         goto nomem;
     struct sp_sampler_params sp = sp_sampler_defaults();
@@ -374,6 +383,7 @@ static void admit(struct sp_engine *e) {
         sp_detok_free(s->dt);
         s->dt = NULL;
         if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
+        sp_jsonv_init(&s->jv);
         e->st.prompt_tokens += (uint64_t)r->n_prompt;
         e->st.cached_tokens += (uint64_t)best_common;
         pthread_mutex_lock(&r->mu);
@@ -460,13 +470,86 @@ static void token_info(struct sp_engine *e, const float *logits, int32_t id, int
     }
 }
 
+/* Every token's text, for checking candidates against the JSON constraint. */
+static bool ensure_token_texts(struct sp_engine *e) {
+    if (e->tok_off) return true;
+    if (!e->tok) return false;
+    struct sp_buf all = SP_BUF_INIT, one = SP_BUF_INIT;
+    int64_t *off = sp_malloc((size_t)(e->vocab + 1) * sizeof *off, SP_MEM_SERVER);
+    if (!off) return false;
+    for (int64_t i = 0; i < e->vocab; i++) {
+        off[i] = (int64_t)all.len;
+        int32_t id = (int32_t)i;
+        sp_buf_clear(&one);
+        if (id < sp_tokenizer_vocab_size(e->tok) && sp_tokenizer_decode(e->tok, &id, 1, 0, &one) == SP_OK)
+            sp_buf_append(&all, one.data, one.len);
+    }
+    off[e->vocab] = (int64_t)all.len;
+    sp_buf_free(&one);
+    if (all.failed) {
+        sp_free(off);
+        sp_buf_free(&all);
+        return false;
+    }
+    e->tok_text = sp_buf_take(&all);
+    e->tok_off = off;
+    return true;
+}
+
+static bool is_eos(const struct sp_engine *e, int32_t tok) {
+    for (int i = 0; i < e->n_eos; i++)
+        if (tok == e->eos[i]) return true;
+    return false;
+}
+
+/* Samples a token that keeps the output a valid JSON prefix (the end of
+ * sequence only once the object is complete): draw, and if the draw breaks
+ * the JSON, mask it and draw again; after a few misses take the most likely
+ * token that fits. Returns -1 when no token fits. */
+static int32_t sample_json(struct sp_engine *e, struct slot *s, float *row) {
+    const char *txt = e->tok_text;
+    for (int attempt = 0; attempt < 16; attempt++) {
+        memcpy(e->scratch2, row, (size_t)e->vocab * sizeof(float));
+        int32_t t = sp_sampler_sample(s->smp, e->scratch2);
+        struct sp_jsonv c = s->jv;
+        bool ok = is_eos(e, t) ? sp_jsonv_complete(&s->jv)
+                               : e->tok_off[t + 1] > e->tok_off[t] && sp_jsonv_feed(&c, txt + e->tok_off[t], (size_t)(e->tok_off[t + 1] - e->tok_off[t]));
+        if (ok) return t;
+        row[t] = -INFINITY;
+    }
+    int32_t best = -1;
+    for (int64_t i = 0; i < e->vocab; i++) {
+        if (row[i] == -INFINITY || (best >= 0 && row[i] <= row[best])) continue;
+        struct sp_jsonv c = s->jv;
+        bool ok = is_eos(e, (int32_t)i) ? sp_jsonv_complete(&s->jv)
+                                        : e->tok_off[i + 1] > e->tok_off[i] && sp_jsonv_feed(&c, txt + e->tok_off[i], (size_t)(e->tok_off[i + 1] - e->tok_off[i]));
+        if (ok) best = (int32_t)i;
+    }
+    return best;
+}
+
 /* After a forward pass: sample the next token of a slot from its logits row. */
 static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
     struct sp_req *r = s->req;
     struct sp_tok_info ti;
     bool want_info = r->gp.top_logprobs >= 0;
     if (want_info) memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
-    int32_t tok = sp_sampler_sample(s->smp, row);
+    int32_t tok;
+    if (r->gp.json_object) {
+        if (!ensure_token_texts(e)) {
+            finish(e, s, SP_FINISH_ERROR, false, "the JSON constraint needs the tokenizer's token texts");
+            return;
+        }
+        tok = sample_json(e, s, row);
+        if (tok < 0) {
+            finish(e, s, SP_FINISH_STOP, false, NULL);
+            return;
+        }
+        if (!is_eos(e, tok))
+            sp_jsonv_feed(&s->jv, e->tok_text + e->tok_off[tok], (size_t)(e->tok_off[tok + 1] - e->tok_off[tok]));
+    } else {
+        tok = sp_sampler_sample(s->smp, row);
+    }
     sp_sampler_accept(s->smp, tok);
     s->n_gen++;
     if (want_info) token_info(e, e->scratch, tok, r->gp.top_logprobs, &ti);
@@ -513,14 +596,15 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
         return;
     }
     bool full = s->n_cache + 1 >= e->p.n_ctx;
-    if ((r->gp.max_tokens > 0 && s->n_gen >= r->gp.max_tokens) || full) {
+    bool json_done = r->gp.json_object && sp_jsonv_complete(&s->jv);
+    if ((r->gp.max_tokens > 0 && s->n_gen >= r->gp.max_tokens) || full || json_done) {
         if (s->dt) {
             struct sp_buf tail = SP_BUF_INIT;
             sp_detok_flush(s->dt, &tail);
             sp_buf_append(&s->held, tail.data, tail.len);
             sp_buf_free(&tail);
         }
-        bool stop = release_text(s, true);
+        bool stop = release_text(s, true) || json_done;
         finish(e, s, stop ? SP_FINISH_STOP : SP_FINISH_LENGTH, false, NULL);
         return;
     }

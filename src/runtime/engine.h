@@ -51,6 +51,7 @@ struct sp_gen_params {
     bool ignore_eos;
     int top_logprobs;       // -1: no logprobs; 0..20: chosen token plus that many alternatives
     unsigned detok_flags;   // SP_TOK_SKIP_SPECIAL or 0 (formats that parse control tokens)
+    bool json_object;       // constrain the output to one JSON object (response_format json_object)
 };
 
 enum sp_finish { SP_FINISH_NONE, SP_FINISH_STOP, SP_FINISH_LENGTH, SP_FINISH_CANCELLED, SP_FINISH_ERROR };

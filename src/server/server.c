@@ -668,6 +668,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
             fail_param(&e, "response_format", "'response_format.type' must be \"text\" or \"json_object\"");
             goto bad;
         }
+        j->gp.json_object = !strcmp(type->valuestring, "json_object");
     }
     const cJSON *ck = field(body, "chat_template_kwargs");
     if (ck && !cJSON_IsObject(ck)) {

@@ -153,6 +153,17 @@ test('logprobs: one entry per token with top alternatives', async () => {
   }
 });
 
+test('response_format json_object constrains the output to one JSON object', async () => {
+  for (const seed of [1, 2]) {
+    const r = await client(main).chat.completions.create({ model: 'x', messages: chat('Reply in JSON'), max_tokens: 300,
+      seed, response_format: { type: 'json_object' } });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.equal(typeof v, 'object');
+    assert.ok(v !== null && !Array.isArray(v));
+  }
+});
+
 test('tools in the request are rendered by the template and accepted', async () => {
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
