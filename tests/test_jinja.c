@@ -200,6 +200,14 @@ static void test_limits(void **state) {
     expect("{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}"
            "{% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x == ns.x }}",
            "True");
+    struct sp_jinja_opts work = {.max_compare_work = 1000000};
+    char *cmp_out;
+    assert_int_equal(render_opts("{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(60) %}"
+                                 "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+                                 "{{ ns.x == ns.y }}",
+                                 NULL, &work, &cmp_out),
+                     SP_ERR_LIMIT);
+    assert_non_null(strstr(sp_error_msg(), "compares"));
 
     struct sp_jinja_opts o = {.max_output = 100};
     char *out;

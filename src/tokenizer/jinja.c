@@ -2734,7 +2734,13 @@ enum sp_status sp_jinja_render(const struct sp_jinja *t, const struct sp_jinja_v
         if ((st = sp_jv_from_cjson(&rt.a, vars[i].value, &v)) != SP_OK) goto fail;
         if ((st = frame_set(&rt, globals, vars[i].name, v)) != SP_OK) goto fail;
     }
-    if ((st = exec(&rt, t->root, rt.top, &b)) != SP_OK) goto fail;
+    int64_t work = opts->max_compare_work > 0 ? opts->max_compare_work : (int64_t)1 << 26;
+    sp_jv_work_reset(work);
+    st = exec(&rt, t->root, rt.top, &b);
+    if (sp_jv_work_spent())
+        st = sp_errorf(SP_ERR_LIMIT, "template compares values of more than %lld elements in all", (long long)work);
+    sp_jv_work_reset(0);
+    if (st != SP_OK) goto fail;
     if (b.failed) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory rendering a template");
         goto fail;

@@ -54,6 +54,7 @@ struct sp_jinja_opts {
     int max_call_depth;          // nested macro calls; 0: 100
     size_t max_output;           // bytes of rendered text; 0: 16 MiB
     size_t max_memory;           // bytes of values made while rendering; 0: 256 MiB
+    int64_t max_compare_work;    // values visited by ==, in, sort... in all; 0: 64M
     time_t now;                  // what strftime_now() formats; 0: the current time
     bool utc;                    // strftime_now in UTC rather than local time
 };

@@ -317,8 +317,29 @@ static bool is_intlike(struct sp_jv v, int64_t *out) {
 
 #define MAX_NESTING 1000
 
-static bool equal_at(struct sp_jv a, struct sp_jv b, int depth, int64_t *budget) {
-    if (--*budget < 0 || depth > MAX_NESTING) return false;
+static _Thread_local int64_t work_left = -1; // < 0: unlimited
+static _Thread_local bool work_spent;
+
+void sp_jv_work_reset(int64_t budget) {
+    work_left = budget > 0 ? budget : -1;
+    work_spent = false;
+}
+
+bool sp_jv_work_spent(void) { return work_spent; }
+
+/* Charges one visited value; false when the budget is spent. */
+static bool work(void) {
+    if (work_left < 0) return true;
+    if (work_left == 0) {
+        work_spent = true;
+        return false;
+    }
+    work_left--;
+    return true;
+}
+
+static bool equal_at(struct sp_jv a, struct sp_jv b, int depth) {
+    if (!work() || depth > MAX_NESTING) return false;
     int64_t ia, ib;
     if (is_intlike(a, &ia) && is_intlike(b, &ib)) return ia == ib;
     double da, db;
@@ -335,14 +356,14 @@ static bool equal_at(struct sp_jv a, struct sp_jv b, int depth, int64_t *budget)
         if (a.list->kind != SP_JLIST_LIST || b.list->kind != SP_JLIST_LIST) return false;
         if (a.list->tuple != b.list->tuple || a.list->n != b.list->n) return false;
         for (int64_t i = 0; i < a.list->n; i++)
-            if (!equal_at(a.list->v[i], b.list->v[i], depth + 1, budget)) return false;
+            if (!equal_at(a.list->v[i], b.list->v[i], depth + 1)) return false;
         return true;
     case SP_JV_DICT:
         if (a.dict == b.dict) return true;
         if (a.dict->n != b.dict->n) return false;
         for (int64_t i = 0; i < a.dict->n; i++) {
             struct sp_jv *o = sp_jdict_get(b.dict, a.dict->e[i].key);
-            if (!o || !equal_at(a.dict->e[i].val, *o, depth + 1, budget)) return false;
+            if (!o || !equal_at(a.dict->e[i].val, *o, depth + 1)) return false;
         }
         return true;
     case SP_JV_BUILTIN:
@@ -352,13 +373,10 @@ static bool equal_at(struct sp_jv a, struct sp_jv b, int depth, int64_t *budget)
     }
 }
 
-bool sp_jv_equal(struct sp_jv a, struct sp_jv b) {
-    int64_t budget = (int64_t)1 << 24;
-    return equal_at(a, b, 0, &budget);
-}
+bool sp_jv_equal(struct sp_jv a, struct sp_jv b) { return equal_at(a, b, 0); }
 
-static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth, int64_t *budget) {
-    if (--*budget < 0 || depth > MAX_NESTING) return false;
+static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth) {
+    if (!work() || depth > MAX_NESTING) return false;
     int64_t ia, ib;
     if (is_intlike(a, &ia) && is_intlike(b, &ib)) {
         *cmp = (ia > ib) - (ia < ib);
@@ -384,8 +402,8 @@ static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth, int6
     if (sp_jv_is_seq(a) && sp_jv_is_seq(b) && a.list->tuple == b.list->tuple) {
         int64_t n = a.list->n < b.list->n ? a.list->n : b.list->n;
         for (int64_t i = 0; i < n; i++) {
-            if (equal_at(a.list->v[i], b.list->v[i], depth + 1, budget)) continue;
-            return compare_at(a.list->v[i], b.list->v[i], cmp, depth + 1, budget);
+            if (equal_at(a.list->v[i], b.list->v[i], depth + 1)) continue;
+            return compare_at(a.list->v[i], b.list->v[i], cmp, depth + 1);
         }
         *cmp = (a.list->n > b.list->n) - (a.list->n < b.list->n);
         return true;
@@ -393,10 +411,7 @@ static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth, int6
     return false;
 }
 
-bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) {
-    int64_t budget = (int64_t)1 << 24;
-    return compare_at(a, b, cmp, 0, &budget);
-}
+bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) { return compare_at(a, b, cmp, 0); }
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 

@@ -157,12 +157,19 @@ const char *sp_jv_type_name(struct sp_jv v);
 /* Python truthiness (undefined is false). */
 bool sp_jv_truthy(struct sp_jv v);
 /* Python ==, with 1 == 1.0 == True and deep comparison of containers.
- * Containers nested deeper than 1000 levels, or comparisons visiting more
- * than 16M values, compare unequal rather than exhaust the stack or time. */
+ * Containers nested deeper than 1000 levels compare unequal rather than
+ * exhaust the stack; see also sp_jv_work_reset. */
 bool sp_jv_equal(struct sp_jv a, struct sp_jv b);
 /* Python ordering of two numbers or two strings (or two lists of those):
  * sets *cmp to -1, 0 or 1, or returns false when Python would raise. */
 bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp);
+/* A budget, for the calling thread, of values sp_jv_equal and
+ * sp_jv_compare may visit (budget <= 0: unlimited, the default), so that
+ * comparing values that share structure exponentially cannot run for ever.
+ * Once spent they answer "unequal" / "not comparable" and sp_jv_work_spent()
+ * is true until the next reset. */
+void sp_jv_work_reset(int64_t budget);
+bool sp_jv_work_spent(void);
 /* A number (bool, int or float) as a double. */
 bool sp_jv_number(struct sp_jv v, double *out);
 
