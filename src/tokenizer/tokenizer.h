@@ -23,6 +23,14 @@
  * is encoded as U+FFFD, as the reference (which reads text through
  * TextDecoder) does. Decoded text is always valid UTF-8.
  *
+ * tokenizer_config.json: bos_token / eos_token name the bos/eos ids;
+ * add_bos_token / add_eos_token apply when tokenizer.json has no
+ * post-processor that adds tokens (a TemplateProcessing wins);
+ * clean_up_tokenization_spaces applies to decode when true (absent means
+ * false, as in current transformers; @lenml/tokenizers assumes true);
+ * additional_special_tokens are skipped by SP_TOK_SKIP_SPECIAL; entries of
+ * added_tokens_decoder missing from tokenizer.json are added.
+ *
  * A loaded tokenizer is immutable apart from an internal, locked word cache:
  * any number of threads may encode and decode with it at once.
  */
