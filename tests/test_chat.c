@@ -287,6 +287,67 @@ static void test_parse_tool_arguments(void **state) {
     sp_chat_template_free(ct);
 }
 
+/* Renders a conversation file with a model and the given normalizations. */
+static enum sp_status render_file(const char *model, const char *conv, bool nulls, bool parts, char **out) {
+    char dir[256], path[256];
+    snprintf(dir, sizeof dir, DATA "/models/%s", model);
+    snprintf(path, sizeof path, DATA "/conversations/%s.json", conv);
+    struct sp_chat_template *ct;
+    assert_int_equal(sp_chat_template_load(dir, NULL, &ct), SP_OK);
+    cJSON *c;
+    assert_int_equal(sp_json_parse_file(path, 1 << 20, &c), SP_OK);
+    struct sp_chat_request req = {.messages = cJSON_GetObjectItem(c, "messages"),
+                                  .tools = cJSON_GetObjectItem(c, "tools"),
+                                  .add_generation_prompt =
+                                      cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
+                                  .null_content_as_empty = nulls,
+                                  .flatten_content_parts = parts};
+    enum sp_status st = sp_chat_render(ct, &req, out, NULL);
+    cJSON_Delete(c);
+    sp_chat_template_free(ct);
+    return st;
+}
+
+/* Which templates take content as a list of parts, and the two content
+ * normalizations an OpenAI server applies for the others. */
+static void test_content_normalization(void **state) {
+    (void)state;
+    static const struct {
+        const char *model;
+        bool parts;
+    } kinds[] = {{"Qwen3-0.6B", false},           {"Qwen3.5-4B", true},     {"Qwen3-Coder", false},
+                 {"gpt-oss-120b", false},         {"DeepSeek-V3.1", false}, {"Ling-2.0", false},
+                 {"Llama-3.1-8B-Instruct", false}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, DATA "/models/%s", kinds[i].model);
+        struct sp_chat_template *ct;
+        assert_int_equal(sp_chat_template_load(dir, NULL, &ct), SP_OK);
+        if (ct->content_parts != kinds[i].parts) fail_msg("%s: content_parts %d", kinds[i].model, ct->content_parts);
+        sp_chat_template_free(ct);
+    }
+    char *out = NULL;
+    // Text parts joined for Qwen3, which concatenates content as a string.
+    assert_int_equal(render_file("Qwen3-0.6B", "17_content_parts", false, false, &out), SP_ERR_ARG);
+    assert_int_equal(render_file("Qwen3-0.6B", "17_content_parts", false, true, &out), SP_OK);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nDescribe \na cat.<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+    sp_free(out);
+    // Qwen3.5 handles parts itself: flattening leaves its reference output.
+    size_t len;
+    char *want;
+    assert_int_equal(sp_read_file(DATA "/expected/Qwen3.5-4B/17_content_parts.txt", 1 << 20, &want, &len), SP_OK);
+    assert_int_equal(render_file("Qwen3.5-4B", "17_content_parts", false, true, &out), SP_OK);
+    assert_string_equal(out, want);
+    sp_free(out);
+    sp_free(want);
+    // A null content beside tool calls.
+    assert_int_equal(render_file("Qwen3-0.6B", "32_assistant_null_content", false, false, &out), SP_ERR_ARG);
+    assert_int_equal(render_file("Qwen3-0.6B", "32_assistant_null_content", true, false, &out), SP_OK);
+    assert_non_null(strstr(out, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_time\""));
+    sp_free(out);
+}
+
 int main(void) {
     sp_mem_hook_cjson();
     const struct CMUnitTest tests[] = {
@@ -303,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_missing_and_broken),
         cmocka_unit_test(test_render_variables),
         cmocka_unit_test(test_parse_tool_arguments),
+        cmocka_unit_test(test_content_normalization),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,7 @@
 static const char usage[] =
     "usage: sparrow template --model MODEL --messages FILE.json [--tools FILE.json]\n"
     "                        [--no-generation-prompt] [--kwargs JSON] [--name NAME] [--date YYYY-MM-DD]\n"
-    "                        [--parse-arguments]\n"
+    "                        [--parse-arguments] [--openai]\n"
     "  Prints the prompt MODEL's chat template makes of a conversation, exactly\n"
     "  (no newline added). MODEL is a folder or a Hugging Face id in the cache.\n"
     "  FILE.json ('-': standard input) holds the messages array, or an object with\n"
@@ -23,7 +23,8 @@ static const char usage[] =
     "  --kwargs adds template variables (e.g. '{\"enable_thinking\": false}');\n"
     "  --name picks a named template (e.g. tool_use); --date fixes the date that\n"
     "  strftime_now() prints; --parse-arguments gives tool-call arguments sent as\n"
-    "  JSON text to the template as objects.\n";
+    "  JSON text to the template as objects; --openai also turns null content into\n"
+    "  \"\" and lists of text parts into text for templates that expect a string.\n";
 
 #define MAX_INPUT ((size_t)256 << 20)
 
@@ -67,7 +68,7 @@ int sp_cmd_template(int argc, char **argv) {
     sp_mem_hook_cjson(); // before the first cJSON node, so all are freed alike
     const char *model = NULL, *messages_path = NULL, *tools_path = NULL, *kwargs_text = NULL, *name = NULL,
                *date = NULL;
-    bool gen_prompt = true, gen_prompt_set = false, parse_args = false;
+    bool gen_prompt = true, gen_prompt_set = false, parse_args = false, openai = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
@@ -78,6 +79,8 @@ int sp_cmd_template(int argc, char **argv) {
             gen_prompt_set = true;
         } else if (sp_arg_flag(argv[i], "--parse-arguments")) {
             parse_args = true;
+        } else if (sp_arg_flag(argv[i], "--openai")) {
+            parse_args = openai = true;
         } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
             if (!(model = v)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--messages", &v)) {
@@ -161,6 +164,8 @@ int sp_cmd_template(int argc, char **argv) {
         .add_generation_prompt = gen_prompt,
         .kwargs = kwargs,
         .parse_tool_arguments = parse_args,
+        .null_content_as_empty = openai,
+        .flatten_content_parts = openai,
     };
     size_t len;
     if (sp_chat_render(ct, &req, &prompt, &len) != SP_OK) goto fail;

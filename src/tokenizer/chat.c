@@ -39,6 +39,7 @@ enum sp_status sp_chat_template_from_string(const char *src, size_t len, const c
         goto fail;
     }
     if ((st = sp_jinja_compile(src, len, &ct->tmpl)) != SP_OK) goto fail;
+    ct->content_parts = sp_jinja_loops_over(ct->tmpl, "content");
     *out = ct;
     return SP_OK;
 fail:
@@ -135,49 +136,94 @@ void sp_chat_template_free(struct sp_chat_template *ct) {
     sp_free(ct);
 }
 
-/* The function.arguments of every tool call in messages that is text
- * holding a JSON object. */
-static cJSON *text_arguments(const cJSON *msg, const cJSON **calls_out) {
-    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
-    *calls_out = calls;
-    if (!cJSON_IsArray(calls)) return NULL;
-    const cJSON *call;
-    cJSON_ArrayForEach(call, calls) {
-        cJSON *args = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments");
-        if (cJSON_IsString(args)) return args;
-    }
+/* Tool-call arguments that are text holding a JSON object, parsed; NULL
+ * for anything else. */
+static cJSON *parsed_arguments(const cJSON *call) {
+    const cJSON *args =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments");
+    if (!cJSON_IsString(args)) return NULL;
+    cJSON *parsed = cJSON_Parse(args->valuestring);
+    if (cJSON_IsObject(parsed)) return parsed;
+    cJSON_Delete(parsed);
     return NULL;
 }
 
-/* A copy of messages with tool-call arguments parsed (see
- * sp_chat_request.parse_tool_arguments), or NULL when nothing needs it. */
-static enum sp_status parse_arguments(const cJSON *messages, cJSON **out) {
-    *out = NULL;
-    const cJSON *m, *calls;
-    bool any = false;
-    cJSON_ArrayForEach(m, messages) any |= text_arguments(m, &calls) != NULL;
-    if (!any) return SP_OK;
-    // cJSON's allocator hooks are installed by the first sp_json_parse; make
-    // sure that happened before this copy is made, so it is freed the same way.
-    cJSON *probe;
-    if (sp_json_parse("null", 4, "probe", &probe) == SP_OK) cJSON_Delete(probe);
-    cJSON *copy = cJSON_Duplicate(messages, true);
-    if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
-    cJSON_ArrayForEach(m, copy) {
-        text_arguments(m, &calls);
-        if (!cJSON_IsArray(calls)) continue;
+/* Content given as a list of {"type": "text", "text": ...} parts, joined
+ * with newlines (as vLLM does for templates that expect a string); NULL when
+ * some part is not text. */
+static cJSON *joined_text(const cJSON *content) {
+    if (!cJSON_IsArray(content)) return NULL;
+    struct sp_buf b = SP_BUF_INIT;
+    const cJSON *part;
+    int i = 0;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
+            sp_buf_free(&b);
+            return NULL;
+        }
+        if (i++) sp_buf_putc(&b, '\n');
+        sp_buf_puts(&b, text->valuestring);
+    }
+    cJSON *s = b.failed ? NULL : cJSON_CreateString(b.data ? b.data : "");
+    sp_buf_free(&b);
+    return s;
+}
+
+/* Applies the request's normalizations to one message (in place when
+ * `apply`); returns whether anything is (or would be) changed. */
+static bool normalize(cJSON *msg, const struct sp_chat_request *req, bool template_takes_parts, bool apply) {
+    bool changed = false;
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (req->null_content_as_empty && cJSON_IsNull(content)) {
+        changed = true;
+        if (apply) cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(""));
+    } else if (req->flatten_content_parts && !template_takes_parts && cJSON_IsArray(content)) {
+        cJSON *joined = joined_text(content);
+        if (joined) {
+            changed = true;
+            if (apply)
+                cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", joined);
+            else
+                cJSON_Delete(joined);
+        }
+    }
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    if (req->parse_tool_arguments && cJSON_IsArray(calls)) {
         const cJSON *call;
         cJSON_ArrayForEach(call, calls) {
-            cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
-            cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-            if (!cJSON_IsString(args)) continue;
-            cJSON *parsed = cJSON_Parse(args->valuestring);
-            if (cJSON_IsObject(parsed))
-                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            cJSON *parsed = parsed_arguments(call);
+            if (!parsed) continue;
+            changed = true;
+            if (apply)
+                cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(call, "function"), "arguments",
+                                                       parsed);
             else
                 cJSON_Delete(parsed);
         }
     }
+    return changed;
+}
+
+/* A copy of messages with the request's normalizations applied, or NULL
+ * when none changes anything. */
+static enum sp_status normalized_messages(const struct sp_chat_template *ct, const struct sp_chat_request *req,
+                                          cJSON **out) {
+    *out = NULL;
+    if (!req->parse_tool_arguments && !req->null_content_as_empty && !req->flatten_content_parts) return SP_OK;
+    // cJSON's allocator hooks are installed by the first sp_json_parse; make
+    // sure that happened before any node is made here, so all are freed alike.
+    cJSON *probe;
+    if (sp_json_parse("null", 4, "probe", &probe) == SP_OK) cJSON_Delete(probe);
+    bool any = false;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, req->messages) any = any || normalize((cJSON *)m, req, ct->content_parts, false);
+    if (!any) return SP_OK;
+    cJSON *copy = cJSON_Duplicate(req->messages, true);
+    if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
+    cJSON *mm;
+    cJSON_ArrayForEach(mm, copy) normalize(mm, req, ct->content_parts, true);
     *out = copy;
     return SP_OK;
 }
@@ -201,7 +247,7 @@ enum sp_status sp_chat_render(const struct sp_chat_template *ct, const struct sp
         st = sp_errorf(SP_ERR_NOMEM, "out of memory rendering a chat template");
         goto fail;
     }
-    if (req->parse_tool_arguments && (st = parse_arguments(req->messages, &parsed)) != SP_OK) goto fail;
+    if ((st = normalized_messages(ct, req, &parsed)) != SP_OK) goto fail;
     int64_t n = 0;
     vars[n++] = (struct sp_jinja_var){"messages", parsed ? parsed : req->messages};
     vars[n++] = (struct sp_jinja_var){"tools", req->tools ? req->tools : &null};

@@ -47,6 +47,7 @@ struct sp_chat_template {
     char *bos_token;           // NULL when the tokenizer has none
     char *eos_token;           // NULL when the tokenizer has none
     struct sp_jinja_opts opts; // limits and clock used by sp_chat_render
+    bool content_parts;        // the template iterates message content itself (takes a list of parts)
 };
 
 struct sp_chat_request {
@@ -59,6 +60,12 @@ struct sp_chat_request {
     // When set, arguments that are text holding a JSON object are given to
     // the template as that object.
     bool parse_tool_arguments;
+    // A null content (OpenAI clients send it beside tool calls) becomes ""
+    // rather than None, which most templates cannot concatenate.
+    bool null_content_as_empty;
+    // For a template that expects content as a string (content_parts false),
+    // content given as a list of text parts becomes the texts joined by "\n".
+    bool flatten_content_parts;
 };
 
 /* Loads the chat template of a model folder. name selects one of several

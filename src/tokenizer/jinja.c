@@ -2702,6 +2702,24 @@ fail:
     return st;
 }
 
+static bool loops_over(const struct sp_jnode *n, const char *name) {
+    if (!n) return false;
+    if (n->kind == SP_JN_FOR) {
+        const struct sp_jnode *it = n->b;
+        while (it->kind == SP_JN_FILTER) it = it->a;
+        if ((it->kind == SP_JN_NAME || it->kind == SP_JN_ATTR) && strcmp(it->str, name) == 0) return true;
+        if (it->kind == SP_JN_ITEM && it->b->kind == SP_JN_LITERAL && it->b->val.t == SP_JV_STR &&
+            it->b->val.s.n == strlen(name) && memcmp(it->b->val.s.p, name, it->b->val.s.n) == 0)
+            return true;
+    }
+    if (loops_over(n->a, name) || loops_over(n->b, name) || loops_over(n->c, name)) return true;
+    for (int64_t i = 0; i < n->nkids; i++)
+        if (loops_over(n->kids[i], name)) return true;
+    return false;
+}
+
+bool sp_jinja_loops_over(const struct sp_jinja *t, const char *name) { return loops_over(t->root, name); }
+
 void sp_jinja_free(struct sp_jinja *t) {
     if (!t) return;
     sp_jarena_free(&t->arena);

@@ -64,6 +64,12 @@ struct sp_jinja_opts {
 enum sp_status sp_jinja_compile(const char *src, size_t len, struct sp_jinja **out);
 void sp_jinja_free(struct sp_jinja *t);
 
+/* Whether some `for` loop of the template iterates over a variable,
+ * attribute or item called `name` (filters applied to it aside): true for
+ * `for p in message.content`, `for p in content | list`. Chat code uses it
+ * to tell templates that take message content as a list of parts. */
+bool sp_jinja_loops_over(const struct sp_jinja *t, const char *name);
+
 /* Renders with the given variables (names may repeat; the last wins). opts
  * may be NULL. *out is a NUL-terminated string owned by the caller (sp_free);
  * *out_len (may be NULL) its length. On failure *out is NULL. */

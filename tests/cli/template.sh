@@ -40,6 +40,16 @@ run "--parse-arguments" 0 "$SPARROW" template --model "$D/models/Qwen3-Coder" \
     --messages "$D/conversations/14_tool_call_string_args.json" --parse-arguments
 expect "parsed arguments rendered" "$TMP/out" "<parameter=city>"
 
+# --openai: null content and text parts as a server receives them.
+run "null content refused as transformers does" 1 "$SPARROW" template --model "$D/models/Qwen3-0.6B" \
+    --messages "$D/conversations/32_assistant_null_content.json"
+run "--openai null content" 0 "$SPARROW" template --model "$D/models/Qwen3-0.6B" \
+    --messages "$D/conversations/32_assistant_null_content.json" --openai
+expect "null content rendered" "$TMP/out" '{"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}}'
+run "--openai text parts" 0 "$SPARROW" template --model "$D/models/Qwen3-0.6B" \
+    --messages "$D/conversations/17_content_parts.json" --openai
+expect "text parts joined" "$TMP/out" "Describe "
+
 # Errors.
 run "a template's own exception" 1 "$SPARROW" template --model "$D/models/Llama-3.1-8B-Instruct" \
     --messages "$D/conversations/15_two_tool_calls.json"
