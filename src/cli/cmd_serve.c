@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "model/inspect.h"
 #include "runtime/engine.h"
+#include "runtime/plan.h"
 #include "server/server.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -36,12 +37,15 @@ static const char usage[] =
     "  --threads N            worker threads (default: physical cores)\n"
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --model-id NAME        the model name clients see (default: the folder name)\n"
-    "  --max-body SIZE        largest request body (default 8M)\n";
+    "  --max-body SIZE        largest request body (default 8M)\n"
+    "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
+    "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n";
 
 int sp_cmd_serve(int argc, char **argv) {
     struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
+    struct sp_plan_inputs pin = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
@@ -98,6 +102,13 @@ int sp_cmd_serve(int argc, char **argv) {
             NEED();
             if (!sp_arg_size("--max-body", v, &sz)) return SP_EXIT_USAGE;
             so.max_body = (size_t)sz;
+        } else if (VAL("--mem-limit")) {
+            NEED();
+            if (!sp_arg_size("--mem-limit", v, &pin.mem_limit)) return SP_EXIT_USAGE;
+        } else if (VAL("--expert-cache")) {
+            NEED();
+            if (!sp_arg_size("--expert-cache", v, &pin.expert_cache)) return SP_EXIT_USAGE;
+            pin.expert_cache_set = true;
         } else if (VAL("--temp")) {
             NEED();
             if (!sp_arg_num("--temp", v, &x)) return SP_EXIT_USAGE;
@@ -159,6 +170,19 @@ int sp_cmd_serve(int argc, char **argv) {
         sp_log(SP_LOG_WARN, "no chat template (%s): /v1/chat/completions will answer 400", sp_error_msg());
         ct = NULL;
     }
+    pin.ctx = ep.n_ctx;
+    pin.parallel = ep.n_slots;
+    pin.batch = ep.batch_tokens;
+    pin.kv_type = ep.kv_type;
+    struct sp_plan plan;
+    if (sp_plan_make(m, &pin, &plan) != SP_OK) goto fail;
+    struct sp_buf pl = SP_BUF_INIT;
+    sp_plan_report(&plan, false, &pl);
+    fputs(pl.data ? pl.data : "", stderr);
+    sp_buf_free(&pl);
+    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE)
+        sp_log(SP_LOG_WARN, "the plan needs an expert cache, but expert streaming is not implemented yet: routed "
+                            "experts are read through the page cache of the mapped files, which the kernel may evict");
     struct sp_model_stats stats;
     sp_model_stats(m, &stats);
     struct sp_buf rep = SP_BUF_INIT;
@@ -193,6 +217,8 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_jw_int(&w, p->n_threads);
     sp_jw_key(&w, "kv_type");
     sp_jw_str(&w, sp_kv_type_name(p->kv_type));
+    sp_jw_key(&w, "plan");
+    sp_plan_write_json(&plan, &w);
     sp_jw_key(&w, "memory");
     sp_jw_obj(&w);
     sp_jw_key(&w, "model_file_bytes");

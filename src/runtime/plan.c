@@ -1,0 +1,331 @@
+/* plan.c - the memory planner and bandwidth calibration. */
+#include "runtime/plan.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/json.h"
+
+#define DEFAULT_RAM_GBS 10.0
+#define DEFAULT_DISK_GBS 1.0
+#define OVERHEAD_BYTES ((size_t)96 << 20)  // tokenizer, tables, server, stacks
+
+const char *sp_strategy_name(enum sp_strategy s) { return s == SP_STRATEGY_RESIDENT ? "resident" : "expert-cache"; }
+
+static uint64_t read_u64_file(const char *path) {
+    char *t;
+    size_t n;
+    if (sp_read_file(path, 256, &t, &n) != SP_OK) {
+        sp_error_clear();
+        return 0;
+    }
+    uint64_t v = 0;
+    if (strncmp(t, "max", 3) != 0) v = strtoull(t, NULL, 10);
+    sp_free(t);
+    return v >= ((uint64_t)1 << 60) ? 0 : v;  // "unlimited" is a huge number in v1
+}
+
+void sp_memory_limits(uint64_t *cgroup, uint64_t *available) {
+    *cgroup = *available = 0;
+    /* the process's own cgroup first (v2 "0::/path", v1 "N:memory:/path"), then the root files */
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[512], path[768];
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        uint64_t v = 0;
+        if (!strncmp(line, "0::", 3)) {
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", line + 3);
+            v = read_u64_file(path);
+        } else if (strstr(line, ":memory:")) {
+            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", strstr(line, ":memory:") + 8);
+            v = read_u64_file(path);
+        }
+        if (v && (!*cgroup || v < *cgroup)) *cgroup = v;
+    }
+    if (f) fclose(f);
+    uint64_t root = read_u64_file("/sys/fs/cgroup/memory.max");
+    if (!root) root = read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    if (root && (!*cgroup || root < *cgroup)) *cgroup = root;
+    f = fopen("/proc/meminfo", "r");
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *available = (uint64_t)kb * 1024;
+    if (f) fclose(f);
+}
+
+static char *bandwidth_path(void) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    struct sp_buf b = SP_BUF_INIT;
+    if (xdg && *xdg)
+        sp_buf_printf(&b, "%s/sparrow", xdg);
+    else
+        sp_buf_printf(&b, "%s/.cache/sparrow", home && *home ? home : "/tmp");
+    return sp_buf_take(&b);
+}
+
+struct sp_bandwidth sp_bandwidth_load(void) {
+    struct sp_bandwidth bw = {DEFAULT_RAM_GBS, DEFAULT_DISK_GBS, false};
+    char *dir = bandwidth_path();
+    char *path = dir ? sp_path_join(dir, "bandwidth.json") : NULL;
+    cJSON *j = NULL;
+    if (path && sp_path_is_file(path) && sp_json_parse_file(path, 4096, &j) == SP_OK) {
+        double r, d;
+        if (sp_json_get_num(j, "ram_gbs", 0, &r) == SP_OK && sp_json_get_num(j, "disk_gbs", 0, &d) == SP_OK && r > 0 &&
+            d > 0) {
+            bw.ram_gbs = r;
+            bw.disk_gbs = d;
+            bw.measured = true;
+        }
+    }
+    sp_error_clear();
+    cJSON_Delete(j);
+    sp_free(path);
+    sp_free(dir);
+    return bw;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct read_job {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+};
+
+static void *read_part(void *arg) {
+    struct read_job *j = arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) {
+        s0 += j->p[i];
+        s1 += j->p[i + 1];
+        s2 += j->p[i + 2];
+        s3 += j->p[i + 3];
+    }
+    j->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out) {
+    const size_t bytes = (size_t)1 << 30;
+    uint64_t *buf = sp_malloc_aligned(bytes, 64, SP_MEM_MISC);
+    if (!buf) return sp_errorf(SP_ERR_NOMEM, "calibration: out of memory for a 1 GiB buffer");
+    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
+    double best = 1e30;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        struct read_job jobs[2] = {{buf, bytes / 16, 0}, {buf + bytes / 16, bytes / 16, 0}};
+        pthread_t t;
+        double t0 = now_s();
+        pthread_create(&t, NULL, read_part, &jobs[1]);
+        read_part(&jobs[0]);
+        pthread_join(t, NULL);
+        double dt = now_s() - t0;
+        sink += jobs[0].sum + jobs[1].sum;
+        if (dt < best) best = dt;
+    }
+    (void)sink;
+    sp_free_aligned(buf);
+    out->ram_gbs = (double)bytes / best / 1e9;
+    /* disk: read the file after asking the kernel to drop its cached pages */
+    int fd = open(file, O_RDONLY);
+    if (fd < 0) return sp_errorf(SP_ERR_IO, "calibration: cannot open %s", file);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    size_t chunk = (size_t)16 << 20, total = 0;
+    char *b = sp_malloc_aligned(chunk, 4096, SP_MEM_MISC);
+    double t0 = now_s();
+    ssize_t r;
+    while (b && total < ((size_t)2 << 30) && (r = pread(fd, b, chunk, (off_t)total)) > 0) total += (size_t)r;
+    double dt = now_s() - t0;
+    close(fd);
+    sp_free_aligned(b);
+    if (total < ((size_t)64 << 20))
+        return sp_errorf(SP_ERR_ARG, "calibration: %s holds %zu bytes; at least 64 MiB are needed to time the disk", file, total);
+    out->disk_gbs = (double)total / dt / 1e9;
+    out->measured = true;
+    char *dir = bandwidth_path();
+    char *path = dir ? sp_path_join(dir, "bandwidth.json") : NULL;
+    enum sp_status st = dir && path ? sp_mkdirs(dir) : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (st == SP_OK) {
+        char text[256];
+        int n = snprintf(text, sizeof text, "{\"ram_gbs\": %.3f, \"disk_gbs\": %.3f, \"measured_at\": %lld}\n",
+                         out->ram_gbs, out->disk_gbs, (long long)time(NULL));
+        st = sp_write_file(path, text, (size_t)n);
+    }
+    sp_free(path);
+    sp_free(dir);
+    return st;
+}
+
+/* Buffers sp_ctx_create and the engine reserve, from the same shapes. */
+static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int parallel, int64_t batch, int threads) {
+    int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
+    int64_t ff = a->d_ff;
+    if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
+    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
+    int64_t maxc = d > qd ? d : qd;
+    if (ff > maxc) maxc = ff;
+    size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K)) + (size_t)(threads * (ctx + 1)) +
+                    (size_t)(threads * maxc) + (size_t)(3 * parallel) * (size_t)a->vocab;
+    return floats * sizeof(float);
+}
+
+enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p) {
+    memset(p, 0, sizeof *p);
+    const struct sp_arch *a = &m->arch;
+    struct sp_model_stats s;
+    sp_model_stats(m, &s);
+    p->model_type = a->model_type;
+    p->file_bytes = s.file_bytes;
+    p->tensor_bytes = s.total_bytes - s.bytes[SP_CLASS_UNUSED];
+    p->routed_expert_bytes = s.bytes[SP_CLASS_ROUTED_EXPERTS];
+    p->resident_weight_bytes = p->tensor_bytes - p->routed_expert_bytes;
+    p->expert_bytes = s.expert_bytes;
+    p->n_experts = a->n_experts;
+    p->n_experts_used = a->n_experts_used;
+    p->n_moe_layers = s.n_moe_layers;
+    p->ctx = in->ctx > 0 ? in->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
+    p->parallel = in->parallel > 0 ? in->parallel : 1;
+    size_t elt = in->kv_type == SP_KV_F32 ? 4 : 2;
+    p->kv_bytes = (size_t)a->n_layers * 2 * (size_t)p->parallel * (size_t)p->ctx * (size_t)(a->n_kv_heads * a->head_dim) * elt;
+    p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : 256, 2);
+    p->overhead_bytes = OVERHEAD_BYTES;
+    sp_memory_limits(&p->cgroup_limit, &p->mem_available);
+    p->user_limit = in->mem_limit;
+    p->limit = 0;
+    p->limit_source = "none";
+    if (p->cgroup_limit) p->limit = p->cgroup_limit, p->limit_source = "cgroup";
+    if (p->mem_available && (!p->limit || p->mem_available < p->limit)) p->limit = p->mem_available, p->limit_source = "MemAvailable";
+    if (p->user_limit) p->limit = p->user_limit, p->limit_source = "--mem-limit";
+    if (!p->limit) return sp_errorf(SP_ERR_STATE, "cannot tell how much memory there is: give --mem-limit");
+    p->usable = p->limit / 10 * 9;
+    p->bw = sp_bandwidth_load();
+    size_t runtime = p->kv_bytes + p->activation_bytes + p->overhead_bytes;
+    size_t base = p->resident_weight_bytes + runtime;
+    if (in->expert_cache_set && in->expert_cache < p->expert_bytes)
+        return sp_errorf(SP_ERR_ARG, "--expert-cache %llu bytes holds no expert: the minimum is %zu bytes (one expert of "
+                         "the largest MoE layer)", (unsigned long long)in->expert_cache, p->expert_bytes);
+    bool fits = base + p->routed_expert_bytes <= p->usable;
+    if (!p->n_experts || (fits && !in->expert_cache_set)) {
+        p->strategy = SP_STRATEGY_RESIDENT;
+        if (!fits)
+            return sp_errorf(SP_ERR_LIMIT,
+                             "the model needs %.2f GiB (%.2f GiB of weights + %.2f GiB KV, activations and overhead) but "
+                             "%.2f GiB are usable (90%% of the %s limit %.2f GiB); it has no routed experts to stream",
+                             (double)(base + p->routed_expert_bytes) / 1073741824.0,
+                             (double)(p->resident_weight_bytes + p->routed_expert_bytes) / 1073741824.0,
+                             (double)runtime / 1073741824.0, (double)p->usable / 1073741824.0, p->limit_source,
+                             (double)p->limit / 1073741824.0);
+        p->expert_cache = p->routed_expert_bytes;
+    } else {
+        p->strategy = SP_STRATEGY_EXPERT_CACHE;
+        if (base + p->expert_bytes > p->usable)
+            return sp_errorf(SP_ERR_LIMIT,
+                             "what every token needs (%.2f GiB of non-expert weights + %.2f GiB KV, activations and "
+                             "overhead) plus one expert exceeds the %.2f GiB usable (90%% of the %s limit %.2f GiB); "
+                             "lower --ctx or --parallel, or raise --mem-limit",
+                             (double)p->resident_weight_bytes / 1073741824.0, (double)runtime / 1073741824.0,
+                             (double)p->usable / 1073741824.0, p->limit_source, (double)p->limit / 1073741824.0);
+        p->expert_cache = in->expert_cache_set ? in->expert_cache : p->usable - base;
+        if (p->expert_cache > p->routed_expert_bytes) p->expert_cache = p->routed_expert_bytes;
+        if (in->expert_cache_set && base + p->expert_cache > p->usable)
+            return sp_errorf(SP_ERR_LIMIT, "--expert-cache %.2f GiB does not fit: %.2f GiB are left after what every token needs",
+                             (double)p->expert_cache / 1073741824.0, (double)(p->usable - base) / 1073741824.0);
+    }
+    int64_t total_experts = p->n_experts * p->n_moe_layers;
+    p->cached_experts = p->expert_bytes ? (int64_t)(p->expert_cache / p->expert_bytes) : 0;
+    if (p->cached_experts > total_experts) p->cached_experts = total_experts;
+    p->hit_rate = total_experts ? (double)p->cached_experts / (double)total_experts : 1.0;
+    p->bytes_per_token = s.active_bytes;
+    double routed_per_token = (double)(p->n_experts_used * p->n_moe_layers) * (double)p->expert_bytes;
+    p->disk_bytes_per_token = (size_t)(routed_per_token * (1.0 - p->hit_rate));
+    double t = (double)p->bytes_per_token / (p->bw.ram_gbs * 1e9) + (double)p->disk_bytes_per_token / (p->bw.disk_gbs * 1e9);
+    p->tokens_per_s = t > 0 ? 1.0 / t : 0.0;
+    return SP_OK;
+}
+
+static double gib(size_t b) { return (double)b / 1073741824.0; }
+
+void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
+    sp_jw_obj(w);
+#define KU(k, v) (sp_jw_key(w, k), sp_jw_uint(w, (uint64_t)(v)))
+#define KN(k, v) (sp_jw_key(w, k), sp_jw_num(w, v))
+#define KS(k, v) (sp_jw_key(w, k), sp_jw_str(w, v))
+    KS("strategy", sp_strategy_name(p->strategy));
+    KS("architecture", p->model_type);
+    KU("file_bytes", p->file_bytes);
+    KU("resident_weight_bytes", p->resident_weight_bytes);
+    KU("routed_expert_bytes", p->routed_expert_bytes);
+    KU("expert_bytes", p->expert_bytes);
+    KU("ctx", p->ctx);
+    KU("parallel", p->parallel);
+    KU("kv_cache_bytes", p->kv_bytes);
+    KU("activation_bytes", p->activation_bytes);
+    KU("overhead_bytes", p->overhead_bytes);
+    KU("limit_bytes", p->limit);
+    KS("limit_source", p->limit_source);
+    KU("cgroup_limit_bytes", p->cgroup_limit);
+    KU("mem_available_bytes", p->mem_available);
+    KU("usable_bytes", p->usable);
+    KU("expert_cache_bytes", p->expert_cache);
+    KU("cached_experts", p->cached_experts);
+    KN("expected_hit_rate", p->hit_rate);
+    KU("bytes_per_token", p->bytes_per_token);
+    KU("disk_bytes_per_token", p->disk_bytes_per_token);
+    KN("ram_gbs", p->bw.ram_gbs);
+    KN("disk_gbs", p->bw.disk_gbs);
+    sp_jw_key(w, "bandwidth_measured");
+    sp_jw_bool(w, p->bw.measured);
+    KN("expected_tokens_per_s", p->tokens_per_s);
+#undef KU
+#undef KN
+#undef KS
+    sp_jw_end(w);
+}
+
+void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
+    if (json) {
+        struct sp_jw w;
+        sp_jw_init(&w, out, 2);
+        sp_plan_write_json(p, &w);
+        sp_buf_putc(out, '\n');
+        return;
+    }
+    sp_buf_printf(out, "plan            %s (%s)\n", sp_strategy_name(p->strategy), p->model_type);
+    sp_buf_printf(out, "model           %.2f GiB of files: %.2f GiB every token needs, %.2f GiB of routed experts "
+                       "(%lld x %lld layers, %.2f MiB each)\n",
+                  gib(p->file_bytes), gib(p->resident_weight_bytes), gib(p->routed_expert_bytes), (long long)p->n_experts,
+                  (long long)p->n_moe_layers, (double)p->expert_bytes / 1048576.0);
+    sp_buf_printf(out, "runtime         KV cache %.2f GiB (%lld positions x %d sequences), activations %.2f GiB, "
+                       "overhead %.2f GiB\n",
+                  gib(p->kv_bytes), (long long)p->ctx, p->parallel, gib(p->activation_bytes), gib(p->overhead_bytes));
+    char cg[32] = "none";
+    if (p->cgroup_limit) snprintf(cg, sizeof cg, "%.2f GiB", gib(p->cgroup_limit));
+    sp_buf_printf(out, "memory          limit %.2f GiB from %s (cgroup %s, MemAvailable %.2f GiB); usable 90%% = %.2f GiB\n",
+                  gib(p->limit), p->limit_source, cg, gib(p->mem_available), gib(p->usable));
+    if (p->strategy == SP_STRATEGY_RESIDENT)
+        sp_buf_printf(out, "decision        everything resident: %.2f GiB needed of %.2f GiB usable\n",
+                      gib(p->resident_weight_bytes + p->routed_expert_bytes + p->kv_bytes + p->activation_bytes + p->overhead_bytes),
+                      gib(p->usable));
+    else
+        sp_buf_printf(out, "decision        expert cache of %.2f GiB = %lld of %lld experts (%.1f%%); the rest read from the files\n",
+                      gib(p->expert_cache), (long long)p->cached_experts, (long long)(p->n_experts * p->n_moe_layers),
+                      100.0 * p->hit_rate);
+    sp_buf_printf(out, "per token       %.2f MiB of weights read; %.2f MiB from disk at a %.1f%% hit rate (uniform routing)\n",
+                  (double)p->bytes_per_token / 1048576.0, (double)p->disk_bytes_per_token / 1048576.0, 100.0 * p->hit_rate);
+    sp_buf_printf(out, "expected        %.2f tok/s decode bound at RAM %.1f GB/s, disk %.2f GB/s (%s)\n", p->tokens_per_s,
+                  p->bw.ram_gbs, p->bw.disk_gbs,
+                  p->bw.measured ? "measured by --calibrate" : "conservative defaults; run sparrow plan --calibrate");
+}

@@ -1,0 +1,96 @@
+/*
+ * plan.h - the memory planner (DESIGN.md §5): from tensor headers alone,
+ * decides what stays resident and how much memory routed experts may use as
+ * a cache over the model files, and says what speed that should give.
+ *
+ *     struct sp_plan_inputs in = {.ctx = 4096, .parallel = 1};
+ *     struct sp_plan p;
+ *     if (sp_plan_make(model, &in, &p) != SP_OK) puts(sp_error_msg());
+ *     sp_plan_report(&p, false, &buf);     // text; true: JSON
+ *
+ * Memory available is the smallest of: the cgroup limit (v2 memory.max, v1
+ * memory.limit_in_bytes), MemAvailable from /proc/meminfo, and --mem-limit.
+ * Strategy "resident": the whole model fits (file pages of every tensor, KV,
+ * activations, runtime overhead, inside 90% of the limit). Otherwise
+ * "expert-cache": everything a token needs is resident, routed experts live
+ * in a cache of `expert_cache` bytes (default: what is left inside the 90%),
+ * and the rest is read from the files on demand.
+ *
+ * The expected speed assumes uniform routing (hit rate = the fraction of
+ * experts the cache holds) and bandwidths that --calibrate measures and
+ * stores in ~/.cache/sparrow/bandwidth.json; without it, conservative
+ * defaults are used and the report says so.
+ */
+#ifndef SP_RUNTIME_PLAN_H
+#define SP_RUNTIME_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/buf.h"
+#include "core/json.h"
+#include "model/forward.h"
+#include "model/inspect.h"
+
+struct sp_plan_inputs {
+    int64_t ctx;            // positions per sequence (0: the model's, capped at 4096)
+    int parallel;           // sequences (0: 1)
+    int64_t batch;          // tokens per step (0: 256)
+    enum sp_kv_type kv_type;
+    uint64_t mem_limit;     // 0: from the cgroup and /proc/meminfo
+    uint64_t expert_cache;  // 0: automatic
+    bool expert_cache_set;  // --expert-cache was given (0 is then an error)
+};
+
+enum sp_strategy { SP_STRATEGY_RESIDENT, SP_STRATEGY_EXPERT_CACHE };
+
+struct sp_bandwidth {
+    double ram_gbs, disk_gbs;
+    bool measured;  // false: defaults
+};
+
+struct sp_plan {
+    enum sp_strategy strategy;
+    const char *model_type;
+    /* what the model holds */
+    size_t file_bytes, tensor_bytes;
+    size_t resident_weight_bytes;  // every tensor except routed experts
+    size_t routed_expert_bytes;    // all routed experts
+    size_t expert_bytes;           // one expert (largest MoE layer)
+    int64_t n_experts, n_experts_used, n_moe_layers;
+    /* runtime memory */
+    int64_t ctx;
+    int parallel;
+    size_t kv_bytes, activation_bytes, overhead_bytes;
+    /* the limit */
+    uint64_t limit;                // the smallest of the sources below
+    uint64_t cgroup_limit, mem_available, user_limit;  // 0: none
+    const char *limit_source;      // "cgroup", "MemAvailable", "--mem-limit"
+    uint64_t usable;               // 90% of the limit
+    /* the decision */
+    uint64_t expert_cache;         // bytes for routed experts (all of them when resident)
+    int64_t cached_experts;        // whole experts the cache holds (all layers together)
+    double hit_rate;               // expected, uniform routing
+    size_t bytes_per_token;        // weights a decoded token reads
+    size_t disk_bytes_per_token;   // expected reads from the files per token
+    struct sp_bandwidth bw;
+    double tokens_per_s;           // expected decode speed bound
+};
+
+/* Plans for an opened model (only headers are read). */
+enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *out);
+void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
+/* Writes the plan as a JSON object value into an open writer. */
+void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w);
+const char *sp_strategy_name(enum sp_strategy s);
+
+/* Stored bandwidths, or conservative defaults (measured = false). */
+struct sp_bandwidth sp_bandwidth_load(void);
+/* Measures RAM read bandwidth (2 threads) and the read bandwidth of `file`
+ * (page cache dropped first when possible) and stores both. */
+enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out);
+/* The memory limit of this process: cgroup and MemAvailable (0: unknown). */
+void sp_memory_limits(uint64_t *cgroup, uint64_t *available);
+
+#endif
