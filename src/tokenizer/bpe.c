@@ -21,11 +21,23 @@ struct merge_slot {
     int32_t new_id;
 };
 
+/* A cached word. Short words (the most) sit in the slot with their ids, so
+ * a hit costs one cache line; longer ones spill into the arenas. */
+#define INLINE_KEY 16
+#define INLINE_IDS 2
 struct cache_slot {
-    uint64_t hash;  // 0: empty
-    uint32_t key_off, key_len;
-    uint32_t ids_off, ids_len;
+    uint32_t tag;  // high hash bits, never 0; 0: empty
+    uint16_t key_len, ids_len;
+    union {
+        char key[INLINE_KEY];  // key_len <= INLINE_KEY
+        uint32_t off;          // else: offset in keys
+    } k;
+    union {
+        int32_t ids[INLINE_IDS];  // ids_len <= INLINE_IDS
+        uint32_t off;             // else: offset in ids
+    } v;
 };
+_Static_assert(sizeof(struct cache_slot) == 32, "two slots per cache line");
 
 struct word_cache {
     bool inited;  // mu is initialized
@@ -243,11 +255,16 @@ void sp_bpe_cache_clear(struct sp_bpe *m) {
     pthread_mutex_unlock(&m->cache.mu);
 }
 
+static inline const char *slot_key(const struct word_cache *c, const struct cache_slot *s) {
+    return s->key_len <= INLINE_KEY ? s->k.key : c->keys + s->k.off;
+}
+
 /* Finds the slot of a word (or the empty slot where it would go). */
 static struct cache_slot *cache_slot(struct word_cache *c, uint64_t h, const char *w, size_t n) {
+    uint32_t tag = (uint32_t)(h >> 32) | 1;
     for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
         struct cache_slot *s = &c->slots[i];
-        if (!s->hash || (s->hash == h && s->key_len == n && memcmp(c->keys + s->key_off, w, n) == 0)) return s;
+        if (!s->tag || (s->tag == tag && s->key_len == n && memcmp(slot_key(c, s), w, n) == 0)) return s;
     }
 }
 
@@ -256,16 +273,16 @@ static bool cache_get(struct word_cache *c, uint64_t h, const char *w, size_t n,
     bool hit = false;
     pthread_mutex_lock(&c->mu);
     struct cache_slot *s = c->slots ? cache_slot(c, h, w, n) : NULL;
-    if (s && s->hash) {
+    if (s && s->tag) {
         hit = true;
-        *st = sp_ids_append(out, c->ids + s->ids_off, s->ids_len);
+        *st = sp_ids_append(out, s->ids_len <= INLINE_IDS ? s->v.ids : c->ids + s->v.off, s->ids_len);
     }
     pthread_mutex_unlock(&c->mu);
     return hit;
 }
 
 static void cache_put(struct word_cache *c, uint64_t h, const char *w, size_t n, const int32_t *ids, int64_t k) {
-    if (k > CACHE_MAX_WORD * 4) return;
+    if (k > CACHE_MAX_WORD || n > CACHE_MAX_WORD) return;
     pthread_mutex_lock(&c->mu);
     if (!cache_alloc_locked(c)) {
         pthread_mutex_unlock(&c->mu);
@@ -274,16 +291,24 @@ static void cache_put(struct word_cache *c, uint64_t h, const char *w, size_t n,
     if (c->count + 1 > CACHE_SLOTS / 2 || c->keys_len + n > CACHE_KEY_BYTES || c->ids_len + (uint64_t)k > CACHE_IDS)
         cache_clear_locked(c);
     struct cache_slot *s = cache_slot(c, h, w, n);
-    if (!s->hash) {
-        s->hash = h;
-        s->key_off = c->keys_len;
-        s->key_len = (uint32_t)n;
-        memcpy(c->keys + c->keys_len, w, n);
-        c->keys_len += (uint32_t)n;
-        s->ids_off = c->ids_len;
-        s->ids_len = (uint32_t)k;
-        if (k) memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof *ids);
-        c->ids_len += (uint32_t)k;
+    if (!s->tag) {
+        s->tag = (uint32_t)(h >> 32) | 1;
+        s->key_len = (uint16_t)n;
+        if (n <= INLINE_KEY) {
+            memcpy(s->k.key, w, n);
+        } else {
+            s->k.off = c->keys_len;
+            memcpy(c->keys + c->keys_len, w, n);
+            c->keys_len += (uint32_t)n;
+        }
+        s->ids_len = (uint16_t)k;
+        if (k <= INLINE_IDS) {
+            if (k) memcpy(s->v.ids, ids, (size_t)k * sizeof *ids);
+        } else {
+            s->v.off = c->ids_len;
+            memcpy(c->ids + c->ids_len, ids, (size_t)k * sizeof *ids);
+            c->ids_len += (uint32_t)k;
+        }
         c->count++;
     }
     pthread_mutex_unlock(&c->mu);
@@ -687,7 +712,7 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
     bool cacheable = len <= CACHE_MAX_WORD;
     uint64_t h = 0;
     if (cacheable) {
-        h = key_hash(w, len) | 1;  // 0 marks an empty cache slot
+        h = key_hash(w, len);
         if (cache_get(&m->cache, h, w, len, out, &st)) return st;
     }
     if (m->ignore_merges) {
