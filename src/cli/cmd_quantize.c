@@ -8,17 +8,19 @@
 
 static const char usage[] =
     "usage: sparrow quantize IN OUT --mode affine|mxfp4|mxfp8|nvfp4|f32|f16|bf16 [--bits B] [--group-size G]\n"
-    "                        [--shard-size SIZE]\n"
+    "                        [--shard-size SIZE] [--sparse]\n"
     "  Writes an MLX-layout copy of model IN to folder OUT: experts stacked, routers\n"
     "  in 8-bit affine (group 64), embeddings and lm_head quantized, norms copied,\n"
     "  config.json with a \"quantization\" section, tokenizer files copied.\n"
     "  affine: --bits 2, 3, 4, 5, 6 or 8 (default 4), --group-size 32, 64 or 128 (default 64).\n"
-    "  mxfp4 / mxfp8: group 32; nvfp4: group 16. f32/f16/bf16: dequantized copy.\n";
+    "  mxfp4 / mxfp8: group 32; nvfp4: group 16. f32/f16/bf16: dequantized copy.\n"
+    "  --sparse writes the layout only (files of holes): shape-only models for sparrow plan.\n";
 
 int sp_cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *mode = NULL;
     int64_t bits = 0, group = 0;
     uint64_t shard = 0;
+    bool sparse = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
@@ -30,6 +32,8 @@ int sp_cmd_quantize(int argc, char **argv) {
             if (!v || !sp_arg_int("--bits", v, 1, 16, &bits)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--group-size", &v)) {
             if (!v || !sp_arg_int("--group-size", v, 1, 1024, &group)) return SP_EXIT_USAGE;
+        } else if (sp_arg_flag(argv[i], "--sparse")) {
+            sparse = true;
         } else if (sp_arg_value(argc, argv, &i, "--shard-size", &v)) {
             if (!v || !sp_arg_size("--shard-size", v, &shard)) return SP_EXIT_USAGE;
         } else if (argv[i][0] == '-') {
@@ -47,7 +51,7 @@ int sp_cmd_quantize(int argc, char **argv) {
         fputs(usage, stderr);
         return SP_EXIT_USAGE;
     }
-    struct sp_quantize_opts o = {.group = (int)group, .shard_bytes = (size_t)shard};
+    struct sp_quantize_opts o = {.group = (int)group, .shard_bytes = (size_t)shard, .sparse = sparse};
     if (strcmp(mode, "affine") == 0) {
         if (sp_qtype_from_mode("affine", bits ? (int)bits : 4, &o.type) != SP_OK) return sp_cli_fail();
     } else if (strcmp(mode, "f32") == 0 || strcmp(mode, "f16") == 0 || strcmp(mode, "bf16") == 0) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/file.h"
@@ -172,12 +173,21 @@ enum sp_status sp_st_writer_begin(struct sp_st_writer *w) {
     return SP_OK;
 }
 
-static enum sp_status open_shard(struct sp_st_writer *w, int shard) {
-    if (w->fp && fclose(w->fp) != 0) {
-        w->fp = NULL;
-        return sp_errorf(SP_ERR_IO, "%s: write failed: %s", w->dir, strerror(errno));
+/* A shard that ends in skipped bytes is extended to its full size (a hole). */
+static int close_shard(struct sp_st_writer *w) {
+    if (!w->fp) return 0;
+    int rc = 0;
+    if (w->sparse) {
+        off_t end = ftello(w->fp);
+        rc = fflush(w->fp) != 0 || (end >= 0 && ftruncate(fileno(w->fp), end) != 0);
     }
+    rc |= fclose(w->fp) != 0;
     w->fp = NULL;
+    return rc;
+}
+
+static enum sp_status open_shard(struct sp_st_writer *w, int shard) {
+    if (close_shard(w) != 0) return sp_errorf(SP_ERR_IO, "%s: write failed: %s", w->dir, strerror(errno));
     char *name = shard_name(w, shard);
     char *path = name ? sp_path_join(w->dir, name) : NULL;
     struct sp_buf hdr = SP_BUF_INIT;
@@ -226,6 +236,29 @@ enum sp_status sp_st_writer_write(struct sp_st_writer *w, const void *data, size
     }
 }
 
+enum sp_status sp_st_writer_skip(struct sp_st_writer *w, size_t nbytes) {
+    while (nbytes) {
+        if (w->next >= w->n) return sp_errorf(SP_ERR_STATE, "safetensors writer: more bytes skipped than declared");
+        struct sp_st_out *t = &w->tensors[w->next];
+        if (!w->fp || w->fp_shard != t->shard) {
+            enum sp_status st = open_shard(w, t->shard);
+            if (st != SP_OK) return st;
+        }
+        size_t take = t->nbytes - w->written < nbytes ? t->nbytes - w->written : nbytes;
+        if (take && fseeko(w->fp, (off_t)take, SEEK_CUR) != 0)
+            return sp_errorf(SP_ERR_IO, "%s: seeking past tensor %s: %s", w->dir, t->name, strerror(errno));
+        w->sparse = true;
+        nbytes -= take;
+        w->written += take;
+        if (w->written == t->nbytes) {
+            w->next++;
+            w->written = 0;
+        }
+        while (w->next < w->n && w->tensors[w->next].nbytes == 0) w->next++;
+    }
+    return SP_OK;
+}
+
 enum sp_status sp_st_writer_finish(struct sp_st_writer *w) {
     /* Zero-byte tensors at the end are complete without a write. */
     while (w->next < w->n && w->tensors[w->next].nbytes == 0) w->next++;
@@ -236,8 +269,6 @@ enum sp_status sp_st_writer_finish(struct sp_st_writer *w) {
         enum sp_status st = open_shard(w, 0);
         if (st != SP_OK) return st;
     }
-    int rc = w->fp ? fclose(w->fp) : 0;
-    w->fp = NULL;
-    if (rc != 0) return sp_errorf(SP_ERR_IO, "%s: write failed: %s", w->dir, strerror(errno));
+    if (close_shard(w) != 0) return sp_errorf(SP_ERR_IO, "%s: write failed: %s", w->dir, strerror(errno));
     return SP_OK;
 }

@@ -20,6 +20,7 @@
 #ifndef SP_FORMAT_ST_WRITER_H
 #define SP_FORMAT_ST_WRITER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -46,6 +47,7 @@ struct sp_st_writer {
     size_t written;  // bytes of it written so far
     FILE *fp;      // the shard being written
     int fp_shard;
+    bool sparse;   // bytes were skipped: shards are extended to size on close
 };
 
 void sp_st_writer_init(struct sp_st_writer *w, const char *dir, size_t shard_limit);
@@ -55,6 +57,9 @@ enum sp_status sp_st_writer_begin(struct sp_st_writer *w);
 /* Appends bytes to the tensors in declaration order; a call may cover part
  * of a tensor or run across several. */
 enum sp_status sp_st_writer_write(struct sp_st_writer *w, const void *data, size_t nbytes);
+/* Leaves the next nbytes unwritten: the files get holes that read as zeros
+ * and take no disk space (shape-only models for planning). */
+enum sp_status sp_st_writer_skip(struct sp_st_writer *w, size_t nbytes);
 enum sp_status sp_st_writer_finish(struct sp_st_writer *w);
 void sp_st_writer_free(struct sp_st_writer *w);
 

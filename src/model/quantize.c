@@ -252,7 +252,15 @@ static enum sp_status write_matrix(struct sp_st_writer *w, const struct sp_model
 }
 
 static enum sp_status write_item(struct sp_st_writer *w, const struct sp_model *m, const struct out_item *it,
-                                 struct bufs *b) {
+                                 struct bufs *b, bool sparse) {
+    if (sparse) {
+        /* the declared sizes of this item's tensors, in declaration order */
+        int64_t k = w->next;
+        size_t bytes = 0;
+        int parts = it->copy ? 1 : 1 + (sp_qtype_traits(it->type)->mode ? 1 + sp_qtype_traits(it->type)->has_biases : 0) + it->has_bias;
+        for (int i = 0; i < parts; i++) bytes += w->tensors[k + i].nbytes;
+        return sp_st_writer_skip(w, bytes);
+    }
     if (it->copy) return sp_st_writer_write(w, it->src->data, it->src->nbytes);
     sp_buf_clear(&b->acc_scales);
     sp_buf_clear(&b->acc_biases);
@@ -360,7 +368,7 @@ enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, 
     b.biases = sp_malloc((size_t)maxc * 4, SP_MEM_MISC);
     if (st == SP_OK && (!b.row || !b.codes || !b.scales || !b.biases)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < p.n && st == SP_OK; i++) {
-        st = write_item(&w, m, &p.v[i], &b);
+        st = write_item(&w, m, &p.v[i], &b, o.sparse);
         if (st != SP_OK) sp_error_prefix("%s: ", p.v[i].module);
     }
     if (st == SP_OK) st = sp_st_writer_finish(&w);

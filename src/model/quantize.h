@@ -23,6 +23,7 @@ struct sp_quantize_opts {
     enum sp_qtype type;
     int group;           // 0: the format's default (affine 64)
     size_t shard_bytes;  // 0: 5 GB, as mlx-lm
+    bool sparse;         // write the layout only: data left as holes (shape-only models for planning)
 };
 
 enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, const struct sp_quantize_opts *o);

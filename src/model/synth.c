@@ -206,6 +206,10 @@ enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct
         const struct planned *t = &p.v[i];
         int64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+        if (opts->sparse) {
+            st = sp_st_writer_skip(&w, (size_t)numel * sp_dtype_size(t->dtype));
+            continue;
+        }
         for (int64_t done = 0; done < numel && st == SP_OK; done += CHUNK) {
             int64_t n = numel - done < CHUNK ? numel - done : CHUNK;
             for (int64_t k = 0; k < n; k++) {

@@ -24,6 +24,7 @@ struct sp_synth_opts {
     size_t shard_bytes;  // 0: one file
     int64_t layers;      // > 0: override num_hidden_layers (fit large shapes in memory)
     float init_std;      // 0: 0.02
+    bool sparse;         // no data: files of the right size made of holes (shapes only, for planning)
 };
 
 /* Writes config.json (the given config, with num_hidden_layers overridden if
