@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# sparrow plan: strategies, budgets and errors from tensor headers alone, on
+# generated models and on a shape-only (sparse) Ling-flash-2.0.
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+"$SYNTH" tools/tiny/bailing_moe.json "$TMP/ling" --dtype bf16 >/dev/null 2>&1
+run "plan fits: resident" 0 "$SPARROW" plan "$TMP/ling" --mem-limit 1G
+expect "resident strategy" "$TMP/out" "plan            resident (bailing_moe)"
+expect "defaults are said to be defaults" "$TMP/out" "conservative defaults"
+# the tiny model's bf16 experts are 48 KiB each; 200 KiB holds four of them
+run "plan forced to an expert cache" 0 "$SPARROW" plan "$TMP/ling" --mem-limit 1G --expert-cache 200K
+expect "expert-cache strategy" "$TMP/out" "plan            expert-cache (bailing_moe)"
+expect "four experts cached" "$TMP/out" "= 4 of 32 experts"
+run "plan --json" 0 "$SPARROW" plan "$TMP/ling" --mem-limit 1G --expert-cache 200K --json
+cp "$TMP/out" "$TMP/plan.json"
+run "plan --json parses" 0 node -e '
+    const p = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    if (p.strategy !== "expert-cache" || p.cached_experts !== 4 || p.expert_bytes !== 49152 ||
+        !(p.disk_bytes_per_token > 0) || p.limit_source !== "--mem-limit") process.exit(1);' "$TMP/plan.json"
+run "--expert-cache 0 is an error" 1 "$SPARROW" plan "$TMP/ling" --expert-cache 0
+expect "that names the minimum" "$TMP/err" "the minimum is 49152 bytes"
+run "a limit too small for what every token needs" 1 "$SPARROW" plan "$TMP/ling" --mem-limit 50M
+expect "says what does not fit" "$TMP/err" "what every token needs"
+run "a bad size" 2 "$SPARROW" plan "$TMP/ling" --mem-limit 12Q
+
+# Ling-flash-2.0 in mxfp4, shapes only: the published totals, planned at 64 and 24 GiB
+run "shape-only Ling-flash-2.0" 0 "$SYNTH" bench/configs/ling-flash-2.0.json "$TMP/flash" --dtype bf16 --sparse --shard-size 5G
+run "its mxfp4 layout, shapes only" 0 "$SPARROW" quantize "$TMP/flash" "$TMP/flash-mxfp4" --mode mxfp4 --sparse
+run "inspect it" 0 "$SPARROW" inspect "$TMP/flash-mxfp4"
+expect "102.89B parameters" "$TMP/out" "102.89B total, 6.15B active per token (4.86B without embeddings)"
+run "plan at 64 GiB" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --ctx 8192
+expect "fits at 64 GiB" "$TMP/out" "plan            resident"
+run "plan at 24 GiB" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 24G --ctx 8192
+expect "streams at 24 GiB" "$TMP/out" "plan            expert-cache"
