@@ -70,6 +70,8 @@ static const struct tcase cases[] = {
     {"prompt opened <think> (qwen3.5-style), then answer", HERMES, true,
      "Let me think about primes.\n2, 3, 5, 7.\n</think>\n\nThe first four primes are 2, 3, 5 and 7.",
      "The first four primes are 2, 3, 5 and 7.", "Let me think about primes.\n2, 3, 5, 7.", {{0}}},
+    {"prompt opened <think> and the model repeats it", HERMES, true, "<think>\nHmm.\n</think>\n\nYes.", "Yes.",
+     "Hmm.", {{0}}},
     {"deepseek v3.1 think without newlines", HERMES, true, "Compute 6*7.</think>The answer is 42.", "The answer is 42.",
      "Compute 6*7.", {{0}}},
     {"thinking, content, then a call, then more content", HERMES, false,

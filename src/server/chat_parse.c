@@ -306,21 +306,29 @@ static void end_tool(struct sp_chat_parser *p) {
     sp_buf_clear(&p->absorbed);
 }
 
+/* At the very start of the output, <think> opens reasoning (or, when the
+ * prompt already opened it, is dropped). Returns 1 when it was consumed, 0
+ * when more text must come first, -1 when the output starts otherwise. */
+static int opening_think(struct sp_chat_parser *p, const char *s, size_t n, bool final) {
+    if (!p->think_ok) return -1;
+    if (n >= LEN(THINK_OPEN) && memcmp(s, THINK_OPEN, LEN(THINK_OPEN)) == 0) {
+        p->pos += LEN(THINK_OPEN);
+        p->mode = M_REASONING;
+        p->lstrip = true;
+        p->think_ok = false;
+        return 1;
+    }
+    if (n < LEN(THINK_OPEN) && memcmp(s, THINK_OPEN, n) == 0 && !final) return 0;
+    p->think_ok = false;
+    return -1;
+}
+
 static bool step_content(struct sp_chat_parser *p, bool final) {
     if (!do_lstrip(p)) return false;
     const char *s = p->in.data + p->pos;
     size_t n = p->in.len - p->pos;
-    if (p->think_ok) {
-        if (n >= LEN(THINK_OPEN) && memcmp(s, THINK_OPEN, LEN(THINK_OPEN)) == 0) {
-            p->pos += LEN(THINK_OPEN);
-            p->mode = M_REASONING;
-            p->lstrip = true;
-            p->think_ok = false;
-            return true;
-        }
-        if (n < LEN(THINK_OPEN) && memcmp(s, THINK_OPEN, n) == 0 && !final) return false;
-        p->think_ok = false;
-    }
+    int think = opening_think(p, s, n, final);
+    if (think >= 0) return think == 1;
     static const char *const tags[] = {CALL_OPEN};
     size_t at = 0;
     int which = 0;
@@ -343,6 +351,8 @@ static bool step_reasoning(struct sp_chat_parser *p, bool final) {
     if (!do_lstrip(p)) return false;
     const char *s = p->in.data + p->pos;
     size_t n = p->in.len - p->pos;
+    int think = opening_think(p, s, n, final);
+    if (think >= 0) return think == 1;
     static const char *const tags[] = {THINK_CLOSE};
     size_t at = 0;
     int which = 0;
@@ -854,7 +864,7 @@ enum sp_status sp_chat_parser_new(const struct sp_chat_parse_opts *opts, struct 
         break;
     default:
         p->mode = opts->in_reasoning ? M_REASONING : M_CONTENT;
-        p->think_ok = !opts->in_reasoning;
+        p->think_ok = true;
         p->lstrip = true;
         break;
     }

@@ -25,14 +25,16 @@
  *
  *  - Think formats. <think> opens reasoning only at the very start of the
  *    output (opts.in_reasoning says the prompt already opened it, as Qwen3.5's
- *    and DeepSeek's templates do). Newlines are part of the tags around them,
+ *    and DeepSeek's templates do; a <think> the model repeats there is
+ *    dropped). Newlines are part of the tags around them,
  *    as the templates write them: newlines right after <think>, </think> and
  *    </tool_call>, and right before </think> and <tool_call>, are dropped;
  *    content also starts after its leading newlines. Other newlines are kept.
  *  - Hermes tool calls: when the body starts {"name": "...", "arguments": {
  *    (whitespace allowed), the name is emitted at once and the arguments
  *    object streams as the model writes it, with insignificant whitespace
- *    removed (the compact form; numbers and escapes are kept as written).
+ *    removed (the compact form; numbers and escapes are kept as written);
+ *    what follows the arguments object inside the body is ignored.
  *    Any other body (other key order, extra keys, "parameters" instead of
  *    "arguments") is held until </tool_call> and parsed: an object with a
  *    string "name" becomes a call whose arguments are re-serialised compactly
@@ -49,6 +51,8 @@
  *    strings; parsing valid JSON instead keeps numbers and objects usable
  *    when no schema is given.) A value also ends at <parameter=,
  *    </function> or </tool_call> when the model leaves out </parameter>.
+ *    Text between parameters is not part of the call and is ignored; a
+ *    second <function= before </tool_call> starts another call.
  *  - Harmony: analysis is reasoning; final and commentary without a
  *    recipient are content; a message with a recipient ("to=functions.f" or
  *    any other "to=X") is a tool call named f (X) whose arguments are the
@@ -126,7 +130,8 @@ bool sp_chat_prompt_in_reasoning(enum sp_chat_format f, const char *prompt, size
 
 struct sp_chat_parse_opts {
     enum sp_chat_format format;
-    bool in_reasoning;     // the output starts inside reasoning (prompt opened <think>)
+    bool in_reasoning;     // the output starts inside reasoning: the prompt opened <think>
+                           // (harmony: the prompt opened an analysis message)
     uint64_t id_seed;      // tool call ids are "call_" + 24 characters drawn from this and the index
     const cJSON *tools;    // optional, borrowed: the request's "tools" array (Qwen3-Coder value types)
 };
