@@ -12,6 +12,8 @@
 
 #include "core/json.h"
 #include "model/forward.h"
+#include "model/experts.h"
+#include "model/inspect.h"
 #include "model/quantize.h"
 #include "runtime/sampler.h"
 
@@ -230,12 +232,89 @@ static void test_batch_invariance(void **state) {
     sp_model_close(m);
 }
 
+/* Logits with the expert cache at any budget - one expert, a few, all of
+ * them - are bit-identical to reading experts from the mapping, and the
+ * counters add up: every miss reads one whole expert. */
+static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label) {
+    struct sp_model_stats ms;
+    sp_model_stats(m, &ms);
+    size_t unit = sp_expert_store_min_budget(m);
+    assert_true(unit >= ms.expert_bytes);
+    size_t V = (size_t)r->vocab, n = (size_t)r->nb;
+    float *want = malloc(n * V * sizeof(float)), *got = malloc(n * V * sizeof(float));
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 1, .max_batch = 64, .kv_type = SP_KV_F32, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    run_seq(c, r->b, r->nb, 64, 0, want, r->vocab);
+    sp_ctx_free(c);
+    size_t budgets[] = {unit, 3 * unit + unit / 2, (size_t)(m->arch.n_experts * m->arch.n_layers) * unit};
+    for (size_t k = 0; k < 3; k++) {
+        p.expert_cache = budgets[k];
+        assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+        run_seq(c, r->b, r->nb, 64, 0, got, r->vocab);
+        if (memcmp(got, want, n * V * sizeof(float)) != 0) fail_msg("%s: expert cache of %zu bytes changed the logits", label, budgets[k]);
+        struct sp_expert_store_stats st;
+        assert_true(sp_ctx_expert_stats(c, &st));
+        assert_true(st.misses > 0);
+        assert_int_equal(st.bytes_read, st.misses * ms.expert_bytes);
+        assert_true(st.cached_bytes <= st.budget && st.budget <= budgets[k]);
+        if (k == 0) assert_true(st.evictions > 0);                     // one slot: every new expert evicts
+        if (k == 2) assert_true(st.evictions == 0 && st.hits > 0);     // all of them: later chunks hit
+        uint64_t lat = 0;
+        for (int b = 0; b < SP_EXPERT_LAT_BUCKETS; b++) lat += st.lat_bucket[b];
+        assert_int_equal(lat, st.misses);
+        print_message("%s: cache %zu bytes (%lld slots): %llu hits, %llu misses, %llu bytes read\n", label, budgets[k],
+                      (long long)st.slots, (unsigned long long)st.hits, (unsigned long long)st.misses,
+                      (unsigned long long)st.bytes_read);
+        sp_ctx_free(c);
+    }
+    p.expert_cache = unit - 1;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "the minimum is"));
+    free(want);
+    free(got);
+}
+
+static void test_expert_cache(void **state) {
+    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe"};
+    for (size_t i = 0; i < 3; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);
+        struct sp_model *m;
+        assert_int_equal(sp_model_open(dir, &m), SP_OK);
+        struct ref r;
+        load_ref(moe_archs[i], &r);
+        check_expert_cache(m, &r, moe_archs[i]);
+        const struct {
+            enum sp_qtype t;
+            int g;
+            const char *name;
+        } q[] = {{SP_QTYPE_AFFINE4, 64, "affine4"}, {SP_QTYPE_MXFP4, 32, "mxfp4"}};
+        for (size_t k = 0; k < 2; k++) {
+            char *qdir = th_tmpdir();
+            struct sp_quantize_opts o = {.type = q[k].t, .group = q[k].g};
+            assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
+            struct sp_model *qm;
+            assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
+            char label[64];
+            snprintf(label, sizeof label, "%s %s", moe_archs[i], q[k].name);
+            check_expert_cache(qm, &r, label);
+            sp_model_close(qm);
+            th_rmdir(qdir);
+        }
+        free(r.la);
+        free(r.lb);
+        sp_model_close(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_logits_f32_kv),
         cmocka_unit_test(test_reference_logits_f16_kv),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_quantized_variants),
+        cmocka_unit_test(test_expert_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "core/half.h"
 #include "kernels/cpu/linear.h"
+#include "model/experts.h"
 
 /* Weight views and float copies of the small parameters of one layer. */
 struct layer {
@@ -34,6 +35,7 @@ struct sp_ctx {
     struct sp_pool *pool;
     struct layer *layers;  // (n_layers)
     struct sp_linear embed, lm_head;
+    struct sp_expert_store *experts;  // NULL: experts read through the mapping
     float *out_norm;  // (d)
     /* RoPE */
     float *inv_freq;  // (rot_dims / 2)
@@ -249,6 +251,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free_aligned(c->etok);
     sp_free_aligned(c->ecount);
     sp_pool_free(c->pool);
+    sp_expert_store_free(c->experts);
     sp_free(c);
 }
 
@@ -289,6 +292,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     for (int64_t L = 0; L < a->n_layers; L++)
         if ((st = load_layer(c, L, &scratch)) != SP_OK) goto fail;
     if ((st = sp_pool_reserve(c->pool, scratch)) != SP_OK) goto fail;
+    if (c->p.expert_cache && (st = sp_expert_store_create(m, c->p.expert_cache, &c->experts)) != SP_OK) goto fail;
 
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, B = c->p.max_batch;
     c->kv_row = a->n_kv_heads * a->head_dim;
@@ -336,6 +340,12 @@ fail:
 }
 
 const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c) { return &c->p; }
+
+bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out) {
+    if (!c->experts) return false;
+    sp_expert_store_stats(c->experts, out);
+    return true;
+}
 struct sp_pool *sp_ctx_pool(struct sp_ctx *c) { return c->pool; }
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->kv_bytes; }
 
@@ -564,7 +574,7 @@ static void route(const struct sp_arch *a, const struct layer *ly, float *logits
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
  * token sums its experts in ascending expert order whatever the batch holds. */
-static void moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
+static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
     const struct sp_arch *a = c->a;
     int64_t E = a->n_experts, K = a->n_experts_used, d = a->d_model;
     sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool);
@@ -588,14 +598,27 @@ static void moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
         int64_t cnt = off[e + 1] - off[e];
         if (!cnt) continue;
         for (int64_t i = 0; i < cnt; i++) memcpy(c->gath + i * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
-        gated_mlp(c, ly->egate ? &ly->egate[e] : NULL, ly->eup ? &ly->eup[e] : NULL,
-                  ly->egate_up ? &ly->egate_up[e] : NULL, &ly->edown[e], c->gath, cnt, c->gout);
+        struct sp_expert_views v = {.fused = ly->egate_up != NULL}, got;
+        if (v.fused)
+            v.gate_up = ly->egate_up[e];
+        else
+            v.gate = ly->egate[e], v.up = ly->eup[e];
+        v.down = ly->edown[e];
+        const struct sp_expert_views *use = &v;
+        if (c->experts) {
+            if (sp_expert_store_get(c->experts, &v, ly - c->layers, e, &got) != SP_OK) return false;
+            use = &got;
+        }
+        gated_mlp(c, use->fused ? NULL : &use->gate, use->fused ? NULL : &use->up, use->fused ? &use->gate_up : NULL,
+                  &use->down, c->gath, cnt, c->gout);
+        if (c->experts) sp_expert_store_put(c->experts, ly - c->layers, e);
         for (int64_t i = 0; i < cnt; i++) {
             float w = c->ew[off[e] + i], *dst = out + c->etok[off[e] + i] * d;
             const float *src = c->gout + i * d;
             for (int64_t k = 0; k < d; k++) dst[k] += w * src[k];
         }
     }
+    return true;
 }
 
 /* ---- the forward pass ---- */
@@ -650,7 +673,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
 
         for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->ffn_norm, d, eps);
         memset(c->tmp, 0, (size_t)(n * d) * sizeof(float));
-        if (a->layer_moe[L]) moe(c, ly, n, c->tmp);
+        if (a->layer_moe[L] && !moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
         if (ly->has_mlp) {
             gated_mlp(c, &ly->gate, &ly->up, NULL, &ly->down, c->h, n, c->gout);
             for (int64_t i = 0; i < n * d; i++) c->tmp[i] += c->gout[i];

@@ -37,6 +37,7 @@ struct sp_ctx_params {
     int64_t max_batch;     // tokens per forward call (0: 256)
     enum sp_kv_type kv_type;
     int n_threads;         // 0: physical cores
+    size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
 };
 
 const char *sp_kv_type_name(enum sp_kv_type t);
@@ -61,6 +62,9 @@ const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c);
 struct sp_pool *sp_ctx_pool(struct sp_ctx *c);
 /* Bytes of the KV cache. */
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c);
+/* The expert store's counters; false when the context has no expert cache. */
+struct sp_expert_store_stats;
+bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);
 /* Copies the cached positions [0, n) of sequence src to sequence dst. */
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
 

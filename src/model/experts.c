@@ -1,0 +1,284 @@
+/* experts.c - the LRU expert cache over pread. */
+#include "model/experts.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+
+const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 5, 10, 50, 100};
+
+/* One contiguous byte range of an expert in a file, and where it goes in a slot. */
+struct part {
+    int fd;
+    uint64_t file_off;
+    size_t len;
+    size_t slot_off;
+};
+
+#define MAX_PARTS 16  // 4 matrices x (codes, scales, biases, bias)
+
+struct slot {
+    int64_t key;  // L * n_experts + e, or -1
+    uint64_t last_use;
+    int pins;
+    uint8_t *mem;
+};
+
+struct sp_expert_store {
+    const struct sp_model *m;
+    int64_t n_experts, n_layers;
+    size_t budget, slot_bytes;
+    struct slot *slots;  // (n_slots)
+    int64_t n_slots;
+    int32_t *where;  // (n_layers * n_experts): slot index or -1
+    uint8_t *arena;
+    uint64_t tick;
+    struct sp_expert_store_stats st;
+    uint64_t *layer_hits, *layer_misses;  // (n_layers)
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The byte ranges of one linear view: codes, scales, biases, linear bias. */
+static int linear_parts(const struct sp_linear *l, const void **ptr, size_t *len) {
+    const struct sp_qmat *w = &l->w;
+    const struct sp_qtype_traits *tr = sp_qtype_traits(w->type);
+    int n = 0;
+    size_t rows = (size_t)(l->transposed ? w->cols : w->rows), cols = (size_t)(l->transposed ? w->rows : w->cols);
+    ptr[n] = w->codes;
+    len[n++] = l->transposed ? rows * sp_qtype_row_bytes(w->type, (int64_t)cols) : (size_t)w->rows * sp_qtype_row_bytes(w->type, w->cols);
+    if (tr->mode) {
+        size_t s = (size_t)w->rows * (size_t)(w->cols / w->group) * sp_dtype_size(w->scale_dtype);
+        ptr[n] = w->scales;
+        len[n++] = s;
+        if (tr->has_biases) {
+            ptr[n] = w->biases;
+            len[n++] = s;
+        }
+    }
+    if (l->bias) {
+        ptr[n] = l->bias;
+        len[n++] = (size_t)w->rows * sp_dtype_size(l->bias_dtype);
+    }
+    return n;
+}
+
+static const struct sp_linear *view_at(const struct sp_expert_views *v, int i) {
+    const struct sp_linear *ls[4] = {&v->gate, &v->up, &v->down, &v->gate_up};
+    return ls[i];
+}
+
+static bool view_used(const struct sp_expert_views *v, int i) {
+    return v->fused ? (i == 2 || i == 3) : i < 3;
+}
+
+/* Maps a pointer into the model's mappings to (fd, file offset). */
+static bool file_of(const struct sp_model *m, const void *p, int *fd, uint64_t *off) {
+    for (int i = 0; i < m->files->n_shards; i++) {
+        const struct sp_map *mp = &m->files->shards[i]->map;
+        const uint8_t *b = mp->data;
+        if (b && (const uint8_t *)p >= b && (const uint8_t *)p < b + mp->size) {
+            *fd = mp->fd;
+            *off = (uint64_t)((const uint8_t *)p - b);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Bytes of one expert's unit in a slot, each part 64-byte aligned. */
+static size_t unit_bytes(const struct sp_expert_views *v) {
+    size_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(v, i)) continue;
+        const void *ptr[4];
+        size_t len[4];
+        int n = linear_parts(view_at(v, i), ptr, len);
+        for (int k = 0; k < n; k++) total += (len[k] + 63) & ~(size_t)63;
+    }
+    return total;
+}
+
+static enum sp_status mapped_views(const struct sp_model *m, int64_t L, int64_t e, struct sp_expert_views *v) {
+    memset(v, 0, sizeof *v);
+    v->fused = m->fused_gate_up;
+    enum sp_status st;
+    if (v->fused) {
+        if ((st = sp_model_linear(m, L, SP_ROLE_EXP_GATE_UP, e, &v->gate_up)) != SP_OK) return st;
+    } else {
+        if ((st = sp_model_linear(m, L, SP_ROLE_EXP_GATE, e, &v->gate)) != SP_OK) return st;
+        if ((st = sp_model_linear(m, L, SP_ROLE_EXP_UP, e, &v->up)) != SP_OK) return st;
+    }
+    return sp_model_linear(m, L, SP_ROLE_EXP_DOWN, e, &v->down);
+}
+
+size_t sp_expert_store_min_budget(const struct sp_model *m) {
+    size_t best = 0;
+    for (int64_t L = 0; L < m->arch.n_layers; L++) {
+        if (!m->arch.layer_moe[L]) continue;
+        struct sp_expert_views v;
+        if (mapped_views(m, L, 0, &v) != SP_OK) continue;
+        size_t b = unit_bytes(&v);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+void sp_expert_store_free(struct sp_expert_store *s) {
+    if (!s) return;
+    sp_free_aligned(s->arena);
+    sp_free(s->slots);
+    sp_free(s->where);
+    sp_free(s->layer_hits);
+    sp_free(s->layer_misses);
+    sp_free(s);
+}
+
+enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, struct sp_expert_store **out) {
+    *out = NULL;
+    size_t unit = sp_expert_store_min_budget(m);
+    if (!unit) return sp_errorf(SP_ERR_ARG, "an expert cache needs a model with routed experts");
+    if (budget < unit)
+        return sp_errorf(SP_ERR_ARG, "expert cache of %zu bytes holds no expert: the minimum is %zu bytes (one expert of "
+                         "the largest MoE layer)", budget, unit);
+    struct sp_expert_store *s = sp_calloc(1, sizeof *s, SP_MEM_MODEL);
+    if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->n_experts = m->arch.n_experts;
+    s->n_layers = m->arch.n_layers;
+    s->slot_bytes = unit;
+    s->n_slots = (int64_t)(budget / unit);
+    int64_t all = s->n_experts * s->n_layers;
+    if (s->n_slots > all) s->n_slots = all;
+    s->budget = (size_t)s->n_slots * unit;
+    s->slots = sp_calloc((size_t)s->n_slots, sizeof *s->slots, SP_MEM_MODEL);
+    s->where = sp_malloc((size_t)all * sizeof *s->where, SP_MEM_MODEL);
+    s->layer_hits = sp_calloc((size_t)s->n_layers, sizeof *s->layer_hits, SP_MEM_MODEL);
+    s->layer_misses = sp_calloc((size_t)s->n_layers, sizeof *s->layer_misses, SP_MEM_MODEL);
+    s->arena = sp_malloc_aligned(s->budget, 4096, SP_MEM_EXPERT_CACHE);
+    if (!s->slots || !s->where || !s->arena || !s->layer_hits || !s->layer_misses) {
+        sp_expert_store_free(s);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte expert cache", budget);
+    }
+    for (int64_t i = 0; i < all; i++) s->where[i] = -1;
+    for (int64_t i = 0; i < s->n_slots; i++) {
+        s->slots[i].key = -1;
+        s->slots[i].mem = s->arena + (size_t)i * unit;
+    }
+    s->st.budget = s->budget;
+    s->st.slot_bytes = unit;
+    s->st.slots = s->n_slots;
+    *out = s;
+    return SP_OK;
+}
+
+/* Copies `mapped` with every pointer moved into slot memory at the offsets
+ * the parts were read to. */
+static void rebase(const struct sp_expert_views *mapped, uint8_t *mem, struct sp_expert_views *out) {
+    *out = *mapped;
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(mapped, i)) continue;
+        struct sp_linear *l = (struct sp_linear *)view_at(out, i);
+        const void *ptr[4];
+        size_t len[4];
+        int n = linear_parts(view_at(mapped, i), ptr, len);
+        const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
+        int fi = 0;
+        for (int k = 0; k < n; k++) {
+            /* parts come in the order codes, scales, [biases], [bias] */
+            while (fi < 4 && ptr[k] != *fields[fi]) fi++;
+            if (fi < 4) *fields[fi] = mem + off;
+            off += (len[k] + 63) & ~(size_t)63;
+        }
+    }
+}
+
+static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_expert_views *mapped, uint8_t *mem) {
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(mapped, i)) continue;
+        const void *ptr[4];
+        size_t len[4];
+        int n = linear_parts(view_at(mapped, i), ptr, len);
+        for (int k = 0; k < n; k++) {
+            int fd;
+            uint64_t foff;
+            if (!file_of(s->m, ptr[k], &fd, &foff))
+                return sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
+            size_t done = 0;
+            while (done < len[k]) {
+                ssize_t r = pread(fd, mem + off + done, len[k] - done, (off_t)(foff + done));
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) return sp_errorf(SP_ERR_IO, "reading an expert from the model files: %s", r < 0 ? strerror(errno) : "unexpected end of file");
+                done += (size_t)r;
+            }
+            s->st.reads++;
+            s->st.bytes_read += len[k];
+            off += (len[k] + 63) & ~(size_t)63;
+        }
+    }
+    return SP_OK;
+}
+
+enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
+                                   int64_t e, struct sp_expert_views *out) {
+    int64_t key = L * s->n_experts + e;
+    int32_t w = s->where[key];
+    if (w >= 0) {
+        s->st.hits++;
+        s->layer_hits[L]++;
+    } else {
+        int64_t victim = -1;
+        for (int64_t i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pins) continue;
+            if (victim < 0 || s->slots[i].last_use < s->slots[victim].last_use) victim = i;
+        }
+        if (victim < 0) return sp_errorf(SP_ERR_STATE, "every expert cache slot is in use");
+        struct slot *sl = &s->slots[victim];
+        if (sl->key >= 0) {
+            s->where[sl->key] = -1;
+            s->st.evictions++;
+            s->st.cached--;
+        }
+        sl->key = -1;
+        double t0 = now_s();
+        enum sp_status st = read_unit(s, mapped, sl->mem);
+        double dt = now_s() - t0;
+        if (st != SP_OK) return st;
+        s->st.read_s += dt;
+        int b = 0;
+        while (b < SP_EXPERT_LAT_BUCKETS - 1 && dt * 1000.0 > sp_expert_lat_bounds_ms[b]) b++;
+        s->st.lat_bucket[b]++;
+        sl->key = key;
+        s->where[key] = (int32_t)victim;
+        s->st.misses++;
+        s->st.cached++;
+        s->layer_misses[L]++;
+        w = (int32_t)victim;
+    }
+    struct slot *sl = &s->slots[w];
+    sl->pins++;
+    sl->last_use = ++s->tick;
+    rebase(mapped, sl->mem, out);
+    return SP_OK;
+}
+
+void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e) {
+    int32_t w = s->where[L * s->n_experts + e];
+    if (w >= 0 && s->slots[w].pins > 0) s->slots[w].pins--;
+}
+
+void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out) {
+    *out = s->st;
+    out->cached_bytes = (size_t)s->st.cached * s->slot_bytes;
+    out->layer_hits = s->layer_hits;
+    out->layer_misses = s->layer_misses;
+}

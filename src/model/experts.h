@@ -1,0 +1,63 @@
+/*
+ * experts.h - the expert store (DESIGN.md §5): routed experts as a cache of
+ * a fixed byte budget over the model files. The forward pass asks for an
+ * expert's weight views right before computing it and hands them back right
+ * after; a miss reads the expert (all its tensors: codes, scales, biases of
+ * gate, up and down) from the files into a cache slot with pread, evicting
+ * the least recently used unpinned expert. The views point into the slot and
+ * hold exactly the bytes of the files, so every computed token is identical
+ * whatever the budget.
+ *
+ *     struct sp_expert_store *s;
+ *     sp_expert_store_create(model, 512 << 20, &s);   // a 512 MiB cache
+ *     struct sp_expert_views v;
+ *     sp_expert_store_get(s, &mapped_views, layer, e, &v);  // valid until put
+ *     ... compute with v.gate, v.up, v.down (or v.gate_up) ...
+ *     sp_expert_store_put(s, layer, e);
+ *
+ * Not thread-safe: one forward pass uses it at a time. The counters are
+ * what /metrics and the benchmarks report.
+ */
+#ifndef SP_MODEL_EXPERTS_H
+#define SP_MODEL_EXPERTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+struct sp_expert_views {
+    struct sp_linear gate, up, down, gate_up;  // gate_up instead of gate and up when fused
+    bool fused;
+};
+
+#define SP_EXPERT_LAT_BUCKETS 8
+
+struct sp_expert_store_stats {
+    size_t budget, slot_bytes, cached_bytes;
+    int64_t slots, cached;
+    uint64_t hits, misses, reads, bytes_read, evictions;
+    double read_s;
+    uint64_t lat_bucket[SP_EXPERT_LAT_BUCKETS];  // expert read latency: <= 0.1, 0.5, 1, 5, 10, 50, 100 ms, more
+    const uint64_t *layer_hits, *layer_misses;   // (n_layers), borrowed from the store
+};
+
+extern const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1];
+
+struct sp_expert_store;
+
+/* A cache of `budget` bytes; a budget smaller than one expert is an error
+ * that names the minimum. */
+enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, struct sp_expert_store **out);
+void sp_expert_store_free(struct sp_expert_store *s);
+/* Bytes of the largest expert unit (the smallest usable budget). */
+size_t sp_expert_store_min_budget(const struct sp_model *m);
+/* Views of expert e of layer L, read from the files on a miss; `mapped`
+ * are its views into the mapped files (where the bytes come from). */
+enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
+                                   int64_t e, struct sp_expert_views *out);
+void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e);
+void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out);
+
+#endif
