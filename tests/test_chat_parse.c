@@ -39,6 +39,7 @@ struct tcase {
 #define HERMES SP_CHAT_FORMAT_HERMES
 #define CODER SP_CHAT_FORMAT_QWEN3_CODER
 #define HARMONY SP_CHAT_FORMAT_HARMONY
+#define DEEPSEEK SP_CHAT_FORMAT_DEEPSEEK_V3
 #define PLAIN SP_CHAT_FORMAT_PLAIN
 
 static const struct tcase cases[] = {
@@ -133,6 +134,23 @@ static const struct tcase cases[] = {
      "<tool_call>\nhello\n</tool_call> bye", NULL, {{0}}},
     {"malformed: qwen3-coder cut inside the function name", CODER, false, "Ok.\n<tool_call>\n<function=get_w",
      "Ok.\n<tool_call>\n<function=get_w", NULL, {{0}}},
+
+    // ---- DeepSeek V3.1
+    {"deepseek v3.1 thinking, content, two calls", DEEPSEEK, true,
+     "The user wants the weather and the time.</think>Let me check both.\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+     "get_weather<｜tool▁sep｜>{\"location\": \"æ±äº¬\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
+     "<｜tool▁sep｜>{\"tz\": \"JST\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+     "Let me check both.", "The user wants the weather and the time.",
+     {{"get_weather", "{\"location\": \"æ±äº¬\"}"}, {"get_time", "{\"tz\": \"JST\"}"}}},
+    {"deepseek v3.1 answer without thinking", DEEPSEEK, false,
+     "Hello ä¸ç ð<｜end▁of▁sentence｜>", "Hello ä¸ç ð",
+     NULL, {{0}}},
+    {"deepseek v3.1 call without the block token, cut in its arguments", DEEPSEEK, false,
+     "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": [1, ", NULL, NULL, {{"f", "{\"a\": [1, "}}},
+    {"malformed: deepseek v3.1 call cut in its name", DEEPSEEK, false,
+     "Ok.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_w", "Ok.", NULL, {{0}}},
+    {"deepseek v3.1 reasoning cut by end of sentence", DEEPSEEK, true, "Hmm<｜end▁of▁sentence｜>", NULL, "Hmm",
+     {{0}}},
 
     // ---- gpt-oss harmony
     {"harmony analysis then a tool call", HARMONY, false,
@@ -365,6 +383,14 @@ static void test_holds_back_only_tag_starts(void **state) {
     assert_int_equal(sp_chat_parser_tool_calls(p), 1);
     sp_chat_parser_free(p);
 
+    o.format = DEEPSEEK;
+    assert_int_equal(sp_chat_parser_new(&o, &p), SP_OK);
+    assert_string_equal(push_seen(p, "Sure <｜tool▁ca", &s), "C[Sure ]");
+    assert_string_equal(push_seen(p, "lls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\"", &s), "B[f]A[{\"x\"]");
+    assert_string_equal(push_seen(p, ": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", &s), "A[: 1}]");
+    assert_string_equal(push_seen(p, "<｜end▁of▁sentence｜>", &s), "");
+    sp_chat_parser_free(p);
+
     o.format = PLAIN;
     assert_int_equal(sp_chat_parser_new(&o, &p), SP_OK);
     assert_string_equal(push_seen(p, "<tool_call", &s), "C[<tool_call]");
@@ -441,6 +467,8 @@ static void test_tag_soup(void **state) {
         "<parameter=p>", "</parameter>", "<|channel|>", "analysis", "final", "commentary", "<|message|>", "<|end|>",
         "<|start|>", "assistant", " to=functions.g", "<|constrain|>", "json", "<|call|>", "<|return|>", "hello",
         "\xe4\xbd\xa0\xe5\xa5\xbd", "\xf0\x9f\x98\x80", "\\", "<", "|", ">", "/", "<tool_", "<|en",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
+        "<｜end▁of▁sentence｜>", "<｜tool▁",
     };
     size_t n_pieces = sizeof pieces / sizeof *pieces;
     struct sp_rng rng;
@@ -496,7 +524,7 @@ static void test_detect(void **state) {
         {"Qwen-Qwen3-0.6B.jinja", HERMES},
         {"Qwen3.5-4B.jinja", CODER},
         {"Qwen3-Coder.jinja", CODER},
-        {"deepseek-ai-DeepSeek-V3.1.jinja", HERMES},
+        {"deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK},
         {"openai-gpt-oss-120b.jinja", HARMONY},
         {"meta-llama-Llama-3.1-8B-Instruct.jinja", PLAIN},
     };
@@ -519,6 +547,7 @@ static void test_detect(void **state) {
     assert_int_equal(sp_chat_format_detect(NULL, "gpt_oss"), HARMONY);
     assert_int_equal(sp_chat_format_detect("", "qwen3_moe"), HERMES);
     assert_int_equal(sp_chat_format_detect(NULL, "bailing_moe"), HERMES);
+    assert_int_equal(sp_chat_format_detect(NULL, "deepseek_v3"), DEEPSEEK);
     assert_int_equal(sp_chat_format_detect(NULL, "llama"), PLAIN);
     assert_int_equal(sp_chat_format_detect(NULL, NULL), PLAIN);
     assert_string_equal(sp_chat_format_name(HARMONY), "harmony");

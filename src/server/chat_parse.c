@@ -26,6 +26,7 @@ enum mode {
     M_HERMES,     // inside <tool_call>, JSON body (phase: enum hermes_phase)
     M_XML,        // inside <tool_call>, Qwen3-Coder body (phase: enum xml_phase)
     M_HOLD,       // inside <tool_call>, a body that is only judged at </tool_call>
+    M_DS,         // inside DeepSeek's tool calls block (phase: enum ds_phase)
     M_H_HEADER,   // harmony: a message header, up to <|message|>
     M_H_BODY,     // harmony: a message body (route says where it goes)
 };
@@ -34,6 +35,12 @@ enum hermes_phase {
     HJ_PREFIX,  // before {"name": "...", "arguments":
     HJ_ARGS,    // streaming the arguments object
     HJ_TAIL,    // after the arguments: the rest of the body is dropped
+};
+
+enum ds_phase {
+    DS_BETWEEN,  // before a call (or the end of the block)
+    DS_HEAD,     // at <｜tool▁call▁begin｜>, before <｜tool▁sep｜>
+    DS_ARGS,     // the arguments, up to <｜tool▁call▁end｜>
 };
 
 enum xml_phase {
@@ -52,6 +59,12 @@ static const char THINK_OPEN[] = "<think>";
 static const char THINK_CLOSE[] = "</think>";
 static const char CALL_OPEN[] = "<tool_call>";
 static const char CALL_CLOSE[] = "</tool_call>";
+static const char DS_CALLS_BEGIN[] = "<｜tool▁calls▁begin｜>";
+static const char DS_CALLS_END[] = "<｜tool▁calls▁end｜>";
+static const char DS_CALL_BEGIN[] = "<｜tool▁call▁begin｜>";
+static const char DS_CALL_END[] = "<｜tool▁call▁end｜>";
+static const char DS_SEP[] = "<｜tool▁sep｜>";
+static const char DS_EOS[] = "<｜end▁of▁sentence｜>";
 #define LEN(lit) (sizeof(lit) - 1)
 
 /* Harmony's tokens, in the order step_h_body handles them. */
@@ -295,7 +308,9 @@ static bool do_lstrip(struct sp_chat_parser *p) {
 }
 
 static void enter_tool(struct sp_chat_parser *p) {
-    p->mode = p->opts.format == SP_CHAT_FORMAT_QWEN3_CODER ? M_XML : M_HERMES;
+    p->mode = p->opts.format == SP_CHAT_FORMAT_QWEN3_CODER ? M_XML
+              : p->opts.format == SP_CHAT_FORMAT_DEEPSEEK_V3 ? M_DS
+                                                              : M_HERMES;
     p->phase = 0;
     p->scanned = 0;
 }
@@ -329,19 +344,29 @@ static bool step_content(struct sp_chat_parser *p, bool final) {
     size_t n = p->in.len - p->pos;
     int think = opening_think(p, s, n, final);
     if (think >= 0) return think == 1;
-    static const char *const tags[] = {CALL_OPEN};
+    static const char *const xml_tags[] = {CALL_OPEN};
+    static const char *const ds_tags[] = {DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_EOS};
+    bool ds = p->opts.format == SP_CHAT_FORMAT_DEEPSEEK_V3;
+    const char *const *tags = ds ? ds_tags : xml_tags;
+    int n_tags = ds ? 3 : 1;
     size_t at = 0;
     int which = 0;
-    if (find_tag(s, n, tags, 1, &at, &which)) {
+    if (find_tag(s, n, tags, n_tags, &at, &which)) {
+        if (ds && which == 2) {  // the end-of-sentence token is not text
+            emit(p, SP_CHAT_EV_CONTENT, s, at);
+            p->pos += at + LEN(DS_EOS);
+            return true;
+        }
         size_t k = rstrip_nl(s, at);
         emit(p, SP_CHAT_EV_CONTENT, s, k);
         sp_buf_clear(&p->absorbed);
         note(p, sp_buf_append(&p->absorbed, s + k, at - k));
-        p->pos += at + LEN(CALL_OPEN);
+        // a call that comes without the block's opening token keeps its own
+        p->pos += at + (ds && which == 1 ? 0 : strlen(tags[which]));
         enter_tool(p);
         return true;
     }
-    size_t k = final ? n : rstrip_nl(s, n - partial_tag(s, n, tags, 1));
+    size_t k = final ? n : rstrip_nl(s, n - partial_tag(s, n, tags, n_tags));
     emit(p, SP_CHAT_EV_CONTENT, s, k);
     p->pos += k;
     return false;
@@ -353,17 +378,20 @@ static bool step_reasoning(struct sp_chat_parser *p, bool final) {
     size_t n = p->in.len - p->pos;
     int think = opening_think(p, s, n, final);
     if (think >= 0) return think == 1;
-    static const char *const tags[] = {THINK_CLOSE};
+    static const char *const tags[] = {THINK_CLOSE, DS_EOS};
+    int n_tags = p->opts.format == SP_CHAT_FORMAT_DEEPSEEK_V3 ? 2 : 1;
     size_t at = 0;
     int which = 0;
-    if (find_tag(s, n, tags, 1, &at, &which)) {
+    if (find_tag(s, n, tags, n_tags, &at, &which)) {
         emit(p, SP_CHAT_EV_REASONING, s, rstrip_nl(s, at));
-        p->pos += at + LEN(THINK_CLOSE);
-        p->mode = M_CONTENT;
-        p->lstrip = true;
+        p->pos += at + strlen(tags[which]);
+        if (which == 0) {
+            p->mode = M_CONTENT;
+            p->lstrip = true;
+        }
         return true;
     }
-    size_t k = final ? n : rstrip_nl(s, n - partial_tag(s, n, tags, 1));
+    size_t k = final ? n : rstrip_nl(s, n - partial_tag(s, n, tags, n_tags));
     emit(p, SP_CHAT_EV_REASONING, s, k);
     p->pos += k;
     return false;
@@ -691,6 +719,69 @@ static bool step_xml(struct sp_chat_parser *p, bool final) {
     return false;
 }
 
+/* ---- deepseek v3.1: <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜> */
+
+static bool step_ds(struct sp_chat_parser *p, bool final) {
+    const char *s = p->in.data + p->pos;
+    size_t n = p->in.len - p->pos;
+    size_t at = 0;
+    int which = 0;
+    switch ((enum ds_phase)p->phase) {
+    case DS_BETWEEN: {
+        static const char *const tags[] = {DS_CALL_BEGIN, DS_CALLS_END, DS_EOS};
+        if (find_tag(s, n, tags, 3, &at, &which)) {
+            p->pos += at;  // only whitespace is expected between calls
+            if (which == 0) {
+                p->phase = DS_HEAD;
+            } else {
+                p->pos += strlen(tags[which]);
+                end_tool(p);
+            }
+            return true;
+        }
+        p->pos += final ? n : n - partial_tag(s, n, tags, 3);
+        if (final) end_tool(p);
+        return final;
+    }
+    case DS_HEAD: {
+        // s starts with <｜tool▁call▁begin｜>; the name runs to <｜tool▁sep｜>
+        size_t b = LEN(DS_CALL_BEGIN), lim = n - b < NAME_MAX_LEN + LEN(DS_SEP) ? n - b : NAME_MAX_LEN + LEN(DS_SEP);
+        const char *sep = memmem(s + b, lim, DS_SEP, LEN(DS_SEP));
+        size_t i = b, e = sep ? (size_t)(sep - s) : 0;
+        while (i < e && is_space(s[i])) i++;
+        while (e > i && is_space(s[e - 1])) e--;
+        if (sep && e > i) {
+            emit_begin(p, s + i, e - i);
+            p->pos += (size_t)(sep - s) + LEN(DS_SEP);
+            p->phase = DS_ARGS;
+            return true;
+        }
+        if (sep || final || lim == NAME_MAX_LEN + LEN(DS_SEP)) {
+            // an empty name, no name, or cut short: not a call; the token is dropped
+            p->pos += b;
+            p->phase = DS_BETWEEN;
+            return true;
+        }
+        return false;
+    }
+    case DS_ARGS: {
+        static const char *const tags[] = {DS_CALL_END, DS_CALL_BEGIN, DS_CALLS_END, DS_EOS};
+        if (find_tag(s, n, tags, 4, &at, &which)) {
+            emit(p, SP_CHAT_EV_TOOL_ARGS, s, at);
+            p->pos += at + (which == 0 ? LEN(DS_CALL_END) : 0);
+            p->phase = DS_BETWEEN;
+            return true;
+        }
+        size_t k = final ? n : n - partial_tag(s, n, tags, 4);
+        emit(p, SP_CHAT_EV_TOOL_ARGS, s, k);
+        p->pos += k;
+        if (final) end_tool(p);
+        return final;
+    }
+    }
+    return false;
+}
+
 /* ---- harmony ------------------------------------------------------------ */
 
 /* Reads a header (the text between <|start|> and <|message|>): its channel
@@ -807,6 +898,7 @@ static bool step(struct sp_chat_parser *p, bool final) {
     case M_HERMES: return step_hermes(p, final);
     case M_XML: return step_xml(p, final);
     case M_HOLD: return step_hold(p, final);
+    case M_DS: return step_ds(p, final);
     case M_H_HEADER: return step_h_header(p, final);
     case M_H_BODY: return step_h_body(p, final);
     }
@@ -982,7 +1074,8 @@ fail:
 /* ---- choosing a format -------------------------------------------------- */
 
 const char *sp_chat_format_name(enum sp_chat_format f) {
-    static const char *const names[SP_CHAT_FORMAT_COUNT] = {"plain", "hermes", "qwen3_coder", "harmony"};
+    static const char *const names[SP_CHAT_FORMAT_COUNT] = {"plain", "hermes", "qwen3_coder", "deepseek_v3",
+                                                            "harmony"};
     return (unsigned)f < SP_CHAT_FORMAT_COUNT ? names[f] : "unknown";
 }
 
@@ -991,19 +1084,21 @@ enum sp_chat_format sp_chat_format_detect(const char *template_source, const cha
         if (strstr(template_source, "<|channel|>")) return SP_CHAT_FORMAT_HARMONY;
         if (strstr(template_source, "<function=") && strstr(template_source, "<parameter="))
             return SP_CHAT_FORMAT_QWEN3_CODER;
+        if (strstr(template_source, DS_CALLS_BEGIN)) return SP_CHAT_FORMAT_DEEPSEEK_V3;
         if (strstr(template_source, CALL_OPEN) || strstr(template_source, THINK_OPEN)) return SP_CHAT_FORMAT_HERMES;
         return SP_CHAT_FORMAT_PLAIN;
     }
     if (!model_type) return SP_CHAT_FORMAT_PLAIN;
     if (strcmp(model_type, "gpt_oss") == 0) return SP_CHAT_FORMAT_HARMONY;
-    if (strncmp(model_type, "qwen3", 5) == 0 || strncmp(model_type, "bailing", 7) == 0 ||
-        strncmp(model_type, "deepseek", 8) == 0)
+    if (strncmp(model_type, "deepseek", 8) == 0) return SP_CHAT_FORMAT_DEEPSEEK_V3;
+    if (strncmp(model_type, "qwen3", 5) == 0 || strncmp(model_type, "bailing", 7) == 0)
         return SP_CHAT_FORMAT_HERMES;
     return SP_CHAT_FORMAT_PLAIN;
 }
 
 bool sp_chat_prompt_in_reasoning(enum sp_chat_format f, const char *prompt, size_t len) {
-    if (f != SP_CHAT_FORMAT_HERMES && f != SP_CHAT_FORMAT_QWEN3_CODER) return false;
+    if (f != SP_CHAT_FORMAT_HERMES && f != SP_CHAT_FORMAT_QWEN3_CODER && f != SP_CHAT_FORMAT_DEEPSEEK_V3)
+        return false;
     const char *open = NULL, *close = NULL;
     for (const char *s = prompt; (s = memmem(s, len - (size_t)(s - prompt), THINK_OPEN, LEN(THINK_OPEN)));
          s += LEN(THINK_OPEN))

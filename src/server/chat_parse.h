@@ -14,6 +14,10 @@
  *   SP_CHAT_FORMAT_QWEN3_CODER  Qwen3-Coder, Qwen3.5: <think> as above and
  *                                 <tool_call>\n<function=f>\n<parameter=p>\nVALUE\n</parameter>\n
  *                                 </function>\n</tool_call>
+ *   SP_CHAT_FORMAT_DEEPSEEK_V3  DeepSeek V3.1: <think> as above (the template opens it) and,
+ *                               with the special tokens in the text,
+ *                                 <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{ARGS}
+ *                                 <｜tool▁call▁end｜>...<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
  *   SP_CHAT_FORMAT_HARMONY      gpt-oss; the text includes the special tokens:
  *                                 <|channel|>analysis<|message|>REASONING<|end|>
  *                                 <|start|>assistant<|channel|>final<|message|>CONTENT<|return|>
@@ -28,7 +32,8 @@
  *    and DeepSeek's templates do; a <think> the model repeats there is
  *    dropped). Newlines are part of the tags around them,
  *    as the templates write them: newlines right after <think>, </think> and
- *    </tool_call>, and right before </think> and <tool_call>, are dropped;
+ *    </tool_call>, and right before </think> and <tool_call> (DeepSeek:
+ *    <｜tool▁calls▁begin｜>), are dropped;
  *    content also starts after its leading newlines. Other newlines are kept.
  *  - Hermes tool calls: when the body starts {"name": "...", "arguments": {
  *    (whitespace allowed), the name is emitted at once and the arguments
@@ -53,6 +58,10 @@
  *    </function> or </tool_call> when the model leaves out </parameter>.
  *    Text between parameters is not part of the call and is ignored; a
  *    second <function= before </tool_call> starts another call.
+ *  - DeepSeek V3.1 tool calls: the name is emitted at <｜tool▁sep｜>, the
+ *    arguments stream as written up to <｜tool▁call▁end｜>; text between
+ *    calls is ignored; a call cut before <｜tool▁sep｜> is dropped;
+ *    <｜end▁of▁sentence｜> never reaches content or reasoning.
  *  - Harmony: analysis is reasoning; final and commentary without a
  *    recipient are content; a message with a recipient ("to=functions.f" or
  *    any other "to=X") is a tool call named f (X) whose arguments are the
@@ -109,18 +118,20 @@ enum sp_chat_format {
     SP_CHAT_FORMAT_PLAIN,
     SP_CHAT_FORMAT_HERMES,
     SP_CHAT_FORMAT_QWEN3_CODER,
+    SP_CHAT_FORMAT_DEEPSEEK_V3,
     SP_CHAT_FORMAT_HARMONY,
     SP_CHAT_FORMAT_COUNT
 };
 
-/* "plain", "hermes", "qwen3_coder", "harmony". */
+/* "plain", "hermes", "qwen3_coder", "deepseek_v3", "harmony". */
 const char *sp_chat_format_name(enum sp_chat_format f);
 
 /* The format a model emits, from its chat template source (decisive when
  * given and non-empty) or else from config.json's model_type. Either may be
  * NULL. Templates that teach <|channel|> are harmony, <function=...> XML
- * calls Qwen3-Coder, <tool_call> or <think> hermes; model types gpt_oss,
- * qwen3*, bailing*, deepseek* map the same way; everything else is plain. */
+ * calls Qwen3-Coder, <｜tool▁calls▁begin｜> DeepSeek V3.1, <tool_call> or
+ * <think> hermes; model types gpt_oss, qwen3*, bailing*, deepseek* map the
+ * same way; everything else is plain. */
 enum sp_chat_format sp_chat_format_detect(const char *template_source, const char *model_type);
 
 /* Whether a rendered prompt ends inside an open <think> block (its last
