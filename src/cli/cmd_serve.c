@@ -180,9 +180,7 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_plan_report(&plan, false, &pl);
     fputs(pl.data ? pl.data : "", stderr);
     sp_buf_free(&pl);
-    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE)
-        sp_log(SP_LOG_WARN, "the plan needs an expert cache, but expert streaming is not implemented yet: routed "
-                            "experts are read through the page cache of the mapped files, which the kernel may evict");
+    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
     struct sp_model_stats stats;
     sp_model_stats(m, &stats);
     struct sp_buf rep = SP_BUF_INIT;

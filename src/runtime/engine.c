@@ -76,6 +76,7 @@ struct sp_engine {
     bool stop;
     struct sp_engine_stats st;
     uint64_t tick;
+    uint64_t *layer_hits, *layer_misses;  // (n_layers) snapshot of the expert cache's, under mu
     pthread_t thread;
     bool thread_started;
 };
@@ -213,6 +214,8 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->logits);
     sp_free(e->scratch);
     sp_free(e->scratch2);
+    sp_free(e->layer_hits);
+    sp_free(e->layer_misses);
     sp_free(e->tok_text);
     sp_free(e->tok_off);
     sp_ctx_free(e->ctx);
@@ -238,7 +241,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
     e->vocab = m->arch.vocab;
     struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
-                               .kv_type = e->p.kv_type, .n_threads = e->p.n_threads};
+                               .kv_type = e->p.kv_type, .n_threads = e->p.n_threads, .expert_cache = e->p.expert_cache};
     enum sp_status st = sp_ctx_create(m, &cp, &e->ctx);
     if (st != SP_OK) goto fail;
     e->p.n_threads = sp_ctx_params(e->ctx)->n_threads;
@@ -254,6 +257,10 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch2 = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
+    e->layer_hits = sp_calloc((size_t)m->arch.n_layers, sizeof(uint64_t), SP_MEM_SERVER);
+    e->layer_misses = sp_calloc((size_t)m->arch.n_layers, sizeof(uint64_t), SP_MEM_SERVER);
+    e->st.n_layers = m->arch.n_layers;
+    if (!e->layer_hits || !e->layer_misses) goto nomem;
     if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_slot_of_row ||
         !e->logits || !e->scratch)
         goto nomem;
@@ -332,6 +339,13 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
     pthread_mutex_unlock(&e->mu);
     *out = r;
     return SP_OK;
+}
+
+void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses) {
+    pthread_mutex_lock(&e->mu);
+    memcpy(hits, e->layer_hits, (size_t)e->st.n_layers * sizeof *hits);
+    memcpy(misses, e->layer_misses, (size_t)e->st.n_layers * sizeof *misses);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s) {
@@ -666,6 +680,14 @@ static bool step(struct sp_engine *e) {
     /* split the step's time by token share */
     e->st.decode_s += dt * (double)n_decode / (double)n;
     e->st.prefill_s += dt * (double)n_prefill / (double)n;
+    struct sp_expert_store_stats es;
+    if (sp_ctx_expert_stats(e->ctx, &es)) {
+        memcpy(e->layer_hits, es.layer_hits, (size_t)e->st.n_layers * sizeof(uint64_t));
+        memcpy(e->layer_misses, es.layer_misses, (size_t)e->st.n_layers * sizeof(uint64_t));
+        es.layer_hits = es.layer_misses = NULL;
+        e->st.experts = es;
+        e->st.has_experts = true;
+    }
     pthread_mutex_unlock(&e->mu);
     if (st != SP_OK) {
         char msg[256];

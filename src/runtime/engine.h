@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "model/experts.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -38,6 +39,7 @@ struct sp_engine_params {
     int queue_max;          // requests waiting for a slot (0: 64)
     int n_threads;          // 0: physical cores
     enum sp_kv_type kv_type;
+    size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
 };
 
 #define SP_MAX_STOPS 8
@@ -92,6 +94,10 @@ struct sp_engine_stats {
     uint64_t ttft_bucket[12];        // counts of time to first token <= 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, +Inf s
     double ttft_sum;
     uint64_t steps;
+    bool has_experts;                      // an expert cache is in use
+    struct sp_expert_store_stats experts;  // its counters (layer_hits / layer_misses are NULL here:
+                                           // sp_engine_expert_layers copies them)
+    int64_t n_layers;
 };
 
 extern const double sp_ttft_bounds[11];
@@ -109,6 +115,8 @@ const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out);
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
+/* Copies the expert cache's per-layer hits and misses (n_layers each). */
+void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses);
 
 /* Waits up to timeout_ms for news, then appends the new text (final: stop
  * strings already removed) and, if toks is not NULL, the new token records;
