@@ -294,9 +294,72 @@ static void test_utf8(void **state) {
     sp_buf_free(&c);
 }
 
+/* ---- BPE model options on tiny vocabularies ---- */
+
+/* Loads json, encodes text (special tokens parsed) and compares the ids. */
+static void expect_ids(const char *json, const char *text, const int32_t *want, int64_t n) {
+    struct sp_tokenizer *t;
+    if (sp_tokenizer_load_mem(json, strlen(json), NULL, 0, &t) != SP_OK) fail_msg("%s: %s", json, sp_error_msg());
+    struct sp_ids ids = {0};
+    assert_int_equal(sp_tokenizer_encode(t, text, strlen(text), SP_TOK_PARSE_SPECIAL, &ids), SP_OK);
+    struct sp_buf got = SP_BUF_INIT;
+    tu_ids_str(&ids, &got);
+    bool same = ids.n == n;
+    for (int64_t i = 0; same && i < n; i++) same = ids.v[i] == want[i];
+    if (!same) fail_msg("\"%s\" with %s gave [%s]", text, json, got.data);
+    sp_buf_free(&got);
+    sp_ids_free(&ids);
+    sp_tokenizer_free(t);
+}
+
+#define IDS(...) ((const int32_t[]){__VA_ARGS__}), (int64_t)(sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t))
+
+static void test_bpe_options(void **state) {
+    /* Unknown characters: one <unk> each, or one per run with fuse_unk. */
+    const char *unk = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": false, "
+                      "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3}, \"merges\": [\"a b\"]}}";
+    expect_ids(unk, "xyab", IDS(0, 0, 3));
+    const char *fused = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": true, "
+                        "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3}, \"merges\": [\"a b\"]}}";
+    expect_ids(fused, "xyabz", IDS(0, 3, 0));
+    /* Byte fallback when every byte has its token, else <unk>. */
+    const char *bf = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"byte_fallback\": true, "
+                     "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"<0x78>\": 2, \"<0xC3>\": 3, \"<0xA9>\": 4}, \"merges\": []}}";
+    expect_ids(bf, "xa\xc3\xa9y", IDS(2, 1, 3, 4, 0));
+    /* ignore_merges: a word that is a token is taken whole. */
+    const char *im = "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}, "
+                     "\"model\": {\"type\": \"BPE\", \"ignore_merges\": %s, \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, "
+                     "\"ab\": 3, \"bc\": 4, \"abc\": 5}, \"merges\": [\"a b\", \"b c\"]}}";
+    char json[512];
+    snprintf(json, sizeof json, im, "false");
+    expect_ids(json, "abc", IDS(3, 2));
+    snprintf(json, sizeof json, im, "true");
+    expect_ids(json, "abc", IDS(5));
+    /* Merges by rank, leftmost first among equals. */
+    const char *rank = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"aa\": 1, \"aaa\": 2}, "
+                       "\"merges\": [\"a a\", \"aa a\"]}}";
+    expect_ids(rank, "aaaaa", IDS(1, 2));  // aa aa a, then the last two
+    /* continuing_subword_prefix and end_of_word_suffix take part in lookups
+     * and merges. */
+    const char *affix = "{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", "
+                        "\"end_of_word_suffix\": \"</w>\", \"vocab\": {\"a\": 0, \"##b\": 1, \"##c</w>\": 2, "
+                        "\"ab\": 3, \"ab##c</w>\": 4, \"##b</w>\": 5}, \"merges\": [\"a ##b\"]}}";
+    expect_ids(affix, "abc", IDS(3, 2));
+    expect_ids(affix, "ab", IDS(0, 5));
+    /* Added tokens: lstrip / rstrip take the spaces around them, a
+     * single_word token only matches as a whole word. */
+    const char *added = "{\"added_tokens\": [{\"id\": 3, \"content\": \"<m>\", \"lstrip\": true, \"rstrip\": true}, "
+                        "{\"id\": 4, \"content\": \"ab\", \"single_word\": true, \"normalized\": false}], "
+                        "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2}, \"merges\": []}}";
+    expect_ids(added, "a  <m>  b", IDS(0, 3, 1));
+    expect_ids(added, "ab ab", IDS(4, 2, 4));
+    expect_ids(added, "aab", IDS(0, 0, 1));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8),           cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bpe_options),
         cmocka_unit_test(test_api_qwen3),      cmocka_unit_test(test_vectors_qwen2), cmocka_unit_test(test_vectors_llama_bpe),
         cmocka_unit_test(test_corpus_qwen3),   cmocka_unit_test(test_corpus_gptoss), cmocka_unit_test(test_corpus_llama3),
         cmocka_unit_test(test_corpus_mistral),
