@@ -5,7 +5,9 @@
  *
  * The text arrives in arbitrary pieces (already detokenized, valid UTF-8); a
  * tag may be split across pieces. The parser holds back only what could
- * still be the start of a tag and emits everything else at once. Formats:
+ * still be the start of a tag (newlines that may belong to the next tag
+ * included) or a tool call that is not recognised yet, and emits
+ * everything else at once. Formats:
  *
  *   SP_CHAT_FORMAT_PLAIN        everything is content.
  *   SP_CHAT_FORMAT_HERMES       Qwen3, Ling 2.0, DeepSeek-style <think>:
@@ -30,11 +32,11 @@
  *  - Think formats. <think> opens reasoning only at the very start of the
  *    output (opts.in_reasoning says the prompt already opened it, as Qwen3.5's
  *    and DeepSeek's templates do; a <think> the model repeats there is
- *    dropped). Newlines are part of the tags around them,
- *    as the templates write them: newlines right after <think>, </think> and
- *    </tool_call>, and right before </think> and <tool_call> (DeepSeek:
- *    <｜tool▁calls▁begin｜>), are dropped;
- *    content also starts after its leading newlines. Other newlines are kept.
+ *    dropped). Newlines are part of the tags around them, as the templates
+ *    write them: newlines right after <think>, </think> and </tool_call>,
+ *    and right before </think> and <tool_call> (DeepSeek: the calls' opening
+ *    token), are dropped, and so are newlines at the start of the output.
+ *    Other newlines are kept.
  *  - Hermes tool calls: when the body starts {"name": "...", "arguments": {
  *    (whitespace allowed), the name is emitted at once and the arguments
  *    object streams as the model writes it, with insignificant whitespace
@@ -78,9 +80,9 @@
  *    that are not valid JSON are passed on, not repaired.
  *
  * Streaming:
- *     struct sp_chat_parse_opts o = {.format = sp_chat_format_detect(tmpl, "qwen3_moe"),
- *                                    .in_reasoning = sp_chat_prompt_in_reasoning(o.format, prompt, n),
- *                                    .id_seed = random64};
+ *     enum sp_chat_format f = sp_chat_format_detect(tmpl, "qwen3_moe");
+ *     struct sp_chat_parse_opts o = {.format = f, .id_seed = random64,
+ *                                    .in_reasoning = sp_chat_prompt_in_reasoning(f, prompt, n)};
  *     struct sp_chat_parser *p;
  *     sp_chat_parser_new(&o, &p);
  *     for each detokenized piece:
