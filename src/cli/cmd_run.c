@@ -13,7 +13,9 @@
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "model/experts.h"
 #include "model/forward.h"
+#include "runtime/plan.h"
 #include "runtime/sampler.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/detok.h"
@@ -32,7 +34,9 @@ static const char usage[] =
     "  --threads N            worker threads (default: physical cores)\n"
     "  --ctx N                context length (default: prompt + max tokens)\n"
     "  --batch N              prefill chunk (default 256)\n"
-    "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n";
+    "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
+    "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
+    "  --expert-cache SIZE    routed-expert cache budget (default: from the plan)\n";
 
 #define MAX_STOPS 16
 
@@ -43,6 +47,7 @@ struct run_opts {
     int64_t max_tokens, ctx, batch, threads;
     struct sp_sampler_params sp;
     enum sp_kv_type kv;
+    struct sp_plan_inputs plan;
 };
 
 static double now_s(void) {
@@ -115,6 +120,11 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         } else if (VAL("--frequency-penalty")) {
             if (!sp_arg_num("--frequency-penalty", v, &x)) return SP_EXIT_USAGE;
             o->sp.frequency_penalty = (float)x;
+        } else if (VAL("--mem-limit")) {
+            if (!sp_arg_size("--mem-limit", v, &o->plan.mem_limit)) return SP_EXIT_USAGE;
+        } else if (VAL("--expert-cache")) {
+            if (!sp_arg_size("--expert-cache", v, &o->plan.expert_cache)) return SP_EXIT_USAGE;
+            o->plan.expert_cache_set = true;
         } else if (VAL("--kv-type")) {
             if (!sp_kv_type_from_name(v, &o->kv)) {
                 fprintf(stderr, "error: --kv-type must be f16, bf16 or f32\n");
@@ -280,6 +290,17 @@ int sp_cmd_run(int argc, char **argv) {
                   (long long)o.max_tokens, (long long)cp.n_ctx);
         goto fail;
     }
+    o.plan.ctx = cp.n_ctx;
+    o.plan.parallel = 1;
+    o.plan.batch = cp.max_batch;
+    o.plan.kv_type = cp.kv_type;
+    struct sp_plan plan;
+    if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;
+    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) {
+        cp.expert_cache = plan.expert_cache;
+        fprintf(stderr, "plan: expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", (double)plan.expert_cache / 1048576.0,
+                (long long)plan.cached_experts, 100.0 * plan.hit_rate);
+    }
     if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
     int64_t B = sp_ctx_params(c)->max_batch;
     logits = sp_malloc((size_t)(o.dump ? B : 1) * (size_t)V * sizeof(float), SP_MEM_ACT);
@@ -364,6 +385,12 @@ int sp_cmd_run(int argc, char **argv) {
             "stop: %s; threads %d\n", (long long)n, t1 - t0, (double)n / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
             (long long)generated, t2 - t1, generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0, why,
             sp_ctx_params(c)->n_threads);
+    struct sp_expert_store_stats es;
+    if (sp_ctx_expert_stats(c, &es))
+        fprintf(stderr, "experts: %llu hits, %llu misses (%.1f%% hit rate), %.1f MiB read in %.3f s (%.1f MB/s)\n",
+                (unsigned long long)es.hits, (unsigned long long)es.misses,
+                es.hits + es.misses ? 100.0 * (double)es.hits / (double)(es.hits + es.misses) : 0.0,
+                (double)es.bytes_read / 1048576.0, es.read_s, es.read_s > 0 ? (double)es.bytes_read / es.read_s / 1e6 : 0.0);
     rc = 0;
 fail:
     if (rc) sp_cli_fail();

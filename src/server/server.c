@@ -22,6 +22,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "server/chat_parse.h"
 
 #define POLL_MS 50
 
@@ -193,6 +194,10 @@ struct job {
     struct sp_buf text;
     struct sp_tok_list toks;
     struct sp_req_progress prog;
+    /* chat: splitting the output into content, reasoning and tool calls */
+    struct sp_chat_parse_opts popts;
+    struct sp_chat_parser *parser;  // streaming
+    cJSON *tools;                   // the request's tools (the parser borrows them)
 };
 
 static void job_free(struct job *j) {
@@ -206,6 +211,8 @@ static void job_free(struct job *j) {
     sp_buf_free(&j->out);
     sp_buf_free(&j->text);
     sp_tok_list_free(&j->toks);
+    sp_chat_parser_free(j->parser);
+    cJSON_Delete(j->tools);
     sp_free(j);
 }
 
@@ -355,8 +362,9 @@ static void write_usage(struct sp_jw *w, const struct sp_req_progress *p) {
     sp_jw_end(w);
 }
 
-static const char *finish_reason(const struct sp_req_progress *p) {
-    return p->finish == SP_FINISH_LENGTH ? "length" : "stop";
+static const char *finish_reason(const struct sp_req_progress *p, bool tool_calls) {
+    if (p->finish == SP_FINISH_LENGTH) return "length";
+    return tool_calls ? "tool_calls" : "stop";
 }
 
 static void token_text(const struct sp_tokenizer *tok, int32_t id, struct sp_buf *out) {
@@ -420,8 +428,12 @@ static void chunk_begin(struct job *j, struct sp_jw *w) {
     sp_jw_str(w, "sparrow");
 }
 
-/* One SSE chunk with a text delta (and the finish reason when given). */
-static void sse_delta(struct job *j, const char *text, size_t len, const char *finish, int64_t tok_from) {
+/* One SSE chunk. Chat: a delta of `kind` (content, reasoning_content, a
+ * tool call's start or arguments) or, with kind < 0, an empty delta; text
+ * completions: the text. Carries the finish reason when given and the
+ * logprobs of tokens [tok_from, n) when asked for. */
+static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int tool_index, const char *tool_id,
+                      const char *finish, int64_t tok_from) {
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -439,9 +451,35 @@ static void sse_delta(struct job *j, const char *text, size_t len, const char *f
             sp_jw_str(&w, "assistant");
             j->sent_role = true;
         }
-        if (len || !finish) {
-            sp_jw_key(&w, "content");
+        if (kind == SP_CHAT_EV_CONTENT || kind == SP_CHAT_EV_REASONING) {
+            sp_jw_key(&w, kind == SP_CHAT_EV_CONTENT ? "content" : "reasoning_content");
             sp_jw_strn(&w, text, len);
+        } else if (kind == SP_CHAT_EV_TOOL_BEGIN || kind == SP_CHAT_EV_TOOL_ARGS) {
+            sp_jw_key(&w, "tool_calls");
+            sp_jw_arr(&w);
+            sp_jw_obj(&w);
+            sp_jw_key(&w, "index");
+            sp_jw_int(&w, tool_index);
+            if (kind == SP_CHAT_EV_TOOL_BEGIN) {
+                sp_jw_key(&w, "id");
+                sp_jw_str(&w, tool_id);
+                sp_jw_key(&w, "type");
+                sp_jw_str(&w, "function");
+            }
+            sp_jw_key(&w, "function");
+            sp_jw_obj(&w);
+            if (kind == SP_CHAT_EV_TOOL_BEGIN) {
+                sp_jw_key(&w, "name");
+                sp_jw_strn(&w, text, len);
+                sp_jw_key(&w, "arguments");
+                sp_jw_str(&w, "");
+            } else {
+                sp_jw_key(&w, "arguments");
+                sp_jw_strn(&w, text, len);
+            }
+            sp_jw_end(&w);
+            sp_jw_end(&w);
+            sp_jw_end(&w);
         }
         sp_jw_end(&w);
         if (j->want_logprobs && tok_from < j->toks.n) write_chat_logprobs(&w, j->srv->tok, &j->toks, tok_from);
@@ -464,6 +502,25 @@ static void sse_delta(struct job *j, const char *text, size_t len, const char *f
     sp_buf_append(&j->out, b.data, b.len);
     sp_buf_puts(&j->out, "\n\n");
     sp_buf_free(&b);
+}
+
+/* Streams a piece of generated text: through the chat parser as its events,
+ * or as is. Token logprobs ride on the first chunk written (or an empty one). */
+static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
+    bool wrote = false;
+    if (j->chat && j->parser) {
+        if (len) sp_chat_parser_push(j->parser, text, len);
+        size_t n;
+        const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+        for (size_t i = 0; i < n; i++) {
+            sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, wrote ? j->toks.n : tok_from);
+            wrote = true;
+        }
+    } else if (len) {
+        sse_chunk(j, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
+        wrote = true;
+    }
+    if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
 }
 
 static void sse_usage_and_done(struct job *j) {
@@ -500,7 +557,7 @@ static void log_done(struct job *j) {
            p->prefill_s > 0 ? (double)(p->prompt_tokens - p->cached_tokens) / p->prefill_s : 0.0,
            (long long)p->completion_tokens,
            p->decode_s > 0 && p->completion_tokens > 1 ? (double)(p->completion_tokens - 1) / p->decode_s : 0.0,
-           p->ttft_s, p->finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(p),
+           p->ttft_s, p->finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(p, false),
            (double)sp_mem_used_total() / 1048576.0);
 }
 
@@ -518,14 +575,23 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         struct sp_buf text = SP_BUF_INIT;
         int64_t tok_from = j->toks.n;
         sp_req_poll(j->req, POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
-        if (text.len || (j->want_logprobs && j->toks.n > tok_from)) sse_delta(j, text.data ? text.data : "", text.len, NULL, tok_from);
+        sse_text(j, text.data ? text.data : "", text.len, tok_from);
         sp_buf_free(&text);
         if (j->prog.finished) {
             if (j->prog.finish == SP_FINISH_ERROR) {
                 sp_buf_printf(&j->out, "data: {\"error\":{\"message\":\"generation failed: ");
                 sp_buf_puts(&j->out, "internal error\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n");
             } else {
-                sse_delta(j, "", 0, finish_reason(&j->prog), j->toks.n);
+                bool calls = false;
+                if (j->parser) {
+                    sp_chat_parser_finish(j->parser);
+                    size_t n;
+                    const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+                    for (size_t i = 0; i < n; i++)
+                        sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, j->toks.n);
+                    calls = sp_chat_parser_tool_calls(j->parser) > 0;
+                }
+                sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
             }
             sse_usage_and_done(j);
             j->done = true;
@@ -572,14 +638,48 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     sp_jw_obj(&w);
     sp_jw_key(&w, "index");
     sp_jw_int(&w, 0);
+    bool calls = false;
     if (j->chat) {
+        struct sp_chat_result pr;
+        memset(&pr, 0, sizeof pr);
+        sp_chat_parse(&j->popts, j->text.data ? j->text.data : "", j->text.len, &pr);
+        calls = pr.n_tool_calls > 0;
         sp_jw_key(&w, "message");
         sp_jw_obj(&w);
         sp_jw_key(&w, "role");
         sp_jw_str(&w, "assistant");
         sp_jw_key(&w, "content");
-        sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
+        if (pr.content.data || !calls)
+            sp_jw_strn(&w, pr.content.data ? pr.content.data : "", pr.content.len);
+        else
+            sp_jw_null(&w);
+        if (pr.reasoning.data) {
+            sp_jw_key(&w, "reasoning_content");
+            sp_jw_strn(&w, pr.reasoning.data, pr.reasoning.len);
+        }
+        if (calls) {
+            sp_jw_key(&w, "tool_calls");
+            sp_jw_arr(&w);
+            for (size_t i = 0; i < pr.n_tool_calls; i++) {
+                sp_jw_obj(&w);
+                sp_jw_key(&w, "id");
+                sp_jw_str(&w, pr.tool_calls[i].id);
+                sp_jw_key(&w, "type");
+                sp_jw_str(&w, "function");
+                sp_jw_key(&w, "function");
+                sp_jw_obj(&w);
+                sp_jw_key(&w, "name");
+                sp_jw_str(&w, pr.tool_calls[i].name ? pr.tool_calls[i].name : "");
+                sp_jw_key(&w, "arguments");
+                sp_jw_strn(&w, pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.data : "{}",
+                           pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.len : 2);
+                sp_jw_end(&w);
+                sp_jw_end(&w);
+            }
+            sp_jw_end(&w);
+        }
         sp_jw_end(&w);
+        sp_chat_result_free(&pr);
         if (j->want_logprobs) write_chat_logprobs(&w, s->tok, &j->toks, 0);
         else {
             sp_jw_key(&w, "logprobs");
@@ -592,7 +692,7 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
         sp_jw_null(&w);
     }
     sp_jw_key(&w, "finish_reason");
-    sp_jw_str(&w, finish_reason(&j->prog));
+    sp_jw_str(&w, finish_reason(&j->prog, calls));
     sp_jw_end(&w);
     sp_jw_end(&w);
     write_usage(&w, &j->prog);
@@ -698,6 +798,17 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     }
     if (sp_tokenizer_encode(s->tok, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
         ret = BAD_REQUEST(c, s, "messages", "%s", sp_error_msg());
+        goto out;
+    }
+    /* How to split the output: the template says which format the model writes. */
+    j->popts.format = sp_chat_format_detect(s->ct->source, s->m ? s->m->arch.model_type : NULL);
+    j->popts.in_reasoning = sp_chat_prompt_in_reasoning(j->popts.format, prompt, plen);
+    j->popts.id_seed = j->gp.sampling.seed ^ atomic_fetch_add(&s->id_counter, 1);
+    if (tools) j->popts.tools = j->tools = cJSON_Duplicate(tools, true);
+    /* harmony's channels are special tokens: keep them in the text for the parser */
+    if (j->popts.format == SP_CHAT_FORMAT_HARMONY) j->gp.detok_flags = 0;
+    if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
+        ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
     cJSON_Delete(msgs);
@@ -861,6 +972,46 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     METRIC("resident_bytes", "gauge", "resident memory of the process (kind: total, anonymous, file-backed)");
     sp_buf_printf(&b, "sparrow_resident_bytes{kind=\"total\"} %zu\nsparrow_resident_bytes{kind=\"anon\"} %zu\n"
                       "sparrow_resident_bytes{kind=\"file\"} %zu\n", rss, anon, file);
+    if (st.has_experts) {
+        const struct sp_expert_store_stats *x = &st.experts;
+        METRIC("expert_cache_budget_bytes", "gauge", "bytes of the routed-expert cache");
+        sp_buf_printf(&b, "sparrow_expert_cache_budget_bytes %zu\n", x->budget);
+        METRIC("expert_cache_bytes", "gauge", "bytes of experts held in the cache");
+        sp_buf_printf(&b, "sparrow_expert_cache_bytes %zu\n", x->cached_bytes);
+        METRIC("expert_cache_hits_total", "counter", "expert lookups served from the cache");
+        sp_buf_printf(&b, "sparrow_expert_cache_hits_total %llu\n", (unsigned long long)x->hits);
+        METRIC("expert_cache_misses_total", "counter", "expert lookups read from the model files");
+        sp_buf_printf(&b, "sparrow_expert_cache_misses_total %llu\n", (unsigned long long)x->misses);
+        METRIC("expert_cache_evictions_total", "counter", "experts dropped to make room");
+        sp_buf_printf(&b, "sparrow_expert_cache_evictions_total %llu\n", (unsigned long long)x->evictions);
+        METRIC("expert_reads_total", "counter", "read requests to the model files");
+        sp_buf_printf(&b, "sparrow_expert_reads_total %llu\n", (unsigned long long)x->reads);
+        METRIC("expert_read_bytes_total", "counter", "bytes read from the model files");
+        sp_buf_printf(&b, "sparrow_expert_read_bytes_total %llu\n", (unsigned long long)x->bytes_read);
+        METRIC("expert_read_bytes_per_second", "gauge", "disk read throughput while reading experts");
+        sp_buf_printf(&b, "sparrow_expert_read_bytes_per_second %.0f\n", x->read_s > 0 ? (double)x->bytes_read / x->read_s : 0.0);
+        METRIC("expert_read_seconds", "histogram", "time to read one expert");
+        uint64_t c2 = 0;
+        for (int i = 0; i < SP_EXPERT_LAT_BUCKETS; i++) {
+            c2 += x->lat_bucket[i];
+            if (i < SP_EXPERT_LAT_BUCKETS - 1)
+                sp_buf_printf(&b, "sparrow_expert_read_seconds_bucket{le=\"%g\"} %llu\n", sp_expert_lat_bounds_ms[i] / 1000.0, (unsigned long long)c2);
+            else
+                sp_buf_printf(&b, "sparrow_expert_read_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)c2);
+        }
+        sp_buf_printf(&b, "sparrow_expert_read_seconds_sum %.6f\nsparrow_expert_read_seconds_count %llu\n", x->read_s, (unsigned long long)c2);
+        uint64_t *lh = sp_malloc((size_t)st.n_layers * 2 * sizeof *lh, SP_MEM_SERVER);
+        if (lh) {
+            sp_engine_expert_layers(s->engine, lh, lh + st.n_layers);
+            METRIC("expert_cache_layer_hits_total", "counter", "expert cache hits by layer");
+            for (int64_t L = 0; L < st.n_layers; L++)
+                if (s->m->arch.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_hits_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[L]);
+            METRIC("expert_cache_layer_misses_total", "counter", "expert cache misses by layer");
+            for (int64_t L = 0; L < st.n_layers; L++)
+                if (s->m->arch.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_misses_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[st.n_layers + L]);
+            sp_free(lh);
+        }
+    }
     if (s->m) {
         METRIC("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)");
         sp_buf_printf(&b, "sparrow_model_file_bytes %zu\n", s->m->files->total_bytes);

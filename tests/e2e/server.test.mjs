@@ -217,6 +217,21 @@ test('metrics are Prometheus text', async () => {
   assert.ok(Number(/^sparrow_generated_tokens_total (\d+)/m.exec(text)[1]) > 0);
 });
 
+test('an expert cache smaller than the experts gives the same text, and its counters move', async () => {
+  const small = await startServer(['--expert-cache', '60K']);
+  const req = { model: 'x', messages: chat('experts from disk'), max_tokens: 12, temperature: 0.8, seed: 9 };
+  const a = await client(small).chat.completions.create(req);
+  const b = await client(main).chat.completions.create(req);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  const m = await (await fetch(`${small.url}/metrics`)).text();
+  const num = (name) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(m)[1]);
+  assert.ok(num('sparrow_expert_cache_misses_total') > 0);
+  assert.ok(num('sparrow_expert_read_bytes_total') > 0);
+  assert.ok(num('sparrow_expert_cache_budget_bytes') <= 60 * 1024);
+  assert.match(m, /^sparrow_expert_cache_layer_misses_total\{layer="0"\} \d+/m);
+  assert.equal(small.ready.plan.strategy, 'expert-cache');
+});
+
 test('API key: missing or wrong is 401, right is 200', async () => {
   const keyed = await startServer(['--api-key', 'sekrit']);
   await assert.rejects(client(keyed, 'wrong').models.list(), (e) => e.status === 401);
