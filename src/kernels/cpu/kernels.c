@@ -115,8 +115,9 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
     case SP_KERNELS_PORTABLE:
         return &portable;
     case SP_KERNELS_AVX2:
+    case SP_KERNELS_AVX2F:
 #if defined(__x86_64__)
-        return cpu_has_avx2() ? sp_kernels_avx2_set() : NULL;
+        return cpu_has_avx2() ? sp_kernels_avx2_set(isa == SP_KERNELS_AVX2F) : NULL;
 #else
         return NULL;
 #endif
@@ -127,7 +128,8 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
 
 const struct sp_kernels *sp_kernels_select(const char *env_value) {
     if (env_value && strcmp(env_value, "portable") == 0) return &portable;
-    const struct sp_kernels *k = sp_kernels_of(SP_KERNELS_AVX2);
+    bool float_act = env_value && strcmp(env_value, "avx2f") == 0;
+    const struct sp_kernels *k = sp_kernels_of(float_act ? SP_KERNELS_AVX2F : SP_KERNELS_AVX2);
     return k ? k : &portable;
 }
 
@@ -143,8 +145,11 @@ const struct sp_kernels *sp_kernels(void) {
 }
 
 /* The portable product dequantizes a whole row; the AVX2 blocked one a
- * block of rows x columns. */
+ * block of rows x columns; the AVX2 decode one keeps int16 activations
+ * plus two floats per 32 columns per token. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
-    return (row > block ? row : block) + 64;
+    size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * (size_t)(w->cols / 32 + 1) * sizeof(float));
+    size_t m = row > block ? row : block;
+    return (m > q16 ? m : q16) + 64;
 }

@@ -16,10 +16,12 @@
  * bytes, 64-byte aligned (the thread pool's scratch); kernels allocate
  * nothing. The returned tables are static and live for the whole process.
  *
- * Numerics: every set computes the same products in float with a different
- * summation order (and FMA rounding); tests/test_kernels.c holds each set to
- * the scalar reference of quant/qtype.h with a tolerance relative to
- * sum |w_i x_i|.
+ * Numerics: the portable and avx2f sets compute the same products in float
+ * with a different summation order (and FMA rounding). The default avx2 set
+ * rounds activations to int16 per 32 columns in the decode product of 4-
+ * and 8-bit formats (relative error ~1e-5 of the block's largest value).
+ * tests/test_kernels.c holds each set to the scalar reference of
+ * quant/qtype.h with named tolerances relative to sum |w_i x_i|.
  */
 #ifndef SP_KERNELS_CPU_KERNELS_H
 #define SP_KERNELS_CPU_KERNELS_H
@@ -32,7 +34,8 @@
 
 enum sp_kernels_isa {
     SP_KERNELS_PORTABLE,
-    SP_KERNELS_AVX2,
+    SP_KERNELS_AVX2,   // decode products of 4/8-bit codes with int16 activations
+    SP_KERNELS_AVX2F,  // the same instructions, float activations throughout
     SP_KERNELS_ISA_COUNT
 };
 
@@ -57,18 +60,23 @@ const struct sp_kernels *sp_kernels(void);
 /* The set of one instruction set, or NULL when this CPU cannot run it. */
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
 /* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
- * "portable" forces the portable set, "avx2" asks for AVX2 (portable when
- * the CPU lacks it), anything else means automatic. */
+ * "portable" forces the portable set, "avx2f" the AVX2 set with float
+ * activations (when the CPU has AVX2), anything else means automatic: "avx2"
+ * when the CPU has it, else portable. */
 const struct sp_kernels *sp_kernels_select(const char *env_value);
-/* Floats of scratch the AVX2 blocked (prefill) product uses: 4 rows x 512
- * columns dequantized at a time. */
+/* The AVX2 blocked (prefill) float product dequantizes 4 rows x 512
+ * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
+ * the fused float product instead. The int16-activation product keeps
+ * int16 copies of SP_KERNELS_Q16_TOKENS tokens at a time. */
 #define SP_KERNELS_BLOCK_ROWS 4
 #define SP_KERNELS_BLOCK_COLS 512
+#define SP_KERNELS_DECODE_MAX_TOKENS 7
+#define SP_KERNELS_Q16_TOKENS 16
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 
-/* The AVX2 set (matvec_avx2.c); only call when the CPU has AVX2+FMA+F16C. */
-const struct sp_kernels *sp_kernels_avx2_set(void);
+/* An AVX2 set (matvec_avx2.c); only call when the CPU has AVX2+FMA+F16C. */
+const struct sp_kernels *sp_kernels_avx2_set(bool float_activations);
 /* The portable matmul_rows, which the AVX2 set falls back on for formats it
  * has no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,

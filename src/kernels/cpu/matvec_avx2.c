@@ -1,25 +1,26 @@
 /*
- * matvec_avx2.c - the AVX2 + FMA + F16C kernel set (see kernels.h). Built
- * with -mavx2 -mfma -mf16c (the Makefile gives those flags to *_avx2.c files
- * only) and called only after cpuid said yes.
+ * matvec_avx2.c - the AVX2 + FMA + F16C kernel sets "avx2" and "avx2f" (see
+ * kernels.h). Built with -mavx2 -mfma -mf16c (the Makefile gives those
+ * flags to *_avx2.c files only) and called only after cpuid said yes.
  *
- * Two products of packed weight rows with a batch of n activation vectors:
+ * Products of packed weight rows with a batch of n activation vectors:
  *
- * - fused (decode, n < BLOCK_MIN_TOKENS): each 8-element piece of a row is
- *   decoded from its packed form straight into a register and multiplied
- *   into the accumulators of up to 4 tokens, so a row is read from memory
- *   once and decoded once per 4 tokens, with no float copy of the row.
- *   Memory-bound: the goal is to decode faster than DRAM delivers.
- * - blocked (prefill, n >= BLOCK_MIN_TOKENS): 4 rows x 512 columns are
- *   decoded into a small float buffer (L1), then a 4-row x 3-token register
- *   micro-kernel runs over every token. 12 FMAs per 7 loads keeps it
- *   compute-bound; each weight element is decoded once per call, and the
- *   512-column slice of the activations stays in L2 across row blocks.
+ * - int16 activations (avx2, affine 4/8-bit and mxfp4, any n): each token
+ *   is rounded to int16 with one scale per 32 columns, codes are widened to
+ *   int16 and vpmaddwd does 16 multiply-adds per instruction with exact
+ *   int32 sums; a row is read once and decoded once per 4 tokens.
+ * - fused float (plain floats, and every format in avx2f, n <= 7): each
+ *   8-element piece of a row is decoded straight into a register and
+ *   multiplied into the accumulators of up to 4 tokens; no float copy of
+ *   the row.
+ * - blocked float (same formats, n >= 8): 4 rows x 512 columns are decoded
+ *   into a small buffer (L1), then a 4-row x 3-token register micro-kernel
+ *   (12 FMAs per 7 loads) runs over every token; the 512-column slice of
+ *   the activations stays in L2 across row blocks.
  *
- * Formats with a fast path: F32, BF16, F16, affine 4 and 8 bit (any group,
- * scales and biases in F32, BF16 or F16) and mxfp4. Others use the portable
- * product. Activations stay in float (no int8 quantization), so results
- * differ from the reference only by summation order and FMA rounding.
+ * Every path gives a token the same result whatever else is in the batch.
+ * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4) use the
+ * portable product.
  */
 #include "kernels/cpu/kernels.h"
 
@@ -32,9 +33,9 @@
 
 #define ALWAYS static inline __attribute__((always_inline))
 
-/* At or above this many tokens the blocked product is faster than
- * re-decoding each row per 4 tokens (measured with bench/kernels). */
-#define BLOCK_MIN_TOKENS 8
+/* Above SP_KERNELS_DECODE_MAX_TOKENS tokens the blocked product is faster
+ * than decoding each row once per 4 tokens. */
+#define BLOCK_MIN_TOKENS (SP_KERNELS_DECODE_MAX_TOKENS + 1)
 #define MR SP_KERNELS_BLOCK_ROWS
 #define KC SP_KERNELS_BLOCK_COLS
 #define NR 3
@@ -150,16 +151,23 @@ ALWAYS struct rowfmt rowfmt_of(const struct sp_qmat *w, int fmt, int sdt) {
     return f;
 }
 
-/* ---- fused product: rows [r0, r1) with NT tokens (1 to 4) ---- */
+/* ---- float products: one summation order per token ----
+ *
+ * The server needs a token's logits to be bit-identical whatever else is in
+ * its batch (chunked prefill = one batch = token by token), so the fused
+ * and the blocked float products sum in the same order: for each KC-column
+ * slice, one 8-lane FMA chain over the slice in column order, hsum, then
+ * the < 8 leftover columns one by one, and the slice sums added to the
+ * output in slice order starting from 0. */
 
-/* Multiplies 4 decoded registers (32 weights at column k) into token t's
- * accumulators: 4 independent chains per token when NT <= 2 (FMA latency
- * would otherwise bound a single token), 2 chains for 3 or 4 tokens. */
-ALWAYS void fma4(__m256 acc[4][4], int t, int nt, const __m256 wv[4], const float *xt) {
-    const int A = nt <= 2 ? 4 : 2;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) acc[t][j % A] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xt + 8 * j), acc[t][j % A]);
+/* Sum of one slice's 8-lane accumulator and its leftover columns. */
+ALWAYS float slice_sum(__m256 acc, const float *w, const float *x, int64_t n_left) {
+    float sum = hsum(acc);
+    for (int64_t k = 0; k < n_left; k++) sum += w[k] * x[k];
+    return sum;
 }
+
+/* ---- fused product: rows [r0, r1) with NT tokens (1 to 4) ---- */
 
 ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                        int64_t ldy, int fmt, int sdt, int nt) {
@@ -168,44 +176,28 @@ ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const fl
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
         const uint8_t *sc = fmt_grouped(fmt) ? (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes : NULL;
         const uint8_t *bi = fmt == FMT_A4 || fmt == FMT_A8 ? (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes : NULL;
-        __m256 acc[4][4];
-        float tail[4] = {0};
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++)
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[t][j] = _mm256_setzero_ps();
+        float tot[4] = {0};
         __m256 s = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        int64_t k = 0;
-        for (int64_t g = 0; g < f.ng; g++) {
-            group_params(fmt, sdt, sc, bi, g, &s, &b);
-            /* quantized groups are whole multiples of 32; a plain row is one
-             * "group" whose last < 32 columns are handled below */
-            int64_t end = fmt_grouped(fmt) ? k + f.group : f.cols - 31;
-            for (; k < end; k += 32) {
-                __m256 wv[4];
+        for (int64_t k0 = 0; k0 < f.cols; k0 += KC) {
+            int64_t kn = f.cols - k0 < KC ? f.cols - k0 : KC, k = 0;
+            __m256 acc[4];
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) wv[j] = decode8(fmt, c, k + 8 * j, s, b);
+            for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+            for (; k + 8 <= kn; k += 8) {
+                /* quantized slices start on a group boundary; groups are >= 32 wide */
+                if (fmt_grouped(fmt) && (k & (f.group - 1)) == 0) group_params(fmt, sdt, sc, bi, (k0 + k) / f.group, &s, &b);
+                __m256 wv = decode8(fmt, c, k0 + k, s, b);
 #pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) fma4(acc, t, nt, wv, x + t * ldx + k);
+                for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + k0 + k), acc[t]);
             }
-        }
-        if (!fmt_grouped(fmt)) {
-            for (; k + 8 <= f.cols; k += 8) {
-                __m256 wv = decode8(fmt, c, k, s, b);
+            /* leftover columns of a plain row, as floats (like the blocked buffer) */
+            float wt[8];
+            for (int64_t i = k; i < kn; i++) wt[i - k] = load_plain(fmt, c, k0 + i);
 #pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) acc[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + k), acc[t][0]);
-            }
-            for (; k < f.cols; k++) {
-                float wk = load_plain(fmt, c, k);
-#pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) tail[t] += wk * x[t * ldx + k];
-            }
+            for (int t = 0; t < nt; t++) tot[t] += slice_sum(acc[t], wt, x + t * ldx + k0 + k, kn - k);
         }
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]));
-            y[t * ldy + r] = hsum(sum) + tail[t];
-        }
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = tot[t];
     }
 }
 
@@ -252,11 +244,7 @@ ALWAYS void micro(const float *wb, const float *x, int64_t ldx, int64_t kn, floa
         }
     }
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) {
-            float sum = hsum(acc[i][j]);
-            for (int64_t kk = k; kk < kn; kk++) sum += wb[i * KC + kk] * x[j * ldx + kk];
-            y[j * ldy + i] += sum;
-        }
+        for (int j = 0; j < nr; j++) y[j * ldy + i] += slice_sum(acc[i][j], wb + i * KC + k, x + j * ldx + k, kn - k);
 }
 
 typedef void (*micro_fn)(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy);
@@ -303,13 +291,171 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
     }
 }
 
+/* ---- decode product with int16 activations (4- and 8-bit codes) ---- */
+
+/* For 4- and 8-bit codes the float product spends most of its time turning
+ * codes into floats. Instead each token's activations are quantized once
+ * per call to int16 with one float scale per 32 columns (dx = amax / 32767,
+ * error <= dx / 2 per element, ~1.5e-5 of the block's largest value); codes
+ * are widened to int16 and vpmaddwd multiplies 16 pairs and adds adjacent
+ * products into 8 int32 in one instruction. Per 32 weights that is ~10
+ * instructions instead of ~20, and the int32 sums are exact, so the only
+ * new error is the rounding of x. The affine bias term b * sum(x) uses the
+ * float activations.
+ *
+ * 4-bit codes: byte j of a 32-element block holds elements 2j (low nibble)
+ * and 2j+1 (high nibble). Widened to 16 bits, "& 0xf" gives the even
+ * elements and ">> 4" the odd ones, so the int16 activations of each block
+ * are stored evens first, then odds, to line up with them. */
+
+#define QB 32  // activation block (one float scale per 32 int16)
+#define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
+
+struct q16 {
+    const int16_t *xq;  // (n, cols): block-wise reordered for 4-bit codes
+    const float *dx;    // (n, cols / QB)
+    const float *xsum;  // (n, cols / group): float sum of x over each group
+    int64_t cols, nblk, ng;
+};
+
+/* Splits 32 int16 (a = elements 0..15, b = 16..31) into evens and odds. */
+ALWAYS void deinterleave16(__m256i a, __m256i b, __m256i *ev, __m256i *od) {
+    /* within each 128-bit lane: words 0,2,4,6 to the low 8 bytes, 1,3,5,7 high */
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                                        13, 2, 3, 6, 7, 10, 11, 14, 15);
+    a = _mm256_shuffle_epi8(a, sh);
+    b = _mm256_shuffle_epi8(b, sh);
+    /* lanes now hold [e0 o0 | e1 o1] and [e2 o2 | e3 o3] (64-bit halves);
+     * unpack pairs the halves across a and b, the permute restores order */
+    *ev = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xD8);
+    *od = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, b), 0xD8);
+}
+
+/* Quantizes n tokens of x into scratch laid out as struct q16. */
+static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool split,
+                        void *scratch, struct q16 *q) {
+    int64_t nblk = cols / QB, ng = cols / group;
+    int16_t *xq = scratch;
+    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * nblk;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        for (int64_t b = 0; b < nblk; b++) {
+            __m256 v[4], m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int j = 0; j < 4; j++) {
+                v[j] = _mm256_loadu_ps(xt + b * QB + 8 * j);
+                m = _mm256_max_ps(m, _mm256_and_ps(v[j], absmask));
+                sum = _mm256_add_ps(sum, v[j]);
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            /* the group sums are made of the same 32-column pieces */
+            float bsum = hsum(sum);
+            int64_t g = b * QB / group;
+            xsum[t * ng + g] = (b * QB % group == 0 ? 0.0f : xsum[t * ng + g]) + bsum;
+            dx[t * nblk + b] = amax / 32767.0f;
+            __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+            __m256i i32[4];
+            for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest even
+            /* packs works per 128-bit lane; the permute puts words in order */
+            __m256i a = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+            __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            if (split) deinterleave16(a, c, &a, &c);
+            int16_t *o = xq + t * cols + b * QB;
+            _mm256_storeu_si256((__m256i *)(void *)o, a);
+            _mm256_storeu_si256((__m256i *)(void *)(o + 16), c);
+        }
+    }
+    *q = (struct q16){xq, dx, xsum, cols, nblk, ng};
+}
+
+/* 32 codes of block b as two vectors of 16 int16, in the order the
+ * activations were stored (evens, odds for 4-bit; natural for 8-bit). For
+ * mxfp4 the values are 2 * e2m1 (whole numbers -12..12, by table lookup);
+ * the 1/2 goes into the scale. */
+ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i *w1) {
+    if (fmt == FMT_A8) {
+        *w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32)));
+        *w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32 + 16)));
+        return;
+    }
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + b * 16));
+    if (fmt == FMT_A4) {
+        __m256i v16 = _mm256_cvtepu8_epi16(v);
+        *w0 = _mm256_and_si256(v16, _mm256_set1_epi16(0xf));
+        *w1 = _mm256_srli_epi16(v16, 4);  // a byte >> 4 is its high nibble
+        return;
+    }
+    const __m128i twice_e2m1 = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i low4 = _mm_set1_epi8(0xf);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    *w0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, lo));
+    *w1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi));
+}
+
+/* Scale of the weight group holding block b, as a float. */
+ALWAYS float q16_scale(int fmt, int sdt, const uint8_t *sc, int64_t b, int bshift) {
+    if (fmt == FMT_MX4) return e8m0(sc[b]) * 0.5f;
+    return load_scale(sdt, sc, b >> bshift);
+}
+
+ALWAYS void q16_block(int fmt, int sdt, const uint8_t *c, const uint8_t *sc, int bshift, const struct q16 *q,
+                      int64_t b, int nt, __m256 acc[4][2], int chain) {
+    __m256i w0, w1;
+    q16_codes(fmt, c, b, &w0, &w1);
+    __m256 s = _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, bshift));
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        const int16_t *xq = q->xq + t * q->cols + b * QB;
+        __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xq)),
+                                     _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xq + 16))));
+        __m256 d = _mm256_mul_ps(s, _mm256_broadcast_ss(q->dx + t * q->nblk + b));
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+    }
+}
+
+ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
+                     int fmt, int sdt, int nt) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    int bshift = fmt == FMT_MX4 ? 0 : __builtin_ctzll((unsigned long long)(f.group / QB));
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
+        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes;
+        __m256 acc[4][2];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        /* two chains (even / odd blocks) hide the FMA latency */
+        int64_t b = 0;
+        for (; b + 2 <= q->nblk; b += 2) {
+            q16_block(fmt, sdt, c, sc, bshift, q, b, nt, acc, 0);
+            q16_block(fmt, sdt, c, sc, bshift, q, b + 1, nt, acc, 1);
+        }
+        if (b < q->nblk) q16_block(fmt, sdt, c, sc, bshift, q, b, nt, acc, 0);
+        float bias[4] = {0};
+        if (fmt != FMT_MX4) {
+            const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
+            for (int64_t g = 0; g < f.ng; g++) {
+                float bg = load_scale(sdt, bi, g);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) bias[t] += bg * q->xsum[t * f.ng + g];
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) + bias[t];
+    }
+}
+
 /* ---- one instantiation per (format, scale dtype) ---- */
 
 typedef void (*fused_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                          int64_t ldy);
+typedef void (*q16_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy);
 struct impl {
-    fused_fn fused[4];  // 1 to 4 tokens
+    fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
+    q16_fn q16[4];      // 1 to 4 tokens, int16 activations; NULL for plain floats
+    bool q16_split;     // 4-bit codes: activations stored evens, odds per block
 };
 
 #define IMPL(ID, FMT, SDT)                                                                                        \
@@ -331,19 +477,33 @@ struct impl {
     }                                                                                                           \
     static void dequant_##ID(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {          \
         dequant_cols(w, r, k0, kn, out, FMT, SDT);                                                              \
-    }                                                                                                           \
-    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID};
+    }
 
-IMPL(f32, FMT_F32, SP_DTYPE_F32)
-IMPL(bf16, FMT_BF16, SP_DTYPE_F32)
-IMPL(f16, FMT_F16, SP_DTYPE_F32)
-IMPL(a4_f32, FMT_A4, SP_DTYPE_F32)
-IMPL(a4_bf16, FMT_A4, SP_DTYPE_BF16)
-IMPL(a4_f16, FMT_A4, SP_DTYPE_F16)
-IMPL(a8_f32, FMT_A8, SP_DTYPE_F32)
-IMPL(a8_bf16, FMT_A8, SP_DTYPE_BF16)
-IMPL(a8_f16, FMT_A8, SP_DTYPE_F16)
-IMPL(mx4, FMT_MX4, SP_DTYPE_U8)
+#define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, 0};
+
+#define Q16(ID, FMT, SDT, NT)                                                                                     \
+    static void q16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y,   \
+                                int64_t ldy) {                                                                  \
+        q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT);                                                           \
+    }
+#define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, FMT == FMT_A4 || FMT == FMT_MX4};
+
+IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
+IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
+IMPL_FLOAT(f16, FMT_F16, SP_DTYPE_F32)
+IMPL_QUANT(a4_f32, FMT_A4, SP_DTYPE_F32)
+IMPL_QUANT(a4_bf16, FMT_A4, SP_DTYPE_BF16)
+IMPL_QUANT(a4_f16, FMT_A4, SP_DTYPE_F16)
+IMPL_QUANT(a8_f32, FMT_A8, SP_DTYPE_F32)
+IMPL_QUANT(a8_bf16, FMT_A8, SP_DTYPE_BF16)
+IMPL_QUANT(a8_f16, FMT_A8, SP_DTYPE_F16)
+IMPL_QUANT(mx4, FMT_MX4, SP_DTYPE_U8)
 
 /* The fast path for w, or NULL when the portable product must serve. */
 static const struct impl *impl_for(const struct sp_qmat *w) {
@@ -358,9 +518,9 @@ static const struct impl *impl_for(const struct sp_qmat *w) {
     case SP_QTYPE_F16:
         return &impl_f16;
     case SP_QTYPE_AFFINE4:
-        return si >= 0 && w->group % 32 == 0 ? affine4[si] : NULL;
+        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine4[si] : NULL;
     case SP_QTYPE_AFFINE8:
-        return si >= 0 && w->group % 32 == 0 ? affine8[si] : NULL;
+        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine8[si] : NULL;
     case SP_QTYPE_MXFP4:
         return w->group == 32 ? &impl_mx4 : NULL;
     default:
@@ -368,29 +528,68 @@ static const struct impl *impl_for(const struct sp_qmat *w) {
     }
 }
 
-static void matmul_rows_avx2(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                             int64_t n, float *y, int64_t ldy, void *scratch) {
-    const struct impl *im = impl_for(w);
-    if (!im) {
-        sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
-        return;
-    }
+/* Float activations: up to SP_KERNELS_DECODE_MAX_TOKENS tokens decode each
+ * row into registers (groups of 4 tokens pass over a few rows while they
+ * are cached); more go through the blocked product. Same sums either way. */
+static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                       int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     if (n >= BLOCK_MIN_TOKENS) {
         blocked_rows(w, im->dequant, r0, r1, x, ldx, n, y, ldy, scratch);
         return;
     }
-    if (n <= 4) {
-        if (n > 0) im->fused[n - 1](w, r0, r1, x, ldx, y, ldy);
-        return;
-    }
-    /* 5 to 7 tokens: groups of 4 pass over a few rows while they are cached */
-    for (int64_t r = r0; r < r1; r += FUSED_ROW_CHUNK) {
-        int64_t re = r1 - r < FUSED_ROW_CHUNK ? r1 : r + FUSED_ROW_CHUNK;
+    int64_t chunk = n <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+    for (int64_t r = r0; r < r1; r += chunk) {
+        int64_t re = r1 - r < chunk ? r1 : r + chunk;
         for (int64_t t = 0; t < n; t += 4) {
             int64_t nt = n - t < 4 ? n - t : 4;
             im->fused[nt - 1](w, r, re, x + t * ldx, ldx, y + t * ldy, ldy);
         }
     }
+}
+
+/* int16 activations, for any n: tokens are quantized Q16_TOKENS at a time
+ * into scratch, and groups of 4 of them pass over a few rows at a time. A
+ * token's sums do not depend on the others (batch invariance). */
+static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
+        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
+        struct q16 q;
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, scratch, &q);
+        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        for (int64_t r = r0; r < r1; r += chunk) {
+            int64_t re = r1 - r < chunk ? r1 : r + chunk;
+            for (int64_t t = 0; t < nq; t += 4) {
+                int64_t nt = nq - t < 4 ? nq - t : 4;
+                struct q16 qt = q;
+                qt.xq += t * q.cols;
+                qt.dx += t * q.nblk;
+                qt.xsum += t * q.ng;
+                im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+            }
+        }
+    }
+}
+
+static void matmul_rows(bool use_q16, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                        int64_t n, float *y, int64_t ldy, void *scratch) {
+    const struct impl *im = impl_for(w);
+    if (!im)
+        sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
+    else if (use_q16 && im->q16[0])
+        q16_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    else
+        float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+static void matmul_rows_avx2(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(true, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+static void matmul_rows_avx2f(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                              int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(false, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
 
 static float dot_avx2(const float *a, const float *b, int64_t n) {
@@ -423,6 +622,14 @@ static const struct sp_kernels avx2 = {
     .axpy = axpy_avx2,
 };
 
-const struct sp_kernels *sp_kernels_avx2_set(void) { return &avx2; }
+static const struct sp_kernels avx2f = {
+    .isa = SP_KERNELS_AVX2F,
+    .name = "avx2f",
+    .matmul_rows = matmul_rows_avx2f,
+    .dot = dot_avx2,
+    .axpy = axpy_avx2,
+};
+
+const struct sp_kernels *sp_kernels_avx2_set(bool float_activations) { return float_activations ? &avx2f : &avx2; }
 
 #endif

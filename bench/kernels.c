@@ -1,0 +1,292 @@
+/*
+ * kernels.c - speed of the CPU linear kernels against the machine's
+ * measured memory bandwidth (DESIGN.md §7: decode is memory-bound, so the
+ * figure that matters is weight bytes per second as a share of what DRAM
+ * delivers).
+ *
+ *     build/bench/kernels [--quick] [--threads N] [--isa portable|avx2] [--fmt NAME] [--mb N]
+ *
+ * First the read bandwidth of this machine: a 1 GiB buffer summed by 1 and
+ * by N threads (best of 5 passes); the N-thread figure is the bound. Then
+ * every kernel set x format x shape (shapes of real MoE models) x batch
+ * (1: decode, 64: prefill / batched decode) through sp_linear_apply on an
+ * N-thread pool. Each result cycles through enough copies of the matrix
+ * (--mb, default 256 MiB) that weights come from DRAM, never from cache.
+ * One machine-readable line per result:
+ *
+ *     membw threads=2 gbps=... gbps_cpu=...
+ *     kernel isa=avx2 fmt=affine4-g64 rows=2048 cols=2048 batch=1 threads=2 bytes=... us=... gbps=... gflops=...
+ *            pct_bw=... us_cpu=... gbps_cpu=... gflops_cpu=... pct_bw_cpu=...
+ *
+ * gbps is by wall time; gbps_cpu by the CPU time of the busiest thread,
+ * which on a machine shared with other work is close to what an idle
+ * machine would show (pct_bw_cpu compares it with the bandwidth measured
+ * the same way). Compare ratios from one run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/half.h"
+#include "core/pool.h"
+#include "core/rng.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/linear.h"
+
+static double clock_s(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static double now(void) { return clock_s(CLOCK_MONOTONIC); }
+/* CPU time of the calling thread: on a shared machine wall time also counts
+ * the time other processes held the core. */
+static double cpu_now(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
+
+/* Per-thread CPU seconds spent inside timed work (padded to a cache line). */
+static struct {
+    double s;
+    char pad[56];
+} cpu_busy[64];
+
+static void cpu_reset(void) { memset(cpu_busy, 0, sizeof cpu_busy); }
+/* The busiest thread's CPU time: what the parallel step would take alone. */
+static double cpu_max(int nth) {
+    double m = 0;
+    for (int i = 0; i < nth; i++) m = cpu_busy[i].s > m ? cpu_busy[i].s : m;
+    return m;
+}
+
+/* ---- read bandwidth ---- */
+
+struct bw_job {
+    const uint64_t *buf;
+    size_t words;
+    uint64_t sink[64];
+};
+
+/* Eight independent sums so the loop is bound by loads, not by adds. */
+static void bw_read(void *arg, int tid, int nth) {
+    struct bw_job *j = arg;
+    int64_t lo, hi;
+    sp_pool_split((int64_t)(j->words / 8), tid, nth, &lo, &hi);
+    double c0 = cpu_now();
+    uint64_t s[8] = {0};
+    for (int64_t i = lo * 8; i < hi * 8; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += j->buf[i + k];
+    j->sink[tid] = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    cpu_busy[tid].s += cpu_now() - c0;
+}
+
+/* Best of 5 passes, by wall time (*wall) and by the busiest thread's CPU
+ * time (*cpu). */
+static void measure_bw(struct sp_pool *pool, int nth, const uint64_t *buf, size_t bytes, double *wall, double *cpu) {
+    struct bw_job j = {.buf = buf, .words = bytes / 8};
+    *wall = *cpu = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        cpu_reset();
+        double t0 = now();
+        sp_pool_run_n(pool, bw_read, &j, nth);
+        double w = (double)bytes / (now() - t0) / 1e9, c = (double)bytes / cpu_max(nth) / 1e9;
+        if (w > *wall) *wall = w;
+        if (c > *cpu) *cpu = c;
+    }
+}
+
+/* ---- weight matrices ---- */
+
+struct fmtdef {
+    const char *name;
+    enum sp_qtype type;
+    int group;
+    enum sp_dtype sdt;
+};
+
+static const struct fmtdef fmts[] = {
+    {"f32", SP_QTYPE_F32, 1, SP_DTYPE_COUNT},
+    {"bf16", SP_QTYPE_BF16, 1, SP_DTYPE_COUNT},
+    {"f16", SP_QTYPE_F16, 1, SP_DTYPE_COUNT},
+    {"affine4-g32", SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16},
+    {"affine4-g64", SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16},
+    {"affine4-g128", SP_QTYPE_AFFINE4, 128, SP_DTYPE_BF16},
+    {"affine8-g64", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
+    {"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_U8},
+};
+
+/* (rows, cols) = (out, in): dense / attention 2048 and 4096 squares, expert
+ * gate/up (512 x 2048) and down (2048 x 512), a 1024 x 4096 projection. */
+static const int64_t shapes[][2] = {{2048, 2048}, {512, 2048}, {2048, 512}, {4096, 4096}, {1024, 4096}};
+
+/* n_copies matrices in one buffer each, filled with valid random data:
+ * random codes, scales near 1/64 (e8m0 near 2^-6), plain floats ~N(0, 0.02). */
+struct mats {
+    struct sp_qmat *m;
+    uint8_t *codes, *scales, *biases;
+    int n;
+};
+
+static void mats_make(struct mats *o, const struct fmtdef *f, int64_t rows, int64_t cols, size_t budget,
+                      struct sp_rng *rng) {
+    bool quant = sp_qtype_is_quantized(f->type);
+    size_t cb = (size_t)rows * sp_qtype_row_bytes(f->type, cols);
+    size_t ng = quant ? (size_t)(cols / f->group) : 0, sb = (size_t)rows * ng * (quant ? sp_dtype_size(f->sdt) : 0);
+    size_t one = sp_qtype_matrix_bytes(f->type, f->group, f->sdt, rows, cols);
+    o->n = (int)((budget + one - 1) / one);
+    if (o->n < 2) o->n = 2;
+    o->m = calloc((size_t)o->n, sizeof *o->m);
+    o->codes = sp_malloc_aligned(cb * (size_t)o->n, 64, SP_MEM_MISC);
+    o->scales = sb ? sp_malloc_aligned(sb * (size_t)o->n, 64, SP_MEM_MISC) : NULL;
+    o->biases = sb && f->type != SP_QTYPE_MXFP4 ? sp_malloc_aligned(sb * (size_t)o->n, 64, SP_MEM_MISC) : NULL;
+    if (!o->m || !o->codes || (sb && !o->scales)) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    size_t nel = (size_t)rows * (size_t)cols * (size_t)o->n;
+    if (f->type == SP_QTYPE_F32)
+        for (size_t i = 0; i < nel; i++) ((float *)(void *)o->codes)[i] = sp_rng_normal(rng) * 0.02f;
+    else if (f->type == SP_QTYPE_BF16 || f->type == SP_QTYPE_F16)
+        for (size_t i = 0; i < nel; i++) {
+            float v = sp_rng_normal(rng) * 0.02f;
+            uint16_t h = f->type == SP_QTYPE_BF16 ? sp_f32_to_bf16(v) : sp_f32_to_f16(v);
+            memcpy(o->codes + 2 * i, &h, 2);
+        }
+    else
+        for (size_t i = 0; i < cb * (size_t)o->n; i += 8) {
+            uint64_t r = sp_rng_next(rng);
+            memcpy(o->codes + i, &r, 8);
+        }
+    for (size_t i = 0; sb && i < rows * ng * (size_t)o->n; i++) {
+        if (f->type == SP_QTYPE_MXFP4) {
+            o->scales[i] = (uint8_t)(121 + sp_rng_next(rng) % 4);
+        } else {
+            sp_dtype_store_float(f->sdt, o->scales, i, (1.0f + sp_rng_uniform(rng)) / 64.0f);
+            sp_dtype_store_float(f->sdt, o->biases, i, -(1.0f + sp_rng_uniform(rng)) / 8.0f);
+        }
+    }
+    for (int c = 0; c < o->n; c++)
+        o->m[c] = (struct sp_qmat){.type = f->type, .group = f->group, .rows = rows, .cols = cols,
+                                   .codes = o->codes + cb * (size_t)c,
+                                   .scales = sb ? o->scales + sb * (size_t)c : NULL,
+                                   .biases = o->biases ? o->biases + sb * (size_t)c : NULL,
+                                   .scale_dtype = quant ? f->sdt : SP_DTYPE_COUNT};
+}
+
+static void mats_free(struct mats *o) {
+    free(o->m);
+    sp_free_aligned(o->codes);
+    sp_free_aligned(o->scales);
+    sp_free_aligned(o->biases);
+}
+
+/* The active kernel set is chosen once per process; the bench swaps it by
+ * calling the set's matmul_rows through the pool itself, like rows_job. */
+struct mm_job {
+    const struct sp_kernels *k;
+    const struct sp_qmat *w;
+    const float *x;
+    float *y;
+    int64_t n;
+    struct sp_pool *pool;
+};
+
+static void mm_rows(void *arg, int tid, int nth) {
+    struct mm_job *j = arg;
+    int64_t lo, hi;
+    sp_pool_split(j->w->rows, tid, nth, &lo, &hi);
+    double c0 = cpu_now();
+    if (lo < hi) j->k->matmul_rows(j->w, lo, hi, j->x, j->w->cols, j->n, j->y, j->w->rows, sp_pool_scratch(j->pool, tid));
+    cpu_busy[tid].s += cpu_now() - c0;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2;
+    bool quick = false;
+    const char *only_isa = NULL, *only_fmt = NULL;
+    size_t budget = 256u << 20;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
+        else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) only_fmt = argv[++i];
+        else if (!strcmp(argv[i], "--mb") && i + 1 < argc) budget = (size_t)atol(argv[++i]) << 20;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--isa portable|avx2] [--fmt NAME] [--mb N]\n", argv[0]);
+            return 2;
+        }
+    }
+    struct sp_pool *pool;
+    if (sp_pool_create(threads, &pool) != SP_OK) return 2;
+
+    size_t bw_bytes = (size_t)1 << 30;
+    uint64_t *buf = sp_malloc_aligned(bw_bytes, 64, SP_MEM_MISC);
+    if (!buf) return 2;
+    memset(buf, 1, bw_bytes);
+    double bw1, bw1c, bwn, bwnc;
+    measure_bw(pool, 1, buf, bw_bytes, &bw1, &bw1c);
+    measure_bw(pool, threads, buf, bw_bytes, &bwn, &bwnc);
+    sp_free_aligned(buf);
+    printf("membw threads=1 gbps=%.2f gbps_cpu=%.2f\n", bw1, bw1c);
+    printf("membw threads=%d gbps=%.2f gbps_cpu=%.2f\n", threads, bwn, bwnc);
+    fflush(stdout);
+
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 1);
+    float *x = sp_malloc_aligned(64 * 4096 * sizeof(float), 64, SP_MEM_MISC);
+    float *y = sp_malloc_aligned(64 * 4096 * sizeof(float), 64, SP_MEM_MISC);
+    for (int i = 0; i < 64 * 4096; i++) x[i] = sp_rng_normal(&rng);
+    const int64_t batches[] = {1, 64};
+    int nshapes = quick ? 2 : (int)(sizeof shapes / sizeof *shapes);
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++) {
+        const struct fmtdef *f = &fmts[fi];
+        if (only_fmt && strcmp(only_fmt, f->name)) continue;
+        for (int si = 0; si < nshapes; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            struct mats M;
+            mats_make(&M, f, rows, cols, budget, &rng);
+            size_t bytes = sp_qtype_matrix_bytes(f->type, f->group, f->sdt, rows, cols);
+            if (sp_pool_reserve(pool, sp_kernels_scratch_bytes(&M.m[0])) != SP_OK) return 2;
+            for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+                const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+                if (!k || (only_isa && strcmp(only_isa, k->name))) continue;
+                for (int bi = 0; bi < 2; bi++) {
+                    int64_t n = batches[bi];
+                    struct mm_job j = {k, NULL, x, y, n, pool};
+                    /* one warm-up pass over every copy, then passes for >= 0.3 s */
+                    for (int c = 0; c < M.n; c++) {
+                        j.w = &M.m[c];
+                        sp_pool_run(pool, mm_rows, &j);
+                    }
+                    int64_t calls = 0;
+                    cpu_reset();
+                    double t0 = now(), el;
+                    do {
+                        for (int c = 0; c < M.n; c++, calls++) {
+                            j.w = &M.m[c];
+                            sp_pool_run(pool, mm_rows, &j);
+                        }
+                        el = now() - t0;
+                    } while (el < (quick ? 0.15 : 0.3));
+                    double us = el / (double)calls * 1e6;
+                    double gbps = (double)bytes / (us * 1e-6) / 1e9;
+                    double gflops = 2.0 * (double)rows * (double)cols * (double)n / (us * 1e-6) / 1e9;
+                    double us_cpu = cpu_max(threads) / (double)calls * 1e6;
+                    double gbps_cpu = (double)bytes / (us_cpu * 1e-6) / 1e9;
+                    double gflops_cpu = 2.0 * (double)rows * (double)cols * (double)n / (us_cpu * 1e-6) / 1e9;
+                    printf("kernel isa=%s fmt=%s rows=%lld cols=%lld batch=%lld threads=%d bytes=%zu us=%.1f gbps=%.2f "
+                           "gflops=%.2f pct_bw=%.1f us_cpu=%.1f gbps_cpu=%.2f gflops_cpu=%.2f pct_bw_cpu=%.1f\n",
+                           k->name, f->name, (long long)rows, (long long)cols, (long long)n, threads, bytes, us, gbps,
+                           gflops, 100.0 * gbps / bwn, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwnc);
+                    fflush(stdout);
+                }
+            }
+            mats_free(&M);
+        }
+    }
+    sp_free_aligned(x);
+    sp_free_aligned(y);
+    sp_pool_free(pool);
+    return 0;
+}
