@@ -9,6 +9,7 @@
 int sp_cmd_inspect(int argc, char **argv);
 int sp_cmd_run(int argc, char **argv);
 int sp_cmd_serve(int argc, char **argv);
+int sp_cmd_bench(int argc, char **argv);
 int sp_cmd_plan(int argc, char **argv);
 int sp_cmd_quantize(int argc, char **argv);
 int sp_cmd_tokenize(int argc, char **argv);

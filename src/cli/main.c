@@ -16,6 +16,7 @@ static const struct {
     {"run", sp_cmd_run, "generate from a prompt on the command line"},
     {"plan", sp_cmd_plan, "the memory plan: what stays resident, the expert cache, expected speed"},
     {"inspect", sp_cmd_inspect, "architecture, parameters and bytes by role and format"},
+    {"bench", sp_cmd_bench, "prefill and decode speed, bytes per token, bandwidth efficiency"},
     {"quantize", sp_cmd_quantize, "write an MLX-layout quantized copy of a model"},
     {"tokenize", sp_cmd_tokenize, "print the token ids of a text"},
     {"detokenize", sp_cmd_detokenize, "print the text of token ids"},

@@ -2,6 +2,7 @@
 #include "model/experts.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -220,6 +221,9 @@ static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_exper
                 if (r <= 0) return sp_errorf(SP_ERR_IO, "reading an expert from the model files: %s", r < 0 ? strerror(errno) : "unexpected end of file");
                 done += (size_t)r;
             }
+            /* The cache holds its own copy: drop the kernel's, so memory holds
+             * each expert once and later misses really go to the disk. */
+            posix_fadvise(fd, (off_t)foff, (off_t)len[k], POSIX_FADV_DONTNEED);
             s->st.reads++;
             s->st.bytes_read += len[k];
             off += (len[k] + 63) & ~(size_t)63;

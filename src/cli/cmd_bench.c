@@ -1,0 +1,227 @@
+/*
+ * cmd_bench.c - `sparrow bench`: prefill and decode speed of a model on this
+ * machine, with the bytes each decoded token reads and the efficiency
+ * against the measured memory bandwidth; with an expert cache, its hit rate
+ * and disk throughput, optionally against plain mmap in the same run.
+ * One human line and one JSON line per run.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "model/experts.h"
+#include "model/forward.h"
+#include "model/inspect.h"
+#include "runtime/plan.h"
+#include "runtime/sampler.h"
+
+static const char usage[] =
+    "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--threads N] [--kv-type T]\n"
+    "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap]\n"
+    "  --prompt N        prompt tokens to prefill (default 512; random ids, fixed seed)\n"
+    "  --gen N           tokens to decode greedily (default 64)\n"
+    "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
+    "  --cold            drop the model files from the page cache first (real disk reads)\n"
+    "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void drop_cache(const struct sp_model *m) {
+    for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+struct result {
+    double prefill_s, decode_s;
+    int64_t prompt, gen;
+    bool has_experts;
+    struct sp_expert_store_stats es;
+};
+
+static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *cp, int64_t prompt, int64_t gen,
+                               bool cold, struct result *r) {
+    memset(r, 0, sizeof *r);
+    if (cold) drop_cache(m);
+    struct sp_ctx *c;
+    enum sp_status st = sp_ctx_create(m, cp, &c);
+    if (st != SP_OK) return st;
+    int64_t V = m->arch.vocab, B = cp->max_batch;
+    int32_t *tok = sp_malloc((size_t)(prompt + gen) * sizeof(int32_t), SP_MEM_ACT);
+    int32_t *pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_ACT), *seq = sp_calloc((size_t)B, sizeof(int32_t), SP_MEM_ACT);
+    bool *want = sp_calloc((size_t)B, sizeof(bool), SP_MEM_ACT);
+    float *logits = sp_malloc((size_t)V * sizeof(float), SP_MEM_ACT);
+    if (!tok || !pos || !seq || !want || !logits) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 1234);
+    for (int64_t i = 0; i < prompt; i++) tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)V);
+    double t0 = now_s();
+    for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
+        int64_t k = prompt - s < B ? prompt - s : B;
+        for (int64_t i = 0; i < k; i++) {
+            pos[i] = (int32_t)(s + i);
+            want[i] = s + i == prompt - 1;
+        }
+        struct sp_batch b = {.n = k, .tokens = tok + s, .pos = pos, .seq = seq, .want_logits = want};
+        st = sp_ctx_forward(c, &b, logits);
+    }
+    double t1 = now_s();
+    for (int64_t i = 0; i < gen && st == SP_OK; i++) {
+        int32_t next = sp_argmax(logits, V), p = (int32_t)(prompt + i), sq = 0;
+        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
+        st = sp_ctx_forward(c, &b, logits);
+    }
+    double t2 = now_s();
+    r->prefill_s = t1 - t0;
+    r->decode_s = t2 - t1;
+    r->prompt = prompt;
+    r->gen = gen;
+    r->has_experts = sp_ctx_expert_stats(c, &r->es);
+done:
+    sp_free(tok);
+    sp_free(pos);
+    sp_free(seq);
+    sp_free(want);
+    sp_free(logits);
+    sp_ctx_free(c);
+    return st;
+}
+
+static const char *main_format(const struct sp_model_stats *s) {
+    int best = 0;
+    for (int i = 1; i < s->n_formats; i++)
+        if (s->formats[i].bytes > s->formats[best].bytes) best = i;
+    return s->n_formats ? s->formats[best].name : "?";
+}
+
+static void report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl, const char *mode,
+                   int threads, const struct result *r) {
+    double pre = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0, dec = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
+    double gbs = (double)ms->active_bytes * dec / 1e9, eff = pl->bw.ram_gbs > 0 ? 100.0 * gbs / pl->bw.ram_gbs : 0;
+    double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
+    double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
+    const struct sp_arch *a = &m->arch;
+    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads: prefill %lld tokens %.1f tok/s, decode %.2f tok/s, "
+           "%.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
+           mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
+           (long long)a->n_experts_used, main_format(ms), threads, (long long)r->prompt, pre, dec,
+           (double)ms->active_bytes / 1048576.0, gbs, eff, pl->bw.ram_gbs, pl->bw.measured ? " (measured)" : " (default)");
+    if (r->has_experts)
+        printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s", (double)r->es.budget / 1048576.0,
+               100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk);
+    printf("\n");
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "bench"); sp_jw_str(&w, mode);
+    sp_jw_key(&w, "model"); sp_jw_str(&w, m->files->dir);
+    sp_jw_key(&w, "architecture"); sp_jw_str(&w, a->model_type);
+    sp_jw_key(&w, "layers"); sp_jw_int(&w, a->n_layers);
+    sp_jw_key(&w, "hidden"); sp_jw_int(&w, a->d_model);
+    sp_jw_key(&w, "experts"); sp_jw_int(&w, a->n_experts);
+    sp_jw_key(&w, "experts_per_token"); sp_jw_int(&w, a->n_experts_used);
+    sp_jw_key(&w, "format"); sp_jw_str(&w, main_format(ms));
+    sp_jw_key(&w, "threads"); sp_jw_int(&w, threads);
+    sp_jw_key(&w, "prompt_tokens"); sp_jw_int(&w, r->prompt);
+    sp_jw_key(&w, "prefill_tok_s"); sp_jw_num(&w, pre);
+    sp_jw_key(&w, "decode_tokens"); sp_jw_int(&w, r->gen);
+    sp_jw_key(&w, "decode_tok_s"); sp_jw_num(&w, dec);
+    sp_jw_key(&w, "bytes_per_token"); sp_jw_uint(&w, ms->active_bytes);
+    sp_jw_key(&w, "achieved_gbs"); sp_jw_num(&w, gbs);
+    sp_jw_key(&w, "machine_gbs"); sp_jw_num(&w, pl->bw.ram_gbs);
+    sp_jw_key(&w, "bandwidth_measured"); sp_jw_bool(&w, pl->bw.measured);
+    sp_jw_key(&w, "efficiency_pct"); sp_jw_num(&w, eff);
+    if (r->has_experts) {
+        sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
+        sp_jw_key(&w, "hit_rate"); sp_jw_num(&w, hit);
+        sp_jw_key(&w, "expert_bytes_read"); sp_jw_uint(&w, r->es.bytes_read);
+        sp_jw_key(&w, "disk_mb_s"); sp_jw_num(&w, disk);
+        sp_jw_key(&w, "plan_tok_s"); sp_jw_num(&w, pl->tokens_per_s);
+    }
+    sp_jw_end(&w);
+    printf("%s\n", b.data);
+    sp_buf_free(&b);
+}
+
+int sp_cmd_bench(int argc, char **argv) {
+    const char *model = NULL;
+    int64_t prompt = 512, gen = 64, threads = 0;
+    bool cold = false, compare = false;
+    struct sp_plan_inputs pin = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (sp_arg_flag(argv[i], "--cold")) {
+            cold = true;
+        } else if (sp_arg_flag(argv[i], "--compare-mmap")) {
+            compare = true;
+        } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
+            if (!(model = v)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--prompt", &v)) {
+            if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &prompt)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
+            if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &gen)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
+            if (!v || !sp_arg_int("--threads", v, 1, 1024, &threads)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {
+            if (!v || !sp_kv_type_from_name(v, &pin.kv_type)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--mem-limit", &v)) {
+            if (!v || !sp_arg_size("--mem-limit", v, &pin.mem_limit)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--expert-cache", &v)) {
+            if (!v || !sp_arg_size("--expert-cache", v, &pin.expert_cache)) return SP_EXIT_USAGE;
+            pin.expert_cache_set = true;
+        } else {
+            return sp_arg_unknown("bench", argv[i]);
+        }
+    }
+    if (!model) {
+        fputs(usage, stderr);
+        return SP_EXIT_USAGE;
+    }
+    struct sp_model *m;
+    if (sp_model_open(model, &m) != SP_OK) return sp_cli_fail();
+    int rc = 1;
+    pin.ctx = prompt + gen;
+    pin.parallel = 1;
+    pin.batch = 256;
+    struct sp_plan pl;
+    struct sp_model_stats ms;
+    sp_model_stats(m, &ms);
+    if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
+    struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = 256, .kv_type = pin.kv_type,
+                               .n_threads = (int)threads};
+    if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
+    struct result r;
+    if (run_once(m, &cp, prompt, gen, cold, &r) != SP_OK) goto done;
+    int nth = threads ? (int)threads : sp_physical_cores();
+    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, &r);
+    if (compare && cp.expert_cache) {
+        struct result base;
+        cp.expert_cache = 0;
+        if (run_once(m, &cp, prompt, gen, cold, &base) != SP_OK) goto done;
+        report(m, &ms, &pl, "mmap", nth, &base);
+        double a = r.decode_s > 0 ? (double)r.gen / r.decode_s : 0, b = base.decode_s > 0 ? (double)base.gen / base.decode_s : 0;
+        printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? a / b : 0.0);
+    }
+    rc = 0;
+done:
+    if (rc) sp_cli_fail();
+    sp_model_close(m);
+    return rc;
+}
