@@ -31,17 +31,19 @@ struct tcase {
     enum sp_chat_format fmt;
     bool in_reasoning;
     const char *text;
-    const char *content;    // NULL: no content at all
-    const char *reasoning;  // NULL: no reasoning at all
-    struct call calls[4];   // up to the first NULL name
+    const char *content;   // NULL: no content at all
+    const char *reasoning; // NULL: no reasoning at all
+    struct call calls[4];  // up to the first NULL name
 };
 
-#define HERMES SP_CHAT_FORMAT_HERMES
-#define CODER SP_CHAT_FORMAT_QWEN3_CODER
-#define HARMONY SP_CHAT_FORMAT_HARMONY
+#define HERMES   SP_CHAT_FORMAT_HERMES
+#define CODER    SP_CHAT_FORMAT_QWEN3_CODER
+#define HARMONY  SP_CHAT_FORMAT_HARMONY
 #define DEEPSEEK SP_CHAT_FORMAT_DEEPSEEK_V3
-#define PLAIN SP_CHAT_FORMAT_PLAIN
+#define PLAIN    SP_CHAT_FORMAT_PLAIN
 
+// One case per paragraph reads better than one field per line.
+// clang-format off
 static const struct tcase cases[] = {
     // ---- think + <tool_call> JSON (Qwen3, Ling 2.0, DeepSeek-style think)
     {"qwen3 thinking, then a tool call", HERMES, false,
@@ -181,6 +183,7 @@ static const struct tcase cases[] = {
     {"plain keeps everything", PLAIN, false, "\n<think>x</think>\n<tool_call>{}</tool_call>\n",
      "\n<think>x</think>\n<tool_call>{}</tool_call>\n", NULL, {{0}}},
 };
+// clang-format on
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -237,8 +240,8 @@ static void check_same(const char *label, const struct sp_chat_result *a, const 
 
 /* Feeds text in the pieces given by cuts (increasing offsets) and gathers
  * the events; checks what every event batch promises. */
-static void stream(const struct sp_chat_parse_opts *o, const char *text, size_t len, const size_t *cuts,
-                   size_t n_cuts, struct sp_chat_result *out, int *tool_calls) {
+static void stream(const struct sp_chat_parse_opts *o, const char *text, size_t len, const size_t *cuts, size_t n_cuts,
+                   struct sp_chat_result *out, int *tool_calls) {
     struct sp_chat_parser *p;
     assert_int_equal(sp_chat_parser_new(o, &p), SP_OK);
     *out = (struct sp_chat_result){0};
@@ -340,13 +343,13 @@ static void test_holds_back_only_tag_starts(void **state) {
     struct sp_chat_parser *p;
     struct sp_chat_parse_opts o = {.format = HERMES};
     assert_int_equal(sp_chat_parser_new(&o, &p), SP_OK);
-    assert_string_equal(push_seen(p, "<thi", &s), "");  // could be <think>
+    assert_string_equal(push_seen(p, "<thi", &s), ""); // could be <think>
     assert_string_equal(push_seen(p, "nk>\nPlan", &s), "R[Plan]");
-    assert_string_equal(push_seen(p, " it\n", &s), "R[ it]");  // the newline may belong to </think>
+    assert_string_equal(push_seen(p, " it\n", &s), "R[ it]"); // the newline may belong to </think>
     assert_string_equal(push_seen(p, "more</th", &s), "R[\nmore]");
     assert_string_equal(push_seen(p, "ink>\n\nHello wor", &s), "C[Hello wor]");
     assert_string_equal(push_seen(p, "ld a<b <", &s), "C[ld a<b ]");
-    assert_string_equal(push_seen(p, "i>\n\n", &s), "C[<i>]");  // newlines may precede <tool_call>
+    assert_string_equal(push_seen(p, "i>\n\n", &s), "C[<i>]"); // newlines may precede <tool_call>
     assert_string_equal(push_seen(p, "x <tool_c", &s), "C[\n\nx ]");
     assert_string_equal(push_seen(p, "all>\n{\"name\": \"f\", ", &s), "");
     assert_string_equal(push_seen(p, "\"arguments\": {", &s), "B[f]A[{]");
@@ -412,7 +415,8 @@ static void test_ids(void **state) {
     assert_string_equal(r1.tool_calls[0].id, r2.tool_calls[0].id);
     assert_string_not_equal(r1.tool_calls[0].id, r1.tool_calls[1].id);
     assert_string_not_equal(r1.tool_calls[0].id, r3.tool_calls[0].id);
-    for (const char *c = r1.tool_calls[0].id + 5; *c; c++) assert_true(strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", *c));
+    for (const char *c = r1.tool_calls[0].id + 5; *c; c++)
+        assert_true(strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", *c));
     sp_chat_result_free(&r1);
     sp_chat_result_free(&r2);
     sp_chat_result_free(&r3);
@@ -447,8 +451,8 @@ static void test_coder_schema(void **state) {
     cJSON_Delete(tools);
 }
 
-static const char *harmony_tokens[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
-                                       "<|call|>", "<|return|>", "<|startoftext|>", "<|endoftext|>"};
+static const char *harmony_tokens[] = {"<|start|>", "<|end|>",    "<|message|>",     "<|channel|>",  "<|constrain|>",
+                                       "<|call|>",  "<|return|>", "<|startoftext|>", "<|endoftext|>"};
 
 static bool has_token(const struct sp_buf *b) {
     if (!b->data) return false;
@@ -462,13 +466,60 @@ static bool has_token(const struct sp_buf *b) {
 static void test_tag_soup(void **state) {
     (void)state;
     static const char *pieces[] = {
-        "<think>", "</think>", "<tool_call>", "</tool_call>", "\n", "\n\n", " ", "{", "}", "[", "]", "\"", ":", ",",
-        "\"name\"", "\"arguments\"", "\"f\"", "1", "true", "<function=f>", "<function=", "</function>",
-        "<parameter=p>", "</parameter>", "<|channel|>", "analysis", "final", "commentary", "<|message|>", "<|end|>",
-        "<|start|>", "assistant", " to=functions.g", "<|constrain|>", "json", "<|call|>", "<|return|>", "hello",
-        "\xe4\xbd\xa0\xe5\xa5\xbd", "\xf0\x9f\x98\x80", "\\", "<", "|", ">", "/", "<tool_", "<|en",
-        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
-        "<｜end▁of▁sentence｜>", "<｜tool▁",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "\n",
+        "\n\n",
+        " ",
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"",
+        ":",
+        ",",
+        "\"name\"",
+        "\"arguments\"",
+        "\"f\"",
+        "1",
+        "true",
+        "<function=f>",
+        "<function=",
+        "</function>",
+        "<parameter=p>",
+        "</parameter>",
+        "<|channel|>",
+        "analysis",
+        "final",
+        "commentary",
+        "<|message|>",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        " to=functions.g",
+        "<|constrain|>",
+        "json",
+        "<|call|>",
+        "<|return|>",
+        "hello",
+        "\xe4\xbd\xa0\xe5\xa5\xbd",
+        "\xf0\x9f\x98\x80",
+        "\\",
+        "<",
+        "|",
+        ">",
+        "/",
+        "<tool_",
+        "<|en",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜tool▁",
     };
     size_t n_pieces = sizeof pieces / sizeof *pieces;
     struct sp_rng rng;
@@ -505,10 +556,8 @@ static void test_tag_soup(void **state) {
 
 static char *read_template(const char *name) {
     char path[512];
-    snprintf(path, sizeof path, "%s/testdata/templates/%s", getenv("SPARROW_SHARED") && *getenv("SPARROW_SHARED")
-                                                                ? getenv("SPARROW_SHARED")
-                                                                : "../shared",
-             name);
+    snprintf(path, sizeof path, "%s/testdata/templates/%s",
+             getenv("SPARROW_SHARED") && *getenv("SPARROW_SHARED") ? getenv("SPARROW_SHARED") : "../shared", name);
     char *s = NULL;
     size_t len;
     if (sp_read_file(path, 1 << 22, &s, &len) != SP_OK) fail_msg("cannot read %s: %s", path, sp_error_msg());
@@ -521,12 +570,9 @@ static void test_detect(void **state) {
         const char *file;
         enum sp_chat_format want;
     } files[] = {
-        {"Qwen-Qwen3-0.6B.jinja", HERMES},
-        {"Qwen3.5-4B.jinja", CODER},
-        {"Qwen3-Coder.jinja", CODER},
-        {"deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK},
-        {"openai-gpt-oss-120b.jinja", HARMONY},
-        {"meta-llama-Llama-3.1-8B-Instruct.jinja", PLAIN},
+        {"Qwen-Qwen3-0.6B.jinja", HERMES},      {"Qwen3.5-4B.jinja", CODER},
+        {"Qwen3-Coder.jinja", CODER},           {"deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK},
+        {"openai-gpt-oss-120b.jinja", HARMONY}, {"meta-llama-Llama-3.1-8B-Instruct.jinja", PLAIN},
     };
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char *t = read_template(files[i].file);
@@ -559,11 +605,16 @@ static void test_prompt_in_reasoning(void **state) {
         const char *prompt;
         bool want;
     } cases_[] = {
-        {"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false},                    // qwen3, thinking on
-        {"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", false},  // thinking off
-        {"<|im_start|>assistant\n<think>\nold\n</think>\n\nx<|im_end|>\n<|im_start|>assistant\n<think>\n", true},  // qwen3.5
-        {"<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think>", true},       // deepseek v3.1 thinking
-        {"<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think></think>", false},
+        {"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false},                        // qwen3, thinking on
+        {"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", false}, // thinking off
+        {"<|im_start|>assistant\n<think>\nold\n</think>\n\nx<|im_end|>\n<|im_start|>assistant\n<think>\n",
+         true}, // qwen3.5
+        {"<\xef\xbd\x9c"
+         "Assistant\xef\xbd\x9c><think>",
+         true}, // deepseek v3.1 thinking
+        {"<\xef\xbd\x9c"
+         "Assistant\xef\xbd\x9c><think></think>",
+         false},
         {"", false},
     };
     for (size_t i = 0; i < sizeof cases_ / sizeof *cases_; i++) {
@@ -598,10 +649,14 @@ static void test_misuse(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cases_every_split), cmocka_unit_test(test_holds_back_only_tag_starts),
-        cmocka_unit_test(test_ids),               cmocka_unit_test(test_coder_schema),
-        cmocka_unit_test(test_tag_soup),          cmocka_unit_test(test_detect),
-        cmocka_unit_test(test_prompt_in_reasoning), cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_cases_every_split),
+        cmocka_unit_test(test_holds_back_only_tag_starts),
+        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_coder_schema),
+        cmocka_unit_test(test_tag_soup),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_prompt_in_reasoning),
+        cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

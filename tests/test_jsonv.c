@@ -44,8 +44,10 @@ static bool ref_digits(struct ref *r) {
 
 static bool ref_number(struct ref *r) {
     if (r->i < r->n && r->s[r->i] == '-') r->i++;
-    if (r->i < r->n && r->s[r->i] == '0') r->i++;
-    else if (r->i >= r->n || r->s[r->i] < '1' || r->s[r->i] > '9' || !ref_digits(r)) return false;
+    if (r->i < r->n && r->s[r->i] == '0')
+        r->i++;
+    else if (r->i >= r->n || r->s[r->i] < '1' || r->s[r->i] > '9' || !ref_digits(r))
+        return false;
     if (r->i < r->n && r->s[r->i] == '.') {
         r->i++;
         if (!ref_digits(r)) return false;
@@ -63,7 +65,10 @@ static long ref_hex4(struct ref *r) {
     long v = 0;
     for (int k = 0; k < 4; k++) {
         int c = r->s[r->i++];
-        int h = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int h = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (h < 0) return -1;
         v = v * 16 + h;
     }
@@ -158,13 +163,20 @@ static bool ref_value(struct ref *r) {
     ref_ws(r);
     if (r->i >= r->n) return false;
     switch (r->s[r->i]) {
-    case '{': return ref_container(r, false);
-    case '[': return ref_container(r, true);
-    case '"': return ref_string(r);
-    case 't': return ref_lit(r, "true");
-    case 'f': return ref_lit(r, "false");
-    case 'n': return ref_lit(r, "null");
-    default: return ref_number(r);
+    case '{':
+        return ref_container(r, false);
+    case '[':
+        return ref_container(r, true);
+    case '"':
+        return ref_string(r);
+    case 't':
+        return ref_lit(r, "true");
+    case 'f':
+        return ref_lit(r, "false");
+    case 'n':
+        return ref_lit(r, "null");
+    default:
+        return ref_number(r);
     }
 }
 
@@ -260,29 +272,56 @@ static void test_invalid_documents(void **state) {
     (void)state;
     // rejected as soon as the bad byte arrives
     static const char *bad[] = {
-        "[]", "\"a\"", "1", "null", "x", "{,}", "{\"a\"}", "{\"a\" 1}", "{\"a\":}", "{\"a\":1,}",
-        "{\"a\":1 \"b\":2}", "{\"a\":[1,]}", "{\"a\":[,1]}", "{\"a\":[1}", "{\"a\":{]}", "{a:1}",
-        "{'a':1}", "{\"a\":tru}", "{\"a\":nul }", "{\"a\":True}", "{\"a\":truex}", "{} {}",
-        "{}x", "{\"a\":\"\x01\"}", "{\"a\":\"tab\there\"}", "{\"a\":\"line\nbreak\"}",
-        "{\"a\":1}}", "{\"a\":NaN}", "{\"a\":Infinity}", "{\"a\" : : 1}", "{\"a\":1]",
+        "[]",
+        "\"a\"",
+        "1",
+        "null",
+        "x",
+        "{,}",
+        "{\"a\"}",
+        "{\"a\" 1}",
+        "{\"a\":}",
+        "{\"a\":1,}",
+        "{\"a\":1 \"b\":2}",
+        "{\"a\":[1,]}",
+        "{\"a\":[,1]}",
+        "{\"a\":[1}",
+        "{\"a\":{]}",
+        "{a:1}",
+        "{'a':1}",
+        "{\"a\":tru}",
+        "{\"a\":nul }",
+        "{\"a\":True}",
+        "{\"a\":truex}",
+        "{} {}",
+        "{}x",
+        "{\"a\":\"\x01\"}",
+        "{\"a\":\"tab\there\"}",
+        "{\"a\":\"line\nbreak\"}",
+        "{\"a\":1}}",
+        "{\"a\":NaN}",
+        "{\"a\":Infinity}",
+        "{\"a\" : : 1}",
+        "{\"a\":1]",
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         assert_false(ref_valid(bad[k], strlen(bad[k])));
         if (checks(bad[k]) != -1) fail_msg("accepted: %s", bad[k]);
     }
     // valid prefixes that never closed
-    static const char *incomplete[] = {"", "  ", "{", "{\"a\"", "{\"a\":", "{\"a\":[1,2", "{\"a\":\"x",
-                                       "{\"a\":{}", "{\"a\":1"};
+    static const char *incomplete[] = {"",           "  ",        "{",       "{\"a\"", "{\"a\":", "{\"a\":[1,2",
+                                       "{\"a\":\"x", "{\"a\":{}", "{\"a\":1"};
     for (size_t k = 0; k < sizeof incomplete / sizeof *incomplete; k++)
         if (checks(incomplete[k]) != 0) fail_msg("not a bare prefix: %s", incomplete[k]);
 }
 
 static void test_numbers(void **state) {
     (void)state;
-    static const char *good[] = {"0", "-0", "1e5", "1.5E-3", "1E+2", "-0.0", "123456789012345678901234567890",
-                                 "0.000001", "9e-999", "-1.0e0", "10", "0E0"};
-    static const char *bad[] = {"01", "-01", "00", "1.", ".5", "+1", "1e", "1e+", "-", "0x1", "1.e5", "--1",
-                                "1ee5", "1e5.5", "- 1", "1.5.5", "0-1"};
+    static const char *good[] = {
+        "0",        "-0",     "1e5",    "1.5E-3", "1E+2", "-0.0", "123456789012345678901234567890",
+        "0.000001", "9e-999", "-1.0e0", "10",     "0E0"};
+    static const char *bad[] = {"01",  "-01",  "00",  "1.",   ".5",    "+1",  "1e",    "1e+", "-",
+                                "0x1", "1.e5", "--1", "1ee5", "1e5.5", "- 1", "1.5.5", "0-1"};
     char doc[128];
     for (size_t k = 0; k < sizeof good / sizeof *good; k++) {
         snprintf(doc, sizeof doc, "{\"n\":%s}", good[k]);
@@ -305,16 +344,29 @@ static void test_numbers(void **state) {
 
 static void test_escapes(void **state) {
     (void)state;
-    static const char *good[] = {"\\\"", "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t", "\\u0000", "\\u00e9",
-                                 "\\uFFFF", "\\uD83D\\uDE00", "\\udbff\\udfff", "a\\u0041b"};
-    static const char *bad[] = {"\\x", "\\a", "\\U0041", "\\u12G4", "\\u12", "\\uDE00", "\\uD83Dx",
-                                "\\uD83D\\u0041", "\\uD83D\\n", "\\uD83D\\uD83D", "\\'", "\\0"};
+    static const char *good[] = {"\\\"",
+                                 "\\\\",
+                                 "\\/",
+                                 "\\b",
+                                 "\\f",
+                                 "\\n",
+                                 "\\r",
+                                 "\\t",
+                                 "\\u0000",
+                                 "\\u00e9",
+                                 "\\uFFFF",
+                                 "\\uD83D\\uDE00",
+                                 "\\udbff\\udfff",
+                                 "a\\u0041b"};
+    static const char *bad[] = {"\\x",     "\\a",      "\\U0041",        "\\u12G4",    "\\u12",
+                                "\\uDE00", "\\uD83Dx", "\\uD83D\\u0041", "\\uD83D\\n", "\\uD83D\\uD83D",
+                                "\\'",     "\\0"};
     char doc[128];
     for (size_t k = 0; k < sizeof good / sizeof *good; k++) {
         snprintf(doc, sizeof doc, "{\"s\":\"%s\"}", good[k]);
         assert_true(ref_valid(doc, strlen(doc)));
         if (checks(doc) != 1) fail_msg("escape rejected: %s", good[k]);
-        snprintf(doc, sizeof doc, "{\"%s\":0}", good[k]);  // keys too
+        snprintf(doc, sizeof doc, "{\"%s\":0}", good[k]); // keys too
         assert_int_equal(checks(doc), 1);
     }
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
@@ -435,8 +487,10 @@ static void test_random_mutations(void **state) {
         if (got != ref) fail_msg("validator %d, reference %d: %.*s", got, ref, (int)n, buf);
         // one feed of the whole text agrees with byte-by-byte feeding
         assert_int_equal(check(buf, n), ok ? (got ? 1 : 0) : -1);
-        if (ref) n_valid++;
-        else n_invalid++;
+        if (ref)
+            n_valid++;
+        else
+            n_invalid++;
     }
     // the mutations exercised both sides
     assert_true(n_valid > 1000);
@@ -445,10 +499,14 @@ static void test_random_mutations(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid_documents), cmocka_unit_test(test_every_prefix),
-        cmocka_unit_test(test_split_and_copy),  cmocka_unit_test(test_invalid_documents),
-        cmocka_unit_test(test_numbers),         cmocka_unit_test(test_escapes),
-        cmocka_unit_test(test_utf8),            cmocka_unit_test(test_depth_cap),
+        cmocka_unit_test(test_valid_documents),
+        cmocka_unit_test(test_every_prefix),
+        cmocka_unit_test(test_split_and_copy),
+        cmocka_unit_test(test_invalid_documents),
+        cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_escapes),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_depth_cap),
         cmocka_unit_test(test_random_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,29 +8,29 @@
 #include "runtime/jsonv.h"
 
 enum {
-    J_START,       // before the top-level object
-    J_OBJ_FIRST,   // after '{': a key or '}'
-    J_KEY,         // after ',' in an object: a key
-    J_COLON,       // after a key
-    J_VALUE,       // after ':' or after ',' in an array
-    J_ARR_FIRST,   // after '[': a value or ']'
-    J_AFTER,       // after a value: ',' or the container's closing bracket
-    J_DONE,        // the top-level object is closed: only whitespace
-    J_STR,         // inside a string
-    J_ESC,         // after a backslash
-    J_UHEX,        // reading the hex digits of \u (left: digits to go)
-    J_LOW_BS,      // after a high surrogate escape: '\' of the low one
-    J_LOW_U,       // after that backslash: 'u'
-    J_UTF8,        // inside a multi-byte character (left: continuation bytes)
-    J_NUM_MINUS,   // after '-'
-    J_NUM_ZERO,    // integer part is "0"
-    J_NUM_INT,     // in integer digits after 1-9
-    J_NUM_DOT,     // after '.'
-    J_NUM_FRAC,    // in fraction digits
-    J_NUM_E,       // after 'e' / 'E'
-    J_NUM_ESIGN,   // after the exponent's sign
-    J_NUM_EXP,     // in exponent digits
-    J_LIT,         // inside true / false / null (left: bytes matched)
+    J_START,     // before the top-level object
+    J_OBJ_FIRST, // after '{': a key or '}'
+    J_KEY,       // after ',' in an object: a key
+    J_COLON,     // after a key
+    J_VALUE,     // after ':' or after ',' in an array
+    J_ARR_FIRST, // after '[': a value or ']'
+    J_AFTER,     // after a value: ',' or the container's closing bracket
+    J_DONE,      // the top-level object is closed: only whitespace
+    J_STR,       // inside a string
+    J_ESC,       // after a backslash
+    J_UHEX,      // reading the hex digits of \u (left: digits to go)
+    J_LOW_BS,    // after a high surrogate escape: '\' of the low one
+    J_LOW_U,     // after that backslash: 'u'
+    J_UTF8,      // inside a multi-byte character (left: continuation bytes)
+    J_NUM_MINUS, // after '-'
+    J_NUM_ZERO,  // integer part is "0"
+    J_NUM_INT,   // in integer digits after 1-9
+    J_NUM_DOT,   // after '.'
+    J_NUM_FRAC,  // in fraction digits
+    J_NUM_E,     // after 'e' / 'E'
+    J_NUM_ESIGN, // after the exponent's sign
+    J_NUM_EXP,   // in exponent digits
+    J_LIT,       // inside true / false / null (left: bytes matched)
 };
 
 static const char *const literals[3] = {"true", "false", "null"};
@@ -67,17 +67,29 @@ static inline void close_container(struct sp_jsonv *v) {
 /* The first byte of a value (whitespace already skipped). */
 static inline bool start_value(struct sp_jsonv *v, unsigned char c) {
     switch (c) {
-    case '{': return open_container(v, false);
-    case '[': return open_container(v, true);
+    case '{':
+        return open_container(v, false);
+    case '[':
+        return open_container(v, true);
     case '"':
         v->key = false;
         v->state = J_STR;
         return true;
-    case '-': v->state = J_NUM_MINUS; return true;
-    case '0': v->state = J_NUM_ZERO; return true;
-    case 't': v->lit = 0; break;
-    case 'f': v->lit = 1; break;
-    case 'n': v->lit = 2; break;
+    case '-':
+        v->state = J_NUM_MINUS;
+        return true;
+    case '0':
+        v->state = J_NUM_ZERO;
+        return true;
+    case 't':
+        v->lit = 0;
+        break;
+    case 'f':
+        v->lit = 1;
+        break;
+    case 'n':
+        v->lit = 2;
+        break;
     default:
         if (c >= '1' && c <= '9') {
             v->state = J_NUM_INT;
@@ -96,14 +108,22 @@ static inline bool start_value(struct sp_jsonv *v, unsigned char c) {
 static inline bool start_utf8(struct sp_jsonv *v, unsigned char c) {
     v->lo = 0x80;
     v->hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) v->left = 1;
-    else if (c == 0xE0) v->left = 2, v->lo = 0xA0;
-    else if (c == 0xED) v->left = 2, v->hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) v->left = 2;
-    else if (c == 0xF0) v->left = 3, v->lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) v->left = 3;
-    else if (c == 0xF4) v->left = 3, v->hi = 0x8F;
-    else return false;
+    if (c >= 0xC2 && c <= 0xDF)
+        v->left = 1;
+    else if (c == 0xE0)
+        v->left = 2, v->lo = 0xA0;
+    else if (c == 0xED)
+        v->left = 2, v->hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+        v->left = 2;
+    else if (c == 0xF0)
+        v->left = 3, v->lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+        v->left = 3;
+    else if (c == 0xF4)
+        v->left = 3, v->hi = 0x8F;
+    else
+        return false;
     v->state = J_UTF8;
     return true;
 }
@@ -120,9 +140,12 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
                 if (++i == n) return true;
                 c = p[i];
             }
-            if (c == '"') v->state = v->key ? J_COLON : J_AFTER;
-            else if (c == '\\') v->state = J_ESC;
-            else if (c < 0x20 || !start_utf8(v, c)) return false;
+            if (c == '"')
+                v->state = v->key ? J_COLON : J_AFTER;
+            else if (c == '\\')
+                v->state = J_ESC;
+            else if (c < 0x20 || !start_utf8(v, c))
+                return false;
             break;
         case J_UTF8:
             if (c < v->lo || c > v->hi) return false;
@@ -132,7 +155,14 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             break;
         case J_ESC:
             switch (c) {
-            case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+            case '"':
+            case '\\':
+            case '/':
+            case 'b':
+            case 'f':
+            case 'n':
+            case 'r':
+            case 't':
                 v->state = J_STR;
                 break;
             case 'u':
@@ -140,7 +170,8 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
                 v->left = 4;
                 v->cp = 0;
                 break;
-            default: return false;
+            default:
+                return false;
             }
             break;
         case J_UHEX: {
@@ -149,7 +180,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             v->cp = (v->cp & 0xFFFF0000u) | ((v->cp & 0xFFFFu) << 4) | (uint32_t)h;
             if (--v->left) break;
             uint32_t unit = v->cp & 0xFFFFu, high = v->cp >> 16;
-            if (high) {  // this was the second half of a pair
+            if (high) { // this was the second half of a pair
                 if (unit < 0xDC00 || unit > 0xDFFF) return false;
                 v->cp = 0;
                 v->state = J_STR;
@@ -157,7 +188,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
                 v->cp = unit << 16;
                 v->state = J_LOW_BS;
             } else if (unit >= 0xDC00 && unit <= 0xDFFF) {
-                return false;  // a low surrogate without a high one
+                return false; // a low surrogate without a high one
             } else {
                 v->state = J_STR;
             }
@@ -191,8 +222,10 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             }
             break;
         case J_COLON:
-            if (c == ':') v->state = J_VALUE;
-            else if (!is_ws(c)) return false;
+            if (c == ':')
+                v->state = J_VALUE;
+            else if (!is_ws(c))
+                return false;
             break;
         case J_ARR_FIRST:
             if (c == ']') {
@@ -217,18 +250,23 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             if (!is_ws(c)) return false;
             break;
         case J_NUM_MINUS:
-            if (c == '0') v->state = J_NUM_ZERO;
-            else if (c >= '1' && c <= '9') v->state = J_NUM_INT;
-            else return false;
+            if (c == '0')
+                v->state = J_NUM_ZERO;
+            else if (c >= '1' && c <= '9')
+                v->state = J_NUM_INT;
+            else
+                return false;
             break;
         case J_NUM_INT:
             if (c >= '0' && c <= '9') break;
             /* fall through */
         case J_NUM_ZERO:
-            if (c == '.') v->state = J_NUM_DOT;
-            else if (c == 'e' || c == 'E') v->state = J_NUM_E;
+            if (c == '.')
+                v->state = J_NUM_DOT;
+            else if (c == 'e' || c == 'E')
+                v->state = J_NUM_E;
             else {
-                v->state = J_AFTER;  // the number ended; c belongs to what follows
+                v->state = J_AFTER; // the number ended; c belongs to what follows
                 continue;
             }
             break;
@@ -262,7 +300,8 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             if (c != (unsigned char)literals[v->lit][v->left]) return false;
             if (literals[v->lit][++v->left] == '\0') v->state = J_AFTER;
             break;
-        default: return false;
+        default:
+            return false;
         }
         i++;
     }

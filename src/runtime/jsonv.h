@@ -40,14 +40,14 @@
 #define SP_JSONV_MAX_DEPTH 64
 
 struct sp_jsonv {
-    uint64_t stack;  // bit d-1 set: the container at depth d is an array
-    uint32_t cp;     // \u escape: code point being read (high surrogate in bits 16..)
-    uint8_t depth;   // open containers, 0..SP_JSONV_MAX_DEPTH
-    uint8_t state;   // an internal state (see jsonv.c)
-    uint8_t left;    // bytes or hex digits still expected by the current state
-    uint8_t lo, hi;  // UTF-8: allowed range of the next continuation byte
-    uint8_t lit;     // true/false/null: which literal is being read
-    bool key;        // the string being read is an object key
+    uint64_t stack; // bit d-1 set: the container at depth d is an array
+    uint32_t cp;    // \u escape: code point being read (high surrogate in bits 16..)
+    uint8_t depth;  // open containers, 0..SP_JSONV_MAX_DEPTH
+    uint8_t state;  // an internal state (see jsonv.c)
+    uint8_t left;   // bytes or hex digits still expected by the current state
+    uint8_t lo, hi; // UTF-8: allowed range of the next continuation byte
+    uint8_t lit;    // true/false/null: which literal is being read
+    bool key;       // the string being read is an object key
 };
 
 /* A fresh state: nothing read yet. */

@@ -20,40 +20,40 @@
 #include "runtime/jsonv.h"
 
 enum mode {
-    M_PLAIN,      // everything is content
-    M_CONTENT,    // think formats: content; <tool_call> opens a call
-    M_REASONING,  // inside <think>
-    M_HERMES,     // inside <tool_call>, JSON body (phase: enum hermes_phase)
-    M_XML,        // inside <tool_call>, Qwen3-Coder body (phase: enum xml_phase)
-    M_HOLD,       // inside <tool_call>, a body that is only judged at </tool_call>
-    M_DS,         // inside DeepSeek's tool calls block (phase: enum ds_phase)
-    M_H_HEADER,   // harmony: a message header, up to <|message|>
-    M_H_BODY,     // harmony: a message body (route says where it goes)
+    M_PLAIN,     // everything is content
+    M_CONTENT,   // think formats: content; <tool_call> opens a call
+    M_REASONING, // inside <think>
+    M_HERMES,    // inside <tool_call>, JSON body (phase: enum hermes_phase)
+    M_XML,       // inside <tool_call>, Qwen3-Coder body (phase: enum xml_phase)
+    M_HOLD,      // inside <tool_call>, a body that is only judged at </tool_call>
+    M_DS,        // inside DeepSeek's tool calls block (phase: enum ds_phase)
+    M_H_HEADER,  // harmony: a message header, up to <|message|>
+    M_H_BODY,    // harmony: a message body (route says where it goes)
 };
 
 enum hermes_phase {
-    HJ_PREFIX,  // before {"name": "...", "arguments":
-    HJ_ARGS,    // streaming the arguments object
-    HJ_TAIL,    // after the arguments: the rest of the body is dropped
+    HJ_PREFIX, // before {"name": "...", "arguments":
+    HJ_ARGS,   // streaming the arguments object
+    HJ_TAIL,   // after the arguments: the rest of the body is dropped
 };
 
 enum ds_phase {
-    DS_BETWEEN,  // before a call (or the end of the block)
-    DS_HEAD,     // at <｜tool▁call▁begin｜>, before <｜tool▁sep｜>
-    DS_ARGS,     // the arguments, up to <｜tool▁call▁end｜>
+    DS_BETWEEN, // before a call (or the end of the block)
+    DS_HEAD,    // at <｜tool▁call▁begin｜>, before <｜tool▁sep｜>
+    DS_ARGS,    // the arguments, up to <｜tool▁call▁end｜>
 };
 
 enum xml_phase {
-    X_START,       // before <function=NAME>
-    X_PARAMS,      // between parameters
-    X_PNAME,       // after <parameter=, before >
-    X_PVALUE,      // a parameter value
-    X_AFTER_FUNC,  // after </function>
+    X_START,      // before <function=NAME>
+    X_PARAMS,     // between parameters
+    X_PNAME,      // after <parameter=, before >
+    X_PVALUE,     // a parameter value
+    X_AFTER_FUNC, // after </function>
 };
 
 enum route { R_CONTENT, R_REASONING, R_ARGS };
 
-#define NAME_MAX_LEN 256  // longer function or parameter names mean the output is not a call
+#define NAME_MAX_LEN 256 // longer function or parameter names mean the output is not a call
 
 static const char THINK_OPEN[] = "<think>";
 static const char THINK_CLOSE[] = "</think>";
@@ -69,15 +69,16 @@ static const char DS_EOS[] = "<｜end▁of▁sentence｜>";
 
 /* Harmony's tokens, in the order step_h_body handles them. */
 enum { HT_END, HT_CALL, HT_RETURN, HT_EOT, HT_START, HT_CHANNEL, HT_MESSAGE, HT_CONSTRAIN, HT_SOT, HT_COUNT };
-static const char *const H_TOKENS[HT_COUNT] = {"<|end|>",     "<|call|>",    "<|return|>",    "<|endoftext|>",  "<|start|>",
-                                               "<|channel|>", "<|message|>", "<|constrain|>", "<|startoftext|>"};
+static const char *const H_TOKENS[HT_COUNT] = {"<|end|>",       "<|call|>",      "<|return|>",
+                                               "<|endoftext|>", "<|start|>",     "<|channel|>",
+                                               "<|message|>",   "<|constrain|>", "<|startoftext|>"};
 
 /* An event with its text as offsets into parser->text (which moves as it grows). */
 struct ev {
     enum sp_chat_event_kind kind;
     int tool;
     size_t off, len;
-    size_t id_off;  // TOOL_BEGIN only
+    size_t id_off; // TOOL_BEGIN only
 };
 
 /* What a JSON minifier knows about the bytes it has seen. */
@@ -88,26 +89,26 @@ struct mini {
 
 struct sp_chat_parser {
     struct sp_chat_parse_opts opts;
-    struct sp_buf in;  // text received; in.data[pos..in.len) is not consumed yet
+    struct sp_buf in; // text received; in.data[pos..in.len) is not consumed yet
     size_t pos;
-    size_t scanned;    // held modes: bytes after pos already searched for the end tag
+    size_t scanned; // held modes: bytes after pos already searched for the end tag
     enum mode mode;
     int phase;
-    enum route route;  // harmony body
-    bool lstrip;       // newlines at pos belong to the tag before them
-    bool think_ok;     // <think> may still open reasoning (nothing else seen yet)
+    enum route route; // harmony body
+    bool lstrip;      // newlines at pos belong to the tag before them
+    bool think_ok;    // <think> may still open reasoning (nothing else seen yet)
     bool finished;
     enum sp_status err;
 
     int n_tools;
-    struct sp_buf absorbed;  // the newlines <tool_call> took, given back if the call fails
-    struct mini args;        // hermes: the arguments object streaming out
-    struct sp_buf pname;     // qwen3-coder: the parameter being read
-    const cJSON *props;      // qwen3-coder: "properties" of the current function's schema
+    struct sp_buf absorbed; // the newlines <tool_call> took, given back if the call fails
+    struct mini args;       // hermes: the arguments object streaming out
+    struct sp_buf pname;    // qwen3-coder: the parameter being read
+    const cJSON *props;     // qwen3-coder: "properties" of the current function's schema
     int n_params;
     struct sp_buf scratch;
 
-    struct sp_buf text;  // event texts and ids
+    struct sp_buf text; // event texts and ids
     struct ev *evs;
     size_t n_evs, cap_evs;
     struct sp_chat_event *pub;
@@ -184,9 +185,12 @@ static size_t minify(struct mini *m, const char *s, size_t n, struct sp_buf *out
     while (i < n) {
         char c = s[i++];
         if (m->str) {
-            if (m->esc) m->esc = false;
-            else if (c == '\\') m->esc = true;
-            else if (c == '"') m->str = false;
+            if (m->esc)
+                m->esc = false;
+            else if (c == '\\')
+                m->esc = true;
+            else if (c == '"')
+                m->str = false;
         } else if (is_space(c)) {
             sp_buf_append(out, s + start, i - 1 - start);
             start = i;
@@ -214,9 +218,12 @@ static bool is_json_value(const char *v, size_t n) {
     for (size_t i = 0; i < n; i++) {
         char c = v[i];
         if (m.str) {
-            if (m.esc) m.esc = false;
-            else if (c == '\\') m.esc = true;
-            else if (c == '"') m.str = false;
+            if (m.esc)
+                m.esc = false;
+            else if (c == '\\')
+                m.esc = true;
+            else if (c == '"')
+                m.str = false;
         } else if (c == '"') {
             m.str = true;
         } else if (c == '{' || c == '[') {
@@ -292,7 +299,8 @@ static void emit_begin(struct sp_chat_parser *p, const char *name, size_t n) {
     size_t off = p->text.len;
     note(p, sp_buf_append(&p->text, name, n));
     if (p->err) return;
-    if (push_ev(p, (struct ev){.kind = SP_CHAT_EV_TOOL_BEGIN, .tool = p->n_tools, .off = off, .len = n, .id_off = id_off}))
+    if (push_ev(p,
+                (struct ev){.kind = SP_CHAT_EV_TOOL_BEGIN, .tool = p->n_tools, .off = off, .len = n, .id_off = id_off}))
         p->n_tools++;
 }
 
@@ -308,9 +316,9 @@ static bool do_lstrip(struct sp_chat_parser *p) {
 }
 
 static void enter_tool(struct sp_chat_parser *p) {
-    p->mode = p->opts.format == SP_CHAT_FORMAT_QWEN3_CODER ? M_XML
+    p->mode = p->opts.format == SP_CHAT_FORMAT_QWEN3_CODER   ? M_XML
               : p->opts.format == SP_CHAT_FORMAT_DEEPSEEK_V3 ? M_DS
-                                                              : M_HERMES;
+                                                             : M_HERMES;
     p->phase = 0;
     p->scanned = 0;
 }
@@ -352,7 +360,7 @@ static bool step_content(struct sp_chat_parser *p, bool final) {
     size_t at = 0;
     int which = 0;
     if (find_tag(s, n, tags, n_tags, &at, &which)) {
-        if (ds && which == 2) {  // the end-of-sentence token is not text
+        if (ds && which == 2) { // the end-of-sentence token is not text
             emit(p, SP_CHAT_EV_CONTENT, s, at);
             p->pos += at + LEN(DS_EOS);
             return true;
@@ -413,11 +421,13 @@ static bool judge_body(struct sp_chat_parser *p, const char *body, size_t n, boo
                 if (!args) {
                     emit_str(p, SP_CHAT_EV_TOOL_ARGS, "{}");
                 } else if (cJSON_IsString(args)) {
-                    emit_str(p, SP_CHAT_EV_TOOL_ARGS, args->valuestring);  // already JSON text
+                    emit_str(p, SP_CHAT_EV_TOOL_ARGS, args->valuestring); // already JSON text
                 } else {
                     char *text = cJSON_PrintUnformatted(args);
-                    if (text) emit_str(p, SP_CHAT_EV_TOOL_ARGS, text);
-                    else note(p, SP_ERR_NOMEM);
+                    if (text)
+                        emit_str(p, SP_CHAT_EV_TOOL_ARGS, text);
+                    else
+                        note(p, SP_ERR_NOMEM);
                     cJSON_free(text);
                 }
                 cJSON_Delete(root);
@@ -445,7 +455,7 @@ static bool step_hold(struct sp_chat_parser *p, bool final) {
         bool call = judge_body(p, s, at, true);
         p->pos += at + LEN(CALL_CLOSE);
         end_tool(p);
-        p->lstrip = call;  // text after a failed call keeps its newlines
+        p->lstrip = call; // text after a failed call keeps its newlines
         return true;
     }
     if (final) {
@@ -655,7 +665,7 @@ static bool step_xml(struct sp_chat_parser *p, bool final) {
             end_tool(p);
             return true;
         }
-        p->pos += n - partial_tag(s, n, tags, 3);  // text between parameters is not part of the call
+        p->pos += n - partial_tag(s, n, tags, 3); // text between parameters is not part of the call
         return false;
     }
     case X_PNAME: {
@@ -669,7 +679,7 @@ static bool step_xml(struct sp_chat_parser *p, bool final) {
             return true;
         }
         if (final || n > NAME_MAX_LEN) {
-            p->phase = X_PARAMS;  // not a parameter after all; X_PARAMS skips the text
+            p->phase = X_PARAMS; // not a parameter after all; X_PARAMS skips the text
             return true;
         }
         return false;
@@ -730,7 +740,7 @@ static bool step_ds(struct sp_chat_parser *p, bool final) {
     case DS_BETWEEN: {
         static const char *const tags[] = {DS_CALL_BEGIN, DS_CALLS_END, DS_EOS};
         if (find_tag(s, n, tags, 3, &at, &which)) {
-            p->pos += at;  // only whitespace is expected between calls
+            p->pos += at; // only whitespace is expected between calls
             if (which == 0) {
                 p->phase = DS_HEAD;
             } else {
@@ -865,7 +875,7 @@ static bool step_h_body(struct sp_chat_parser *p, bool final) {
         case HT_START:
             p->pos += strlen(H_TOKENS[which]);
             /* fall through */
-        case HT_CHANNEL:  // a header without <|start|>: the token stays in it
+        case HT_CHANNEL: // a header without <|start|>: the token stays in it
             p->mode = M_H_HEADER;
             p->scanned = 0;
             break;
@@ -875,7 +885,9 @@ static bool step_h_body(struct sp_chat_parser *p, bool final) {
         case HT_EOT:
             p->route = R_CONTENT;
             /* fall through */
-        default: p->pos += strlen(H_TOKENS[which]); break;
+        default:
+            p->pos += strlen(H_TOKENS[which]);
+            break;
         }
         return true;
     }
@@ -893,14 +905,22 @@ static bool step(struct sp_chat_parser *p, bool final) {
         emit(p, SP_CHAT_EV_CONTENT, p->in.data + p->pos, p->in.len - p->pos);
         p->pos = p->in.len;
         return false;
-    case M_CONTENT: return step_content(p, final);
-    case M_REASONING: return step_reasoning(p, final);
-    case M_HERMES: return step_hermes(p, final);
-    case M_XML: return step_xml(p, final);
-    case M_HOLD: return step_hold(p, final);
-    case M_DS: return step_ds(p, final);
-    case M_H_HEADER: return step_h_header(p, final);
-    case M_H_BODY: return step_h_body(p, final);
+    case M_CONTENT:
+        return step_content(p, final);
+    case M_REASONING:
+        return step_reasoning(p, final);
+    case M_HERMES:
+        return step_hermes(p, final);
+    case M_XML:
+        return step_xml(p, final);
+    case M_HOLD:
+        return step_hold(p, final);
+    case M_DS:
+        return step_ds(p, final);
+    case M_H_HEADER:
+        return step_h_header(p, final);
+    case M_H_BODY:
+        return step_h_body(p, final);
     }
     return false;
 }
@@ -915,10 +935,12 @@ static enum sp_status run(struct sp_chat_parser *p, bool final) {
     while (p->err == SP_OK && step(p, final)) {
     }
     if (p->err == SP_OK && p->n_evs > p->cap_pub) {
-        struct sp_chat_event *e = p->pub ? sp_realloc(p->pub, p->n_evs * sizeof *e)
-                                         : sp_malloc(p->n_evs * sizeof *e, SP_MEM_SERVER);
-        if (!e) p->err = SP_ERR_NOMEM;
-        else p->pub = e, p->cap_pub = p->n_evs;
+        struct sp_chat_event *e =
+            p->pub ? sp_realloc(p->pub, p->n_evs * sizeof *e) : sp_malloc(p->n_evs * sizeof *e, SP_MEM_SERVER);
+        if (!e)
+            p->err = SP_ERR_NOMEM;
+        else
+            p->pub = e, p->cap_pub = p->n_evs;
     }
     if (p->err != SP_OK) {
         p->n_evs = 0;
@@ -944,12 +966,14 @@ enum sp_status sp_chat_parser_new(const struct sp_chat_parse_opts *opts, struct 
     struct sp_chat_parser *p = sp_calloc(1, sizeof *p, SP_MEM_SERVER);
     if (!p) return sp_errorf(SP_ERR_NOMEM, "chat parser: out of memory");
     p->opts = *opts;
-    if (sp_buf_reserve(&p->in, 256) != SP_OK) {  // in.data is never NULL from here on
+    if (sp_buf_reserve(&p->in, 256) != SP_OK) { // in.data is never NULL from here on
         sp_free(p);
         return sp_errorf(SP_ERR_NOMEM, "chat parser: out of memory");
     }
     switch (opts->format) {
-    case SP_CHAT_FORMAT_PLAIN: p->mode = M_PLAIN; break;
+    case SP_CHAT_FORMAT_PLAIN:
+        p->mode = M_PLAIN;
+        break;
     case SP_CHAT_FORMAT_HARMONY:
         p->mode = opts->in_reasoning ? M_H_BODY : M_H_HEADER;
         p->route = opts->in_reasoning ? R_REASONING : R_CONTENT;
@@ -1010,14 +1034,17 @@ enum sp_status sp_chat_result_add(struct sp_chat_result *r, const struct sp_chat
         const struct sp_chat_event *e = &ev[i];
         enum sp_status st = SP_OK;
         switch (e->kind) {
-        case SP_CHAT_EV_CONTENT: st = sp_buf_append(&r->content, e->text, e->len); break;
-        case SP_CHAT_EV_REASONING: st = sp_buf_append(&r->reasoning, e->text, e->len); break;
+        case SP_CHAT_EV_CONTENT:
+            st = sp_buf_append(&r->content, e->text, e->len);
+            break;
+        case SP_CHAT_EV_REASONING:
+            st = sp_buf_append(&r->reasoning, e->text, e->len);
+            break;
         case SP_CHAT_EV_TOOL_BEGIN: {
             if (e->tool_index != (int)r->n_tool_calls)
                 return sp_errorf(SP_ERR_ARG, "chat result: tool call %d begins out of order", e->tool_index);
-            struct sp_chat_tool_call *tc = r->tool_calls
-                                               ? sp_realloc(r->tool_calls, (r->n_tool_calls + 1) * sizeof *tc)
-                                               : sp_malloc(sizeof *tc, SP_MEM_SERVER);
+            struct sp_chat_tool_call *tc = r->tool_calls ? sp_realloc(r->tool_calls, (r->n_tool_calls + 1) * sizeof *tc)
+                                                         : sp_malloc(sizeof *tc, SP_MEM_SERVER);
             if (!tc) return sp_errorf(SP_ERR_NOMEM, "chat result: out of memory");
             r->tool_calls = tc;
             tc += r->n_tool_calls;
@@ -1033,7 +1060,8 @@ enum sp_status sp_chat_result_add(struct sp_chat_result *r, const struct sp_chat
                 return sp_errorf(SP_ERR_ARG, "chat result: arguments for unknown tool call %d", e->tool_index);
             st = sp_buf_append(&r->tool_calls[e->tool_index].arguments, e->text, e->len);
             break;
-        default: return sp_errorf(SP_ERR_ARG, "chat result: unknown event kind %d", (int)e->kind);
+        default:
+            return sp_errorf(SP_ERR_ARG, "chat result: unknown event kind %d", (int)e->kind);
         }
         if (st != SP_OK) return sp_errorf(st, "chat result: out of memory");
     }
@@ -1074,8 +1102,7 @@ fail:
 /* ---- choosing a format -------------------------------------------------- */
 
 const char *sp_chat_format_name(enum sp_chat_format f) {
-    static const char *const names[SP_CHAT_FORMAT_COUNT] = {"plain", "hermes", "qwen3_coder", "deepseek_v3",
-                                                            "harmony"};
+    static const char *const names[SP_CHAT_FORMAT_COUNT] = {"plain", "hermes", "qwen3_coder", "deepseek_v3", "harmony"};
     return (unsigned)f < SP_CHAT_FORMAT_COUNT ? names[f] : "unknown";
 }
 
@@ -1091,14 +1118,12 @@ enum sp_chat_format sp_chat_format_detect(const char *template_source, const cha
     if (!model_type) return SP_CHAT_FORMAT_PLAIN;
     if (strcmp(model_type, "gpt_oss") == 0) return SP_CHAT_FORMAT_HARMONY;
     if (strncmp(model_type, "deepseek", 8) == 0) return SP_CHAT_FORMAT_DEEPSEEK_V3;
-    if (strncmp(model_type, "qwen3", 5) == 0 || strncmp(model_type, "bailing", 7) == 0)
-        return SP_CHAT_FORMAT_HERMES;
+    if (strncmp(model_type, "qwen3", 5) == 0 || strncmp(model_type, "bailing", 7) == 0) return SP_CHAT_FORMAT_HERMES;
     return SP_CHAT_FORMAT_PLAIN;
 }
 
 bool sp_chat_prompt_in_reasoning(enum sp_chat_format f, const char *prompt, size_t len) {
-    if (f != SP_CHAT_FORMAT_HERMES && f != SP_CHAT_FORMAT_QWEN3_CODER && f != SP_CHAT_FORMAT_DEEPSEEK_V3)
-        return false;
+    if (f != SP_CHAT_FORMAT_HERMES && f != SP_CHAT_FORMAT_QWEN3_CODER && f != SP_CHAT_FORMAT_DEEPSEEK_V3) return false;
     const char *open = NULL, *close = NULL;
     for (const char *s = prompt; (s = memmem(s, len - (size_t)(s - prompt), THINK_OPEN, LEN(THINK_OPEN)));
          s += LEN(THINK_OPEN))

@@ -143,26 +143,26 @@ bool sp_chat_prompt_in_reasoning(enum sp_chat_format f, const char *prompt, size
 
 struct sp_chat_parse_opts {
     enum sp_chat_format format;
-    bool in_reasoning;     // the output starts inside reasoning: the prompt opened <think>
-                           // (harmony: the prompt opened an analysis message)
-    uint64_t id_seed;      // tool call ids are "call_" + 24 characters drawn from this and the index
-    const cJSON *tools;    // optional, borrowed: the request's "tools" array (Qwen3-Coder value types)
+    bool in_reasoning;  // the output starts inside reasoning: the prompt opened <think>
+                        // (harmony: the prompt opened an analysis message)
+    uint64_t id_seed;   // tool call ids are "call_" + 24 characters drawn from this and the index
+    const cJSON *tools; // optional, borrowed: the request's "tools" array (Qwen3-Coder value types)
 };
 
 enum sp_chat_event_kind {
-    SP_CHAT_EV_CONTENT,     // text: a piece of content
-    SP_CHAT_EV_REASONING,   // text: a piece of reasoning_content
-    SP_CHAT_EV_TOOL_BEGIN,  // a new tool call: text is the function name, id its id
-    SP_CHAT_EV_TOOL_ARGS,   // text: a piece of the arguments JSON of call tool_index
+    SP_CHAT_EV_CONTENT,    // text: a piece of content
+    SP_CHAT_EV_REASONING,  // text: a piece of reasoning_content
+    SP_CHAT_EV_TOOL_BEGIN, // a new tool call: text is the function name, id its id
+    SP_CHAT_EV_TOOL_ARGS,  // text: a piece of the arguments JSON of call tool_index
     SP_CHAT_EV_COUNT
 };
 
 struct sp_chat_event {
     enum sp_chat_event_kind kind;
-    int tool_index;    // TOOL_*: 0, 1, ... in the order the calls began
-    const char *text;  // borrowed, not NUL-terminated
+    int tool_index;   // TOOL_*: 0, 1, ... in the order the calls began
+    const char *text; // borrowed, not NUL-terminated
     size_t len;
-    const char *id;    // TOOL_BEGIN: "call_...", NUL-terminated; else NULL
+    const char *id; // TOOL_BEGIN: "call_...", NUL-terminated; else NULL
 };
 
 struct sp_chat_parser;
@@ -189,15 +189,15 @@ int sp_chat_parser_tool_calls(const struct sp_chat_parser *p);
 
 struct sp_chat_tool_call {
     char id[32];
-    char *name;                // owned
-    struct sp_buf arguments;   // JSON text (owned)
+    char *name;              // owned
+    struct sp_buf arguments; // JSON text (owned)
 };
 
 /* A whole message. A buffer whose data is NULL had no such part. */
 struct sp_chat_result {
     struct sp_buf content;
     struct sp_buf reasoning;
-    struct sp_chat_tool_call *tool_calls;  // owned array
+    struct sp_chat_tool_call *tool_calls; // owned array
     size_t n_tool_calls;
 };
 
