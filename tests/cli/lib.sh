@@ -8,6 +8,8 @@ SYNTH="$BUILD/tools/synth"
 TAP_N=0
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/sparrow-cli-XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
+# keep stored calibrations and caches of this machine out of the tests
+export XDG_CACHE_HOME="$TMP/cache"
 
 ok() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1"; }
 not_ok() {
