@@ -429,24 +429,31 @@ static void test_coder_schema(void **state) {
     const char *tools_json =
         "[{\"type\": \"function\", \"function\": {\"name\": \"set\", \"parameters\": {\"type\": \"object\", "
         "\"properties\": {\"key\": {\"type\": \"string\"}, \"value\": {\"type\": \"integer\"}, "
-        "\"flag\": {\"type\": \"boolean\"}}}}}]";
+        "\"flag\": {\"type\": \"boolean\"}, \"off\": {\"type\": \"boolean\"}, \"none\": {\"type\": \"string\"}, "
+        "\"list\": {\"type\": \"array\"}, \"bad\": {\"type\": \"number\"}, \"e\": {\"type\": \"enum\"}}}}}]";
     cJSON *tools;
     assert_int_equal(sp_json_parse(tools_json, strlen(tools_json), "tools", &tools), SP_OK);
     const char *text = "<tool_call>\n<function=set>\n<parameter=key>\n123\n</parameter>\n<parameter=value>\n123\n"
-                       "</parameter>\n<parameter=flag>\ntrue\n</parameter>\n<parameter=extra>\nnull\n</parameter>\n"
-                       "</function>\n</tool_call>";
+                       "</parameter>\n<parameter=flag>\nTrue\n</parameter>\n<parameter=off>\nno\n</parameter>\n"
+                       "<parameter=none>\nNULL\n</parameter>\n<parameter=list>\n[1, \"a\"]\n</parameter>\n"
+                       "<parameter=bad>\n12 apples\n</parameter>\n<parameter=e>\n7\n</parameter>\n"
+                       "<parameter=extra>\n{\"k\": null}\n</parameter>\n</function>\n</tool_call>";
     struct sp_chat_parse_opts o = {.format = CODER, .tools = tools};
     struct sp_chat_result r;
     struct sp_rng rng;
     sp_rng_seed(&rng, 5);
     parse_every_way("schema", &o, text, strlen(text), &rng, 20, &r);
     assert_int_equal(r.n_tool_calls, 1);
-    assert_string_equal(r.tool_calls[0].arguments.data, "{\"key\":\"123\",\"value\":123,\"flag\":true,\"extra\":null}");
+    assert_string_equal(r.tool_calls[0].arguments.data,
+                        "{\"key\":\"123\",\"value\":123,\"flag\":true,\"off\":false,\"none\":null,\"list\":[1,\"a\"],"
+                        "\"bad\":\"12 apples\",\"e\":\"7\",\"extra\":{\"k\":null}}");
     sp_chat_result_free(&r);
-    // without the schema the same text gives a number
+    // without the schema, valid JSON is taken as JSON
     o.tools = NULL;
     assert_int_equal(sp_chat_parse(&o, text, strlen(text), &r), SP_OK);
-    assert_string_equal(r.tool_calls[0].arguments.data, "{\"key\":123,\"value\":123,\"flag\":true,\"extra\":null}");
+    assert_string_equal(r.tool_calls[0].arguments.data,
+                        "{\"key\":123,\"value\":123,\"flag\":\"True\",\"off\":\"no\",\"none\":null,\"list\":[1,\"a\"],"
+                        "\"bad\":\"12 apples\",\"e\":7,\"extra\":{\"k\":null}}");
     sp_chat_result_free(&r);
     cJSON_Delete(tools);
 }

@@ -13,6 +13,7 @@
 #include "server/chat_parse.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "core/alloc.h"
 #include "core/json.h"
@@ -583,11 +584,25 @@ static const cJSON *find_props(const cJSON *tools, const char *name, size_t n) {
     return NULL;
 }
 
-static bool param_is_string(const struct sp_chat_parser *p) {
-    if (!p->props || !p->pname.data) return false;
+enum param_type { PT_UNKNOWN, PT_STRING, PT_BOOL, PT_OTHER };
+
+/* The schema type of the current parameter: the reference parser's string
+ * family ("string", "str", "text", "varchar", "char", "enum"), boolean,
+ * another declared type, or none declared. */
+static enum param_type param_type(const struct sp_chat_parser *p) {
+    static const char *const strings[] = {"string", "str", "text", "varchar", "char", "enum"};
+    if (!p->props || !p->pname.data) return PT_UNKNOWN;
     const cJSON *prop = cJSON_GetObjectItemCaseSensitive(p->props, p->pname.data);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(prop, "type");
-    return cJSON_IsString(type) && strcmp(type->valuestring, "string") == 0;
+    if (!cJSON_IsString(type)) return PT_UNKNOWN;
+    for (size_t i = 0; i < sizeof strings / sizeof *strings; i++)
+        if (strcasecmp(type->valuestring, strings[i]) == 0) return PT_STRING;
+    if (strcasecmp(type->valuestring, "boolean") == 0 || strcasecmp(type->valuestring, "bool") == 0) return PT_BOOL;
+    return PT_OTHER;
+}
+
+static bool text_is(const char *v, size_t n, const char *word) {
+    return n == strlen(word) && strncasecmp(v, word, n) == 0;
 }
 
 /* Emits ,"NAME":VALUE (no comma for the first) for the value text v[0..n). */
@@ -599,7 +614,12 @@ static void emit_param(struct sp_chat_parser *p, const char *v, size_t n) {
     if (p->n_params++) sp_buf_putc(b, ',');
     sp_json_escape(b, p->pname.data ? p->pname.data : "", p->pname.len);
     sp_buf_putc(b, ':');
-    if (param_is_string(p) || !is_json_value(v, n)) {
+    enum param_type t = param_type(p);
+    if (text_is(v, n, "null")) { // any case, whatever the type, as the reference does
+        sp_buf_puts(b, "null");
+    } else if (t == PT_BOOL) {
+        sp_buf_puts(b, text_is(v, n, "true") || text_is(v, n, "1") ? "true" : "false");
+    } else if (t == PT_STRING || !is_json_value(v, n)) {
         sp_json_escape(b, v, n);
     } else {
         struct mini m = {0};

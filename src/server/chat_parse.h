@@ -50,13 +50,16 @@
  *  - Qwen3-Coder tool calls: the name is emitted at <function=NAME>; each
  *    parameter when its </parameter> arrives; arguments are the compact
  *    object {"p":VALUE,...}. One newline after <parameter=p> and one before
- *    </parameter> are removed. VALUE is a JSON string when the request's
- *    tool schema (opts.tools) declares the parameter "type": "string";
- *    otherwise the value itself when it is valid JSON (numbers, true, null,
- *    objects, ...) and a JSON string of the text when it is not. (The
- *    reference parser converts by schema type and makes unknown parameters
- *    strings; parsing valid JSON instead keeps numbers and objects usable
- *    when no schema is given.) A value also ends at <parameter=,
+ *    </parameter> are removed. VALUE follows the reference parser where the
+ *    request's tool schema (opts.tools) declares the parameter's type:
+ *    null for the text "null" in any case; a JSON string for the string
+ *    types ("string", "str", "text", "varchar", "char", "enum"); true for
+ *    "true" or "1" (any case) and false otherwise for "boolean"; for other
+ *    types the value itself when it is valid JSON, else a JSON string of
+ *    the text. Undeclared parameters (or no schema) are treated like the
+ *    other types, JSON when valid, where the reference makes them strings:
+ *    that keeps numbers and objects usable when no schema is given (as
+ *    issue #5 asks). A value also ends at <parameter=,
  *    </function> or </tool_call> when the model leaves out </parameter>.
  *    Text between parameters is not part of the call and is ignored; a
  *    second <function= before </tool_call> starts another call.
