@@ -708,6 +708,8 @@ enum sp_status sp_bpe_encode_word(struct sp_bpe *m, const char *w, size_t len, s
     if (len == 0) return SP_OK;
     if (len == 1 && m->byte_level && m->byte_id[(unsigned char)w[0]] >= 0)
         return sp_ids_push(out, m->byte_id[(unsigned char)w[0]]);  // nothing to merge, nothing to cache
+    if (len > (size_t)INT32_MAX / 3)
+        return sp_errorf(SP_ERR_LIMIT, "tokenizer: a word of %zu bytes (words are limited to 700 MB)", len);
     enum sp_status st = SP_OK;
     bool cacheable = len <= CACHE_MAX_WORD;
     uint64_t h = 0;
