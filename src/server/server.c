@@ -805,8 +805,9 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     j->popts.in_reasoning = sp_chat_prompt_in_reasoning(j->popts.format, prompt, plen);
     j->popts.id_seed = j->gp.sampling.seed ^ atomic_fetch_add(&s->id_counter, 1);
     if (tools) j->popts.tools = j->tools = cJSON_Duplicate(tools, true);
-    /* harmony's channels are special tokens: keep them in the text for the parser */
-    if (j->popts.format == SP_CHAT_FORMAT_HARMONY) j->gp.detok_flags = 0;
+    /* harmony's channels and DeepSeek's tool-call markers are special tokens:
+     * keep them in the text for the parser (it never passes them on) */
+    if (j->popts.format == SP_CHAT_FORMAT_HARMONY || j->popts.format == SP_CHAT_FORMAT_DEEPSEEK_V3) j->gp.detok_flags = 0;
     if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
         ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
