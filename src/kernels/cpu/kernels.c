@@ -2,6 +2,10 @@
  * follow) and the run-time choice of a set (cpuid + SPARROW_KERNELS). */
 #include "kernels/cpu/kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,10 +105,19 @@ static const struct sp_kernels portable = {
     .axpy = axpy_portable,
 };
 
+/* AVX2, FMA and F16C, and an OS that saves the AVX registers. Read from
+ * cpuid directly: not every compiler's __builtin_cpu_supports knows f16c. */
 static bool cpu_has_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c)) return false;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6) != 6) return false;  // XMM and YMM state enabled
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return b & (1u << 5);
 #else
     return false;
 #endif
