@@ -509,12 +509,15 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
 static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
     bool wrote = false;
     if (j->chat && j->parser) {
-        if (len) sp_chat_parser_push(j->parser, text, len);
-        size_t n;
-        const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
-        for (size_t i = 0; i < n; i++) {
-            sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, wrote ? j->toks.n : tok_from);
-            wrote = true;
+        size_t n = 0;
+        /* events belong to the last push: read them only after one */
+        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+            for (size_t i = 0; i < n; i++) {
+                sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
+                          wrote ? j->toks.n : tok_from);
+                wrote = true;
+            }
         }
     } else if (len) {
         sse_chunk(j, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
