@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "core/half.h"
 #include "core/pool.h"
 #include "core/rng.h"
 #include "kernels/cpu/kernels.h"
@@ -285,6 +286,30 @@ static void test_dot_axpy(void **state) {
                 assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * b[i])));
             }
             if (n < 1000) assert_true(y[n] == y0[n]);  // writes nothing past n
+            /* b stored as F32 / F16 / BF16 (a KV cache row) */
+            assert_true(k->dot_dt(a, b, SP_DTYPE_F32, n) == k->dot(a, b, n));
+            const enum sp_dtype halves[] = {SP_DTYPE_F16, SP_DTYPE_BF16};
+            for (int h = 0; h < 2; h++) {
+                uint16_t bh[1000];
+                float bf[1000];
+                for (int64_t i = 0; i < n; i++) {
+                    bh[i] = halves[h] == SP_DTYPE_F16 ? sp_f32_to_f16(b[i]) : sp_f32_to_bf16(b[i]);
+                    bf[i] = halves[h] == SP_DTYPE_F16 ? sp_f16_to_f32(bh[i]) : sp_bf16_to_f32(bh[i]);
+                }
+                double r2 = 0, m2 = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    r2 += (double)a[i] * bf[i];
+                    m2 += fabs((double)a[i] * bf[i]);
+                }
+                assert_true(fabs(k->dot_dt(a, bh, halves[h], n) - r2) <= TOL_DOT * m2 + DBL_MIN);
+                for (int64_t i = 0; i < n + 1 && i < 1000; i++) y[i] = y0[i];
+                k->axpy_dt(y, s, bh, halves[h], n);
+                for (int64_t i = 0; i < n; i++) {
+                    double want = (double)y0[i] + (double)s * bf[i];
+                    assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * bf[i])));
+                }
+                if (n < 1000) assert_true(y[n] == y0[n]);
+            }
         }
     }
 }

@@ -365,19 +365,6 @@ static void kv_store(const struct sp_ctx *c, void *dst, const float *src, int64_
     for (int64_t i = 0; i < n; i++) sp_dtype_store_float(dt, dst, (size_t)i, src[i]);
 }
 
-static void kv_load(const struct sp_ctx *c, const void *src, float *dst, int64_t n) {
-    enum sp_dtype dt = kv_dtype(c->p.kv_type);
-    if (dt == SP_DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = src;
-    if (dt == SP_DTYPE_F16)
-        for (int64_t i = 0; i < n; i++) dst[i] = sp_f16_to_f32(h[i]);
-    else
-        for (int64_t i = 0; i < n; i++) dst[i] = sp_bf16_to_f32(h[i]);
-}
-
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
     if (src == dst || n <= 0) return;
     for (int64_t L = 0; L < c->a->n_layers; L++)
@@ -403,8 +390,6 @@ static void attention_job(void *arg, int tid, int nth) {
     const struct layer *ly = &c->layers[j->L];
     int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float *sc = c->scores + (size_t)tid * (size_t)(c->p.n_ctx + 1);
-    float kbuf[512], vbuf[512];
-    SP_ASSERT(hd <= 512);
     float scale = 1.0f / sqrtf((float)hd);
     bool sliding = a->layer_sliding[j->L] && a->sliding_window > 0;
     int64_t lo_task, hi_task;
@@ -416,8 +401,8 @@ static void attention_job(void *arg, int tid, int nth) {
         const float *q = c->qkv + t * c->ld_qkv + h * hd;
         float mx = -INFINITY;
         for (int64_t p = lo; p <= pos; p++) {
-            kv_load(c, (const uint8_t *)kv_at(c, j->L, 0, seq, p) + (size_t)(kvh * hd) * c->kv_elt, kbuf, hd);
-            float s = sp_dot_f32(q, kbuf, hd) * scale;
+            const void *k = (const uint8_t *)kv_at(c, j->L, 0, seq, p) + (size_t)(kvh * hd) * c->kv_elt;
+            float s = sp_dot_f32_dt(q, k, kv_dtype(c->p.kv_type), hd) * scale;
             sc[p - lo] = s;
             if (s > mx) mx = s;
         }
@@ -432,9 +417,8 @@ static void attention_job(void *arg, int tid, int nth) {
         float *out = c->att + t * (a->n_heads * hd) + h * hd;
         for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
         for (int64_t p = lo; p <= pos; p++) {
-            kv_load(c, (const uint8_t *)kv_at(c, j->L, 1, seq, p) + (size_t)(kvh * hd) * c->kv_elt, vbuf, hd);
-            float w = sc[p - lo] * inv;
-            for (int64_t i = 0; i < hd; i++) out[i] += w * vbuf[i];
+            const void *v = (const uint8_t *)kv_at(c, j->L, 1, seq, p) + (size_t)(kvh * hd) * c->kv_elt;
+            sp_axpy_f32_dt(out, sc[p - lo] * inv, v, kv_dtype(c->p.kv_type), hd);
         }
     }
 }

@@ -87,6 +87,29 @@ static void axpy_portable(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static float load_dt(enum sp_dtype dt, const void *p, int64_t i) {
+    if (dt == SP_DTYPE_F32) return ((const float *)p)[i];
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    return dt == SP_DTYPE_F16 ? sp_f16_to_f32(h) : sp_bf16_to_f32(h);
+}
+
+/* dot_portable's order with b converted element by element */
+static float dot_dt_portable(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+    if (dt == SP_DTYPE_F32) return dot_portable(a, b, n);
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * load_dt(dt, b, i + k);
+    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) r += a[i] * load_dt(dt, b, i);
+    return r;
+}
+
+static void axpy_dt_portable(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * load_dt(dt, x, i);
+}
+
 /* Each row is dequantized once into scratch and dotted with every token. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch) {
@@ -103,6 +126,8 @@ static const struct sp_kernels portable = {
     .matmul_rows = sp_matmul_rows_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
+    .dot_dt = dot_dt_portable,
+    .axpy_dt = axpy_dt_portable,
 };
 
 /* AVX2, FMA and F16C, and an OS that saves the AVX registers. Read from

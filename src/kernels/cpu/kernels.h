@@ -52,6 +52,11 @@ struct sp_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i] += a * x[i] over n floats */
     void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* The same with b / x holding n values of dtype dt (F32, F16 or BF16),
+     * converted on the fly: attention over a KV cache of any type. For F32
+     * they give exactly what dot / axpy give. */
+    float (*dot_dt)(const float *a, const void *b, enum sp_dtype dt, int64_t n);
+    void (*axpy_dt)(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
 };
 
 /* The set this process uses: AVX2 when the CPU supports it, unless

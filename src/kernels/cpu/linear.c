@@ -13,6 +13,14 @@ float sp_dot_f32(const float *a, const float *b, int64_t n) { return sp_kernels(
 
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n) { sp_kernels()->axpy(y, a, x, n); }
 
+float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+    return sp_kernels()->dot_dt(a, b, dt, n);
+}
+
+void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+    sp_kernels()->axpy_dt(y, a, x, dt, n);
+}
+
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -27,6 +27,10 @@ void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, flo
  * dispatched kernel set (kernels.h). */
 float sp_dot_f32(const float *a, const float *b, int64_t n);
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
+/* The same with b / x stored as dtype dt (F32, F16 or BF16), e.g. a row of
+ * the KV cache, converted on the fly. */
+float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n);
+void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Converts a 1-D parameter to floats. */

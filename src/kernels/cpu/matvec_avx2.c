@@ -592,26 +592,70 @@ static void matmul_rows_avx2f(const struct sp_qmat *w, int64_t r0, int64_t r1, c
     matmul_rows(false, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
 
-static float dot_avx2(const float *a, const float *b, int64_t n) {
+/* 8 values of dtype dt at b + i as floats */
+ALWAYS __m256 load8_dt(enum sp_dtype dt, const void *b, int64_t i) {
+    if (dt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)b + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)b + 2 * i));
+    if (dt == SP_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS float load1_dt(enum sp_dtype dt, const void *b, int64_t i) {
+    if (dt == SP_DTYPE_F32) return ((const float *)b)[i];
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)b + 2 * i, 2);
+    return dt == SP_DTYPE_F16 ? _cvtsh_ss(h) : sp_bf16_to_f32(h);
+}
+
+/* Four chains of 8 lanes, then one chain for the last multiple of 8. */
+ALWAYS float dot_any(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8_dt(dt, b, i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8_dt(dt, b, i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8_dt(dt, b, i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
     float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) r += a[i] * b[i];
+    for (; i < n; i++) r += a[i] * load1_dt(dt, b, i);
     return r;
 }
 
-static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
+ALWAYS void axpy_any(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
     __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8_dt(dt, x, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * load1_dt(dt, x, i);
+}
+
+static float dot_avx2(const float *a, const float *b, int64_t n) { return dot_any(a, b, SP_DTYPE_F32, n); }
+
+static void axpy_avx2(float *y, float a, const float *x, int64_t n) { axpy_any(y, a, x, SP_DTYPE_F32, n); }
+
+static float dot_dt_avx2(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+    switch (dt) {
+    case SP_DTYPE_F16:
+        return dot_any(a, b, SP_DTYPE_F16, n);
+    case SP_DTYPE_BF16:
+        return dot_any(a, b, SP_DTYPE_BF16, n);
+    default:
+        return dot_any(a, b, SP_DTYPE_F32, n);
+    }
+}
+
+static void axpy_dt_avx2(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+    switch (dt) {
+    case SP_DTYPE_F16:
+        axpy_any(y, a, x, SP_DTYPE_F16, n);
+        break;
+    case SP_DTYPE_BF16:
+        axpy_any(y, a, x, SP_DTYPE_BF16, n);
+        break;
+    default:
+        axpy_any(y, a, x, SP_DTYPE_F32, n);
+    }
 }
 
 static const struct sp_kernels avx2 = {
@@ -620,6 +664,8 @@ static const struct sp_kernels avx2 = {
     .matmul_rows = matmul_rows_avx2,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
+    .dot_dt = dot_dt_avx2,
+    .axpy_dt = axpy_dt_avx2,
 };
 
 static const struct sp_kernels avx2f = {
@@ -628,6 +674,8 @@ static const struct sp_kernels avx2f = {
     .matmul_rows = matmul_rows_avx2f,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
+    .dot_dt = dot_dt_avx2,
+    .axpy_dt = axpy_dt_avx2,
 };
 
 const struct sp_kernels *sp_kernels_avx2_set(bool float_activations) { return float_activations ? &avx2f : &avx2; }
