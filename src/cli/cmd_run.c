@@ -15,6 +15,7 @@
 #include "core/json.h"
 #include "model/experts.h"
 #include "model/forward.h"
+#include "runtime/engine.h"
 #include "runtime/plan.h"
 #include "runtime/sampler.h"
 #include "tokenizer/chat.h"
@@ -202,19 +203,6 @@ done:
     return st;
 }
 
-/* End-of-sequence ids: config.json eos_token_id (a number or a list) and the tokenizer's. */
-static int collect_eos(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
-    int n = 0;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
-    int64_t v;
-    if (sp_json_is_int(e, &v) && n < cap) eos[n++] = (int32_t)v;
-    if (cJSON_IsArray(e))
-        for (const cJSON *x = e->child; x && n < cap; x = x->next)
-            if (sp_json_is_int(x, &v)) eos[n++] = (int32_t)v;
-    if (tok && sp_tokenizer_eos(tok) >= 0 && n < cap) eos[n++] = sp_tokenizer_eos(tok);
-    return n;
-}
-
 /* Writes text, holding back any tail that could start a stop string.
  * Returns true when a stop string was found (text before it is written). */
 static bool emit(struct sp_buf *gen, size_t *sent, const struct run_opts *o, bool final) {
@@ -339,7 +327,7 @@ int sp_cmd_run(int argc, char **argv) {
     double t1 = now_s();
 
     int32_t eos[16];
-    int n_eos = o.ignore_eos ? 0 : collect_eos(m, tok, eos, 16);
+    int n_eos = o.ignore_eos ? 0 : sp_eos_ids(m, tok, eos, 16);
     if (sp_sampler_create(&o.sp, V, &smp) != SP_OK) goto fail;
     for (int64_t i = 0; i < n; i++) sp_sampler_accept(smp, ids.v[i]);
     if (tok && sp_detok_new(tok, SP_TOK_SKIP_SPECIAL, &dt) != SP_OK) goto fail;

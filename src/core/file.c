@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/buf.h"
 
 enum sp_status sp_map_open(const char *path, struct sp_map *m) {
     m->data = NULL;
@@ -118,6 +119,15 @@ enum sp_status sp_write_file(const char *path, const void *data, size_t len) {
     }
 done:
     sp_free(tmp);
+    return st;
+}
+
+enum sp_status sp_write_buf(const char *dir, const char *name, const struct sp_buf *b) {
+    if (b->failed) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    char *path = sp_path_join(dir, name);
+    if (!path) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    enum sp_status st = sp_write_file(path, b->data ? b->data : "", b->len);
+    sp_free(path);
     return st;
 }
 

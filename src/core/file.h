@@ -33,6 +33,10 @@ enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size
  * see a half-written file. */
 enum sp_status sp_write_file(const char *path, const void *data, size_t len);
 
+/* Writes a buffer's bytes to dir/name (a failed buffer is SP_ERR_NOMEM). */
+struct sp_buf;
+enum sp_status sp_write_buf(const char *dir, const char *name, const struct sp_buf *b);
+
 bool sp_path_is_dir(const char *path);
 bool sp_path_is_file(const char *path);
 char *sp_path_join(const char *dir, const char *name);

@@ -141,11 +141,7 @@ static enum sp_status write_index(const struct sp_st_writer *w) {
     sp_jw_end(&j);
     sp_buf_putc(&b, '\n');
     sp_free(v);
-    if (st == SP_OK) {
-        char *path = sp_path_join(w->dir, "model.safetensors.index.json");
-        st = path ? sp_write_file(path, b.data, b.len) : sp_errorf(SP_ERR_NOMEM, "out of memory");
-        sp_free(path);
-    }
+    if (st == SP_OK) st = sp_write_buf(w->dir, "model.safetensors.index.json", &b);
     sp_buf_free(&b);
     return st;
 }

@@ -313,9 +313,7 @@ static enum sp_status write_config(const struct sp_model *m, const struct sp_qua
     sp_jw_end(&w);
     sp_buf_putc(&b, '\n');
     cJSON_Delete(cfg);
-    char *path = sp_path_join(dir, "config.json");
-    enum sp_status st = b.failed || !path ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_write_file(path, b.data, b.len);
-    sp_free(path);
+    enum sp_status st = sp_write_buf(dir, "config.json", &b);
     sp_buf_free(&b);
     return st;
 }

@@ -157,7 +157,7 @@ bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct s
 
 /* ---- engine ---- */
 
-static int collect_eos(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
+int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
     int n = 0;
     int64_t v;
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
@@ -271,7 +271,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
         if (!e->slots[i].cache) goto nomem;
         if ((st = sp_sampler_create(&sp, e->vocab, &e->slots[i].smp)) != SP_OK) goto fail;
     }
-    e->n_eos = collect_eos(m, tok, e->eos, 16);
+    e->n_eos = sp_eos_ids(m, tok, e->eos, 16);
     e->st.n_slots = S;
     e->st.n_ctx = e->p.n_ctx;
     e->st.kv_bytes = sp_ctx_kv_bytes(e->ctx);

@@ -124,6 +124,9 @@ void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *miss
 bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct sp_tok_list *toks,
                  struct sp_req_progress *p);
 void sp_req_cancel(struct sp_req *r);
+/* End-of-sequence ids: config.json's eos_token_id (a number or a list) and
+ * the tokenizer's eos (tok may be NULL). Returns how many were written. */
+int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap);
 void sp_req_release(struct sp_req *r);
 
 #endif
