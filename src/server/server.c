@@ -730,15 +730,21 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     return ret;
 }
 
+static struct job *job_new(struct sp_server *s, bool chat) {
+    struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
+    if (!j) return NULL;
+    j->srv = s;
+    j->chat = chat;
+    j->fd = -1;
+    gen_id(s, chat ? "chatcmpl-" : "cmpl-", j->id, sizeof j->id);
+    return j;
+}
+
 static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
+    struct job *j = job_new(s, true);
     if (!j) return MHD_NO;
-    j->srv = s;
-    j->chat = true;
-    j->fd = -1;
-    gen_id(s, "chatcmpl-", j->id, sizeof j->id);
     cJSON *msgs = NULL, *kwargs = NULL;
     char *prompt = NULL;
     enum MHD_Result ret;
@@ -834,11 +840,8 @@ out:
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
+    struct job *j = job_new(s, false);
     if (!j) return MHD_NO;
-    j->srv = s;
-    j->fd = -1;
-    gen_id(s, "cmpl-", j->id, sizeof j->id);
     enum MHD_Result ret;
     if (!parse_common(body, j, &e)) goto bad;
     const cJSON *p = field(body, "prompt");
