@@ -2,6 +2,7 @@
 #include "model/experts.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +24,7 @@ struct part {
 
 struct slot {
     int64_t key;  // L * n_experts + e, or -1
+    int64_t layer;
     uint64_t last_use;
     int pins;
     uint8_t *mem;
@@ -37,6 +39,11 @@ struct sp_expert_store {
     int32_t *where;  // (n_layers * n_experts): slot index or -1
     uint8_t *arena;
     uint64_t tick;
+    bool lru;           // plain least-recently-used (the baseline); else per-layer frequency
+    uint32_t *freq;     // (n_layers * n_experts) recent use counts, halved now and then
+    int64_t *held;      // (n_layers) slots each layer holds
+    int64_t n_moe_layers;
+    uint64_t since_aging;
     struct sp_expert_store_stats st;
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
@@ -139,6 +146,8 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     sp_free(s->where);
     sp_free(s->layer_hits);
     sp_free(s->layer_misses);
+    sp_free(s->freq);
+    sp_free(s->held);
     sp_free(s);
 }
 
@@ -164,7 +173,12 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->layer_hits = sp_calloc((size_t)s->n_layers, sizeof *s->layer_hits, SP_MEM_MODEL);
     s->layer_misses = sp_calloc((size_t)s->n_layers, sizeof *s->layer_misses, SP_MEM_MODEL);
     s->arena = sp_malloc_aligned(s->budget, 4096, SP_MEM_EXPERT_CACHE);
-    if (!s->slots || !s->where || !s->arena || !s->layer_hits || !s->layer_misses) {
+    s->freq = sp_calloc((size_t)all, sizeof *s->freq, SP_MEM_MODEL);
+    s->held = sp_calloc((size_t)s->n_layers, sizeof *s->held, SP_MEM_MODEL);
+    const char *pol = getenv("SPARROW_EXPERT_POLICY");
+    s->lru = pol && strcmp(pol, "lru") == 0;
+    for (int64_t L = 0; L < s->n_layers; L++) s->n_moe_layers += m->arch.layer_moe[L];
+    if (!s->slots || !s->where || !s->arena || !s->layer_hits || !s->layer_misses || !s->freq || !s->held) {
         sp_expert_store_free(s);
         return sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte expert cache", budget);
     }
@@ -232,23 +246,67 @@ static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_exper
     return SP_OK;
 }
 
+/* The slot to reuse for an expert of layer L. LRU: the least recently used
+ * unpinned slot. Otherwise (the default) each MoE layer is entitled to an
+ * equal share of the slots: a layer at or above its share gives up its own
+ * least frequently used expert, a layer below it takes the least frequently
+ * used expert of the layer most above its share (or any free slot). Within a
+ * layer frequency beats recency; counts are halved every few thousand
+ * lookups so the cache follows what routing does now. */
+static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
+    int64_t victim = -1;
+    for (int64_t i = 0; i < s->n_slots && victim < 0; i++)
+        if (s->slots[i].key < 0) victim = i;
+    if (victim >= 0) return victim;
+    if (s->lru) {
+        for (int64_t i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pins) continue;
+            if (victim < 0 || s->slots[i].last_use < s->slots[victim].last_use) victim = i;
+        }
+        return victim;
+    }
+    int64_t share = s->n_moe_layers ? s->n_slots / s->n_moe_layers : s->n_slots;
+    int64_t from = L;
+    if (s->held[L] < share || s->held[L] == 0) {
+        from = -1;
+        for (int64_t k = 0; k < s->n_layers; k++)
+            if (s->held[k] > 0 && (from < 0 || s->held[k] - share > s->held[from] - share)) from = k;
+    }
+    for (int pass = 0; pass < 2 && victim < 0; pass++) {
+        for (int64_t i = 0; i < s->n_slots; i++) {
+            const struct slot *sl = &s->slots[i];
+            if (sl->pins || (pass == 0 && sl->layer != from)) continue;
+            if (victim < 0) {
+                victim = i;
+                continue;
+            }
+            uint32_t f = s->freq[sl->key], fv = s->freq[s->slots[victim].key];
+            if (f < fv || (f == fv && sl->last_use < s->slots[victim].last_use)) victim = i;
+        }
+    }
+    return victim;
+}
+
 enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
                                    int64_t e, struct sp_expert_views *out) {
     int64_t key = L * s->n_experts + e;
+    s->freq[key]++;
+    if (++s->since_aging >= (uint64_t)(64 * s->n_slots + 4096)) {
+        int64_t all = s->n_layers * s->n_experts;
+        for (int64_t i = 0; i < all; i++) s->freq[i] >>= 1;
+        s->since_aging = 0;
+    }
     int32_t w = s->where[key];
     if (w >= 0) {
         s->st.hits++;
         s->layer_hits[L]++;
     } else {
-        int64_t victim = -1;
-        for (int64_t i = 0; i < s->n_slots; i++) {
-            if (s->slots[i].pins) continue;
-            if (victim < 0 || s->slots[i].last_use < s->slots[victim].last_use) victim = i;
-        }
+        int64_t victim = choose_victim(s, L);
         if (victim < 0) return sp_errorf(SP_ERR_STATE, "every expert cache slot is in use");
         struct slot *sl = &s->slots[victim];
         if (sl->key >= 0) {
             s->where[sl->key] = -1;
+            s->held[sl->layer]--;
             s->st.evictions++;
             s->st.cached--;
         }
@@ -262,6 +320,8 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         while (b < SP_EXPERT_LAT_BUCKETS - 1 && dt * 1000.0 > sp_expert_lat_bounds_ms[b]) b++;
         s->st.lat_bucket[b]++;
         sl->key = key;
+        sl->layer = L;
+        s->held[L]++;
         s->where[key] = (int32_t)victim;
         s->st.misses++;
         s->st.cached++;
