@@ -47,7 +47,22 @@ struct result {
     int64_t prompt, gen;
     bool has_experts;
     struct sp_expert_store_stats es;
+    size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
 };
+
+/* Resident memory now, from /proc/self/status: anonymous, file-backed, peak. */
+static void rss_now(size_t *anon, size_t *file, size_t *peak) {
+    *anon = *file = *peak = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "RssAnon: %llu kB", &kb) == 1) *anon = (size_t)kb * 1024;
+        if (sscanf(line, "RssFile: %llu kB", &kb) == 1) *file = (size_t)kb * 1024;
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) *peak = (size_t)kb * 1024;
+    }
+    if (f) fclose(f);
+}
 
 static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *cp, int64_t prompt, int64_t gen,
                                bool cold, struct result *r) {
@@ -90,6 +105,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     r->prompt = prompt;
     r->gen = gen;
     r->has_experts = sp_ctx_expert_stats(c, &r->es);
+    rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
 done:
     sp_free(tok);
     sp_free(pos);
@@ -145,8 +161,17 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_key(&w, "machine_gbs"); sp_jw_num(&w, pl->bw.ram_gbs);
     sp_jw_key(&w, "bandwidth_measured"); sp_jw_bool(&w, pl->bw.measured);
     sp_jw_key(&w, "efficiency_pct"); sp_jw_num(&w, eff);
+    sp_jw_key(&w, "rss_anon_bytes"); sp_jw_uint(&w, r->rss_anon);
+    sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
+    sp_jw_key(&w, "rss_peak_bytes"); sp_jw_uint(&w, r->rss_peak);
+    sp_jw_key(&w, "plan_anon_bytes");
+    sp_jw_uint(&w, (r->has_experts ? r->es.budget : 0) + pl->kv_bytes + pl->activation_bytes + pl->overhead_bytes);
+    sp_jw_key(&w, "plan_file_bytes");
+    sp_jw_uint(&w, r->has_experts ? pl->resident_weight_bytes : pl->resident_weight_bytes + pl->routed_expert_bytes);
     if (r->has_experts) {
         sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
+        sp_jw_key(&w, "expert_misses"); sp_jw_uint(&w, r->es.misses);
+        sp_jw_key(&w, "expert_bytes"); sp_jw_uint(&w, pl->expert_bytes);
         sp_jw_key(&w, "hit_rate"); sp_jw_num(&w, hit);
         sp_jw_key(&w, "expert_bytes_read"); sp_jw_uint(&w, r->es.bytes_read);
         sp_jw_key(&w, "disk_mb_s"); sp_jw_num(&w, disk);

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Honest memory: a model whose routed experts are 4x the expert-cache budget
+# runs within the plan's memory (anonymous and file-backed resident memory
+# measured from /proc/self/status), and the bytes read from the files are
+# exactly the misses times the expert size.
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+run "a Ling-shaped model with 192 MiB of experts" 0 "$SYNTH" bench/configs/ling-h1024.json "$TMP/m" --dtype bf16 --layers 3
+run "bench with a 48 MiB expert cache, cold" 0 "$SPARROW" bench --model "$TMP/m" --prompt 64 --gen 16 --threads 2 --expert-cache 48M --cold
+grep '^{' "$TMP/out" | head -1 >"$TMP/r.json"
+run "resident memory within the plan; reads match the misses" 0 node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    const fail = (m) => { console.error(m, JSON.stringify(r)); process.exit(1); };
+    if (r.bench !== "expert-cache") fail("no expert cache");
+    if (r.expert_cache_bytes * 3 > 2 * 64 * r.expert_bytes) fail("the experts are not 3x the budget");
+    if (r.rss_anon_bytes > 1.1 * r.plan_anon_bytes) fail("anonymous memory above the plan");
+    if (r.rss_file_bytes > 1.1 * r.plan_file_bytes) fail("file-backed memory above the plan: experts were mapped");
+    if (!(r.expert_misses > 0) || r.expert_bytes_read !== r.expert_misses * r.expert_bytes) fail("reads do not match misses");
+    if (!(r.hit_rate > 0 && r.hit_rate < 1)) fail("hit rate");' "$TMP/r.json"
