@@ -400,11 +400,11 @@ ALWAYS float q16_scale(int fmt, int sdt, const uint8_t *sc, int64_t b, int bshif
     return load_scale(sdt, sc, b >> bshift);
 }
 
-ALWAYS void q16_block(int fmt, int sdt, const uint8_t *c, const uint8_t *sc, int bshift, const struct q16 *q,
-                      int64_t b, int nt, __m256 acc[4][2], int chain) {
+/* Block b of a row (weight scale s) into chain `chain` of each token. */
+ALWAYS void q16_block(int fmt, const uint8_t *c, __m256 s, const struct q16 *q, int64_t b, int nt, __m256 acc[4][2],
+                      int chain) {
     __m256i w0, w1;
     q16_codes(fmt, c, b, &w0, &w1);
-    __m256 s = _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, bshift));
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         const int16_t *xq = q->xq + t * q->cols + b * QB;
@@ -418,20 +418,37 @@ ALWAYS void q16_block(int fmt, int sdt, const uint8_t *c, const uint8_t *sc, int
 ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
                      int fmt, int sdt, int nt) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
-    int bshift = fmt == FMT_MX4 ? 0 : __builtin_ctzll((unsigned long long)(f.group / QB));
+    const int64_t bpg = fmt == FMT_MX4 ? 1 : f.group / QB;  // blocks per weight group: 1, 2 or 4
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
         const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes;
         __m256 acc[4][2];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-        /* two chains (even / odd blocks) hide the FMA latency */
-        int64_t b = 0;
-        for (; b + 2 <= q->nblk; b += 2) {
-            q16_block(fmt, sdt, c, sc, bshift, q, b, nt, acc, 0);
-            q16_block(fmt, sdt, c, sc, bshift, q, b + 1, nt, acc, 1);
+        /* two chains (even / odd blocks) hide the FMA latency; a group's
+         * scale is loaded once for its 1, 2 or 4 blocks */
+        if (bpg == 1) {
+            int64_t b = 0;
+            for (; b + 2 <= q->nblk; b += 2) {
+                q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, 0)), q, b, nt, acc, 0);
+                q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b + 1, 0)), q, b + 1, nt, acc, 1);
+            }
+            if (b < q->nblk) q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, 0)), q, b, nt, acc, 0);
+        } else if (bpg == 2) {
+            for (int64_t g = 0; g < f.ng; g++) {
+                __m256 s = _mm256_set1_ps(load_scale(sdt, sc, g));
+                q16_block(fmt, c, s, q, 2 * g, nt, acc, 0);
+                q16_block(fmt, c, s, q, 2 * g + 1, nt, acc, 1);
+            }
+        } else {
+            for (int64_t g = 0; g < f.ng; g++) {
+                __m256 s = _mm256_set1_ps(load_scale(sdt, sc, g));
+                q16_block(fmt, c, s, q, 4 * g, nt, acc, 0);
+                q16_block(fmt, c, s, q, 4 * g + 1, nt, acc, 1);
+                q16_block(fmt, c, s, q, 4 * g + 2, nt, acc, 0);
+                q16_block(fmt, c, s, q, 4 * g + 3, nt, acc, 1);
+            }
         }
-        if (b < q->nblk) q16_block(fmt, sdt, c, sc, bshift, q, b, nt, acc, 0);
         float bias[4] = {0};
         if (fmt != FMT_MX4) {
             const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
