@@ -235,7 +235,8 @@ static void test_batch_invariance(void **state) {
 /* Logits with the expert cache at any budget - one expert, a few, all of
  * them - are bit-identical to reading experts from the mapping, and the
  * counters add up: every miss reads one whole expert. */
-static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label) {
+static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label, bool prefetch) {
+    setenv("SPARROW_PREFETCH", prefetch ? "1" : "0", 1);
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     size_t unit = sp_expert_store_min_budget(m);
@@ -255,16 +256,24 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
         if (memcmp(got, want, n * V * sizeof(float)) != 0) fail_msg("%s: expert cache of %zu bytes changed the logits", label, budgets[k]);
         struct sp_expert_store_stats st;
         assert_true(sp_ctx_expert_stats(c, &st));
-        assert_true(st.misses > 0);
-        assert_int_equal(st.bytes_read, st.misses * ms.expert_bytes);
+        assert_true(st.misses + st.prefetch_issued > 0);
+        /* every read is one whole expert: a miss, or a read ahead (some may still be in flight) */
+        assert_int_equal(st.bytes_read % ms.expert_bytes, 0);
+        assert_true(st.bytes_read >= st.misses * ms.expert_bytes);
+        assert_true(st.bytes_read <= (st.misses + st.prefetch_issued) * ms.expert_bytes);
+        assert_true(st.prefetch_hits + st.prefetch_waste <= st.prefetch_issued);
+        if (k == 1 && prefetch) assert_true(st.prefetch_issued > 0 && st.prefetch_hits > 0);
+        if (!prefetch) assert_int_equal(st.prefetch_issued, 0);
         assert_true(st.cached_bytes <= st.budget && st.budget <= budgets[k]);
         if (k == 0) assert_true(st.evictions > 0);                     // one slot: every new expert evicts
         if (k == 2) assert_true(st.evictions == 0 && st.hits > 0);     // all of them: later chunks hit
         uint64_t lat = 0;
         for (int b = 0; b < SP_EXPERT_LAT_BUCKETS; b++) lat += st.lat_bucket[b];
-        assert_int_equal(lat, st.misses);
-        print_message("%s: cache %zu bytes (%lld slots): %llu hits, %llu misses, %llu bytes read\n", label, budgets[k],
-                      (long long)st.slots, (unsigned long long)st.hits, (unsigned long long)st.misses,
+        assert_true(lat >= st.misses && lat <= st.misses + st.prefetch_issued);
+        print_message("%s%s: cache %zu bytes (%lld slots): %llu hits, %llu misses, %llu prefetched (%llu used, %llu wasted), "
+                      "%llu bytes read\n", label, prefetch ? "" : " (no prefetch)", budgets[k], (long long)st.slots,
+                      (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.prefetch_issued,
+                      (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_waste,
                       (unsigned long long)st.bytes_read);
         sp_ctx_free(c);
     }
@@ -284,7 +293,8 @@ static void test_expert_cache(void **state) {
         assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
         load_ref(moe_archs[i], &r);
-        check_expert_cache(m, &r, moe_archs[i]);
+        check_expert_cache(m, &r, moe_archs[i], true);
+        check_expert_cache(m, &r, moe_archs[i], false);
         const struct {
             enum sp_qtype t;
             int g;
@@ -298,7 +308,7 @@ static void test_expert_cache(void **state) {
             assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
             char label[64];
             snprintf(label, sizeof label, "%s %s", moe_archs[i], q[k].name);
-            check_expert_cache(qm, &r, label);
+            check_expert_cache(qm, &r, label, true);
             sp_model_close(qm);
             th_rmdir(qdir);
         }

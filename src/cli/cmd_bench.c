@@ -136,8 +136,10 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
            (long long)a->n_experts_used, main_format(ms), threads, (long long)r->prompt, pre, dec,
            (double)ms->active_bytes / 1048576.0, gbs, eff, pl->bw.ram_gbs, pl->bw.measured ? " (measured)" : " (default)");
     if (r->has_experts)
-        printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s", (double)r->es.budget / 1048576.0,
-               100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk);
+        printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
+               (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,
+               (unsigned long long)r->es.prefetch_issued, (unsigned long long)r->es.prefetch_hits,
+               (unsigned long long)r->es.prefetch_waste);
     printf("\n");
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
@@ -171,6 +173,9 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     if (r->has_experts) {
         sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
         sp_jw_key(&w, "expert_misses"); sp_jw_uint(&w, r->es.misses);
+        sp_jw_key(&w, "prefetch_issued"); sp_jw_uint(&w, r->es.prefetch_issued);
+        sp_jw_key(&w, "prefetch_hits"); sp_jw_uint(&w, r->es.prefetch_hits);
+        sp_jw_key(&w, "prefetch_waste"); sp_jw_uint(&w, r->es.prefetch_waste);
         sp_jw_key(&w, "expert_bytes"); sp_jw_uint(&w, pl->expert_bytes);
         sp_jw_key(&w, "hit_rate"); sp_jw_num(&w, hit);
         sp_jw_key(&w, "expert_bytes_read"); sp_jw_uint(&w, r->es.bytes_read);

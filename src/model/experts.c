@@ -2,6 +2,7 @@
 #include "model/experts.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
@@ -27,7 +28,15 @@ struct slot {
     int64_t layer;
     uint64_t last_use;
     int pins;
+    bool loading;     // a read into mem is under way (never a victim)
+    bool prefetched;  // read ahead and not used yet
     uint8_t *mem;
+};
+
+/* A read the prefetch thread owes: which slot, and where the bytes are. */
+struct job {
+    int64_t slot;
+    struct sp_expert_views mapped;
 };
 
 struct sp_expert_store {
@@ -45,6 +54,15 @@ struct sp_expert_store {
     int64_t n_moe_layers;
     uint64_t since_aging;
     struct sp_expert_store_stats st;
+    /* prefetch: one reader thread fed by a ring of jobs; mu guards every
+     * field of the store that both threads touch */
+    bool prefetch;
+    pthread_t reader;
+    bool reader_started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job *jobs;  // (n_slots) ring
+    int64_t j_head, j_len;
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
@@ -127,6 +145,8 @@ static enum sp_status mapped_views(const struct sp_model *m, int64_t L, int64_t 
     return sp_model_linear(m, L, SP_ROLE_EXP_DOWN, e, &v->down);
 }
 
+static void *reader_main(void *arg);
+
 size_t sp_expert_store_min_budget(const struct sp_model *m) {
     size_t best = 0;
     for (int64_t L = 0; L < m->arch.n_layers; L++) {
@@ -141,6 +161,16 @@ size_t sp_expert_store_min_budget(const struct sp_model *m) {
 
 void sp_expert_store_free(struct sp_expert_store *s) {
     if (!s) return;
+    if (s->reader_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->reader, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    sp_free(s->jobs);
     sp_free_aligned(s->arena);
     sp_free(s->slots);
     sp_free(s->where);
@@ -160,6 +190,8 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
                          "the largest MoE layer)", budget, unit);
     struct sp_expert_store *s = sp_calloc(1, sizeof *s, SP_MEM_MODEL);
     if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
     s->m = m;
     s->n_experts = m->arch.n_experts;
     s->n_layers = m->arch.n_layers;
@@ -190,6 +222,16 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->st.budget = s->budget;
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
+    const char *pf = getenv("SPARROW_PREFETCH");
+    s->prefetch = s->n_slots >= 2 && !(pf && strcmp(pf, "0") == 0);
+    if (s->prefetch) {
+        s->jobs = sp_malloc((size_t)s->n_slots * sizeof *s->jobs, SP_MEM_MODEL);
+        if (!s->jobs || pthread_create(&s->reader, NULL, reader_main, s) != 0) {
+            sp_expert_store_free(s);
+            return sp_errorf(SP_ERR_NOMEM, "cannot start the expert prefetch thread");
+        }
+        s->reader_started = true;
+    }
     *out = s;
     return SP_OK;
 }
@@ -216,7 +258,10 @@ static void rebase(const struct sp_expert_views *mapped, uint8_t *mem, struct sp
     }
 }
 
-static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_expert_views *mapped, uint8_t *mem) {
+/* Reads one expert into mem (no lock needed: the slot is reserved).
+ * Adds the requests and bytes to *reads and *bytes. */
+static enum sp_status read_unit(const struct sp_model *m, const struct sp_expert_views *mapped, uint8_t *mem,
+                                uint64_t *reads, uint64_t *bytes) {
     size_t off = 0;
     for (int i = 0; i < 4; i++) {
         if (!view_used(mapped, i)) continue;
@@ -226,7 +271,7 @@ static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_exper
         for (int k = 0; k < n; k++) {
             int fd;
             uint64_t foff;
-            if (!file_of(s->m, ptr[k], &fd, &foff))
+            if (!file_of(m, ptr[k], &fd, &foff))
                 return sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
             size_t done = 0;
             while (done < len[k]) {
@@ -238,12 +283,64 @@ static enum sp_status read_unit(struct sp_expert_store *s, const struct sp_exper
             /* The cache holds its own copy: drop the kernel's, so memory holds
              * each expert once and later misses really go to the disk. */
             posix_fadvise(fd, (off_t)foff, (off_t)len[k], POSIX_FADV_DONTNEED);
-            s->st.reads++;
-            s->st.bytes_read += len[k];
+            (*reads)++;
+            *bytes += len[k];
             off += (len[k] + 63) & ~(size_t)63;
         }
     }
     return SP_OK;
+}
+
+static void record_read(struct sp_expert_store *s, double dt, uint64_t reads, uint64_t bytes) {
+    s->st.read_s += dt;
+    s->st.reads += reads;
+    s->st.bytes_read += bytes;
+    int b = 0;
+    while (b < SP_EXPERT_LAT_BUCKETS - 1 && dt * 1000.0 > sp_expert_lat_bounds_ms[b]) b++;
+    s->st.lat_bucket[b]++;
+}
+
+/* Empties a slot (under mu). */
+static void evict(struct sp_expert_store *s, struct slot *sl) {
+    if (sl->key < 0) return;
+    s->where[sl->key] = -1;
+    s->held[sl->layer]--;
+    s->st.evictions++;
+    s->st.cached--;
+    if (sl->prefetched) s->st.prefetch_waste++;
+    sl->prefetched = false;
+    sl->key = -1;
+}
+
+/* The prefetch thread: reads queued experts into their reserved slots. */
+static void *reader_main(void *arg) {
+    struct sp_expert_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->j_len && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->stop) break;
+        struct job j = s->jobs[s->j_head];
+        s->j_head = (s->j_head + 1) % s->n_slots;
+        s->j_len--;
+        pthread_mutex_unlock(&s->mu);
+        uint64_t reads = 0, bytes = 0;
+        double t0 = now_s();
+        enum sp_status st = read_unit(s->m, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&s->mu);
+        struct slot *sl = &s->slots[j.slot];
+        sl->loading = false;
+        if (st == SP_OK) {
+            record_read(s, dt, reads, bytes);
+        } else {
+            sl->prefetched = false;  // a failed read ahead: forget it, the owner reads again
+            evict(s, sl);
+            s->st.evictions--;
+        }
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* The slot to reuse for an expert of layer L. LRU: the least recently used
@@ -260,7 +357,7 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
     if (victim >= 0) return victim;
     if (s->lru) {
         for (int64_t i = 0; i < s->n_slots; i++) {
-            if (s->slots[i].pins) continue;
+            if (s->slots[i].pins || s->slots[i].loading) continue;
             if (victim < 0 || s->slots[i].last_use < s->slots[victim].last_use) victim = i;
         }
         return victim;
@@ -272,10 +369,12 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
         for (int64_t k = 0; k < s->n_layers; k++)
             if (s->held[k] > 0 && (from < 0 || s->held[k] - share > s->held[from] - share)) from = k;
     }
-    for (int pass = 0; pass < 2 && victim < 0; pass++) {
+    for (int pass = 0; pass < 3 && victim < 0; pass++) {
         for (int64_t i = 0; i < s->n_slots; i++) {
             const struct slot *sl = &s->slots[i];
-            if (sl->pins || (pass == 0 && sl->layer != from)) continue;
+            if (sl->pins || sl->loading || (pass == 0 && sl->layer != from)) continue;
+            /* read ahead for the layer being computed: taken only as a last resort */
+            if (pass < 2 && sl->prefetched && sl->layer == L) continue;
             if (victim < 0) {
                 victim = i;
                 continue;
@@ -290,6 +389,7 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
 enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
                                    int64_t e, struct sp_expert_views *out) {
     int64_t key = L * s->n_experts + e;
+    pthread_mutex_lock(&s->mu);
     s->freq[key]++;
     if (++s->since_aging >= (uint64_t)(64 * s->n_slots + 4096)) {
         int64_t all = s->n_layers * s->n_experts;
@@ -298,50 +398,108 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
     }
     int32_t w = s->where[key];
     if (w >= 0) {
+        /* a read ahead still under way counts as a hit once it lands */
+        while (s->slots[w].loading) pthread_cond_wait(&s->cv, &s->mu);
+        w = s->where[key];
+    }
+    if (w >= 0) {
         s->st.hits++;
         s->layer_hits[L]++;
+        if (s->slots[w].prefetched) {
+            s->slots[w].prefetched = false;
+            s->st.prefetch_hits++;
+        }
     } else {
         int64_t victim = choose_victim(s, L);
-        if (victim < 0) return sp_errorf(SP_ERR_STATE, "every expert cache slot is in use");
-        struct slot *sl = &s->slots[victim];
-        if (sl->key >= 0) {
-            s->where[sl->key] = -1;
-            s->held[sl->layer]--;
-            s->st.evictions++;
-            s->st.cached--;
+        while (victim < 0) {
+            /* every slot is being read into or computed with: wait for a read to land */
+            bool loading = false;
+            for (int64_t i = 0; i < s->n_slots; i++) loading |= s->slots[i].loading;
+            if (!loading) break;
+            pthread_cond_wait(&s->cv, &s->mu);
+            victim = choose_victim(s, L);
         }
-        sl->key = -1;
-        double t0 = now_s();
-        enum sp_status st = read_unit(s, mapped, sl->mem);
-        double dt = now_s() - t0;
-        if (st != SP_OK) return st;
-        s->st.read_s += dt;
-        int b = 0;
-        while (b < SP_EXPERT_LAT_BUCKETS - 1 && dt * 1000.0 > sp_expert_lat_bounds_ms[b]) b++;
-        s->st.lat_bucket[b]++;
+        if (victim < 0) {
+            pthread_mutex_unlock(&s->mu);
+            return sp_errorf(SP_ERR_STATE, "every expert cache slot is in use");
+        }
+        struct slot *sl = &s->slots[victim];
+        evict(s, sl);
         sl->key = key;
         sl->layer = L;
+        sl->loading = true;
         s->held[L]++;
         s->where[key] = (int32_t)victim;
         s->st.misses++;
         s->st.cached++;
         s->layer_misses[L]++;
+        pthread_mutex_unlock(&s->mu);
+        uint64_t reads = 0, bytes = 0;
+        double t0 = now_s();
+        enum sp_status st = read_unit(s->m, mapped, sl->mem, &reads, &bytes);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&s->mu);
+        sl->loading = false;
+        pthread_cond_broadcast(&s->cv);
+        if (st != SP_OK) {
+            evict(s, sl);
+            s->st.evictions--;
+            pthread_mutex_unlock(&s->mu);
+            return st;
+        }
+        record_read(s, dt, reads, bytes);
         w = (int32_t)victim;
     }
     struct slot *sl = &s->slots[w];
     sl->pins++;
     sl->last_use = ++s->tick;
+    pthread_mutex_unlock(&s->mu);
     rebase(mapped, sl->mem, out);
     return SP_OK;
 }
 
+bool sp_expert_store_prefetching(const struct sp_expert_store *s) { return s->prefetch; }
+
+void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_t *experts,
+                              const struct sp_expert_views *mapped, int64_t n) {
+    if (!s->prefetch) return;
+    pthread_mutex_lock(&s->mu);
+    /* at most half the cache in flight, so demand reads always find room */
+    for (int64_t i = 0; i < n && s->j_len < s->n_slots / 2; i++) {
+        int64_t key = L * s->n_experts + experts[i];
+        if (s->where[key] >= 0) continue;
+        int64_t victim = choose_victim(s, L);
+        if (victim < 0) break;
+        struct slot *sl = &s->slots[victim];
+        evict(s, sl);
+        sl->key = key;
+        sl->layer = L;
+        sl->loading = true;
+        sl->prefetched = true;
+        sl->last_use = ++s->tick;
+        s->held[L]++;
+        s->where[key] = (int32_t)victim;
+        s->st.cached++;
+        s->st.prefetch_issued++;
+        s->jobs[(s->j_head + s->j_len) % s->n_slots] = (struct job){victim, mapped[i]};
+        s->j_len++;
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e) {
+    pthread_mutex_lock(&s->mu);
     int32_t w = s->where[L * s->n_experts + e];
     if (w >= 0 && s->slots[w].pins > 0) s->slots[w].pins--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&s->mu);
     *out = s->st;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->mu);
     out->cached_bytes = (size_t)s->st.cached * s->slot_bytes;
     out->layer_hits = s->layer_hits;
     out->layer_misses = s->layer_misses;

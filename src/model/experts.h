@@ -17,8 +17,10 @@
  *     ... compute with v.gate, v.up, v.down (or v.gate_up) ...
  *     sp_expert_store_put(s, layer, e);
  *
- * Not thread-safe: one forward pass uses it at a time. The counters are
- * what /metrics and the benchmarks report.
+ * One forward pass uses it at a time; a reader thread of its own serves
+ * prefetches (the forward pass predicts the next MoE layer's experts and
+ * asks for them early). The counters are what /metrics and the benchmarks
+ * report.
  */
 #ifndef SP_MODEL_EXPERTS_H
 #define SP_MODEL_EXPERTS_H
@@ -40,6 +42,7 @@ struct sp_expert_store_stats {
     size_t budget, slot_bytes, cached_bytes;
     int64_t slots, cached;
     uint64_t hits, misses, reads, bytes_read, evictions;
+    uint64_t prefetch_issued, prefetch_hits, prefetch_waste;  // read ahead; used before eviction; evicted unused
     double read_s;
     uint64_t lat_bucket[SP_EXPERT_LAT_BUCKETS];  // expert read latency: <= 0.1, 0.5, 1, 5, 10, 50, 100 ms, more
     const uint64_t *layer_hits, *layer_misses;   // (n_layers), borrowed from the store
@@ -60,6 +63,14 @@ size_t sp_expert_store_min_budget(const struct sp_model *m);
 enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
                                    int64_t e, struct sp_expert_views *out);
 void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e);
+/* Starts reading experts[0..n) of layer L in the background (those not
+ * cached yet; at most half the cache at a time). mapped[i] are their views
+ * into the files. A later get waits for a read still under way. */
+void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_t *experts,
+                              const struct sp_expert_views *mapped, int64_t n);
+/* Whether prefetching is on (a cache of two or more slots, and
+ * SPARROW_PREFETCH is not 0). */
+bool sp_expert_store_prefetching(const struct sp_expert_store *s);
 void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out);
 
 #endif

@@ -36,6 +36,8 @@ struct sp_ctx {
     struct layer *layers;  // (n_layers)
     struct sp_linear embed, lm_head;
     struct sp_expert_store *experts;  // NULL: experts read through the mapping
+    int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
+    struct sp_expert_views *pf_views; // (n_experts) their views into the files
     float *out_norm;  // (d)
     /* RoPE */
     float *inv_freq;  // (rot_dims / 2)
@@ -252,6 +254,8 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free_aligned(c->ecount);
     sp_pool_free(c->pool);
     sp_expert_store_free(c->experts);
+    sp_free(c->pf_experts);
+    sp_free(c->pf_views);
     sp_free(c);
 }
 
@@ -293,6 +297,11 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         if ((st = load_layer(c, L, &scratch)) != SP_OK) goto fail;
     if ((st = sp_pool_reserve(c->pool, scratch)) != SP_OK) goto fail;
     if (c->p.expert_cache && (st = sp_expert_store_create(m, c->p.expert_cache, &c->experts)) != SP_OK) goto fail;
+    if (c->experts && sp_expert_store_prefetching(c->experts)) {
+        c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
+        c->pf_views = sp_malloc((size_t)a->n_experts * sizeof *c->pf_views, SP_MEM_MODEL);
+        if (!c->pf_experts || !c->pf_views) goto nomem;
+    }
 
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, B = c->p.max_batch;
     c->kv_row = a->n_kv_heads * a->head_dim;
@@ -605,6 +614,40 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
     return true;
 }
 
+/* Predicts the experts the next MoE layer after L will use, by applying its
+ * norm and router to the hidden state as it leaves layer L, and starts
+ * reading the ones the cache lacks while that layer's attention runs. */
+static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
+    const struct sp_arch *a = c->a;
+    int64_t L2 = L + 1;
+    while (L2 < a->n_layers && !a->layer_moe[L2]) L2++;
+    if (L2 >= a->n_layers) return;
+    const struct layer *ly = &c->layers[L2];
+    int64_t E = a->n_experts, K = a->n_experts_used, d = a->d_model;
+    for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->ffn_norm, d, (float)a->norm_eps);
+    sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool);
+    bool seen[1024] = {false};
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++) {
+        route(a, ly, c->router_out + t * E, c->sel + t * K, c->sel_w + t * K);
+        for (int64_t j = 0; j < K; j++) {
+            int32_t e = c->sel[t * K + j];
+            if (seen[e]) continue;
+            seen[e] = true;
+            struct sp_expert_views *v = &c->pf_views[m];
+            memset(v, 0, sizeof *v);
+            v->fused = ly->egate_up != NULL;
+            if (v->fused)
+                v->gate_up = ly->egate_up[e];
+            else
+                v->gate = ly->egate[e], v->up = ly->eup[e];
+            v->down = ly->edown[e];
+            c->pf_experts[m++] = e;
+        }
+    }
+    sp_expert_store_prefetch(c->experts, L2, c->pf_experts, c->pf_views, m);
+}
+
 /* ---- the forward pass ---- */
 
 static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch *b) {
@@ -663,6 +706,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
             for (int64_t i = 0; i < n * d; i++) c->tmp[i] += c->gout[i];
         }
         for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
+        if (c->pf_experts) prefetch_next(c, L, n);
     }
 
     int64_t m = 0;

@@ -991,6 +991,12 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
         sp_buf_printf(&b, "sparrow_expert_cache_misses_total %llu\n", (unsigned long long)x->misses);
         METRIC("expert_cache_evictions_total", "counter", "experts dropped to make room");
         sp_buf_printf(&b, "sparrow_expert_cache_evictions_total %llu\n", (unsigned long long)x->evictions);
+        METRIC("expert_prefetch_total", "counter", "experts read ahead for the next layer");
+        sp_buf_printf(&b, "sparrow_expert_prefetch_total %llu\n", (unsigned long long)x->prefetch_issued);
+        METRIC("expert_prefetch_hits_total", "counter", "experts read ahead and then used");
+        sp_buf_printf(&b, "sparrow_expert_prefetch_hits_total %llu\n", (unsigned long long)x->prefetch_hits);
+        METRIC("expert_prefetch_wasted_total", "counter", "experts read ahead and evicted unused");
+        sp_buf_printf(&b, "sparrow_expert_prefetch_wasted_total %llu\n", (unsigned long long)x->prefetch_waste);
         METRIC("expert_reads_total", "counter", "read requests to the model files");
         sp_buf_printf(&b, "sparrow_expert_reads_total %llu\n", (unsigned long long)x->reads);
         METRIC("expert_read_bytes_total", "counter", "bytes read from the model files");
