@@ -2,6 +2,7 @@
 #include "model/experts.h"
 
 #include <errno.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <fcntl.h>
@@ -63,6 +64,10 @@ struct sp_expert_store {
     pthread_cond_t cv;
     struct job *jobs;  // (n_slots) ring
     int64_t j_head, j_len;
+    /* io_uring for the demand reads (forward thread) and the reads ahead
+     * (reader thread); NULL where the kernel refuses io_uring */
+    struct io_uring ring_demand, ring_ahead;
+    struct io_uring *demand, *ahead;
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
@@ -170,6 +175,8 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    if (s->demand) io_uring_queue_exit(s->demand);
+    if (s->ahead) io_uring_queue_exit(s->ahead);
     sp_free(s->jobs);
     sp_free_aligned(s->arena);
     sp_free(s->slots);
@@ -222,6 +229,11 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->st.budget = s->budget;
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
+    const char *io = getenv("SPARROW_IO");
+    bool uring = !(io && strcmp(io, "pread") == 0);
+    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_demand, 0) == 0) s->demand = &s->ring_demand;
+    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_ahead, 0) == 0) s->ahead = &s->ring_ahead;
+    s->st.io_uring = s->demand != NULL;
     const char *pf = getenv("SPARROW_PREFETCH");
     s->prefetch = s->n_slots >= 2 && !(pf && strcmp(pf, "0") == 0);
     if (s->prefetch) {
@@ -258,36 +270,82 @@ static void rebase(const struct sp_expert_views *mapped, uint8_t *mem, struct sp
     }
 }
 
-/* Reads one expert into mem (no lock needed: the slot is reserved).
- * Adds the requests and bytes to *reads and *bytes. */
-static enum sp_status read_unit(const struct sp_model *m, const struct sp_expert_views *mapped, uint8_t *mem,
-                                uint64_t *reads, uint64_t *bytes) {
+/* The file ranges of one expert and where each lands in a slot. */
+static int unit_parts(const struct sp_model *m, const struct sp_expert_views *mapped, struct part *parts,
+                      enum sp_status *st) {
+    int np = 0;
     size_t off = 0;
+    *st = SP_OK;
     for (int i = 0; i < 4; i++) {
         if (!view_used(mapped, i)) continue;
         const void *ptr[4];
         size_t len[4];
         int n = linear_parts(view_at(mapped, i), ptr, len);
         for (int k = 0; k < n; k++) {
-            int fd;
-            uint64_t foff;
-            if (!file_of(m, ptr[k], &fd, &foff))
-                return sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
-            size_t done = 0;
-            while (done < len[k]) {
-                ssize_t r = pread(fd, mem + off + done, len[k] - done, (off_t)(foff + done));
-                if (r < 0 && errno == EINTR) continue;
-                if (r <= 0) return sp_errorf(SP_ERR_IO, "reading an expert from the model files: %s", r < 0 ? strerror(errno) : "unexpected end of file");
-                done += (size_t)r;
+            SP_ASSERT(np < MAX_PARTS);
+            if (!file_of(m, ptr[k], &parts[np].fd, &parts[np].file_off)) {
+                *st = sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
+                return 0;
             }
-            /* The cache holds its own copy: drop the kernel's, so memory holds
-             * each expert once and later misses really go to the disk. */
-            posix_fadvise(fd, (off_t)foff, (off_t)len[k], POSIX_FADV_DONTNEED);
-            (*reads)++;
-            *bytes += len[k];
+            parts[np].len = len[k];
+            parts[np].slot_off = off;
             off += (len[k] + 63) & ~(size_t)63;
+            np++;
         }
     }
+    return np;
+}
+
+static enum sp_status pread_full(int fd, uint8_t *dst, size_t len, uint64_t off) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(fd, dst + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return sp_errorf(SP_ERR_IO, "reading an expert from the model files: %s", r < 0 ? strerror(errno) : "unexpected end of file");
+        done += (size_t)r;
+    }
+    return SP_OK;
+}
+
+/* Reads one expert into mem (no lock needed: the slot is reserved). With a
+ * ring, every part is submitted at once and read in parallel; short reads
+ * and a missing io_uring fall back to pread. Adds to *reads and *bytes. */
+static enum sp_status read_unit(const struct sp_model *m, struct io_uring *ring, const struct sp_expert_views *mapped,
+                                uint8_t *mem, uint64_t *reads, uint64_t *bytes) {
+    struct part parts[MAX_PARTS];
+    enum sp_status st;
+    int np = unit_parts(m, mapped, parts, &st);
+    if (st != SP_OK) return st;
+    bool done[MAX_PARTS] = {false};
+    if (ring) {
+        int queued = 0;
+        for (int k = 0; k < np; k++) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            if (!sqe) break;
+            io_uring_prep_read(sqe, parts[k].fd, mem + parts[k].slot_off, (unsigned)parts[k].len, parts[k].file_off);
+            io_uring_sqe_set_data64(sqe, (uint64_t)k);
+            queued++;
+        }
+        if (queued && io_uring_submit_and_wait(ring, (unsigned)queued) >= 0) {
+            for (int c = 0; c < queued; c++) {
+                struct io_uring_cqe *cqe;
+                if (io_uring_wait_cqe(ring, &cqe) != 0) break;
+                int k = (int)io_uring_cqe_get_data64(cqe);
+                if (k >= 0 && k < np && cqe->res == (int)parts[k].len) done[k] = true;
+                io_uring_cqe_seen(ring, cqe);
+            }
+        }
+    }
+    for (int k = 0; k < np; k++) {
+        if (!done[k] && (st = pread_full(parts[k].fd, mem + parts[k].slot_off, parts[k].len, parts[k].file_off)) != SP_OK)
+            return st;
+        /* The cache holds its own copy: drop the kernel's, so memory holds
+         * each expert once and later misses really go to the disk. */
+        posix_fadvise(parts[k].fd, (off_t)parts[k].file_off, (off_t)parts[k].len, POSIX_FADV_DONTNEED);
+        *bytes += parts[k].len;
+    }
+    *reads += (uint64_t)np;
     return SP_OK;
 }
 
@@ -325,7 +383,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = now_s();
-        enum sp_status st = read_unit(s->m, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, s->ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         struct slot *sl = &s->slots[j.slot];
@@ -436,7 +494,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = now_s();
-        enum sp_status st = read_unit(s->m, mapped, sl->mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, s->demand, mapped, sl->mem, &reads, &bytes);
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         sl->loading = false;
