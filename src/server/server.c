@@ -198,6 +198,8 @@ struct job {
     struct sp_chat_parse_opts popts;
     struct sp_chat_parser *parser;  // streaming
     cJSON *tools;                   // the request's tools (the parser borrows them)
+    char *forced;                   // tool_choice: the start of the reply written for the model, or NULL
+    const char *forced_end;         // and its end, once the constrained arguments are complete
 };
 
 static void job_free(struct job *j) {
@@ -213,6 +215,7 @@ static void job_free(struct job *j) {
     sp_tok_list_free(&j->toks);
     sp_chat_parser_free(j->parser);
     cJSON_Delete(j->tools);
+    sp_free(j->forced);
     sp_free(j);
 }
 
@@ -586,6 +589,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 sp_buf_puts(&j->out, "internal error\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n");
             } else {
                 bool calls = false;
+                if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
                 if (j->parser) {
                     sp_chat_parser_finish(j->parser);
                     size_t n;
@@ -622,6 +626,7 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     log_done(j);
     if (j->prog.finish == SP_FINISH_ERROR)
         return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
+    if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -760,15 +765,36 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         goto bad;
     }
     const cJSON *tc = field(body, "tool_choice");
+    bool force_call = false;
+    const char *force_name = NULL;
     if (tc) {
+        const cJSON *fn = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "function") : NULL;
+        const cJSON *nm = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
         bool ok = (cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none") ||
                                           !strcmp(tc->valuestring, "required"))) ||
-                  cJSON_IsObject(tc);
+                  (cJSON_IsObject(tc) && cJSON_IsString(nm) && *nm->valuestring);
         if (!ok) {
-            fail_param(&e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+            fail_param(&e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
             goto bad;
         }
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) tools = NULL;
+        force_call = cJSON_IsObject(tc) || !strcmp(tc->valuestring, "required");
+        if (nm) force_name = nm->valuestring;
+        if (force_call && !tools) {
+            fail_param(&e, "tool_choice", "'tool_choice' asks for a tool call but the request has no 'tools'");
+            goto bad;
+        }
+        bool known = !force_name;
+        for (const cJSON *t = tools ? tools->child : NULL; t && !known; t = t->next) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *n = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+            known = cJSON_IsString(n) && !strcmp(n->valuestring, force_name);
+        }
+        if (!known) {
+            fail_param(&e, "tool_choice", "'tool_choice' names the function \"%s\", which is not in 'tools'", force_name);
+            goto bad;
+        }
     }
     const cJSON *rf = field(body, "response_format");
     if (rf) {
@@ -817,9 +843,59 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     /* harmony's channels and DeepSeek's tool-call markers are special tokens:
      * keep them in the text for the parser (it never passes them on) */
     if (j->popts.format == SP_CHAT_FORMAT_HARMONY || j->popts.format == SP_CHAT_FORMAT_DEEPSEEK_V3) j->gp.detok_flags = 0;
+    if (force_call) {
+        /* tool_choice required / named: the reply starts as the model's own
+         * format starts a call, so the model can only fill it in */
+        struct sp_buf pre = SP_BUF_INIT;
+        if (j->popts.in_reasoning) sp_buf_puts(&pre, "</think>\n\n");
+        switch (j->popts.format) {
+        case SP_CHAT_FORMAT_HERMES:
+            if (force_name) {
+                /* the arguments are sampled as one JSON object, then the call is closed */
+                sp_buf_printf(&pre, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", force_name);
+                j->gp.json_object = true;
+                j->forced_end = "}\n</tool_call>";
+            } else {
+                sp_buf_puts(&pre, "<tool_call>\n{\"name\": \"");
+            }
+            break;
+        case SP_CHAT_FORMAT_QWEN3_CODER:
+            if (force_name)
+                sp_buf_printf(&pre, "<tool_call>\n<function=%s>\n", force_name);
+            else
+                sp_buf_puts(&pre, "<tool_call>\n<function=");
+            break;
+        case SP_CHAT_FORMAT_HARMONY:
+            if (force_name) {
+                sp_buf_printf(&pre, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", force_name);
+                j->gp.json_object = true;
+                j->forced_end = "<|call|>";
+            } else
+                sp_buf_puts(&pre, "<|channel|>commentary to=functions.");
+            break;
+        default:
+            sp_buf_free(&pre);
+            ret = BAD_REQUEST(c, s, "tool_choice", "this model's chat format (%s) has no way to force a tool call",
+                              sp_chat_format_name(j->popts.format));
+            goto out;
+        }
+        if (pre.failed || sp_tokenizer_encode(s->tok, pre.data, pre.len, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
+            sp_buf_free(&pre);
+            ret = send_error(c, s, 500, "server_error", NULL, NULL, "could not encode the forced tool call");
+            goto out;
+        }
+        j->forced = sp_buf_take(&pre);
+    }
     if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
         ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
+    }
+    /* the forced start is part of the reply the parser reads */
+    if (j->forced) {
+        if (j->stream)
+            sse_text(j, j->forced, strlen(j->forced), 0);  // its deltas (a call's name) go out first
+        else
+            sp_buf_puts(&j->text, j->forced);
     }
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);

@@ -190,6 +190,41 @@ test('tools in the request are rendered by the template and accepted', async () 
   assert.ok(none.usage.prompt_tokens < r.usage.prompt_tokens);
 });
 
+// A random model writes arbitrary (valid) JSON: the arguments object may not
+// close within max_tokens, so the test checks both endings.
+test('tool_choice naming a function gives that call with JSON arguments, streamed or not', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const req = { model: 'x', messages: chat('weather?'), tools, max_tokens: 64, temperature: 0,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } } };
+  const r = await client(main).chat.completions.create(req);
+  const call = r.choices[0].message.tool_calls[0];
+  assert.equal(r.choices[0].message.tool_calls.length, 1);
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  assert.match(call.id, /^call_/);
+  if (r.choices[0].finish_reason === 'tool_calls') assert.equal(typeof JSON.parse(call.function.arguments), 'object');
+  else assert.equal(r.choices[0].finish_reason, 'length');
+  const s = await client(main).chat.completions.create({ ...req, stream: true });
+  let name = '', argText = '', finish = null;
+  for await (const chunk of s) {
+    for (const tc of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      assert.equal(tc.index, 0);
+      if (tc.function?.name) name += tc.function.name;
+      if (tc.function?.arguments) argText += tc.function.arguments;
+    }
+    if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(name, 'get_weather');
+  assert.equal(argText, call.function.arguments);
+  assert.equal(finish, r.choices[0].finish_reason);
+  const required = await client(main).chat.completions.create({ ...req, tool_choice: 'required', max_tokens: 8 });
+  assert.equal(required.choices.length, 1);
+  await assert.rejects(client(main).chat.completions.create({ ...req, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+    (e) => e.status === 400);
+  await assert.rejects(client(main).chat.completions.create({ ...req, tools: undefined }), (e) => e.status === 400);
+});
+
 test('aborting a stream cancels the generation and frees the slot', async () => {
   const ac = new AbortController();
   const s = await client(main).chat.completions.create({ model: 'x', messages: chat('long'), max_tokens: 400, stream: true }, { signal: ac.signal });
