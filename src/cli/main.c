@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/alloc.h"
 
 static const struct {
     const char *name;
@@ -30,6 +31,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* every cJSON object, parsed or built, goes through the accounting allocator */
+    sp_mem_hook_cjson();
     if (argc < 2) {
         usage(stderr);
         return SP_EXIT_USAGE;

@@ -825,7 +825,8 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         goto out;
     }
     struct sp_chat_request creq = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs,
-                                   .parse_tool_arguments = true};
+                                   .parse_tool_arguments = true, .null_content_as_empty = true,
+                                   .flatten_content_parts = true};
     size_t plen;
     if (sp_chat_render(s->ct, &creq, &prompt, &plen) != SP_OK) {
         ret = BAD_REQUEST(c, s, "messages", "chat template: %s", sp_error_msg());

@@ -181,7 +181,7 @@ test('tools in the request are rendered by the template and accepted', async () 
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   const messages = [
     { role: 'user', content: 'Weather in Paris?' },
-    { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
     { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' },
   ];
   const r = await client(main).chat.completions.create({ model: 'x', messages, tools, tool_choice: 'auto', max_tokens: 4, temperature: 0 });
