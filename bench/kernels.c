@@ -6,8 +6,9 @@
  *
  *     build/bench/kernels [--quick] [--threads N] [--isa portable|avx2] [--fmt NAME] [--mb N]
  *
- * First the read bandwidth of this machine: a 1 GiB buffer summed by 1 and
- * by N threads (best of 5 passes); the N-thread figure is the bound. Then
+ * First the read bandwidth of this machine: a 1 GiB buffer read by 1 and by
+ * N threads (best of 5 passes of an integer sum and 5 of a SIMD dot); the
+ * N-thread figure is the bound. Then
  * every kernel set x format x shape (shapes of real MoE models) x batch
  * (1: decode, 64: prefill / batched decode) through sp_linear_apply on an
  * N-thread pool. Each result cycles through enough copies of the matrix
@@ -65,28 +66,38 @@ static double cpu_max(int nth) {
 struct bw_job {
     const uint64_t *buf;
     size_t words;
+    bool simd;
     uint64_t sink[64];
 };
 
-/* Eight independent sums so the loop is bound by loads, not by adds. */
+/* Reads the thread's share of the buffer: with eight independent integer
+ * sums (any CPU), or with the active kernel set's float dot of the share
+ * with itself (the widest loads available). The buffer holds 1.0f
+ * everywhere, so the dot sees no denormals. */
 static void bw_read(void *arg, int tid, int nth) {
     struct bw_job *j = arg;
     int64_t lo, hi;
     sp_pool_split((int64_t)(j->words / 8), tid, nth, &lo, &hi);
     double c0 = cpu_now();
-    uint64_t s[8] = {0};
-    for (int64_t i = lo * 8; i < hi * 8; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += j->buf[i + k];
-    j->sink[tid] = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    if (j->simd) {
+        const float *f = (const float *)(const void *)(j->buf + lo * 8);
+        j->sink[tid] = (uint64_t)sp_kernels()->dot(f, f, (hi - lo) * 16);
+    } else {
+        uint64_t s[8] = {0};
+        for (int64_t i = lo * 8; i < hi * 8; i += 8)
+            for (int k = 0; k < 8; k++) s[k] += j->buf[i + k];
+        j->sink[tid] = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
+    }
     cpu_busy[tid].s += cpu_now() - c0;
 }
 
-/* Best of 5 passes, by wall time (*wall) and by the busiest thread's CPU
- * time (*cpu). */
+/* Best of 5 passes of each reader, by wall time (*wall) and by the busiest
+ * thread's CPU time (*cpu). */
 static void measure_bw(struct sp_pool *pool, int nth, const uint64_t *buf, size_t bytes, double *wall, double *cpu) {
     struct bw_job j = {.buf = buf, .words = bytes / 8};
     *wall = *cpu = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 10; rep++) {
+        j.simd = rep & 1;
         cpu_reset();
         double t0 = now();
         sp_pool_run_n(pool, bw_read, &j, nth);
@@ -223,7 +234,7 @@ int main(int argc, char **argv) {
     size_t bw_bytes = (size_t)1 << 30;
     uint64_t *buf = sp_malloc_aligned(bw_bytes, 64, SP_MEM_MISC);
     if (!buf) return 2;
-    memset(buf, 1, bw_bytes);
+    for (size_t i = 0; i < bw_bytes / 8; i++) buf[i] = 0x3f8000003f800000ull;  // 1.0f pairs
     double bw1, bw1c, bwn, bwnc;
     measure_bw(pool, 1, buf, bw_bytes, &bw1, &bw1c);
     measure_bw(pool, threads, buf, bw_bytes, &bwn, &bwnc);
