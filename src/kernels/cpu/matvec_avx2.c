@@ -394,6 +394,14 @@ ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i
     *w1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi));
 }
 
+/* Scales (or biases) g..g+7 of a row as floats. */
+ALWAYS __m256 load8_scales(int sdt, const uint8_t *p, int64_t g) {
+    if (sdt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)(const void *)(p + 4 * g));
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * g));
+    if (sdt == SP_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* Scale of the weight group holding block b, as a float. */
 ALWAYS float q16_scale(int fmt, int sdt, const uint8_t *sc, int64_t b, int bshift) {
     if (fmt == FMT_MX4) return e8m0(sc[b]) * 0.5f;
@@ -449,10 +457,22 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
                 q16_block(fmt, c, s, q, 4 * g + 3, nt, acc, 1);
             }
         }
+        /* affine bias term: sum over groups of b_g * sum(x over group g) */
         float bias[4] = {0};
         if (fmt != FMT_MX4) {
             const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
-            for (int64_t g = 0; g < f.ng; g++) {
+            __m256 bacc[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
+            int64_t g = 0;
+            for (; g + 8 <= f.ng; g += 8) {
+                __m256 bv = load8_scales(sdt, bi, g);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) bias[t] = hsum(bacc[t]);
+            for (; g < f.ng; g++) {
                 float bg = load_scale(sdt, bi, g);
 #pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) bias[t] += bg * q->xsum[t * f.ng + g];
