@@ -173,7 +173,7 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     if (r->has_experts) {
         sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
         sp_jw_key(&w, "expert_misses"); sp_jw_uint(&w, r->es.misses);
-        sp_jw_key(&w, "io"); sp_jw_str(&w, r->es.io_uring ? "io_uring" : "pread");
+        sp_jw_key(&w, "io"); sp_jw_str(&w, r->es.io_uring ? (r->es.direct_io ? "io_uring+O_DIRECT" : "io_uring") : "pread");
         sp_jw_key(&w, "prefetch_issued"); sp_jw_uint(&w, r->es.prefetch_issued);
         sp_jw_key(&w, "prefetch_hits"); sp_jw_uint(&w, r->es.prefetch_hits);
         sp_jw_key(&w, "prefetch_waste"); sp_jw_uint(&w, r->es.prefetch_waste);

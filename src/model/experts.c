@@ -16,11 +16,13 @@ const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 
 
 /* One contiguous byte range of an expert in a file, and where it goes in a slot. */
 struct part {
-    int fd;
+    int fd, shard;
     uint64_t file_off;
     size_t len;
     size_t slot_off;
 };
+
+#define DIO_ALIGN 4096
 
 #define MAX_PARTS 16  // 4 matrices x (codes, scales, biases, bias)
 
@@ -32,6 +34,14 @@ struct slot {
     bool loading;     // a read into mem is under way (never a victim)
     bool prefetched;  // read ahead and not used yet
     uint8_t *mem;
+};
+
+/* How one thread reads experts: its io_uring (or NULL) and, for O_DIRECT,
+ * an aligned bounce buffer with room for every part of an expert. */
+struct reader_io {
+    struct io_uring *ring;
+    uint8_t *bounce;
+    size_t bounce_bytes;
 };
 
 /* A read the prefetch thread owes: which slot, and where the bytes are. */
@@ -67,7 +77,8 @@ struct sp_expert_store {
     /* io_uring for the demand reads (forward thread) and the reads ahead
      * (reader thread); NULL where the kernel refuses io_uring */
     struct io_uring ring_demand, ring_ahead;
-    struct io_uring *demand, *ahead;
+    struct reader_io io_demand, io_ahead;
+    int *dfd;  // (n_shards) O_DIRECT descriptors, -1 where refused
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
@@ -111,12 +122,13 @@ static bool view_used(const struct sp_expert_views *v, int i) {
 }
 
 /* Maps a pointer into the model's mappings to (fd, file offset). */
-static bool file_of(const struct sp_model *m, const void *p, int *fd, uint64_t *off) {
+static bool file_of(const struct sp_model *m, const void *p, int *fd, int *shard, uint64_t *off) {
     for (int i = 0; i < m->files->n_shards; i++) {
         const struct sp_map *mp = &m->files->shards[i]->map;
         const uint8_t *b = mp->data;
         if (b && (const uint8_t *)p >= b && (const uint8_t *)p < b + mp->size) {
             *fd = mp->fd;
+            *shard = i;
             *off = (uint64_t)((const uint8_t *)p - b);
             return true;
         }
@@ -175,8 +187,13 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    if (s->demand) io_uring_queue_exit(s->demand);
-    if (s->ahead) io_uring_queue_exit(s->ahead);
+    if (s->io_demand.ring) io_uring_queue_exit(s->io_demand.ring);
+    if (s->io_ahead.ring) io_uring_queue_exit(s->io_ahead.ring);
+    sp_free_aligned(s->io_demand.bounce);
+    sp_free_aligned(s->io_ahead.bounce);
+    for (int i = 0; s->dfd && i < s->m->files->n_shards; i++)
+        if (s->dfd[i] >= 0) close(s->dfd[i]);
+    sp_free(s->dfd);
     sp_free(s->jobs);
     sp_free_aligned(s->arena);
     sp_free(s->slots);
@@ -229,11 +246,32 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->st.budget = s->budget;
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
+    /* SPARROW_IO: "pread" (buffered, no ring), "buffered" (ring, no
+     * O_DIRECT); default: io_uring with O_DIRECT where the files allow it */
     const char *io = getenv("SPARROW_IO");
-    bool uring = !(io && strcmp(io, "pread") == 0);
-    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_demand, 0) == 0) s->demand = &s->ring_demand;
-    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_ahead, 0) == 0) s->ahead = &s->ring_ahead;
-    s->st.io_uring = s->demand != NULL;
+    bool uring = !(io && strcmp(io, "pread") == 0), odirect = uring && !(io && strcmp(io, "buffered") == 0);
+    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_demand, 0) == 0) s->io_demand.ring = &s->ring_demand;
+    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_ahead, 0) == 0) s->io_ahead.ring = &s->ring_ahead;
+    s->st.io_uring = s->io_demand.ring != NULL;
+    if (odirect) {
+        int ns = m->files->n_shards;
+        s->dfd = sp_malloc((size_t)ns * sizeof *s->dfd, SP_MEM_MODEL);
+        for (int i = 0; s->dfd && i < ns; i++) s->dfd[i] = -1;
+        size_t bb = unit + (size_t)MAX_PARTS * 2 * DIO_ALIGN;
+        s->io_demand.bounce = sp_malloc_aligned(bb, DIO_ALIGN, SP_MEM_EXPERT_CACHE);
+        s->io_ahead.bounce = sp_malloc_aligned(bb, DIO_ALIGN, SP_MEM_EXPERT_CACHE);
+        s->io_demand.bounce_bytes = s->io_ahead.bounce_bytes = bb;
+        if (!s->dfd || !s->io_demand.bounce || !s->io_ahead.bounce) {
+            sp_expert_store_free(s);
+            return sp_errorf(SP_ERR_NOMEM, "out of memory for the expert reader buffers");
+        }
+        int any = 0;
+        for (int i = 0; i < ns; i++) {
+            s->dfd[i] = open(m->files->shards[i]->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+            any += s->dfd[i] >= 0;
+        }
+        s->st.direct_io = any > 0;
+    }
     const char *pf = getenv("SPARROW_PREFETCH");
     s->prefetch = s->n_slots >= 2 && !(pf && strcmp(pf, "0") == 0);
     if (s->prefetch) {
@@ -283,7 +321,7 @@ static int unit_parts(const struct sp_model *m, const struct sp_expert_views *ma
         int n = linear_parts(view_at(mapped, i), ptr, len);
         for (int k = 0; k < n; k++) {
             SP_ASSERT(np < MAX_PARTS);
-            if (!file_of(m, ptr[k], &parts[np].fd, &parts[np].file_off)) {
+            if (!file_of(m, ptr[k], &parts[np].fd, &parts[np].shard, &parts[np].file_off)) {
                 *st = sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
                 return 0;
             }
@@ -308,41 +346,73 @@ static enum sp_status pread_full(int fd, uint8_t *dst, size_t len, uint64_t off)
     return SP_OK;
 }
 
-/* Reads one expert into mem (no lock needed: the slot is reserved). With a
- * ring, every part is submitted at once and read in parallel; short reads
- * and a missing io_uring fall back to pread. Adds to *reads and *bytes. */
-static enum sp_status read_unit(const struct sp_model *m, struct io_uring *ring, const struct sp_expert_views *mapped,
-                                uint8_t *mem, uint64_t *reads, uint64_t *bytes) {
+/* Reads one expert into mem (no lock needed: the slot is reserved). Each
+ * part is read, where the store has an O_DIRECT descriptor for its file, as
+ * the aligned span around it into the bounce buffer and copied out (no page
+ * cache at all); otherwise buffered, after which the kernel's copy is
+ * dropped. With a ring every part is submitted at once; anything that fails
+ * (a refused O_DIRECT, a short read) is read again with plain pread. Adds
+ * to *reads and *bytes. */
+static enum sp_status read_unit(const struct sp_model *m, const int *dfd, const struct reader_io *io,
+                                const struct sp_expert_views *mapped, uint8_t *mem, uint64_t *reads, uint64_t *bytes) {
     struct part parts[MAX_PARTS];
     enum sp_status st;
     int np = unit_parts(m, mapped, parts, &st);
     if (st != SP_OK) return st;
     bool done[MAX_PARTS] = {false};
-    if (ring) {
+    uint64_t a0[MAX_PARTS];
+    size_t span[MAX_PARTS], boff[MAX_PARTS];
+    bool direct[MAX_PARTS];
+    size_t used = 0;
+    for (int k = 0; k < np; k++) {
+        a0[k] = parts[k].file_off & ~(uint64_t)(DIO_ALIGN - 1);
+        span[k] = (size_t)(((parts[k].file_off + parts[k].len + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1)) - a0[k]);
+        direct[k] = dfd && dfd[parts[k].shard] >= 0 && io->bounce && used + span[k] <= io->bounce_bytes;
+        boff[k] = used;
+        if (direct[k]) used += span[k];
+    }
+    if (io->ring) {
         int queued = 0;
         for (int k = 0; k < np; k++) {
-            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            struct io_uring_sqe *sqe = io_uring_get_sqe(io->ring);
             if (!sqe) break;
-            io_uring_prep_read(sqe, parts[k].fd, mem + parts[k].slot_off, (unsigned)parts[k].len, parts[k].file_off);
+            if (direct[k])
+                io_uring_prep_read(sqe, dfd[parts[k].shard], io->bounce + boff[k], (unsigned)span[k], a0[k]);
+            else
+                io_uring_prep_read(sqe, parts[k].fd, mem + parts[k].slot_off, (unsigned)parts[k].len, parts[k].file_off);
             io_uring_sqe_set_data64(sqe, (uint64_t)k);
             queued++;
         }
-        if (queued && io_uring_submit_and_wait(ring, (unsigned)queued) >= 0) {
+        if (queued && io_uring_submit_and_wait(io->ring, (unsigned)queued) >= 0) {
             for (int c = 0; c < queued; c++) {
                 struct io_uring_cqe *cqe;
-                if (io_uring_wait_cqe(ring, &cqe) != 0) break;
+                if (io_uring_wait_cqe(io->ring, &cqe) != 0) break;
                 int k = (int)io_uring_cqe_get_data64(cqe);
-                if (k >= 0 && k < np && cqe->res == (int)parts[k].len) done[k] = true;
-                io_uring_cqe_seen(ring, cqe);
+                if (k >= 0 && k < np) {
+                    /* a direct read may stop at the end of the file, past the part */
+                    size_t need = direct[k] ? (size_t)(parts[k].file_off - a0[k]) + parts[k].len : parts[k].len;
+                    done[k] = cqe->res >= 0 && (size_t)cqe->res >= need;
+                }
+                io_uring_cqe_seen(io->ring, cqe);
             }
+        }
+    } else {
+        for (int k = 0; k < np; k++) {
+            if (!direct[k]) continue;
+            ssize_t r = pread(dfd[parts[k].shard], io->bounce + boff[k], span[k], (off_t)a0[k]);
+            done[k] = r >= 0 && (size_t)r >= (size_t)(parts[k].file_off - a0[k]) + parts[k].len;
         }
     }
     for (int k = 0; k < np; k++) {
-        if (!done[k] && (st = pread_full(parts[k].fd, mem + parts[k].slot_off, parts[k].len, parts[k].file_off)) != SP_OK)
-            return st;
-        /* The cache holds its own copy: drop the kernel's, so memory holds
-         * each expert once and later misses really go to the disk. */
-        posix_fadvise(parts[k].fd, (off_t)parts[k].file_off, (off_t)parts[k].len, POSIX_FADV_DONTNEED);
+        if (done[k] && direct[k]) {
+            memcpy(mem + parts[k].slot_off, io->bounce + boff[k] + (parts[k].file_off - a0[k]), parts[k].len);
+        } else if (!done[k]) {
+            if ((st = pread_full(parts[k].fd, mem + parts[k].slot_off, parts[k].len, parts[k].file_off)) != SP_OK) return st;
+            direct[k] = false;
+        }
+        /* The cache holds its own copy: drop any the kernel kept, so memory
+         * holds each expert once and later misses really go to the disk. */
+        if (!direct[k]) posix_fadvise(parts[k].fd, (off_t)parts[k].file_off, (off_t)parts[k].len, POSIX_FADV_DONTNEED);
         *bytes += parts[k].len;
     }
     *reads += (uint64_t)np;
@@ -383,7 +453,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = now_s();
-        enum sp_status st = read_unit(s->m, s->ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, s->dfd, &s->io_ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         struct slot *sl = &s->slots[j.slot];
@@ -494,7 +564,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = now_s();
-        enum sp_status st = read_unit(s->m, s->demand, mapped, sl->mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, s->dfd, &s->io_demand, mapped, sl->mem, &reads, &bytes);
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         sl->loading = false;

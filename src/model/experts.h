@@ -45,6 +45,7 @@ struct sp_expert_store_stats {
     uint64_t prefetch_issued, prefetch_hits, prefetch_waste;  // read ahead; used before eviction; evicted unused
     double read_s;
     bool io_uring;  // reads go through io_uring (else pread)
+    bool direct_io; // O_DIRECT reads (no page cache) where the files allow
     uint64_t lat_bucket[SP_EXPERT_LAT_BUCKETS];  // expert read latency: <= 0.1, 0.5, 1, 5, 10, 50, 100 ms, more
     const uint64_t *layer_hits, *layer_misses;   // (n_layers), borrowed from the store
 };

@@ -16,7 +16,7 @@
 
 #define DEFAULT_RAM_GBS 10.0
 #define DEFAULT_DISK_GBS 1.0
-#define OVERHEAD_BYTES ((size_t)96 << 20)  // tokenizer, tables, server, stacks
+#define OVERHEAD_BYTES ((size_t)32 << 20)  // tables, server, thread stacks (the tokenizer is added apart)
 
 const char *sp_strategy_name(enum sp_strategy s) { return s == SP_STRATEGY_RESIDENT ? "resident" : "expert-cache"; }
 
@@ -201,7 +201,16 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     size_t elt = in->kv_type == SP_KV_F32 ? 4 : 2;
     p->kv_bytes = (size_t)a->n_layers * 2 * (size_t)p->parallel * (size_t)p->ctx * (size_t)(a->n_kv_heads * a->head_dim) * elt;
     p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : 256, 2);
+    /* a loaded tokenizer takes about 1.5x its tokenizer.json */
     p->overhead_bytes = OVERHEAD_BYTES;
+    char *tj = sp_path_join(m->files->dir, "tokenizer.json");
+    struct sp_map tm;
+    if (tj && sp_path_is_file(tj) && sp_map_open(tj, &tm) == SP_OK) {
+        p->overhead_bytes += tm.size + tm.size / 2;
+        sp_map_close(&tm);
+    }
+    sp_error_clear();
+    sp_free(tj);
     sp_memory_limits(&p->cgroup_limit, &p->mem_available);
     p->user_limit = in->mem_limit;
     p->limit = 0;

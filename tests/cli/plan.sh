@@ -20,7 +20,7 @@ run "plan --json parses" 0 node -e '
         !(p.disk_bytes_per_token > 0) || p.limit_source !== "--mem-limit") process.exit(1);' "$TMP/plan.json"
 run "--expert-cache 0 is an error" 1 "$SPARROW" plan "$TMP/ling" --expert-cache 0
 expect "that names the minimum" "$TMP/err" "the minimum is 49152 bytes"
-run "a limit too small for what every token needs" 1 "$SPARROW" plan "$TMP/ling" --mem-limit 50M
+run "a limit too small for what every token needs" 1 "$SPARROW" plan "$TMP/ling" --mem-limit 20M
 expect "says what does not fit" "$TMP/err" "what every token needs"
 run "a bad size" 2 "$SPARROW" plan "$TMP/ling" --mem-limit 12Q
 
