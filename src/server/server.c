@@ -22,6 +22,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "model/inspect.h"
 #include "server/chat_parse.h"
 
 #define POLL_MS 50
@@ -39,6 +40,7 @@ struct sp_server {
     const struct sp_tokenizer *tok;
     const struct sp_chat_template *ct;
     const struct sp_model *m;
+    struct sp_model_stats mstats;  // bytes by role class, for /metrics
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
@@ -1103,6 +1105,14 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
         }
     }
     if (s->m) {
+        /* routed experts are resident (mapped) unless an expert cache serves them */
+        METRIC("model_bytes", "gauge", "model tensor bytes by role class and where they are read from");
+        for (int c = 0; c < SP_CLASS_COUNT; c++) {
+            if (!s->mstats.bytes[c]) continue;
+            bool cached = c == SP_CLASS_ROUTED_EXPERTS && st.has_experts;
+            sp_buf_printf(&b, "sparrow_model_bytes{class=\"%s\",placement=\"%s\"} %zu\n",
+                          sp_role_class_name((enum sp_role_class)c), cached ? "expert_cache" : "mapped", s->mstats.bytes[c]);
+        }
         METRIC("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)");
         sp_buf_printf(&b, "sparrow_model_file_bytes %zu\n", s->m->files->total_bytes);
     }
@@ -1242,6 +1252,7 @@ void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_
     s->tok = tok;
     s->ct = ct;
     s->m = m;
+    if (m) sp_model_stats(m, &s->mstats);
     atomic_store(&s->ready, true);
 }
 
