@@ -1107,11 +1107,11 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     if (s->m) {
         /* routed experts are resident (mapped) unless an expert cache serves them */
         METRIC("model_bytes", "gauge", "model tensor bytes by role class and where they are read from");
-        for (int c = 0; c < SP_CLASS_COUNT; c++) {
-            if (!s->mstats.bytes[c]) continue;
-            bool cached = c == SP_CLASS_ROUTED_EXPERTS && st.has_experts;
+        for (int k = 0; k < SP_CLASS_COUNT; k++) {
+            if (!s->mstats.bytes[k]) continue;
+            bool cached = k == SP_CLASS_ROUTED_EXPERTS && st.has_experts;
             sp_buf_printf(&b, "sparrow_model_bytes{class=\"%s\",placement=\"%s\"} %zu\n",
-                          sp_role_class_name((enum sp_role_class)c), cached ? "expert_cache" : "mapped", s->mstats.bytes[c]);
+                          sp_role_class_name((enum sp_role_class)k), cached ? "expert_cache" : "mapped", s->mstats.bytes[k]);
         }
         METRIC("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)");
         sp_buf_printf(&b, "sparrow_model_file_bytes %zu\n", s->m->files->total_bytes);
