@@ -192,6 +192,7 @@ struct job {
     struct sp_buf out;  // SSE bytes not yet handed to MHD
     size_t out_pos;
     bool sent_role, done;
+    size_t text_sent;  // text completions: bytes of text streamed so far (for text_offset)
     /* collected */
     struct sp_buf text;
     struct sp_tok_list toks;
@@ -419,6 +420,49 @@ static void write_chat_logprobs(struct sp_jw *w, const struct sp_tokenizer *tok,
     sp_buf_free(&t);
 }
 
+/* logprobs of text completions (the legacy form): {"tokens", "token_logprobs",
+ * "top_logprobs": [{token: logprob}], "text_offset"} for tokens [from, n). */
+static void write_text_logprobs(struct sp_jw *w, const struct sp_tokenizer *tok, const struct sp_tok_list *l, int64_t from,
+                                int64_t offset0) {
+    struct sp_buf t = SP_BUF_INIT;
+    sp_jw_key(w, "logprobs");
+    sp_jw_obj(w);
+    sp_jw_key(w, "tokens");
+    sp_jw_arr(w);
+    for (int64_t i = from; i < l->n; i++) {
+        token_text(tok, l->v[i].id, &t);
+        sp_jw_strn(w, t.data ? t.data : "", t.len);
+    }
+    sp_jw_end(w);
+    sp_jw_key(w, "token_logprobs");
+    sp_jw_arr(w);
+    for (int64_t i = from; i < l->n; i++) sp_jw_num(w, l->v[i].logprob);
+    sp_jw_end(w);
+    sp_jw_key(w, "top_logprobs");
+    sp_jw_arr(w);
+    for (int64_t i = from; i < l->n; i++) {
+        sp_jw_obj(w);
+        for (int k = 0; k < l->v[i].n_top; k++) {
+            token_text(tok, l->v[i].top_id[k], &t);
+            sp_jw_key(w, t.data ? t.data : "");
+            sp_jw_num(w, l->v[i].top_logprob[k]);
+        }
+        sp_jw_end(w);
+    }
+    sp_jw_end(w);
+    sp_jw_key(w, "text_offset");
+    sp_jw_arr(w);
+    int64_t off = offset0;
+    for (int64_t i = from; i < l->n; i++) {
+        sp_jw_int(w, off);
+        token_text(tok, l->v[i].id, &t);
+        off += (int64_t)t.len;
+    }
+    sp_jw_end(w);
+    sp_jw_end(w);
+    sp_buf_free(&t);
+}
+
 static void chunk_begin(struct job *j, struct sp_jw *w) {
     sp_jw_obj(w);
     sp_jw_key(w, "id");
@@ -495,8 +539,13 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     } else {
         sp_jw_key(&w, "text");
         sp_jw_strn(&w, text, len);
-        sp_jw_key(&w, "logprobs");
-        sp_jw_null(&w);
+        if (j->want_logprobs && tok_from < j->toks.n) {
+            write_text_logprobs(&w, j->srv->tok, &j->toks, tok_from, (int64_t)j->text_sent);
+        } else {
+            sp_jw_key(&w, "logprobs");
+            sp_jw_null(&w);
+        }
+        j->text_sent += len;
     }
     sp_jw_key(&w, "finish_reason");
     sp_jw_str(&w, finish);
@@ -698,8 +747,12 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     } else {
         sp_jw_key(&w, "text");
         sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
-        sp_jw_key(&w, "logprobs");
-        sp_jw_null(&w);
+        if (j->want_logprobs) {
+            write_text_logprobs(&w, s->tok, &j->toks, 0, 0);
+        } else {
+            sp_jw_key(&w, "logprobs");
+            sp_jw_null(&w);
+        }
     }
     sp_jw_key(&w, "finish_reason");
     sp_jw_str(&w, finish_reason(&j->prog, calls));
@@ -923,6 +976,12 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
     if (!j) return MHD_NO;
     enum MHD_Result ret;
     if (!parse_common(body, j, &e)) goto bad;
+    int64_t lp = -1;
+    if (!get_integer(body, "logprobs", 0, SP_MAX_TOP_LOGPROBS, &lp, &e)) goto bad;
+    if (lp >= 0) {
+        j->want_logprobs = true;
+        j->gp.top_logprobs = (int)lp;
+    }
     const cJSON *p = field(body, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
     if (cJSON_IsString(p)) {

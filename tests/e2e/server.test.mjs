@@ -163,6 +163,13 @@ test('logprobs: one entry per token with top alternatives', async () => {
     assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
     assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4, 'greedy picks the most likely token');
   }
+  const c = await client(main).completions.create({ model: 'x', prompt: 'probs', max_tokens: 4, temperature: 0, logprobs: 2 });
+  const l = c.choices[0].logprobs;
+  assert.equal(l.tokens.length, 4);
+  assert.equal(l.token_logprobs.length, 4);
+  assert.equal(l.tokens.join(''), c.choices[0].text);
+  assert.deepEqual(l.text_offset[0], 0);
+  for (const top of l.top_logprobs) assert.equal(Object.keys(top).length, 2);
 });
 
 test('response_format json_object constrains the output to one JSON object', async () => {
