@@ -231,8 +231,10 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->arena = sp_malloc_aligned(s->budget, 4096, SP_MEM_EXPERT_CACHE);
     s->freq = sp_calloc((size_t)all, sizeof *s->freq, SP_MEM_MODEL);
     s->held = sp_calloc((size_t)s->n_layers, sizeof *s->held, SP_MEM_MODEL);
+    /* LRU by default: on a skewed-routing test the per-layer frequency
+     * policy hit less often (67% against 90%); SPARROW_EXPERT_POLICY=lfu selects it */
     const char *pol = getenv("SPARROW_EXPERT_POLICY");
-    s->lru = pol && strcmp(pol, "lru") == 0;
+    s->lru = !(pol && strcmp(pol, "lfu") == 0);
     for (int64_t L = 0; L < s->n_layers; L++) s->n_moe_layers += m->arch.layer_moe[L];
     if (!s->slots || !s->where || !s->arena || !s->layer_hits || !s->layer_misses || !s->freq || !s->held) {
         sp_expert_store_free(s);
@@ -471,8 +473,8 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
-/* The slot to reuse for an expert of layer L. LRU: the least recently used
- * unpinned slot. Otherwise (the default) each MoE layer is entitled to an
+/* The slot to reuse for an expert of layer L. LRU (the default): the least
+ * recently used unpinned slot. Otherwise each MoE layer is entitled to an
  * equal share of the slots: a layer at or above its share gives up its own
  * least frequently used expert, a layer below it takes the least frequently
  * used expert of the layer most above its share (or any free slot). Within a

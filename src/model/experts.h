@@ -3,10 +3,10 @@
  * a fixed byte budget over the model files. The forward pass asks for an
  * expert's weight views right before computing it and hands them back right
  * after; a miss reads the expert (all its tensors: codes, scales, biases of
- * gate, up and down) from the files into a cache slot with pread. Eviction
- * gives every MoE layer an equal share of the slots and drops the least
- * frequently used expert (SPARROW_EXPERT_POLICY=lru: the least recently
- * used, the baseline); an expert being computed is never evicted. The views point into the slot and
+ * gate, up and down) from the files into a cache slot. Eviction drops the
+ * least recently used expert (SPARROW_EXPERT_POLICY=lfu: per-layer shares
+ * with least-frequently-used eviction, which has not beaten LRU yet); an
+ * expert being computed is never evicted. The views point into the slot and
  * hold exactly the bytes of the files, so every computed token is identical
  * whatever the budget.
  *
