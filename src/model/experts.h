@@ -3,11 +3,11 @@
  * a fixed byte budget over the model files. The forward pass asks for an
  * expert's weight views right before computing it and hands them back right
  * after; a miss reads the expert (all its tensors: codes, scales, biases of
- * gate, up and down) from the files into a cache slot. Eviction is a
- * generalized clock: each hit adds a count (up to 3), the sweeping hand takes
- * one away, and the first expert at zero goes, so experts used often outlive
- * one-off ones (SPARROW_EXPERT_POLICY=lru: plain least recently used;
- * =lfu: per-layer shares with least-frequently-used eviction). An expert
+ * gate, up and down) from the files into a cache slot. Eviction drops the
+ * least recently used expert (SPARROW_EXPERT_POLICY=clock: a generalized
+ * clock where each hit adds a count, up to 3, and the sweeping hand takes one
+ * away; =lfu: per-layer shares with least-frequently-used eviction; neither
+ * beats LRU on every routing pattern measured yet). An expert
  * being computed is never evicted. The views point into the slot and
  * hold exactly the bytes of the files, so every computed token is identical
  * whatever the budget.
