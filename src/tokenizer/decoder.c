@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "tokenizer/tokjson.h"
 #include "tokenizer/utf8.h"
 
 enum dec_kind { D_BYTELEVEL, D_METASPACE, D_REPLACE, D_BYTEFALLBACK, D_FUSE, D_STRIP };
@@ -51,11 +52,6 @@ void sp_pieces_free(struct sp_pieces *p) {
     memset(p, 0, sizeof *p);
 }
 
-static const char *jstr(const cJSON *j, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 static enum sp_status one_char(const char *s, const char *what, const char *where, char out[5], size_t *len) {
     uint32_t cp;
     size_t n = s ? strlen(s) : 0;
@@ -76,31 +72,10 @@ static enum sp_status jint(const cJSON *j, const char *key, const char *where, i
     return SP_OK;
 }
 
-static enum sp_status dec_add(struct sp_decoder *d, const cJSON *j, const char *where, int depth) {
-    enum sp_status st;
-    if (depth > 32) return sp_errorf(SP_ERR_LIMIT, "%s: sequences nested too deep", where);
-    if (!cJSON_IsObject(j)) return sp_errorf(SP_ERR_FORMAT, "%s: expected an object", where);
-    const char *type = jstr(j, "type");
-    if (!type) return sp_errorf(SP_ERR_FORMAT, "%s: missing \"type\"", where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *kids = cJSON_GetObjectItemCaseSensitive(j, "decoders");
-        if (!cJSON_IsArray(kids)) return sp_errorf(SP_ERR_FORMAT, "%s: Sequence without a \"decoders\" array", where);
-        int i = 0;
-        const cJSON *k;
-        cJSON_ArrayForEach(k, kids) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.decoders[%d]", where, i++);
-            if ((st = dec_add(d, k, sub, depth + 1)) != SP_OK) return st;
-        }
-        return SP_OK;
-    }
-    if (d->n == d->cap) {
-        int64_t cap = d->cap ? d->cap * 2 : 4;
-        void *ns = d->st ? sp_realloc(d->st, (size_t)cap * sizeof *d->st) : sp_malloc((size_t)cap * sizeof *d->st, SP_MEM_TOKENIZER);
-        if (!ns) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-        d->st = ns;
-        d->cap = cap;
-    }
+static enum sp_status dec_add(void *ctx, const cJSON *j, const char *type, const char *where) {
+    struct sp_decoder *d = ctx;
+    enum sp_status st = sp_tokjson_reserve((void **)&d->st, &d->cap, d->n, sizeof *d->st, where);
+    if (st != SP_OK) return st;
     struct dec_stage *s = &d->st[d->n];
     memset(s, 0, sizeof *s);
     if (strcmp(type, "ByteLevel") == 0) {
@@ -111,20 +86,20 @@ static enum sp_status dec_add(struct sp_decoder *d, const cJSON *j, const char *
         s->kind = D_FUSE;
     } else if (strcmp(type, "Metaspace") == 0) {
         s->kind = D_METASPACE;
-        const char *r = jstr(j, "replacement");
+        const char *r = sp_tokjson_string(j, "replacement");
         if ((st = one_char(r, "replacement", where, s->repl, &s->repl_len)) != SP_OK) return st;
-        const char *ps = jstr(j, "prepend_scheme");
+        const char *ps = sp_tokjson_string(j, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
         if (ps) s->strip_first = strcmp(ps, "never") != 0;
         else s->strip_first = !aps || cJSON_IsTrue(aps);
     } else if (strcmp(type, "Strip") == 0) {
         s->kind = D_STRIP;
-        if ((st = one_char(jstr(j, "content"), "content", where, s->repl, &s->repl_len)) != SP_OK) return st;
+        if ((st = one_char(sp_tokjson_string(j, "content"), "content", where, s->repl, &s->repl_len)) != SP_OK) return st;
         if ((st = jint(j, "start", where, &s->start)) != SP_OK) return st;
         if ((st = jint(j, "stop", where, &s->stop)) != SP_OK) return st;
     } else if (strcmp(type, "Replace") == 0) {
         s->kind = D_REPLACE;
-        const char *c = jstr(j, "content");
+        const char *c = sp_tokjson_string(j, "content");
         if (!c) return sp_errorf(SP_ERR_FORMAT, "%s: Replace without a \"content\" string", where);
         if ((st = sp_pattern_parse(cJSON_GetObjectItemCaseSensitive(j, "pattern"), where, &s->pat)) != SP_OK) return st;
         s->content_len = strlen(c);
@@ -144,7 +119,7 @@ enum sp_status sp_decoder_parse(const cJSON *j, const char *where, struct sp_dec
     if (!j || cJSON_IsNull(j)) return SP_OK;
     struct sp_decoder *d = sp_calloc(1, sizeof *d, SP_MEM_TOKENIZER);
     if (!d) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-    enum sp_status st = dec_add(d, j, where, 0);
+    enum sp_status st = sp_tokjson_walk(j, "decoders", where, dec_add, d);
     if (st != SP_OK) {
         sp_decoder_free(d);
         return st;

@@ -7,6 +7,7 @@
 #include <utf8proc.h>
 
 #include "core/alloc.h"
+#include "tokenizer/tokjson.h"
 #include "tokenizer/utf8.h"
 
 /* ---- byte-level alphabet ---- */
@@ -226,11 +227,6 @@ struct sp_normalizer {
     int64_t n, cap;
 };
 
-static const char *jstr(const cJSON *j, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* A boolean field: absent or null -> def; another type is an error. */
 static enum sp_status jbool(const cJSON *j, const char *key, bool def, const char *where, bool *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
@@ -241,32 +237,10 @@ static enum sp_status jbool(const cJSON *j, const char *key, bool def, const cha
     return SP_OK;
 }
 
-static enum sp_status norm_add(struct sp_normalizer *nz, const cJSON *j, const char *where, int depth) {
-    enum sp_status st;
-    if (depth > 32) return sp_errorf(SP_ERR_LIMIT, "%s: sequences nested too deep", where);
-    if (!cJSON_IsObject(j)) return sp_errorf(SP_ERR_FORMAT, "%s: expected an object", where);
-    const char *type = jstr(j, "type");
-    if (!type) return sp_errorf(SP_ERR_FORMAT, "%s: missing \"type\"", where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *kids = cJSON_GetObjectItemCaseSensitive(j, "normalizers");
-        if (!cJSON_IsArray(kids)) return sp_errorf(SP_ERR_FORMAT, "%s: Sequence without a \"normalizers\" array", where);
-        int i = 0;
-        const cJSON *k;
-        cJSON_ArrayForEach(k, kids) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, i++);
-            if ((st = norm_add(nz, k, sub, depth + 1)) != SP_OK) return st;
-        }
-        return SP_OK;
-    }
-    if (nz->n == nz->cap) {
-        int64_t cap = nz->cap ? nz->cap * 2 : 4;
-        void *ns = nz->st ? sp_realloc(nz->st, (size_t)cap * sizeof *nz->st)
-                          : sp_malloc((size_t)cap * sizeof *nz->st, SP_MEM_TOKENIZER);
-        if (!ns) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-        nz->st = ns;
-        nz->cap = cap;
-    }
+static enum sp_status norm_add(void *ctx, const cJSON *j, const char *type, const char *where) {
+    struct sp_normalizer *nz = ctx;
+    enum sp_status st = sp_tokjson_reserve((void **)&nz->st, &nz->cap, nz->n, sizeof *nz->st, where);
+    if (st != SP_OK) return st;
     struct norm_stage *s = &nz->st[nz->n];
     memset(s, 0, sizeof *s);
     const char *str = NULL;
@@ -281,10 +255,10 @@ static enum sp_status norm_add(struct sp_normalizer *nz, const cJSON *j, const c
         if ((st = jbool(j, "strip_right", true, where, &s->right)) != SP_OK) return st;
     } else if (strcmp(type, "Prepend") == 0) {
         s->kind = N_PREPEND;
-        if (!(str = jstr(j, "prepend"))) return sp_errorf(SP_ERR_FORMAT, "%s: Prepend without a \"prepend\" string", where);
+        if (!(str = sp_tokjson_string(j, "prepend"))) return sp_errorf(SP_ERR_FORMAT, "%s: Prepend without a \"prepend\" string", where);
     } else if (strcmp(type, "Replace") == 0) {
         s->kind = N_REPLACE;
-        if (!(str = jstr(j, "content"))) return sp_errorf(SP_ERR_FORMAT, "%s: Replace without a \"content\" string", where);
+        if (!(str = sp_tokjson_string(j, "content"))) return sp_errorf(SP_ERR_FORMAT, "%s: Replace without a \"content\" string", where);
         if ((st = sp_pattern_parse(cJSON_GetObjectItemCaseSensitive(j, "pattern"), where, &s->pat)) != SP_OK) return st;
     } else {
         return sp_errorf(SP_ERR_UNSUPPORTED, "%s: unsupported normalizer type \"%s\"", where, type);
@@ -305,7 +279,7 @@ enum sp_status sp_normalizer_parse(const cJSON *j, const char *where, struct sp_
     if (!j || cJSON_IsNull(j)) return SP_OK;
     struct sp_normalizer *nz = sp_calloc(1, sizeof *nz, SP_MEM_TOKENIZER);
     if (!nz) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-    enum sp_status st = norm_add(nz, j, where, 0);
+    enum sp_status st = sp_tokjson_walk(j, "normalizers", where, norm_add, nz);
     if (st != SP_OK) {
         sp_normalizer_free(nz);
         return st;
@@ -621,37 +595,15 @@ struct sp_pretok {
 
 static const char GPT2_RE[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static enum sp_status pt_add(struct sp_pretok *pt, const cJSON *j, const char *where, int depth) {
-    enum sp_status st;
-    if (depth > 32) return sp_errorf(SP_ERR_LIMIT, "%s: sequences nested too deep", where);
-    if (!cJSON_IsObject(j)) return sp_errorf(SP_ERR_FORMAT, "%s: expected an object", where);
-    const char *type = jstr(j, "type");
-    if (!type) return sp_errorf(SP_ERR_FORMAT, "%s: missing \"type\"", where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *kids = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
-        if (!cJSON_IsArray(kids)) return sp_errorf(SP_ERR_FORMAT, "%s: Sequence without a \"pretokenizers\" array", where);
-        int i = 0;
-        const cJSON *k;
-        cJSON_ArrayForEach(k, kids) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i++);
-            if ((st = pt_add(pt, k, sub, depth + 1)) != SP_OK) return st;
-        }
-        return SP_OK;
-    }
-    if (pt->n == pt->cap) {
-        int64_t cap = pt->cap ? pt->cap * 2 : 4;
-        void *ns = pt->st ? sp_realloc(pt->st, (size_t)cap * sizeof *pt->st)
-                          : sp_malloc((size_t)cap * sizeof *pt->st, SP_MEM_TOKENIZER);
-        if (!ns) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-        pt->st = ns;
-        pt->cap = cap;
-    }
+static enum sp_status pt_add(void *ctx, const cJSON *j, const char *type, const char *where) {
+    struct sp_pretok *pt = ctx;
+    enum sp_status st = sp_tokjson_reserve((void **)&pt->st, &pt->cap, pt->n, sizeof *pt->st, where);
+    if (st != SP_OK) return st;
     struct pt_stage *s = &pt->st[pt->n];
     memset(s, 0, sizeof *s);
     if (strcmp(type, "Split") == 0) {
         s->kind = P_SPLIT;
-        const char *b = jstr(j, "behavior");
+        const char *b = sp_tokjson_string(j, "behavior");
         if (!b) return sp_errorf(SP_ERR_FORMAT, "%s: Split without a \"behavior\"", where);
         if (strcmp(b, "Removed") == 0) s->behavior = B_REMOVED;
         else if (strcmp(b, "Isolated") == 0) s->behavior = B_ISOLATED;
@@ -673,15 +625,15 @@ static enum sp_status pt_add(struct sp_pretok *pt, const cJSON *j, const char *w
         s->behavior = s->individual ? B_ISOLATED : B_CONTIGUOUS;
     } else if (strcmp(type, "Metaspace") == 0) {
         s->kind = P_METASPACE;
-        const char *r = jstr(j, "replacement");
-        if (!r) r = jstr(j, "str_rep");
+        const char *r = sp_tokjson_string(j, "replacement");
+        if (!r) r = sp_tokjson_string(j, "str_rep");
         uint32_t cp;
         size_t rl = r ? strlen(r) : 0;
         if (!r || rl == 0 || sp_utf8_decode((const unsigned char *)r, rl, &cp) != (int)rl)
             return sp_errorf(SP_ERR_FORMAT, "%s: Metaspace \"replacement\" must be one character", where);
         memcpy(s->repl, r, rl);
         s->repl_len = rl;
-        const char *ps = jstr(j, "prepend_scheme");
+        const char *ps = sp_tokjson_string(j, "prepend_scheme");
         if (ps) {
             if (strcmp(ps, "always") == 0) s->scheme = PS_ALWAYS;
             else if (strcmp(ps, "first") == 0) s->scheme = PS_FIRST;
@@ -715,7 +667,7 @@ enum sp_status sp_pretok_parse(const cJSON *j, const char *where, struct sp_pret
     if (!j || cJSON_IsNull(j)) return SP_OK;
     struct sp_pretok *pt = sp_calloc(1, sizeof *pt, SP_MEM_TOKENIZER);
     if (!pt) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
-    enum sp_status st = pt_add(pt, j, where, 0);
+    enum sp_status st = sp_tokjson_walk(j, "pretokenizers", where, pt_add, pt);
     if (st != SP_OK) {
         sp_pretok_free(pt);
         return st;

@@ -2,6 +2,7 @@
  * every other value through cJSON. */
 #include "tokenizer/tokjson.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -184,14 +185,8 @@ static enum sp_status read_vocab(struct scan *s) {
     tj->has_vocab = true;
     if (eat(s, '}')) return SP_OK;
     do {
-        if (tj->n_vocab == tj->vocab_cap) {
-            int64_t cap = tj->vocab_cap ? tj->vocab_cap * 2 : 1024;
-            void *nv = tj->vocab ? sp_realloc(tj->vocab, (size_t)cap * sizeof *tj->vocab)
-                                 : sp_malloc((size_t)cap * sizeof *tj->vocab, SP_MEM_TOKENIZER);
-            if (!nv) return sp_errorf(SP_ERR_NOMEM, "tokenizer.json: out of memory for the vocabulary");
-            tj->vocab = nv;
-            tj->vocab_cap = cap;
-        }
+        st = sp_tokjson_reserve((void **)&tj->vocab, &tj->vocab_cap, tj->n_vocab, sizeof *tj->vocab, "tokenizer.json vocabulary");
+        if (st != SP_OK) return st;
         struct sp_tokjson_vocab *e = &tj->vocab[tj->n_vocab];
         if ((st = read_string(s, &e->text)) != SP_OK) return st;
         if (!eat(s, ':')) return fail(s, "expected ':' in model.vocab");
@@ -215,14 +210,8 @@ static enum sp_status read_merges(struct scan *s) {
     tj->has_merges = true;
     if (eat(s, ']')) return SP_OK;
     do {
-        if (tj->n_merges == tj->merges_cap) {
-            int64_t cap = tj->merges_cap ? tj->merges_cap * 2 : 1024;
-            void *nm = tj->merges ? sp_realloc(tj->merges, (size_t)cap * sizeof *tj->merges)
-                                  : sp_malloc((size_t)cap * sizeof *tj->merges, SP_MEM_TOKENIZER);
-            if (!nm) return sp_errorf(SP_ERR_NOMEM, "tokenizer.json: out of memory for merges");
-            tj->merges = nm;
-            tj->merges_cap = cap;
-        }
+        st = sp_tokjson_reserve((void **)&tj->merges, &tj->merges_cap, tj->n_merges, sizeof *tj->merges, "tokenizer.json merges");
+        if (st != SP_OK) return st;
         struct sp_tokjson_merge *m = &tj->merges[tj->n_merges];
         if (eat(s, '[')) {  // tokenizers >= 0.20: ["a", "b"]
             if ((st = read_string(s, &m->a)) != SP_OK) return st;
@@ -332,4 +321,44 @@ void sp_tokjson_free(struct sp_tokjson *tj) {
     sp_free(tj->vocab);
     sp_free(tj->merges);
     memset(tj, 0, sizeof *tj);
+}
+
+const char *sp_tokjson_string(const cJSON *j, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static enum sp_status walk(const cJSON *j, const char *list_key, const char *where, sp_tokjson_leaf_fn leaf, void *ctx,
+                           int depth) {
+    if (depth > 32) return sp_errorf(SP_ERR_LIMIT, "%s: sequences nested too deep", where);
+    if (!cJSON_IsObject(j)) return sp_errorf(SP_ERR_FORMAT, "%s: expected an object", where);
+    const char *type = sp_tokjson_string(j, "type");
+    if (!type) return sp_errorf(SP_ERR_FORMAT, "%s: missing \"type\"", where);
+    if (strcmp(type, "Sequence") != 0) return leaf(ctx, j, type, where);
+    const cJSON *kids = cJSON_GetObjectItemCaseSensitive(j, list_key);
+    if (!cJSON_IsArray(kids)) return sp_errorf(SP_ERR_FORMAT, "%s: Sequence without a \"%s\" array", where, list_key);
+    int i = 0;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, kids) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s.%s[%d]", where, list_key, i++);
+        enum sp_status st = walk(k, list_key, sub, leaf, ctx, depth + 1);
+        if (st != SP_OK) return st;
+    }
+    return SP_OK;
+}
+
+enum sp_status sp_tokjson_walk(const cJSON *j, const char *list_key, const char *where, sp_tokjson_leaf_fn leaf,
+                               void *ctx) {
+    return walk(j, list_key, where, leaf, ctx, 0);
+}
+
+enum sp_status sp_tokjson_reserve(void **v, int64_t *cap, int64_t n, size_t size, const char *where) {
+    if (n < *cap) return SP_OK;
+    int64_t c = *cap ? *cap * 2 : 4;
+    void *nv = *v ? sp_realloc(*v, (size_t)c * size) : sp_malloc((size_t)c * size, SP_MEM_TOKENIZER);
+    if (!nv) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", where);
+    *v = nv;
+    *cap = c;
+    return SP_OK;
 }

@@ -55,4 +55,21 @@ struct sp_tokjson {
 enum sp_status sp_tokjson_read(const char *text, size_t len, const char *what, struct sp_tokjson *out);
 void sp_tokjson_free(struct sp_tokjson *tj);
 
+/* A string member of a JSON object; NULL when absent or not a string. */
+const char *sp_tokjson_string(const cJSON *j, const char *key);
+
+/* Walks one pipeline component of tokenizer.json (a normalizer,
+ * pre-tokenizer or decoder): objects with a "type", where a "Sequence" holds
+ * its parts in the array named list_key (nested at most 32 deep). Calls
+ * leaf(ctx, object, type, where) for every other part, in order, `where`
+ * naming it ("decoder.decoders[1]"); stops at the first error. */
+typedef enum sp_status (*sp_tokjson_leaf_fn)(void *ctx, const cJSON *j, const char *type, const char *where);
+enum sp_status sp_tokjson_walk(const cJSON *j, const char *list_key, const char *where, sp_tokjson_leaf_fn leaf,
+                               void *ctx);
+
+/* Room for element n of a growing array *v of *cap elements of `size`
+ * bytes (doubling); an error naming `where` when memory runs out. */
+enum sp_status sp_tokjson_reserve(void **v, int64_t *cap, int64_t n, size_t size, const char *where);
+
+
 #endif
