@@ -413,58 +413,7 @@ static bool compare_at(struct sp_jv a, struct sp_jv b, int *cmp, int depth) {
 
 bool sp_jv_compare(struct sp_jv a, struct sp_jv b, int *cmp) { return compare_at(a, b, cmp, 0); }
 
-/* ---- UTF-8 ---------------------------------------------------------------- */
-
-size_t sp_utf8_next(const char *str, size_t n, int32_t *cp) {
-    utf8proc_int32_t c;
-    utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)str, (utf8proc_ssize_t)(n > 4 ? 4 : n), &c);
-    if (l <= 0) {
-        *cp = (unsigned char)str[0];
-        return 1;
-    }
-    *cp = c;
-    return (size_t)l;
-}
-
-int64_t sp_utf8_count(const char *s, size_t n) {
-    int64_t count = 0;
-    size_t i = 0;
-    while (i < n) {
-        if ((unsigned char)s[i] < 0x80) {
-            i++;
-        } else {
-            int32_t cp;
-            i += sp_utf8_next(s + i, n - i, &cp);
-        }
-        count++;
-    }
-    return count;
-}
-
-size_t sp_utf8_offset(const char *s, size_t n, int64_t idx) {
-    size_t i = 0;
-    while (i < n && idx > 0) {
-        if ((unsigned char)s[i] < 0x80) {
-            i++;
-        } else {
-            int32_t cp;
-            i += sp_utf8_next(s + i, n - i, &cp);
-        }
-        idx--;
-    }
-    return i;
-}
-
-enum sp_status sp_utf8_put(struct sp_buf *b, int32_t cp) {
-    utf8proc_uint8_t tmp[4];
-    utf8proc_ssize_t l = utf8proc_encode_char(cp, tmp);
-    if (l <= 0) {
-        // Not encodable (a byte that decoded as itself): put the byte back.
-        unsigned char c = (unsigned char)cp;
-        return sp_buf_append(b, &c, 1);
-    }
-    return sp_buf_append(b, tmp, (size_t)l);
-}
+/* ---- Unicode ------------------------------------------------------------ */
 
 bool sp_unicode_isspace(int32_t c) {
     if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return true;

@@ -29,6 +29,7 @@
 
 #include "core/buf.h"
 #include "core/status.h"
+#include "tokenizer/utf8.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 
@@ -195,17 +196,6 @@ struct sp_jv_json_opts {
 };
 enum sp_status sp_jv_write_json(struct sp_buf *b, struct sp_jv v, const struct sp_jv_json_opts *o);
 
-/* ---- UTF-8 helpers shared by the evaluator ------------------------------- */
-
-/* Decodes one code point at s[0..n) (n > 0); invalid bytes decode as
- * themselves, one byte each. Returns the bytes consumed. */
-size_t sp_utf8_next(const char *s, size_t n, int32_t *cp);
-/* Number of code points. */
-int64_t sp_utf8_count(const char *s, size_t n);
-/* Byte offset of code point index i (clamped to n). */
-size_t sp_utf8_offset(const char *s, size_t n, int64_t i);
-/* Appends the UTF-8 encoding of cp. */
-enum sp_status sp_utf8_put(struct sp_buf *b, int32_t cp);
 /* Python str.isspace() for one code point. */
 bool sp_unicode_isspace(int32_t cp);
 

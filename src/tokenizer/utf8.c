@@ -123,3 +123,37 @@ int sp_utf8_encode(uint32_t cp, char *out) {
     o[3] = (unsigned char)(0x80 | (cp & 0x3f));
     return 4;
 }
+
+size_t sp_utf8_next(const char *s, size_t n, int32_t *cp) {
+    uint32_t c;
+    int k = sp_utf8_decode((const unsigned char *)s, n, &c);
+    if (k <= 0) {
+        *cp = (unsigned char)s[0];
+        return 1;
+    }
+    *cp = (int32_t)c;
+    return (size_t)k;
+}
+
+int64_t sp_utf8_count(const char *s, size_t n) {
+    int64_t count = 0;
+    int32_t cp;
+    for (size_t i = 0; i < n; count++) i += (unsigned char)s[i] < 0x80 ? 1 : sp_utf8_next(s + i, n - i, &cp);
+    return count;
+}
+
+size_t sp_utf8_offset(const char *s, size_t n, int64_t idx) {
+    size_t i = 0;
+    int32_t cp;
+    for (; i < n && idx > 0; idx--) i += (unsigned char)s[i] < 0x80 ? 1 : sp_utf8_next(s + i, n - i, &cp);
+    return i;
+}
+
+enum sp_status sp_utf8_put(struct sp_buf *b, int32_t cp) {
+    if (cp < 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+        unsigned char c = (unsigned char)cp;
+        return sp_buf_append(b, &c, 1);
+    }
+    char tmp[4];
+    return sp_buf_append(b, tmp, (size_t)sp_utf8_encode((uint32_t)cp, tmp));
+}

@@ -43,4 +43,16 @@ static inline int sp_utf8_len(unsigned char c) {
     return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf8 ? 4 : 1;
 }
 
+/* Lenient decoding for text that is shown back as it came (templates):
+ * the code point at s[0..n) (n > 0) and its length, an invalid byte decoding
+ * as itself, one byte long. */
+size_t sp_utf8_next(const char *s, size_t n, int32_t *cp);
+/* Number of code points in s[0..n), counted as sp_utf8_next steps. */
+int64_t sp_utf8_count(const char *s, size_t n);
+/* Byte offset of code point index i (clamped to n). */
+size_t sp_utf8_offset(const char *s, size_t n, int64_t i);
+/* Appends cp as UTF-8; a value that is no Unicode scalar (a surrogate, or
+ * past U+10FFFF) is appended as the single byte it came from. */
+enum sp_status sp_utf8_put(struct sp_buf *b, int32_t cp);
+
 #endif
