@@ -1063,51 +1063,48 @@ static void proc_memory(size_t *rss, size_t *anon, size_t *file) {
     fclose(f);
 }
 
+/* The lines of a Prometheus histogram: cumulative buckets (n counts, the
+ * last one +Inf; the n - 1 finite bounds are in units of 1/per_second
+ * seconds), sum and count. */
+static void histogram(struct sp_buf *b, const char *name, const double *bounds, double per_second, const uint64_t *counts,
+                      int n, double sum) {
+    uint64_t cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += counts[i];
+        if (i < n - 1)
+            sp_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i] / per_second, (unsigned long long)cum);
+        else
+            sp_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    sp_buf_printf(b, "%s_sum %.6f\n%s_count %llu\n", name, sum, name, (unsigned long long)cum);
+}
+
 static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server *s) {
     struct sp_buf b = SP_BUF_INIT;
     struct sp_engine_stats st;
     memset(&st, 0, sizeof st);
     if (atomic_load(&s->ready)) sp_engine_stats(s->engine, &st);
 #define METRIC(name, type, help) sp_buf_printf(&b, "# HELP sparrow_" name " " help "\n# TYPE sparrow_" name " " type "\n")
+#define METRIC_VALUE(name, type, help, fmt, v) \
+    (METRIC(name, type, help), sp_buf_printf(&b, "sparrow_" name " " fmt "\n", v))
     METRIC("requests_total", "counter", "HTTP responses by status code");
     for (size_t i = 0; i < N_STATUS; i++)
         sp_buf_printf(&b, "sparrow_requests_total{status=\"%d\"} %llu\n", status_codes[i],
                       (unsigned long long)atomic_load(&s->status_count[i]));
-    METRIC("generation_requests_total", "counter", "requests given to the scheduler");
-    sp_buf_printf(&b, "sparrow_generation_requests_total %llu\n", (unsigned long long)st.requests);
-    METRIC("prompt_tokens_total", "counter", "prompt tokens of all requests");
-    sp_buf_printf(&b, "sparrow_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
-    METRIC("prompt_tokens_cached_total", "counter", "prompt tokens reused from the prompt cache");
-    sp_buf_printf(&b, "sparrow_prompt_tokens_cached_total %llu\n", (unsigned long long)st.cached_tokens);
-    METRIC("generated_tokens_total", "counter", "tokens generated");
-    sp_buf_printf(&b, "sparrow_generated_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
-    METRIC("prefill_tokens_per_second", "gauge", "prompt tokens computed per second of prefill (since start)");
-    sp_buf_printf(&b, "sparrow_prefill_tokens_per_second %.3f\n", st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0);
-    METRIC("decode_tokens_per_second", "gauge", "tokens decoded per second of decode steps (since start)");
-    sp_buf_printf(&b, "sparrow_decode_tokens_per_second %.3f\n", st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0);
+    METRIC_VALUE("generation_requests_total", "counter", "requests given to the scheduler", "%llu", (unsigned long long)st.requests);
+    METRIC_VALUE("prompt_tokens_total", "counter", "prompt tokens of all requests", "%llu", (unsigned long long)st.prompt_tokens);
+    METRIC_VALUE("prompt_tokens_cached_total", "counter", "prompt tokens reused from the prompt cache", "%llu", (unsigned long long)st.cached_tokens);
+    METRIC_VALUE("generated_tokens_total", "counter", "tokens generated", "%llu", (unsigned long long)st.generated_tokens);
+    METRIC_VALUE("prefill_tokens_per_second", "gauge", "prompt tokens computed per second of prefill (since start)", "%.3f", st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0);
+    METRIC_VALUE("decode_tokens_per_second", "gauge", "tokens decoded per second of decode steps (since start)", "%.3f", st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0);
     METRIC("time_to_first_token_seconds", "histogram", "from request to first generated token");
-    uint64_t cum = 0;
-    for (int i = 0; i < 12; i++) {
-        cum += st.ttft_bucket[i];
-        if (i < 11)
-            sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n", sp_ttft_bounds[i], (unsigned long long)cum);
-        else
-            sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
-    }
-    sp_buf_printf(&b, "sparrow_time_to_first_token_seconds_sum %.6f\nsparrow_time_to_first_token_seconds_count %llu\n",
-                  st.ttft_sum, (unsigned long long)cum);
-    METRIC("queue_depth", "gauge", "requests waiting for a slot");
-    sp_buf_printf(&b, "sparrow_queue_depth %d\n", st.queue_depth);
-    METRIC("slots_active", "gauge", "slots generating");
-    sp_buf_printf(&b, "sparrow_slots_active %d\n", st.active_slots);
-    METRIC("slots", "gauge", "slots (parallel sequences)");
-    sp_buf_printf(&b, "sparrow_slots %d\n", st.n_slots);
-    METRIC("kv_cache_tokens", "gauge", "positions held in the KV cache, prompt cache included");
-    sp_buf_printf(&b, "sparrow_kv_cache_tokens %lld\n", (long long)st.kv_tokens_used);
-    METRIC("kv_cache_capacity_tokens", "gauge", "positions the KV cache can hold");
-    sp_buf_printf(&b, "sparrow_kv_cache_capacity_tokens %lld\n", (long long)st.n_ctx * st.n_slots);
-    METRIC("kv_cache_bytes", "gauge", "bytes reserved for the KV cache (the prompt cache lives in it)");
-    sp_buf_printf(&b, "sparrow_kv_cache_bytes %zu\n", st.kv_bytes);
+    histogram(&b, "sparrow_time_to_first_token_seconds", sp_ttft_bounds, 1.0, st.ttft_bucket, 12, st.ttft_sum);
+    METRIC_VALUE("queue_depth", "gauge", "requests waiting for a slot", "%d", st.queue_depth);
+    METRIC_VALUE("slots_active", "gauge", "slots generating", "%d", st.active_slots);
+    METRIC_VALUE("slots", "gauge", "slots (parallel sequences)", "%d", st.n_slots);
+    METRIC_VALUE("kv_cache_tokens", "gauge", "positions held in the KV cache, prompt cache included", "%lld", (long long)st.kv_tokens_used);
+    METRIC_VALUE("kv_cache_capacity_tokens", "gauge", "positions the KV cache can hold", "%lld", (long long)st.n_ctx * st.n_slots);
+    METRIC_VALUE("kv_cache_bytes", "gauge", "bytes reserved for the KV cache (the prompt cache lives in it)", "%zu", st.kv_bytes);
     METRIC("memory_allocated_bytes", "gauge", "heap bytes sparrow allocated, by class");
     for (int i = 0; i < SP_MEM_CLASS_COUNT; i++)
         sp_buf_printf(&b, "sparrow_memory_allocated_bytes{class=\"%s\"} %zu\n", sp_mem_class_name((enum sp_mem_class)i),
@@ -1119,38 +1116,20 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
                       "sparrow_resident_bytes{kind=\"file\"} %zu\n", rss, anon, file);
     if (st.has_experts) {
         const struct sp_expert_store_stats *x = &st.experts;
-        METRIC("expert_cache_budget_bytes", "gauge", "bytes of the routed-expert cache");
-        sp_buf_printf(&b, "sparrow_expert_cache_budget_bytes %zu\n", x->budget);
-        METRIC("expert_cache_bytes", "gauge", "bytes of experts held in the cache");
-        sp_buf_printf(&b, "sparrow_expert_cache_bytes %zu\n", x->cached_bytes);
-        METRIC("expert_cache_hits_total", "counter", "expert lookups served from the cache");
-        sp_buf_printf(&b, "sparrow_expert_cache_hits_total %llu\n", (unsigned long long)x->hits);
-        METRIC("expert_cache_misses_total", "counter", "expert lookups read from the model files");
-        sp_buf_printf(&b, "sparrow_expert_cache_misses_total %llu\n", (unsigned long long)x->misses);
-        METRIC("expert_cache_evictions_total", "counter", "experts dropped to make room");
-        sp_buf_printf(&b, "sparrow_expert_cache_evictions_total %llu\n", (unsigned long long)x->evictions);
-        METRIC("expert_prefetch_total", "counter", "experts read ahead for the next layer");
-        sp_buf_printf(&b, "sparrow_expert_prefetch_total %llu\n", (unsigned long long)x->prefetch_issued);
-        METRIC("expert_prefetch_hits_total", "counter", "experts read ahead and then used");
-        sp_buf_printf(&b, "sparrow_expert_prefetch_hits_total %llu\n", (unsigned long long)x->prefetch_hits);
-        METRIC("expert_prefetch_wasted_total", "counter", "experts read ahead and evicted unused");
-        sp_buf_printf(&b, "sparrow_expert_prefetch_wasted_total %llu\n", (unsigned long long)x->prefetch_waste);
-        METRIC("expert_reads_total", "counter", "read requests to the model files");
-        sp_buf_printf(&b, "sparrow_expert_reads_total %llu\n", (unsigned long long)x->reads);
-        METRIC("expert_read_bytes_total", "counter", "bytes read from the model files");
-        sp_buf_printf(&b, "sparrow_expert_read_bytes_total %llu\n", (unsigned long long)x->bytes_read);
-        METRIC("expert_read_bytes_per_second", "gauge", "disk read throughput while reading experts");
-        sp_buf_printf(&b, "sparrow_expert_read_bytes_per_second %.0f\n", x->read_s > 0 ? (double)x->bytes_read / x->read_s : 0.0);
+        METRIC_VALUE("expert_cache_budget_bytes", "gauge", "bytes of the routed-expert cache", "%zu", x->budget);
+        METRIC_VALUE("expert_cache_bytes", "gauge", "bytes of experts held in the cache", "%zu", x->cached_bytes);
+        METRIC_VALUE("expert_cache_hits_total", "counter", "expert lookups served from the cache", "%llu", (unsigned long long)x->hits);
+        METRIC_VALUE("expert_cache_misses_total", "counter", "expert lookups read from the model files", "%llu", (unsigned long long)x->misses);
+        METRIC_VALUE("expert_cache_evictions_total", "counter", "experts dropped to make room", "%llu", (unsigned long long)x->evictions);
+        METRIC_VALUE("expert_prefetch_total", "counter", "experts read ahead for the next layer", "%llu", (unsigned long long)x->prefetch_issued);
+        METRIC_VALUE("expert_prefetch_hits_total", "counter", "experts read ahead and then used", "%llu", (unsigned long long)x->prefetch_hits);
+        METRIC_VALUE("expert_prefetch_wasted_total", "counter", "experts read ahead and evicted unused", "%llu", (unsigned long long)x->prefetch_waste);
+        METRIC_VALUE("expert_reads_total", "counter", "read requests to the model files", "%llu", (unsigned long long)x->reads);
+        METRIC_VALUE("expert_read_bytes_total", "counter", "bytes read from the model files", "%llu", (unsigned long long)x->bytes_read);
+        METRIC_VALUE("expert_read_bytes_per_second", "gauge", "disk read throughput while reading experts", "%.0f", x->read_s > 0 ? (double)x->bytes_read / x->read_s : 0.0);
         METRIC("expert_read_seconds", "histogram", "time to read one expert");
-        uint64_t c2 = 0;
-        for (int i = 0; i < SP_EXPERT_LAT_BUCKETS; i++) {
-            c2 += x->lat_bucket[i];
-            if (i < SP_EXPERT_LAT_BUCKETS - 1)
-                sp_buf_printf(&b, "sparrow_expert_read_seconds_bucket{le=\"%g\"} %llu\n", sp_expert_lat_bounds_ms[i] / 1000.0, (unsigned long long)c2);
-            else
-                sp_buf_printf(&b, "sparrow_expert_read_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)c2);
-        }
-        sp_buf_printf(&b, "sparrow_expert_read_seconds_sum %.6f\nsparrow_expert_read_seconds_count %llu\n", x->read_s, (unsigned long long)c2);
+        histogram(&b, "sparrow_expert_read_seconds", sp_expert_lat_bounds_ms, 1000.0, x->lat_bucket, SP_EXPERT_LAT_BUCKETS,
+                  x->read_s);
         uint64_t *lh = sp_malloc((size_t)st.n_layers * 2 * sizeof *lh, SP_MEM_SERVER);
         if (lh) {
             sp_engine_expert_layers(s->engine, lh, lh + st.n_layers);
@@ -1172,10 +1151,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
             sp_buf_printf(&b, "sparrow_model_bytes{class=\"%s\",placement=\"%s\"} %zu\n",
                           sp_role_class_name((enum sp_role_class)k), cached ? "expert_cache" : "mapped", s->mstats.bytes[k]);
         }
-        METRIC("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)");
-        sp_buf_printf(&b, "sparrow_model_file_bytes %zu\n", s->m->files->total_bytes);
+        METRIC_VALUE("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)", "%zu", s->m->files->total_bytes);
     }
 #undef METRIC
+#undef METRIC_VALUE
     enum MHD_Result r = send_body(c, s, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
     sp_buf_free(&b);
     return r;
