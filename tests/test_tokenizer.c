@@ -19,45 +19,10 @@
 
 static void run_vectors(const char *pkg, const char *name, bool roundtrip) {
     struct sp_tokenizer *t = tu_load_pkg(pkg);
-    char path[256];
-    size_t il, ol;
-    snprintf(path, sizeof path, VECTORS_DIR "/%s.inp", name);
-    char *inp = tu_read(path, &il);
-    snprintf(path, sizeof path, VECTORS_DIR "/%s.out", name);
-    char *outp = tu_read(path, &ol);
-    struct tcase *in, *want;
-    int n = tu_split(inp, il, "\n__ggml_vocab_test__\n", &in);
-    int m = tu_split(outp, ol, "\n", &want);
-    assert_true(n > 0);
-    assert_int_equal(n, m);
-    int bad = 0;
-    struct sp_buf got = SP_BUF_INIT, dec = SP_BUF_INIT;
-    for (int i = 0; i < n; i++) {
-        struct sp_ids ids = {0};
-        assert_int_equal(sp_tokenizer_encode(t, in[i].s, in[i].n, SP_TOK_PARSE_SPECIAL, &ids), SP_OK);
-        tu_ids_str(&ids, &got);
-        if (got.len != want[i].n || memcmp(got.data, want[i].s, got.len) != 0) {
-            print_error("%s case %d [%.*s]\n  want%.*s\n  got %s\n", name, i, (int)in[i].n, in[i].s, (int)want[i].n,
-                        want[i].s, got.data);
-            bad++;
-        }
-        if (roundtrip) {
-            sp_buf_clear(&dec);
-            assert_int_equal(sp_tokenizer_decode(t, ids.v, ids.n, 0, &dec), SP_OK);
-            if (dec.len != in[i].n || memcmp(dec.data ? dec.data : "", in[i].s, dec.len) != 0) {
-                print_error("%s case %d does not decode back\n", name, i);
-                bad++;
-            }
-        }
-        sp_ids_free(&ids);
-    }
-    assert_int_equal(bad, 0);
-    sp_buf_free(&got);
-    sp_buf_free(&dec);
-    sp_free(in);
-    sp_free(want);
-    sp_free(inp);
-    sp_free(outp);
+    struct tu_vectors v;
+    tu_vectors_load(name, &v);
+    assert_int_equal(tu_vectors_check(t, &v, name, roundtrip), 0);
+    tu_vectors_free(&v);
     sp_tokenizer_free(t);
 }
 

@@ -221,7 +221,7 @@ static char *spm_tokenizer_json(const struct gguf *g, size_t *len) {
 }
 
 static void test_llama_spm_vectors(void **state) {
-    size_t gl, il, ol, jl;
+    size_t gl, jl;
     char *gg = tu_read(VECTORS_DIR "/llama-spm.vocab.gguf", &gl);
     struct gguf g;
     gguf_read(&g, gg, gl);
@@ -233,43 +233,23 @@ static void test_llama_spm_vectors(void **state) {
         fail_msg("%s", sp_error_msg());
     assert_int_equal(sp_tokenizer_bos(t), 1);
 
-    char *inp = tu_read(VECTORS_DIR "/llama-spm.inp", &il);
-    char *outp = tu_read(VECTORS_DIR "/llama-spm.out", &ol);
-    struct tcase *in, *want;
-    int n = tu_split(inp, il, "\n__ggml_vocab_test__\n", &in);
-    int m = tu_split(outp, ol, "\n", &want);
-    assert_true(n > 0);
-    assert_int_equal(n, m);
-    int bad = 0;
-    struct sp_buf got = SP_BUF_INIT, dec = SP_BUF_INIT;
-    for (int i = 0; i < n; i++) {
-        struct sp_ids ids = {0};
-        assert_int_equal(sp_tokenizer_encode(t, in[i].s, in[i].n, SP_TOK_PARSE_SPECIAL, &ids), SP_OK);
-        tu_ids_str(&ids, &got);
-        if (got.len != want[i].n || memcmp(got.data, want[i].s, got.len) != 0) {
-            print_error("llama-spm case %d [%.*s]\n  want%.*s\n  got %s\n", i, (int)in[i].n, in[i].s, (int)want[i].n,
-                        want[i].s, got.data);
-            bad++;
-        }
-        /* Decoding gives the text back: the Strip undoes the Prepend. */
-        sp_buf_clear(&dec);
-        assert_int_equal(sp_tokenizer_decode(t, ids.v, ids.n, 0, &dec), SP_OK);
-        if (dec.len != in[i].n || memcmp(dec.data ? dec.data : "", in[i].s, in[i].n) != 0) {
-            print_error("llama-spm case %d decodes to [%s]\n", i, dec.data ? dec.data : "");
-            bad++;
-        }
-        sp_ids_free(&ids);
-    }
+    /* llama.cpp's ids; decoding gives the text back (the Strip undoes the Prepend). */
+    struct tu_vectors v;
+    tu_vectors_load("llama-spm", &v);
+    int bad = tu_vectors_check(t, &v, "llama-spm", true);
+    struct sp_buf dec = SP_BUF_INIT;
+
     /* The stream of the same ids gives the same text. */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < v.n; i++) {
+        const struct tcase *in = &v.in[i];
         struct sp_ids ids = {0};
         struct sp_detok *d;
-        assert_int_equal(sp_tokenizer_encode(t, in[i].s, in[i].n, SP_TOK_ADD_SPECIAL, &ids), SP_OK);
+        assert_int_equal(sp_tokenizer_encode(t, in->s, in->n, SP_TOK_ADD_SPECIAL, &ids), SP_OK);
         assert_int_equal(sp_detok_new(t, SP_TOK_SKIP_SPECIAL, &d), SP_OK);
         sp_buf_clear(&dec);
         for (int64_t k = 0; k < ids.n; k++) assert_int_equal(sp_detok_push(d, ids.v[k], &dec), SP_OK);
         assert_int_equal(sp_detok_flush(d, &dec), SP_OK);
-        if (dec.len != in[i].n || memcmp(dec.data ? dec.data : "", in[i].s, in[i].n) != 0) {
+        if (dec.len != in->n || memcmp(dec.data ? dec.data : "", in->s, in->n) != 0) {
             print_error("llama-spm case %d streams to [%s]\n", i, dec.data ? dec.data : "");
             bad++;
         }
@@ -283,12 +263,8 @@ static void test_llama_spm_vectors(void **state) {
     assert_int_equal(ids.v[0], 1);
     sp_ids_free(&ids);
     assert_int_equal(bad, 0);
-    sp_buf_free(&got);
     sp_buf_free(&dec);
-    sp_free(in);
-    sp_free(want);
-    sp_free(inp);
-    sp_free(outp);
+    tu_vectors_free(&v);
     sp_tokenizer_free(t);
     sp_free(json);
     gguf_free(&g);

@@ -10,6 +10,7 @@
 #define SP_TESTS_TOK_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -74,6 +75,64 @@ static inline void tu_ids_str(const struct sp_ids *ids, struct sp_buf *out) {
     sp_buf_clear(out);
     sp_buf_reserve(out, 0);
     for (int64_t i = 0; i < ids->n; i++) sp_buf_printf(out, " %d", ids->v[i]);
+}
+
+/* llama.cpp's tokenizer vectors NAME.inp / NAME.out: texts and their ids. */
+struct tu_vectors {
+    char *inp, *outp;         // the files
+    struct tcase *in, *want;  // (n) each text and its expected " id id ..." line
+    int n;
+};
+
+static inline void tu_vectors_load(const char *name, struct tu_vectors *v) {
+    char path[256];
+    size_t il, ol;
+    snprintf(path, sizeof path, VECTORS_DIR "/%s.inp", name);
+    v->inp = tu_read(path, &il);
+    snprintf(path, sizeof path, VECTORS_DIR "/%s.out", name);
+    v->outp = tu_read(path, &ol);
+    v->n = tu_split(v->inp, il, "\n__ggml_vocab_test__\n", &v->in);
+    int m = tu_split(v->outp, ol, "\n", &v->want);
+    assert_true(v->n > 0);
+    assert_int_equal(v->n, m);
+}
+
+static inline void tu_vectors_free(struct tu_vectors *v) {
+    sp_free(v->in);
+    sp_free(v->want);
+    sp_free(v->inp);
+    sp_free(v->outp);
+}
+
+/* Encodes every text (special tokens parsed) and compares the ids; with
+ * roundtrip, also decodes them back to the text. Prints each mismatch and
+ * returns how many there were. */
+static inline int tu_vectors_check(struct sp_tokenizer *t, const struct tu_vectors *v, const char *name, bool roundtrip) {
+    int bad = 0;
+    struct sp_buf got = SP_BUF_INIT, dec = SP_BUF_INIT;
+    for (int i = 0; i < v->n; i++) {
+        const struct tcase *in = &v->in[i], *want = &v->want[i];
+        struct sp_ids ids = {0};
+        assert_int_equal(sp_tokenizer_encode(t, in->s, in->n, SP_TOK_PARSE_SPECIAL, &ids), SP_OK);
+        tu_ids_str(&ids, &got);
+        if (got.len != want->n || memcmp(got.data, want->s, got.len) != 0) {
+            print_error("%s case %d [%.*s]\n  want%.*s\n  got %s\n", name, i, (int)in->n, in->s, (int)want->n, want->s,
+                        got.data);
+            bad++;
+        }
+        if (roundtrip) {
+            sp_buf_clear(&dec);
+            assert_int_equal(sp_tokenizer_decode(t, ids.v, ids.n, 0, &dec), SP_OK);
+            if (dec.len != in->n || memcmp(dec.data ? dec.data : "", in->s, dec.len) != 0) {
+                print_error("%s case %d decodes to [%s]\n", name, i, dec.data ? dec.data : "");
+                bad++;
+            }
+        }
+        sp_ids_free(&ids);
+    }
+    sp_buf_free(&got);
+    sp_buf_free(&dec);
+    return bad;
 }
 
 #endif
