@@ -87,27 +87,20 @@ static void axpy_portable(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-static float load_dt(enum sp_dtype dt, const void *p, int64_t i) {
-    if (dt == SP_DTYPE_F32) return ((const float *)p)[i];
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    return dt == SP_DTYPE_F16 ? sp_f16_to_f32(h) : sp_bf16_to_f32(h);
-}
-
 /* dot_portable's order with b converted element by element */
 static float dot_dt_portable(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
     if (dt == SP_DTYPE_F32) return dot_portable(a, b, n);
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * load_dt(dt, b, i + k);
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * sp_dtype_load_float(dt, b, (size_t)(i + k));
     float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++) r += a[i] * load_dt(dt, b, i);
+    for (; i < n; i++) r += a[i] * sp_dtype_load_float(dt, b, (size_t)i);
     return r;
 }
 
 static void axpy_dt_portable(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * load_dt(dt, x, i);
+    for (int64_t i = 0; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
 }
 
 /* Each row is dequantized once into scratch and dotted with every token. */

@@ -637,13 +637,6 @@ ALWAYS __m256 load8_dt(enum sp_dtype dt, const void *b, int64_t i) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-ALWAYS float load1_dt(enum sp_dtype dt, const void *b, int64_t i) {
-    if (dt == SP_DTYPE_F32) return ((const float *)b)[i];
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)b + 2 * i, 2);
-    return dt == SP_DTYPE_F16 ? _cvtsh_ss(h) : sp_bf16_to_f32(h);
-}
-
 /* Four chains of 8 lanes, then one chain for the last multiple of 8. */
 ALWAYS float dot_any(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
@@ -656,7 +649,7 @@ ALWAYS float dot_any(const float *a, const void *b, enum sp_dtype dt, int64_t n)
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
     float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) r += a[i] * load1_dt(dt, b, i);
+    for (; i < n; i++) r += a[i] * sp_dtype_load_float(dt, b, (size_t)i);
     return r;
 }
 
@@ -664,7 +657,7 @@ ALWAYS void axpy_any(float *y, float a, const void *x, enum sp_dtype dt, int64_t
     __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8_dt(dt, x, i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * load1_dt(dt, x, i);
+    for (; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
 }
 
 static float dot_avx2(const float *a, const float *b, int64_t n) { return dot_any(a, b, SP_DTYPE_F32, n); }
