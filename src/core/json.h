@@ -44,6 +44,15 @@ enum sp_status sp_json_get_int(const cJSON *obj, const char *key, int64_t def, i
 enum sp_status sp_json_get_num(const cJSON *obj, const char *key, double def, double *out);
 enum sp_status sp_json_get_bool(const cJSON *obj, const char *key, bool def, bool *out);
 enum sp_status sp_json_get_str(const cJSON *obj, const char *key, const char *def, const char **out);
+/* The value of a hexadecimal digit (either case), or -1: for JSON's \\u
+ * escapes and the other hex text a model's files hold. */
+static inline int sp_hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
 /* A JSON number that is an integer (no fraction, |x| <= 2^53). */
 bool sp_json_is_int(const cJSON *item, int64_t *out);
 /* "string", "number", ...: for error messages. */

@@ -7,6 +7,8 @@
  */
 #include "runtime/jsonv.h"
 
+#include "core/json.h"
+
 enum {
     J_START,     // before the top-level object
     J_OBJ_FIRST, // after '{': a key or '}'
@@ -40,13 +42,6 @@ void sp_jsonv_init(struct sp_jsonv *v) { *v = (struct sp_jsonv){.state = J_START
 bool sp_jsonv_complete(const struct sp_jsonv *v) { return v->state == J_DONE; }
 
 static inline bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
-static inline int hex_val(unsigned char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    c |= 0x20;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
 
 static inline bool top_is_array(const struct sp_jsonv *v) { return (v->stack >> (v->depth - 1)) & 1; }
 
@@ -175,7 +170,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             }
             break;
         case J_UHEX: {
-            int h = hex_val(c);
+            int h = sp_hex_digit(c);
             if (h < 0) return false;
             v->cp = (v->cp & 0xFFFF0000u) | ((v->cp & 0xFFFFu) << 4) | (uint32_t)h;
             if (--v->left) break;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/json.h"
 #include "tokenizer/tokjson.h"
 #include "tokenizer/utf8.h"
 
@@ -153,8 +154,7 @@ bool sp_decoder_windowable(const struct sp_decoder *d) {
 /* "<0xAB>" -> 0xAB, else -1. */
 static int byte_token(const char *s, size_t n) {
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
-    int hi = s[3] >= '0' && s[3] <= '9' ? s[3] - '0' : s[3] >= 'A' && s[3] <= 'F' ? s[3] - 'A' + 10 : s[3] >= 'a' && s[3] <= 'f' ? s[3] - 'a' + 10 : -1;
-    int lo = s[4] >= '0' && s[4] <= '9' ? s[4] - '0' : s[4] >= 'A' && s[4] <= 'F' ? s[4] - 'A' + 10 : s[4] >= 'a' && s[4] <= 'f' ? s[4] - 'a' + 10 : -1;
+    int hi = sp_hex_digit(s[3]), lo = sp_hex_digit(s[4]);
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/json.h"
 
 /* Nesting limits: blocks inside blocks, and expression depth. Both keep the
  * parser (and later the evaluator) well inside the C stack. */
@@ -140,13 +141,6 @@ static enum sp_status emit_text(struct lexer *lx, size_t start, size_t end, char
     return SP_OK;
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* Unescapes a string literal body with Python's escape rules. */
 static enum sp_status lex_string(struct lexer *lx, char q) {
     size_t start = lx->pos + 1, i = start;
@@ -221,7 +215,7 @@ static enum sp_status lex_string(struct lexer *lx, char q) {
         if (digits) {
             cp = 0;
             for (int d = 0; d < digits; d++) {
-                int h = k + 1 < i ? hexval(lx->src[k + 1]) : -1;
+                int h = k + 1 < i ? sp_hex_digit(lx->src[k + 1]) : -1;
                 if (h < 0) {
                     sp_buf_free(&b);
                     return lex_fail(lx, line, "truncated \\x, \\u or \\U escape in a string literal");

@@ -46,18 +46,11 @@ static enum sp_status arena_reserve(struct sp_tokjson *tj, size_t extra) {
     return SP_OK;
 }
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static bool hex4(const char *p, const char *end, uint32_t *v) {
     if (end - p < 4) return false;
     *v = 0;
     for (int i = 0; i < 4; i++) {
-        int h = hexval(p[i]);
+        int h = sp_hex_digit(p[i]);
         if (h < 0) return false;
         *v = (*v << 4) | (uint32_t)h;
     }
