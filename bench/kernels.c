@@ -31,21 +31,12 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/half.h"
 #include "core/pool.h"
 #include "core/rng.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/linear.h"
-
-static double clock_s(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-static double now(void) { return clock_s(CLOCK_MONOTONIC); }
-/* CPU time of the calling thread: on a shared machine wall time also counts
- * the time other processes held the core. */
-static double cpu_now(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
 
 /* Per-thread CPU seconds spent inside timed work (padded to a cache line). */
 static struct {
@@ -78,7 +69,7 @@ static void bw_read(void *arg, int tid, int nth) {
     struct bw_job *j = arg;
     int64_t lo, hi;
     sp_pool_split((int64_t)(j->words / 8), tid, nth, &lo, &hi);
-    double c0 = cpu_now();
+    double c0 = sp_thread_cpu_s();
     if (j->simd) {
         const float *f = (const float *)(const void *)(j->buf + lo * 8);
         j->sink[tid] = (uint64_t)sp_kernels()->dot(f, f, (hi - lo) * 16);
@@ -88,7 +79,7 @@ static void bw_read(void *arg, int tid, int nth) {
             for (int k = 0; k < 8; k++) s[k] += j->buf[i + k];
         j->sink[tid] = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
     }
-    cpu_busy[tid].s += cpu_now() - c0;
+    cpu_busy[tid].s += sp_thread_cpu_s() - c0;
 }
 
 /* Best of 5 passes of each reader, by wall time (*wall) and by the busiest
@@ -99,9 +90,9 @@ static void measure_bw(struct sp_pool *pool, int nth, const uint64_t *buf, size_
     for (int rep = 0; rep < 10; rep++) {
         j.simd = rep & 1;
         cpu_reset();
-        double t0 = now();
+        double t0 = sp_now_s();
         sp_pool_run_n(pool, bw_read, &j, nth);
-        double w = (double)bytes / (now() - t0) / 1e9, c = (double)bytes / cpu_max(nth) / 1e9;
+        double w = (double)bytes / (sp_now_s() - t0) / 1e9, c = (double)bytes / cpu_max(nth) / 1e9;
         if (w > *wall) *wall = w;
         if (c > *cpu) *cpu = c;
     }
@@ -207,9 +198,9 @@ static void mm_rows(void *arg, int tid, int nth) {
     struct mm_job *j = arg;
     int64_t lo, hi;
     sp_pool_split(j->w->rows, tid, nth, &lo, &hi);
-    double c0 = cpu_now();
+    double c0 = sp_thread_cpu_s();
     if (lo < hi) j->k->matmul_rows(j->w, lo, hi, j->x, j->w->cols, j->n, j->y, j->w->rows, sp_pool_scratch(j->pool, tid));
-    cpu_busy[tid].s += cpu_now() - c0;
+    cpu_busy[tid].s += sp_thread_cpu_s() - c0;
 }
 
 int main(int argc, char **argv) {
@@ -272,13 +263,13 @@ int main(int argc, char **argv) {
                     }
                     int64_t calls = 0;
                     cpu_reset();
-                    double t0 = now(), el;
+                    double t0 = sp_now_s(), el;
                     do {
                         for (int c = 0; c < M.n; c++, calls++) {
                             j.w = &M.m[c];
                             sp_pool_run(pool, mm_rows, &j);
                         }
-                        el = now() - t0;
+                        el = sp_now_s() - t0;
                     } while (el < (quick ? 0.15 : 0.3));
                     double us = el / (double)calls * 1e6;
                     double gbps = (double)bytes / (us * 1e-6) / 1e9;

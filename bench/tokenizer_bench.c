@@ -23,21 +23,11 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/buf.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "tokenizer/tokenizer.h"
-
-static double clock_s(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double now(void) { return clock_s(CLOCK_MONOTONIC); }
-/* CPU time of this thread: what "on one core" means on a shared machine,
- * where wall time also counts the time other processes held the core. */
-static double cpu_now(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
 
 static const char *const JA_NOUNS[] = {
     "猫", "名前", "日本", "東京", "学生", "先生", "会社", "仕事", "電車", "天気", "今日", "明日", "昨日", "問題", "時間",
@@ -91,12 +81,12 @@ static double encode_speed(struct sp_tokenizer *t, const struct sp_buf *text, in
     for (int p = 0; p < passes; p++) {
         struct sp_ids ids = {0};
         sp_tokenizer_clear_cache(t);
-        double t0 = now(), c0 = cpu_now();
+        double t0 = sp_now_s(), c0 = sp_thread_cpu_s();
         if (sp_tokenizer_encode(t, text->data, text->len, SP_TOK_PARSE_SPECIAL, &ids) != SP_OK) {
             fprintf(stderr, "error: %s\n", sp_error_msg());
             return 0;
         }
-        double cpu = (double)text->len / 1e6 / (cpu_now() - c0), wall = (double)text->len / 1e6 / (now() - t0);
+        double cpu = (double)text->len / 1e6 / (sp_thread_cpu_s() - c0), wall = (double)text->len / 1e6 / (sp_now_s() - t0);
         if (cpu > best) best = cpu;
         if (wall > *wall_mbs) *wall_mbs = wall;
         *tokens = ids.n;
@@ -115,12 +105,12 @@ int main(int argc, char **argv) {
     struct sp_tokenizer *t = NULL;
     for (int i = 0; i < 5; i++) {
         sp_tokenizer_free(t);
-        double t0 = now(), c0 = cpu_now();
+        double t0 = sp_now_s(), c0 = sp_thread_cpu_s();
         if (sp_tokenizer_load(dir, &t) != SP_OK) {
             fprintf(stderr, "error: %s\n", sp_error_msg());
             return 1;
         }
-        double ms = (cpu_now() - c0) * 1e3, wall_ms = (now() - t0) * 1e3;
+        double ms = (sp_thread_cpu_s() - c0) * 1e3, wall_ms = (sp_now_s() - t0) * 1e3;
         if (ms < best_ms) best_ms = ms;
         if (wall_ms < best_wall_ms) best_wall_ms = wall_ms;
     }

@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "model/experts.h"
@@ -31,12 +32,6 @@ static const char usage[] =
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void drop_cache(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -83,7 +78,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     struct sp_rng rng;
     sp_rng_seed(&rng, 1234);
     for (int64_t i = 0; i < prompt; i++) tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)V);
-    double t0 = now_s();
+    double t0 = sp_now_s();
     for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
         int64_t k = prompt - s < B ? prompt - s : B;
         for (int64_t i = 0; i < k; i++) {
@@ -93,13 +88,13 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
         struct sp_batch b = {.n = k, .tokens = tok + s, .pos = pos, .seq = seq, .want_logits = want};
         st = sp_ctx_forward(c, &b, logits);
     }
-    double t1 = now_s();
+    double t1 = sp_now_s();
     for (int64_t i = 0; i < gen && st == SP_OK; i++) {
         int32_t next = sp_argmax(logits, V), p = (int32_t)(prompt + i), sq = 0;
         struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
         st = sp_ctx_forward(c, &b, logits);
     }
-    double t2 = now_s();
+    double t2 = sp_now_s();
     r->prefill_s = t1 - t0;
     r->decode_s = t2 - t1;
     r->prompt = prompt;

@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "model/experts.h"
@@ -50,12 +51,6 @@ struct run_opts {
     enum sp_kv_type kv;
     struct sp_plan_inputs plan;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int parse(int argc, char **argv, struct run_opts *o) {
     o->sp = sp_sampler_defaults();
@@ -304,7 +299,7 @@ int sp_cmd_run(int argc, char **argv) {
         sp_errorf(SP_ERR_IO, "%s: cannot write", o.dump);
         goto fail;
     }
-    double t0 = now_s();
+    double t0 = sp_now_s();
     enum sp_status st = SP_OK;
     for (int64_t s = 0; s < n && st == SP_OK; s += B) {
         int64_t k = n - s < B ? n - s : B;
@@ -324,7 +319,7 @@ int sp_cmd_run(int argc, char **argv) {
     if (dump && fclose(dump) != 0 && st == SP_OK) st = sp_errorf(SP_ERR_IO, "%s: write failed", o.dump);
     dump = NULL;
     if (st != SP_OK) goto fail;
-    double t1 = now_s();
+    double t1 = sp_now_s();
 
     int32_t eos[16];
     int n_eos = o.ignore_eos ? 0 : sp_eos_ids(m, tok, eos, 16);
@@ -368,7 +363,7 @@ int sp_cmd_run(int argc, char **argv) {
         emit(&gen, &sent, &o, true);
     }
     if (o.max_tokens) putchar('\n');
-    double t2 = now_s();
+    double t2 = sp_now_s();
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); "
             "stop: %s; threads %d\n", (long long)n, t1 - t0, (double)n / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
             (long long)generated, t2 - t1, generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0, why,

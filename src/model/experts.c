@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 
 const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 5, 10, 50, 100};
 
@@ -86,12 +87,6 @@ struct sp_expert_store {
     int *dfd;  // (n_shards) O_DIRECT descriptors, -1 where refused
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The byte ranges of one linear view: codes, scales, biases, linear bias. */
 static int linear_parts(const struct sp_linear *l, const void **ptr, size_t *len) {
@@ -464,9 +459,9 @@ static void *reader_main(void *arg) {
         s->j_len--;
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
-        double t0 = now_s();
+        double t0 = sp_now_s();
         enum sp_status st = read_unit(s->m, s->dfd, &s->io_ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
-        double dt = now_s() - t0;
+        double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
         struct slot *sl = &s->slots[j.slot];
         sl->loading = false;
@@ -594,9 +589,9 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         s->layer_misses[L]++;
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
-        double t0 = now_s();
+        double t0 = sp_now_s();
         enum sp_status st = read_unit(s->m, s->dfd, &s->io_demand, mapped, sl->mem, &reads, &bytes);
-        double dt = now_s() - t0;
+        double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
         sl->loading = false;
         pthread_cond_broadcast(&s->cv);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "runtime/jsonv.h"
@@ -89,12 +90,6 @@ const char *sp_finish_name(enum sp_finish f) {
     case SP_FINISH_ERROR: return "error";
     default: return "none";
     }
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 void sp_tok_list_free(struct sp_tok_list *l) {
@@ -325,7 +320,7 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
     }
     if (r->gp.top_logprobs > SP_MAX_TOP_LOGPROBS) r->gp.top_logprobs = SP_MAX_TOP_LOGPROBS;
     r->prog.prompt_tokens = n;
-    r->t_submit = now_s();
+    r->t_submit = sp_now_s();
     pthread_mutex_lock(&e->mu);
     if (e->q_len == e->p.queue_max) {
         pthread_mutex_unlock(&e->mu);
@@ -402,7 +397,7 @@ static void admit(struct sp_engine *e) {
         e->st.cached_tokens += (uint64_t)best_common;
         pthread_mutex_lock(&r->mu);
         r->prog.cached_tokens = best_common;
-        r->t_start = now_s();
+        r->t_start = sp_now_s();
         r->prog.queue_s = r->t_start - r->t_submit;
         pthread_mutex_unlock(&r->mu);
     }
@@ -567,7 +562,7 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
     sp_sampler_accept(s->smp, tok);
     s->n_gen++;
     if (want_info) token_info(e, e->scratch, tok, r->gp.top_logprobs, &ti);
-    double t = now_s();
+    double t = sp_now_s();
     pthread_mutex_lock(&r->mu);
     if (s->n_gen == 1) {
         r->prog.ttft_s = t - r->t_submit;
@@ -669,10 +664,10 @@ static bool step(struct sp_engine *e) {
         }
     }
     if (!n) return false;
-    double t0 = now_s();
+    double t0 = sp_now_s();
     struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
-    double dt = now_s() - t0;
+    double dt = sp_now_s() - t0;
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
     e->st.decode_tokens += (uint64_t)n_decode;

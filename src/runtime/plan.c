@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
 
@@ -92,12 +93,6 @@ struct sp_bandwidth sp_bandwidth_load(void) {
     return bw;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 struct read_job {
     const uint64_t *p;
     size_t n;
@@ -127,11 +122,11 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
     for (int rep = 0; rep < 4; rep++) {
         struct read_job jobs[2] = {{buf, bytes / 16, 0}, {buf + bytes / 16, bytes / 16, 0}};
         pthread_t t;
-        double t0 = now_s();
+        double t0 = sp_now_s();
         pthread_create(&t, NULL, read_part, &jobs[1]);
         read_part(&jobs[0]);
         pthread_join(t, NULL);
-        double dt = now_s() - t0;
+        double dt = sp_now_s() - t0;
         sink += jobs[0].sum + jobs[1].sum;
         if (dt < best) best = dt;
     }
@@ -144,10 +139,10 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     size_t chunk = (size_t)16 << 20, total = 0;
     char *b = sp_malloc_aligned(chunk, 4096, SP_MEM_MISC);
-    double t0 = now_s();
+    double t0 = sp_now_s();
     ssize_t r;
     while (b && total < ((size_t)2 << 30) && (r = pread(fd, b, chunk, (off_t)total)) > 0) total += (size_t)r;
-    double dt = now_s() - t0;
+    double dt = sp_now_s() - t0;
     close(fd);
     sp_free_aligned(b);
     if (total < ((size_t)64 << 20))
