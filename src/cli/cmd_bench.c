@@ -4,10 +4,17 @@
  * against the measured memory bandwidth; with an expert cache, its hit rate
  * and disk throughput, optionally against plain mmap in the same run.
  * One human line and one JSON line per run.
+ *
+ * With --synthetic CONFIG.json the model is generated first: random weights
+ * of the config's exact shapes, written in bf16 or quantized to the --quant
+ * format, into --out DIR (kept) or a temporary folder deleted afterwards.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,17 +23,26 @@
 #include "cli/commands.h"
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/file.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "model/experts.h"
 #include "model/forward.h"
 #include "model/inspect.h"
+#include "model/quantize.h"
+#include "model/synth.h"
 #include "runtime/plan.h"
 #include "runtime/sampler.h"
 
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--threads N] [--kv-type T]\n"
     "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap]\n"
+    "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
+    "                     [--out DIR] [same flags as with --model]\n"
+    "  --synthetic C     benchmark random weights of the exact shapes of config.json C (no download)\n"
+    "  --quant F         their format; --layers N keeps the first N layers (default: all)\n"
+    "  --out DIR         write the model to DIR (new or empty) and keep it; default: a temporary\n"
+    "                    folder in $TMPDIR, deleted afterwards\n"
     "  --prompt N        prompt tokens to prefill (default 512; random ids, fixed seed)\n"
     "  --gen N           tokens to decode greedily (default 64)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
@@ -119,7 +135,7 @@ static const char *main_format(const struct sp_model_stats *s) {
 }
 
 static void report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl, const char *mode,
-                   int threads, const struct result *r) {
+                   int threads, const char *synthetic, const struct result *r) {
     double pre = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0, dec = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
     double gbs = (double)ms->active_bytes * dec / 1e9, eff = pl->bw.ram_gbs > 0 ? 100.0 * gbs / pl->bw.ram_gbs : 0;
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
@@ -142,6 +158,9 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_obj(&w);
     sp_jw_key(&w, "bench"); sp_jw_str(&w, mode);
     sp_jw_key(&w, "model"); sp_jw_str(&w, m->files->dir);
+    if (synthetic) {
+        sp_jw_key(&w, "synthetic"); sp_jw_str(&w, synthetic);
+    }
     sp_jw_key(&w, "architecture"); sp_jw_str(&w, a->model_type);
     sp_jw_key(&w, "layers"); sp_jw_int(&w, a->n_layers);
     sp_jw_key(&w, "hidden"); sp_jw_int(&w, a->d_model);
@@ -183,46 +202,129 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_buf_free(&b);
 }
 
-int sp_cmd_bench(int argc, char **argv) {
-    const char *model = NULL;
-    int64_t prompt = 512, gen = 64, threads = 0;
-    bool cold = false, compare = false;
-    struct sp_plan_inputs pin = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        } else if (sp_arg_flag(argv[i], "--cold")) {
-            cold = true;
-        } else if (sp_arg_flag(argv[i], "--compare-mmap")) {
-            compare = true;
-        } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
-            if (!(model = v)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--prompt", &v)) {
-            if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &prompt)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
-            if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &gen)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
-            if (!v || !sp_arg_int("--threads", v, 1, 1024, &threads)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {
-            if (!v || !sp_kv_type_from_name(v, &pin.kv_type)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--mem-limit", &v)) {
-            if (!v || !sp_arg_size("--mem-limit", v, &pin.mem_limit)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--expert-cache", &v)) {
-            if (!v || !sp_arg_size("--expert-cache", v, &pin.expert_cache)) return SP_EXIT_USAGE;
-            pin.expert_cache_set = true;
-        } else {
-            return sp_arg_unknown("bench", argv[i]);
+/* --synthetic: the generated model and the folders to delete afterwards. */
+struct synth {
+    const char *config, *out;
+    const char *quant;  // its name, as given
+    enum sp_qtype type;
+    int64_t layers;     // 0: the config's
+    char *dir;          // the folder benchmarked (owned)
+    char *bf16;         // the bf16 model a quantized one is made from, while it exists (owned)
+    bool remove_dir;    // dir is deleted afterwards: a temporary folder, or --out that failed
+    bool generated;
+};
+
+static const struct {
+    const char *name;
+    enum sp_qtype type;
+} synth_formats[] = {
+    {"affine4", SP_QTYPE_AFFINE4}, {"affine8", SP_QTYPE_AFFINE8}, {"mxfp4", SP_QTYPE_MXFP4}, {"bf16", SP_QTYPE_BF16}};
+
+/* A fresh folder $TMPDIR/sparrow-synth-XXXXXX (default /tmp); owned path. */
+static enum sp_status make_tmp_dir(char **out) {
+    const char *t = getenv("TMPDIR");
+    char *p = sp_path_join(t && *t ? t : "/tmp", "sparrow-synth-XXXXXX");
+    if (!p) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (!mkdtemp(p)) {
+        enum sp_status st = sp_errorf(SP_ERR_IO, "%s: %s", p, strerror(errno));
+        sp_free(p);
+        return st;
+    }
+    *out = p;
+    return SP_OK;
+}
+
+/* Whether dir holds nothing but "." and "..". */
+static bool dir_is_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d))) empty = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+    closedir(d);
+    return empty;
+}
+
+/* Writes the model into s->dir: bf16 straight there; a quantized format
+ * through a bf16 copy in a temporary folder, deleted once quantized. */
+static enum sp_status synth_build(struct synth *s) {
+    cJSON *cfg;
+    enum sp_status st = sp_json_parse_file(s->config, 16 << 20, &cfg);
+    if (st != SP_OK) return st;
+    if (s->out) {
+        if (sp_path_is_dir(s->out) && !dir_is_empty(s->out))
+            st = sp_errorf(SP_ERR_ARG, "--out %s: not an empty folder (give a new or empty one)", s->out);
+        else if (!(s->dir = sp_strdup(s->out, SP_MEM_MISC)))
+            st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        s->remove_dir = !sp_path_is_dir(s->out);
+    } else {
+        st = make_tmp_dir(&s->dir);
+        s->remove_dir = true;
+    }
+    if (st != SP_OK) {
+        cJSON_Delete(cfg);
+        return st;
+    }
+    int64_t layers = s->layers;
+    if (!layers && sp_json_get_int(cfg, "num_hidden_layers", 0, &layers) != SP_OK) layers = 0;
+    fprintf(stderr, "bench: generating %s: %lld layer%s, %s, random weights, in %s\n", s->config, (long long)layers,
+            layers == 1 ? "" : "s", s->quant, s->dir);
+    double t0 = sp_now_s();
+    struct sp_synth_opts so = {.dtype = SP_DTYPE_BF16, .seed = 1, .layers = s->layers};
+    if (s->type == SP_QTYPE_BF16) {
+        st = sp_synth_write(cfg, s->dir, &so);
+    } else {
+        struct sp_model *m = NULL;
+        st = make_tmp_dir(&s->bf16);
+        if (st == SP_OK) st = sp_synth_write(cfg, s->bf16, &so);
+        if (st == SP_OK) st = sp_model_open(s->bf16, &m);
+        struct sp_quantize_opts qo = {.type = s->type};  // group: the format's (affine 64, mxfp4 32)
+        if (st == SP_OK) st = sp_quantize_model(m, s->dir, &qo);
+        if (m) sp_model_close(m);
+        if (st == SP_OK && (st = sp_dir_remove_files(s->bf16)) == SP_OK) {
+            sp_free(s->bf16);
+            s->bf16 = NULL;
         }
     }
-    if (!model) {
-        fputs(usage, stderr);
-        return SP_EXIT_USAGE;
+    cJSON_Delete(cfg);
+    if (st != SP_OK) return st;
+    s->generated = true;
+    if (s->out) s->remove_dir = false;
+    fprintf(stderr, "bench: generated in %.1f s\n", sp_now_s() - t0);
+    return SP_OK;
+}
+
+/* Deletes what synth_build left to delete; false (said on stderr) if that failed. */
+static bool synth_cleanup(struct synth *s) {
+    bool ok = true;
+    if (s->bf16 && sp_path_is_dir(s->bf16) && sp_dir_remove_files(s->bf16) != SP_OK) {
+        sp_cli_fail();
+        ok = false;
     }
+    if (s->dir && s->remove_dir && sp_path_is_dir(s->dir) && sp_dir_remove_files(s->dir) != SP_OK) {
+        sp_cli_fail();
+        ok = false;
+    }
+    if (s->generated && !s->remove_dir) fprintf(stderr, "bench: the synthetic model is kept in %s (a loadable model folder)\n", s->dir);
+    sp_free(s->bf16);
+    sp_free(s->dir);
+    return ok;
+}
+
+struct bench_opts {
+    int64_t prompt, gen, threads;
+    bool cold, compare;
+    struct sp_plan_inputs pin;
+    const char *synthetic;  // the config of a --synthetic model, for the JSON line
+};
+
+/* The runs on one model folder; the process exit code. */
+static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_model *m;
     if (sp_model_open(model, &m) != SP_OK) return sp_cli_fail();
     int rc = 1;
+    int64_t prompt = o->prompt, gen = o->gen, threads = o->threads;
+    struct sp_plan_inputs pin = o->pin;
     pin.ctx = prompt + gen;
     pin.parallel = 1;
     pin.batch = 256;
@@ -234,14 +336,14 @@ int sp_cmd_bench(int argc, char **argv) {
                                .n_threads = (int)threads};
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
     struct result r;
-    if (run_once(m, &cp, prompt, gen, cold, &r) != SP_OK) goto done;
+    if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) goto done;
     int nth = threads ? (int)threads : sp_physical_cores();
-    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, &r);
-    if (compare && cp.expert_cache) {
+    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, o->synthetic, &r);
+    if (o->compare && cp.expert_cache) {
         struct result base;
         cp.expert_cache = 0;
-        if (run_once(m, &cp, prompt, gen, cold, &base) != SP_OK) goto done;
-        report(m, &ms, &pl, "mmap", nth, &base);
+        if (run_once(m, &cp, prompt, gen, o->cold, &base) != SP_OK) goto done;
+        report(m, &ms, &pl, "mmap", nth, o->synthetic, &base);
         double a = r.decode_s > 0 ? (double)r.gen / r.decode_s : 0, b = base.decode_s > 0 ? (double)base.gen / base.decode_s : 0;
         printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? a / b : 0.0);
     }
@@ -249,5 +351,84 @@ int sp_cmd_bench(int argc, char **argv) {
 done:
     if (rc) sp_cli_fail();
     sp_model_close(m);
+    return rc;
+}
+
+int sp_cmd_bench(int argc, char **argv) {
+    const char *model = NULL;
+    struct bench_opts o = {.prompt = 512, .gen = 64};
+    struct synth syn = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (sp_arg_flag(argv[i], "--cold")) {
+            o.cold = true;
+        } else if (sp_arg_flag(argv[i], "--compare-mmap")) {
+            o.compare = true;
+        } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
+            if (!(model = v)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--synthetic", &v)) {
+            if (!(syn.config = v)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--quant", &v)) {
+            if (!(syn.quant = v)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--layers", &v)) {
+            if (!v || !sp_arg_int("--layers", v, 1, 100000, &syn.layers)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--out", &v)) {
+            if (!(syn.out = v)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--prompt", &v)) {
+            if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &o.prompt)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
+            if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &o.gen)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
+            if (!v || !sp_arg_int("--threads", v, 1, 1024, &o.threads)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {
+            if (!v || !sp_kv_type_from_name(v, &o.pin.kv_type)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--mem-limit", &v)) {
+            if (!v || !sp_arg_size("--mem-limit", v, &o.pin.mem_limit)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--expert-cache", &v)) {
+            if (!v || !sp_arg_size("--expert-cache", v, &o.pin.expert_cache)) return SP_EXIT_USAGE;
+            o.pin.expert_cache_set = true;
+        } else {
+            return sp_arg_unknown("bench", argv[i]);
+        }
+    }
+    if (model && syn.config) {
+        fprintf(stderr, "error: bench: --model and --synthetic exclude each other: give one\n");
+        return SP_EXIT_USAGE;
+    }
+    if (!model && !syn.config) {
+        fprintf(stderr, "error: bench: give --model MODEL or --synthetic CONFIG.json\n");
+        fputs(usage, stderr);
+        return SP_EXIT_USAGE;
+    }
+    if (model) {
+        const char *only = syn.quant ? "--quant" : syn.layers ? "--layers" : syn.out ? "--out" : NULL;
+        if (only) {
+            fprintf(stderr, "error: bench: %s applies only to --synthetic, not to --model\n", only);
+            return SP_EXIT_USAGE;
+        }
+        return bench_model(model, &o);
+    }
+    if (!syn.quant) {
+        fprintf(stderr, "error: bench: --synthetic needs --quant (affine4, affine8, mxfp4 or bf16)\n");
+        return SP_EXIT_USAGE;
+    }
+    size_t k = 0, nf = sizeof synth_formats / sizeof synth_formats[0];
+    while (k < nf && strcmp(synth_formats[k].name, syn.quant) != 0) k++;
+    if (k == nf) {
+        fprintf(stderr, "error: bench: unknown --quant %s (affine4, affine8, mxfp4 or bf16)\n", syn.quant);
+        return SP_EXIT_USAGE;
+    }
+    syn.type = synth_formats[k].type;
+    int rc;
+    if (synth_build(&syn) != SP_OK) {
+        rc = sp_cli_fail();
+    } else {
+        o.synthetic = syn.config;
+        rc = bench_model(syn.dir, &o);
+    }
+    if (!synth_cleanup(&syn) && !rc) rc = 1;
     return rc;
 }

@@ -183,22 +183,19 @@ enum sp_status sp_copy_file(const char *src, const char *dst) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-enum sp_status sp_dir_list(const char *dir, const char *suffix, char ***names, size_t *count) {
+/* Every entry of dir but "." and "..", regular files or not (names starting
+ * with a dot included: a temporary file left by sp_write_file is one). */
+static enum sp_status dir_entries(const char *dir, char ***names, size_t *count) {
     *names = NULL;
     *count = 0;
     DIR *d = opendir(dir);
     if (!d) return sp_errorf(errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", dir, strerror(errno));
-    size_t n = 0, cap = 0, sl = suffix ? strlen(suffix) : 0;
+    size_t n = 0, cap = 0;
     char **v = NULL;
     enum sp_status st = SP_OK;
     struct dirent *e;
     while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (e->d_name[0] == '.' || l < sl || (sl && strcmp(e->d_name + l - sl, suffix) != 0)) continue;
-        char *full = sp_path_join(dir, e->d_name);
-        bool is_file = full && sp_path_is_file(full);
-        sp_free(full);
-        if (!is_file) continue;
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             char **nv = v ? sp_realloc(v, cap * sizeof *v) : sp_malloc(cap * sizeof *v, SP_MEM_MISC);
@@ -219,7 +216,33 @@ enum sp_status sp_dir_list(const char *dir, const char *suffix, char ***names, s
         sp_strv_free(v, n);
         return st;
     }
-    if (n) qsort(v, n, sizeof *v, cmp_str);
+    *names = v;
+    *count = n;
+    return SP_OK;
+}
+
+enum sp_status sp_dir_list(const char *dir, const char *suffix, char ***names, size_t *count) {
+    char **v;
+    size_t all, n = 0, sl = suffix ? strlen(suffix) : 0;
+    enum sp_status st = dir_entries(dir, &v, &all);
+    if (st != SP_OK) return st;
+    for (size_t i = 0; i < all; i++) {
+        size_t l = strlen(v[i]);
+        bool keep = v[i][0] != '.' && l >= sl && (!sl || strcmp(v[i] + l - sl, suffix) == 0);
+        if (keep) {
+            char *full = sp_path_join(dir, v[i]);
+            keep = full && sp_path_is_file(full);
+            sp_free(full);
+        }
+        if (keep) v[n++] = v[i];
+        else sp_free(v[i]);
+    }
+    if (n) {
+        qsort(v, n, sizeof *v, cmp_str);
+    } else {
+        sp_free(v);
+        v = NULL;
+    }
     *names = v;
     *count = n;
     return SP_OK;
@@ -229,4 +252,29 @@ void sp_strv_free(char **v, size_t count) {
     if (!v) return;
     for (size_t i = 0; i < count; i++) sp_free(v[i]);
     sp_free(v);
+}
+
+enum sp_status sp_dir_remove_files(const char *dir) {
+    char **names;
+    size_t n;
+    enum sp_status st = dir_entries(dir, &names, &n);
+    if (st != SP_OK) return st;
+    /* Checked before anything is deleted: all or nothing. */
+    for (size_t i = 0; i < n && st == SP_OK; i++) {
+        char *full = sp_path_join(dir, names[i]);
+        struct stat s;
+        if (!full) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        else if (lstat(full, &s) != 0) st = sp_errorf(SP_ERR_IO, "%s: %s", full, strerror(errno));
+        else if (!S_ISREG(s.st_mode)) st = sp_errorf(SP_ERR_IO, "%s: not removed: %s is not a regular file", dir, names[i]);
+        sp_free(full);
+    }
+    for (size_t i = 0; i < n && st == SP_OK; i++) {
+        char *full = sp_path_join(dir, names[i]);
+        if (!full) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        else if (unlink(full) != 0) st = sp_errorf(SP_ERR_IO, "%s: %s", full, strerror(errno));
+        sp_free(full);
+    }
+    sp_strv_free(names, n);
+    if (st == SP_OK && rmdir(dir) != 0) st = sp_errorf(SP_ERR_IO, "%s: %s", dir, strerror(errno));
+    return st;
 }

@@ -9,6 +9,7 @@
  * sp_read_file returns a NUL-terminated heap copy owned by the caller
  * (sp_free). sp_path_join returns an owned string. sp_dir_list returns an
  * owned, sorted array of owned names (free with sp_strv_free).
+ * sp_dir_remove_files deletes a folder of plain files, never recursively.
  */
 #ifndef SP_CORE_FILE_H
 #define SP_CORE_FILE_H
@@ -48,5 +49,10 @@ enum sp_status sp_copy_file(const char *src, const char *dst);
 /* Regular files in dir whose names end in suffix (NULL: all), sorted. */
 enum sp_status sp_dir_list(const char *dir, const char *suffix, char ***names, size_t *count);
 void sp_strv_free(char **v, size_t count);
+
+/* Removes a folder of regular files (a model folder sparrow wrote): unlinks
+ * them, then the folder. Never recursive: a folder holding anything else (a
+ * subfolder, a link) is left untouched and is an error. */
+enum sp_status sp_dir_remove_files(const char *dir);
 
 #endif

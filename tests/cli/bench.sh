@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# sparrow bench --synthetic: random weights of a config's shapes generated,
+# quantized and benchmarked in one command; the model kept with --out, its
+# temporary folders deleted otherwise; the flags that go together.
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+CFG=tools/tiny/qwen3_moe.json
+SMALL=(--layers 1 --prompt 8 --gen 4 --threads 1)
+# generated models go to $TMPDIR: a private one, to see what is left in it
+export TMPDIR="$TMP/tmpdir"
+mkdir -p "$TMPDIR"
+left() { find "$TMPDIR" -maxdepth 1 -name 'sparrow-synth-*' | grep -q .; }
+
+run "synthetic affine4" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 "${SMALL[@]}"
+expect "the human line" "$TMP/out" "resident: qwen3_moe 1L d128 16x top-4 affine4"
+expect "says what it generates" "$TMP/err" "bench: generating $CFG: 1 layer, affine4"
+expect "and how long it took" "$TMP/err" "bench: generated in "
+grep '^{' "$TMP/out" | head -1 >"$TMP/r.json"
+run "the JSON line names the config" 0 node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    if (r.synthetic !== process.argv[2] || !r.format.startsWith("affine4") || r.layers !== 1 || r.architecture !== "qwen3_moe")
+        process.exit(1);' "$TMP/r.json" "$CFG"
+if left; then not_ok "no sparrow-synth-* folder left in TMPDIR"; else ok "no sparrow-synth-* folder left in TMPDIR"; fi
+
+run "synthetic mxfp4 kept with --out" 0 "$SPARROW" bench --synthetic "$CFG" --quant mxfp4 --out "$TMP/mx" "${SMALL[@]}"
+expect "says where it is kept" "$TMP/err" "kept in $TMP/mx"
+run "inspect the kept folder" 0 "$SPARROW" inspect "$TMP/mx"
+grep -E '^mxfp4 +[0-9]' "$TMP/out" >/dev/null && ok "it is mxfp4" || not_ok "it is mxfp4" "$TMP/out"
+if left; then not_ok "no temporary bf16 folder left"; else ok "no temporary bf16 folder left"; fi
+run "synthetic bf16 kept with --out" 0 "$SPARROW" bench --synthetic "$CFG" --quant bf16 --out "$TMP/bf" "${SMALL[@]}"
+run "inspect it" 0 "$SPARROW" inspect "$TMP/bf"
+expect "it has 1 layer" "$TMP/out" "qwen3_moe: 1 layers"
+grep -E '^bf16 +[0-9]' "$TMP/out" >/dev/null && ok "it is bf16" || not_ok "it is bf16" "$TMP/out"
+run "--out a folder that holds files" 1 "$SPARROW" bench --synthetic "$CFG" --quant bf16 --out "$TMP/bf" "${SMALL[@]}"
+expect "is refused" "$TMP/err" "not an empty folder"
+run "a config that does not exist" 1 "$SPARROW" bench --synthetic "$TMP/none.json" --quant affine4 "${SMALL[@]}"
+if left; then not_ok "nothing left after a failure"; else ok "nothing left after a failure"; fi
+
+run "--model with --synthetic" 2 "$SPARROW" bench --model "$TMP/bf" --synthetic "$CFG" --quant bf16
+expect "names the conflict" "$TMP/err" "--model and --synthetic exclude each other"
+run "neither --model nor --synthetic" 2 "$SPARROW" bench --prompt 8
+expect "asks for one" "$TMP/err" "give --model MODEL or --synthetic CONFIG.json"
+run "--synthetic without --quant" 2 "$SPARROW" bench --synthetic "$CFG"
+expect "asks for --quant" "$TMP/err" "--synthetic needs --quant"
+run "an unknown --quant" 2 "$SPARROW" bench --synthetic "$CFG" --quant q5
+expect "lists the formats" "$TMP/err" "unknown --quant q5 (affine4, affine8, mxfp4 or bf16)"
+for f in "--quant affine4" "--layers 1" "--out $TMP/x"; do
+    run "${f%% *} with --model" 2 "$SPARROW" bench --model "$TMP/bf" $f
+    expect "says it needs --synthetic" "$TMP/err" "${f%% *} applies only to --synthetic"
+done
