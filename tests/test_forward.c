@@ -295,6 +295,15 @@ static void test_expert_cache(void **state) {
         load_ref(moe_archs[i], &r);
         check_expert_cache(m, &r, moe_archs[i], true);
         check_expert_cache(m, &r, moe_archs[i], false);
+        /* the other replacement policies (ARC is the default) */
+        const char *policies[] = {"lru", "clock"};
+        for (size_t k = 0; k < 2; k++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s %s", moe_archs[i], policies[k]);
+            setenv("SPARROW_EXPERT_POLICY", policies[k], 1);
+            check_expert_cache(m, &r, label, true);
+        }
+        unsetenv("SPARROW_EXPERT_POLICY");
         const struct {
             enum sp_qtype t;
             int g;
@@ -318,6 +327,68 @@ static void test_expert_cache(void **state) {
     }
 }
 
+/* Looks expert e of layer 0 up in the store and hands it back: whether it was
+ * a hit. */
+static bool lookup(const struct sp_model *m, struct sp_expert_store *s, int64_t e) {
+    struct sp_expert_views v = {.fused = m->fused_gate_up}, got;
+    if (v.fused) {
+        assert_int_equal(sp_model_linear(m, 0, SP_ROLE_EXP_GATE_UP, e, &v.gate_up), SP_OK);
+    } else {
+        assert_int_equal(sp_model_linear(m, 0, SP_ROLE_EXP_GATE, e, &v.gate), SP_OK);
+        assert_int_equal(sp_model_linear(m, 0, SP_ROLE_EXP_UP, e, &v.up), SP_OK);
+    }
+    assert_int_equal(sp_model_linear(m, 0, SP_ROLE_EXP_DOWN, e, &v.down), SP_OK);
+    struct sp_expert_store_stats before, after;
+    sp_expert_store_stats(s, &before);
+    assert_int_equal(sp_expert_store_get(s, &v, 0, e, &got), SP_OK);
+    sp_expert_store_put(s, 0, e);
+    sp_expert_store_stats(s, &after);
+    assert_true(after.hits + after.misses == before.hits + before.misses + 1);
+    return after.hits > before.hits;
+}
+
+/* Replacement policies on a cache of four slots: an expert used twice
+ * survives a scan of experts used once under ARC (the default: the scan
+ * stays in T1) and not under LRU; under ARC an expert evicted recently from
+ * T1 (a ghost in B1) comes back into T2 and outlives a longer scan. */
+static void test_expert_policy(void **state) {
+    struct sp_model *m;
+    assert_int_equal(sp_model_open("tests/fixtures/qwen3_moe", &m), SP_OK);
+    assert_true(m->arch.layer_moe[0] && m->arch.n_experts >= 12);
+    setenv("SPARROW_PREFETCH", "0", 1);
+    const char *policies[] = {NULL, "arc", "lru"};
+    for (int k = 0; k < 3; k++) {
+        if (policies[k])
+            setenv("SPARROW_EXPERT_POLICY", policies[k], 1);
+        else
+            unsetenv("SPARROW_EXPERT_POLICY");
+        bool lru = policies[k] && strcmp(policies[k], "lru") == 0;
+        struct sp_expert_store *s;
+        assert_int_equal(sp_expert_store_create(m, 4 * sp_expert_store_min_budget(m), &s), SP_OK);
+        assert_false(lookup(m, s, 0));
+        assert_true(lookup(m, s, 0));
+        for (int64_t e = 1; e <= 8; e++) assert_false(lookup(m, s, e));
+        assert_int_equal(lookup(m, s, 0), !lru);
+        if (!lru) {
+            assert_false(lookup(m, s, 5));  // evicted from T1 four evictions ago: a ghost
+            for (int64_t e = 9; e <= 11; e++) assert_false(lookup(m, s, e));
+            assert_true(lookup(m, s, 5));
+            assert_true(lookup(m, s, 0));
+        }
+        struct sp_expert_store_stats st;
+        sp_expert_store_stats(s, &st);
+        assert_int_equal(st.slots, 4);
+        assert_int_equal(st.cached, 4);
+        assert_true(st.cached_bytes <= st.budget);
+        assert_int_equal(st.evictions, st.misses - 4);
+        assert_int_equal(st.prefetch_issued, 0);
+        sp_expert_store_free(s);
+    }
+    unsetenv("SPARROW_EXPERT_POLICY");
+    unsetenv("SPARROW_PREFETCH");
+    sp_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_logits_f32_kv),
@@ -325,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_quantized_variants),
         cmocka_unit_test(test_expert_cache),
+        cmocka_unit_test(test_expert_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

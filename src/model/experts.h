@@ -3,14 +3,15 @@
  * a fixed byte budget over the model files. The forward pass asks for an
  * expert's weight views right before computing it and hands them back right
  * after; a miss reads the expert (all its tensors: codes, scales, biases of
- * gate, up and down) from the files into a cache slot. Eviction drops the
- * least recently used expert (SPARROW_EXPERT_POLICY=clock: a generalized
+ * gate, up and down) from the files into a cache slot. Eviction follows
+ * ARC, keyed by (layer, expert): experts used once since they came in (T1)
+ * and those used again (T2) are each kept in recency order, and the target
+ * size of T1 adapts to misses on recently evicted experts
+ * (SPARROW_EXPERT_POLICY=lru: least recently used; =clock: a generalized
  * clock where each hit adds a count, up to 3, and the sweeping hand takes one
- * away; =lfu: per-layer shares with least-frequently-used eviction; neither
- * beats LRU on every routing pattern measured yet). An expert
- * being computed is never evicted. The views point into the slot and
- * hold exactly the bytes of the files, so every computed token is identical
- * whatever the budget.
+ * away). An expert being computed is never evicted. The views point into
+ * the slot and hold exactly the bytes of the files, so every computed token
+ * is identical whatever the budget.
  *
  *     struct sp_expert_store *s;
  *     sp_expert_store_create(model, 512 << 20, &s);   // a 512 MiB cache
