@@ -133,7 +133,7 @@ static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_
     free(y);
 }
 
-static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17};
+static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17, 40};
 static const int64_t row_counts[] = {1, 13, 67};
 
 /* Every available set x rows x batch on one (type, group, scale dtype) for

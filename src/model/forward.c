@@ -200,6 +200,7 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L, size_t *scratch) {
     }
     if (!a->layer_moe[L]) return SP_OK;
     if ((st = lin(m, L, SP_ROLE_ROUTER, -1, &ly->router, scratch)) != SP_OK) return st;
+    ly->router.float_activations = true;
     if (sp_weights_find(&m->weights, L, SP_ROLE_EXPERT_BIAS, -1)) {
         ly->expert_bias = vec_f32(m, L, SP_ROLE_EXPERT_BIAS, &st);
         if (st != SP_OK) return st;

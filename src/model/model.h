@@ -29,6 +29,7 @@ struct sp_linear {
     struct sp_qmat w;  // (out, in); when transposed the stored matrix is (in, out)
     bool transposed;
     bool interleaved;  // fused gate_up whose outputs alternate gate, up
+    bool float_activations;  // products keep x in float (routers: a rounding must not change the experts chosen)
     const void *bias;  // (out) or NULL
     enum sp_dtype bias_dtype;
     const struct sp_wslot *slot;  // where it came from (names for messages)

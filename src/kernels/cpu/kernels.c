@@ -117,6 +117,7 @@ static const struct sp_kernels portable = {
     .isa = SP_KERNELS_PORTABLE,
     .name = "portable",
     .matmul_rows = sp_matmul_rows_portable,
+    .matmul_rows_float = sp_matmul_rows_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
     .dot_dt = dot_dt_portable,
@@ -177,10 +178,12 @@ const struct sp_kernels *sp_kernels(void) {
 
 /* The portable product dequantizes a whole row; the AVX2 blocked one a
  * block of rows x columns; the AVX2 decode one keeps int16 activations
- * plus two floats per 32 columns per token. */
+ * plus two floats per group (at least 32 columns) per token, and one
+ * row's multipliers for 4 tokens. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
-    size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * (size_t)(w->cols / 32 + 1) * sizeof(float));
+    size_t groups = (size_t)(w->cols / 32 + 1);
+    size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * groups * sizeof(float)) + 4 * groups * sizeof(float);
     size_t m = row > block ? row : block;
     return (m > q16 ? m : q16) + 64;
 }

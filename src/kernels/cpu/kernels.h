@@ -48,6 +48,10 @@ struct sp_kernels {
      * for go through the portable code). */
     void (*matmul_rows)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
                         float *y, int64_t ldy, void *scratch);
+    /* The same with the activations kept in float (no int16 rounding), for
+     * products whose small errors matter more than their speed (routers). */
+    void (*matmul_rows_float)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                              int64_t n, float *y, int64_t ldy, void *scratch);
     /* sum of a[i] * b[i] over n floats */
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i] += a * x[i] over n floats */

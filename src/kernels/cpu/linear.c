@@ -59,7 +59,9 @@ static void rows_job(void *arg, int tid, int nth) {
     int64_t lo, hi;
     sp_pool_split(w->rows, tid, nth, &lo, &hi);
     if (lo == hi) return;
-    sp_kernels()->matmul_rows(w, lo, hi, j->x, j->ldx, j->n, j->y, j->ldy, sp_pool_scratch(j->pool, tid));
+    const struct sp_kernels *k = sp_kernels();
+    (j->l->float_activations ? k->matmul_rows_float : k->matmul_rows)(w, lo, hi, j->x, j->ldx, j->n, j->y, j->ldy,
+                                                                     sp_pool_scratch(j->pool, tid));
     if (!j->l->bias) return;
     for (int64_t r = lo; r < hi; r++) {
         float b = bias_at(j->l, r);

@@ -156,18 +156,42 @@ ALWAYS struct rowfmt rowfmt_of(const struct sp_qmat *w, int fmt, int sdt) {
  * The server needs a token's logits to be bit-identical whatever else is in
  * its batch (chunked prefill = one batch = token by token), so the fused
  * and the blocked float products sum in the same order: for each KC-column
- * slice, one 8-lane FMA chain over the slice in column order, hsum, then
- * the < 8 leftover columns one by one, and the slice sums added to the
- * output in slice order starting from 0. */
+ * slice, CH chains of 8 lanes, chain c taking the 8-column pieces that
+ * start at k with (k / 8) % CH == c in column order; the slice sum is
+ * hsum((c0 + c1) + (c2 + c3)) plus the < 8 leftover columns one by one, and
+ * the slice sums are added to the output in slice order starting from 0.
+ * Four chains hide the FMA latency (4 cycles) of a single token. */
+#define CH 4
 
-/* Sum of one slice's 8-lane accumulator and its leftover columns. */
-ALWAYS float slice_sum(__m256 acc, const float *w, const float *x, int64_t n_left) {
-    float sum = hsum(acc);
+/* Sum of one slice's chains and its leftover columns. */
+ALWAYS float slice_sum(const __m256 acc[CH], const float *w, const float *x, int64_t n_left) {
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (int64_t k = 0; k < n_left; k++) sum += w[k] * x[k];
     return sum;
 }
 
 /* ---- fused product: rows [r0, r1) with NT tokens (1 to 4) ---- */
+
+/* Chains [c0, c0 + nc) of the slice at column k0 (k8 whole pieces) of one
+ * row, for nt tokens: acc[t][c]. */
+ALWAYS void fused_chains(int fmt, int sdt, int64_t group, const uint8_t *c, const uint8_t *sc, const uint8_t *bi,
+                         int64_t k0, int64_t k8, const float *x, int64_t ldx, int nt, int c0, int nc,
+                         __m256 acc[4][CH]) {
+    __m256 s = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8 * CH) {
+        /* quantized slices start on a group boundary; groups are >= 32 wide,
+         * so a round of CH pieces never straddles two */
+        if (fmt_grouped(fmt) && (k & (group - 1)) == 0) group_params(fmt, sdt, sc, bi, (k0 + k) / group, &s, &b);
+#pragma GCC unroll 4
+        for (int ci = c0; ci < c0 + nc; ci++) {
+            int64_t kk = k + 8 * ci;
+            if (kk >= k8) break;
+            __m256 wv = decode8(fmt, c, k0 + kk, s, b);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) acc[t][ci] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + k0 + kk), acc[t][ci]);
+        }
+    }
+}
 
 ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                        int64_t ldy, int fmt, int sdt, int nt) {
@@ -177,24 +201,26 @@ ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const fl
         const uint8_t *sc = fmt_grouped(fmt) ? (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes : NULL;
         const uint8_t *bi = fmt == FMT_A4 || fmt == FMT_A8 ? (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes : NULL;
         float tot[4] = {0};
-        __m256 s = _mm256_setzero_ps(), b = _mm256_setzero_ps();
         for (int64_t k0 = 0; k0 < f.cols; k0 += KC) {
-            int64_t kn = f.cols - k0 < KC ? f.cols - k0 : KC, k = 0;
-            __m256 acc[4];
+            int64_t kn = f.cols - k0 < KC ? f.cols - k0 : KC, k8 = kn & ~(int64_t)7;
+            __m256 acc[4][CH];
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
-            for (; k + 8 <= kn; k += 8) {
-                /* quantized slices start on a group boundary; groups are >= 32 wide */
-                if (fmt_grouped(fmt) && (k & (f.group - 1)) == 0) group_params(fmt, sdt, sc, bi, (k0 + k) / f.group, &s, &b);
-                __m256 wv = decode8(fmt, c, k0 + k, s, b);
+            for (int t = 0; t < 4; t++)
 #pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + k0 + k), acc[t]);
+                for (int ci = 0; ci < CH; ci++) acc[t][ci] = _mm256_setzero_ps();
+            /* up to 8 accumulators live at once: 1-2 tokens take all chains
+             * in one pass over the slice, 3-4 tokens two chains per pass */
+            if (nt <= 2) {
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, 0, CH, acc);
+            } else {
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, 0, CH / 2, acc);
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, CH / 2, CH / 2, acc);
             }
             /* leftover columns of a plain row, as floats (like the blocked buffer) */
             float wt[8];
-            for (int64_t i = k; i < kn; i++) wt[i - k] = load_plain(fmt, c, k0 + i);
+            for (int64_t i = k8; i < kn; i++) wt[i - k8] = load_plain(fmt, c, k0 + i);
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) tot[t] += slice_sum(acc[t], wt, x + t * ldx + k0 + k, kn - k);
+            for (int t = 0; t < nt; t++) tot[t] += slice_sum(acc[t], wt, x + t * ldx + k0 + k8, kn - k8);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) y[t * ldy + r] = tot[t];
@@ -224,27 +250,36 @@ ALWAYS void dequant_cols(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
 }
 
 /* y[j * ldy + i] += (row i of wb) . (x + j * ldx) over kn columns, for
- * i < mr rows of the decoded block (KC floats apart) and j < nr tokens. */
+ * i < mr rows of the decoded block (KC floats apart) and j < nr tokens:
+ * one chain at a time over the whole slice (the fused product's order). */
 ALWAYS void micro(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy, int mr, int nr) {
-    __m256 acc[MR][NR];
+    __m256 part[MR][NR][CH];
+    int64_t k8 = kn & ~(int64_t)7;
 #pragma GCC unroll 4
-    for (int i = 0; i < mr; i++)
+    for (int ci = 0; ci < CH; ci++) {
+        __m256 acc[MR][NR];
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= kn; k += 8) {
-        __m256 xv[NR];
+        for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
+        for (int64_t k = 8 * ci; k < k8; k += 8 * CH) {
+            __m256 xv[NR];
 #pragma GCC unroll 4
-        for (int i = 0; i < mr; i++) {
-            __m256 wv = _mm256_loadu_ps(wb + i * KC + k);
+            for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);
 #pragma GCC unroll 4
-            for (int j = 0; j < nr; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+            for (int i = 0; i < mr; i++) {
+                __m256 wv = _mm256_loadu_ps(wb + i * KC + k);
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+            }
         }
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) part[i][j][ci] = acc[i][j];
     }
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) y[j * ldy + i] += slice_sum(acc[i][j], wb + i * KC + k, x + j * ldx + k, kn - k);
+        for (int j = 0; j < nr; j++) y[j * ldy + i] += slice_sum(part[i][j], wb + i * KC + k8, x + j * ldx + k8, kn - k8);
 }
 
 typedef void (*micro_fn)(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy);
@@ -295,27 +330,30 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
 
 /* For 4- and 8-bit codes the float product spends most of its time turning
  * codes into floats. Instead each token's activations are quantized once
- * per call to int16 with one float scale per 32 columns (dx = amax / 32767,
- * error <= dx / 2 per element, ~1.5e-5 of the block's largest value); codes
- * are widened to int16 and vpmaddwd multiplies 16 pairs and adds adjacent
- * products into 8 int32 in one instruction. Per 32 weights that is ~10
- * instructions instead of ~20, and the int32 sums are exact, so the only
- * new error is the rounding of x. The affine bias term b * sum(x) uses the
- * float activations.
+ * per call to int16 with one float scale dx per weight group (affine: 32,
+ * 64 or 128 columns; mxfp4: 32), dx = amax / 32767 (error <= dx / 2 per
+ * element, ~1.5e-5 of the group's largest value); codes are widened to
+ * int16 and vpmaddwd multiplies 16 pairs and adds adjacent products into 8
+ * int32 in one instruction. A group's int32 sums are exact, so a group
+ * costs one conversion and one FMA per token, with a multiplier ds =
+ * (weight scale) x dx made for each row beforehand, 8 groups per vector op.
+ * The only new error is the rounding of x. The affine bias term
+ * b * sum(x) uses the float activations.
  *
  * 4-bit codes: byte j of a 32-element block holds elements 2j (low nibble)
  * and 2j+1 (high nibble). Widened to 16 bits, "& 0xf" gives the even
- * elements and ">> 4" the odd ones, so the int16 activations of each block
- * are stored evens first, then odds, to line up with them. */
+ * elements and ">> 4" the odd ones, so the int16 activations of each
+ * 32-column block are stored evens first, then odds, to line up with them. */
 
-#define QB 32  // activation block (one float scale per 32 int16)
+#define QB 32  // columns decoded at a time: two vectors of 16 int16
 #define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
 
 struct q16 {
     const int16_t *xq;  // (n, cols): block-wise reordered for 4-bit codes
-    const float *dx;    // (n, cols / QB)
-    const float *xsum;  // (n, cols / group): float sum of x over each group
-    int64_t cols, nblk, ng;
+    const float *dx;    // (n, ng): scale of each group of x
+    const float *xsum;  // (n, ng): float sum of x over each group
+    float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
+    int64_t cols, ng;
 };
 
 /* Splits 32 int16 (a = elements 0..15, b = 16..31) into evens and odds. */
@@ -331,43 +369,43 @@ ALWAYS void deinterleave16(__m256i a, __m256i b, __m256i *ev, __m256i *od) {
     *od = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, b), 0xD8);
 }
 
-/* Quantizes n tokens of x into scratch laid out as struct q16. */
+/* Quantizes n tokens of x into scratch laid out as struct q16 (group 32,
+ * 64 or 128 columns per scale). */
 static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool split,
                         void *scratch, struct q16 *q) {
-    int64_t nblk = cols / QB, ng = cols / group;
+    int64_t ng = cols / group;
     int16_t *xq = scratch;
-    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * nblk;
+    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t t = 0; t < n; t++) {
-        const float *xt = x + t * ldx;
-        for (int64_t b = 0; b < nblk; b++) {
-            __m256 v[4], m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-            for (int j = 0; j < 4; j++) {
-                v[j] = _mm256_loadu_ps(xt + b * QB + 8 * j);
-                m = _mm256_max_ps(m, _mm256_and_ps(v[j], absmask));
-                sum = _mm256_add_ps(sum, v[j]);
+        for (int64_t g = 0; g < ng; g++) {
+            const float *xg = x + t * ldx + g * group;
+            __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int64_t k = 0; k < group; k += 8) {
+                __m256 v = _mm256_loadu_ps(xg + k);
+                m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
+                sum = _mm256_add_ps(sum, v);
             }
             __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-            /* the group sums are made of the same 32-column pieces */
-            float bsum = hsum(sum);
-            int64_t g = b * QB / group;
-            xsum[t * ng + g] = (b * QB % group == 0 ? 0.0f : xsum[t * ng + g]) + bsum;
-            dx[t * nblk + b] = amax / 32767.0f;
+            xsum[t * ng + g] = hsum(sum);
+            dx[t * ng + g] = amax / 32767.0f;
             __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
-            __m256i i32[4];
-            for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest even
-            /* packs works per 128-bit lane; the permute puts words in order */
-            __m256i a = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
-            __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
-            if (split) deinterleave16(a, c, &a, &c);
-            int16_t *o = xq + t * cols + b * QB;
-            _mm256_storeu_si256((__m256i *)(void *)o, a);
-            _mm256_storeu_si256((__m256i *)(void *)(o + 16), c);
+            for (int64_t b = 0; b < group; b += QB) {
+                __m256i i32[4];
+                for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + b + 8 * j), inv));  // nearest even
+                /* packs works per 128-bit lane; the permute puts words in order */
+                __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+                __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+                if (split) deinterleave16(lo, hi, &lo, &hi);
+                int16_t *o = xq + t * cols + g * group + b;
+                _mm256_storeu_si256((__m256i *)(void *)o, lo);
+                _mm256_storeu_si256((__m256i *)(void *)(o + 16), hi);
+            }
         }
     }
-    *q = (struct q16){xq, dx, xsum, cols, nblk, ng};
+    *q = (struct q16){xq, dx, xsum, ds, cols, ng};
 }
 
 /* 32 codes of block b as two vectors of 16 int16, in the order the
@@ -394,69 +432,78 @@ ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i
     *w1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi));
 }
 
-/* Scales (or biases) g..g+7 of a row as floats. */
+/* Scales (or biases) g..g+7 of a row as floats; for mxfp4 the E8M0 scales
+ * times 1/2 (the codes are 2 * e2m1), exactly as e8m0() * 0.5f. */
 ALWAYS __m256 load8_scales(int sdt, const uint8_t *p, int64_t g) {
+    if (sdt == SP_DTYPE_U8) {
+        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + g)));
+        __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
+                                          _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+        return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5f));
+    }
     if (sdt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)(const void *)(p + 4 * g));
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * g));
     if (sdt == SP_DTYPE_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Scale of the weight group holding block b, as a float. */
-ALWAYS float q16_scale(int fmt, int sdt, const uint8_t *sc, int64_t b, int bshift) {
-    if (fmt == FMT_MX4) return e8m0(sc[b]) * 0.5f;
-    return load_scale(sdt, sc, b >> bshift);
+ALWAYS float load1_scale(int sdt, const uint8_t *p, int64_t g) {
+    return sdt == SP_DTYPE_U8 ? e8m0(p[g]) * 0.5f : load_scale(sdt, p, g);
 }
 
-/* Block b of a row (weight scale s) into chain `chain` of each token. */
-ALWAYS void q16_block(int fmt, const uint8_t *c, __m256 s, const struct q16 *q, int64_t b, int nt, __m256 acc[4][2],
-                      int chain) {
-    __m256i w0, w1;
-    q16_codes(fmt, c, b, &w0, &w1);
+/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token t. */
+ALWAYS void q16_row_ds(int sdt, const uint8_t *sc, const struct q16 *q, int nt) {
+    int64_t g = 0, ng = q->ng;
+    for (; g + 8 <= ng; g += 8) {
+        __m256 s = load8_scales(sdt, sc, g);
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) {
-        const int16_t *xq = q->xq + t * q->cols + b * QB;
-        __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xq)),
-                                     _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xq + 16))));
-        __m256 d = _mm256_mul_ps(s, _mm256_broadcast_ss(q->dx + t * q->nblk + b));
-        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(q->ds + t * ng + g, _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + t * ng + g)));
+    }
+    for (; g < ng; g++) {
+        float s = load1_scale(sdt, sc, g);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) q->ds[t * ng + g] = s * q->dx[t * ng + g];
     }
 }
 
+/* Group g (PER blocks of 32) of a row into chain `chain` of each token. */
+ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int per, int nt, __m256 acc[4][2],
+                      int chain) {
+    __m256i p[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < per; b++) {
+        int64_t blk = g * per + b;
+        __m256i w0, w1;
+        q16_codes(fmt, c, blk, &w0, &w1);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const int16_t *xq = q->xq + t * q->cols + blk * QB;
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xq)),
+                                         _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xq + 16))));
+            p[t] = b ? _mm256_add_epi32(p[t], s) : s;
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
 ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
-                     int fmt, int sdt, int nt) {
+                     int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
-    const int64_t bpg = fmt == FMT_MX4 ? 1 : f.group / QB;  // blocks per weight group: 1, 2 or 4
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes;
+        q16_row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt);
         __m256 acc[4][2];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-        /* two chains (even / odd blocks) hide the FMA latency; a group's
-         * scale is loaded once for its 1, 2 or 4 blocks */
-        if (bpg == 1) {
-            int64_t b = 0;
-            for (; b + 2 <= q->nblk; b += 2) {
-                q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, 0)), q, b, nt, acc, 0);
-                q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b + 1, 0)), q, b + 1, nt, acc, 1);
-            }
-            if (b < q->nblk) q16_block(fmt, c, _mm256_set1_ps(q16_scale(fmt, sdt, sc, b, 0)), q, b, nt, acc, 0);
-        } else if (bpg == 2) {
-            for (int64_t g = 0; g < f.ng; g++) {
-                __m256 s = _mm256_set1_ps(load_scale(sdt, sc, g));
-                q16_block(fmt, c, s, q, 2 * g, nt, acc, 0);
-                q16_block(fmt, c, s, q, 2 * g + 1, nt, acc, 1);
-            }
-        } else {
-            for (int64_t g = 0; g < f.ng; g++) {
-                __m256 s = _mm256_set1_ps(load_scale(sdt, sc, g));
-                q16_block(fmt, c, s, q, 4 * g, nt, acc, 0);
-                q16_block(fmt, c, s, q, 4 * g + 1, nt, acc, 1);
-                q16_block(fmt, c, s, q, 4 * g + 2, nt, acc, 0);
-                q16_block(fmt, c, s, q, 4 * g + 3, nt, acc, 1);
-            }
+        /* two chains (even / odd groups) hide the FMA latency */
+        int64_t g = 0;
+        for (; g + 2 <= f.ng; g += 2) {
+            q16_group(fmt, c, q, g, per, nt, acc, 0);
+            q16_group(fmt, c, q, g + 1, per, nt, acc, 1);
         }
+        if (g < f.ng) q16_group(fmt, c, q, g, per, nt, acc, 0);
         /* affine bias term: sum over groups of b_g * sum(x over group g) */
         float bias[4] = {0};
         if (fmt != FMT_MX4) {
@@ -464,8 +511,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
             __m256 bacc[4];
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
-            int64_t g = 0;
-            for (; g + 8 <= f.ng; g += 8) {
+            for (g = 0; g + 8 <= f.ng; g += 8) {
                 __m256 bv = load8_scales(sdt, bi, g);
 #pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
@@ -520,10 +566,16 @@ struct impl {
     IMPL(ID, FMT, SDT)                                                                                            \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, 0};
 
+/* one function per token count; the group size picks blocks per group */
 #define Q16(ID, FMT, SDT, NT)                                                                                     \
     static void q16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y,   \
                                 int64_t ldy) {                                                                  \
-        q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT);                                                           \
+        if (w->group == 32)                                                                                     \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                    \
+        else if (w->group == 64)                                                                                \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                    \
+        else                                                                                                    \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                    \
     }
 #define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
@@ -600,7 +652,7 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
                 int64_t nt = nq - t < 4 ? nq - t : 4;
                 struct q16 qt = q;
                 qt.xq += t * q.cols;
-                qt.dx += t * q.nblk;
+                qt.dx += t * q.ng;
                 qt.xsum += t * q.ng;
                 im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
             }
@@ -692,6 +744,7 @@ static const struct sp_kernels avx2 = {
     .isa = SP_KERNELS_AVX2,
     .name = "avx2",
     .matmul_rows = matmul_rows_avx2,
+    .matmul_rows_float = matmul_rows_avx2f,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
     .dot_dt = dot_dt_avx2,
@@ -702,6 +755,7 @@ static const struct sp_kernels avx2f = {
     .isa = SP_KERNELS_AVX2F,
     .name = "avx2f",
     .matmul_rows = matmul_rows_avx2f,
+    .matmul_rows_float = matmul_rows_avx2f,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
     .dot_dt = dot_dt_avx2,
