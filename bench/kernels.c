@@ -37,6 +37,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/membw.h"
 
 /* Per-thread CPU seconds spent inside timed work (padded to a cache line). */
 static struct {
@@ -50,52 +51,6 @@ static double cpu_max(int nth) {
     double m = 0;
     for (int i = 0; i < nth; i++) m = cpu_busy[i].s > m ? cpu_busy[i].s : m;
     return m;
-}
-
-/* ---- read bandwidth ---- */
-
-struct bw_job {
-    const uint64_t *buf;
-    size_t words;
-    bool simd;
-    uint64_t sink[64];
-};
-
-/* Reads the thread's share of the buffer: with eight independent integer
- * sums (any CPU), or with the active kernel set's float dot of the share
- * with itself (the widest loads available). The buffer holds 1.0f
- * everywhere, so the dot sees no denormals. */
-static void bw_read(void *arg, int tid, int nth) {
-    struct bw_job *j = arg;
-    int64_t lo, hi;
-    sp_pool_split((int64_t)(j->words / 8), tid, nth, &lo, &hi);
-    double c0 = sp_thread_cpu_s();
-    if (j->simd) {
-        const float *f = (const float *)(const void *)(j->buf + lo * 8);
-        j->sink[tid] = (uint64_t)sp_kernels()->dot(f, f, (hi - lo) * 16);
-    } else {
-        uint64_t s[8] = {0};
-        for (int64_t i = lo * 8; i < hi * 8; i += 8)
-            for (int k = 0; k < 8; k++) s[k] += j->buf[i + k];
-        j->sink[tid] = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
-    }
-    cpu_busy[tid].s += sp_thread_cpu_s() - c0;
-}
-
-/* Best of 5 passes of each reader, by wall time (*wall) and by the busiest
- * thread's CPU time (*cpu). */
-static void measure_bw(struct sp_pool *pool, int nth, const uint64_t *buf, size_t bytes, double *wall, double *cpu) {
-    struct bw_job j = {.buf = buf, .words = bytes / 8};
-    *wall = *cpu = 0;
-    for (int rep = 0; rep < 10; rep++) {
-        j.simd = rep & 1;
-        cpu_reset();
-        double t0 = sp_now_s();
-        sp_pool_run_n(pool, bw_read, &j, nth);
-        double w = (double)bytes / (sp_now_s() - t0) / 1e9, c = (double)bytes / cpu_max(nth) / 1e9;
-        if (w > *wall) *wall = w;
-        if (c > *cpu) *cpu = c;
-    }
 }
 
 /* ---- weight matrices ---- */
@@ -222,16 +177,11 @@ int main(int argc, char **argv) {
     struct sp_pool *pool;
     if (sp_pool_create(threads, &pool) != SP_OK) return 2;
 
-    size_t bw_bytes = (size_t)1 << 30;
-    uint64_t *buf = sp_malloc_aligned(bw_bytes, 64, SP_MEM_MISC);
-    if (!buf) return 2;
-    for (size_t i = 0; i < bw_bytes / 8; i++) buf[i] = 0x3f8000003f800000ull;  // 1.0f pairs
-    double bw1, bw1c, bwn, bwnc;
-    measure_bw(pool, 1, buf, bw_bytes, &bw1, &bw1c);
-    measure_bw(pool, threads, buf, bw_bytes, &bwn, &bwnc);
-    sp_free_aligned(buf);
-    printf("membw threads=1 gbps=%.2f gbps_cpu=%.2f\n", bw1, bw1c);
-    printf("membw threads=%d gbps=%.2f gbps_cpu=%.2f\n", threads, bwn, bwnc);
+    struct sp_membw bw1, bwn;
+    if (sp_membw_measure(pool, 1, (size_t)1 << 30, &bw1) != SP_OK || sp_membw_measure(pool, threads, (size_t)1 << 30, &bwn) != SP_OK) return 2;
+    double bwnc = bwn.gbs_cpu;
+    printf("membw threads=1 gbps=%.2f gbps_cpu=%.2f\n", bw1.gbs, bw1.gbs_cpu);
+    printf("membw threads=%d gbps=%.2f gbps_cpu=%.2f\n", threads, bwn.gbs, bwn.gbs_cpu);
     fflush(stdout);
 
     struct sp_rng rng;
@@ -280,7 +230,7 @@ int main(int argc, char **argv) {
                     printf("kernel isa=%s fmt=%s rows=%lld cols=%lld batch=%lld threads=%d bytes=%zu us=%.1f gbps=%.2f "
                            "gflops=%.2f pct_bw=%.1f us_cpu=%.1f gbps_cpu=%.2f gflops_cpu=%.2f pct_bw_cpu=%.1f\n",
                            k->name, f->name, (long long)rows, (long long)cols, (long long)n, threads, bytes, us, gbps,
-                           gflops, 100.0 * gbps / bwn, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwnc);
+                           gflops, 100.0 * gbps / bwn.gbs, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwnc);
                     fflush(stdout);
                 }
             }

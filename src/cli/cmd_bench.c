@@ -26,6 +26,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/rng.h"
+#include "kernels/cpu/membw.h"
 #include "model/experts.h"
 #include "model/forward.h"
 #include "model/inspect.h"
@@ -134,10 +135,24 @@ static const char *main_format(const struct sp_model_stats *s) {
     return s->n_formats ? s->formats[best].name : "?";
 }
 
+/* The machine's RAM read bandwidth now, by the bench's thread count (a
+ * 256 MiB buffer: 8x the largest last-level caches, small enough to fit
+ * beside a model under a memory limit); the stored or default figure if
+ * that cannot be measured. */
+static double machine_gbs(const struct sp_plan *pl, int nth, bool *measured) {
+    struct sp_pool *pool;
+    struct sp_membw bw = {0};
+    *measured = false;
+    if (sp_pool_create(nth, &pool) != SP_OK) return pl->bw.ram_gbs;
+    *measured = sp_membw_measure(pool, nth, (size_t)256 << 20, &bw) == SP_OK && bw.gbs > 0;
+    sp_pool_free(pool);
+    return *measured ? bw.gbs : pl->bw.ram_gbs;
+}
+
 static void report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl, const char *mode,
-                   int threads, const char *synthetic, const struct result *r) {
+                   int threads, double ram_gbs, bool ram_measured, const char *synthetic, const struct result *r) {
     double pre = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0, dec = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
-    double gbs = (double)ms->active_bytes * dec / 1e9, eff = pl->bw.ram_gbs > 0 ? 100.0 * gbs / pl->bw.ram_gbs : 0;
+    double gbs = (double)ms->active_bytes * dec / 1e9, eff = ram_gbs > 0 ? 100.0 * gbs / ram_gbs : 0;
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
@@ -145,7 +160,8 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
            "%.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
            (long long)a->n_experts_used, main_format(ms), threads, (long long)r->prompt, pre, dec,
-           (double)ms->active_bytes / 1048576.0, gbs, eff, pl->bw.ram_gbs, pl->bw.measured ? " (measured)" : " (default)");
+           (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
+           ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)");
     if (r->has_experts)
         printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
                (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,
@@ -174,8 +190,8 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_key(&w, "decode_tok_s"); sp_jw_num(&w, dec);
     sp_jw_key(&w, "bytes_per_token"); sp_jw_uint(&w, ms->active_bytes);
     sp_jw_key(&w, "achieved_gbs"); sp_jw_num(&w, gbs);
-    sp_jw_key(&w, "machine_gbs"); sp_jw_num(&w, pl->bw.ram_gbs);
-    sp_jw_key(&w, "bandwidth_measured"); sp_jw_bool(&w, pl->bw.measured);
+    sp_jw_key(&w, "machine_gbs"); sp_jw_num(&w, ram_gbs);
+    sp_jw_key(&w, "bandwidth_measured"); sp_jw_bool(&w, ram_measured || pl->bw.measured);
     sp_jw_key(&w, "efficiency_pct"); sp_jw_num(&w, eff);
     sp_jw_key(&w, "rss_anon_bytes"); sp_jw_uint(&w, r->rss_anon);
     sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
@@ -338,12 +354,14 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct result r;
     if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) goto done;
     int nth = threads ? (int)threads : sp_physical_cores();
-    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, o->synthetic, &r);
+    bool ram_measured;
+    double ram_gbs = machine_gbs(&pl, nth, &ram_measured);
+    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured, o->synthetic, &r);
     if (o->compare && cp.expert_cache) {
         struct result base;
         cp.expert_cache = 0;
         if (run_once(m, &cp, prompt, gen, o->cold, &base) != SP_OK) goto done;
-        report(m, &ms, &pl, "mmap", nth, o->synthetic, &base);
+        report(m, &ms, &pl, "mmap", nth, ram_gbs, ram_measured, o->synthetic, &base);
         double a = r.decode_s > 0 ? (double)r.gen / r.decode_s : 0, b = base.decode_s > 0 ? (double)base.gen / base.decode_s : 0;
         printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? a / b : 0.0);
     }

@@ -4,6 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/pool.h"
 #include "runtime/plan.h"
 
 static const char usage[] =
@@ -67,7 +68,7 @@ int sp_cmd_plan(int argc, char **argv) {
             rc = sp_cli_fail();
             goto done;
         }
-        fprintf(stderr, "calibrated: RAM %.2f GB/s (2 threads), disk %.2f GB/s\n", bw.ram_gbs, bw.disk_gbs);
+        fprintf(stderr, "calibrated: RAM %.2f GB/s (%d threads), disk %.2f GB/s\n", bw.ram_gbs, sp_physical_cores(), bw.disk_gbs);
     }
     struct sp_plan p;
     if (sp_plan_make(m, &in, &p) != SP_OK) {

@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,8 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/pool.h"
+#include "kernels/cpu/membw.h"
 
 #define DEFAULT_RAM_GBS 10.0
 #define DEFAULT_DISK_GBS 1.0
@@ -93,46 +94,15 @@ struct sp_bandwidth sp_bandwidth_load(void) {
     return bw;
 }
 
-struct read_job {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-};
-
-static void *read_part(void *arg) {
-    struct read_job *j = arg;
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= j->n; i += 4) {
-        s0 += j->p[i];
-        s1 += j->p[i + 1];
-        s2 += j->p[i + 2];
-        s3 += j->p[i + 3];
-    }
-    j->sum = s0 + s1 + s2 + s3;
-    return NULL;
-}
-
 enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out) {
-    const size_t bytes = (size_t)1 << 30;
-    uint64_t *buf = sp_malloc_aligned(bytes, 64, SP_MEM_MISC);
-    if (!buf) return sp_errorf(SP_ERR_NOMEM, "calibration: out of memory for a 1 GiB buffer");
-    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
-    double best = 1e30;
-    volatile uint64_t sink = 0;
-    for (int rep = 0; rep < 4; rep++) {
-        struct read_job jobs[2] = {{buf, bytes / 16, 0}, {buf + bytes / 16, bytes / 16, 0}};
-        pthread_t t;
-        double t0 = sp_now_s();
-        pthread_create(&t, NULL, read_part, &jobs[1]);
-        read_part(&jobs[0]);
-        pthread_join(t, NULL);
-        double dt = sp_now_s() - t0;
-        sink += jobs[0].sum + jobs[1].sum;
-        if (dt < best) best = dt;
-    }
-    (void)sink;
-    sp_free_aligned(buf);
-    out->ram_gbs = (double)bytes / best / 1e9;
+    struct sp_pool *pool;
+    enum sp_status st = sp_pool_create(sp_physical_cores(), &pool);
+    if (st != SP_OK) return st;
+    struct sp_membw bw;
+    st = sp_membw_measure(pool, sp_pool_size(pool), (size_t)1 << 30, &bw);
+    sp_pool_free(pool);
+    if (st != SP_OK) return st;
+    out->ram_gbs = bw.gbs;
     /* disk: read the file after asking the kernel to drop its cached pages */
     int fd = open(file, O_RDONLY);
     if (fd < 0) return sp_errorf(SP_ERR_IO, "calibration: cannot open %s", file);
@@ -151,7 +121,7 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
     out->measured = true;
     char *dir = bandwidth_path();
     char *path = dir ? sp_path_join(dir, "bandwidth.json") : NULL;
-    enum sp_status st = dir && path ? sp_mkdirs(dir) : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    st = dir && path ? sp_mkdirs(dir) : sp_errorf(SP_ERR_NOMEM, "out of memory");
     if (st == SP_OK) {
         char text[256];
         int n = snprintf(text, sizeof text, "{\"ram_gbs\": %.3f, \"disk_gbs\": %.3f, \"measured_at\": %lld}\n",

@@ -87,8 +87,9 @@ const char *sp_strategy_name(enum sp_strategy s);
 
 /* Stored bandwidths, or conservative defaults (measured = false). */
 struct sp_bandwidth sp_bandwidth_load(void);
-/* Measures RAM read bandwidth (2 threads) and the read bandwidth of `file`
- * (page cache dropped first when possible) and stores both. */
+/* Measures RAM read bandwidth (one thread per physical core, membw.h) and
+ * the read bandwidth of `file` (page cache dropped first when possible)
+ * and stores both. */
 enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out);
 /* The memory limit of this process: cgroup and MemAvailable (0: unknown). */
 void sp_memory_limits(uint64_t *cgroup, uint64_t *available);
