@@ -367,6 +367,7 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
  * 32-column block are stored evens first, then odds, to line up with them. */
 
 #define QB 32  // columns decoded at a time: two vectors of 16 int16
+#define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
 #define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
 
 struct q16 {
@@ -392,7 +393,7 @@ ALWAYS void deinterleave16(__m256i a, __m256i b, __m256i *ev, __m256i *od) {
 
 /* Quantizes n tokens of x into scratch laid out as struct q16 (group 32,
  * 64 or 128 columns per scale). */
-static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool split,
+static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool split, bool pairs,
                         void *scratch, struct q16 *q) {
     int64_t ng = cols / group;
     int16_t *xq = scratch;
@@ -425,14 +426,25 @@ static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, in
                 _mm256_storeu_si256((__m256i *)(void *)(o + 16), hi);
             }
         }
+        /* 4-bit codes in groups of 32: pairs of blocks in pair_codes' order */
+        for (int64_t b = 0; pairs && b + 2 <= cols / QB; b += 2) {
+            __m256i *o = (__m256i *)(void *)(xq + t * cols + b * QB);
+            __m256i ea = _mm256_loadu_si256(o), oa = _mm256_loadu_si256(o + 1);
+            __m256i eb = _mm256_loadu_si256(o + 2), ob = _mm256_loadu_si256(o + 3);
+            _mm256_storeu_si256(o, _mm256_permute2x128_si256(ea, eb, 0x20));
+            _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(ea, eb, 0x31));
+            _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(oa, ob, 0x20));
+            _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(oa, ob, 0x31));
+        }
     }
     *q = (struct q16){xq, dx, xsum, ds, cols, ng};
 }
 
 /* 32 codes of block b as two vectors of 16 int16, in the order the
  * activations were stored (evens, odds for 4-bit; natural for 8-bit). For
- * mxfp4 the values are 2 * e2m1 (whole numbers -12..12, by table lookup);
- * the 1/2 goes into the scale. */
+ * mxfp4 the values are 256 * 2 * e2m1 (whole numbers -12..12 by table
+ * lookup, in the high byte as q16_mx4_pair has them); 1/512 goes into the
+ * scale. */
 ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i *w1) {
     if (fmt == FMT_A8) {
         *w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32)));
@@ -449,18 +461,18 @@ ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i
     const __m128i twice_e2m1 = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i low4 = _mm_set1_epi8(0xf);
     __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-    *w0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, lo));
-    *w1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi));
+    *w0 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, lo)), 8);
+    *w1 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi)), 8);
 }
 
 /* Scales (or biases) g..g+7 of a row as floats; for mxfp4 the E8M0 scales
- * times 1/2 (the codes are 2 * e2m1), exactly as e8m0() * 0.5f. */
+ * times 1/512 (the codes are 256 * 2 * e2m1), exactly as load1_scale. */
 ALWAYS __m256 load8_scales(int sdt, const uint8_t *p, int64_t g) {
     if (sdt == SP_DTYPE_U8) {
         __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + g)));
         __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
                                           _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-        return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5f));
+        return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(MX4_CODE_SCALE));
     }
     if (sdt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)(const void *)(p + 4 * g));
     __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * g));
@@ -469,7 +481,7 @@ ALWAYS __m256 load8_scales(int sdt, const uint8_t *p, int64_t g) {
 }
 
 ALWAYS float load1_scale(int sdt, const uint8_t *p, int64_t g) {
-    return sdt == SP_DTYPE_U8 ? e8m0(p[g]) * 0.5f : load_scale(sdt, p, g);
+    return sdt == SP_DTYPE_U8 ? e8m0(p[g]) * MX4_CODE_SCALE : load_scale(sdt, p, g);
 }
 
 /* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token t. */
@@ -510,6 +522,61 @@ ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g,
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
 }
 
+/* ---- 4-bit codes two blocks at a time ----
+ *
+ * One 32-byte load holds blocks b (low lane) and b + 1 (high lane); "& 0xf"
+ * and ">> 4" give the even and odd elements of both, and byte unpacks widen
+ * them to int16 without crossing lanes: affine codes into the low byte,
+ * mxfp4 values (2 * e2m1 by table lookup, signed) into the high byte, i.e.
+ * 256 x the value with no sign extension needed. The activations of such a
+ * pair are stored [A e0..e14 | B e0..e14], [A e16..e30 | B e16..e30], then
+ * the odds alike (q16_prepare), and the int32 sums hold block b in lanes
+ * 0-3 and block b + 1 in lanes 4-7. */
+
+ALWAYS void pair_codes(int fmt, const uint8_t *c, int64_t b, __m256i w[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0xf), zero = _mm256_setzero_si256();
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(c + b * 16));
+    __m256i ev = _mm256_and_si256(v, low4), od = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (fmt == FMT_MX4) {
+        const __m256i twice_e2m1 = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3,
+                                                    4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        ev = _mm256_shuffle_epi8(twice_e2m1, ev);
+        od = _mm256_shuffle_epi8(twice_e2m1, od);
+        w[0] = _mm256_unpacklo_epi8(zero, ev), w[1] = _mm256_unpackhi_epi8(zero, ev);
+        w[2] = _mm256_unpacklo_epi8(zero, od), w[3] = _mm256_unpackhi_epi8(zero, od);
+        return;
+    }
+    w[0] = _mm256_unpacklo_epi8(ev, zero), w[1] = _mm256_unpackhi_epi8(ev, zero);
+    w[2] = _mm256_unpacklo_epi8(od, zero), w[3] = _mm256_unpackhi_epi8(od, zero);
+}
+
+/* The pair's exact int32 sums with one token's activations. */
+ALWAYS __m256i pair_dot(const __m256i w[4], const int16_t *xq) {
+    const __m256i *x = (const __m256i *)(const void *)xq;
+    return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(x)),
+                                             _mm256_madd_epi16(w[1], _mm256_loadu_si256(x + 1))),
+                            _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(x + 2)),
+                                             _mm256_madd_epi16(w[3], _mm256_loadu_si256(x + 3))));
+}
+
+/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32) into chain
+ * `chain`: one pair, each half with its own multiplier. (Wider affine4
+ * groups gain nothing from pairs: they already convert once per group.) */
+ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int nt, __m256 acc[4][2],
+                           int chain) {
+    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256i w[4];
+    _mm_prefetch((const char *)c + code_offset(fmt, g * QB) + PREFETCH_AHEAD, _MM_HINT_T0);
+    pair_codes(fmt, c, g, w);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        __m256i p = pair_dot(w, q->xq + t * q->cols + g * QB);
+        __m128 d2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(q->ds + t * q->ng + g)));
+        __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+    }
+}
+
 ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
                      int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
@@ -519,8 +586,18 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
         __m256 acc[4][2];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-        /* two chains (even / odd groups) hide the FMA latency */
+        /* two chains (even / odd groups or pairs) hide the FMA latency */
         int64_t g = 0;
+        if (fmt == FMT_MX4 || (fmt == FMT_A4 && per == 1)) {
+            for (; g + 4 <= f.ng; g += 4) {
+                q16_group_pair(fmt, c, q, g, nt, acc, 0);
+                q16_group_pair(fmt, c, q, g + 2, nt, acc, 1);
+            }
+            if (g + 2 <= f.ng) {
+                q16_group_pair(fmt, c, q, g, nt, acc, 0);
+                g += 2;
+            }
+        }
         for (; g + 2 <= f.ng; g += 2) {
             q16_group(fmt, c, q, g, per, nt, acc, 0);
             q16_group(fmt, c, q, g + 1, per, nt, acc, 1);
@@ -666,7 +743,7 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct q16 q;
-        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, scratch, &q);
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, im->q16_split && w->group == 32, scratch, &q);
         int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
