@@ -571,7 +571,7 @@ ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         __m256i p = pair_dot(w, q->xq + t * q->cols + g * QB);
-        __m128 d2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(q->ds + t * q->ng + g)));
+        __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
         __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
     }
