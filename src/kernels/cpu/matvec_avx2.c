@@ -550,6 +550,11 @@ ALWAYS void pair_codes(int fmt, const uint8_t *c, int64_t b, __m256i w[4]) {
     w[2] = _mm256_unpacklo_epi8(od, zero), w[3] = _mm256_unpackhi_epi8(od, zero);
 }
 
+/* Whether a row's 4-bit codes (or not) in groups of `group` columns go
+ * through the pair products: the activation layout (q16_prepare) and the
+ * row product (q16_rows) must agree. */
+ALWAYS bool paired(bool four_bit, int64_t group) { return four_bit && group == QB; }
+
 /* The pair's exact int32 sums with one token's activations. */
 ALWAYS __m256i pair_dot(const __m256i w[4], const int16_t *xq) {
     const __m256i *x = (const __m256i *)(const void *)xq;
@@ -588,7 +593,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         /* two chains (even / odd groups or pairs) hide the FMA latency */
         int64_t g = 0;
-        if (fmt == FMT_MX4 || (fmt == FMT_A4 && per == 1)) {
+        if (paired(fmt == FMT_A4 || fmt == FMT_MX4, per * QB)) {
             for (; g + 4 <= f.ng; g += 4) {
                 q16_group_pair(fmt, c, q, g, nt, acc, 0);
                 q16_group_pair(fmt, c, q, g + 2, nt, acc, 1);
@@ -743,7 +748,7 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct q16 q;
-        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, im->q16_split && w->group == 32, scratch, &q);
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, paired(im->q16_split, w->group), scratch, &q);
         int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
