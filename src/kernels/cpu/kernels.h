@@ -18,8 +18,9 @@
  *
  * Numerics: the portable and avx2f sets compute the same products in float
  * with a different summation order (and FMA rounding). The default avx2 set
- * rounds activations to int16 per 32 columns in the decode product of 4-
- * and 8-bit formats (relative error ~1e-5 of the block's largest value).
+ * rounds activations to int16 with one scale per weight group (32 to 128
+ * columns) in the products of 4- and 8-bit formats (relative error ~1.5e-5
+ * of the group's largest value); matmul_rows_float keeps them in float.
  * tests/test_kernels.c holds each set to the scalar reference of
  * quant/qtype.h with named tolerances relative to sum |w_i x_i|.
  */
