@@ -28,6 +28,14 @@ struct layer {
     struct sp_linear *egate, *eup, *edown, *egate_up;  // (E) each; egate_up when fused
 };
 
+/* A gated MLP applied to cnt rows of x, its rows in the batch buffers from
+ * `row` on (see ffn_items). */
+struct ffn_item {
+    const struct sp_linear *gate, *up, *gate_up, *down;  // gate_up (interleaved) instead of gate and up
+    const float *x;
+    int64_t ldx, row, cnt;
+};
+
 struct sp_ctx {
     const struct sp_model *m;
     const struct sp_arch *a;
@@ -58,6 +66,9 @@ struct sp_ctx {
     float *ew;           // (B * k) its weight
     int64_t *ecount;     // (E + 1) offsets
     float *gath, *gout;  // (B, d)
+    struct ffn_item *items;            // (E + 1) gated MLPs run together
+    struct sp_expert_views *eviews;    // (E) their experts' views
+    int64_t *item_expert;              // (E) and numbers
     float *scores;       // (threads, n_ctx + 1)
     float *logit_rows;   // (B, d)
 };
@@ -253,6 +264,9 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free_aligned(c->sel);
     sp_free_aligned(c->etok);
     sp_free_aligned(c->ecount);
+    sp_free_aligned(c->items);
+    sp_free_aligned(c->eviews);
+    sp_free_aligned(c->item_expert);
     sp_pool_free(c->pool);
     sp_expert_store_free(c->experts);
     sp_free(c->pf_experts);
@@ -337,6 +351,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->ecount = act_buf((size_t)(E + 1), sizeof(int64_t), &ok);
     c->gath = act_buf((size_t)(B * d), sizeof(float), &ok);
     c->gout = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->items = act_buf((size_t)(E + 1), sizeof *c->items, &ok);
+    c->eviews = act_buf((size_t)E, sizeof *c->eviews, &ok);
+    c->item_expert = act_buf((size_t)E, sizeof *c->item_expert, &ok);
     c->scores = act_buf((size_t)c->p.n_threads * (size_t)(c->p.n_ctx + 1), sizeof(float), &ok);
     c->logit_rows = act_buf((size_t)(B * d), sizeof(float), &ok);
     if (!ok) goto nomem;
@@ -460,20 +477,76 @@ static void activate(const struct sp_arch *a, float *out, int64_t ldo, const flo
     }
 }
 
-/* out (n, d) = down(act(gate x, up x)) for a gated MLP given by three linears. */
-static void gated_mlp(struct sp_ctx *c, const struct sp_linear *gate, const struct sp_linear *up,
-                      const struct sp_linear *gate_up, const struct sp_linear *down, const float *x, int64_t n,
-                      float *out) {
-    int64_t w = down->w.cols, ld = c->ld_ff;
-    if (gate_up) {
-        sp_linear_apply(gate_up, x, c->a->d_model, c->ff_a, ld, n, c->pool);
-        activate(c->a, c->ff_b, ld, c->ff_a, NULL, ld, gate_up->interleaved, n, w);
-    } else {
-        sp_linear_apply(gate, x, c->a->d_model, c->ff_a, ld, n, c->pool);
-        sp_linear_apply(up, x, c->a->d_model, c->ff_b, ld, n, c->pool);
-        activate(c->a, c->ff_b, ld, c->ff_a, c->ff_b, ld, false, n, w);
+/* ---- gated MLPs, several per pool hand-off ----
+ *
+ * One item is a gated MLP (a routed expert, the shared expert or a dense
+ * MLP) applied to cnt rows of x; its intermediate rows go to rows
+ * [row, row + cnt) of ff_a / ff_b and its outputs to the same rows of gout.
+ * A batch of items runs in two hand-offs: every gate / up row of every item,
+ * activated where computed, then every down row. The threads split the
+ * rows so each gets the same share of rows x tokens. Each output is the
+ * same product of the same rows as one item at a time would compute
+ * (struct ffn_item, above). */
+struct ffn_job {
+    struct sp_ctx *c;
+    const struct ffn_item *items;
+    int64_t n_items;
+    bool down;  // the second hand-off
+};
+
+/* The first unit of an item (its units start at `start` of the weighted
+ * line, each `wt` long) at or after position pos. */
+static int64_t unit_at(int64_t pos, int64_t start, int64_t wt, int64_t units) {
+    if (pos <= start) return 0;
+    int64_t u = (pos - start + wt - 1) / wt;
+    return u < units ? u : units;
+}
+
+static void ffn_job_run(void *arg, int tid, int nth) {
+    const struct ffn_job *j = arg;
+    struct sp_ctx *c = j->c;
+    int64_t d = c->a->d_model, ld = c->ld_ff, total = 0;
+    /* units: intermediate columns (first hand-off) or output rows (second) */
+    for (int64_t i = 0; i < j->n_items; i++)
+        total += (j->down ? d : j->items[i].down->w.cols) * j->items[i].cnt;
+    int64_t a = total * tid / nth, b = total * (tid + 1) / nth, start = 0;
+    void *scratch = sp_pool_scratch(c->pool, tid);
+    for (int64_t i = 0; i < j->n_items; i++) {
+        const struct ffn_item *it = &j->items[i];
+        int64_t units = j->down ? d : it->down->w.cols;
+        int64_t r0 = unit_at(a, start, it->cnt, units), r1 = unit_at(b, start, it->cnt, units);
+        start += units * it->cnt;
+        if (r0 >= r1) continue;
+        float *fa = c->ff_a + it->row * ld, *fb = c->ff_b + it->row * ld;
+        if (j->down) {
+            sp_linear_rows(it->down, r0, r1, fb, ld, c->gout + it->row * d, d, it->cnt, scratch);
+        } else if (it->gate_up) {
+            sp_linear_rows(it->gate_up, 2 * r0, 2 * r1, it->x, it->ldx, fa, ld, it->cnt, scratch);
+            activate(c->a, fb + r0, ld, fa + 2 * r0, NULL, ld, true, it->cnt, r1 - r0);
+        } else {
+            sp_linear_rows(it->gate, r0, r1, it->x, it->ldx, fa, ld, it->cnt, scratch);
+            sp_linear_rows(it->up, r0, r1, it->x, it->ldx, fb, ld, it->cnt, scratch);
+            activate(c->a, fb + r0, ld, fa + r0, fb + r0, ld, false, it->cnt, r1 - r0);
+        }
     }
-    sp_linear_apply(down, c->ff_b, ld, out, c->a->d_model, n, c->pool);
+}
+
+/* Runs items[0..n) (their rows within the batch buffers); outputs in gout. */
+static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
+    double macs = 0;
+    for (int64_t i = 0; i < n; i++)
+        macs += (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
+    int nth = macs < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
+    for (int down = 0; down < 2; down++) {
+        struct ffn_job j = {c, items, n, down};
+        sp_pool_run_n(c->pool, ffn_job_run, &j, nth);
+    }
+}
+
+/* out (n, d) = down(act(gate x, up x)) for the layer's dense or shared MLP. */
+static void layer_mlp(struct sp_ctx *c, const struct layer *ly, int64_t n) {
+    struct ffn_item it = {&ly->gate, &ly->up, NULL, &ly->down, c->h, c->a->d_model, 0, n};
+    ffn_items(c, &it, 1);
 }
 
 static void softmax_inplace(float *v, int64_t n) {
@@ -588,29 +661,59 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
             c->ew[fill[e]] = c->sel_w[t * K + j];
             fill[e]++;
         }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t cnt = off[e + 1] - off[e];
-        if (!cnt) continue;
-        for (int64_t i = 0; i < cnt; i++) memcpy(c->gath + i * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
-        struct sp_expert_views v = {.fused = ly->egate_up != NULL}, got;
-        if (v.fused)
-            v.gate_up = ly->egate_up[e];
-        else
-            v.gate = ly->egate[e], v.up = ly->eup[e];
-        v.down = ly->edown[e];
-        const struct sp_expert_views *use = &v;
-        if (c->experts) {
-            if (sp_expert_store_get(c->experts, &v, ly - c->layers, e, &got) != SP_OK) return false;
-            use = &got;
+    /* Windows of consecutive experts whose rows fit the batch buffers run
+     * together; through the expert store one at a time (a window would pin
+     * all its experts at once). The shared expert joins the last window
+     * where it fits. Each token sums its experts in ascending order, then
+     * the shared expert. */
+    int64_t B = c->p.max_batch, per_window = c->experts ? 1 : E, e = 0;
+    bool shared_left = ly->has_mlp;
+    while (e < E || shared_left) {
+        int64_t m = 0, rows = 0;
+        for (; e < E && m < per_window; e++) {
+            int64_t cnt = off[e + 1] - off[e];
+            if (!cnt) continue;
+            if (rows + cnt > B) break;
+            for (int64_t i = 0; i < cnt; i++)
+                memcpy(c->gath + (rows + i) * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
+            struct sp_expert_views v = {.fused = ly->egate_up != NULL}, *use = &c->eviews[m];
+            if (v.fused)
+                v.gate_up = ly->egate_up[e];
+            else
+                v.gate = ly->egate[e], v.up = ly->eup[e];
+            v.down = ly->edown[e];
+            if (!c->experts)
+                *use = v;
+            else if (sp_expert_store_get(c->experts, &v, ly - c->layers, e, use) != SP_OK)
+                return false;
+            c->items[m] = (struct ffn_item){use->fused ? NULL : &use->gate, use->fused ? NULL : &use->up,
+                                            use->fused ? &use->gate_up : NULL, &use->down, c->gath + rows * d, d, rows, cnt};
+            c->item_expert[m++] = e;
+            rows += cnt;
         }
-        gated_mlp(c, use->fused ? NULL : &use->gate, use->fused ? NULL : &use->up, use->fused ? &use->gate_up : NULL,
-                  &use->down, c->gath, cnt, c->gout);
-        if (c->experts) sp_expert_store_put(c->experts, ly - c->layers, e);
-        for (int64_t i = 0; i < cnt; i++) {
-            float w = c->ew[off[e] + i], *dst = out + c->etok[off[e] + i] * d;
-            const float *src = c->gout + i * d;
-            for (int64_t k = 0; k < d; k++) dst[k] += w * src[k];
+        while (e < E && off[e + 1] == off[e]) e++;
+        bool shared_now = shared_left && e == E && rows + n <= B;
+        if (shared_now)
+            c->items[m] = (struct ffn_item){&ly->gate, &ly->up, NULL, &ly->down, c->h, d, rows, n};
+        if (m == 0 && !shared_now) break;
+        ffn_items(c, c->items, m + shared_now);
+        for (int64_t i = 0; i < m; i++) {
+            int64_t ex = c->item_expert[i];
+            if (c->experts) sp_expert_store_put(c->experts, ly - c->layers, ex);
+            for (int64_t k = 0; k < c->items[i].cnt; k++) {
+                float w = c->ew[off[ex] + k], *dst = out + c->etok[off[ex] + k] * d;
+                const float *src = c->gout + (c->items[i].row + k) * d;
+                for (int64_t q = 0; q < d; q++) dst[q] += w * src[q];
+            }
         }
+        if (shared_now) {
+            for (int64_t i = 0; i < n * d; i++) out[i] += c->gout[rows * d + i];
+            shared_left = false;
+        }
+    }
+    if (shared_left) {
+        layer_mlp(c, ly, n);
+        for (int64_t i = 0; i < n * d; i++) out[i] += c->gout[i];
     }
     return true;
 }
@@ -701,9 +804,10 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
 
         for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->ffn_norm, d, eps);
         memset(c->tmp, 0, (size_t)(n * d) * sizeof(float));
-        if (a->layer_moe[L] && !moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
-        if (ly->has_mlp) {
-            gated_mlp(c, &ly->gate, &ly->up, NULL, &ly->down, c->h, n, c->gout);
+        if (a->layer_moe[L]) {
+            if (!moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
+        } else if (ly->has_mlp) {
+            layer_mlp(c, ly, n);
             for (int64_t i = 0; i < n * d; i++) c->tmp[i] += c->gout[i];
         }
         for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];

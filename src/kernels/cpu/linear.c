@@ -37,6 +37,49 @@ size_t sp_linear_scratch_bytes(const struct sp_linear *l) {
     return sp_kernels_scratch_bytes(&l->w);
 }
 
+static float bias_at(const struct sp_linear *l, int64_t r) {
+    return l->bias ? sp_dtype_load_float(l->bias_dtype, l->bias, (size_t)r) : 0.0f;
+}
+
+/* (out, in) storage: the dispatched kernel reads each row once and
+ * multiplies it with every token. */
+static void rows_stored(const struct sp_linear *l, int64_t lo, int64_t hi, const float *x, int64_t ldx, float *y,
+                        int64_t ldy, int64_t n, void *scratch) {
+    const struct sp_kernels *k = sp_kernels();
+    (l->float_activations ? k->matmul_rows_float : k->matmul_rows)(&l->w, lo, hi, x, ldx, n, y, ldy, scratch);
+}
+
+/* (in, out) storage: outputs [lo, hi) by streaming the input rows. */
+static void cols_stored(const struct sp_linear *l, int64_t lo, int64_t hi, const float *x, int64_t ldx, float *y,
+                        int64_t ldy, int64_t n, float *buf) {
+    const struct sp_qmat *w = &l->w;
+    enum sp_dtype dt = w->type == SP_QTYPE_F32 ? SP_DTYPE_F32 : w->type == SP_QTYPE_F16 ? SP_DTYPE_F16 : SP_DTYPE_BF16;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t o = lo; o < hi; o++) y[t * ldy + o] = 0.0f;
+    for (int64_t i = 0; i < w->cols; i++) {
+        for (int64_t o = lo; o < hi; o++) buf[o - lo] = sp_dtype_load_float(dt, w->codes, (size_t)(i * w->rows + o));
+        for (int64_t t = 0; t < n; t++) {
+            float xv = x[t * ldx + i];
+            float *yt = y + t * ldy;
+            for (int64_t o = lo; o < hi; o++) yt[o] += xv * buf[o - lo];
+        }
+    }
+}
+
+void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int64_t n, void *scratch) {
+    if (lo >= hi) return;
+    if (l->transposed)
+        cols_stored(l, lo, hi, x, ldx, y, ldy, n, scratch);
+    else
+        rows_stored(l, lo, hi, x, ldx, y, ldy, n, scratch);
+    if (!l->bias) return;
+    for (int64_t r = lo; r < hi; r++) {
+        float b = bias_at(l, r);
+        for (int64_t t = 0; t < n; t++) y[t * ldy + r] += b;
+    }
+}
+
 struct job {
     const struct sp_linear *l;
     const float *x;
@@ -47,55 +90,17 @@ struct job {
     struct sp_pool *pool;
 };
 
-static float bias_at(const struct sp_linear *l, int64_t r) {
-    return l->bias ? sp_dtype_load_float(l->bias_dtype, l->bias, (size_t)r) : 0.0f;
-}
-
-/* (out, in) storage: threads take rows; the dispatched kernel reads each
- * row once and multiplies it with every token. */
-static void rows_job(void *arg, int tid, int nth) {
+/* Threads split the outputs. */
+static void linear_job(void *arg, int tid, int nth) {
     const struct job *j = arg;
-    const struct sp_qmat *w = &j->l->w;
     int64_t lo, hi;
-    sp_pool_split(w->rows, tid, nth, &lo, &hi);
-    if (lo == hi) return;
-    const struct sp_kernels *k = sp_kernels();
-    (j->l->float_activations ? k->matmul_rows_float : k->matmul_rows)(w, lo, hi, j->x, j->ldx, j->n, j->y, j->ldy,
-                                                                     sp_pool_scratch(j->pool, tid));
-    if (!j->l->bias) return;
-    for (int64_t r = lo; r < hi; r++) {
-        float b = bias_at(j->l, r);
-        for (int64_t t = 0; t < j->n; t++) j->y[t * j->ldy + r] += b;
-    }
-}
-
-/* (in, out) storage: threads take output columns and stream the input rows. */
-static void cols_job(void *arg, int tid, int nth) {
-    const struct job *j = arg;
-    const struct sp_qmat *w = &j->l->w;
-    float *buf = sp_pool_scratch(j->pool, tid);
-    enum sp_dtype dt = w->type == SP_QTYPE_F32 ? SP_DTYPE_F32 : w->type == SP_QTYPE_F16 ? SP_DTYPE_F16 : SP_DTYPE_BF16;
-    int64_t lo, hi;
-    sp_pool_split(w->rows, tid, nth, &lo, &hi);
-    if (lo == hi) return;
-    for (int64_t t = 0; t < j->n; t++)
-        for (int64_t o = lo; o < hi; o++) j->y[t * j->ldy + o] = 0.0f;
-    for (int64_t i = 0; i < w->cols; i++) {
-        for (int64_t o = lo; o < hi; o++) buf[o - lo] = sp_dtype_load_float(dt, w->codes, (size_t)(i * w->rows + o));
-        for (int64_t t = 0; t < j->n; t++) {
-            float xv = j->x[t * j->ldx + i];
-            float *yt = j->y + t * j->ldy;
-            for (int64_t o = lo; o < hi; o++) yt[o] += xv * buf[o - lo];
-        }
-    }
-    for (int64_t t = 0; t < j->n; t++)
-        for (int64_t o = lo; o < hi; o++) j->y[t * j->ldy + o] += bias_at(j->l, o);
+    sp_pool_split(j->l->w.rows, tid, nth, &lo, &hi);
+    sp_linear_rows(j->l, lo, hi, j->x, j->ldx, j->y, j->ldy, j->n, sp_pool_scratch(j->pool, tid));
 }
 
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool) {
     struct job j = {l, x, ldx, y, ldy, n, pool};
-    /* Below ~64K multiply-adds a hand-off to other threads costs more than it saves. */
-    int nth = (double)l->w.rows * (double)l->w.cols * (double)n < 65536.0 ? 1 : sp_pool_size(pool);
-    sp_pool_run_n(pool, l->transposed ? cols_job : rows_job, &j, nth);
+    int nth = (double)l->w.rows * (double)l->w.cols * (double)n < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(pool);
+    sp_pool_run_n(pool, linear_job, &j, nth);
 }

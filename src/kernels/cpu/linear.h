@@ -22,6 +22,13 @@
 size_t sp_linear_scratch_bytes(const struct sp_linear *l);
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool);
+/* Outputs [lo, hi) of the same for n tokens, on the calling thread: for
+ * callers that split several linears over the pool's threads themselves.
+ * scratch: sp_linear_scratch_bytes(l) bytes (a pool thread's scratch). */
+void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int64_t n, void *scratch);
+/* Below this many multiply-adds a hand-off to other threads costs more than it saves. */
+#define SP_LINEAR_SERIAL_MACS 65536.0
 
 /* Dot product of n floats, and y += a * x over n floats, with the
  * dispatched kernel set (kernels.h). */
