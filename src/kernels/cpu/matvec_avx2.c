@@ -361,10 +361,16 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
  * The only new error is the rounding of x. The affine bias term
  * b * sum(x) uses the float activations.
  *
- * 4-bit codes: byte j of a 32-element block holds elements 2j (low nibble)
- * and 2j+1 (high nibble). Widened to 16 bits, "& 0xf" gives the even
- * elements and ">> 4" the odd ones, so the int16 activations of each
- * 32-column block are stored evens first, then odds, to line up with them. */
+ * 4-bit codes: byte j of a row holds elements 2j (low nibble) and 2j + 1
+ * (high nibble), so 16-bit word k holds elements 4k .. 4k + 3 at bits 0, 4,
+ * 8 and 12. A 32-byte load covers 64 columns (a "unit"); "& 0xf" after
+ * shifts of 0, 4, 8 and 12 bits gives four vectors of 16 int16 codes,
+ * vector j holding elements 4k + j, with no widening step. The int16
+ * activations of each unit are stored in that order (j * 16 + k holds
+ * column 4k + j), and the int32 sums of a unit hold columns 0..31 in lanes
+ * 0-3 and 32..63 in lanes 4-7. A last 32-column block (cols / 32 odd) is
+ * widened from 16 bytes: "& 0xf" and ">> 4" give its even and odd
+ * elements, and its activations are stored evens first, then odds. */
 
 #define QB 32  // columns decoded at a time: two vectors of 16 int16
 #define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
@@ -391,17 +397,42 @@ ALWAYS void deinterleave16(__m256i a, __m256i b, __m256i *ev, __m256i *od) {
     *od = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, b), 0xD8);
 }
 
+/* 4 x 4 transpose of floats within each 128-bit lane. */
+ALWAYS void transpose4_lanes(__m256 r[4]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    r[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    r[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    r[2] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+    r[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+}
+
+/* 32 floats (4k + j for k < 8) as int32, one vector per j: the columns of a
+ * half unit in quad order. */
+ALWAYS void quad_quantize(const float *x, __m256 inv, __m256i out[4]) {
+    __m256 f0 = _mm256_loadu_ps(x), f1 = _mm256_loadu_ps(x + 8), f2 = _mm256_loadu_ps(x + 16),
+           f3 = _mm256_loadu_ps(x + 24);
+    /* rows of 4 (k = 0..3 in the low lanes, 4..7 in the high lanes), then columns */
+    __m256 r[4] = {_mm256_permute2f128_ps(f0, f2, 0x20), _mm256_permute2f128_ps(f0, f2, 0x31),
+                   _mm256_permute2f128_ps(f1, f3, 0x20), _mm256_permute2f128_ps(f1, f3, 0x31)};
+    transpose4_lanes(r);
+    for (int j = 0; j < 4; j++) out[j] = _mm256_cvtps_epi32(_mm256_mul_ps(r[j], inv));  // nearest even
+}
+
 /* Quantizes n tokens of x into scratch laid out as struct q16 (group 32,
- * 64 or 128 columns per scale). */
-static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool split, bool pairs,
+ * 64 or 128 columns per scale; 4-bit codes: units in quad order). */
+static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool four_bit,
                         void *scratch, struct q16 *q) {
-    int64_t ng = cols / group;
+    int64_t ng = cols / group, units = four_bit ? cols / 64 : 0;
     int16_t *xq = scratch;
     float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
+    float *inv = ds;  // per token, until the rows make their multipliers there
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        int16_t *ot = xq + t * cols;
         for (int64_t g = 0; g < ng; g++) {
-            const float *xg = x + t * ldx + g * group;
+            const float *xg = xt + g * group;
             __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
             for (int64_t k = 0; k < group; k += 8) {
                 __m256 v = _mm256_loadu_ps(xg + k);
@@ -413,28 +444,26 @@ static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, in
             float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
             xsum[t * ng + g] = hsum(sum);
             dx[t * ng + g] = amax / 32767.0f;
-            __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
-            for (int64_t b = 0; b < group; b += QB) {
-                __m256i i32[4];
-                for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + b + 8 * j), inv));  // nearest even
-                /* packs works per 128-bit lane; the permute puts words in order */
-                __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
-                __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
-                if (split) deinterleave16(lo, hi, &lo, &hi);
-                int16_t *o = xq + t * cols + g * group + b;
-                _mm256_storeu_si256((__m256i *)(void *)o, lo);
-                _mm256_storeu_si256((__m256i *)(void *)(o + 16), hi);
-            }
+            inv[g] = amax > 0.0f ? 32767.0f / amax : 0.0f;
         }
-        /* 4-bit codes in groups of 32: pairs of blocks in pair_codes' order */
-        for (int64_t b = 0; pairs && b + 2 <= cols / QB; b += 2) {
-            __m256i *o = (__m256i *)(void *)(xq + t * cols + b * QB);
-            __m256i ea = _mm256_loadu_si256(o), oa = _mm256_loadu_si256(o + 1);
-            __m256i eb = _mm256_loadu_si256(o + 2), ob = _mm256_loadu_si256(o + 3);
-            _mm256_storeu_si256(o, _mm256_permute2x128_si256(ea, eb, 0x20));
-            _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(ea, eb, 0x31));
-            _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(oa, ob, 0x20));
-            _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(oa, ob, 0x31));
+        for (int64_t u = 0; u < units; u++) {
+            __m256i lo[4], hi[4];
+            quad_quantize(xt + u * 64, _mm256_set1_ps(inv[u * 64 / group]), lo);
+            quad_quantize(xt + u * 64 + 32, _mm256_set1_ps(inv[(u * 64 + 32) / group]), hi);
+            /* packs works per 128-bit lane; the permute puts words in order */
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_si256((__m256i *)(void *)(ot + u * 64 + j * 16),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(lo[j], hi[j]), 0xD8));
+        }
+        for (int64_t b = units * 64; b < cols; b += QB) {
+            __m256 iv = _mm256_set1_ps(inv[b / group]);
+            __m256i i32[4];
+            for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xt + b + 8 * j), iv));
+            __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+            __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            if (four_bit) deinterleave16(lo, hi, &lo, &hi);
+            _mm256_storeu_si256((__m256i *)(void *)(ot + b), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(ot + b + 16), hi);
         }
     }
     *q = (struct q16){xq, dx, xsum, ds, cols, ng};
@@ -522,41 +551,33 @@ ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g,
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
 }
 
-/* ---- 4-bit codes two blocks at a time ----
- *
- * One 32-byte load holds blocks b (low lane) and b + 1 (high lane); "& 0xf"
- * and ">> 4" give the even and odd elements of both, and byte unpacks widen
- * them to int16 without crossing lanes: affine codes into the low byte,
- * mxfp4 values (2 * e2m1 by table lookup, signed) into the high byte, i.e.
- * 256 x the value with no sign extension needed. The activations of such a
- * pair are stored [A e0..e14 | B e0..e14], [A e16..e30 | B e16..e30], then
- * the odds alike (q16_prepare), and the int32 sums hold block b in lanes
- * 0-3 and block b + 1 in lanes 4-7. */
+/* ---- 4-bit codes a unit (64 columns) at a time ---- */
 
-ALWAYS void pair_codes(int fmt, const uint8_t *c, int64_t b, __m256i w[4]) {
-    const __m256i low4 = _mm256_set1_epi8(0xf), zero = _mm256_setzero_si256();
-    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(c + b * 16));
-    __m256i ev = _mm256_and_si256(v, low4), od = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+/* Unit u of a row as four vectors of 16 int16 codes in quad order: affine
+ * codes as they are; mxfp4 values (2 * e2m1 by table lookup, signed) in the
+ * high byte, i.e. 256 x the value with no sign extension needed. */
+ALWAYS void quad_codes(int fmt, const uint8_t *c, int64_t u, __m256i w[4]) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(c + u * 32));
     if (fmt == FMT_MX4) {
         const __m256i twice_e2m1 = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3,
                                                     4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-        ev = _mm256_shuffle_epi8(twice_e2m1, ev);
-        od = _mm256_shuffle_epi8(twice_e2m1, od);
-        w[0] = _mm256_unpacklo_epi8(zero, ev), w[1] = _mm256_unpackhi_epi8(zero, ev);
-        w[2] = _mm256_unpacklo_epi8(zero, od), w[3] = _mm256_unpackhi_epi8(zero, od);
+        const __m256i low4 = _mm256_set1_epi8(0xf), high_byte = _mm256_set1_epi16((short)0xff00);
+        /* bytes of ev: elements 4k (low byte of word k), 4k + 2 (high); od: 4k + 1, 4k + 3 */
+        __m256i ev = _mm256_shuffle_epi8(twice_e2m1, _mm256_and_si256(v, low4));
+        __m256i od = _mm256_shuffle_epi8(twice_e2m1, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+        w[0] = _mm256_slli_epi16(ev, 8), w[1] = _mm256_slli_epi16(od, 8);
+        w[2] = _mm256_and_si256(ev, high_byte), w[3] = _mm256_and_si256(od, high_byte);
         return;
     }
-    w[0] = _mm256_unpacklo_epi8(ev, zero), w[1] = _mm256_unpackhi_epi8(ev, zero);
-    w[2] = _mm256_unpacklo_epi8(od, zero), w[3] = _mm256_unpackhi_epi8(od, zero);
+    const __m256i low4 = _mm256_set1_epi16(0xf);
+    w[0] = _mm256_and_si256(v, low4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(v, 8), low4);
+    w[3] = _mm256_srli_epi16(v, 12);
 }
 
-/* Whether a row's 4-bit codes (or not) in groups of `group` columns go
- * through the pair products: the activation layout (q16_prepare) and the
- * row product (q16_rows) must agree. */
-ALWAYS bool paired(bool four_bit, int64_t group) { return four_bit && group == QB; }
-
-/* The pair's exact int32 sums with one token's activations. */
-ALWAYS __m256i pair_dot(const __m256i w[4], const int16_t *xq) {
+/* A unit's exact int32 sums with one token's activations. */
+ALWAYS __m256i quad_dot(const __m256i w[4], const int16_t *xq) {
     const __m256i *x = (const __m256i *)(const void *)xq;
     return _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(x)),
                                              _mm256_madd_epi16(w[1], _mm256_loadu_si256(x + 1))),
@@ -564,18 +585,38 @@ ALWAYS __m256i pair_dot(const __m256i w[4], const int16_t *xq) {
                                              _mm256_madd_epi16(w[3], _mm256_loadu_si256(x + 3))));
 }
 
-/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32) into chain
- * `chain`: one pair, each half with its own multiplier. (Wider affine4
- * groups gain nothing from pairs: they already convert once per group.) */
+/* Group g of `units` units (affine4, group 64 or 128) into chain `chain`. */
+ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int units, int nt,
+                           __m256 acc[4][2], int chain) {
+    __m256i p[4];
+#pragma GCC unroll 2
+    for (int i = 0; i < units; i++) {
+        int64_t u = g * units + i;
+        __m256i w[4];
+        _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD, _MM_HINT_T0);
+        quad_codes(fmt, c, u, w);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m256i s = quad_dot(w, q->xq + t * q->cols + u * 64);
+            p[t] = i ? _mm256_add_epi32(p[t], s) : s;
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
+/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
+ * into chain `chain`: each half with its own multiplier. */
 ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int nt, __m256 acc[4][2],
                            int chain) {
     const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256i w[4];
-    _mm_prefetch((const char *)c + code_offset(fmt, g * QB) + PREFETCH_AHEAD, _MM_HINT_T0);
-    pair_codes(fmt, c, g, w);
+    _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD, _MM_HINT_T0);
+    quad_codes(fmt, c, g / 2, w);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        __m256i p = pair_dot(w, q->xq + t * q->cols + g * QB);
+        __m256i p = quad_dot(w, q->xq + t * q->cols + g * QB);
         __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
         __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
@@ -593,7 +634,8 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         /* two chains (even / odd groups or pairs) hide the FMA latency */
         int64_t g = 0;
-        if (paired(fmt == FMT_A4 || fmt == FMT_MX4, per * QB)) {
+        bool four_bit = fmt == FMT_A4 || fmt == FMT_MX4;
+        if (four_bit && per == 1) {
             for (; g + 4 <= f.ng; g += 4) {
                 q16_group_pair(fmt, c, q, g, nt, acc, 0);
                 q16_group_pair(fmt, c, q, g + 2, nt, acc, 1);
@@ -602,7 +644,14 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
                 q16_group_pair(fmt, c, q, g, nt, acc, 0);
                 g += 2;
             }
+        } else if (four_bit) {
+            for (; g + 2 <= f.ng; g += 2) {
+                q16_group_quad(fmt, c, q, g, per / 2, nt, acc, 0);
+                q16_group_quad(fmt, c, q, g + 1, per / 2, nt, acc, 1);
+            }
+            if (g < f.ng) q16_group_quad(fmt, c, q, g++, per / 2, nt, acc, 0);
         }
+        /* 8-bit codes, and the last 32 columns of 4-bit codes when cols / 32 is odd */
         for (; g + 2 <= f.ng; g += 2) {
             q16_group(fmt, c, q, g, per, nt, acc, 0);
             q16_group(fmt, c, q, g + 1, per, nt, acc, 1);
@@ -642,7 +691,7 @@ struct impl {
     fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
     q16_fn q16[4];      // 1 to 4 tokens, int16 activations; NULL for plain floats
-    bool q16_split;     // 4-bit codes: activations stored evens, odds per block
+    bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
 #define IMPL(ID, FMT, SDT)                                                                                        \
@@ -748,7 +797,7 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct q16 q;
-        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->q16_split, paired(im->q16_split, w->group), scratch, &q);
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
         int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
