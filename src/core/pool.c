@@ -187,6 +187,14 @@ enum sp_status sp_pool_reserve(struct sp_pool *p, size_t bytes) {
 
 void *sp_pool_scratch(struct sp_pool *p, int tid) { return p->scratch[tid]; }
 
+bool sp_pool_take(atomic_llong *next, int64_t n, int64_t chunk, int64_t *lo, int64_t *hi) {
+    int64_t at = atomic_fetch_add_explicit(next, chunk, memory_order_relaxed);
+    if (at >= n) return false;
+    *lo = at;
+    *hi = at + chunk < n ? at + chunk : n;
+    return true;
+}
+
 void sp_pool_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
     int64_t base = n / nth, rem = n % nth;
     *lo = tid * base + (tid < rem ? tid : rem);

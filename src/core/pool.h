@@ -15,7 +15,10 @@
 #ifndef SP_CORE_POOL_H
 #define SP_CORE_POOL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/status.h"
 
@@ -37,6 +40,14 @@ enum sp_status sp_pool_reserve(struct sp_pool *p, size_t bytes);
 void *sp_pool_scratch(struct sp_pool *p, int tid);
 /* Splits [0, n) into nth near-equal ranges; range tid is [*lo, *hi). */
 void sp_pool_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi);
+/* Work taken in chunks by whichever thread is free, for steps where a
+ * static split would leave one thread waiting on a slower one: every
+ * thread calls sp_pool_take until it returns false. Zero the counter
+ * (one per run) before handing the job to the pool.
+ *
+ *     while (sp_pool_take(&job->next, n, chunk, &lo, &hi)) work(lo, hi);
+ */
+bool sp_pool_take(atomic_llong *next, int64_t n, int64_t chunk, int64_t *lo, int64_t *hi);
 /* Physical cores of this machine (falls back to online CPUs). */
 int sp_physical_cores(void);
 

@@ -491,8 +491,16 @@ struct ffn_job {
     struct sp_ctx *c;
     const struct ffn_item *items;
     int64_t n_items;
-    bool down;  // the second hand-off
+    bool down;          // the second hand-off
+    int64_t total;      // sum over items of units x tokens
+    int64_t chunk;      // taken at a time (sp_linear_chunk); 0: an even split
+    atomic_llong next;  // the next position to take
 };
+
+/* Units of an item: intermediate columns (first hand-off) or output rows. */
+static int64_t ffn_units(const struct ffn_job *j, const struct ffn_item *it) {
+    return j->down ? j->c->a->d_model : it->down->w.cols;
+}
 
 /* The first unit of an item (its units start at `start` of the weighted
  * line, each `wt` long) at or after position pos. */
@@ -502,18 +510,13 @@ static int64_t unit_at(int64_t pos, int64_t start, int64_t wt, int64_t units) {
     return u < units ? u : units;
 }
 
-static void ffn_job_run(void *arg, int tid, int nth) {
-    const struct ffn_job *j = arg;
+/* Positions [a, b) of the weighted line. */
+static void ffn_range(const struct ffn_job *j, int64_t a, int64_t b, void *scratch) {
     struct sp_ctx *c = j->c;
-    int64_t d = c->a->d_model, ld = c->ld_ff, total = 0;
-    /* units: intermediate columns (first hand-off) or output rows (second) */
-    for (int64_t i = 0; i < j->n_items; i++)
-        total += (j->down ? d : j->items[i].down->w.cols) * j->items[i].cnt;
-    int64_t a = total * tid / nth, b = total * (tid + 1) / nth, start = 0;
-    void *scratch = sp_pool_scratch(c->pool, tid);
-    for (int64_t i = 0; i < j->n_items; i++) {
+    int64_t d = c->a->d_model, ld = c->ld_ff, start = 0;
+    for (int64_t i = 0; i < j->n_items && start < b; i++) {
         const struct ffn_item *it = &j->items[i];
-        int64_t units = j->down ? d : it->down->w.cols;
+        int64_t units = ffn_units(j, it);
         int64_t r0 = unit_at(a, start, it->cnt, units), r1 = unit_at(b, start, it->cnt, units);
         start += units * it->cnt;
         if (r0 >= r1) continue;
@@ -531,14 +534,30 @@ static void ffn_job_run(void *arg, int tid, int nth) {
     }
 }
 
+static void ffn_job_run(void *arg, int tid, int nth) {
+    struct ffn_job *j = arg;
+    void *scratch = sp_pool_scratch(j->c->pool, tid);
+    int64_t a, b;
+    if (!j->chunk) {
+        ffn_range(j, j->total * tid / nth, j->total * (tid + 1) / nth, scratch);
+        return;
+    }
+    while (sp_pool_take(&j->next, j->total, j->chunk, &a, &b)) ffn_range(j, a, b, scratch);
+}
+
 /* Runs items[0..n) (their rows within the batch buffers); outputs in gout. */
 static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
     double macs = 0;
-    for (int64_t i = 0; i < n; i++)
+    int64_t most = 0;
+    for (int64_t i = 0; i < n; i++) {
         macs += (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
+        most = items[i].cnt > most ? items[i].cnt : most;
+    }
     int nth = macs < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
     for (int down = 0; down < 2; down++) {
-        struct ffn_job j = {c, items, n, down};
+        struct ffn_job j = {c, items, n, down, 0, 0, 0};
+        for (int64_t i = 0; i < n; i++) j.total += ffn_units(&j, &items[i]) * items[i].cnt;
+        j.chunk = sp_linear_chunk(j.total, most, nth);
         sp_pool_run_n(c->pool, ffn_job_run, &j, nth);
     }
 }

@@ -88,19 +88,33 @@ struct job {
     int64_t ldy;
     int64_t n;
     struct sp_pool *pool;
+    int64_t chunk;      // rows taken at a time; 0: an even split
+    atomic_llong next;  // the next row to take
 };
 
-/* Threads split the outputs. */
+int64_t sp_linear_chunk(int64_t units, int64_t n, int nth) {
+    if (n > SP_LINEAR_CHUNK_MAX_TOKENS || nth <= 1) return 0;
+    int64_t chunk = (units + nth * SP_LINEAR_CHUNKS - 1) / (nth * SP_LINEAR_CHUNKS);
+    return (chunk + 7) / 8 * 8;  // whole blocks of rows for the kernels
+}
+
+/* Threads split the outputs: evenly, or in chunks taken as they come. */
 static void linear_job(void *arg, int tid, int nth) {
-    const struct job *j = arg;
+    struct job *j = arg;
     int64_t lo, hi;
-    sp_pool_split(j->l->w.rows, tid, nth, &lo, &hi);
-    sp_linear_rows(j->l, lo, hi, j->x, j->ldx, j->y, j->ldy, j->n, sp_pool_scratch(j->pool, tid));
+    void *scratch = sp_pool_scratch(j->pool, tid);
+    if (!j->chunk) {
+        sp_pool_split(j->l->w.rows, tid, nth, &lo, &hi);
+        sp_linear_rows(j->l, lo, hi, j->x, j->ldx, j->y, j->ldy, j->n, scratch);
+        return;
+    }
+    while (sp_pool_take(&j->next, j->l->w.rows, j->chunk, &lo, &hi))
+        sp_linear_rows(j->l, lo, hi, j->x, j->ldx, j->y, j->ldy, j->n, scratch);
 }
 
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool) {
-    struct job j = {l, x, ldx, y, ldy, n, pool};
     int nth = (double)l->w.rows * (double)l->w.cols * (double)n < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(pool);
+    struct job j = {l, x, ldx, y, ldy, n, pool, sp_linear_chunk(l->w.rows, n, nth), 0};
     sp_pool_run_n(pool, linear_job, &j, nth);
 }

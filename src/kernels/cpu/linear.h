@@ -29,6 +29,15 @@ void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const flo
                     int64_t ldy, int64_t n, void *scratch);
 /* Below this many multiply-adds a hand-off to other threads costs more than it saves. */
 #define SP_LINEAR_SERIAL_MACS 65536.0
+/* Up to this many tokens the threads take rows in chunks as they come
+ * (SP_LINEAR_CHUNKS per thread), so a thread held up by the machine does
+ * not keep the others waiting; with more tokens each call quantizes all of
+ * them once per chunk, and an even split costs less. */
+#define SP_LINEAR_CHUNK_MAX_TOKENS 4
+#define SP_LINEAR_CHUNKS 8
+/* The chunk for `units` rows and n tokens on nth threads (a multiple of 8
+ * rows), or 0 for an even split. */
+int64_t sp_linear_chunk(int64_t units, int64_t n, int nth);
 
 /* Dot product of n floats, and y += a * x over n floats, with the
  * dispatched kernel set (kernels.h). */
