@@ -302,6 +302,13 @@ static void test_dot_axpy(void **state) {
                     m2 += fabs((double)a[i] * bf[i]);
                 }
                 assert_true(fabs(k->dot_dt(a, bh, halves[h], n) - r2) <= TOL_DOT * m2 + DBL_MIN);
+                /* converted once, the same sums as converting on the fly */
+                float conv[1001];
+                conv[n] = 12345.0f;
+                k->to_f32(conv, bh, halves[h], n);
+                assert_true(conv[n] == 12345.0f);
+                for (int64_t i = 0; i < n; i++) assert_true(conv[i] == bf[i]);
+                assert_true(k->dot_dt(a, conv, SP_DTYPE_F32, n) == k->dot_dt(a, bh, halves[h], n));
                 for (int64_t i = 0; i < n + 1 && i < 1000; i++) y[i] = y0[i];
                 k->axpy_dt(y, s, bh, halves[h], n);
                 for (int64_t i = 0; i < n; i++) {
@@ -309,7 +316,25 @@ static void test_dot_axpy(void **state) {
                     assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * bf[i])));
                 }
                 if (n < 1000) assert_true(y[n] == y0[n]);
+                float y2[1000];
+                for (int64_t i = 0; i < n; i++) y2[i] = y0[i];
+                k->axpy_dt(y2, s, conv, SP_DTYPE_F32, n);
+                for (int64_t i = 0; i < n; i++) assert_true(y2[i] == y[i]);
             }
+            /* a block of rows: the same as one row at a time */
+            enum { NR = 5 };
+            static float rows[NR * 1000], ya[1000], yb[1000];
+            float w[NR], d[NR];
+            for (int r = 0; r < NR; r++) {
+                w[r] = sp_rng_normal(&rng);
+                for (int64_t i = 0; i < n; i++) rows[r * n + i] = sp_rng_normal(&rng);
+            }
+            k->dot_rows(d, a, rows, NR, n);
+            for (int r = 0; r < NR; r++) assert_true(d[r] == k->dot(a, rows + r * n, n));
+            for (int64_t i = 0; i < n; i++) ya[i] = yb[i] = y0[i];
+            k->axpy_rows(ya, w, rows, NR, n);
+            for (int r = 0; r < NR; r++) k->axpy(yb, w[r], rows + r * n, n);
+            for (int64_t i = 0; i < n; i++) assert_true(ya[i] == yb[i]);
         }
     }
 }

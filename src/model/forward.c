@@ -69,9 +69,30 @@ struct sp_ctx {
     struct ffn_item *items;            // (E + 1) gated MLPs run together
     struct sp_expert_views *eviews;    // (E) their experts' views
     int64_t *item_expert;              // (E) and numbers
-    float *scores;       // (threads, n_ctx + 1)
+    float *scores;       // (threads, sp_attention_scratch_floats)
+    int32_t *att_tiles;  // (B + 1) attention tiles of the batch
     float *logit_rows;   // (B, d)
 };
+
+/* Cached rows converted to float at a time for all query heads of their KV
+ * head (16 KiB at head_dim 128: they stay in L1 while every head uses them). */
+#define ATT_BLOCK 32
+
+/* Query tokens of one sequence per attention task: up to 8, fewer where
+ * their scores would pass 1M floats per thread (long contexts). */
+#define ATT_TILE 8
+#define ATT_SCORES_MAX (1 << 20)
+static int64_t att_tile(const struct sp_arch *a, int64_t n_ctx) {
+    int64_t per_token = (a->n_heads / a->n_kv_heads) * (n_ctx + 1), tile = ATT_SCORES_MAX / per_token;
+    return tile < 1 ? 1 : tile > ATT_TILE ? ATT_TILE : tile;
+}
+
+/* The scores of a task's tokens and heads (a tile x one KV head's group),
+ * then a block of converted cached rows (attention_task). */
+size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
+    return (size_t)att_tile(a, n_ctx) * (size_t)(a->n_heads / a->n_kv_heads) * (size_t)(n_ctx + 1) +
+           (size_t)(ATT_BLOCK * a->head_dim);
+}
 
 const char *sp_kv_type_name(enum sp_kv_type t) {
     static const char *const n[SP_KV_TYPE_COUNT] = {"f16", "bf16", "f32"};
@@ -265,6 +286,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free_aligned(c->etok);
     sp_free_aligned(c->ecount);
     sp_free_aligned(c->items);
+    sp_free_aligned(c->att_tiles);
     sp_free_aligned(c->eviews);
     sp_free_aligned(c->item_expert);
     sp_pool_free(c->pool);
@@ -354,7 +376,8 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->items = act_buf((size_t)(E + 1), sizeof *c->items, &ok);
     c->eviews = act_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = act_buf((size_t)E, sizeof *c->item_expert, &ok);
-    c->scores = act_buf((size_t)c->p.n_threads * (size_t)(c->p.n_ctx + 1), sizeof(float), &ok);
+    c->att_tiles = act_buf((size_t)(B + 1), sizeof(int32_t), &ok);
+    c->scores = act_buf((size_t)c->p.n_threads * sp_attention_scratch_floats(a, c->p.n_ctx), sizeof(float), &ok);
     c->logit_rows = act_buf((size_t)(B * d), sizeof(float), &ok);
     if (!ok) goto nomem;
     *out = c;
@@ -405,49 +428,129 @@ struct att_job {
     struct sp_ctx *c;
     const struct sp_batch *b;
     int64_t L;
+    const int32_t *tiles;  // (n_tiles + 1) first batch token of each tile
+    int64_t n_tiles, per;  // query heads per task
+    atomic_llong next;     // the next task to take
 };
 
-/* One (token, head) per task: scores over the visible cached positions,
+/* Query heads of one KV head taken per attention task: all of them (each
+ * cached row converted once for the group) unless that leaves fewer than
+ * two tasks per thread. */
+static int64_t att_heads_per_task(const struct sp_arch *a, int64_t n_tiles, int nth) {
+    int64_t per = a->n_heads / a->n_kv_heads;
+    while (per % 2 == 0 && n_tiles * (a->n_heads / per) < 2 * nth) per /= 2;
+    return per;
+}
+
+/* Visible cached positions [*lo, *hi] of batch token t in layer L. */
+static void att_range(const struct sp_ctx *c, const struct sp_batch *b, int64_t L, int64_t t, int64_t *lo,
+                      int64_t *hi) {
+    const struct sp_arch *a = c->a;
+    bool sliding = a->layer_sliding[L] && a->sliding_window > 0;
+    int64_t pos = b->pos[t];
+    *lo = sliding && pos - a->sliding_window + 1 > 0 ? pos - a->sliding_window + 1 : 0;
+    *hi = pos;
+}
+
+/* Converts cached rows p0 .. p0 + nb - 1 (K: which 0, V: 1) of one KV head. */
+static void att_rows(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t kvh, int64_t p0, int64_t nb,
+                     float *rows) {
+    int64_t hd = c->a->head_dim;
+    for (int64_t i = 0; i < nb; i++)
+        sp_f32_from_dt(rows + i * hd, (const uint8_t *)kv_at(c, L, which, seq, p0 + i) + (size_t)(kvh * hd) * c->kv_elt,
+                       kv_dtype(c->p.kv_type), hd);
+}
+
+/* One task: the tokens of a tile (one sequence) x `per` heads sharing a KV
+ * head. Each head of each token: scores over its visible positions,
  * softmax (with the head's sink logit when the model has sinks), then the
- * weighted sum of values. */
-static void attention_job(void *arg, int tid, int nth) {
-    const struct att_job *j = arg;
+ * weighted sum of values. Cached rows are converted to float a block at a
+ * time and used by every token and head of the task while in L1; each
+ * (token, head) sums in the same order as on its own, so no tiling changes
+ * a result. */
+static void attention_task(const struct att_job *j, int64_t task, float *sc, float *rows) {
     struct sp_ctx *c = j->c;
     const struct sp_arch *a = c->a;
     const struct layer *ly = &c->layers[j->L];
-    int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
-    float *sc = c->scores + (size_t)tid * (size_t)(c->p.n_ctx + 1);
+    int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, stride = c->p.n_ctx + 1, per = j->per;
+    int64_t parts = a->n_heads / per, h0 = task % parts * per, kvh = h0 / group;
+    int64_t t0 = j->tiles[task / parts], t1 = j->tiles[task / parts + 1], seq = j->b->seq[t0];
     float scale = 1.0f / sqrtf((float)hd);
-    bool sliding = a->layer_sliding[j->L] && a->sliding_window > 0;
-    int64_t lo_task, hi_task;
-    sp_pool_split(j->b->n * a->n_heads, tid, nth, &lo_task, &hi_task);
-    for (int64_t task = lo_task; task < hi_task; task++) {
-        int64_t t = task / a->n_heads, h = task % a->n_heads, kvh = h / group;
-        int64_t pos = j->b->pos[t], seq = j->b->seq[t];
-        int64_t lo = sliding && pos - a->sliding_window + 1 > 0 ? pos - a->sliding_window + 1 : 0;
-        const float *q = c->qkv + t * c->ld_qkv + h * hd;
-        float mx = -INFINITY;
-        for (int64_t p = lo; p <= pos; p++) {
-            const void *k = (const uint8_t *)kv_at(c, j->L, 0, seq, p) + (size_t)(kvh * hd) * c->kv_elt;
-            float s = sp_dot_f32_dt(q, k, kv_dtype(c->p.kv_type), hd) * scale;
-            sc[p - lo] = s;
-            if (s > mx) mx = s;
-        }
-        float sink = ly->sinks ? ly->sinks[h] : -INFINITY;
-        if (sink > mx) mx = sink;
-        double sum = ly->sinks ? exp((double)(sink - mx)) : 0.0;
-        for (int64_t p = lo; p <= pos; p++) {
-            sc[p - lo] = expf(sc[p - lo] - mx);
-            sum += sc[p - lo];
-        }
-        float inv = (float)(1.0 / sum);
-        float *out = c->att + t * (a->n_heads * hd) + h * hd;
-        for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
-        for (int64_t p = lo; p <= pos; p++) {
-            const void *v = (const uint8_t *)kv_at(c, j->L, 1, seq, p) + (size_t)(kvh * hd) * c->kv_elt;
-            sp_axpy_f32_dt(out, sc[p - lo] * inv, v, kv_dtype(c->p.kv_type), hd);
+    int64_t first = INT64_MAX, last = -1;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t lo, hi;
+        att_range(c, j->b, j->L, t, &lo, &hi);
+        first = lo < first ? lo : first;
+        last = hi > last ? hi : last;
+    }
+    for (int64_t p0 = first; p0 <= last; p0 += ATT_BLOCK) {
+        int64_t nb = last - p0 + 1 < ATT_BLOCK ? last - p0 + 1 : ATT_BLOCK;
+        att_rows(c, j->L, 0, seq, kvh, p0, nb, rows);
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t lo, hi;
+            att_range(c, j->b, j->L, t, &lo, &hi);
+            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
+            const float *q = c->qkv + t * c->ld_qkv + h0 * hd;
+            for (int64_t g = 0; g < per; g++) {
+                float *s = sc + ((t - t0) * per + g) * stride + (pa - lo);
+                sp_dot_rows(s, q + g * hd, rows + (pa - p0) * hd, pb - pa + 1, hd);
+                for (int64_t i = 0; i <= pb - pa; i++) s[i] *= scale;
+            }
         }
     }
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t lo, hi;
+        att_range(c, j->b, j->L, t, &lo, &hi);
+        for (int64_t g = 0; g < per; g++) {
+            float *s = sc + ((t - t0) * per + g) * stride, mx = -INFINITY;
+            for (int64_t i = 0; i <= hi - lo; i++) mx = s[i] > mx ? s[i] : mx;
+            float sink = ly->sinks ? ly->sinks[h0 + g] : -INFINITY;
+            if (sink > mx) mx = sink;
+            double sum = ly->sinks ? exp((double)(sink - mx)) : 0.0;
+            for (int64_t i = 0; i <= hi - lo; i++) {
+                s[i] = expf(s[i] - mx);
+                sum += s[i];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int64_t i = 0; i <= hi - lo; i++) s[i] *= inv;
+            float *out = c->att + t * (a->n_heads * hd) + (h0 + g) * hd;
+            for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+        }
+    }
+    for (int64_t p0 = first; p0 <= last; p0 += ATT_BLOCK) {
+        int64_t nb = last - p0 + 1 < ATT_BLOCK ? last - p0 + 1 : ATT_BLOCK;
+        att_rows(c, j->L, 1, seq, kvh, p0, nb, rows);
+        for (int64_t t = t0; t < t1; t++) {
+            int64_t lo, hi;
+            att_range(c, j->b, j->L, t, &lo, &hi);
+            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
+            for (int64_t g = 0; g < per; g++) {
+                const float *s = sc + ((t - t0) * per + g) * stride + (pa - lo);
+                sp_axpy_rows(c->att + t * (a->n_heads * hd) + (h0 + g) * hd, s, rows + (pa - p0) * hd, pb - pa + 1, hd);
+            }
+        }
+    }
+}
+
+/* Tasks go to whichever thread is free: later tiles see more positions. */
+static void attention_job(void *arg, int tid, int nth) {
+    struct att_job *j = arg;
+    float *sc = j->c->scores + (size_t)tid * sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
+    float *rows = sc + (size_t)att_tile(j->c->a, j->c->p.n_ctx) * (size_t)(j->c->a->n_heads / j->c->a->n_kv_heads) *
+                           (size_t)(j->c->p.n_ctx + 1);
+    int64_t lo, hi, tasks = j->n_tiles * (j->c->a->n_heads / j->per);
+    while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, lo, sc, rows);
+}
+
+/* Attention for the batch: tiles of up to att_tile consecutive tokens of
+ * one sequence. */
+static void attention(struct sp_ctx *c, const struct sp_batch *b, int64_t L) {
+    int64_t tile = att_tile(c->a, c->p.n_ctx), n_tiles = 0;
+    for (int64_t t = 0; t < b->n; t++)
+        if (t == 0 || b->seq[t] != b->seq[t - 1] || t - c->att_tiles[n_tiles - 1] >= tile) c->att_tiles[n_tiles++] = (int32_t)t;
+    c->att_tiles[n_tiles] = (int32_t)b->n;
+    struct att_job j = {c, b, L, c->att_tiles, n_tiles, att_heads_per_task(c->a, n_tiles, sp_pool_size(c->pool)), 0};
+    sp_pool_run(c->pool, attention_job, &j);
 }
 
 /* ---- MLP ---- */
@@ -816,8 +919,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
             kv_store(c, kv_at(c, L, 0, b->seq[t], b->pos[t]), row + qd, kvd);
             kv_store(c, kv_at(c, L, 1, b->seq[t], b->pos[t]), row + qd + kvd, kvd);
         }
-        struct att_job aj = {c, b, L};
-        sp_pool_run(c->pool, attention_job, &aj);
+        attention(c, b, L);
         sp_linear_apply(&ly->o, c->att, qd, c->tmp, d, n, c->pool);
         for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
 

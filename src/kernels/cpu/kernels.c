@@ -103,6 +103,18 @@ static void axpy_dt_portable(float *y, float a, const void *x, enum sp_dtype dt,
     for (int64_t i = 0; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
 }
 
+static void to_f32_portable(float *y, const void *x, enum sp_dtype dt, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
+}
+
+static void dot_rows_portable(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
+    for (int64_t r = 0; r < nr; r++) out[r] = dot_portable(a, rows + r * n, n);
+}
+
+static void axpy_rows_portable(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
+    for (int64_t r = 0; r < nr; r++) axpy_portable(y, w[r], rows + r * n, n);
+}
+
 /* Each row is dequantized once into scratch and dotted with every token. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch) {
@@ -122,6 +134,9 @@ static const struct sp_kernels portable = {
     .axpy = axpy_portable,
     .dot_dt = dot_dt_portable,
     .axpy_dt = axpy_dt_portable,
+    .to_f32 = to_f32_portable,
+    .dot_rows = dot_rows_portable,
+    .axpy_rows = axpy_rows_portable,
 };
 
 /* AVX2, FMA and F16C, and an OS that saves the AVX registers. Read from

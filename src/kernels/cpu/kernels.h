@@ -62,6 +62,14 @@ struct sp_kernels {
      * they give exactly what dot / axpy give. */
     float (*dot_dt)(const float *a, const void *b, enum sp_dtype dt, int64_t n);
     void (*axpy_dt)(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
+    /* y[i] = x[i] as float over n values of dtype dt (exact); dot_dt and
+     * axpy_dt on the copy give what they give on x. */
+    void (*to_f32)(float *y, const void *x, enum sp_dtype dt, int64_t n);
+    /* out[r] = dot(a, rows + r * n) for r < nr: exactly what dot gives */
+    void (*dot_rows)(float *out, const float *a, const float *rows, int64_t nr, int64_t n);
+    /* axpy(y, w[r], rows + r * n) for r = 0 .. nr - 1 in turn, exactly,
+     * with y kept in registers across the rows */
+    void (*axpy_rows)(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
 };
 
 /* The set this process uses: AVX2 when the CPU supports it, unless

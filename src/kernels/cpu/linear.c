@@ -21,6 +21,16 @@ void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t 
     sp_kernels()->axpy_dt(y, a, x, dt, n);
 }
 
+void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n) { sp_kernels()->to_f32(y, x, dt, n); }
+
+void sp_dot_rows(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
+    sp_kernels()->dot_rows(out, a, rows, nr, n);
+}
+
+void sp_axpy_rows(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
+    sp_kernels()->axpy_rows(y, w, rows, nr, n);
+}
+
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -47,6 +47,13 @@ void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
  * the KV cache, converted on the fly. */
 float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n);
 void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
+/* y = x as floats over n values of dtype dt (exact). */
+void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);
+/* out[r] = sp_dot_f32(a, rows + r * n, n) for r < nr, and
+ * sp_axpy_f32(y, w[r], rows + r * n, n) for r = 0 .. nr - 1 in turn: the
+ * same results, for rows in a block. */
+void sp_dot_rows(float *out, const float *a, const float *rows, int64_t nr, int64_t n);
+void sp_axpy_rows(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Converts a 1-D parameter to floats. */

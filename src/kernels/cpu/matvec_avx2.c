@@ -896,6 +896,45 @@ static void axpy_dt_avx2(float *y, float a, const void *x, enum sp_dtype dt, int
     }
 }
 
+static void to_f32_avx2(float *y, const void *x, enum sp_dtype dt, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load8_dt(dt, x, i));
+    for (; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
+}
+
+static void dot_rows_avx2(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
+    for (int64_t r = 0; r < nr; r++) out[r] = dot_any(a, rows + r * n, SP_DTYPE_F32, n);
+}
+
+/* axpy_any's operations per element (an FMA per row in the vector part,
+ * a product then a sum in the tail), rows in turn. */
+static void axpy_rows_avx2(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
+               y3 = _mm256_loadu_ps(y + i + 24);
+        for (int64_t r = 0; r < nr; r++) {
+            const float *x = rows + r * n + i;
+            __m256 wv = _mm256_set1_ps(w[r]);
+            y0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x), y0);
+            y1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 8), y1);
+            y2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 16), y2);
+            y3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 yv = _mm256_loadu_ps(y + i);
+        for (int64_t r = 0; r < nr; r++) yv = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(rows + r * n + i), yv);
+        _mm256_storeu_ps(y + i, yv);
+    }
+    for (; i < n; i++)
+        for (int64_t r = 0; r < nr; r++) y[i] += w[r] * rows[r * n + i];
+}
+
 static const struct sp_kernels avx2 = {
     .isa = SP_KERNELS_AVX2,
     .name = "avx2",
@@ -905,6 +944,9 @@ static const struct sp_kernels avx2 = {
     .axpy = axpy_avx2,
     .dot_dt = dot_dt_avx2,
     .axpy_dt = axpy_dt_avx2,
+    .to_f32 = to_f32_avx2,
+    .dot_rows = dot_rows_avx2,
+    .axpy_rows = axpy_rows_avx2,
 };
 
 static const struct sp_kernels avx2f = {
@@ -916,6 +958,9 @@ static const struct sp_kernels avx2f = {
     .axpy = axpy_avx2,
     .dot_dt = dot_dt_avx2,
     .axpy_dt = axpy_dt_avx2,
+    .to_f32 = to_f32_avx2,
+    .dot_rows = dot_rows_avx2,
+    .axpy_rows = axpy_rows_avx2,
 };
 
 const struct sp_kernels *sp_kernels_avx2_set(bool float_activations) { return float_activations ? &avx2f : &avx2; }
