@@ -461,50 +461,70 @@ static void att_rows(const struct sp_ctx *c, int64_t L, int which, int64_t seq, 
                        kv_dtype(c->p.kv_type), hd);
 }
 
-/* One task: the tokens of a tile (one sequence) x `per` heads sharing a KV
- * head. Each head of each token: scores over its visible positions,
- * softmax (with the head's sink logit when the model has sinks), then the
- * weighted sum of values. Cached rows are converted to float a block at a
- * time and used by every token and head of the task while in L1; each
- * (token, head) sums in the same order as on its own, so no tiling changes
- * a result. */
+/* One attention task: tokens [t0, t1) of sequence seq (a tile) x query
+ * heads [h0, h0 + per) of KV head kvh; cached positions first..last cover
+ * what each of the tokens sees. */
+struct att_task {
+    int64_t t0, t1, seq, h0, kvh, first, last;
+};
+
+/* One pass over a task's cached rows, converted a block at a time: the
+ * scores (K, which = 0) or the weighted sums of values (V, which = 1) of
+ * every token and head of the task. */
+static void att_pass(const struct att_job *j, const struct att_task *k, int which, float *sc, float *rows) {
+    struct sp_ctx *c = j->c;
+    int64_t hd = c->a->head_dim, stride = c->p.n_ctx + 1, qd = c->a->n_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t p0 = k->first; p0 <= k->last; p0 += ATT_BLOCK) {
+        int64_t nb = k->last - p0 + 1 < ATT_BLOCK ? k->last - p0 + 1 : ATT_BLOCK;
+        att_rows(c, j->L, which, k->seq, k->kvh, p0, nb, rows);
+        for (int64_t t = k->t0; t < k->t1; t++) {
+            int64_t lo, hi;
+            att_range(c, j->b, j->L, t, &lo, &hi);
+            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
+            for (int64_t g = 0; g < j->per && pa <= pb; g++) {
+                float *s = sc + ((t - k->t0) * j->per + g) * stride + (pa - lo);
+                const float *r = rows + (pa - p0) * hd;
+                int64_t h = k->h0 + g;
+                if (which == 0) {
+                    sp_dot_rows(s, c->qkv + t * c->ld_qkv + h * hd, r, pb - pa + 1, hd);
+                    for (int64_t i = 0; i <= pb - pa; i++) s[i] *= scale;
+                } else {
+                    sp_axpy_rows(c->att + t * qd + h * hd, s, r, pb - pa + 1, hd);
+                }
+            }
+        }
+    }
+}
+
+/* One task (struct att_task). Each head of each token: scores over its
+ * visible positions, softmax (with the head's sink logit when the model has
+ * sinks), then the weighted sum of values. Cached rows are converted to
+ * float a block at a time and used by every token and head of the task
+ * while in L1; each (token, head) sums in the same order as on its own, so
+ * no tiling changes a result. */
 static void attention_task(const struct att_job *j, int64_t task, float *sc, float *rows) {
     struct sp_ctx *c = j->c;
     const struct sp_arch *a = c->a;
     const struct layer *ly = &c->layers[j->L];
-    int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads, stride = c->p.n_ctx + 1, per = j->per;
-    int64_t parts = a->n_heads / per, h0 = task % parts * per, kvh = h0 / group;
-    int64_t t0 = j->tiles[task / parts], t1 = j->tiles[task / parts + 1], seq = j->b->seq[t0];
-    float scale = 1.0f / sqrtf((float)hd);
-    int64_t first = INT64_MAX, last = -1;
-    for (int64_t t = t0; t < t1; t++) {
+    int64_t hd = a->head_dim, stride = c->p.n_ctx + 1, per = j->per, parts = a->n_heads / per;
+    struct att_task k = {j->tiles[task / parts], j->tiles[task / parts + 1], 0, task % parts * per, 0, INT64_MAX, -1};
+    k.seq = j->b->seq[k.t0];
+    k.kvh = k.h0 / (a->n_heads / a->n_kv_heads);
+    for (int64_t t = k.t0; t < k.t1; t++) {
         int64_t lo, hi;
         att_range(c, j->b, j->L, t, &lo, &hi);
-        first = lo < first ? lo : first;
-        last = hi > last ? hi : last;
+        k.first = lo < k.first ? lo : k.first;
+        k.last = hi > k.last ? hi : k.last;
     }
-    for (int64_t p0 = first; p0 <= last; p0 += ATT_BLOCK) {
-        int64_t nb = last - p0 + 1 < ATT_BLOCK ? last - p0 + 1 : ATT_BLOCK;
-        att_rows(c, j->L, 0, seq, kvh, p0, nb, rows);
-        for (int64_t t = t0; t < t1; t++) {
-            int64_t lo, hi;
-            att_range(c, j->b, j->L, t, &lo, &hi);
-            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
-            const float *q = c->qkv + t * c->ld_qkv + h0 * hd;
-            for (int64_t g = 0; g < per; g++) {
-                float *s = sc + ((t - t0) * per + g) * stride + (pa - lo);
-                sp_dot_rows(s, q + g * hd, rows + (pa - p0) * hd, pb - pa + 1, hd);
-                for (int64_t i = 0; i <= pb - pa; i++) s[i] *= scale;
-            }
-        }
-    }
-    for (int64_t t = t0; t < t1; t++) {
+    att_pass(j, &k, 0, sc, rows);
+    for (int64_t t = k.t0; t < k.t1; t++) {
         int64_t lo, hi;
         att_range(c, j->b, j->L, t, &lo, &hi);
         for (int64_t g = 0; g < per; g++) {
-            float *s = sc + ((t - t0) * per + g) * stride, mx = -INFINITY;
+            float *s = sc + ((t - k.t0) * per + g) * stride, mx = -INFINITY;
             for (int64_t i = 0; i <= hi - lo; i++) mx = s[i] > mx ? s[i] : mx;
-            float sink = ly->sinks ? ly->sinks[h0 + g] : -INFINITY;
+            float sink = ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY;
             if (sink > mx) mx = sink;
             double sum = ly->sinks ? exp((double)(sink - mx)) : 0.0;
             for (int64_t i = 0; i <= hi - lo; i++) {
@@ -513,23 +533,11 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
             }
             float inv = (float)(1.0 / sum);
             for (int64_t i = 0; i <= hi - lo; i++) s[i] *= inv;
-            float *out = c->att + t * (a->n_heads * hd) + (h0 + g) * hd;
+            float *out = c->att + t * (a->n_heads * hd) + (k.h0 + g) * hd;
             for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
         }
     }
-    for (int64_t p0 = first; p0 <= last; p0 += ATT_BLOCK) {
-        int64_t nb = last - p0 + 1 < ATT_BLOCK ? last - p0 + 1 : ATT_BLOCK;
-        att_rows(c, j->L, 1, seq, kvh, p0, nb, rows);
-        for (int64_t t = t0; t < t1; t++) {
-            int64_t lo, hi;
-            att_range(c, j->b, j->L, t, &lo, &hi);
-            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
-            for (int64_t g = 0; g < per; g++) {
-                const float *s = sc + ((t - t0) * per + g) * stride + (pa - lo);
-                sp_axpy_rows(c->att + t * (a->n_heads * hd) + (h0 + g) * hd, s, rows + (pa - p0) * hd, pb - pa + 1, hd);
-            }
-        }
-    }
+    att_pass(j, &k, 1, sc, rows);
 }
 
 /* Tasks go to whichever thread is free: later tiles see more positions. */
