@@ -66,9 +66,9 @@ struct sp_ctx {
     float *ew;           // (B * k) its weight
     int64_t *ecount;     // (E + 1) offsets
     float *gath, *gout;  // (B, d)
-    struct ffn_item *items;            // (E + 1) gated MLPs run together
-    struct sp_expert_views *eviews;    // (E) their experts' views
-    int64_t *item_expert;              // (E) and numbers
+    struct ffn_item *items;           // (E + 1) gated MLPs run together
+    struct sp_expert_views *eviews;   // (E) the views of their experts
+    int64_t *item_expert;             // (E) and the experts' numbers
     float *scores;       // (threads, sp_attention_scratch_floats)
     int32_t *att_tiles;  // (B + 1) attention tiles of the batch
     float *logit_rows;   // (B, d)
