@@ -543,9 +543,8 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
 /* Tasks go to whichever thread is free: later tiles see more positions. */
 static void attention_job(void *arg, int tid, int nth) {
     struct att_job *j = arg;
-    float *sc = j->c->scores + (size_t)tid * sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
-    float *rows = sc + (size_t)att_tile(j->c->a, j->c->p.n_ctx) * (size_t)(j->c->a->n_heads / j->c->a->n_kv_heads) *
-                           (size_t)(j->c->p.n_ctx + 1);
+    size_t each = sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
+    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)(ATT_BLOCK * j->c->a->head_dim);
     int64_t lo, hi, tasks = j->n_tiles * (j->c->a->n_heads / j->per);
     while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, lo, sc, rows);
 }
@@ -768,6 +767,16 @@ static void route(const struct sp_arch *a, const struct layer *ly, float *logits
     }
 }
 
+/* Expert e of a layer as views into the mapped files. */
+static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
+    struct sp_expert_views v = {.fused = ly->egate_up != NULL, .down = ly->edown[e]};
+    if (v.fused)
+        v.gate_up = ly->egate_up[e];
+    else
+        v.gate = ly->egate[e], v.up = ly->eup[e];
+    return v;
+}
+
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
  * token sums its experts in ascending expert order whatever the batch holds. */
@@ -806,12 +815,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
             if (rows + cnt > B) break;
             for (int64_t i = 0; i < cnt; i++)
                 memcpy(c->gath + (rows + i) * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
-            struct sp_expert_views v = {.fused = ly->egate_up != NULL}, *use = &c->eviews[m];
-            if (v.fused)
-                v.gate_up = ly->egate_up[e];
-            else
-                v.gate = ly->egate[e], v.up = ly->eup[e];
-            v.down = ly->edown[e];
+            struct sp_expert_views v = mapped_expert(ly, e), *use = &c->eviews[m];
             if (!c->experts)
                 *use = v;
             else if (sp_expert_store_get(c->experts, &v, ly - c->layers, e, use) != SP_OK)
@@ -868,14 +872,7 @@ static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
             int32_t e = c->sel[t * K + j];
             if (seen[e]) continue;
             seen[e] = true;
-            struct sp_expert_views *v = &c->pf_views[m];
-            memset(v, 0, sizeof *v);
-            v->fused = ly->egate_up != NULL;
-            if (v->fused)
-                v->gate_up = ly->egate_up[e];
-            else
-                v->gate = ly->egate[e], v->up = ly->eup[e];
-            v->down = ly->edown[e];
+            c->pf_views[m] = mapped_expert(ly, e);
             c->pf_experts[m++] = e;
         }
     }
