@@ -178,8 +178,9 @@ int main(int argc, char **argv) {
     if (sp_pool_create(threads, &pool) != SP_OK) return 2;
 
     struct sp_membw bw1, bwn;
-    if (sp_membw_measure(pool, 1, (size_t)1 << 30, &bw1) != SP_OK || sp_membw_measure(pool, threads, (size_t)1 << 30, &bwn) != SP_OK) return 2;
-    double bwnc = bwn.gbs_cpu;
+    if (sp_membw_measure(pool, 1, (size_t)1 << 30, &bw1) != SP_OK ||
+        sp_membw_measure(pool, threads, (size_t)1 << 30, &bwn) != SP_OK)
+        return 2;
     printf("membw threads=1 gbps=%.2f gbps_cpu=%.2f\n", bw1.gbs, bw1.gbs_cpu);
     printf("membw threads=%d gbps=%.2f gbps_cpu=%.2f\n", threads, bwn.gbs, bwn.gbs_cpu);
     fflush(stdout);
@@ -230,7 +231,7 @@ int main(int argc, char **argv) {
                     printf("kernel isa=%s fmt=%s rows=%lld cols=%lld batch=%lld threads=%d bytes=%zu us=%.1f gbps=%.2f "
                            "gflops=%.2f pct_bw=%.1f us_cpu=%.1f gbps_cpu=%.2f gflops_cpu=%.2f pct_bw_cpu=%.1f\n",
                            k->name, f->name, (long long)rows, (long long)cols, (long long)n, threads, bytes, us, gbps,
-                           gflops, 100.0 * gbps / bwn.gbs, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwnc);
+                           gflops, 100.0 * gbps / bwn.gbs, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwn.gbs_cpu);
                     fflush(stdout);
                 }
             }

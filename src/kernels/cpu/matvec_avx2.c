@@ -473,10 +473,11 @@ static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, in
 }
 
 /* 32 codes of block b as two vectors of 16 int16, in the order the
- * activations were stored (evens, odds for 4-bit; natural for 8-bit). For
- * mxfp4 the values are 256 * 2 * e2m1 (whole numbers -12..12 by table
- * lookup, in the high byte as q16_mx4_pair has them); 1/512 goes into the
- * scale. */
+ * activations were stored: natural for 8-bit codes; evens, odds for the
+ * last block of a 4-bit row with an odd number of blocks (the others go by
+ * units, quad_codes). For mxfp4 the values are 256 * 2 * e2m1 (whole
+ * numbers -12..12 by table lookup, in the high byte as quad_codes has
+ * them); 1/512 goes into the scale. */
 ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i *w1) {
     if (fmt == FMT_A8) {
         *w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32)));
