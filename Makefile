@@ -38,7 +38,9 @@ endif
 # SIMD kernel files carry their instruction set in their name and are the only
 # files built with it; everything else runs on any x86-64 (runtime dispatch).
 ISA_FLAGS_avx2 := -mavx2 -mfma -mf16c
-ISA_FLAGS_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+ISA_FLAGS_avxvnni := $(ISA_FLAGS_avx2) -mavxvnni
+ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
+	-mprefer-vector-width=256
 
 # SKIP: source patterns to leave out of a build (e.g. SKIP=src/tokenizer/%).
 SKIP ?=
@@ -64,7 +66,7 @@ all: $(BIN) $(TOOLS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(foreach isa,avx2 avx512,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
+	$(CC) $(CFLAGS) $(foreach isa,avx2 avxvnni avx512,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -4,12 +4,13 @@
  * figure that matters is weight bytes per second as a share of what DRAM
  * delivers).
  *
- *     build/bench/kernels [--quick] [--threads N] [--isa portable|avx2] [--fmt NAME] [--mb N]
+ *     build/bench/kernels [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N]
  *
  * First the read bandwidth of this machine: a 1 GiB buffer read by 1 and by
  * N threads (best of 5 passes of an integer sum and 5 of a SIMD dot); the
  * N-thread figure is the bound. Then
- * every kernel set x format x shape (shapes of real MoE models) x batch
+ * every kernel set this CPU runs (or only --isa SET: portable, avx2, avx2f,
+ * avxvnni, avx512) x format x shape (shapes of real MoE models) x batch
  * (1: decode, 64: prefill / batched decode) through sp_linear_apply on an
  * N-thread pool. Each result cycles through enough copies of the matrix
  * (--mb, default 256 MiB) that weights come from DRAM, never from cache.
@@ -170,7 +171,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) only_fmt = argv[++i];
         else if (!strcmp(argv[i], "--mb") && i + 1 < argc) budget = (size_t)atol(argv[++i]) << 20;
         else {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--isa portable|avx2] [--fmt NAME] [--mb N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N]\n", argv[0]);
             return 2;
         }
     }

@@ -1,6 +1,7 @@
 /*
  * test_kernels.c - every CPU kernel set this machine can run (portable,
- * AVX2) against the scalar reference of quant/qtype.h: each format x
+ * avx2, avx2f, avxvnni, avx512) against the scalar reference of
+ * quant/qtype.h: each format x
  * shapes (odd row counts, one-group rows, rows longer than a blocked
  * slice) x batch sizes (fused and blocked paths) on random inputs, plus the
  * float dot / axpy, the run-time choice of a set, and sp_linear_apply over
@@ -30,8 +31,13 @@
  * for Gaussian activations in 32-column rows, much less on average. */
 #define TOL_Q16 2e-4
 
+/* The sets whose products of 4/8-bit codes round activations to int16. */
+static bool int16_set(const struct sp_kernels *k) {
+    return k->isa == SP_KERNELS_AVX2 || k->isa == SP_KERNELS_AVXVNNI || k->isa == SP_KERNELS_AVX512;
+}
+
 static double tol_for(const struct sp_kernels *k, const struct sp_qmat *m, int64_t n) {
-    bool q16 = k->isa == SP_KERNELS_AVX2 && sp_qtype_is_quantized(m->type);
+    bool q16 = int16_set(k) && sp_qtype_is_quantized(m->type);
     return q16 ? TOL_Q16 : TOL_MATMUL;
 }
 
@@ -237,6 +243,55 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* The VNNI sets multiply-add with vpdpwssd where avx2 uses vpmaddwd +
+ * vpaddd; the int32 sums are exact either way, so their products must be
+ * bit-identical to avx2's for every format, group and batch size. Runs on
+ * CPUs that have a VNNI set (the test reports which it compared). */
+static void test_vnni_sets_match_avx2(void **state) {
+    const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
+    const enum sp_kernels_isa vnni[] = {SP_KERNELS_AVXVNNI, SP_KERNELS_AVX512};
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 17);
+    const struct {
+        enum sp_qtype t;
+        int group;
+        enum sp_dtype sdt;
+        int64_t cols;
+    } cases[] = {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
+                 {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},  {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
+                 {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},     {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
+    for (size_t v = 0; v < 2; v++) {
+        const struct sp_kernels *k = sp_kernels_of(vnni[v]);
+        if (!k || !avx2) continue;
+        printf("# %s matches avx2 bit for bit:", k->name);
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            struct mat M;
+            mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 29, cases[c].cols, &rng);
+            int64_t cols = cases[c].cols;
+            float *x = malloc((size_t)(40 * cols) * sizeof *x), *ya = malloc(40 * 29 * sizeof *ya),
+                  *yb = malloc(40 * 29 * sizeof *yb);
+            for (int64_t i = 0; i < 40 * cols; i++) x[i] = sp_rng_normal(&rng);
+            void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
+            for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+                int64_t n = batches[b];
+                avx2->matmul_rows(&M.m, 0, 29, x, cols, n, ya, 29, scratch);
+                k->matmul_rows(&M.m, 0, 29, x, cols, n, yb, 29, scratch);
+                if (memcmp(ya, yb, (size_t)(n * 29) * sizeof *ya) != 0)
+                    print_error("%s %s g%d: batch %lld differs from avx2\n", k->name, sp_qtype_name(M.m.type),
+                                M.m.group, (long long)n);
+                assert_memory_equal(ya, yb, (size_t)(n * 29) * sizeof *ya);
+            }
+            printf(" %s-g%d", sp_qtype_name(M.m.type), M.m.group);
+            sp_free_aligned(scratch);
+            free(x);
+            free(ya);
+            free(yb);
+            mat_free(&M);
+        }
+        printf("\n");
+    }
+}
+
 /* The checker itself: a result off by 10x the tolerance must be flagged. */
 static void test_checker_catches_errors(void **state) {
     struct sp_rng rng;
@@ -347,35 +402,52 @@ static bool has_flag(const char *line, const char *flag) {
     return false;
 }
 
+/* The flags line of /proc/cpuinfo, or "" when there is none. */
+static void cpuinfo_flags(char *line, size_t size) {
+    line[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    while (fgets(line, (int)size, f))
+        if (strncmp(line, "flags", 5) == 0) break;
+    if (strncmp(line, "flags", 5) != 0) line[0] = 0;
+    fclose(f);
+}
+
 static void test_dispatch(void **state) {
     const struct sp_kernels *portable = sp_kernels_of(SP_KERNELS_PORTABLE);
     const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
+    const struct sp_kernels *avx2f = sp_kernels_of(SP_KERNELS_AVX2F);
+    const struct sp_kernels *avxvnni = sp_kernels_of(SP_KERNELS_AVXVNNI);
+    const struct sp_kernels *avx512 = sp_kernels_of(SP_KERNELS_AVX512);
     assert_non_null(portable);
     assert_string_equal(portable->name, "portable");
-    assert_ptr_equal(sp_kernels_select("portable"), portable);
-    const struct sp_kernels *best = avx2 ? avx2 : portable;
-    const struct sp_kernels *avx2f = sp_kernels_of(SP_KERNELS_AVX2F);
     assert_int_equal(avx2f != NULL, avx2 != NULL);
-    assert_ptr_equal(sp_kernels_select("avx2f"), avx2f ? avx2f : portable);
-    if (avx2f) assert_string_equal(avx2f->name, "avx2f");
+    if (avxvnni || avx512) assert_non_null(avx2);  // both build on the avx2 code
+    const struct sp_kernels *best = avx512 ? avx512 : avxvnni ? avxvnni : avx2 ? avx2 : portable;
+    /* a set by name when this CPU runs it, else the best one */
+    const struct {
+        const char *name;
+        const struct sp_kernels *set;
+    } named[] = {{"portable", portable}, {"avx2", avx2}, {"avx2f", avx2f}, {"avxvnni", avxvnni}, {"avx512", avx512}};
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
+        assert_ptr_equal(sp_kernels_select(named[i].name), named[i].set ? named[i].set : best);
+        if (named[i].set) assert_string_equal(named[i].set->name, named[i].name);
+    }
     assert_ptr_equal(sp_kernels_select(NULL), best);
-    assert_ptr_equal(sp_kernels_select("avx2"), best);
     assert_ptr_equal(sp_kernels_select(""), best);
+    assert_ptr_equal(sp_kernels_select("sse9"), best);
     assert_ptr_equal(sp_kernels(), sp_kernels_select(getenv("SPARROW_KERNELS")));
     /* /proc/cpuinfo is an independent witness of what cpuid says */
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[8192];
-        bool has = false;
-        while (fgets(line, sizeof line, f))
-            if (strncmp(line, "flags", 5) == 0) {
-                has = has_flag(line, "avx2") && has_flag(line, "fma") && has_flag(line, "f16c");
-                break;
-            }
-        fclose(f);
-        assert_int_equal(avx2 != NULL, has);
+    char line[8192];
+    cpuinfo_flags(line, sizeof line);
+    if (line[0]) {
+        bool has_avx2 = has_flag(line, "avx2") && has_flag(line, "fma") && has_flag(line, "f16c");
+        assert_int_equal(avx2 != NULL, has_avx2);
+        assert_int_equal(avxvnni != NULL, has_avx2 && has_flag(line, "avx_vnni"));
+        bool has_avx512 = has_flag(line, "avx512f") && has_flag(line, "avx512dq") && has_flag(line, "avx512bw") &&
+                          has_flag(line, "avx512vl") && has_flag(line, "avx512_vnni");
+        assert_int_equal(avx512 != NULL, has_avx2 && has_avx512);
     }
-    if (avx2) assert_string_equal(avx2->name, "avx2");
 }
 
 /* The linear layer over a 2-thread pool with a bias, whichever set runs. */
@@ -433,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_other_formats),
         cmocka_unit_test(test_linear_apply),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_vnni_sets_match_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, report);
 }

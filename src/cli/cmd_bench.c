@@ -26,6 +26,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/rng.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/membw.h"
 #include "model/experts.h"
 #include "model/forward.h"
@@ -156,10 +157,10 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
-    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads: prefill %lld tokens %.1f tok/s, decode %.2f tok/s, "
+    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): prefill %lld tokens %.1f tok/s, decode %.2f tok/s, "
            "%.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
-           (long long)a->n_experts_used, main_format(ms), threads, (long long)r->prompt, pre, dec,
+           (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, (long long)r->prompt, pre, dec,
            (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
            ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)");
     if (r->has_experts)
@@ -184,6 +185,7 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_key(&w, "experts_per_token"); sp_jw_int(&w, a->n_experts_used);
     sp_jw_key(&w, "format"); sp_jw_str(&w, main_format(ms));
     sp_jw_key(&w, "threads"); sp_jw_int(&w, threads);
+    sp_jw_key(&w, "kernels"); sp_jw_str(&w, sp_kernels()->name);
     sp_jw_key(&w, "prompt_tokens"); sp_jw_int(&w, r->prompt);
     sp_jw_key(&w, "prefill_tok_s"); sp_jw_num(&w, pre);
     sp_jw_key(&w, "decode_tokens"); sp_jw_int(&w, r->gen);

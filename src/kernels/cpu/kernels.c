@@ -139,45 +139,66 @@ static const struct sp_kernels portable = {
     .axpy_rows = axpy_rows_portable,
 };
 
-/* AVX2, FMA and F16C, and an OS that saves the AVX registers. Read from
- * cpuid directly: not every compiler's __builtin_cpu_supports knows f16c. */
-static bool cpu_has_avx2(void) {
-#if defined(__x86_64__) || defined(__i386__)
+/* What the x86 sets need, read from cpuid directly (not every compiler's
+ * __builtin_cpu_supports knows f16c or the VNNI flags), together with the
+ * OS's consent to save the registers (xgetbv). */
+struct x86_features {
+    bool avx2;     // AVX2, FMA, F16C; XMM and YMM state saved
+    bool avxvnni;  // avx2 and AVX-VNNI
+    bool avx512;   // avx2 and AVX-512 F, DQ, BW, VL, VNNI; opmask and ZMM state saved
+};
+
+static struct x86_features x86_features(void) {
+    struct x86_features f = {0};
+#if defined(__x86_64__)
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
-    if (!(fma && osxsave && avx && f16c)) return false;
+    if (!(fma && osxsave && avx && f16c)) return f;
     unsigned xlo, xhi;
     __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-    if ((xlo & 6) != 6) return false;  // XMM and YMM state enabled
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    return b & (1u << 5);
-#else
-    return false;
+    if ((xlo & 6) != 6) return f;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 5))) return f;
+    f.avx2 = true;
+    bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
+    f.avx512 = avx512 && (c & (1u << 11)) && (xlo & 0xe0) == 0xe0;  // VNNI; opmask, ZMM 0-15 high, ZMM 16-31
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = a & (1u << 4);
 #endif
+    return f;
 }
 
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
+    if (isa == SP_KERNELS_PORTABLE) return &portable;
+#if defined(__x86_64__)
+    struct x86_features f = x86_features();
     switch (isa) {
-    case SP_KERNELS_PORTABLE:
-        return &portable;
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVX2F:
-#if defined(__x86_64__)
-        return cpu_has_avx2() ? sp_kernels_avx2_set(isa == SP_KERNELS_AVX2F) : NULL;
-#else
-        return NULL;
-#endif
+        return f.avx2 ? sp_kernels_avx2_set(isa == SP_KERNELS_AVX2F) : NULL;
+    case SP_KERNELS_AVXVNNI:
+        return f.avxvnni ? sp_kernels_avxvnni_set() : NULL;
+    case SP_KERNELS_AVX512:
+        return f.avx512 ? sp_kernels_avx512_set() : NULL;
     default:
         return NULL;
     }
+#else
+    return NULL;
+#endif
 }
 
 const struct sp_kernels *sp_kernels_select(const char *env_value) {
-    if (env_value && strcmp(env_value, "portable") == 0) return &portable;
-    bool float_act = env_value && strcmp(env_value, "avx2f") == 0;
-    const struct sp_kernels *k = sp_kernels_of(float_act ? SP_KERNELS_AVX2F : SP_KERNELS_AVX2);
-    return k ? k : &portable;
+    /* the set named, when this CPU runs it */
+    for (int i = 0; env_value && i < SP_KERNELS_ISA_COUNT; i++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)i);
+        if (k && strcmp(env_value, k->name) == 0) return k;
+    }
+    const enum sp_kernels_isa best_first[] = {SP_KERNELS_AVX512, SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2};
+    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++) {
+        const struct sp_kernels *k = sp_kernels_of(best_first[i]);
+        if (k) return k;
+    }
+    return &portable;
 }
 
 const struct sp_kernels *sp_kernels(void) {
@@ -191,8 +212,8 @@ const struct sp_kernels *sp_kernels(void) {
     return k;
 }
 
-/* The portable product dequantizes a whole row; the AVX2 blocked one a
- * block of rows x columns; the AVX2 decode one keeps int16 activations
+/* The portable product dequantizes a whole row; the x86 blocked one a
+ * block of rows x columns; the x86 int16 one keeps int16 activations
  * plus two floats per group (at least 32 columns) per token, and one
  * row's multipliers for 4 tokens. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {

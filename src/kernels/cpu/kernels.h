@@ -3,9 +3,12 @@
  * is a table of function pointers for the hot loops of the forward pass:
  * products of packed weight rows with a batch of activation vectors, and the
  * float dot / axpy of attention. The portable set (plain C, any x86-64 or
- * other CPU) is the reference structure; the AVX2 set (matvec_avx2.c, built
- * with -mavx2 -mfma -mf16c) is chosen when the CPU has AVX2, FMA and F16C.
- * SPARROW_KERNELS=portable in the environment forces the portable set.
+ * other CPU) is the reference structure; the x86 sets (matvec_x86.h) are
+ * chosen by what the CPU has: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
+ * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The three give
+ * bit-identical results; the VNNI ones take fewer instructions per
+ * multiply-add. SPARROW_KERNELS in the environment names a set to use
+ * instead (sp_kernels_select).
  *
  *     const struct sp_kernels *k = sp_kernels();      // chosen once per process
  *     // y[t * ldy + r] = (row r of w) . x[t * ldx ...] for r in [r0, r1), t < n
@@ -20,7 +23,8 @@
  * with a different summation order (and FMA rounding). The default avx2 set
  * rounds activations to int16 with one scale per weight group (32 to 128
  * columns) in the products of 4- and 8-bit formats (relative error ~1.5e-5
- * of the group's largest value); matmul_rows_float keeps them in float.
+ * of the group's largest value), as do avxvnni and avx512;
+ * matmul_rows_float keeps them in float.
  * tests/test_kernels.c holds each set to the scalar reference of
  * quant/qtype.h with named tolerances relative to sum |w_i x_i|.
  */
@@ -37,12 +41,14 @@ enum sp_kernels_isa {
     SP_KERNELS_PORTABLE,
     SP_KERNELS_AVX2,   // decode products of 4/8-bit codes with int16 activations
     SP_KERNELS_AVX2F,  // the same instructions, float activations throughout
+    SP_KERNELS_AVXVNNI,  // avx2's products with AVX-VNNI multiply-adds
+    SP_KERNELS_AVX512,   // avx2's products with AVX-512 VNNI multiply-adds
     SP_KERNELS_ISA_COUNT
 };
 
 struct sp_kernels {
     enum sp_kernels_isa isa;
-    const char *name;  // "portable", "avx2"
+    const char *name;  // "portable", "avx2", "avx2f", "avxvnni", "avx512"
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
      * for every format of the traits table (formats a set has no fast path
@@ -72,15 +78,15 @@ struct sp_kernels {
     void (*axpy_rows)(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
 };
 
-/* The set this process uses: AVX2 when the CPU supports it, unless
- * SPARROW_KERNELS=portable. Chosen on first call; thread-safe. */
+/* The set this process uses: the best one the CPU supports, unless
+ * SPARROW_KERNELS names another. Chosen on first call; thread-safe. */
 const struct sp_kernels *sp_kernels(void);
 /* The set of one instruction set, or NULL when this CPU cannot run it. */
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
 /* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
- * "portable" forces the portable set, "avx2f" the AVX2 set with float
- * activations (when the CPU has AVX2), anything else means automatic: "avx2"
- * when the CPU has it, else portable. */
+ * the set of that name ("portable", "avx2", "avx2f", "avxvnni", "avx512")
+ * when the CPU can run it; anything else, or a set this CPU lacks, means
+ * automatic: avx512, else avxvnni, else avx2, else portable. */
 const struct sp_kernels *sp_kernels_select(const char *env_value);
 /* The AVX2 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
@@ -93,9 +99,11 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 
-/* An AVX2 set (matvec_avx2.c); only call when the CPU has AVX2+FMA+F16C. */
+/* The x86 sets; only call when the CPU has the instructions (kernels.c). */
 const struct sp_kernels *sp_kernels_avx2_set(bool float_activations);
-/* The portable matmul_rows, which the AVX2 set falls back on for formats it
+const struct sp_kernels *sp_kernels_avxvnni_set(void);
+const struct sp_kernels *sp_kernels_avx512_set(void);
+/* The portable matmul_rows, which the x86 sets fall back on for formats they
  * has no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch);

@@ -1,0 +1,7 @@
+/* matvec_avxvnni.c - the kernel set "avxvnni": matvec_x86.h built with
+ * AVX2 + FMA + F16C + AVX-VNNI (the VEX-encoded vpdpwssd of CPUs without
+ * AVX-512, e.g. Alder Lake). */
+#define KSET_ISA SP_KERNELS_AVXVNNI
+#define KSET_NAME "avxvnni"
+#define KSET_ENTRY sp_kernels_avxvnni_set
+#include "kernels/cpu/matvec_x86.h"

@@ -1,0 +1,992 @@
+/*
+ * matvec_x86.h - the x86 kernel code, compiled once per instruction set by
+ * the files that include it (the Makefile gives each file the flags its
+ * name says, and kernels.c calls a set only after cpuid said yes):
+ *
+ *   matvec_avx2.c     AVX2 + FMA + F16C: the sets "avx2" and "avx2f"
+ *   matvec_avxvnni.c  the same plus AVX-VNNI: "avxvnni"
+ *   matvec_avx512.c   the same plus AVX-512 F/BW/VL/DQ and VNNI: "avx512"
+ *
+ * Before including it a file defines KSET_ISA and KSET_NAME (the set with
+ * int16 activations), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set
+ * with float activations throughout), and KSET_ENTRY, the name of the
+ * function that returns the set(s). The VNNI builds differ in one place:
+ * vpdpwssd multiplies and adds into the int32 sums in one instruction where
+ * AVX2 needs vpmaddwd then vpaddd. Integer sums are exact either way, so
+ * every set here gives bit-identical results; vectors stay 256 bits wide
+ * (the VNNI sets' gain is fewer instructions per multiply-add, and 256-bit
+ * vectors keep the core's clock where 512-bit ones may lower it).
+ *
+ * Products of packed weight rows with a batch of n activation vectors:
+ *
+ * - int16 activations (affine 4/8-bit and mxfp4, any n): each token
+ *   is rounded to int16 with one scale per 32 columns, codes are widened to
+ *   int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per instruction
+ *   with exact int32 sums; a row is read once and decoded once per 4 tokens.
+ * - fused float (plain floats, and every format in avx2f, n <= 7): each
+ *   8-element piece of a row is decoded straight into a register and
+ *   multiplied into the accumulators of up to 4 tokens; no float copy of
+ *   the row.
+ * - blocked float (same formats, n >= 8): 4 rows x 512 columns are decoded
+ *   into a small buffer (L1), then a 4-row x 3-token register micro-kernel
+ *   (12 FMAs per 7 loads) runs over every token; the 512-column slice of
+ *   the activations stays in L2 across row blocks.
+ *
+ * Every path gives a token the same result whatever else is in the batch.
+ * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4) use the
+ * portable product.
+ */
+#include "kernels/cpu/kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "core/half.h"
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+/* acc + the int32 sums of adjacent products of int16 w and x: exact (the
+ * products here never reach the one case, -32768 * -32768 twice, that
+ * vpmaddwd saturates). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define HAVE_DPWSSD 1
+ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
+#elif defined(__AVXVNNI__)
+#define HAVE_DPWSSD 1
+ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_avx_epi32(acc, w, x); }
+#else
+#define HAVE_DPWSSD 0
+ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
+#endif
+
+/* Above SP_KERNELS_DECODE_MAX_TOKENS tokens the blocked product is faster
+ * than decoding each row once per 4 tokens. */
+#define BLOCK_MIN_TOKENS (SP_KERNELS_DECODE_MAX_TOKENS + 1)
+#define MR SP_KERNELS_BLOCK_ROWS
+#define KC SP_KERNELS_BLOCK_COLS
+#define NR 3
+/* Rows decoded together in the fused product when n > 4: their packed
+ * bytes stay in L1/L2 while each group of 4 tokens passes over them. */
+#define FUSED_ROW_CHUNK 8
+/* Decode products read their rows as one stream per thread; asking for the
+ * bytes ahead of the decoder keeps more reads in flight than the hardware
+ * prefetcher alone (measured +7-20% of DRAM throughput on 4- and 8-bit
+ * rows, 2 threads). The distance is the one that measured best per kind of
+ * row: 4-bit units decode fastest per byte and gain from 2 KiB (+10-20%
+ * over 1 KiB), float and 8-bit rows lose with more than 1 KiB. */
+#define PREFETCH_AHEAD 1024
+#define PREFETCH_AHEAD_4BIT 2048
+
+enum fmt { FMT_F32, FMT_BF16, FMT_F16, FMT_A4, FMT_A8, FMT_MX4 };
+
+ALWAYS bool fmt_grouped(int fmt) { return fmt >= FMT_A4; }
+
+ALWAYS float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Scale (or bias) g of a row, as a float, in any of the three dtypes. */
+ALWAYS float load_scale(int sdt, const uint8_t *p, int64_t g) {
+    if (sdt == SP_DTYPE_F32) {
+        float f;
+        memcpy(&f, p + 4 * g, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * g, 2);
+    return sdt == SP_DTYPE_BF16 ? sp_bf16_to_f32(h) : _cvtsh_ss(h);
+}
+
+/* E8M0 scale byte -> 2^(s-127) by building the float's bits: the exponent
+ * field is s itself; s = 0 is the subnormal 2^-127 and s = 255 gives +inf,
+ * as sp_e8m0_to_float does. */
+ALWAYS float e8m0(uint8_t s) { return sp_bits_f32(s ? (uint32_t)s << 23 : 0x00400000u); }
+
+/* Per-group multipliers: affine w = q * s + b, mxfp4 w = e2m1(q) * s. */
+ALWAYS void group_params(int fmt, int sdt, const uint8_t *sc, const uint8_t *bi, int64_t g, __m256 *s, __m256 *b) {
+    if (fmt == FMT_MX4) {
+        *s = _mm256_set1_ps(e8m0(sc[g]));
+    } else if (fmt == FMT_A4 || fmt == FMT_A8) {
+        *s = _mm256_set1_ps(load_scale(sdt, sc, g));
+        *b = _mm256_set1_ps(load_scale(sdt, bi, g));
+    }
+}
+
+/* Decodes the 8 weights of a row starting at element k (k a multiple of 8)
+ * into one register of floats. */
+ALWAYS __m256 decode8(int fmt, const uint8_t *c, int64_t k, __m256 s, __m256 b) {
+    /* 4-bit codes: 8 of them are one little-endian 32-bit word, element i in
+     * bits 4i..4i+3. Broadcasting the word and shifting lane i right by 4i
+     * (vpsrlvd) puts code i at the bottom of lane i. */
+    const __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    switch (fmt) {
+    case FMT_F32:
+        return _mm256_loadu_ps((const float *)(const void *)(c + 4 * k));
+    case FMT_BF16: {
+        /* bf16 is the top half of an f32: widen to 32 bits and shift up */
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(c + 2 * k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    case FMT_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(c + 2 * k)));
+    case FMT_A4: {
+        uint32_t u;
+        memcpy(&u, c + k / 2, 4);
+        __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u), shift4), _mm256_set1_epi32(0xf));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s, b);
+    }
+    case FMT_A8: {
+        __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)(c + k));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), s, b);
+    }
+    default: {  // FMT_MX4
+        /* E2M1 magnitudes by the low 3 bits of the code (vpermps reads only
+         * bits 0-2 of each index, so the shifted word needs no mask); the
+         * code's bit 3 is the sign, moved to bit 31 by a left shift of 28. */
+        const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+        uint32_t u;
+        memcpy(&u, c + k / 2, 4);
+        __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), shift4);
+        __m256i sign = _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32((int)0x80000000u));
+        __m256 v = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, idx), _mm256_castsi256_ps(sign));
+        return _mm256_mul_ps(v, s);
+    }
+    }
+}
+
+/* Byte offset of column k in a row of codes. */
+ALWAYS int64_t code_offset(int fmt, int64_t k) {
+    switch (fmt) {
+    case FMT_F32:
+        return 4 * k;
+    case FMT_BF16:
+    case FMT_F16:
+        return 2 * k;
+    case FMT_A8:
+        return k;
+    default:  // 4-bit codes
+        return k / 2;
+    }
+}
+
+/* One weight of a plain-float row (tails of rows whose length is not a
+ * multiple of 8). */
+ALWAYS float load_plain(int fmt, const uint8_t *c, int64_t k) {
+    if (fmt == FMT_F32) {
+        float f;
+        memcpy(&f, c + 4 * k, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, c + 2 * k, 2);
+    return fmt == FMT_BF16 ? sp_bf16_to_f32(h) : _cvtsh_ss(h);
+}
+
+struct rowfmt {
+    size_t row_bytes, scale_row_bytes;  // codes; scales (= biases) of one row
+    int64_t cols, group, ng;
+};
+
+ALWAYS struct rowfmt rowfmt_of(const struct sp_qmat *w, int fmt, int sdt) {
+    struct rowfmt f;
+    f.cols = w->cols;
+    f.row_bytes = sp_qtype_row_bytes(w->type, w->cols);
+    f.group = fmt_grouped(fmt) ? w->group : w->cols;
+    f.ng = fmt_grouped(fmt) ? w->cols / w->group : 1;
+    f.scale_row_bytes = fmt == FMT_MX4 ? (size_t)f.ng : fmt_grouped(fmt) ? (size_t)f.ng * sp_dtype_size(sdt) : 0;
+    return f;
+}
+
+/* ---- float products: one summation order per token ----
+ *
+ * The server needs a token's logits to be bit-identical whatever else is in
+ * its batch (chunked prefill = one batch = token by token), so the fused
+ * and the blocked float products sum in the same order: for each KC-column
+ * slice, CH chains of 8 lanes, chain c taking the 8-column pieces that
+ * start at k with (k / 8) % CH == c in column order; the slice sum is
+ * hsum((c0 + c1) + (c2 + c3)) plus the < 8 leftover columns one by one, and
+ * the slice sums are added to the output in slice order starting from 0.
+ * Four chains hide the FMA latency (4 cycles) of a single token. */
+#define CH 4
+
+/* Sum of one slice's chains and its leftover columns. */
+ALWAYS float slice_sum(const __m256 acc[CH], const float *w, const float *x, int64_t n_left) {
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (int64_t k = 0; k < n_left; k++) sum += w[k] * x[k];
+    return sum;
+}
+
+/* ---- fused product: rows [r0, r1) with NT tokens (1 to 4) ---- */
+
+/* Chains [c0, c0 + nc) of the slice at column k0 (k8 whole pieces) of one
+ * row, for nt tokens: acc[t][c]. */
+ALWAYS void fused_chains(int fmt, int sdt, int64_t group, const uint8_t *c, const uint8_t *sc, const uint8_t *bi,
+                         int64_t k0, int64_t k8, const float *x, int64_t ldx, int nt, int c0, int nc,
+                         __m256 acc[4][CH]) {
+    __m256 s = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8 * CH) {
+        /* quantized slices start on a group boundary; groups are >= 32 wide,
+         * so a round of CH pieces never straddles two */
+        if (fmt_grouped(fmt) && (k & (group - 1)) == 0) group_params(fmt, sdt, sc, bi, (k0 + k) / group, &s, &b);
+        _mm_prefetch((const char *)c + code_offset(fmt, k0 + k) + PREFETCH_AHEAD, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int ci = c0; ci < c0 + nc; ci++) {
+            int64_t kk = k + 8 * ci;
+            if (kk >= k8) break;
+            __m256 wv = decode8(fmt, c, k0 + kk, s, b);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) acc[t][ci] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + k0 + kk), acc[t][ci]);
+        }
+    }
+}
+
+ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
+                       int64_t ldy, int fmt, int sdt, int nt) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
+        const uint8_t *sc = fmt_grouped(fmt) ? (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes : NULL;
+        const uint8_t *bi = fmt == FMT_A4 || fmt == FMT_A8 ? (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes : NULL;
+        float tot[4] = {0};
+        for (int64_t k0 = 0; k0 < f.cols; k0 += KC) {
+            int64_t kn = f.cols - k0 < KC ? f.cols - k0 : KC, k8 = kn & ~(int64_t)7;
+            __m256 acc[4][CH];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++)
+#pragma GCC unroll 4
+                for (int ci = 0; ci < CH; ci++) acc[t][ci] = _mm256_setzero_ps();
+            /* up to 8 accumulators live at once: 1-2 tokens take all chains
+             * in one pass over the slice, 3-4 tokens two chains per pass */
+            if (nt <= 2) {
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, 0, CH, acc);
+            } else {
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, 0, CH / 2, acc);
+                fused_chains(fmt, sdt, f.group, c, sc, bi, k0, k8, x, ldx, nt, CH / 2, CH / 2, acc);
+            }
+            /* leftover columns of a plain row, as floats (like the blocked buffer) */
+            float wt[8];
+            for (int64_t i = k8; i < kn; i++) wt[i - k8] = load_plain(fmt, c, k0 + i);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) tot[t] += slice_sum(acc[t], wt, x + t * ldx + k0 + k8, kn - k8);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = tot[t];
+    }
+}
+
+/* ---- blocked product ---- */
+
+/* Decodes columns [k0, k0 + kn) of row r into out (k0 a multiple of the
+ * group; kn a whole number of groups for quantized formats). */
+ALWAYS void dequant_cols(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out, int fmt, int sdt) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
+    __m256 s = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    int64_t k = k0, end = k0 + kn;
+    if (fmt_grouped(fmt)) {
+        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes;
+        const uint8_t *bi = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
+        for (; k < end;) {
+            group_params(fmt, sdt, sc, bi, k / f.group, &s, &b);
+            for (int64_t ge = k + f.group; k < ge; k += 8) _mm256_storeu_ps(out + (k - k0), decode8(fmt, c, k, s, b));
+        }
+        return;
+    }
+    for (; k + 8 <= end; k += 8) _mm256_storeu_ps(out + (k - k0), decode8(fmt, c, k, s, b));
+    for (; k < end; k++) out[k - k0] = load_plain(fmt, c, k);
+}
+
+/* y[j * ldy + i] += (row i of wb) . (x + j * ldx) over kn columns, for
+ * i < mr rows of the decoded block (KC floats apart) and j < nr tokens:
+ * one chain at a time over the whole slice (the fused product's order). */
+ALWAYS void micro(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy, int mr, int nr) {
+    __m256 part[MR][NR][CH];
+    int64_t k8 = kn & ~(int64_t)7;
+#pragma GCC unroll 4
+    for (int ci = 0; ci < CH; ci++) {
+        __m256 acc[MR][NR];
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_ps();
+        for (int64_t k = 8 * ci; k < k8; k += 8 * CH) {
+            __m256 xv[NR];
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < mr; i++) {
+                __m256 wv = _mm256_loadu_ps(wb + i * KC + k);
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) part[i][j][ci] = acc[i][j];
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) y[j * ldy + i] += slice_sum(part[i][j], wb + i * KC + k8, x + j * ldx + k8, kn - k8);
+}
+
+typedef void (*micro_fn)(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy);
+#define MICRO(M, N)                                                                                            \
+    static void micro_##M##x##N(const float *wb, const float *x, int64_t ldx, int64_t kn, float *y, int64_t ldy) { \
+        micro(wb, x, ldx, kn, y, ldy, M, N);                                                                   \
+    }
+MICRO(1, 1)
+MICRO(1, 2)
+MICRO(1, 3)
+MICRO(2, 1)
+MICRO(2, 2)
+MICRO(2, 3)
+MICRO(3, 1)
+MICRO(3, 2)
+MICRO(3, 3)
+MICRO(4, 1)
+MICRO(4, 2)
+MICRO(4, 3)
+static const micro_fn micros[MR][NR] = {
+    {micro_1x1, micro_1x2, micro_1x3},
+    {micro_2x1, micro_2x2, micro_2x3},
+    {micro_3x1, micro_3x2, micro_3x3},
+    {micro_4x1, micro_4x2, micro_4x3},
+};
+
+typedef void (*dequant_fn)(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out);
+
+/* Column slices outermost: the KC-wide slice of every token's activations
+ * is reused by all row blocks while it sits in L2. */
+static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int64_t r1, const float *x,
+                         int64_t ldx, int64_t n, float *y, int64_t ldy, float *buf) {
+    for (int64_t t = 0; t < n; t++) memset(y + t * ldy + r0, 0, (size_t)(r1 - r0) * sizeof(float));
+    for (int64_t k0 = 0; k0 < w->cols; k0 += KC) {
+        int64_t kn = w->cols - k0 < KC ? w->cols - k0 : KC;
+        for (int64_t rb = r0; rb < r1; rb += MR) {
+            int mr = r1 - rb < MR ? (int)(r1 - rb) : MR;
+            for (int i = 0; i < mr; i++) dq(w, rb + i, k0, kn, buf + i * KC);
+            for (int64_t t = 0; t < n; t += NR) {
+                int nr = n - t < NR ? (int)(n - t) : NR;
+                micros[mr - 1][nr - 1](buf, x + t * ldx + k0, ldx, kn, y + t * ldy + rb, ldy);
+            }
+        }
+    }
+}
+
+/* ---- decode product with int16 activations (4- and 8-bit codes) ---- */
+
+/* For 4- and 8-bit codes the float product spends most of its time turning
+ * codes into floats. Instead each token's activations are quantized once
+ * per call to int16 with one float scale dx per weight group (affine: 32,
+ * 64 or 128 columns; mxfp4: 32), dx = amax / 32767 (error <= dx / 2 per
+ * element, ~1.5e-5 of the group's largest value); codes are widened to
+ * int16 and vpmaddwd multiplies 16 pairs and adds adjacent products into 8
+ * int32 in one instruction. A group's int32 sums are exact, so a group
+ * costs one conversion and one FMA per token, with a multiplier ds =
+ * (weight scale) x dx made for each row beforehand, 8 groups per vector op.
+ * The only new error is the rounding of x. The affine bias term
+ * b * sum(x) uses the float activations.
+ *
+ * 4-bit codes: byte j of a row holds elements 2j (low nibble) and 2j + 1
+ * (high nibble), so 16-bit word k holds elements 4k .. 4k + 3 at bits 0, 4,
+ * 8 and 12. A 32-byte load covers 64 columns (a "unit"); "& 0xf" after
+ * shifts of 0, 4, 8 and 12 bits gives four vectors of 16 int16 codes,
+ * vector j holding elements 4k + j, with no widening step. The int16
+ * activations of each unit are stored in that order (j * 16 + k holds
+ * column 4k + j), and the int32 sums of a unit hold columns 0..31 in lanes
+ * 0-3 and 32..63 in lanes 4-7. A last 32-column block (cols / 32 odd) is
+ * widened from 16 bytes: "& 0xf" and ">> 4" give its even and odd
+ * elements, and its activations are stored evens first, then odds. */
+
+#define QB 32  // columns decoded at a time: two vectors of 16 int16
+#define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
+#define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
+
+struct q16 {
+    const int16_t *xq;  // (n, cols): block-wise reordered for 4-bit codes
+    const float *dx;    // (n, ng): scale of each group of x
+    const float *xsum;  // (n, ng): float sum of x over each group
+    float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
+    int64_t cols, ng;
+};
+
+/* Splits 32 int16 (a = elements 0..15, b = 16..31) into evens and odds. */
+ALWAYS void deinterleave16(__m256i a, __m256i b, __m256i *ev, __m256i *od) {
+    /* within each 128-bit lane: words 0,2,4,6 to the low 8 bytes, 1,3,5,7 high */
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                                        13, 2, 3, 6, 7, 10, 11, 14, 15);
+    a = _mm256_shuffle_epi8(a, sh);
+    b = _mm256_shuffle_epi8(b, sh);
+    /* lanes now hold [e0 o0 | e1 o1] and [e2 o2 | e3 o3] (64-bit halves);
+     * unpack pairs the halves across a and b, the permute restores order */
+    *ev = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xD8);
+    *od = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(a, b), 0xD8);
+}
+
+/* 4 x 4 transpose of floats within each 128-bit lane. */
+ALWAYS void transpose4_lanes(__m256 r[4]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    r[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    r[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+    r[2] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+    r[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+}
+
+/* 32 floats (4k + j for k < 8) as int32, one vector per j: the columns of a
+ * half unit in quad order. */
+ALWAYS void quad_quantize(const float *x, __m256 inv, __m256i out[4]) {
+    __m256 f0 = _mm256_loadu_ps(x), f1 = _mm256_loadu_ps(x + 8), f2 = _mm256_loadu_ps(x + 16),
+           f3 = _mm256_loadu_ps(x + 24);
+    /* rows of 4 (k = 0..3 in the low lanes, 4..7 in the high lanes), then columns */
+    __m256 r[4] = {_mm256_permute2f128_ps(f0, f2, 0x20), _mm256_permute2f128_ps(f0, f2, 0x31),
+                   _mm256_permute2f128_ps(f1, f3, 0x20), _mm256_permute2f128_ps(f1, f3, 0x31)};
+    transpose4_lanes(r);
+    for (int j = 0; j < 4; j++) out[j] = _mm256_cvtps_epi32(_mm256_mul_ps(r[j], inv));  // nearest even
+}
+
+/* Quantizes n tokens of x into scratch laid out as struct q16 (group 32,
+ * 64 or 128 columns per scale; 4-bit codes: units in quad order). */
+static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool four_bit,
+                        void *scratch, struct q16 *q) {
+    int64_t ng = cols / group, units = four_bit ? cols / 64 : 0;
+    int16_t *xq = scratch;
+    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
+    float *inv = ds;  // per token, until the rows make their multipliers there
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        int16_t *ot = xq + t * cols;
+        for (int64_t g = 0; g < ng; g++) {
+            const float *xg = xt + g * group;
+            __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int64_t k = 0; k < group; k += 8) {
+                __m256 v = _mm256_loadu_ps(xg + k);
+                m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
+                sum = _mm256_add_ps(sum, v);
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            xsum[t * ng + g] = hsum(sum);
+            dx[t * ng + g] = amax / 32767.0f;
+            inv[g] = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        }
+        for (int64_t u = 0; u < units; u++) {
+            __m256i lo[4], hi[4];
+            quad_quantize(xt + u * 64, _mm256_set1_ps(inv[u * 64 / group]), lo);
+            quad_quantize(xt + u * 64 + 32, _mm256_set1_ps(inv[(u * 64 + 32) / group]), hi);
+            /* packs works per 128-bit lane; the permute puts words in order */
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_si256((__m256i *)(void *)(ot + u * 64 + j * 16),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(lo[j], hi[j]), 0xD8));
+        }
+        for (int64_t b = units * 64; b < cols; b += QB) {
+            __m256 iv = _mm256_set1_ps(inv[b / group]);
+            __m256i i32[4];
+            for (int j = 0; j < 4; j++) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xt + b + 8 * j), iv));
+            __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xD8);
+            __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xD8);
+            if (four_bit) deinterleave16(lo, hi, &lo, &hi);
+            _mm256_storeu_si256((__m256i *)(void *)(ot + b), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(ot + b + 16), hi);
+        }
+    }
+    *q = (struct q16){xq, dx, xsum, ds, cols, ng};
+}
+
+/* 32 codes of block b as two vectors of 16 int16, in the order the
+ * activations were stored: natural for 8-bit codes; evens, odds for the
+ * last block of a 4-bit row with an odd number of blocks (the others go by
+ * units, quad_codes). For mxfp4 the values are 256 * 2 * e2m1 (whole
+ * numbers -12..12 by table lookup, in the high byte as quad_codes has
+ * them); 1/512 goes into the scale. */
+ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i *w1) {
+    if (fmt == FMT_A8) {
+        *w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32)));
+        *w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32 + 16)));
+        return;
+    }
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + b * 16));
+    if (fmt == FMT_A4) {
+        __m256i v16 = _mm256_cvtepu8_epi16(v);
+        *w0 = _mm256_and_si256(v16, _mm256_set1_epi16(0xf));
+        *w1 = _mm256_srli_epi16(v16, 4);  // a byte >> 4 is its high nibble
+        return;
+    }
+    const __m128i twice_e2m1 = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i low4 = _mm_set1_epi8(0xf);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    *w0 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, lo)), 8);
+    *w1 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(twice_e2m1, hi)), 8);
+}
+
+/* Scales (or biases) g..g+7 of a row as floats; for mxfp4 the E8M0 scales
+ * times 1/512 (the codes are 256 * 2 * e2m1), exactly as load1_scale. */
+ALWAYS __m256 load8_scales(int sdt, const uint8_t *p, int64_t g) {
+    if (sdt == SP_DTYPE_U8) {
+        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + g)));
+        __m256i bits = _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
+                                          _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+        return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(MX4_CODE_SCALE));
+    }
+    if (sdt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)(const void *)(p + 4 * g));
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * g));
+    if (sdt == SP_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS float load1_scale(int sdt, const uint8_t *p, int64_t g) {
+    return sdt == SP_DTYPE_U8 ? e8m0(p[g]) * MX4_CODE_SCALE : load_scale(sdt, p, g);
+}
+
+/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token t. */
+ALWAYS void q16_row_ds(int sdt, const uint8_t *sc, const struct q16 *q, int nt) {
+    int64_t g = 0, ng = q->ng;
+    for (; g + 8 <= ng; g += 8) {
+        __m256 s = load8_scales(sdt, sc, g);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(q->ds + t * ng + g, _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + t * ng + g)));
+    }
+    for (; g < ng; g++) {
+        float s = load1_scale(sdt, sc, g);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) q->ds[t * ng + g] = s * q->dx[t * ng + g];
+    }
+}
+
+/* Group g (PER blocks of 32) of a row into chain `chain` of each token. */
+ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int per, int nt, __m256 acc[4][2],
+                      int chain) {
+    __m256i p[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < per; b++) {
+        int64_t blk = g * per + b;
+        __m256i w0, w1;
+        _mm_prefetch((const char *)c + code_offset(fmt, blk * QB) + PREFETCH_AHEAD, _MM_HINT_T0);
+        q16_codes(fmt, c, blk, &w0, &w1);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + blk * QB);
+            __m256i s = b ? madd_acc(p[t], w0, _mm256_loadu_si256(xq)) : _mm256_madd_epi16(w0, _mm256_loadu_si256(xq));
+            p[t] = madd_acc(s, w1, _mm256_loadu_si256(xq + 1));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
+/* ---- 4-bit codes a unit (64 columns) at a time ---- */
+
+/* Unit u of a row as four vectors of 16 int16 codes in quad order: affine
+ * codes as they are; mxfp4 values (2 * e2m1 by table lookup, signed) in the
+ * high byte, i.e. 256 x the value with no sign extension needed. */
+ALWAYS void quad_codes(int fmt, const uint8_t *c, int64_t u, __m256i w[4]) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(c + u * 32));
+    if (fmt == FMT_MX4) {
+        const __m256i twice_e2m1 = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3,
+                                                    4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        const __m256i low4 = _mm256_set1_epi8(0xf), high_byte = _mm256_set1_epi16((short)0xff00);
+        /* bytes of ev: elements 4k (low byte of word k), 4k + 2 (high); od: 4k + 1, 4k + 3 */
+        __m256i ev = _mm256_shuffle_epi8(twice_e2m1, _mm256_and_si256(v, low4));
+        __m256i od = _mm256_shuffle_epi8(twice_e2m1, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+        w[0] = _mm256_slli_epi16(ev, 8), w[1] = _mm256_slli_epi16(od, 8);
+        w[2] = _mm256_and_si256(ev, high_byte), w[3] = _mm256_and_si256(od, high_byte);
+        return;
+    }
+    const __m256i low4 = _mm256_set1_epi16(0xf);
+    w[0] = _mm256_and_si256(v, low4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(v, 8), low4);
+    w[3] = _mm256_srli_epi16(v, 12);
+}
+
+/* A unit's exact int32 sums with one token's activations, added to acc
+ * unless first: two chains of two multiply-adds (one chain of four
+ * dependent vpdpwssd measured up to 2x slower at batch 64). */
+ALWAYS __m256i quad_dot(__m256i acc, bool first, const __m256i w[4], const int16_t *xq) {
+    const __m256i *x = (const __m256i *)(const void *)xq;
+    __m256i a = madd_acc(_mm256_madd_epi16(w[0], _mm256_loadu_si256(x)), w[1], _mm256_loadu_si256(x + 1));
+    __m256i b = madd_acc(_mm256_madd_epi16(w[2], _mm256_loadu_si256(x + 2)), w[3], _mm256_loadu_si256(x + 3));
+    __m256i s = _mm256_add_epi32(a, b);
+    return first ? s : _mm256_add_epi32(acc, s);
+}
+
+/* Group g of `units` units (affine4, group 64 or 128) into chain `chain`. */
+ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int units, int nt,
+                           __m256 acc[4][2], int chain) {
+    __m256i p[4] = {0};
+#pragma GCC unroll 2
+    for (int i = 0; i < units; i++) {
+        int64_t u = g * units + i;
+        __m256i w[4];
+        _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+        quad_codes(fmt, c, u, w);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            p[t] = quad_dot(p[t], i == 0, w, q->xq + t * q->cols + u * 64);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
+/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
+ * into chain `chain`: each half with its own multiplier. */
+ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int nt, __m256 acc[4][2],
+                           int chain) {
+    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256i w[4];
+    _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+    quad_codes(fmt, c, g / 2, w);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        __m256i p = quad_dot(_mm256_setzero_si256(), true, w, q->xq + t * q->cols + g * QB);
+        __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
+        __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+    }
+}
+
+ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
+                     int fmt, int sdt, int nt, int per) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
+        q16_row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt);
+        __m256 acc[4][2];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        /* two chains (even / odd groups or pairs) hide the FMA latency */
+        int64_t g = 0;
+        bool four_bit = fmt == FMT_A4 || fmt == FMT_MX4;
+        if (four_bit && per == 1) {
+            for (; g + 4 <= f.ng; g += 4) {
+                q16_group_pair(fmt, c, q, g, nt, acc, 0);
+                q16_group_pair(fmt, c, q, g + 2, nt, acc, 1);
+            }
+            if (g + 2 <= f.ng) {
+                q16_group_pair(fmt, c, q, g, nt, acc, 0);
+                g += 2;
+            }
+        } else if (four_bit) {
+            for (; g + 2 <= f.ng; g += 2) {
+                q16_group_quad(fmt, c, q, g, per / 2, nt, acc, 0);
+                q16_group_quad(fmt, c, q, g + 1, per / 2, nt, acc, 1);
+            }
+            if (g < f.ng) q16_group_quad(fmt, c, q, g++, per / 2, nt, acc, 0);
+        }
+        /* 8-bit codes, and the last 32 columns of 4-bit codes when cols / 32 is odd */
+        for (; g + 2 <= f.ng; g += 2) {
+            q16_group(fmt, c, q, g, per, nt, acc, 0);
+            q16_group(fmt, c, q, g + 1, per, nt, acc, 1);
+        }
+        if (g < f.ng) q16_group(fmt, c, q, g, per, nt, acc, 0);
+        /* affine bias term: sum over groups of b_g * sum(x over group g) */
+        float bias[4] = {0};
+        if (fmt != FMT_MX4) {
+            const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
+            __m256 bacc[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
+            for (g = 0; g + 8 <= f.ng; g += 8) {
+                __m256 bv = load8_scales(sdt, bi, g);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) bias[t] = hsum(bacc[t]);
+            for (; g < f.ng; g++) {
+                float bg = load_scale(sdt, bi, g);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++) bias[t] += bg * q->xsum[t * f.ng + g];
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) + bias[t];
+    }
+}
+
+/* ---- one instantiation per (format, scale dtype) ---- */
+
+typedef void (*fused_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
+                         int64_t ldy);
+typedef void (*q16_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy);
+struct impl {
+    fused_fn fused[4];  // 1 to 4 tokens, float activations
+    dequant_fn dequant;
+    q16_fn q16[4];      // 1 to 4 tokens, int16 activations; NULL for plain floats
+    bool four_bit;      // activations in the 4-bit order (q16_prepare)
+};
+
+#define IMPL(ID, FMT, SDT)                                                                                        \
+    static void fused1_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
+                            int64_t ldy) {                                                                      \
+        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 1);                                                     \
+    }                                                                                                           \
+    static void fused2_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
+                            int64_t ldy) {                                                                      \
+        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 2);                                                     \
+    }                                                                                                           \
+    static void fused3_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
+                            int64_t ldy) {                                                                      \
+        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 3);                                                     \
+    }                                                                                                           \
+    static void fused4_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
+                            int64_t ldy) {                                                                      \
+        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 4);                                                     \
+    }                                                                                                           \
+    static void dequant_##ID(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {          \
+        dequant_cols(w, r, k0, kn, out, FMT, SDT);                                                              \
+    }
+
+#define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, 0};
+
+/* one function per token count; the group size picks blocks per group */
+#define Q16(ID, FMT, SDT, NT)                                                                                     \
+    static void q16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y,   \
+                                int64_t ldy) {                                                                  \
+        if (w->group == 32)                                                                                     \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                    \
+        else if (w->group == 64)                                                                                \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                    \
+        else                                                                                                    \
+            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                    \
+    }
+#define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, FMT == FMT_A4 || FMT == FMT_MX4};
+
+IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
+IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
+IMPL_FLOAT(f16, FMT_F16, SP_DTYPE_F32)
+IMPL_QUANT(a4_f32, FMT_A4, SP_DTYPE_F32)
+IMPL_QUANT(a4_bf16, FMT_A4, SP_DTYPE_BF16)
+IMPL_QUANT(a4_f16, FMT_A4, SP_DTYPE_F16)
+IMPL_QUANT(a8_f32, FMT_A8, SP_DTYPE_F32)
+IMPL_QUANT(a8_bf16, FMT_A8, SP_DTYPE_BF16)
+IMPL_QUANT(a8_f16, FMT_A8, SP_DTYPE_F16)
+IMPL_QUANT(mx4, FMT_MX4, SP_DTYPE_U8)
+
+/* The fast path for w, or NULL when the portable product must serve. */
+static const struct impl *impl_for(const struct sp_qmat *w) {
+    const struct impl *const affine4[] = {&impl_a4_f32, &impl_a4_bf16, &impl_a4_f16};
+    const struct impl *const affine8[] = {&impl_a8_f32, &impl_a8_bf16, &impl_a8_f16};
+    int si = w->scale_dtype == SP_DTYPE_F32 ? 0 : w->scale_dtype == SP_DTYPE_BF16 ? 1 : w->scale_dtype == SP_DTYPE_F16 ? 2 : -1;
+    switch (w->type) {
+    case SP_QTYPE_F32:
+        return &impl_f32;
+    case SP_QTYPE_BF16:
+        return &impl_bf16;
+    case SP_QTYPE_F16:
+        return &impl_f16;
+    case SP_QTYPE_AFFINE4:
+        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine4[si] : NULL;
+    case SP_QTYPE_AFFINE8:
+        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine8[si] : NULL;
+    case SP_QTYPE_MXFP4:
+        return w->group == 32 ? &impl_mx4 : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Float activations: up to SP_KERNELS_DECODE_MAX_TOKENS tokens decode each
+ * row into registers (groups of 4 tokens pass over a few rows while they
+ * are cached); more go through the blocked product. Same sums either way. */
+static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                       int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    if (n >= BLOCK_MIN_TOKENS) {
+        blocked_rows(w, im->dequant, r0, r1, x, ldx, n, y, ldy, scratch);
+        return;
+    }
+    int64_t chunk = n <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+    for (int64_t r = r0; r < r1; r += chunk) {
+        int64_t re = r1 - r < chunk ? r1 : r + chunk;
+        for (int64_t t = 0; t < n; t += 4) {
+            int64_t nt = n - t < 4 ? n - t : 4;
+            im->fused[nt - 1](w, r, re, x + t * ldx, ldx, y + t * ldy, ldy);
+        }
+    }
+}
+
+/* int16 activations, for any n: tokens are quantized Q16_TOKENS at a time
+ * into scratch, and groups of 4 of them pass over a few rows at a time. A
+ * token's sums do not depend on the others (batch invariance). */
+static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
+        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
+        struct q16 q;
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
+        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        for (int64_t r = r0; r < r1; r += chunk) {
+            int64_t re = r1 - r < chunk ? r1 : r + chunk;
+            for (int64_t t = 0; t < nq; t += 4) {
+                int64_t nt = nq - t < 4 ? nq - t : 4;
+                struct q16 qt = q;
+                qt.xq += t * q.cols;
+                qt.dx += t * q.ng;
+                qt.xsum += t * q.ng;
+                im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+            }
+        }
+    }
+}
+
+static void matmul_rows(bool use_q16, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                        int64_t n, float *y, int64_t ldy, void *scratch) {
+    const struct impl *im = impl_for(w);
+    if (!im)
+        sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
+    else if (use_q16 && im->q16[0])
+        q16_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    else
+        float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+static void matmul_rows_q16(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(true, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+static void matmul_rows_float(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                              int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(false, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+/* 8 values of dtype dt at b + i as floats */
+ALWAYS __m256 load8_dt(enum sp_dtype dt, const void *b, int64_t i) {
+    if (dt == SP_DTYPE_F32) return _mm256_loadu_ps((const float *)b + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint8_t *)b + 2 * i));
+    if (dt == SP_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Four chains of 8 lanes, then one chain for the last multiple of 8. */
+ALWAYS float dot_any(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8_dt(dt, b, i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8_dt(dt, b, i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8_dt(dt, b, i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
+    float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) r += a[i] * sp_dtype_load_float(dt, b, (size_t)i);
+    return r;
+}
+
+ALWAYS void axpy_any(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+    __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8_dt(dt, x, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
+}
+
+static float dot_x86(const float *a, const float *b, int64_t n) { return dot_any(a, b, SP_DTYPE_F32, n); }
+
+static void axpy_x86(float *y, float a, const float *x, int64_t n) { axpy_any(y, a, x, SP_DTYPE_F32, n); }
+
+static float dot_dt_x86(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+    switch (dt) {
+    case SP_DTYPE_F16:
+        return dot_any(a, b, SP_DTYPE_F16, n);
+    case SP_DTYPE_BF16:
+        return dot_any(a, b, SP_DTYPE_BF16, n);
+    default:
+        return dot_any(a, b, SP_DTYPE_F32, n);
+    }
+}
+
+static void axpy_dt_x86(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+    switch (dt) {
+    case SP_DTYPE_F16:
+        axpy_any(y, a, x, SP_DTYPE_F16, n);
+        break;
+    case SP_DTYPE_BF16:
+        axpy_any(y, a, x, SP_DTYPE_BF16, n);
+        break;
+    default:
+        axpy_any(y, a, x, SP_DTYPE_F32, n);
+    }
+}
+
+static void to_f32_x86(float *y, const void *x, enum sp_dtype dt, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load8_dt(dt, x, i));
+    for (; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
+}
+
+static void dot_rows_x86(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
+    for (int64_t r = 0; r < nr; r++) out[r] = dot_any(a, rows + r * n, SP_DTYPE_F32, n);
+}
+
+/* axpy_any's operations per element (an FMA per row in the vector part,
+ * a product then a sum in the tail), rows in turn. */
+static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
+               y3 = _mm256_loadu_ps(y + i + 24);
+        for (int64_t r = 0; r < nr; r++) {
+            const float *x = rows + r * n + i;
+            __m256 wv = _mm256_set1_ps(w[r]);
+            y0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x), y0);
+            y1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 8), y1);
+            y2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 16), y2);
+            y3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 yv = _mm256_loadu_ps(y + i);
+        for (int64_t r = 0; r < nr; r++) yv = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(rows + r * n + i), yv);
+        _mm256_storeu_ps(y + i, yv);
+    }
+    for (; i < n; i++)
+        for (int64_t r = 0; r < nr; r++) y[i] += w[r] * rows[r * n + i];
+}
+
+#define KSET_TABLE(ISA, NAME, MATMUL)    \
+    {                                     \
+        .isa = ISA,                       \
+        .name = NAME,                     \
+        .matmul_rows = MATMUL,            \
+        .matmul_rows_float = matmul_rows_float, \
+        .dot = dot_x86,                   \
+        .axpy = axpy_x86,                 \
+        .dot_dt = dot_dt_x86,             \
+        .axpy_dt = axpy_dt_x86,           \
+        .to_f32 = to_f32_x86,             \
+        .dot_rows = dot_rows_x86,         \
+        .axpy_rows = axpy_rows_x86,       \
+    }
+
+static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q16);
+
+#ifdef KSET_FLOAT_ISA
+static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float);
+
+const struct sp_kernels *KSET_ENTRY(bool float_activations) { return float_activations ? &kset_float : &kset; }
+#else
+const struct sp_kernels *KSET_ENTRY(void) { return &kset; }
+#endif
+
+#endif
