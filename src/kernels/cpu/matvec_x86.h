@@ -360,8 +360,19 @@ static const micro_fn micros[MR][NR] = {
 
 typedef void (*dequant_fn)(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out);
 
+/* Asks for the packed bytes of columns [k0, k0 + kn) of rows [r, r1) (a
+ * row block's slice, about to be decoded) to be brought into the cache. */
+static void prefetch_block(const struct sp_qmat *w, int64_t r, int64_t r1, int64_t k0, int64_t kn) {
+    size_t rb = sp_qtype_row_bytes(w->type, w->cols);
+    size_t lo = (size_t)k0 * rb / (size_t)w->cols, hi = (size_t)(k0 + kn) * rb / (size_t)w->cols;
+    for (; r < r1; r++)
+        for (size_t o = lo; o < hi; o += 64) _mm_prefetch((const char *)w->codes + (size_t)r * rb + o, _MM_HINT_T0);
+}
+
 /* Column slices outermost: the KC-wide slice of every token's activations
- * is reused by all row blocks while it sits in L2. */
+ * is reused by all row blocks while it sits in L2. The next row block's
+ * bytes are requested while the current one is multiplied, so that
+ * decoding it does not wait for memory. */
 static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int64_t r1, const float *x,
                          int64_t ldx, int64_t n, float *y, int64_t ldy, float *buf) {
     for (int64_t t = 0; t < n; t++) memset(y + t * ldy + r0, 0, (size_t)(r1 - r0) * sizeof(float));
@@ -370,6 +381,7 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
         for (int64_t rb = r0; rb < r1; rb += MR) {
             int mr = r1 - rb < MR ? (int)(r1 - rb) : MR;
             for (int i = 0; i < mr; i++) dq(w, rb + i, k0, kn, buf + i * KC);
+            prefetch_block(w, rb + MR, r1 - rb - MR < MR ? r1 : rb + 2 * MR, k0, kn);
             for (int64_t t = 0; t < n; t += NR) {
                 int nr = n - t < NR ? (int)(n - t) : NR;
                 micros[mr - 1][nr - 1](buf, x + t * ldx + k0, ldx, kn, y + t * ldy + rb, ldy);
