@@ -65,6 +65,9 @@ size_t sp_ctx_kv_bytes(const struct sp_ctx *c);
 /* Floats of attention scratch each thread of a context holds for n_ctx
  * positions (the planner counts them among the activations). */
 size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx);
+/* Bytes of a context's per-expert tables (the MoE step's work items and
+ * expert views; the planner counts them among the activations). */
+size_t sp_expert_tables_bytes(const struct sp_arch *a);
 /* The expert store's counters; false when the context has no expert cache. */
 struct sp_expert_store_stats;
 bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);

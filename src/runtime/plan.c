@@ -145,7 +145,7 @@ static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int para
     size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K)) +
                     (size_t)threads * sp_attention_scratch_floats(a, ctx) + (size_t)(threads * maxc) +
                     (size_t)(3 * parallel) * (size_t)a->vocab;
-    return floats * sizeof(float);
+    return floats * sizeof(float) + sp_expert_tables_bytes(a);
 }
 
 enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p) {
