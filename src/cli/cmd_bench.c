@@ -157,8 +157,8 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
-    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): prefill %lld tokens %.1f tok/s, decode %.2f tok/s, "
-           "%.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
+    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): prefill %lld tokens %.1f tok/s, "
+           "decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
            (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, (long long)r->prompt, pre, dec,
            (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,

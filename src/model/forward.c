@@ -96,7 +96,8 @@ size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
 
 size_t sp_expert_tables_bytes(const struct sp_arch *a) {
     size_t E = a->n_experts > 0 ? (size_t)a->n_experts : 1;
-    return (E + 1) * (sizeof(struct ffn_item) + sizeof(int64_t)) + E * (sizeof(struct sp_expert_views) + sizeof(int64_t));
+    return (E + 1) * (sizeof(struct ffn_item) + sizeof(int64_t)) +
+           E * (sizeof(struct sp_expert_views) + sizeof(int64_t));
 }
 
 const char *sp_kv_type_name(enum sp_kv_type t) {

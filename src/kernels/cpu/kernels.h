@@ -42,7 +42,7 @@ enum sp_kernels_isa {
     SP_KERNELS_AVX2,   // decode products of 4/8-bit codes with int16 activations
     SP_KERNELS_AVX2F,  // the same instructions, float activations throughout
     SP_KERNELS_AVXVNNI,  // avx2's products with AVX-VNNI multiply-adds
-    SP_KERNELS_AVX512,   // avx2's products with AVX-512 VNNI multiply-adds
+    SP_KERNELS_AVX512,   // the same with AVX-512 VNNI, 512 bits wide for 4-bit rows
     SP_KERNELS_ISA_COUNT
 };
 
@@ -88,7 +88,7 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
  * when the CPU can run it; anything else, or a set this CPU lacks, means
  * automatic: avx512, else avxvnni, else avx2, else portable. */
 const struct sp_kernels *sp_kernels_select(const char *env_value);
-/* The AVX2 blocked (prefill) float product dequantizes 4 rows x 512
+/* The x86 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
  * the fused float product instead. The int16-activation product keeps
  * int16 copies of SP_KERNELS_Q16_TOKENS tokens at a time. */
@@ -104,7 +104,7 @@ const struct sp_kernels *sp_kernels_avx2_set(bool float_activations);
 const struct sp_kernels *sp_kernels_avxvnni_set(void);
 const struct sp_kernels *sp_kernels_avx512_set(void);
 /* The portable matmul_rows, which the x86 sets fall back on for formats they
- * has no fast path for. */
+ * have no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch);
 

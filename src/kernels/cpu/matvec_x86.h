@@ -737,7 +737,8 @@ ALWAYS int64_t zmm_pairs(int fmt, const uint8_t *c, const struct q16 *q, int per
             __m512i hi = _mm512_dpwssd_epi32(_mm512_madd_epi16(w[2], XV(2)), w[3], XV(3));
 #undef XV
             const float *ds = q->ds + t * q->ng + p * groups;
-            __m128 dg = per == 2 ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)ds)) : _mm_loadu_ps(ds);
+            __m128 dg = per == 2 ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)ds))
+                                 : _mm_loadu_ps(ds);
             __m512 d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(dg));
             a[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), d, a[t]);
         }
