@@ -140,6 +140,15 @@ static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_
 }
 
 static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17, 40};
+
+/* A matrix format and a row length, for the tests that compare sets or
+ * batch sizes with each other. */
+struct fmt_case {
+    enum sp_qtype t;
+    int group;
+    enum sp_dtype sdt;
+    int64_t cols;
+};
 static const int64_t row_counts[] = {1, 13, 67};
 
 /* Every available set x rows x batch on one (type, group, scale dtype) for
@@ -205,12 +214,7 @@ static void test_other_formats(void **state) {
 static void test_batch_invariance(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 3);
-    const struct {
-        enum sp_qtype t;
-        int group;
-        enum sp_dtype sdt;
-        int64_t cols;
-    } cases[] = {{SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
+    const struct fmt_case cases[] = {{SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
                  {SP_QTYPE_F16, 1, SP_DTYPE_COUNT, 100},   {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640},
                  {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
@@ -252,12 +256,7 @@ static void test_vnni_sets_match_avx2(void **state) {
     const enum sp_kernels_isa vnni[] = {SP_KERNELS_AVXVNNI, SP_KERNELS_AVX512};
     struct sp_rng rng;
     sp_rng_seed(&rng, 17);
-    const struct {
-        enum sp_qtype t;
-        int group;
-        enum sp_dtype sdt;
-        int64_t cols;
-    } cases[] = {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
+    const struct fmt_case cases[] = {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
                  {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},  {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
                  {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},     {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
     for (size_t v = 0; v < 2; v++) {

@@ -189,14 +189,7 @@ ALWAYS int64_t code_offset(int fmt, int64_t k) {
 /* One weight of a plain-float row (tails of rows whose length is not a
  * multiple of 8). */
 ALWAYS float load_plain(int fmt, const uint8_t *c, int64_t k) {
-    if (fmt == FMT_F32) {
-        float f;
-        memcpy(&f, c + 4 * k, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, c + 2 * k, 2);
-    return fmt == FMT_BF16 ? sp_bf16_to_f32(h) : _cvtsh_ss(h);
+    return load_scale(fmt == FMT_F32 ? SP_DTYPE_F32 : fmt == FMT_BF16 ? SP_DTYPE_BF16 : SP_DTYPE_F16, c, k);
 }
 
 struct rowfmt {
@@ -826,23 +819,14 @@ struct impl {
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
+/* one function per token count */
+#define FUSED(ID, FMT, SDT, NT)                                                                                   \
+    static void fused##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,   \
+                                 float *y, int64_t ldy) {                                                       \
+        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, NT);                                                    \
+    }
 #define IMPL(ID, FMT, SDT)                                                                                        \
-    static void fused1_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
-                            int64_t ldy) {                                                                      \
-        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 1);                                                     \
-    }                                                                                                           \
-    static void fused2_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
-                            int64_t ldy) {                                                                      \
-        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 2);                                                     \
-    }                                                                                                           \
-    static void fused3_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
-                            int64_t ldy) {                                                                      \
-        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 3);                                                     \
-    }                                                                                                           \
-    static void fused4_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y, \
-                            int64_t ldy) {                                                                      \
-        fused_rows(w, r0, r1, x, ldx, y, ldy, FMT, SDT, 4);                                                     \
-    }                                                                                                           \
+    FUSED(ID, FMT, SDT, 1) FUSED(ID, FMT, SDT, 2) FUSED(ID, FMT, SDT, 3) FUSED(ID, FMT, SDT, 4)                   \
     static void dequant_##ID(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {          \
         dequant_cols(w, r, k0, kn, out, FMT, SDT);                                                              \
     }
