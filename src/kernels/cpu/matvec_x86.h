@@ -660,11 +660,9 @@ ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct q16 *q, int64
         __m256i w[4];
         _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
         quad_codes(fmt, c, u, w);
+        int64_t js, at = unit_at(q->paired, q->cols, u, &js);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            int64_t js, at = unit_at(q->paired, q->cols, u, &js);
-            p[t] = quad_dot(p[t], i == 0, w, q->xq + t * q->cols + at, js);
-        }
+        for (int t = 0; t < nt; t++) p[t] = quad_dot(p[t], i == 0, w, q->xq + t * q->cols + at, js);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++)
@@ -679,9 +677,9 @@ ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64
     __m256i w[4];
     _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
     quad_codes(fmt, c, g / 2, w);
+    int64_t js, at = unit_at(q->paired, q->cols, g / 2, &js);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        int64_t js, at = unit_at(q->paired, q->cols, g / 2, &js);
         __m256i p = quad_dot(_mm256_setzero_si256(), true, w, q->xq + t * q->cols + at, js);
         __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
         __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
@@ -1048,19 +1046,19 @@ static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t n
         for (int64_t r = 0; r < nr; r++) y[i] += w[r] * rows[r * n + i];
 }
 
-#define KSET_TABLE(ISA, NAME, MATMUL)    \
-    {                                     \
-        .isa = ISA,                       \
-        .name = NAME,                     \
-        .matmul_rows = MATMUL,            \
+#define KSET_TABLE(ISA, NAME, MATMUL)           \
+    {                                           \
+        .isa = ISA,                             \
+        .name = NAME,                           \
+        .matmul_rows = MATMUL,                  \
         .matmul_rows_float = matmul_rows_float, \
-        .dot = dot_x86,                   \
-        .axpy = axpy_x86,                 \
-        .dot_dt = dot_dt_x86,             \
-        .axpy_dt = axpy_dt_x86,           \
-        .to_f32 = to_f32_x86,             \
-        .dot_rows = dot_rows_x86,         \
-        .axpy_rows = axpy_rows_x86,       \
+        .dot = dot_x86,                         \
+        .axpy = axpy_x86,                       \
+        .dot_dt = dot_dt_x86,                   \
+        .axpy_dt = axpy_dt_x86,                 \
+        .to_f32 = to_f32_x86,                   \
+        .dot_rows = dot_rows_x86,               \
+        .axpy_rows = axpy_rows_x86,             \
     }
 
 static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q16);
