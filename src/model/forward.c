@@ -678,10 +678,11 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
     }
 }
 
-/* out (n, d) = down(act(gate x, up x)) for the layer's dense or shared MLP. */
-static void layer_mlp(struct sp_ctx *c, const struct layer *ly, int64_t n) {
+/* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
+static void layer_mlp_add(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
     struct ffn_item it = {&ly->gate, &ly->up, NULL, &ly->down, c->h, c->a->d_model, 0, n};
     ffn_items(c, &it, 1);
+    for (int64_t i = 0; i < n * c->a->d_model; i++) out[i] += c->gout[i];
 }
 
 static void softmax_inplace(float *v, int64_t n) {
@@ -851,10 +852,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
             shared_left = false;
         }
     }
-    if (shared_left) {
-        layer_mlp(c, ly, n);
-        for (int64_t i = 0; i < n * d; i++) out[i] += c->gout[i];
-    }
+    if (shared_left) layer_mlp_add(c, ly, n, out);
     return true;
 }
 
@@ -939,8 +937,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         if (a->layer_moe[L]) {
             if (!moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
         } else if (ly->has_mlp) {
-            layer_mlp(c, ly, n);
-            for (int64_t i = 0; i < n * d; i++) c->tmp[i] += c->gout[i];
+            layer_mlp_add(c, ly, n, c->tmp);
         }
         for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
         if (c->pf_experts) prefetch_next(c, L, n);
