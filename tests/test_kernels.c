@@ -214,9 +214,10 @@ static void test_other_formats(void **state) {
 static void test_batch_invariance(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 3);
-    const struct fmt_case cases[] = {{SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
-                 {SP_QTYPE_F16, 1, SP_DTYPE_COUNT, 100},   {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640},
-                 {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024}};
+    const struct fmt_case cases[] = {
+        {SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
+        {SP_QTYPE_F16, 1, SP_DTYPE_COUNT, 100},   {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640},
+        {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -256,12 +257,18 @@ static void test_vnni_sets_match_avx2(void **state) {
     const enum sp_kernels_isa vnni[] = {SP_KERNELS_AVXVNNI, SP_KERNELS_AVX512};
     struct sp_rng rng;
     sp_rng_seed(&rng, 17);
-    const struct fmt_case cases[] = {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
-                 {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},  {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
-                 {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},     {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
+    const struct fmt_case cases[] = {
+        {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
+        {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384}, {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},    {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
     for (size_t v = 0; v < 2; v++) {
         const struct sp_kernels *k = sp_kernels_of(vnni[v]);
-        if (!k || !avx2) continue;
+        if (!k || !avx2) {
+            /* said aloud: on such a CPU this test compares nothing */
+            printf("# %s: not run by this CPU, its identity with avx2 is not checked here\n",
+                   v ? "avx512" : "avxvnni");
+            continue;
+        }
         printf("# %s matches avx2 bit for bit:", k->name);
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             struct mat M;
