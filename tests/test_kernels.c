@@ -1,7 +1,7 @@
 /*
  * test_kernels.c - every CPU kernel set this machine can run (portable,
- * avx2, avx2f, avxvnni, avx512) against the scalar reference of
- * quant/qtype.h: each format x
+ * avx2, avx2-int16, avx2f, avxvnni, avx512 and their -int16 twins) against
+ * the scalar reference of quant/qtype.h: each format x
  * shapes (odd row counts, one-group rows, rows longer than a blocked
  * slice) x batch sizes (fused and blocked paths) on random inputs, plus the
  * float dot / axpy, the run-time choice of a set, and sp_linear_apply over
@@ -24,21 +24,40 @@
  * columns that stays near 1e-6; a wrong code, scale or column is >= 1e-3. */
 #define TOL_MATMUL 1e-5
 #define TOL_DOT 1e-5
-/* The avx2 set's product of 4/8-bit formats rounds activations to int16
- * per 32 columns: element i
- * is off by at most amax_block / 65534, so the error relative to
- * sum |w_i x_i| is about (amax / mean |x|) / 65534 in the worst case, ~5e-5
- * for Gaussian activations in 32-column rows, much less on average. */
+/* The int16-activation products (8-bit codes in avx2, avxvnni, avx512;
+ * every 4/8-bit format in their -int16 sets) round activations to int16
+ * per weight group: element i is off by at most amax_group / 65534, so the
+ * error relative to sum |w_i x_i| is about (amax / mean |x|) / 65534 in the
+ * worst case, ~5e-5 for Gaussian activations in 32-column rows, much less on
+ * average. */
 #define TOL_Q16 2e-4
+/* The int8-activation products (4-bit codes in avx2, avxvnni, avx512)
+ * round x_i to a multiple of dx = amax_group / 127: independent errors
+ * uniform in +-dx/2 multiplied by c_i, the part of w_i that multiplies the
+ * rounded activations (affine: s * q = w - b, the bias term taking the
+ * float sum of x; mxfp4: w), so the error of a product has standard
+ * deviation sqrt(sum_i c_i^2 dx_i^2 / 12); allowed: Q8_SIGMAS of those plus
+ * TOL_MATMUL. A wrong code, scale, column or offset is off by far more. */
+#define Q8_SIGMAS 6.0
 
-/* The sets whose products of 4/8-bit codes round activations to int16. */
-static bool int16_set(const struct sp_kernels *k) {
-    return k->isa == SP_KERNELS_AVX2 || k->isa == SP_KERNELS_AVXVNNI || k->isa == SP_KERNELS_AVX512;
-}
+enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8 };
 
-static double tol_for(const struct sp_kernels *k, const struct sp_qmat *m, int64_t n) {
-    bool q16 = int16_set(k) && sp_qtype_is_quantized(m->type);
-    return q16 ? TOL_Q16 : TOL_MATMUL;
+/* How set k rounds the activations of its product with m. */
+static enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat *m) {
+    if (!sp_qtype_is_quantized(m->type)) return ACTS_FLOAT;
+    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
+    switch (k->isa) {
+    case SP_KERNELS_AVX2:
+    case SP_KERNELS_AVXVNNI:
+    case SP_KERNELS_AVX512:
+        return four_bit ? ACTS_INT8 : ACTS_INT16;
+    case SP_KERNELS_AVX2_INT16:
+    case SP_KERNELS_AVXVNNI_INT16:
+    case SP_KERNELS_AVX512_INT16:
+        return ACTS_INT16;
+    default:
+        return ACTS_FLOAT;
+    }
 }
 
 struct mat {
@@ -82,19 +101,31 @@ static void mat_free(struct mat *o) {
     free(o->biases);
 }
 
-/* Worst |got - ref| / (tol * sum |w x|) over outputs; > 1 is a failure. */
+/* Worst |got - ref| / allowed over outputs; > 1 is a failure. allowed is
+ * TOL_MATMUL (TOL_Q16 for int16 activations) x sum |w x|, plus for int8
+ * activations Q8_SIGMAS standard deviations of their rounding. */
 static double worst_ratio(const struct sp_qmat *m, const float *x, int64_t ldx, int64_t n, const float *y,
-                          int64_t ldy, double tol, int64_t *bad_r, int64_t *bad_t) {
+                          int64_t ldy, enum acts acts, int64_t *bad_r, int64_t *bad_t) {
     float *w = malloc((size_t)m->cols * sizeof *w);
-    double worst = 0.0;
+    double tol = acts == ACTS_INT16 ? TOL_Q16 : TOL_MATMUL, worst = 0.0;
     for (int64_t r = 0; r < m->rows; r++) {
         sp_qmat_dequant_row_ref(m, r, w);
         for (int64_t t = 0; t < n; t++) {
             const float *xt = x + t * ldx;
-            double mag = 0.0;
+            double mag = 0.0, var = 0.0;
             for (int64_t i = 0; i < m->cols; i++) mag += fabs((double)w[i] * xt[i]);
+            for (int64_t g0 = 0; acts == ACTS_INT8 && g0 < m->cols; g0 += m->group) {
+                size_t gi = (size_t)(r * (m->cols / m->group) + g0 / m->group);
+                double b = m->biases ? sp_dtype_load_float(m->scale_dtype, m->biases, gi) : 0.0;
+                double amax = 0.0, c2 = 0.0;
+                for (int64_t i = g0; i < g0 + m->group; i++) {
+                    amax = fmax(amax, fabs(xt[i]));
+                    c2 += ((double)w[i] - b) * ((double)w[i] - b);
+                }
+                var += c2 * (amax / 127) * (amax / 127) / 12;
+            }
             double ref = sp_qmat_dot_row_ref(m, r, xt), got = y[t * ldy + r];
-            double ratio = fabs(got - ref) / (tol * mag + DBL_MIN);
+            double ratio = fabs(got - ref) / (tol * mag + Q8_SIGMAS * sqrt(var) + DBL_MIN);
             if (!(ratio <= worst)) {  // also catches NaN
                 worst = isnan(ratio) ? INFINITY : ratio;
                 *bad_r = r;
@@ -106,7 +137,7 @@ static double worst_ratio(const struct sp_qmat *m, const float *x, int64_t ldx, 
     return worst;
 }
 
-static double worst_seen[SP_KERNELS_ISA_COUNT][2];  // [set][q16]: worst error / tolerance
+static double worst_seen[SP_KERNELS_ISA_COUNT][3];  // [set][enum acts]: worst error / tolerance
 
 /* Runs k->matmul_rows on m for n tokens the way the pool does (two row
  * ranges), checks every output against the reference and that nothing
@@ -126,14 +157,14 @@ static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_
     for (int64_t t = 0; t < n; t++)
         for (int64_t r = m->rows; r < ldy; r++) assert_true(y[t * ldy + r] == 12345.0f);
     int64_t br = -1, bt = -1;
-    double tol = tol_for(k, m, n);
-    double ratio = worst_ratio(m, x, ldx, n, y, ldy, tol, &br, &bt);
+    enum acts acts = acts_of(k, m);
+    double ratio = worst_ratio(m, x, ldx, n, y, ldy, acts, &br, &bt);
     if (ratio > 1.0)
         print_error("%s %s g%d scales %s: %lldx%lld batch %lld: row %lld token %lld off by %.3g x tolerance\n", k->name,
                     sp_qtype_name(m->type), m->group, m->scale_dtype < SP_DTYPE_COUNT ? sp_dtype_name(m->scale_dtype) : "-",
                     (long long)m->rows, (long long)m->cols, (long long)n, (long long)br, (long long)bt, ratio);
     assert_true(ratio <= 1.0);
-    double *ws = &worst_seen[k->isa][tol == TOL_Q16];
+    double *ws = &worst_seen[k->isa][acts];
     if (ratio > *ws) *ws = ratio;
     free(x);
     free(y);
@@ -248,28 +279,33 @@ static void test_batch_invariance(void **state) {
     }
 }
 
-/* The VNNI sets multiply-add with vpdpwssd where avx2 uses vpmaddwd +
- * vpaddd; the int32 sums are exact either way, so their products must be
- * bit-identical to avx2's for every format, group and batch size. Runs on
- * CPUs that have a VNNI set (the test reports which it compared). */
+/* The VNNI sets multiply-add with vpdpwssd / vpdpbusd where avx2 uses
+ * vpmaddwd / vpmaddubsw and adds; the int32 sums are exact either way, so
+ * their products must be bit-identical to avx2's (and their -int16 sets
+ * to avx2-int16's) for every format, group and batch size. Runs on CPUs
+ * that have a VNNI set (the test reports which it compared). */
 static void test_vnni_sets_match_avx2(void **state) {
-    const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
-    const enum sp_kernels_isa vnni[] = {SP_KERNELS_AVXVNNI, SP_KERNELS_AVX512};
+    const struct {
+        enum sp_kernels_isa set, base;
+        const char *name;
+    } pairs[] = {{SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2, "avxvnni"},
+                 {SP_KERNELS_AVX512, SP_KERNELS_AVX2, "avx512"},
+                 {SP_KERNELS_AVXVNNI_INT16, SP_KERNELS_AVX2_INT16, "avxvnni-int16"},
+                 {SP_KERNELS_AVX512_INT16, SP_KERNELS_AVX2_INT16, "avx512-int16"}};
     struct sp_rng rng;
     sp_rng_seed(&rng, 17);
     const struct fmt_case cases[] = {
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
         {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384}, {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},    {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
-    for (size_t v = 0; v < 2; v++) {
-        const struct sp_kernels *k = sp_kernels_of(vnni[v]);
+    for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {
+        const struct sp_kernels *k = sp_kernels_of(pairs[v].set), *avx2 = sp_kernels_of(pairs[v].base);
         if (!k || !avx2) {
             /* said aloud: on such a CPU this test compares nothing */
-            printf("# %s: not run by this CPU, its identity with avx2 is not checked here\n",
-                   v ? "avx512" : "avxvnni");
+            printf("# %s: not run by this CPU, its identity with avx2 is not checked here\n", pairs[v].name);
             continue;
         }
-        printf("# %s matches avx2 bit for bit:", k->name);
+        printf("# %s matches %s bit for bit:", k->name, avx2->name);
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             struct mat M;
             mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 29, cases[c].cols, &rng);
@@ -283,8 +319,8 @@ static void test_vnni_sets_match_avx2(void **state) {
                 avx2->matmul_rows(&M.m, 0, 29, x, cols, n, ya, 29, scratch);
                 k->matmul_rows(&M.m, 0, 29, x, cols, n, yb, 29, scratch);
                 if (memcmp(ya, yb, (size_t)(n * 29) * sizeof *ya) != 0)
-                    print_error("%s %s g%d: batch %lld differs from avx2\n", k->name, sp_qtype_name(M.m.type),
-                                M.m.group, (long long)n);
+                    print_error("%s %s g%d: batch %lld differs from %s\n", k->name, sp_qtype_name(M.m.type),
+                                M.m.group, (long long)n, avx2->name);
                 assert_memory_equal(ya, yb, (size_t)(n * 29) * sizeof *ya);
             }
             printf(" %s-g%d", sp_qtype_name(M.m.type), M.m.group);
@@ -308,15 +344,15 @@ static void test_checker_catches_errors(void **state) {
     for (int i = 0; i < 128; i++) x[i] = sp_rng_normal(&rng);
     for (int r = 0; r < 3; r++) y[r] = sp_qmat_dot_row_ref(&M.m, r, x);
     int64_t br, bt;
-    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) <= 1.0);
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, ACTS_FLOAT, &br, &bt) <= 1.0);
     sp_qmat_dequant_row_ref(&M.m, 1, w);
     double mag = 0;
     for (int i = 0; i < 128; i++) mag += fabs((double)w[i] * x[i]);
     y[1] += (float)(10 * TOL_MATMUL * mag);
-    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) > 1.0);
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, ACTS_FLOAT, &br, &bt) > 1.0);
     assert_int_equal(br, 1);
     y[1] = NAN;
-    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, TOL_MATMUL, &br, &bt) > 1.0);
+    assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, ACTS_FLOAT, &br, &bt) > 1.0);
     mat_free(&M);
 }
 
@@ -425,16 +461,24 @@ static void test_dispatch(void **state) {
     const struct sp_kernels *avx2f = sp_kernels_of(SP_KERNELS_AVX2F);
     const struct sp_kernels *avxvnni = sp_kernels_of(SP_KERNELS_AVXVNNI);
     const struct sp_kernels *avx512 = sp_kernels_of(SP_KERNELS_AVX512);
+    const struct sp_kernels *int16[] = {sp_kernels_of(SP_KERNELS_AVX2_INT16), sp_kernels_of(SP_KERNELS_AVXVNNI_INT16),
+                                        sp_kernels_of(SP_KERNELS_AVX512_INT16)};
     assert_non_null(portable);
     assert_string_equal(portable->name, "portable");
     assert_int_equal(avx2f != NULL, avx2 != NULL);
     if (avxvnni || avx512) assert_non_null(avx2);  // both build on the avx2 code
+    /* each x86 set comes with its -int16 variant */
+    assert_int_equal(int16[0] != NULL, avx2 != NULL);
+    assert_int_equal(int16[1] != NULL, avxvnni != NULL);
+    assert_int_equal(int16[2] != NULL, avx512 != NULL);
     const struct sp_kernels *best = avx512 ? avx512 : avxvnni ? avxvnni : avx2 ? avx2 : portable;
     /* a set by name when this CPU runs it, else the best one */
     const struct {
         const char *name;
         const struct sp_kernels *set;
-    } named[] = {{"portable", portable}, {"avx2", avx2}, {"avx2f", avx2f}, {"avxvnni", avxvnni}, {"avx512", avx512}};
+    } named[] = {{"portable", portable},           {"avx2", avx2},       {"avx2f", avx2f},
+                 {"avxvnni", avxvnni},             {"avx512", avx512},   {"avx2-int16", int16[0]},
+                 {"avxvnni-int16", int16[1]},      {"avx512-int16", int16[2]}};
     for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
         assert_ptr_equal(sp_kernels_select(named[i].name), named[i].set ? named[i].set : best);
         if (named[i].set) assert_string_equal(named[i].set->name, named[i].name);
@@ -478,7 +522,7 @@ static void test_linear_apply(void **state) {
             for (int64_t t = 0; t < n; t++)
                 for (int64_t r = 0; r < 301; r++) y[t * 301 + r] -= bias[r];
             int64_t br, bt;
-            assert_true(worst_ratio(&M.m, x, 256, n, y, 301, tol_for(sp_kernels(), &M.m, n), &br, &bt) <= 1.0);
+            assert_true(worst_ratio(&M.m, x, 256, n, y, 301, acts_of(sp_kernels(), &M.m), &br, &bt) <= 1.0);
             free(x);
             free(y);
         }
@@ -492,7 +536,10 @@ static int report(void **state) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)i);
         if (!k) continue;
         printf("# %s: worst error %.3g x TOL_MATMUL (%g)", k->name, worst_seen[i][0], TOL_MATMUL);
-        if (worst_seen[i][1] > 0) printf(", int16-activation products %.3g x TOL_Q16 (%g)", worst_seen[i][1], TOL_Q16);
+        if (worst_seen[i][ACTS_INT16] > 0)
+            printf(", int16-activation products %.3g x TOL_Q16 (%g)", worst_seen[i][ACTS_INT16], TOL_Q16);
+        if (worst_seen[i][ACTS_INT8] > 0)
+            printf(", int8-activation products %.3g x the allowed (%g sigma)", worst_seen[i][ACTS_INT8], Q8_SIGMAS);
         printf("\n");
     }
     printf("# active set: %s\n", sp_kernels()->name);

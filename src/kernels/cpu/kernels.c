@@ -173,12 +173,15 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
     struct x86_features f = x86_features();
     switch (isa) {
     case SP_KERNELS_AVX2:
+    case SP_KERNELS_AVX2_INT16:
     case SP_KERNELS_AVX2F:
-        return f.avx2 ? sp_kernels_avx2_set(isa == SP_KERNELS_AVX2F) : NULL;
+        return f.avx2 ? sp_kernels_avx2_set(isa) : NULL;
     case SP_KERNELS_AVXVNNI:
-        return f.avxvnni ? sp_kernels_avxvnni_set() : NULL;
+    case SP_KERNELS_AVXVNNI_INT16:
+        return f.avxvnni ? sp_kernels_avxvnni_set(isa) : NULL;
     case SP_KERNELS_AVX512:
-        return f.avx512 ? sp_kernels_avx512_set() : NULL;
+    case SP_KERNELS_AVX512_INT16:
+        return f.avx512 ? sp_kernels_avx512_set(isa) : NULL;
     default:
         return NULL;
     }
@@ -201,15 +204,23 @@ const struct sp_kernels *sp_kernels_select(const char *env_value) {
     return &portable;
 }
 
+/* The set in use; NULL until the first call chooses one. */
+static _Atomic(const struct sp_kernels *) chosen;
+
 const struct sp_kernels *sp_kernels(void) {
     /* Racing first calls compute the same answer; the atomic keeps it defined. */
-    static _Atomic(const struct sp_kernels *) chosen;
     const struct sp_kernels *k = atomic_load_explicit(&chosen, memory_order_acquire);
     if (!k) {
         k = sp_kernels_select(getenv("SPARROW_KERNELS"));
         atomic_store_explicit(&chosen, k, memory_order_release);
     }
     return k;
+}
+
+const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
+    const struct sp_kernels *before = sp_kernels();
+    atomic_store_explicit(&chosen, k, memory_order_release);
+    return before;
 }
 
 /* The portable product dequantizes a whole row; the x86 blocked one a

@@ -7,8 +7,10 @@
  * chosen by what the CPU has: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
  * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The three give
  * bit-identical results; the VNNI ones take fewer instructions per
- * multiply-add. SPARROW_KERNELS in the environment names a set to use
- * instead (sp_kernels_select).
+ * multiply-add. Each has a twin "NAME-int16" that rounds the activations of
+ * 4-bit rows to int16 instead of int8 (slower, closer to float), and avx2
+ * one with float activations, "avx2f". SPARROW_KERNELS in the environment
+ * names a set to use instead (sp_kernels_select).
  *
  *     const struct sp_kernels *k = sp_kernels();      // chosen once per process
  *     // y[t * ldy + r] = (row r of w) . x[t * ldx ...] for r in [r0, r1), t < n
@@ -20,13 +22,18 @@
  * nothing. The returned tables are static and live for the whole process.
  *
  * Numerics: the portable and avx2f sets compute the same products in float
- * with a different summation order (and FMA rounding). The default avx2 set
- * rounds activations to int16 with one scale per weight group (32 to 128
- * columns) in the products of 4- and 8-bit formats (relative error ~1.5e-5
- * of the group's largest value), as do avxvnni and avx512;
- * matmul_rows_float keeps them in float.
- * tests/test_kernels.c holds each set to the scalar reference of
- * quant/qtype.h with named tolerances relative to sum |w_i x_i|.
+ * with a different summation order (and FMA rounding). avx2, avxvnni and
+ * avx512 round activations with one scale per weight group (32 to 128
+ * columns): to int8 in the products of 4-bit formats (error <= 1/254 of
+ * the group's largest value per element, a sixteenth of the 4-bit weights'
+ * own rounding step), to int16 in those of 8-bit formats (1/65534); their
+ * -int16 twins use int16 for both. matmul_rows_float keeps activations in
+ * float. tests/test_kernels.c holds each set to the scalar reference of
+ * quant/qtype.h with named tolerances (relative to sum |w_i x_i|, plus the
+ * standard deviation of int8 rounding); bench/act_precision.sh measures
+ * what the rounding costs a trained model's perplexity: on stories260K,
+ * int8 adds 0.1-1.2% to the 11-28% that 4-bit weights cost, int16 nothing
+ * measurable.
  */
 #ifndef SP_KERNELS_CPU_KERNELS_H
 #define SP_KERNELS_CPU_KERNELS_H
@@ -39,23 +46,26 @@
 
 enum sp_kernels_isa {
     SP_KERNELS_PORTABLE,
-    SP_KERNELS_AVX2,   // decode products of 4/8-bit codes with int16 activations
-    SP_KERNELS_AVX2F,  // the same instructions, float activations throughout
-    SP_KERNELS_AVXVNNI,  // avx2's products with AVX-VNNI multiply-adds
-    SP_KERNELS_AVX512,   // the same with AVX-512 VNNI, 512 bits wide for 4-bit rows
+    SP_KERNELS_AVX2,         // products of 4-bit codes with int8 activations, 8-bit codes with int16
+    SP_KERNELS_AVX2_INT16,   // int16 activations for 4-bit codes too
+    SP_KERNELS_AVX2F,        // the same instructions, float activations throughout
+    SP_KERNELS_AVXVNNI,      // avx2's products with AVX-VNNI multiply-adds
+    SP_KERNELS_AVXVNNI_INT16,
+    SP_KERNELS_AVX512,       // the same with AVX-512 VNNI, 512 bits wide for int16 x 4-bit rows
+    SP_KERNELS_AVX512_INT16,
     SP_KERNELS_ISA_COUNT
 };
 
 struct sp_kernels {
     enum sp_kernels_isa isa;
-    const char *name;  // "portable", "avx2", "avx2f", "avxvnni", "avx512"
+    const char *name;  // "portable", "avx2", "avx2-int16", "avx2f", "avxvnni", ...
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
      * for every format of the traits table (formats a set has no fast path
      * for go through the portable code). */
     void (*matmul_rows)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
                         float *y, int64_t ldy, void *scratch);
-    /* The same with the activations kept in float (no int16 rounding), for
+    /* The same with the activations kept in float (no int8/int16 rounding), for
      * products whose small errors matter more than their speed (routers). */
     void (*matmul_rows_float)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                               int64_t n, float *y, int64_t ldy, void *scratch);
@@ -81,17 +91,23 @@ struct sp_kernels {
 /* The set this process uses: the best one the CPU supports, unless
  * SPARROW_KERNELS names another. Chosen on first call; thread-safe. */
 const struct sp_kernels *sp_kernels(void);
+/* Makes k the set sp_kernels() returns from now on (NULL: the automatic
+ * choice again, on the next call) and returns the one used before: for
+ * tests and benchmarks that compare sets within one process, between
+ * forward passes (never while one runs). */
+const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k);
 /* The set of one instruction set, or NULL when this CPU cannot run it. */
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
 /* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
- * the set of that name ("portable", "avx2", "avx2f", "avxvnni", "avx512")
+ * the set of that name ("portable", "avx2", "avx2-int16", "avx2f",
+ * "avxvnni", "avxvnni-int16", "avx512", "avx512-int16")
  * when the CPU can run it; anything else, or a set this CPU lacks, means
  * automatic: avx512, else avxvnni, else avx2, else portable. */
 const struct sp_kernels *sp_kernels_select(const char *env_value);
 /* The x86 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
- * the fused float product instead. The int16-activation product keeps
- * int16 copies of SP_KERNELS_Q16_TOKENS tokens at a time. */
+ * the fused float product instead. The int16- and int8-activation products
+ * keep rounded copies of SP_KERNELS_Q16_TOKENS tokens at a time. */
 #define SP_KERNELS_BLOCK_ROWS 4
 #define SP_KERNELS_BLOCK_COLS 512
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
@@ -100,9 +116,9 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 
 /* The x86 sets; only call when the CPU has the instructions (kernels.c). */
-const struct sp_kernels *sp_kernels_avx2_set(bool float_activations);
-const struct sp_kernels *sp_kernels_avxvnni_set(void);
-const struct sp_kernels *sp_kernels_avx512_set(void);
+const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa);
+const struct sp_kernels *sp_kernels_avxvnni_set(enum sp_kernels_isa isa);
+const struct sp_kernels *sp_kernels_avx512_set(enum sp_kernels_isa isa);
 /* The portable matmul_rows, which the x86 sets fall back on for formats they
  * have no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,

@@ -1,6 +1,7 @@
 /* matvec_avx2.c - the kernel sets "avx2" (int16 activations) and "avx2f"
  * (float activations): matvec_x86.h built with AVX2 + FMA + F16C. */
 #define KSET_ISA SP_KERNELS_AVX2
+#define KSET_INT16_ISA SP_KERNELS_AVX2_INT16
 #define KSET_NAME "avx2"
 #define KSET_FLOAT_ISA SP_KERNELS_AVX2F
 #define KSET_FLOAT_NAME "avx2f"

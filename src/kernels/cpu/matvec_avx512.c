@@ -3,6 +3,7 @@
  * 512-bit vectors for 4-bit rows of group 32 or 64, 256-bit ones for the
  * rest. */
 #define KSET_ISA SP_KERNELS_AVX512
+#define KSET_INT16_ISA SP_KERNELS_AVX512_INT16
 #define KSET_NAME "avx512"
 #define KSET_ENTRY sp_kernels_avx512_set
 #include "kernels/cpu/matvec_x86.h"

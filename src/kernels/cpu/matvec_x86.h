@@ -7,26 +7,34 @@
  *   matvec_avxvnni.c  the same plus AVX-VNNI: "avxvnni"
  *   matvec_avx512.c   the same plus AVX-512 F/BW/VL/DQ and VNNI: "avx512"
  *
- * Before including it a file defines KSET_ISA and KSET_NAME (the set with
- * int16 activations), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set
- * with float activations throughout), and KSET_ENTRY, the name of the
- * function that returns the set(s). The VNNI builds differ in two places:
- * vpdpwssd multiplies and adds into the int32 sums in one instruction where
- * AVX2 needs vpmaddwd then vpaddd; and the avx512 build takes 4-bit rows of
- * group 32 or 64 two 64-column units per 512-bit instruction, their halves
- * being exactly the two 256-bit accumulator chains of the other builds
- * (zmm_pairs). Integer sums are exact and every float operation happens in
- * the same order, so every set here gives bit-identical results. Measured
- * on a Sapphire Rapids host, 2 threads, 2048 x 2048 (bench/kernels): 4-bit
+ * Before including it a file defines KSET_ISA and KSET_NAME (the default
+ * set: int8 activations for 4-bit rows, int16 for 8-bit rows),
+ * KSET_INT16_ISA (its twin "NAME-int16", int16 activations for 4-bit rows
+ * too), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set with float
+ * activations throughout), and KSET_ENTRY, the name of the function that
+ * returns a set by its enum value. The VNNI builds differ in two places:
+ * vpdpwssd / vpdpbusd multiply and add into the int32 sums in one
+ * instruction where AVX2 needs vpmaddwd / vpmaddubsw and adds; and the
+ * avx512 build takes int16 x 4-bit rows of group 32 or 64 two 64-column
+ * units per 512-bit instruction, their halves being exactly the two 256-bit
+ * accumulator chains of the other builds (zmm_pairs). Integer sums are
+ * exact and every float operation happens in the same order, so the three
+ * builds' twin sets give bit-identical results. Measured on a Sapphire
+ * Rapids host, 2 threads, 2048 x 2048 (bench/kernels): int16 x 4-bit
  * products of 64 tokens 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM
  * about 1.4x. Everything else stays 256 bits wide.
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
- * - int16 activations (affine 4/8-bit and mxfp4, any n): each token
- *   is rounded to int16 with one scale per 32 columns, codes are widened to
- *   int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per instruction
- *   with exact int32 sums; a row is read once and decoded once per 4 tokens.
+ * - int8 activations (4-bit rows: affine4 and mxfp4, any n, the default
+ *   sets): each token is rounded to int8 with one scale per weight group;
+ *   codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32 pairs per
+ *   instruction with exact sums (q8_rows).
+ * - int16 activations (affine 8-bit; 4-bit rows in the -int16 sets; any n):
+ *   each token is rounded to int16 with one scale per weight group, codes
+ *   are widened to int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per
+ *   instruction with exact int32 sums; a row is read once and decoded once
+ *   per 4 tokens.
  * - fused float (plain floats, and every format in avx2f, n <= 7): each
  *   8-element piece of a row is decoded straight into a register and
  *   multiplied into the accumulators of up to 4 tokens; no float copy of
@@ -805,15 +813,294 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
     }
 }
 
+/* ---- 4-bit products with int8 activations ----
+ *
+ * Multiplying 4-bit codes by int16 activations needs the codes widened to
+ * 16 bits (6 operations per 64 codes) and 4 multiply-adds per 64 columns.
+ * Kept as bytes, the codes multiply int8 activations directly: vpmaddubsw
+ * takes unsigned bytes times signed bytes, 32 products per instruction
+ * (vpdpbusd in the VNNI builds adds them into int32 too), so a 64-column
+ * unit costs 3 operations to split nibbles and 2 multiply-adds.
+ *
+ * Each token's activations are rounded to int8 with one scale per weight
+ * group, dx = amax / 127 (error <= dx / 2 per element, 1/254 of the
+ * group's largest value: a sixteenth of the rounding step of the 4-bit
+ * weights themselves, which is 1/15 of their group's range). A unit's
+ * activations are stored as its 32 even columns, then its 32 odd ones: byte
+ * j of the codes holds columns 2j (low nibble) and 2j + 1 (high nibble),
+ * so "& 0xf" and ">> 4 & 0xf" line up with them with no shuffle. The int32
+ * sums hold columns 0..31 in lanes 0-3 and 32..63 in lanes 4-7, as in the
+ * int16 product. mxfp4 codes become 2 * e2m1 + 12 (0..24, unsigned) by
+ * table lookup; the 12 * sum(xq) this adds per group is taken off with the
+ * group's multiplier, like the affine bias term. Integer sums are exact, so
+ * every set gives the same bits here too. */
+
+struct q8 {
+    const int8_t *xq;   // (n, cols): each unit's even columns, then its odd ones
+    const float *dx;    // (n, ng): scale of each group of x
+    const float *xsum;  // (n, ng): affine: float sum of x over the group; mxfp4: 12 x the sum of xq
+    float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
+    int64_t cols, ng;
+};
+
+#define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
+
+/* 32 int8 in natural order (a token's quantized columns) -> the 16 even
+ * ones, then the 16 odd ones, of each 32-column half. */
+ALWAYS __m256i evens_odds(__m256i v) {
+    const __m256i sh = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                        14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, sh), 0xD8);
+}
+
+/* 32 floats times inv, rounded to int8 (nearest even) in natural order;
+ * *isum gets the int32 sums of the rounded values (8 lanes). */
+ALWAYS __m256i quantize32(const float *x, __m256 inv, __m256i *isum) {
+    __m256i i[4];
+    for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), inv));
+    *isum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    /* packs work per 128-bit lane: dwords come out as 0 4 1 5 2 6 3 7 */
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+ALWAYS int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Quantizes n tokens of x into scratch laid out as struct q8 (one scale
+ * per weight group of 32, 64 or 128 columns). */
+static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool mx4, void *scratch,
+                       struct q8 *q) {
+    int64_t ng = cols / group;
+    int8_t *xq = scratch;
+    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        int8_t *ot = xq + t * cols;
+        for (int64_t g = 0; g < ng; g++) {
+            const float *xg = xt + g * group;
+            __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int64_t k = 0; k < group; k += 8) {
+                __m256 v = _mm256_loadu_ps(xg + k);
+                m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
+                sum = _mm256_add_ps(sum, v);
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            dx[t * ng + g] = amax / 127.0f;
+            /* a group is a whole number of 32-column halves of units */
+            __m256i isum = _mm256_setzero_si256();
+            for (int64_t k = 0; k < group; k += 32) {
+                __m256i s32;
+                __m256i v = quantize32(xg + k, inv, &s32);
+                isum = _mm256_add_epi32(isum, s32);
+                /* units: evens of both halves, then odds; a last lone 32-column
+                 * block: its evens, then its odds */
+                int64_t col = g * group + k, u0 = col & ~(int64_t)63;
+                __m256i eo = evens_odds(v);
+                if (u0 + 64 <= cols) {
+                    int64_t half = (col - u0) / 2;  // 0 or 16
+                    _mm_storeu_si128((__m128i *)(void *)(ot + u0 + half), _mm256_castsi256_si128(eo));
+                    _mm_storeu_si128((__m128i *)(void *)(ot + u0 + 32 + half), _mm256_extracti128_si256(eo, 1));
+                } else {
+                    _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
+                }
+            }
+            xsum[t * ng + g] = mx4 ? (float)(MX4_OFFSET * hsum_epi32(isum)) : hsum(sum);
+        }
+    }
+    *q = (struct q8){xq, dx, xsum, ds, cols, ng};
+}
+
+/* acc + the int32 sums of the products of unsigned bytes u and signed
+ * bytes x, 4 adjacent ones per lane (exact: |u| <= 24, |x| <= 127). */
+#if HAVE_DPWSSD
+ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, x0), u1, x1);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, x0), u1, x1);
+#endif
+}
+#else
+ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    /* pairs of products fit int16 (2 x 24 x 127 each, 4 of them < 32767) */
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+#endif
+
+/* Codes of 64 columns (32 bytes at c) as unsigned bytes: lo holds the even
+ * columns, hi the odd ones; mxfp4 as 2 * e2m1 + 12. */
+ALWAYS void u8_codes(int fmt, const uint8_t *c, __m256i *lo, __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0xf);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)c);
+    *lo = _mm256_and_si256(v, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (fmt == FMT_MX4) {
+        const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                              15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        *lo = _mm256_shuffle_epi8(e2m1, *lo);
+        *hi = _mm256_shuffle_epi8(e2m1, *hi);
+    }
+}
+
+/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token
+ * t; mxfp4 scales times 1/2 (the codes are 2 * e2m1). */
+ALWAYS void q8_row_ds(int sdt, const uint8_t *sc, const struct q8 *q, int nt) {
+    const float code_scale = sdt == SP_DTYPE_U8 ? 0.5f / MX4_CODE_SCALE : 1.0f;  // exact powers of two
+    const __m256 cs = _mm256_set1_ps(code_scale);
+    int64_t g = 0, ng = q->ng;
+    for (; g + 8 <= ng; g += 8) {
+        __m256 s = _mm256_mul_ps(load8_scales(sdt, sc, g), cs);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(q->ds + t * ng + g, _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + t * ng + g)));
+    }
+    for (; g < ng; g++) {
+        float s = load1_scale(sdt, sc, g) * code_scale;
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) q->ds[t * ng + g] = s * q->dx[t * ng + g];
+    }
+}
+
+/* Group g (`units` units of 64 columns: affine4 group 64 or 128) into
+ * chain `chain` of each token. */
+ALWAYS void q8_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int units, int nt, __m256 acc[4][2],
+                     int chain) {
+    __m256i p[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int i = 0; i < units; i++) {
+        int64_t u = g * units + i;
+        __m256i lo, hi;
+        _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+        u8_codes(fmt, c + u * 32, &lo, &hi);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + u * 64);
+            p[t] = dot_u8_2(p[t], lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
+/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
+ * into chain `chain`: each half with its own multiplier. */
+ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int nt, __m256 acc[4][2],
+                          int chain) {
+    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256i lo, hi;
+    _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+    u8_codes(fmt, c + g * 16, &lo, &hi);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + g * 32);
+        __m256i p = dot_u8_2(_mm256_setzero_si256(), lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
+        __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
+        __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+    }
+}
+
+/* The last group of 32 columns of a row with an odd number of them (16
+ * bytes of codes; activations: its 16 even columns, then the odd ones),
+ * into the low half of chain 0. */
+ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int nt, __m256 acc[4][2]) {
+    const __m128i low4 = _mm_set1_epi8(0xf);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + g * 16));
+    __m256i codes = _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4));
+    if (fmt == FMT_MX4) {
+        const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                              15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        codes = _mm256_shuffle_epi8(e2m1, codes);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(q->xq + t * q->cols + g * 32));
+        /* lanes 0-3 even columns, 4-7 odd ones: their sum is the group's */
+        __m256i p = dot_u8_2(_mm256_setzero_si256(), codes, x, _mm256_setzero_si256(), x);
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        __m256 d = _mm256_broadcast_ss(q->ds + t * q->ng + g);
+        acc[t][0] = _mm256_fmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(s)), d, acc[t][0]);
+    }
+}
+
+ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y, int64_t ldy,
+                    int fmt, int sdt, int nt, int per) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
+        q8_row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt);
+        __m256 acc[4][2];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        /* two chains (even / odd groups or pairs) hide the FMA latency */
+        int64_t g = 0;
+        if (per == 1) {
+            for (; g + 4 <= f.ng; g += 4) {
+                q8_group_pair(fmt, c, q, g, nt, acc, 0);
+                q8_group_pair(fmt, c, q, g + 2, nt, acc, 1);
+            }
+            if (g + 2 <= f.ng) {
+                q8_group_pair(fmt, c, q, g, nt, acc, 0);
+                g += 2;
+            }
+            if (g < f.ng) q8_lone_group(fmt, c, q, g++, nt, acc);
+        } else {
+            for (; g + 2 <= f.ng; g += 2) {
+                q8_group(fmt, c, q, g, per / 2, nt, acc, 0);
+                q8_group(fmt, c, q, g + 1, per / 2, nt, acc, 1);
+            }
+            if (g < f.ng) q8_group(fmt, c, q, g, per / 2, nt, acc, 0);
+        }
+        /* affine: + sum over groups of b_g * sum(x over group g);
+         * mxfp4: - sum over groups of ds_g * 12 * sum(xq over group g) */
+        const uint8_t *bi = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
+        __m256 bacc[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
+        for (g = 0; g + 8 <= f.ng; g += 8) {
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                __m256 bv = bi ? load8_scales(sdt, bi, g) : _mm256_loadu_ps(q->ds + t * f.ng + g);
+                bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
+            }
+        }
+        float extra[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) extra[t] = hsum(bacc[t]);
+        for (; g < f.ng; g++)
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) extra[t] += (bi ? load_scale(sdt, bi, g) : q->ds[t * f.ng + g]) * q->xsum[t * f.ng + g];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            float dot = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+            y[t * ldy + r] = bi ? dot + extra[t] : dot - extra[t];
+        }
+    }
+}
+
 /* ---- one instantiation per (format, scale dtype) ---- */
 
 typedef void (*fused_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                          int64_t ldy);
 typedef void (*q16_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy);
+typedef void (*q8_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y, int64_t ldy);
 struct impl {
     fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
     q16_fn q16[4];      // 1 to 4 tokens, int16 activations; NULL for plain floats
+    q8_fn q8[4];        // 1 to 4 tokens, int8 activations; 4-bit codes only
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -831,7 +1118,7 @@ struct impl {
 
 #define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
-    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, 0};
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0};
 
 /* one function per token count; the group size picks blocks per group */
 #define Q16(ID, FMT, SDT, NT)                                                                                     \
@@ -844,22 +1131,40 @@ struct impl {
         else                                                                                                    \
             q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                    \
     }
+#define Q8(ID, FMT, SDT, NT)                                                                                      \
+    static void q8_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y,     \
+                               int64_t ldy) {                                                                   \
+        if (w->group == 32)                                                                                     \
+            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                     \
+        else if (w->group == 64)                                                                                \
+            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                     \
+        else                                                                                                    \
+            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                     \
+    }
 #define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
-                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, FMT == FMT_A4 || FMT == FMT_MX4};
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, false};
+/* 4-bit formats: the same plus the int8-activation product */
+#define IMPL_QUANT4(ID, FMT, SDT)                                                                                 \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
+    Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4)                               \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
+                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, true};
 
 IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
 IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
 IMPL_FLOAT(f16, FMT_F16, SP_DTYPE_F32)
-IMPL_QUANT(a4_f32, FMT_A4, SP_DTYPE_F32)
-IMPL_QUANT(a4_bf16, FMT_A4, SP_DTYPE_BF16)
-IMPL_QUANT(a4_f16, FMT_A4, SP_DTYPE_F16)
+IMPL_QUANT4(a4_f32, FMT_A4, SP_DTYPE_F32)
+IMPL_QUANT4(a4_bf16, FMT_A4, SP_DTYPE_BF16)
+IMPL_QUANT4(a4_f16, FMT_A4, SP_DTYPE_F16)
 IMPL_QUANT(a8_f32, FMT_A8, SP_DTYPE_F32)
 IMPL_QUANT(a8_bf16, FMT_A8, SP_DTYPE_BF16)
 IMPL_QUANT(a8_f16, FMT_A8, SP_DTYPE_F16)
-IMPL_QUANT(mx4, FMT_MX4, SP_DTYPE_U8)
+IMPL_QUANT4(mx4, FMT_MX4, SP_DTYPE_U8)
 
 /* The fast path for w, or NULL when the portable product must serve. */
 static const struct impl *impl_for(const struct sp_qmat *w) {
@@ -927,25 +1232,57 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     }
 }
 
-static void matmul_rows(bool use_q16, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                        int64_t n, float *y, int64_t ldy, void *scratch) {
+/* int8 activations (4-bit codes), for any n: as q16_rows_all. */
+static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
+        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
+        struct q8 q;
+        q8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, w->type == SP_QTYPE_MXFP4, scratch, &q);
+        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        for (int64_t r = r0; r < r1; r += chunk) {
+            int64_t re = r1 - r < chunk ? r1 : r + chunk;
+            for (int64_t t = 0; t < nq; t += 4) {
+                int64_t nt = nq - t < 4 ? nq - t : 4;
+                struct q8 qt = q;
+                qt.xq += t * q.cols;
+                qt.dx += t * q.ng;
+                qt.xsum += t * q.ng;
+                im->q8[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+            }
+        }
+    }
+}
+
+/* How a set treats the activations of quantized rows. */
+enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8 };
+
+static void matmul_rows(enum acts acts, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     const struct impl *im = impl_for(w);
     if (!im)
         sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
-    else if (use_q16 && im->q16[0])
+    else if (acts == ACTS_INT8 && im->q8[0])
+        q8_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    else if (acts != ACTS_FLOAT && im->q16[0])
         q16_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
     else
         float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
 
+static void matmul_rows_q8(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                           int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(ACTS_INT8, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
 static void matmul_rows_q16(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                             int64_t n, float *y, int64_t ldy, void *scratch) {
-    matmul_rows(true, w, r0, r1, x, ldx, n, y, ldy, scratch);
+                            int64_t n, float *y, int64_t ldy, void *scratch) {
+    matmul_rows(ACTS_INT16, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
 
 static void matmul_rows_float(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                               int64_t n, float *y, int64_t ldy, void *scratch) {
-    matmul_rows(false, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    matmul_rows(ACTS_FLOAT, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
 
 /* 8 values of dtype dt at b + i as floats */
@@ -1061,14 +1398,17 @@ static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t n
         .axpy_rows = axpy_rows_x86,             \
     }
 
-static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q16);
-
+static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8);
+static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16);
 #ifdef KSET_FLOAT_ISA
 static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float);
-
-const struct sp_kernels *KSET_ENTRY(bool float_activations) { return float_activations ? &kset_float : &kset; }
-#else
-const struct sp_kernels *KSET_ENTRY(void) { return &kset; }
 #endif
+
+const struct sp_kernels *KSET_ENTRY(enum sp_kernels_isa isa) {
+#ifdef KSET_FLOAT_ISA
+    if (isa == KSET_FLOAT_ISA) return &kset_float;
+#endif
+    return isa == KSET_INT16_ISA ? &kset_int16 : &kset;
+}
 
 #endif

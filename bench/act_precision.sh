@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# What rounding activations costs in quality, on the one real trained model
+# available offline (../shared/models/stories260K.gguf, converted by
+# tools/gguf_to_hf.py): texts sampled from the float model are scored
+# (mean negative log-likelihood per token, and perplexity) by the float
+# model and by its quantized copies (affine4 g32 / g64, mxfp4, affine8 g32)
+# under each kernel set: float activations (avx2f), int16 (avx2-int16) and
+# the default (avx2: int8 for 4-bit rows, int16 for 8-bit rows). The
+# difference a set makes on one quantized model is what its activation
+# rounding costs; the difference between the float model and the
+# quantized one under avx2f is what the weight format costs.
+#
+#     bench/act_precision.sh          # TEXTS=8 LEN=250 by default
+#
+# BUILD names the build folder (default build). Output: one line per model
+# and set, "act_precision model=... set=... tokens=... nll=... ppl=...".
+set -eu
+cd "$(dirname "$0")/.."
+BUILD="${BUILD:-build}"
+TEXTS="${TEXTS:-8}"
+LEN="${LEN:-250}"
+GGUF="${GGUF:-../shared/models/stories260K.gguf}"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/sparrow-act-XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+sp="$BUILD/sparrow"
+
+python3 tools/gguf_to_hf.py "$GGUF" "$tmp/f32"
+"$sp" quantize "$tmp/f32" "$tmp/affine4-g32" --mode affine --bits 4 --group-size 32 >/dev/null
+"$sp" quantize "$tmp/f32" "$tmp/affine4-g64" --mode affine --bits 4 --group-size 64 >/dev/null
+"$sp" quantize "$tmp/f32" "$tmp/mxfp4" --mode mxfp4 >/dev/null
+"$sp" quantize "$tmp/f32" "$tmp/affine8-g32" --mode affine --bits 8 --group-size 32 >/dev/null
+
+# texts: BOS + "Once upon a time" (ids of the stories260K vocabulary), then
+# LEN tokens sampled at temperature 1 with no truncation, one seed per text
+for s in $(seq "$TEXTS"); do
+    SPARROW_KERNELS=avx2f "$sp" run --model "$tmp/f32" --tokens 1,403,407,261,378 --max-tokens "$LEN" --temp 1 \
+        --top-k 0 --top-p 1 --min-p 0 --ignore-eos --seed "$s" --threads 1 2>/dev/null |
+        head -1 | tr ' ' ',' | sed 's/^/1,403,407,261,378,/' >"$tmp/text$s"
+done
+
+score() {  # model set
+    local total=0
+    for s in $(seq "$TEXTS"); do
+        SPARROW_KERNELS="$2" "$sp" run --model "$tmp/$1" --tokens "$(cat "$tmp/text$s")" --dump-logits "$tmp/logits" \
+            --threads 2 >/dev/null 2>&1
+        python3 - "$tmp/logits" "$(cat "$tmp/text$s")" >>"$tmp/nll-$1-$2" <<'PY'
+import math, struct, sys
+ids = [int(t) for t in sys.argv[2].split(",")]
+raw = open(sys.argv[1], "rb").read()
+logits = struct.unpack("<%df" % (len(raw) // 4), raw)
+vocab = len(logits) // len(ids)
+nll = 0.0
+for p in range(len(ids) - 1):
+    row = logits[p * vocab:(p + 1) * vocab]
+    m = max(row)
+    nll += m + math.log(sum(math.exp(v - m) for v in row)) - row[ids[p + 1]]
+print(nll, len(ids) - 1)
+PY
+    done
+    awk -v m="$1" -v k="$2" '{ n += $1; t += $2 } END { printf "act_precision model=%s set=%s tokens=%d nll=%.5f ppl=%.4f\n", m, k, t, n / t, exp(n / t) }' "$tmp/nll-$1-$2"
+}
+
+score f32 avx2f
+for m in affine4-g32 affine4-g64 mxfp4 affine8-g32; do
+    for k in avx2f avx2-int16 avx2; do score "$m" "$k"; done
+done
