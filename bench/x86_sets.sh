@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Compares the x86 kernel sets this CPU runs (avx2, and avxvnni / avx512
-# where the CPU has them): bench/kernels per set on the 4-bit, 8-bit and
-# mxfp4 formats, then `sparrow bench` on synthetic models of real shapes
-# with SPARROW_KERNELS naming each set in turn, sets alternating within each
-# repetition so that a drift of the machine touches every set alike. Ends
+# where the CPU has them, each with its -int16 twin, which rounds the
+# activations of 4-bit rows to int16 instead of int8): bench/kernels per
+# set on the 4-bit, 8-bit and mxfp4 formats, then `sparrow bench` on
+# synthetic models of real shapes with SPARROW_KERNELS naming each set in
+# turn, sets alternating within each repetition so that a drift of the
+# machine touches every set alike. Ends
 # with a table of the best prefill and decode figures per model and set.
 # KFMTS lists the kernel formats besides affine4-g64 (default "mxfp4
 # affine8-g64"; empty: none).
@@ -29,7 +31,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sparrow-sets-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 
 sets=()
-for s in avx2 avxvnni avx512; do
+for s in avx2 avx2-int16 avxvnni avxvnni-int16 avx512 avx512-int16; do
     out="$("$BUILD/bench/kernels" --quick --threads "$THREADS" --isa "$s" --fmt affine4-g64 | tee /dev/stderr)"
     grep -q "^kernel isa=$s " <<<"$out" && sets+=("$s")
 done
