@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What rounding activations costs in quality, on the one real trained model
 # available offline (../shared/models/stories260K.gguf, converted by
-# tools/gguf_to_hf.py): texts sampled from the float model are scored
+# tools/gguf_to_hf.mjs): texts sampled from the float model are scored
 # (mean negative log-likelihood per token, and perplexity) by the float
 # model and by its quantized copies (affine4 g32 / g64, mxfp4, affine8 g32)
 # under each kernel set: float activations (avx2f), int16 (avx2-int16) and
@@ -24,7 +24,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sparrow-act-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 sp="$BUILD/sparrow"
 
-python3 tools/gguf_to_hf.py "$GGUF" "$tmp/f32"
+node tools/gguf_to_hf.mjs "$GGUF" "$tmp/f32"
 "$sp" quantize "$tmp/f32" "$tmp/affine4-g32" --mode affine --bits 4 --group-size 32 >/dev/null
 "$sp" quantize "$tmp/f32" "$tmp/affine4-g64" --mode affine --bits 4 --group-size 64 >/dev/null
 "$sp" quantize "$tmp/f32" "$tmp/mxfp4" --mode mxfp4 >/dev/null
@@ -43,19 +43,7 @@ score() {  # model set
     for s in $(seq "$TEXTS"); do
         SPARROW_KERNELS="$2" "$sp" run --model "$tmp/$1" --tokens "$(cat "$tmp/text$s")" --dump-logits "$tmp/logits" \
             --threads 2 >/dev/null 2>&1
-        python3 - "$tmp/logits" "$(cat "$tmp/text$s")" >>"$tmp/nll-$1-$2" <<'PY'
-import math, struct, sys
-ids = [int(t) for t in sys.argv[2].split(",")]
-raw = open(sys.argv[1], "rb").read()
-logits = struct.unpack("<%df" % (len(raw) // 4), raw)
-vocab = len(logits) // len(ids)
-nll = 0.0
-for p in range(len(ids) - 1):
-    row = logits[p * vocab:(p + 1) * vocab]
-    m = max(row)
-    nll += m + math.log(sum(math.exp(v - m) for v in row)) - row[ids[p + 1]]
-print(nll, len(ids) - 1)
-PY
+        node tools/nll.mjs "$tmp/logits" "$(cat "$tmp/text$s")" >>"$tmp/nll-$1-$2"
     done
     awk -v m="$1" -v k="$2" '{ n += $1; t += $2 } END { printf "act_precision model=%s set=%s tokens=%d nll=%.5f ppl=%.4f\n", m, k, t, n / t, exp(n / t) }' "$tmp/nll-$1-$2"
 }
