@@ -432,14 +432,35 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
 #define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
 #define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
 
-struct q16 {
-    const int16_t *xq;  // (n, cols): block-wise reordered for 4-bit codes
+/* A batch of tokens rounded to int16 (q16_prepare) or int8 (q8_prepare). */
+struct qacts {
+    const void *xq;     // (n, cols) int16 or int8, in the order the product reads them
     const float *dx;    // (n, ng): scale of each group of x
-    const float *xsum;  // (n, ng): float sum of x over each group
+    const float *xsum;  // (n, ng): float sum of x over each group (int8 mxfp4: 12 x the sum of xq)
     float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
     int64_t cols, ng;
-    bool paired;        // 4-bit units stored in pairs (unit_at)
+    bool paired;        // int16: 4-bit units stored in pairs (unit_at)
 };
+
+/* Token t's int16 / int8 activations. */
+ALWAYS const int16_t *xq16(const struct qacts *q, int t) { return (const int16_t *)q->xq + t * q->cols; }
+ALWAYS const int8_t *xq8(const struct qacts *q, int t) { return (const int8_t *)q->xq + t * q->cols; }
+
+/* The largest |x| of a group of x (group a multiple of 8); *sum gets the
+ * float sum of the group. */
+ALWAYS float group_amax(const float *xg, int64_t group, float *sum) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps(), s = _mm256_setzero_ps();
+    for (int64_t k = 0; k < group; k += 8) {
+        __m256 v = _mm256_loadu_ps(xg + k);
+        m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
+        s = _mm256_add_ps(s, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    *sum = hsum(s);
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
 
 /* Where vector j (16 int16, j < 4) of 4-bit unit u's activations starts in
  * a token's row: unit by unit (u * 64 + j * 16), or, where the product
@@ -487,31 +508,20 @@ ALWAYS void quad_quantize(const float *x, __m256 inv, __m256i out[4]) {
     for (int j = 0; j < 4; j++) out[j] = _mm256_cvtps_epi32(_mm256_mul_ps(r[j], inv));  // nearest even
 }
 
-/* Quantizes n tokens of x into scratch laid out as struct q16 (group 32,
+/* Quantizes n tokens of x into scratch as int16 (struct qacts; group 32,
  * 64 or 128 columns per scale; 4-bit codes: units in quad order). */
 static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool four_bit,
-                        void *scratch, struct q16 *q) {
+                        void *scratch, struct qacts *q) {
     int64_t ng = cols / group, units = four_bit ? cols / 64 : 0;
     bool paired = HAVE_ZMM && group <= 64 && units >= 2;
     int16_t *xq = scratch;
     float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
     float *inv = ds;  // per token, until the rows make their multipliers there
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int16_t *ot = xq + t * cols;
         for (int64_t g = 0; g < ng; g++) {
-            const float *xg = xt + g * group;
-            __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-            for (int64_t k = 0; k < group; k += 8) {
-                __m256 v = _mm256_loadu_ps(xg + k);
-                m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
-                sum = _mm256_add_ps(sum, v);
-            }
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-            xsum[t * ng + g] = hsum(sum);
+            float amax = group_amax(xt + g * group, group, xsum + t * ng + g);
             dx[t * ng + g] = amax / 32767.0f;
             inv[g] = amax > 0.0f ? 32767.0f / amax : 0.0f;
         }
@@ -536,7 +546,7 @@ static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, in
             _mm256_storeu_si256((__m256i *)(void *)(ot + b + 16), hi);
         }
     }
-    *q = (struct q16){xq, dx, xsum, ds, cols, ng, paired};
+    *q = (struct qacts){xq, dx, xsum, ds, cols, ng, paired};
 }
 
 /* 32 codes of block b as two vectors of 16 int16, in the order the
@@ -584,23 +594,65 @@ ALWAYS float load1_scale(int sdt, const uint8_t *p, int64_t g) {
     return sdt == SP_DTYPE_U8 ? e8m0(p[g]) * MX4_CODE_SCALE : load_scale(sdt, p, g);
 }
 
-/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token t. */
-ALWAYS void q16_row_ds(int sdt, const uint8_t *sc, const struct q16 *q, int nt) {
+/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of
+ * token t, the scale times code_scale (a power of two: exact). */
+ALWAYS void row_ds(int sdt, const uint8_t *sc, const struct qacts *q, int nt, float code_scale) {
+    const __m256 cs = _mm256_set1_ps(code_scale);
     int64_t g = 0, ng = q->ng;
     for (; g + 8 <= ng; g += 8) {
-        __m256 s = load8_scales(sdt, sc, g);
+        __m256 s = _mm256_mul_ps(load8_scales(sdt, sc, g), cs);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) _mm256_storeu_ps(q->ds + t * ng + g, _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + t * ng + g)));
     }
     for (; g < ng; g++) {
-        float s = load1_scale(sdt, sc, g);
+        float s = load1_scale(sdt, sc, g) * code_scale;
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) q->ds[t * ng + g] = s * q->dx[t * ng + g];
     }
 }
 
+/* out[t] = the sum over groups g of v_g * xsum[t][g] for nt tokens, v the
+ * row's biases bi (affine: the bias term) or, with bi NULL, its multipliers
+ * q->ds (int8 mxfp4: the offset's term). */
+ALWAYS void group_terms(int sdt, const uint8_t *bi, const struct qacts *q, int nt, float out[4]) {
+    int64_t g = 0, ng = q->ng;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (; g + 8 <= ng; g += 8) {
+        __m256 bv = bi ? load8_scales(sdt, bi, g) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m256 v = bi ? bv : _mm256_loadu_ps(q->ds + t * ng + g);
+            acc[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(q->xsum + t * ng + g), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) out[t] = hsum(acc[t]);
+    for (; g < ng; g++) {
+        float bg = bi ? load_scale(sdt, bi, g) : 0.0f;
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) out[t] += (bi ? bg : q->ds[t * ng + g]) * q->xsum[t * ng + g];
+    }
+}
+
+/* acc[t][chain] += (the int32 sums p[t] of group g) x the group's
+ * multiplier, for nt tokens. */
+ALWAYS void add_scaled(__m256 acc[4][2], int chain, const __m256i p[4], const struct qacts *q, int64_t g, int nt) {
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+}
+
+/* The multipliers of groups g and g + 1 of token t for a unit's int32
+ * sums (lanes 0-3 the first 32 columns, 4-7 the next). */
+ALWAYS __m256 pair_ds(const struct qacts *q, int t, int64_t g) {
+    __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
 /* Group g (PER blocks of 32) of a row into chain `chain` of each token. */
-ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int per, int nt, __m256 acc[4][2],
+ALWAYS void q16_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int per, int nt, __m256 acc[4][2],
                       int chain) {
     __m256i p[4];
 #pragma GCC unroll 4
@@ -611,14 +663,12 @@ ALWAYS void q16_group(int fmt, const uint8_t *c, const struct q16 *q, int64_t g,
         q16_codes(fmt, c, blk, &w0, &w1);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
-            const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + blk * QB);
+            const __m256i *xq = (const __m256i *)(const void *)(xq16(q, t) + blk * QB);
             __m256i s = b ? madd_acc(p[t], w0, _mm256_loadu_si256(xq)) : _mm256_madd_epi16(w0, _mm256_loadu_si256(xq));
             p[t] = madd_acc(s, w1, _mm256_loadu_si256(xq + 1));
         }
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+    add_scaled(acc, chain, p, q, g, nt);
 }
 
 /* ---- 4-bit codes a unit (64 columns) at a time ---- */
@@ -659,7 +709,7 @@ ALWAYS __m256i quad_dot(__m256i acc, bool first, const __m256i w[4], const int16
 }
 
 /* Group g of `units` units (affine4, group 64 or 128) into chain `chain`. */
-ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int units, int nt,
+ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int units, int nt,
                            __m256 acc[4][2], int chain) {
     __m256i p[4] = {0};
 #pragma GCC unroll 2
@@ -670,27 +720,23 @@ ALWAYS void q16_group_quad(int fmt, const uint8_t *c, const struct q16 *q, int64
         quad_codes(fmt, c, u, w);
         int64_t js, at = unit_at(q->paired, q->cols, u, &js);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) p[t] = quad_dot(p[t], i == 0, w, q->xq + t * q->cols + at, js);
+        for (int t = 0; t < nt; t++) p[t] = quad_dot(p[t], i == 0, w, xq16(q, t) + at, js);
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+    add_scaled(acc, chain, p, q, g, nt);
 }
 
 /* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
  * into chain `chain`: each half with its own multiplier. */
-ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64_t g, int nt, __m256 acc[4][2],
+ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2],
                            int chain) {
-    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256i w[4];
     _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
     quad_codes(fmt, c, g / 2, w);
     int64_t js, at = unit_at(q->paired, q->cols, g / 2, &js);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        __m256i p = quad_dot(_mm256_setzero_si256(), true, w, q->xq + t * q->cols + at, js);
-        __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
-        __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
+        __m256i p = quad_dot(_mm256_setzero_si256(), true, w, xq16(q, t) + at, js);
+        __m256 d = pair_ds(q, t, g);
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
     }
 }
@@ -701,7 +747,7 @@ ALWAYS void q16_group_pair(int fmt, const uint8_t *c, const struct q16 *q, int64
  * 2p + 1, so the float accumulator's halves are exactly chains 0 and 1 of
  * the 256-bit code (even / odd units), which take over from here: acc must
  * be zero, and the group to go on from is returned. */
-ALWAYS int64_t zmm_pairs(int fmt, const uint8_t *c, const struct q16 *q, int per, int nt, __m256 acc[4][2]) {
+ALWAYS int64_t zmm_pairs(int fmt, const uint8_t *c, const struct qacts *q, int per, int nt, __m256 acc[4][2]) {
     /* per == 2: one group per unit, multipliers [ds_2p x 8 | ds_2p+1 x 8];
      * per == 1: two per unit, [ds_4p x 4 | ds_4p+1 x 4 | ds_4p+2 x 4 | ds_4p+3 x 4] */
     const __m512i spread = per == 2 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
@@ -730,7 +776,7 @@ ALWAYS int64_t zmm_pairs(int fmt, const uint8_t *c, const struct q16 *q, int per
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
-            const int16_t *xq = q->xq + t * q->cols + p * 128;
+            const int16_t *xq = xq16(q, t) + p * 128;
 #define XV(j) _mm512_loadu_si512((const void *)(xq + (j) * 32))
             __m512i lo = _mm512_dpwssd_epi32(_mm512_madd_epi16(w[0], XV(0)), w[1], XV(1));
             __m512i hi = _mm512_dpwssd_epi32(_mm512_madd_epi16(w[2], XV(2)), w[3], XV(3));
@@ -751,12 +797,12 @@ ALWAYS int64_t zmm_pairs(int fmt, const uint8_t *c, const struct q16 *q, int per
 }
 #endif
 
-ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy,
+ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, int64_t ldy,
                      int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        q16_row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt);
+        row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt, 1.0f);
         __m256 acc[4][2];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -790,24 +836,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
         if (g < f.ng) q16_group(fmt, c, q, g, per, nt, acc, 0);
         /* affine bias term: sum over groups of b_g * sum(x over group g) */
         float bias[4] = {0};
-        if (fmt != FMT_MX4) {
-            const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
-            __m256 bacc[4];
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
-            for (g = 0; g + 8 <= f.ng; g += 8) {
-                __m256 bv = load8_scales(sdt, bi, g);
-#pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) bias[t] = hsum(bacc[t]);
-            for (; g < f.ng; g++) {
-                float bg = load_scale(sdt, bi, g);
-#pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) bias[t] += bg * q->xsum[t * f.ng + g];
-            }
-        }
+        if (fmt != FMT_MX4) group_terms(sdt, (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes, q, nt, bias);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) + bias[t];
     }
@@ -834,14 +863,6 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * table lookup; the 12 * sum(xq) this adds per group is taken off with the
  * group's multiplier, like the affine bias term. Integer sums are exact, so
  * every set gives the same bits here too. */
-
-struct q8 {
-    const int8_t *xq;   // (n, cols): each unit's even columns, then its odd ones
-    const float *dx;    // (n, ng): scale of each group of x
-    const float *xsum;  // (n, ng): affine: float sum of x over the group; mxfp4: 12 x the sum of xq
-    float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
-    int64_t cols, ng;
-};
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 
@@ -871,28 +892,19 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Quantizes n tokens of x into scratch laid out as struct q8 (one scale
+/* Quantizes n tokens of x into scratch as int8 (struct qacts; one scale
  * per weight group of 32, 64 or 128 columns). */
 static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool mx4, void *scratch,
-                       struct q8 *q) {
+                       struct qacts *q) {
     int64_t ng = cols / group;
     int8_t *xq = scratch;
     float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int8_t *ot = xq + t * cols;
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
-            __m256 m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-            for (int64_t k = 0; k < group; k += 8) {
-                __m256 v = _mm256_loadu_ps(xg + k);
-                m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
-                sum = _mm256_add_ps(sum, v);
-            }
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            float sum, amax = group_amax(xg, group, &sum);
             __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             dx[t * ng + g] = amax / 127.0f;
             /* a group is a whole number of 32-column halves of units */
@@ -913,10 +925,10 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int
                     _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
                 }
             }
-            xsum[t * ng + g] = mx4 ? (float)(MX4_OFFSET * hsum_epi32(isum)) : hsum(sum);
+            xsum[t * ng + g] = mx4 ? (float)(MX4_OFFSET * hsum_epi32(isum)) : sum;
         }
     }
-    *q = (struct q8){xq, dx, xsum, ds, cols, ng};
+    *q = (struct qacts){xq, dx, xsum, ds, cols, ng, false};
 }
 
 /* acc + the int32 sums of the products of unsigned bytes u and signed
@@ -952,27 +964,9 @@ ALWAYS void u8_codes(int fmt, const uint8_t *c, __m256i *lo, __m256i *hi) {
     }
 }
 
-/* The row's multipliers: ds[t * ng + g] = (scale of group g) * dx of token
- * t; mxfp4 scales times 1/2 (the codes are 2 * e2m1). */
-ALWAYS void q8_row_ds(int sdt, const uint8_t *sc, const struct q8 *q, int nt) {
-    const float code_scale = sdt == SP_DTYPE_U8 ? 0.5f / MX4_CODE_SCALE : 1.0f;  // exact powers of two
-    const __m256 cs = _mm256_set1_ps(code_scale);
-    int64_t g = 0, ng = q->ng;
-    for (; g + 8 <= ng; g += 8) {
-        __m256 s = _mm256_mul_ps(load8_scales(sdt, sc, g), cs);
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(q->ds + t * ng + g, _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + t * ng + g)));
-    }
-    for (; g < ng; g++) {
-        float s = load1_scale(sdt, sc, g) * code_scale;
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) q->ds[t * ng + g] = s * q->dx[t * ng + g];
-    }
-}
-
 /* Group g (`units` units of 64 columns: affine4 group 64 or 128) into
  * chain `chain` of each token. */
-ALWAYS void q8_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int units, int nt, __m256 acc[4][2],
+ALWAYS void q8_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int units, int nt, __m256 acc[4][2],
                      int chain) {
     __m256i p[4];
 #pragma GCC unroll 4
@@ -985,29 +979,25 @@ ALWAYS void q8_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, i
         u8_codes(fmt, c + u * 32, &lo, &hi);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
-            const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + u * 64);
+            const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + u * 64);
             p[t] = dot_u8_2(p[t], lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
         }
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[t]), _mm256_broadcast_ss(q->ds + t * q->ng + g), acc[t][chain]);
+    add_scaled(acc, chain, p, q, g, nt);
 }
 
 /* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
  * into chain `chain`: each half with its own multiplier. */
-ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int nt, __m256 acc[4][2],
+ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2],
                           int chain) {
-    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256i lo, hi;
     _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
     u8_codes(fmt, c + g * 16, &lo, &hi);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        const __m256i *xq = (const __m256i *)(const void *)(q->xq + t * q->cols + g * 32);
+        const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + g * 32);
         __m256i p = dot_u8_2(_mm256_setzero_si256(), lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
-        __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(q->ds + t * q->ng + g)));
-        __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), halves);
+        __m256 d = pair_ds(q, t, g);
         acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
     }
 }
@@ -1015,7 +1005,7 @@ ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct q8 *q, int64_t
 /* The last group of 32 columns of a row with an odd number of them (16
  * bytes of codes; activations: its 16 even columns, then the odd ones),
  * into the low half of chain 0. */
-ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t g, int nt, __m256 acc[4][2]) {
+ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2]) {
     const __m128i low4 = _mm_set1_epi8(0xf);
     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + g * 16));
     __m256i codes = _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4));
@@ -1026,7 +1016,7 @@ ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t
     }
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(q->xq + t * q->cols + g * 32));
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + g * 32));
         /* lanes 0-3 even columns, 4-7 odd ones: their sum is the group's */
         __m256i p = dot_u8_2(_mm256_setzero_si256(), codes, x, _mm256_setzero_si256(), x);
         __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
@@ -1035,12 +1025,14 @@ ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct q8 *q, int64_t
     }
 }
 
-ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y, int64_t ldy,
+ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, int64_t ldy,
                     int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        q8_row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt);
+        /* mxfp4 codes here are 2 * e2m1: the scale times 1/2 */
+        float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
+        row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt, code_scale);
         __m256 acc[4][2];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -1066,22 +1058,8 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
         /* affine: + sum over groups of b_g * sum(x over group g);
          * mxfp4: - sum over groups of ds_g * 12 * sum(xq over group g) */
         const uint8_t *bi = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
-        __m256 bacc[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) bacc[t] = _mm256_setzero_ps();
-        for (g = 0; g + 8 <= f.ng; g += 8) {
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) {
-                __m256 bv = bi ? load8_scales(sdt, bi, g) : _mm256_loadu_ps(q->ds + t * f.ng + g);
-                bacc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * f.ng + g), bacc[t]);
-            }
-        }
         float extra[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) extra[t] = hsum(bacc[t]);
-        for (; g < f.ng; g++)
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) extra[t] += (bi ? load_scale(sdt, bi, g) : q->ds[t * f.ng + g]) * q->xsum[t * f.ng + g];
+        group_terms(sdt, bi, q, nt, extra);
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             float dot = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
@@ -1094,13 +1072,13 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
 
 typedef void (*fused_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                          int64_t ldy);
-typedef void (*q16_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y, int64_t ldy);
-typedef void (*q8_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y, int64_t ldy);
+typedef void (*qacts_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y,
+                         int64_t ldy);
 struct impl {
     fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
-    q16_fn q16[4];      // 1 to 4 tokens, int16 activations; NULL for plain floats
-    q8_fn q8[4];        // 1 to 4 tokens, int8 activations; 4-bit codes only
+    qacts_fn q16[4];    // 1 to 4 tokens, int16 activations; NULL for plain floats
+    qacts_fn q8[4];     // 1 to 4 tokens, int8 activations; 4-bit codes only
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -1120,27 +1098,21 @@ struct impl {
     IMPL(ID, FMT, SDT)                                                                                            \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0};
 
-/* one function per token count; the group size picks blocks per group */
-#define Q16(ID, FMT, SDT, NT)                                                                                     \
-    static void q16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q16 *q, float *y,   \
-                                int64_t ldy) {                                                                  \
-        if (w->group == 32)                                                                                     \
-            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                    \
-        else if (w->group == 64)                                                                                \
-            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                    \
+/* one function per token count (q16_NT_ID, q8_NT_ID); the group size
+ * picks 32-column blocks per group */
+#define QROWS(KIND, ID, FMT, SDT, NT)                                                                             \
+    static void KIND##_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, \
+                                   int64_t ldy) {                                                               \
+        int per = w->group == 32 ? 1 : w->group == 64 ? 2 : 4;                                                  \
+        if (per == 1)                                                                                           \
+            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                 \
+        else if (per == 2)                                                                                      \
+            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                 \
         else                                                                                                    \
-            q16_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                    \
+            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                 \
     }
-#define Q8(ID, FMT, SDT, NT)                                                                                      \
-    static void q8_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8 *q, float *y,     \
-                               int64_t ldy) {                                                                   \
-        if (w->group == 32)                                                                                     \
-            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                     \
-        else if (w->group == 64)                                                                                \
-            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                     \
-        else                                                                                                    \
-            q8_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                     \
-    }
+#define Q16(ID, FMT, SDT, NT) QROWS(q16, ID, FMT, SDT, NT)
+#define Q8(ID, FMT, SDT, NT) QROWS(q8, ID, FMT, SDT, NT)
 #define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
@@ -1208,47 +1180,31 @@ static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r
     }
 }
 
-/* int16 activations, for any n: tokens are quantized Q16_TOKENS at a time
- * into scratch, and groups of 4 of them pass over a few rows at a time. A
- * token's sums do not depend on the others (batch invariance). */
-static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
-                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+/* int16 (or, for 4-bit codes, int8) activations, for any n: tokens are
+ * rounded Q16_TOKENS at a time into scratch, and groups of 4 of them pass
+ * over a few rows at a time. A token's sums do not depend on the others
+ * (batch invariance). */
+static void rounded_rows_all(const struct impl *im, bool int8, const struct sp_qmat *w, int64_t r0, int64_t r1,
+                             const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    const qacts_fn *fn = int8 ? im->q8 : im->q16;
+    size_t xq_size = int8 ? sizeof(int8_t) : sizeof(int16_t);
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
-        struct q16 q;
-        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
+        struct qacts q;
+        if (int8)
+            q8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, w->type == SP_QTYPE_MXFP4, scratch, &q);
+        else
+            q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
         int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
             for (int64_t t = 0; t < nq; t += 4) {
                 int64_t nt = nq - t < 4 ? nq - t : 4;
-                struct q16 qt = q;
-                qt.xq += t * q.cols;
+                struct qacts qt = q;
+                qt.xq = (const char *)q.xq + (size_t)(t * q.cols) * xq_size;
                 qt.dx += t * q.ng;
                 qt.xsum += t * q.ng;
-                im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
-            }
-        }
-    }
-}
-
-/* int8 activations (4-bit codes), for any n: as q16_rows_all. */
-static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
-                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
-    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
-        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
-        struct q8 q;
-        q8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, w->type == SP_QTYPE_MXFP4, scratch, &q);
-        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
-        for (int64_t r = r0; r < r1; r += chunk) {
-            int64_t re = r1 - r < chunk ? r1 : r + chunk;
-            for (int64_t t = 0; t < nq; t += 4) {
-                int64_t nt = nq - t < 4 ? nq - t : 4;
-                struct q8 qt = q;
-                qt.xq += t * q.cols;
-                qt.dx += t * q.ng;
-                qt.xsum += t * q.ng;
-                im->q8[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+                fn[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
             }
         }
     }
@@ -1262,10 +1218,8 @@ static void matmul_rows(enum acts acts, const struct sp_qmat *w, int64_t r0, int
     const struct impl *im = impl_for(w);
     if (!im)
         sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
-    else if (acts == ACTS_INT8 && im->q8[0])
-        q8_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
     else if (acts != ACTS_FLOAT && im->q16[0])
-        q16_rows_all(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        rounded_rows_all(im, acts == ACTS_INT8 && im->q8[0], w, r0, r1, x, ldx, n, y, ldy, scratch);
     else
         float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
