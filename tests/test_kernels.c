@@ -354,6 +354,34 @@ static void test_checker_catches_errors(void **state) {
     y[1] = NAN;
     assert_true(worst_ratio(&M.m, x, 128, 1, y, 3, ACTS_FLOAT, &br, &bt) > 1.0);
     mat_free(&M);
+    /* the int8 allowance: the int8 products pass; the same with every
+     * multiplier 4% off (a wrong scale) does not */
+    const struct sp_kernels *k = sp_kernels_of(SP_KERNELS_AVX2);
+    if (!k) k = sp_kernels_of(SP_KERNELS_PORTABLE);
+    mat_make(&M, SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 64, 512, &rng);
+    float *xs = malloc(4 * 512 * sizeof *xs), *ys = malloc(4 * 64 * sizeof *ys);
+    for (int i = 0; i < 4 * 512; i++) xs[i] = sp_rng_normal(&rng);
+    void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
+    k->matmul_rows(&M.m, 0, 64, xs, 512, 4, ys, 64, scratch);
+    assert_true(worst_ratio(&M.m, xs, 512, 4, ys, 64, ACTS_INT8, &br, &bt) <= 1.0);
+    for (int r = 0; r < 64; r++)
+        for (int t = 0; t < 4; t++) {
+            /* the bias term is exact; only the rest is scaled */
+            float b = 0;
+            for (int g = 0; g < 8; g++) {
+                float bg = sp_dtype_load_float(SP_DTYPE_BF16, M.m.biases, (size_t)(r * 8 + g)), sx = 0;
+                for (int i = 0; i < 64; i++) sx += xs[t * 512 + g * 64 + i];
+                b += bg * sx;
+            }
+            ys[t * 64 + r] = b + (ys[t * 64 + r] - b) * 1.04f;
+        }
+    double off = worst_ratio(&M.m, xs, 512, 4, ys, 64, ACTS_INT8, &br, &bt);
+    printf("# a 4%% scale error: %.2f x the int8 allowance\n", off);
+    assert_true(off > 1.0);
+    sp_free_aligned(scratch);
+    free(xs);
+    free(ys);
+    mat_free(&M);
 }
 
 static void test_dot_axpy(void **state) {
