@@ -563,7 +563,7 @@ static int report(void **state) {
     for (int i = 0; i < SP_KERNELS_ISA_COUNT; i++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)i);
         if (!k) continue;
-        printf("# %s: worst error %.3g x TOL_MATMUL (%g)", k->name, worst_seen[i][0], TOL_MATMUL);
+        printf("# %s: worst error %.3g x TOL_MATMUL (%g)", k->name, worst_seen[i][ACTS_FLOAT], TOL_MATMUL);
         if (worst_seen[i][ACTS_INT16] > 0)
             printf(", int16-activation products %.3g x TOL_Q16 (%g)", worst_seen[i][ACTS_INT16], TOL_Q16);
         if (worst_seen[i][ACTS_INT8] > 0)

@@ -226,7 +226,7 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
 /* The portable product dequantizes a whole row; the x86 blocked one a
  * block of rows x columns; the x86 int16 one keeps int16 activations
  * plus two floats per group (at least 32 columns) per token, and one
- * row's multipliers for 4 tokens. */
+ * row's multipliers for 4 tokens (the int8 one the same with int8). */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
     size_t groups = (size_t)(w->cols / 32 + 1);

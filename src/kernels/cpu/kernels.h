@@ -52,8 +52,8 @@ enum sp_kernels_isa {
     SP_KERNELS_AVX2F,        // the same instructions, float activations throughout
     SP_KERNELS_AVXVNNI,      // avx2's products with AVX-VNNI multiply-adds
     SP_KERNELS_AVXVNNI_INT16,
-    SP_KERNELS_AVX512,       // the same with AVX-512 VNNI, 512 bits wide for int16 x 4-bit rows
-    SP_KERNELS_AVX512_INT16,
+    SP_KERNELS_AVX512,       // the same with AVX-512 VNNI
+    SP_KERNELS_AVX512_INT16, // 512 bits wide for int16 x 4-bit rows
     SP_KERNELS_ISA_COUNT
 };
 

@@ -59,18 +59,32 @@
 
 #define ALWAYS static inline __attribute__((always_inline))
 
-/* acc + the int32 sums of adjacent products of int16 w and x: exact (the
- * products here never reach the one case, -32768 * -32768 twice, that
- * vpmaddwd saturates). */
+/* madd_acc: acc + the int32 sums of adjacent products of int16 w and x:
+ * exact (the products here never reach the one case, -32768 * -32768
+ * twice, that vpmaddwd saturates).
+ * dot_u8_2: acc + the int32 sums of the products of unsigned bytes u0, u1
+ * and signed bytes x0, x1, lane i summing bytes 4i..4i+3 of both: exact
+ * (|u| <= 24, |x| <= 127, so AVX2's int16 pair sums of 4 products stay
+ * below 32767). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
+ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, x0), u1, x1);
+}
 #elif defined(__AVXVNNI__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_avx_epi32(acc, w, x); }
+ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, x0), u1, x1);
+}
 #else
 #define HAVE_DPWSSD 0
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
+ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
 #endif
 
 /* The avx512 build also multiplies 4-bit rows of group 32 or 64 two units
@@ -931,37 +945,21 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int
     *q = (struct qacts){xq, dx, xsum, ds, cols, ng, false};
 }
 
-/* acc + the int32 sums of the products of unsigned bytes u and signed
- * bytes x, 4 adjacent ones per lane (exact: |u| <= 24, |x| <= 127). */
-#if HAVE_DPWSSD
-ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, x0), u1, x1);
-#else
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, x0), u1, x1);
-#endif
+/* 4-bit codes (one per byte) as the unsigned bytes that multiply int8
+ * activations: affine codes as they are, mxfp4 codes 2 * e2m1 + 12. */
+ALWAYS __m256i u8_values(int fmt, __m256i nibbles) {
+    const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
+                                          16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return fmt == FMT_MX4 ? _mm256_shuffle_epi8(e2m1, nibbles) : nibbles;
 }
-#else
-ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
-    /* pairs of products fit int16 (2 x 24 x 127 each, 4 of them < 32767) */
-    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-#endif
 
-/* Codes of 64 columns (32 bytes at c) as unsigned bytes: lo holds the even
- * columns, hi the odd ones; mxfp4 as 2 * e2m1 + 12. */
+/* Codes of 64 columns (32 bytes at c) as unsigned bytes (u8_values): lo
+ * holds the even columns, hi the odd ones. */
 ALWAYS void u8_codes(int fmt, const uint8_t *c, __m256i *lo, __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi8(0xf);
     __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)c);
-    *lo = _mm256_and_si256(v, low4);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if (fmt == FMT_MX4) {
-        const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
-                                              15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-        *lo = _mm256_shuffle_epi8(e2m1, *lo);
-        *hi = _mm256_shuffle_epi8(e2m1, *hi);
-    }
+    *lo = u8_values(fmt, _mm256_and_si256(v, low4));
+    *hi = u8_values(fmt, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
 }
 
 /* Group g (`units` units of 64 columns: affine4 group 64 or 128) into
@@ -1008,12 +1006,8 @@ ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct qacts *q, int6
 ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2]) {
     const __m128i low4 = _mm_set1_epi8(0xf);
     __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + g * 16));
-    __m256i codes = _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4));
-    if (fmt == FMT_MX4) {
-        const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
-                                              15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-        codes = _mm256_shuffle_epi8(e2m1, codes);
-    }
+    __m256i nibbles = _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4));
+    __m256i codes = u8_values(fmt, nibbles);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + g * 32));
@@ -1028,10 +1022,10 @@ ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct qacts *q, int6
 ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, int64_t ldy,
                     int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    /* mxfp4 codes here are 2 * e2m1 (+ 12): the scale times 1/2 */
+    const float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        /* mxfp4 codes here are 2 * e2m1: the scale times 1/2 */
-        float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
         row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt, code_scale);
         __m256 acc[4][2];
 #pragma GCC unroll 4
