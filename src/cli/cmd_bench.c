@@ -56,6 +56,7 @@ static void drop_cache(const struct sp_model *m) {
 }
 
 struct result {
+    double load_s;  // bringing resident weights into memory, before the run (sp_plan_load)
     double prefill_s, decode_s;
     int64_t prompt, gen;
     bool has_experts;
@@ -157,10 +158,11 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
-    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): prefill %lld tokens %.1f tok/s, "
-           "decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
+    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): load %.2f s, prefill %lld tokens "
+           "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
-           (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, (long long)r->prompt, pre, dec,
+           (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, r->load_s, (long long)r->prompt,
+           pre, dec,
            (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
            ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)");
     if (r->has_experts)
@@ -186,6 +188,7 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_key(&w, "format"); sp_jw_str(&w, main_format(ms));
     sp_jw_key(&w, "threads"); sp_jw_int(&w, threads);
     sp_jw_key(&w, "kernels"); sp_jw_str(&w, sp_kernels()->name);
+    sp_jw_key(&w, "load_s"); sp_jw_num(&w, r->load_s);
     sp_jw_key(&w, "prompt_tokens"); sp_jw_int(&w, r->prompt);
     sp_jw_key(&w, "prefill_tok_s"); sp_jw_num(&w, pre);
     sp_jw_key(&w, "decode_tokens"); sp_jw_int(&w, r->gen);
@@ -353,8 +356,11 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = 256, .kv_type = pin.kv_type,
                                .n_threads = (int)threads};
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
+    /* --cold measures reads from disk inside the run: nothing is brought in before it */
+    double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m);
     struct result r;
     if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) goto done;
+    r.load_s = load_s;
     int nth = threads ? (int)threads : sp_physical_cores();
     bool ram_measured;
     double ram_gbs = machine_gbs(&pl, nth, &ram_measured);

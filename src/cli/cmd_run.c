@@ -284,6 +284,7 @@ int sp_cmd_run(int argc, char **argv) {
         fprintf(stderr, "plan: expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", (double)plan.expert_cache / 1048576.0,
                 (long long)plan.cached_experts, 100.0 * plan.hit_rate);
     }
+    sp_plan_load(&plan, m);
     if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
     int64_t B = sp_ctx_params(c)->max_batch;
     logits = sp_malloc((size_t)(o.dump ? B : 1) * (size_t)V * sizeof(float), SP_MEM_ACT);

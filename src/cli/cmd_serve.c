@@ -181,6 +181,7 @@ int sp_cmd_serve(int argc, char **argv) {
     fputs(pl.data ? pl.data : "", stderr);
     sp_buf_free(&pl);
     if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
+    sp_plan_load(&plan, m);
     struct sp_model_stats stats;
     sp_model_stats(m, &stats);
     struct sp_buf rep = SP_BUF_INIT;

@@ -27,6 +27,11 @@ struct sp_map {
 
 enum sp_status sp_map_open(const char *path, struct sp_map *m);
 void sp_map_close(struct sp_map *m);
+/* Maps every page of m into the process now, reading from disk what the page
+ * cache lacks, so that later reads take no page faults (for a file that is
+ * to stay resident: a first touch costs a fault per 64 KiB or so, paid in
+ * the middle of a forward pass otherwise). */
+enum sp_status sp_map_populate(const struct sp_map *m);
 
 /* Reads a whole file (at most max_bytes) into a NUL-terminated buffer. */
 enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len);

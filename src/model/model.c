@@ -292,6 +292,18 @@ enum sp_status sp_model_open(const char *spec, struct sp_model **out) {
     return SP_OK;
 }
 
+enum sp_status sp_model_populate(const struct sp_model *m) {
+    for (int i = 0; i < m->files->n_shards; i++) {
+        const struct sp_st_file *f = m->files->shards[i];
+        enum sp_status st = sp_map_populate(&f->map);
+        if (st != SP_OK) {
+            sp_error_prefix("%s: ", f->path);
+            return st;
+        }
+    }
+    return SP_OK;
+}
+
 void sp_model_close(struct sp_model *m) {
     if (!m) return;
     sp_weights_free(&m->weights);

@@ -54,6 +54,9 @@ struct sp_model {
 
 enum sp_status sp_model_open(const char *spec, struct sp_model **out);
 void sp_model_close(struct sp_model *m);
+/* Maps every weight file into memory now (sp_map_populate), for a model the
+ * plan keeps resident: its first forward pass then takes no page faults. */
+enum sp_status sp_model_populate(const struct sp_model *m);
 
 /* The linear layer of (layer, role, expert); expert is -1 for non-expert
  * roles and 0..E-1 for routed experts. */

@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "core/pool.h"
 #include "kernels/cpu/membw.h"
 
@@ -268,6 +269,16 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
 #undef KN
 #undef KS
     sp_jw_end(w);
+}
+
+double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
+    if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
+    double t0 = sp_now_s();
+    if (sp_model_populate(m) != SP_OK)
+        sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
+    double dt = sp_now_s() - t0;
+    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s)", (double)p->file_bytes / 1048576.0, dt);
+    return dt;
 }
 
 void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
