@@ -50,6 +50,7 @@ struct sp_ctx {
     /* RoPE */
     float *inv_freq;  // (rot_dims / 2)
     float rope_scale;  // multiplies cos and sin (YaRN attention factor)
+    float *rope_cs;    // (B, rot_dims): each batch token's cos, then sin, times rope_scale
     /* KV cache: [layer][k|v][seq][pos][kv_heads * head_dim] */
     void *kv;
     size_t kv_bytes, kv_elt;
@@ -171,15 +172,27 @@ static void rope_init(struct sp_ctx *c) {
     }
 }
 
-/* Rotates the first rot_dims of one head (halves paired, as rotate_half). */
-static void rope_apply(const struct sp_ctx *c, float *v, int64_t pos) {
+/* The cos and sin of batch token t's position (rope_cs), once per forward
+ * pass: every head of every layer rotates by the same angles. */
+static void rope_angles(const struct sp_ctx *c, int64_t t, int64_t pos) {
     int64_t half = c->a->rope.rot_dims / 2;
+    float *cs = c->rope_cs + t * 2 * half;
     for (int64_t i = 0; i < half; i++) {
         float ang = (float)pos * c->inv_freq[i];
-        float cs = (float)cos((double)ang) * c->rope_scale, sn = (float)sin((double)ang) * c->rope_scale;
+        cs[i] = (float)cos((double)ang) * c->rope_scale;
+        cs[half + i] = (float)sin((double)ang) * c->rope_scale;
+    }
+}
+
+/* Rotates the first rot_dims of one head of batch token t (halves paired,
+ * as rotate_half). */
+static void rope_apply(const struct sp_ctx *c, float *v, int64_t t) {
+    int64_t half = c->a->rope.rot_dims / 2;
+    const float *cs = c->rope_cs + t * 2 * half, *sn = cs + half;
+    for (int64_t i = 0; i < half; i++) {
         float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * cs - x2 * sn;
-        v[i + half] = x2 * cs + x1 * sn;
+        v[i] = x1 * cs[i] - x2 * sn[i];
+        v[i + half] = x2 * cs[i] + x1 * sn[i];
     }
 }
 
@@ -286,7 +299,8 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c->out_norm);
     sp_free(c->inv_freq);
     sp_free_aligned(c->kv);
-    float *bufs[] = {c->x, c->h, c->qkv, c->att, c->tmp, c->ff_a, c->ff_b, c->router_out, c->sel_w, c->ew, c->gath, c->gout, c->scores, c->logit_rows};
+    float *bufs[] = {c->x,    c->h,    c->qkv,    c->att,    c->tmp,        c->ff_a,   c->ff_b,  c->router_out,
+                     c->sel_w, c->ew, c->gath, c->gout, c->scores, c->logit_rows, c->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) sp_free_aligned(bufs[i]);
     sp_free_aligned(c->sel);
     sp_free_aligned(c->etok);
@@ -385,6 +399,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->att_tiles = act_buf((size_t)(B + 1), sizeof(int32_t), &ok);
     c->scores = act_buf((size_t)c->p.n_threads * sp_attention_scratch_floats(a, c->p.n_ctx), sizeof(float), &ok);
     c->logit_rows = act_buf((size_t)(B * d), sizeof(float), &ok);
+    c->rope_cs = act_buf((size_t)(B * (a->rope.rot_dims > 0 ? a->rope.rot_dims : 1)), sizeof(float), &ok);
     if (!ok) goto nomem;
     *out = c;
     return SP_OK;
@@ -438,6 +453,80 @@ struct att_job {
     int64_t n_tiles, per;  // query heads per task
     atomic_llong next;     // the next task to take
 };
+
+/* ---- per-token steps, split over the pool's threads ----
+ *
+ * Each token's result depends on that token alone, so splitting changes no
+ * bit. Below TOKENS_PER_THREAD tokens per thread the caller works alone
+ * (decode: waking a worker would cost more than the work). */
+#define TOKENS_PER_THREAD 4
+
+typedef void (*token_fn)(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1);
+
+struct token_job {
+    struct sp_ctx *c;
+    token_fn fn;
+    const void *arg;
+    int64_t n;
+};
+
+static void token_job_run(void *p, int tid, int nth) {
+    struct token_job *j = p;
+    int64_t lo, hi;
+    sp_pool_split(j->n, tid, nth, &lo, &hi);
+    if (lo < hi) j->fn(j->c, j->arg, lo, hi);
+}
+
+/* fn over tokens (or rows) [0, n). */
+static void for_tokens(struct sp_ctx *c, int64_t n, token_fn fn, const void *arg) {
+    int nth = sp_pool_size(c->pool);
+    struct token_job j = {c, fn, arg, n};
+    sp_pool_run_n(c->pool, token_job_run, &j, n >= (int64_t)nth * TOKENS_PER_THREAD ? nth : 1);
+}
+
+/* h = rmsnorm(x) with the weights `arg`. */
+static void norm_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    int64_t d = c->a->d_model;
+    for (int64_t t = t0; t < t1; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, arg, d, (float)c->a->norm_eps);
+}
+
+/* dst += src, rows of d floats. */
+struct row_add {
+    float *dst;
+    const float *src;
+};
+
+static void add_rows(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct row_add *r = arg;
+    int64_t d = c->a->d_model;
+    for (int64_t i = t0 * d; i < t1 * d; i++) r->dst[i] += r->src[i];
+}
+
+/* What the per-token steps of one layer need besides the context. */
+struct layer_step {
+    const struct sp_batch *b;
+    const struct layer *ly;
+    int64_t L;
+};
+
+/* After the QKV product: per-head q / k norms, RoPE, and the token's K and
+ * V rows into the cache. */
+static void qkv_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct layer_step *s = arg;
+    const struct sp_arch *a = c->a;
+    int64_t hd = a->head_dim, qd = a->n_heads * hd, kvd = c->kv_row;
+    for (int64_t t = t0; t < t1; t++) {
+        float *row = c->qkv + t * c->ld_qkv;
+        for (int64_t h = 0; h < a->n_heads + a->n_kv_heads; h++) {
+            float *v = row + h * hd;
+            bool is_q = h < a->n_heads;
+            if (s->ly->q_norm) sp_rmsnorm(v, v, is_q ? s->ly->q_norm : s->ly->k_norm, hd, (float)a->norm_eps);
+            rope_apply(c, v, t);
+        }
+        kv_store(c, kv_at(c, s->L, 0, s->b->seq[t], s->b->pos[t]), row + qd, kvd);
+        kv_store(c, kv_at(c, s->L, 1, s->b->seq[t], s->b->pos[t]), row + qd + kvd, kvd);
+    }
+}
 
 /* Query heads of one KV head taken per attention task: all of them (each
  * cached row converted once for the group) unless that leaves fewer than
@@ -784,6 +873,41 @@ static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
     return v;
 }
 
+/* Router choices of tokens t0..t1 from their router logits. */
+static void route_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    int64_t E = c->a->n_experts, K = c->a->n_experts_used;
+    for (int64_t t = t0; t < t1; t++) route(c->a, arg, c->router_out + t * E, c->sel + t * K, c->sel_w + t * K);
+}
+
+/* The (expert, token) pairs of one window of experts: pairs [p0, p0 + rows)
+ * of etok / ew, row i of the batch buffers holding pair p0 + i. */
+struct expert_window {
+    int64_t p0, rows;
+    float *out;
+};
+
+/* Rows of the window gathered from h. */
+static void gather_rows(struct sp_ctx *c, const void *arg, int64_t r0, int64_t r1) {
+    const struct expert_window *w = arg;
+    int64_t d = c->a->d_model;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(c->gath + r * d, c->h + c->etok[w->p0 + r] * d, (size_t)d * sizeof(float));
+}
+
+/* out += weight x expert output for the window's pairs whose token is in
+ * t0..t1: each token gets its experts in ascending order. */
+static void scatter_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct expert_window *w = arg;
+    int64_t d = c->a->d_model;
+    for (int64_t r = 0; r < w->rows; r++) {
+        int64_t t = c->etok[w->p0 + r];
+        if (t < t0 || t >= t1) continue;
+        float wt = c->ew[w->p0 + r], *dst = w->out + t * d;
+        const float *src = c->gout + r * d;
+        for (int64_t q = 0; q < d; q++) dst[q] += wt * src[q];
+    }
+}
+
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
  * token sums its experts in ascending expert order whatever the batch holds. */
@@ -791,7 +915,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
     const struct sp_arch *a = c->a;
     int64_t E = a->n_experts, K = a->n_experts_used, d = a->d_model;
     sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool);
-    for (int64_t t = 0; t < n; t++) route(a, ly, c->router_out + t * E, c->sel + t * K, c->sel_w + t * K);
+    for_tokens(c, n, route_tokens, ly);
     int64_t *off = c->ecount;
     for (int64_t e = 0; e <= E; e++) off[e] = 0;
     for (int64_t i = 0; i < n * K; i++) off[c->sel[i] + 1]++;
@@ -816,12 +940,11 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
     bool shared_left = ly->has_mlp;
     while (e < E || shared_left) {
         int64_t m = 0, rows = 0;
+        struct expert_window win = {off[e], 0, out};
         for (; e < E && m < per_window; e++) {
             int64_t cnt = off[e + 1] - off[e];
             if (!cnt) continue;
             if (rows + cnt > B) break;
-            for (int64_t i = 0; i < cnt; i++)
-                memcpy(c->gath + (rows + i) * d, c->h + c->etok[off[e] + i] * d, (size_t)d * sizeof(float));
             struct sp_expert_views v = mapped_expert(ly, e), *use = &c->eviews[m];
             if (!c->experts)
                 *use = v;
@@ -837,18 +960,15 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
         if (shared_now)
             c->items[m] = (struct ffn_item){&ly->gate, &ly->up, NULL, &ly->down, c->h, d, rows, n};
         if (m == 0 && !shared_now) break;
+        win.rows = rows;
+        for_tokens(c, rows, gather_rows, &win);
         ffn_items(c, c->items, m + shared_now);
-        for (int64_t i = 0; i < m; i++) {
-            int64_t ex = c->item_expert[i];
-            if (c->experts) sp_expert_store_put(c->experts, ly - c->layers, ex);
-            for (int64_t k = 0; k < c->items[i].cnt; k++) {
-                float w = c->ew[off[ex] + k], *dst = out + c->etok[off[ex] + k] * d;
-                const float *src = c->gout + (c->items[i].row + k) * d;
-                for (int64_t q = 0; q < d; q++) dst[q] += w * src[q];
-            }
-        }
+        if (c->experts)
+            for (int64_t i = 0; i < m; i++) sp_expert_store_put(c->experts, ly - c->layers, c->item_expert[i]);
+        for_tokens(c, n, scatter_tokens, &win);
         if (shared_now) {
-            for (int64_t i = 0; i < n * d; i++) out[i] += c->gout[rows * d + i];
+            struct row_add shared = {out, c->gout + rows * d};
+            for_tokens(c, n, add_rows, &shared);
             shared_left = false;
         }
     }
@@ -905,11 +1025,15 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     const struct sp_arch *a = c->a;
     int64_t n = b->n, d = a->d_model, hd = a->head_dim, qd = a->n_heads * hd, kvd = c->kv_row;
     float eps = (float)a->norm_eps;
-    for (int64_t t = 0; t < n; t++) sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * d);
+    for (int64_t t = 0; t < n; t++) {
+        sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * d);
+        rope_angles(c, t, b->pos[t]);
+    }
 
     for (int64_t L = 0; L < a->n_layers; L++) {
         const struct layer *ly = &c->layers[L];
-        for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->attn_norm, d, eps);
+        struct layer_step step = {b, ly, L};
+        for_tokens(c, n, norm_tokens, ly->attn_norm);
         if (a->fused_qkv) {
             sp_linear_apply(&ly->qkv, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
         } else {
@@ -917,29 +1041,20 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
             sp_linear_apply(&ly->k, c->h, d, c->qkv + qd, c->ld_qkv, n, c->pool);
             sp_linear_apply(&ly->v, c->h, d, c->qkv + qd + kvd, c->ld_qkv, n, c->pool);
         }
-        for (int64_t t = 0; t < n; t++) {
-            float *row = c->qkv + t * c->ld_qkv;
-            for (int64_t h = 0; h < a->n_heads + a->n_kv_heads; h++) {
-                float *v = row + h * hd;
-                bool is_q = h < a->n_heads;
-                if (ly->q_norm) sp_rmsnorm(v, v, is_q ? ly->q_norm : ly->k_norm, hd, eps);
-                rope_apply(c, v, b->pos[t]);
-            }
-            kv_store(c, kv_at(c, L, 0, b->seq[t], b->pos[t]), row + qd, kvd);
-            kv_store(c, kv_at(c, L, 1, b->seq[t], b->pos[t]), row + qd + kvd, kvd);
-        }
+        for_tokens(c, n, qkv_tokens, &step);
         attention(c, b, L);
         sp_linear_apply(&ly->o, c->att, qd, c->tmp, d, n, c->pool);
-        for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
+        struct row_add residual = {c->x, c->tmp};
+        for_tokens(c, n, add_rows, &residual);
 
-        for (int64_t t = 0; t < n; t++) sp_rmsnorm(c->h + t * d, c->x + t * d, ly->ffn_norm, d, eps);
+        for_tokens(c, n, norm_tokens, ly->ffn_norm);
         memset(c->tmp, 0, (size_t)(n * d) * sizeof(float));
         if (a->layer_moe[L]) {
             if (!moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, c->tmp);
         }
-        for (int64_t i = 0; i < n * d; i++) c->x[i] += c->tmp[i];
+        for_tokens(c, n, add_rows, &residual);
         if (c->pf_experts) prefetch_next(c, L, n);
     }
 

@@ -143,7 +143,7 @@ static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int para
     int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
     int64_t maxc = d > qd ? d : qd;
     if (ff > maxc) maxc = ff;
-    size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K)) +
+    size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K + a->rope.rot_dims)) +
                     (size_t)threads * sp_attention_scratch_floats(a, ctx) + (size_t)(threads * maxc) +
                     (size_t)(3 * parallel) * (size_t)a->vocab;
     return floats * sizeof(float) + sp_expert_tables_bytes(a);
