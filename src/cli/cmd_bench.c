@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@
 
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--threads N] [--kv-type T]\n"
-    "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap]\n"
+    "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap] [--repeat N]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
     "  --synthetic C     benchmark random weights of the exact shapes of config.json C (no download)\n"
@@ -49,7 +50,9 @@ static const char usage[] =
     "  --gen N           tokens to decode greedily (default 64)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
-    "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n";
+    "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"
+    "  --repeat N        N runs, each followed by its own bandwidth measurement, then a summary line:\n"
+    "                    medians and bests (a shared machine's noise shows in their spread)\n";
 
 static void drop_cache(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -223,6 +226,71 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_buf_free(&b);
 }
 
+/* The figures of one run that a summary of repeated runs compares. */
+struct run_stats {
+    double prefill, decode;  // tok/s
+    double gbs, eff;         // the machine's bandwidth measured after the run, % of it the decode read
+    double decode_gbs;       // what the decode read per second
+};
+
+static struct run_stats run_stats_of(const struct sp_model_stats *ms, const struct result *r, double ram_gbs) {
+    struct run_stats s = {r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0,
+                          r->decode_s > 0 ? (double)r->gen / r->decode_s : 0, ram_gbs, 0, 0};
+    s.decode_gbs = (double)ms->active_bytes * s.decode / 1e9;
+    s.eff = ram_gbs > 0 ? 100.0 * s.decode_gbs / ram_gbs : 0;
+    return s;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median and largest of field `off` (a double in struct run_stats) over n runs. */
+static void median_best(const struct run_stats *s, int64_t n, size_t off, double *median, double *best) {
+    double v[1000];
+    for (int64_t i = 0; i < n; i++) v[i] = *(const double *)(const void *)((const char *)&s[i] + off);
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    *median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    *best = v[n - 1];
+}
+
+/* One human and one JSON line over n runs: the median and the best of each
+ * figure; the efficiency's median is that of the runs' own ratios, and
+ * "best" compares the fastest decode with the fastest bandwidth seen. */
+static void summarize(const struct run_stats *s, int64_t n) {
+    static const struct {
+        const char *key;
+        size_t off;
+    } f[] = {{"prefill_tok_s", offsetof(struct run_stats, prefill)},
+             {"decode_tok_s", offsetof(struct run_stats, decode)},
+             {"machine_gbs", offsetof(struct run_stats, gbs)},
+             {"efficiency_pct", offsetof(struct run_stats, eff)}};
+    double med[4], best[4], med_dec_gbs, best_dec_gbs;
+    for (int k = 0; k < 4; k++) median_best(s, n, f[k].off, &med[k], &best[k]);
+    median_best(s, n, offsetof(struct run_stats, decode_gbs), &med_dec_gbs, &best_dec_gbs);
+    double eff_best = best[2] > 0 ? 100.0 * best_dec_gbs / best[2] : 0;
+    printf("summary of %lld runs: prefill %.1f tok/s (best %.1f), decode %.2f tok/s (best %.2f), bandwidth %.1f GB/s "
+           "(best %.1f), efficiency %.0f%% (best decode over best bandwidth: %.0f%%)\n",
+           (long long)n, med[0], best[0], med[1], best[1], med[2], best[2], med[3], eff_best);
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "bench"); sp_jw_str(&w, "summary");
+    sp_jw_key(&w, "runs"); sp_jw_int(&w, n);
+    for (int k = 0; k < 4; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_median", f[k].key);
+        sp_jw_key(&w, key); sp_jw_num(&w, med[k]);
+        snprintf(key, sizeof key, "%s_best", f[k].key);
+        sp_jw_key(&w, key); sp_jw_num(&w, k == 3 ? eff_best : best[k]);
+    }
+    sp_jw_end(&w);
+    printf("%s\n", b.data);
+    sp_buf_free(&b);
+}
+
 /* --synthetic: the generated model and the folders to delete afterwards. */
 struct synth {
     const char *config, *out;
@@ -333,7 +401,7 @@ static bool synth_cleanup(struct synth *s) {
 }
 
 struct bench_opts {
-    int64_t prompt, gen, threads;
+    int64_t prompt, gen, threads, repeat;
     bool cold, compare;
     struct sp_plan_inputs pin;
     const char *synthetic;  // the config of a --synthetic model, for the JSON line
@@ -358,13 +426,27 @@ static int bench_model(const char *model, struct bench_opts *o) {
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m);
-    struct result r;
-    if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) goto done;
-    r.load_s = load_s;
     int nth = threads ? (int)threads : sp_physical_cores();
-    bool ram_measured;
-    double ram_gbs = machine_gbs(&pl, nth, &ram_measured);
-    report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured, o->synthetic, &r);
+    struct result r;
+    bool ram_measured = false;
+    double ram_gbs = 0;
+    struct run_stats *stats = sp_calloc((size_t)o->repeat, sizeof *stats, SP_MEM_MISC);
+    if (!stats) {
+        sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < o->repeat; i++) {
+        if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) {
+            sp_free(stats);
+            goto done;
+        }
+        r.load_s = i == 0 ? load_s : 0.0;
+        ram_gbs = machine_gbs(&pl, nth, &ram_measured);
+        report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured, o->synthetic, &r);
+        stats[i] = run_stats_of(&ms, &r, ram_gbs);
+    }
+    if (o->repeat > 1) summarize(stats, o->repeat);
+    sp_free(stats);
     if (o->compare && cp.expert_cache) {
         struct result base;
         cp.expert_cache = 0;
@@ -382,7 +464,7 @@ done:
 
 int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    struct bench_opts o = {.prompt = 512, .gen = 64};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .repeat = 1};
     struct synth syn = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -407,6 +489,8 @@ int sp_cmd_bench(int argc, char **argv) {
             if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &o.prompt)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
             if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &o.gen)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--repeat", &v)) {
+            if (!v || !sp_arg_int("--repeat", v, 1, 1000, &o.repeat)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
             if (!v || !sp_arg_int("--threads", v, 1, 1024, &o.threads)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {

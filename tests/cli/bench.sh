@@ -23,6 +23,27 @@ run "the JSON line names the config" 0 node -e '
         process.exit(1);' "$TMP/r.json" "$CFG"
 if left; then not_ok "no sparrow-synth-* folder left in TMPDIR"; else ok "no sparrow-synth-* folder left in TMPDIR"; fi
 
+run "--repeat 3" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 3 "${SMALL[@]}"
+[ "$(grep -c '^{"bench":"resident"' "$TMP/out")" = 3 ] && ok "three runs, a JSON line each" || not_ok "three runs, a JSON line each" "$TMP/out"
+expect "then a summary" "$TMP/out" "summary of 3 runs: prefill "
+grep '^{"bench":"summary"' "$TMP/out" >"$TMP/s.json"
+grep '^{"bench":"resident"' "$TMP/out" >"$TMP/runs.json"
+run "the summary holds the runs' medians and bests" 0 node -e '
+    const fs = require("fs");
+    const s = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+    const runs = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(l => JSON.parse(l));
+    const median = v => v.sort((a, b) => a - b)[1];
+    const near = (a, b) => Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(b));
+    for (const [k, f] of [["prefill_tok_s", "prefill_tok_s"], ["decode_tok_s", "decode_tok_s"], ["machine_gbs", "machine_gbs"]]) {
+        const v = runs.map(r => r[f]);
+        if (!near(s[k + "_median"], median(v.slice())) || !near(s[k + "_best"], Math.max(...v))) process.exit(1);
+    }
+    const eff = median(runs.map(r => r.efficiency_pct));
+    const best = 100 * Math.max(...runs.map(r => r.achieved_gbs)) / Math.max(...runs.map(r => r.machine_gbs));
+    if (s.runs !== 3 || !near(s.efficiency_pct_median, eff) || !near(s.efficiency_pct_best, best)) process.exit(1);' "$TMP/s.json" "$TMP/runs.json"
+run "--repeat 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 0 "${SMALL[@]}"
+expect "is refused" "$TMP/err" "--repeat"
+
 run "synthetic mxfp4 kept with --out" 0 "$SPARROW" bench --synthetic "$CFG" --quant mxfp4 --out "$TMP/mx" "${SMALL[@]}"
 expect "says where it is kept" "$TMP/err" "kept in $TMP/mx"
 run "inspect the kept folder" 0 "$SPARROW" inspect "$TMP/mx"
