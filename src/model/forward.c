@@ -299,7 +299,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c->out_norm);
     sp_free(c->inv_freq);
     sp_free_aligned(c->kv);
-    float *bufs[] = {c->x,    c->h,    c->qkv,    c->att,    c->tmp,        c->ff_a,   c->ff_b,  c->router_out,
+    float *bufs[] = {c->x,     c->h,  c->qkv,  c->att,  c->tmp,    c->ff_a,       c->ff_b,  c->router_out,
                      c->sel_w, c->ew, c->gath, c->gout, c->scores, c->logit_rows, c->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) sp_free_aligned(bufs[i]);
     sp_free_aligned(c->sel);
