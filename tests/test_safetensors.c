@@ -265,7 +265,7 @@ static long faults_reading(const struct sp_map *m) {
     return (b.ru_minflt - a.ru_minflt) + (b.ru_majflt - a.ru_majflt);
 }
 
-/* A populated map is read without page faults; a plain one takes them. */
+/* A populated map is read without the page faults a plain one takes. */
 static void test_map_populate(void **state) {
     (void)state;
     char *dir = th_tmpdir();
@@ -282,8 +282,9 @@ static void test_map_populate(void **state) {
     assert_int_equal(sp_map_populate(&populated), SP_OK);
     long after = faults_reading(&populated);
     print_message("faults reading 8 MiB: %ld plain, %ld populated\n", before, after);
-    assert_true(before >= 16);
-    assert_true(after <= 2);
+    /* the difference: under AddressSanitizer both reads also fault in the
+     * shadow pages of the mapping (one per 32 KiB read) */
+    assert_true(before - after >= 16);
     sp_map_close(&plain);
     sp_map_close(&populated);
     struct sp_map empty;
