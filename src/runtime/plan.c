@@ -273,11 +273,14 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
 
 double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
-    double t0 = sp_now_s();
-    if (sp_model_populate(m) != SP_OK)
+    double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
+    sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
+    if (sp_model_populate(m) != SP_OK) {
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
+        return sp_now_s() - t0;
+    }
     double dt = sp_now_s() - t0;
-    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s)", (double)p->file_bytes / 1048576.0, dt);
+    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s)", mib, dt);
     return dt;
 }
 
