@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,10 +153,31 @@ static double machine_gbs(const struct sp_plan *pl, int nth, bool *measured) {
     return *measured ? bw.gbs : pl->bw.ram_gbs;
 }
 
-static void report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl, const char *mode,
-                   int threads, double ram_gbs, bool ram_measured, const char *synthetic, const struct result *r) {
-    double pre = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0, dec = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
-    double gbs = (double)ms->active_bytes * dec / 1e9, eff = ram_gbs > 0 ? 100.0 * gbs / ram_gbs : 0;
+/* Most runs --repeat takes. */
+#define REPEAT_MAX 1000
+
+/* The figures of one run that a summary of repeated runs compares. */
+enum { RS_PREFILL, RS_DECODE, RS_MACHINE_GBS, RS_EFFICIENCY, RS_DECODE_GBS, RS_COUNT };
+struct run_stats {
+    double v[RS_COUNT];  // tok/s, tok/s, bandwidth measured after the run, % of it the decode read, decode GB/s
+};
+
+static struct run_stats run_stats_of(const struct sp_model_stats *ms, const struct result *r, double ram_gbs) {
+    struct run_stats s = {{0}};
+    s.v[RS_PREFILL] = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0;
+    s.v[RS_DECODE] = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
+    s.v[RS_MACHINE_GBS] = ram_gbs;
+    s.v[RS_DECODE_GBS] = (double)ms->active_bytes * s.v[RS_DECODE] / 1e9;
+    s.v[RS_EFFICIENCY] = ram_gbs > 0 ? 100.0 * s.v[RS_DECODE_GBS] / ram_gbs : 0;
+    return s;
+}
+
+/* One human and one JSON line for a run; its figures, for a summary. */
+static struct run_stats report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl,
+                               const char *mode, int threads, double ram_gbs, bool ram_measured, const char *synthetic,
+                               const struct result *r) {
+    struct run_stats st = run_stats_of(ms, r, ram_gbs);
+    double pre = st.v[RS_PREFILL], dec = st.v[RS_DECODE], gbs = st.v[RS_DECODE_GBS], eff = st.v[RS_EFFICIENCY];
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
@@ -165,8 +185,7 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
            "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
            (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, r->load_s, (long long)r->prompt,
-           pre, dec,
-           (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
+           pre, dec, (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
            ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)");
     if (r->has_experts)
         printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
@@ -224,21 +243,7 @@ static void report(const struct sp_model *m, const struct sp_model_stats *ms, co
     sp_jw_end(&w);
     printf("%s\n", b.data);
     sp_buf_free(&b);
-}
-
-/* The figures of one run that a summary of repeated runs compares. */
-struct run_stats {
-    double prefill, decode;  // tok/s
-    double gbs, eff;         // the machine's bandwidth measured after the run, % of it the decode read
-    double decode_gbs;       // what the decode read per second
-};
-
-static struct run_stats run_stats_of(const struct sp_model_stats *ms, const struct result *r, double ram_gbs) {
-    struct run_stats s = {r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0,
-                          r->decode_s > 0 ? (double)r->gen / r->decode_s : 0, ram_gbs, 0, 0};
-    s.decode_gbs = (double)ms->active_bytes * s.decode / 1e9;
-    s.eff = ram_gbs > 0 ? 100.0 * s.decode_gbs / ram_gbs : 0;
-    return s;
+    return st;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -246,10 +251,10 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median and largest of field `off` (a double in struct run_stats) over n runs. */
-static void median_best(const struct run_stats *s, int64_t n, size_t off, double *median, double *best) {
-    double v[1000];
-    for (int64_t i = 0; i < n; i++) v[i] = *(const double *)(const void *)((const char *)&s[i] + off);
+/* Median and largest of figure k over n runs. */
+static void median_best(const struct run_stats *s, int64_t n, int k, double *median, double *best) {
+    double v[REPEAT_MAX];
+    for (int64_t i = 0; i < n; i++) v[i] = s[i].v[k];
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     *median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     *best = v[n - 1];
@@ -259,32 +264,27 @@ static void median_best(const struct run_stats *s, int64_t n, size_t off, double
  * figure; the efficiency's median is that of the runs' own ratios, and
  * "best" compares the fastest decode with the fastest bandwidth seen. */
 static void summarize(const struct run_stats *s, int64_t n) {
-    static const struct {
-        const char *key;
-        size_t off;
-    } f[] = {{"prefill_tok_s", offsetof(struct run_stats, prefill)},
-             {"decode_tok_s", offsetof(struct run_stats, decode)},
-             {"machine_gbs", offsetof(struct run_stats, gbs)},
-             {"efficiency_pct", offsetof(struct run_stats, eff)}};
-    double med[4], best[4], med_dec_gbs, best_dec_gbs;
-    for (int k = 0; k < 4; k++) median_best(s, n, f[k].off, &med[k], &best[k]);
-    median_best(s, n, offsetof(struct run_stats, decode_gbs), &med_dec_gbs, &best_dec_gbs);
-    double eff_best = best[2] > 0 ? 100.0 * best_dec_gbs / best[2] : 0;
+    static const char *const keys[RS_DECODE_GBS] = {"prefill_tok_s", "decode_tok_s", "machine_gbs", "efficiency_pct"};
+    double med[RS_COUNT], best[RS_COUNT];
+    for (int k = 0; k < RS_COUNT; k++) median_best(s, n, k, &med[k], &best[k]);
+    /* not the best of the runs' ratios: the fastest decode over the fastest bandwidth */
+    best[RS_EFFICIENCY] = best[RS_MACHINE_GBS] > 0 ? 100.0 * best[RS_DECODE_GBS] / best[RS_MACHINE_GBS] : 0;
     printf("summary of %lld runs: prefill %.1f tok/s (best %.1f), decode %.2f tok/s (best %.2f), bandwidth %.1f GB/s "
            "(best %.1f), efficiency %.0f%% (best decode over best bandwidth: %.0f%%)\n",
-           (long long)n, med[0], best[0], med[1], best[1], med[2], best[2], med[3], eff_best);
+           (long long)n, med[RS_PREFILL], best[RS_PREFILL], med[RS_DECODE], best[RS_DECODE], med[RS_MACHINE_GBS],
+           best[RS_MACHINE_GBS], med[RS_EFFICIENCY], best[RS_EFFICIENCY]);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
     sp_jw_obj(&w);
     sp_jw_key(&w, "bench"); sp_jw_str(&w, "summary");
     sp_jw_key(&w, "runs"); sp_jw_int(&w, n);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < RS_DECODE_GBS; k++) {
         char key[64];
-        snprintf(key, sizeof key, "%s_median", f[k].key);
+        snprintf(key, sizeof key, "%s_median", keys[k]);
         sp_jw_key(&w, key); sp_jw_num(&w, med[k]);
-        snprintf(key, sizeof key, "%s_best", f[k].key);
-        sp_jw_key(&w, key); sp_jw_num(&w, k == 3 ? eff_best : best[k]);
+        snprintf(key, sizeof key, "%s_best", keys[k]);
+        sp_jw_key(&w, key); sp_jw_num(&w, best[k]);
     }
     sp_jw_end(&w);
     printf("%s\n", b.data);
@@ -427,7 +427,6 @@ static int bench_model(const char *model, struct bench_opts *o) {
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m);
     int nth = threads ? (int)threads : sp_physical_cores();
-    struct result r;
     bool ram_measured = false;
     double ram_gbs = 0;
     struct run_stats *stats = sp_calloc((size_t)o->repeat, sizeof *stats, SP_MEM_MISC);
@@ -436,24 +435,25 @@ static int bench_model(const char *model, struct bench_opts *o) {
         goto done;
     }
     for (int64_t i = 0; i < o->repeat; i++) {
+        struct result r;
         if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) {
             sp_free(stats);
             goto done;
         }
         r.load_s = i == 0 ? load_s : 0.0;
         ram_gbs = machine_gbs(&pl, nth, &ram_measured);
-        report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured, o->synthetic, &r);
-        stats[i] = run_stats_of(&ms, &r, ram_gbs);
+        stats[i] = report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured,
+                          o->synthetic, &r);
     }
     if (o->repeat > 1) summarize(stats, o->repeat);
+    double last_decode = stats[o->repeat - 1].v[RS_DECODE];
     sp_free(stats);
     if (o->compare && cp.expert_cache) {
         struct result base;
         cp.expert_cache = 0;
         if (run_once(m, &cp, prompt, gen, o->cold, &base) != SP_OK) goto done;
-        report(m, &ms, &pl, "mmap", nth, ram_gbs, ram_measured, o->synthetic, &base);
-        double a = r.decode_s > 0 ? (double)r.gen / r.decode_s : 0, b = base.decode_s > 0 ? (double)base.gen / base.decode_s : 0;
-        printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? a / b : 0.0);
+        double b = report(m, &ms, &pl, "mmap", nth, ram_gbs, ram_measured, o->synthetic, &base).v[RS_DECODE];
+        printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? last_decode / b : 0.0);
     }
     rc = 0;
 done:
@@ -490,7 +490,7 @@ int sp_cmd_bench(int argc, char **argv) {
         } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
             if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &o.gen)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--repeat", &v)) {
-            if (!v || !sp_arg_int("--repeat", v, 1, 1000, &o.repeat)) return SP_EXIT_USAGE;
+            if (!v || !sp_arg_int("--repeat", v, 1, REPEAT_MAX, &o.repeat)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
             if (!v || !sp_arg_int("--threads", v, 1, 1024, &o.threads)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {
