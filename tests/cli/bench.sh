@@ -41,6 +41,13 @@ run "the summary holds the runs' medians and bests" 0 node -e '
     const eff = median(runs.map(r => r.efficiency_pct));
     const best = 100 * Math.max(...runs.map(r => r.achieved_gbs)) / Math.max(...runs.map(r => r.machine_gbs));
     if (s.runs !== 3 || !near(s.efficiency_pct_median, eff) || !near(s.efficiency_pct_best, best)) process.exit(1);' "$TMP/s.json" "$TMP/runs.json"
+run "--compare-mmap with an expert cache" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --expert-cache 64K --compare-mmap "${SMALL[@]}"
+grep '^{' "$TMP/out" >"$TMP/cmp.json"
+run "the ratio is the expert-cache run's decode over the mmap run's" 0 node -e '
+    const l = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(x => JSON.parse(x));
+    const [c, m, r] = l;
+    if (l.length !== 3 || c.bench !== "expert-cache" || m.bench !== "mmap" || r.bench !== "ratio") process.exit(1);
+    if (Math.abs(r.decode_expert_cache_over_mmap - c.decode_tok_s / m.decode_tok_s) > 0.0005 + 1e-9) process.exit(1);' "$TMP/cmp.json"
 run "--repeat 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 0 "${SMALL[@]}"
 expect "is refused" "$TMP/err" "--repeat"
 
