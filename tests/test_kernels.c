@@ -215,9 +215,10 @@ static void check_affine(enum sp_qtype t) {
     const enum sp_dtype sdts[] = {SP_DTYPE_F32, SP_DTYPE_BF16, SP_DTYPE_F16};
     for (int g = 0; g < 3; g++)
         for (int s = 0; s < 3; s++) {
-            /* one group, three groups, and 640 = one 512-column slice + 128 */
-            const int64_t cols[] = {groups[g], 3 * groups[g], 640};
-            check_format(t, groups[g], sdts[s], cols, 3);
+            /* one group, three groups, 640 = one 512-column slice + 128, and
+             * nine groups (the int8 product by groups takes 8 at a time) */
+            const int64_t cols[] = {groups[g], 3 * groups[g], 640, 9 * groups[g]};
+            check_format(t, groups[g], sdts[s], cols, 4);
         }
 }
 
@@ -225,8 +226,8 @@ static void test_affine4(void **state) { check_affine(SP_QTYPE_AFFINE4); }
 static void test_affine8(void **state) { check_affine(SP_QTYPE_AFFINE8); }
 
 static void test_mxfp4(void **state) {
-    const int64_t cols[] = {32, 96, 640};
-    check_format(SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, cols, 3);
+    const int64_t cols[] = {32, 96, 288, 640};
+    check_format(SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, cols, 4);
 }
 
 /* Formats without a SIMD fast path must still be right in every set. */
@@ -248,7 +249,10 @@ static void test_batch_invariance(void **state) {
     const struct fmt_case cases[] = {
         {SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
         {SP_QTYPE_F16, 1, SP_DTYPE_COUNT, 100},   {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640},
-        {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024}};
+        {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024},
+        /* int8 products: groups in eights plus a rest, a lone 32-column block */
+        {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -260,8 +264,8 @@ static void test_batch_invariance(void **state) {
             float one[13];
             for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
             void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
-            const int64_t sizes[] = {40, 17, 7, 5, 3};
-            for (size_t b = 0; b < 5; b++) {
+            const int64_t sizes[] = {40, 17, 9, 7, 5, 3};
+            for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
                 k->matmul_rows(&M.m, 0, 13, x, cols, sizes[b], y, 13, scratch);
                 for (int64_t t = 0; t < sizes[b]; t++) {
                     k->matmul_rows(&M.m, 0, 13, x + t * cols, cols, 1, one, 13, scratch);

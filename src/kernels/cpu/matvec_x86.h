@@ -29,7 +29,10 @@
  * - int8 activations (4-bit rows: affine4 and mxfp4, any n, the default
  *   sets): each token is rounded to int8 with one scale per weight group;
  *   codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32 pairs per
- *   instruction with exact sums (q8_rows).
+ *   instruction with exact sums. Up to 7 tokens go by groups (q8_rows: 8
+ *   groups' sums per vector), more by tokens (q8_block_rows: 8 tokens per
+ *   vector, rows unpacked to bytes once per 16 tokens); one summation
+ *   order, so the same bits either way.
  * - int16 activations (affine 8-bit; 4-bit rows in the -int16 sets; any n):
  *   each token is rounded to int16 with one scale per weight group, codes
  *   are widened to int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per
@@ -65,19 +68,27 @@
  * dot_u8_2: acc + the int32 sums of the products of unsigned bytes u0, u1
  * and signed bytes x0, x1, lane i summing bytes 4i..4i+3 of both: exact
  * (|u| <= 24, |x| <= 127, so AVX2's int16 pair sums of 4 products stay
- * below 32767). */
+ * below 32767).
+ * u8_acc: acc + the products of unsigned bytes u and signed bytes x, in
+ * int16 pair sums on AVX2 (exact while few enough are added, see
+ * block_group) and int32 sums of 4 with VNNI; u8_widen: such sums as
+ * int32 (lane i: bytes 4i..4i+3). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
 ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, x0), u1, x1);
 }
+ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_dpbusd_epi32(acc, u, x); }
+ALWAYS __m256i u8_widen(__m256i s) { return s; }
 #elif defined(__AVXVNNI__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_avx_epi32(acc, w, x); }
 ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
     return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, x0), u1, x1);
 }
+ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, u, x); }
+ALWAYS __m256i u8_widen(__m256i s) { return s; }
 #else
 #define HAVE_DPWSSD 0
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
@@ -85,6 +96,8 @@ ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i
     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, x)); }
+ALWAYS __m256i u8_widen(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 #endif
 
 /* The avx512 build also multiplies 4-bit rows of group 32 or 64 two units
@@ -446,11 +459,11 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
 #define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
 #define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
 
-/* A batch of tokens rounded to int16 (q16_prepare) or int8 (q8_prepare). */
+/* A batch of tokens rounded to int16 (q16_prepare). */
 struct qacts {
-    const void *xq;     // (n, cols) int16 or int8, in the order the product reads them
+    const void *xq;     // (n, cols) int16, in the order the product reads them
     const float *dx;    // (n, ng): scale of each group of x
-    const float *xsum;  // (n, ng): float sum of x over each group (int8 mxfp4: 12 x the sum of xq)
+    const float *xsum;  // (n, ng): float sum of x over each group
     float *ds;          // (4, ng): one row's multipliers for up to 4 tokens
     int64_t cols, ng;
     bool paired;        // int16: 4-bit units stored in pairs (unit_at)
@@ -458,7 +471,6 @@ struct qacts {
 
 /* Token t's int16 / int8 activations. */
 ALWAYS const int16_t *xq16(const struct qacts *q, int t) { return (const int16_t *)q->xq + t * q->cols; }
-ALWAYS const int8_t *xq8(const struct qacts *q, int t) { return (const int8_t *)q->xq + t * q->cols; }
 
 /* The largest |x| of a group of x (group a multiple of 8); *sum gets the
  * float sum of the group. */
@@ -862,8 +874,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * 16 bits (6 operations per 64 codes) and 4 multiply-adds per 64 columns.
  * Kept as bytes, the codes multiply int8 activations directly: vpmaddubsw
  * takes unsigned bytes times signed bytes, 32 products per instruction
- * (vpdpbusd in the VNNI builds adds them into int32 too), so a 64-column
- * unit costs 3 operations to split nibbles and 2 multiply-adds.
+ * (vpdpbusd in the VNNI builds adds them into int32 too).
  *
  * Each token's activations are rounded to int8 with one scale per weight
  * group, dx = amax / 127 (error <= dx / 2 per element, 1/254 of the
@@ -871,14 +882,55 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * weights themselves, which is 1/15 of their group's range). A unit's
  * activations are stored as its 32 even columns, then its 32 odd ones: byte
  * j of the codes holds columns 2j (low nibble) and 2j + 1 (high nibble),
- * so "& 0xf" and ">> 4 & 0xf" line up with them with no shuffle. The int32
- * sums hold columns 0..31 in lanes 0-3 and 32..63 in lanes 4-7, as in the
- * int16 product. mxfp4 codes become 2 * e2m1 + 12 (0..24, unsigned) by
- * table lookup; the 12 * sum(xq) this adds per group is taken off with the
- * group's multiplier, like the affine bias term. Integer sums are exact, so
- * every set gives the same bits here too. */
+ * so "& 0xf" and ">> 4 & 0xf" line up with them with no shuffle. mxfp4
+ * codes become 2 * e2m1 + 12 (0..24, unsigned) by table lookup; the group's
+ * exact integer sum then loses 12 * sum(xq) again before it meets a float.
+ *
+ * One summation order serves every batch size. For a row and a token, group
+ * g's exact int32 sum S_g (over its columns: code x rounded activation) is
+ * scaled by ds_g = (weight scale x code scale) x dx_g, rounded once, and
+ * added by one FMA to chain g % 8; affine rows add their bias term
+ * b_g x (float sum of x over g) to the same chain by a second FMA. The
+ * eight chains are summed as hsum does: ((c0 + c4) + (c2 + c6)) + ((c1 + c5)
+ * + (c3 + c7)). Two products compute exactly that:
+ *
+ * - by groups (q8_rows, 1 to 4 tokens: decode): the int32 sums of 8
+ *   groups are folded into one vector (lane = chain), so the float work is
+ *   one conversion and one or two FMAs per 8 groups;
+ * - by tokens (q8_block_rows, 8 or more): lanes are 8 tokens. Four rows'
+ *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd)
+ *   times 4 columns of 8 tokens (one load) accumulate 16-bit sums that are
+ *   widened to int32 every 8 steps (4 for mxfp4, whose products are larger),
+ *   and each group ends in one FMA per row and 8 tokens, into chains kept in
+ *   a small buffer. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
+#define Q8_CHAINS 8
+#define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
+#define Q8_BLOCK_ROWS 4    // rows unpacked at a time there
+/* From this many tokens on, the product by tokens is the faster one. */
+#define Q8_BLOCK_MIN_TOKENS 8
+
+/* A batch of up to Q16_TOKENS tokens rounded to int8 (q8_prepare), and the
+ * buffers the products use, all in the caller's scratch. Per-group arrays
+ * have ldg >= ng entries per token, zero past ng. */
+struct q8acts {
+    const int8_t *xq;     // (n, cols) in unit order
+    const float *dx;      // (n, ldg) scale of each group of x
+    const float *xsum;    // affine: (n, ldg) float sum of x over each group
+    const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group
+    float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
+    /* product by tokens: xt (blocks of 8 tokens: cols / 4 quads x 8 tokens x
+     * 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub (Q8_BLOCK_ROWS, cols)
+     * unpacked codes, chains (Q8_BLOCK_ROWS, Q8_CHAINS, 8) */
+    int8_t *xt;
+    uint8_t *ub;
+    float *dxt, *xst, *chains;
+    int32_t *xot;
+    int64_t n, cols, ng, ldg;
+};
+
+ALWAYS const int8_t *xq8(const struct q8acts *q, int64_t t) { return q->xq + t * q->cols; }
 
 /* 32 int8 in natural order (a token's quantized columns) -> the 16 even
  * ones, then the 16 odd ones, of each 32-column half. */
@@ -906,21 +958,41 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Quantizes n tokens of x into scratch as int8 (struct qacts; one scale
- * per weight group of 32, 64 or 128 columns). */
-static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t group, bool mx4, void *scratch,
-                       struct qacts *q) {
-    int64_t ng = cols / group;
-    int8_t *xq = scratch;
-    float *dx = (float *)(void *)(xq + n * cols), *xsum = dx + n * ng, *ds = xsum + n * ng;
+/* Carves the q8acts buffers out of scratch (sp_kernels_scratch_bytes
+ * counts them) for up to Q16_TOKENS tokens. */
+static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q) {
+    int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q16_TOKENS;
+    int64_t nb = (nt + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS * Q8_BLOCK_TOKENS;
+    int8_t *xq = scratch, *xt = xq + nt * cols;
+    uint8_t *ub = (uint8_t *)(xt + nb * cols);
+    float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
+    float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
+    float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nb * ldg, *chains = xst + nb * ldg;
+    int32_t *xoff = (int32_t *)(void *)(chains + Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS), *xot = xoff + nt * ldg;
+    *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg};
+}
+
+/* Quantizes n <= Q16_TOKENS tokens of x into q's buffers (one scale per
+ * weight group of 32, 64 or 128 columns). */
+static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bool mx4, struct q8acts *q) {
+    int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
+    int8_t *xq = (int8_t *)q->xq;
+    float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
+    int32_t *xoff = (int32_t *)q->xoff;
+    q->n = n;
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int8_t *ot = xq + t * cols;
-        for (int64_t g = 0; g < ng; g++) {
+        for (int64_t g = 0; g < ldg; g++) {
+            if (g >= ng) {
+                dx[t * ldg + g] = xsum[t * ldg + g] = 0.0f;
+                xoff[t * ldg + g] = 0;
+                continue;
+            }
             const float *xg = xt + g * group;
             float sum, amax = group_amax(xg, group, &sum);
             __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            dx[t * ng + g] = amax / 127.0f;
+            dx[t * ldg + g] = amax / 127.0f;
             /* a group is a whole number of 32-column halves of units */
             __m256i isum = _mm256_setzero_si256();
             for (int64_t k = 0; k < group; k += 32) {
@@ -939,10 +1011,20 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int
                     _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
                 }
             }
-            xsum[t * ng + g] = mx4 ? (float)(MX4_OFFSET * hsum_epi32(isum)) : sum;
+            xsum[t * ldg + g] = mx4 ? 0.0f : sum;
+            xoff[t * ldg + g] = mx4 ? MX4_OFFSET * hsum_epi32(isum) : 0;
         }
     }
-    *q = (struct qacts){xq, dx, xsum, ds, cols, ng, false};
+}
+
+/* A row's scales times code_scale (or its biases, code_scale 1) as floats
+ * into out[0 .. ldg), zero past ng; the same values for both products. */
+ALWAYS void row_floats(int sdt, const uint8_t *p, int64_t ng, int64_t ldg, float code_scale, float *out) {
+    const __m256 cs = _mm256_set1_ps(code_scale);
+    int64_t g = 0;
+    for (; g + 8 <= ng; g += 8) _mm256_storeu_ps(out + g, _mm256_mul_ps(load8_scales(sdt, p, g), cs));
+    for (; g < ng; g++) out[g] = load1_scale(sdt, p, g) * code_scale;
+    for (; g < ldg; g++) out[g] = 0.0f;
 }
 
 /* 4-bit codes (one per byte) as the unsigned bytes that multiply int8
@@ -962,102 +1044,290 @@ ALWAYS void u8_codes(int fmt, const uint8_t *c, __m256i *lo, __m256i *hi) {
     *hi = u8_values(fmt, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
 }
 
-/* Group g (`units` units of 64 columns: affine4 group 64 or 128) into
- * chain `chain` of each token. */
-ALWAYS void q8_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int units, int nt, __m256 acc[4][2],
-                     int chain) {
-    __m256i p[4];
+/* A lone last 32-column block (16 bytes at c) as [even columns | odd
+ * columns], the order of its activations. */
+ALWAYS __m256i u8_lone_codes(int fmt, const uint8_t *c) {
+    const __m128i low4 = _mm_set1_epi8(0xf);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)c);
+    return u8_values(fmt, _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4)));
+}
+
+/* ---- the product by groups ---- */
+
+/* [sum of lanes 0-3 of p[i] for i < 4 | sum of lanes 4-7 of p[i] for i < 4] */
+ALWAYS __m256i halves4(const __m256i p[4]) {
+    __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+    __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+}
+
+/* Two halves4 results of units 0-3 and 4-7 -> the 8 units' totals. */
+ALWAYS __m256i unit_totals(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* halves4 of the int32 sums of units u0 .. u0 + nu - 1 (nu <= 4; zero past
+ * nu) for tokens t < nt; with lone, the last of them is a lone 32-column
+ * block, its whole sum in the first half. */
+ALWAYS void unit_halves(int fmt, const uint8_t *c, const struct q8acts *q, int64_t u0, int nu, bool lone, int nt,
+                        __m256i out[4]) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i p[4][4];
 #pragma GCC unroll 4
-    for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int i = 0; i < units; i++) {
-        int64_t u = g * units + i;
-        __m256i lo, hi;
-        _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
-        u8_codes(fmt, c + u * 32, &lo, &hi);
+    for (int i = 0; i < 4; i++) {
+        int64_t u = u0 + i;
+        if (i >= nu) {
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + u * 64);
-            p[t] = dot_u8_2(p[t], lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
+            for (int t = 0; t < nt; t++) p[t][i] = zero;
+        } else if (lone && i == nu - 1) {
+            __m256i codes = u8_lone_codes(fmt, c + u * 32);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + u * 64));
+                __m256i s = dot_u8_2(zero, codes, x, zero, x);  // lanes 0-3 even columns, 4-7 odd
+                s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x81));
+                p[t][i] = _mm256_blend_epi32(s, zero, 0xF0);
+            }
+        } else {
+            __m256i lo, hi;
+            _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+            u8_codes(fmt, c + u * 32, &lo, &hi);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + u * 64);
+                p[t][i] = dot_u8_2(zero, lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
+            }
         }
     }
-    add_scaled(acc, chain, p, q, g, nt);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) out[t] = halves4(p[t]);
 }
 
-/* Groups g and g + 1 of 32 columns (mxfp4, affine4 group 32), one unit,
- * into chain `chain`: each half with its own multiplier. */
-ALWAYS void q8_group_pair(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2],
-                          int chain) {
-    __m256i lo, hi;
-    _mm_prefetch((const char *)c + g * 16 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
-    u8_codes(fmt, c + g * 16, &lo, &hi);
+/* The exact int32 sums of groups g0 .. g0 + gn - 1 (gn <= 8; zero past gn)
+ * for tokens t < nt, group g0 + i in lane i. per: 32-column blocks per
+ * group (1, 2 or 4); a row with an odd number of 32-column groups ends in
+ * a lone block. */
+ALWAYS void group_sums(int fmt, int per, const uint8_t *c, const struct q8acts *q, int64_t g0, int gn, int nt,
+                       __m256i s[4]) {
+    __m256i a[4], b[4], d[4], e[4];
+    if (per == 1) {
+        /* [g0 g2 g4 g6 | g1 g3 g5 g7] -> natural order */
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        unit_halves(fmt, c, q, g0 / 2, (gn + 1) / 2, gn & 1, nt, a);
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) {
-        const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + g * 32);
-        __m256i p = dot_u8_2(_mm256_setzero_si256(), lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
-        __m256 d = pair_ds(q, t, g);
-        acc[t][chain] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[t][chain]);
+        for (int t = 0; t < nt; t++) s[t] = _mm256_permutevar8x32_epi32(a[t], order);
+    } else if (per == 2) {
+        unit_halves(fmt, c, q, g0, gn < 4 ? gn : 4, false, nt, a);
+        unit_halves(fmt, c, q, g0 + 4, gn > 4 ? gn - 4 : 0, false, nt, b);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) s[t] = unit_totals(a[t], b[t]);
+    } else {
+        /* units 2g, 2g + 1 per group: totals of 16 units, then pairs of them */
+        int nu = 2 * gn;
+        unit_halves(fmt, c, q, 2 * g0, nu < 4 ? nu : 4, false, nt, a);
+        unit_halves(fmt, c, q, 2 * g0 + 4, nu < 4 ? 0 : nu < 8 ? nu - 4 : 4, false, nt, b);
+        unit_halves(fmt, c, q, 2 * g0 + 8, nu < 8 ? 0 : nu < 12 ? nu - 8 : 4, false, nt, d);
+        unit_halves(fmt, c, q, 2 * g0 + 12, nu < 12 ? 0 : nu - 12, false, nt, e);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            /* hadd gives [G0 G1 G4 G5 | G2 G3 G6 G7] */
+            __m256i h = _mm256_hadd_epi32(unit_totals(a[t], b[t]), unit_totals(d[t], e[t]));
+            s[t] = _mm256_permute4x64_epi64(h, 0xD8);
+        }
     }
 }
 
-/* The last group of 32 columns of a row with an odd number of them (16
- * bytes of codes; activations: its 16 even columns, then the odd ones),
- * into the low half of chain 0. */
-ALWAYS void q8_lone_group(int fmt, const uint8_t *c, const struct qacts *q, int64_t g, int nt, __m256 acc[4][2]) {
-    const __m128i low4 = _mm_set1_epi8(0xf);
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(c + g * 16));
-    __m256i nibbles = _mm256_setr_m128i(_mm_and_si128(v, low4), _mm_and_si128(_mm_srli_epi16(v, 4), low4));
-    __m256i codes = u8_values(fmt, nibbles);
+/* Adds groups g0 .. g0 + 7 (their sums s[t]) to each token's chains. */
+ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, const __m256i s[4], __m256 acc[4]) {
+    __m256 sc = _mm256_loadu_ps(q->srow + g0), bi = _mm256_loadu_ps(q->brow + g0);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + g * 32));
-        /* lanes 0-3 even columns, 4-7 odd ones: their sum is the group's */
-        __m256i p = dot_u8_2(_mm256_setzero_si256(), codes, x, _mm256_setzero_si256(), x);
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        __m256 d = _mm256_broadcast_ss(q->ds + t * q->ng + g);
-        acc[t][0] = _mm256_fmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(s)), d, acc[t][0]);
+        int64_t at = t * q->ldg + g0;
+        __m256i st = s[t];
+        if (fmt == FMT_MX4) st = _mm256_sub_epi32(st, _mm256_loadu_si256((const __m256i *)(const void *)(q->xoff + at)));
+        __m256 ds = _mm256_mul_ps(sc, _mm256_loadu_ps(q->dx + at));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, acc[t]);
+        if (fmt != FMT_MX4) acc[t] = _mm256_fmadd_ps(bi, _mm256_loadu_ps(q->xsum + at), acc[t]);
     }
 }
 
-ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, int64_t ldy,
-                    int fmt, int sdt, int nt, int per) {
-    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+/* A row's scales (times the code scale) and, for affine rows, biases into
+ * srow / brow + i * ldg. */
+ALWAYS void row_params(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
+                       int64_t r, int i) {
     /* mxfp4 codes here are 2 * e2m1 (+ 12): the scale times 1/2 */
     const float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
+    size_t at = (size_t)r * f->scale_row_bytes;
+    row_floats(sdt, (const uint8_t *)w->scales + at, f->ng, q->ldg, code_scale, q->srow + i * q->ldg);
+    if (fmt == FMT_MX4)
+        memset(q->brow + i * q->ldg, 0, (size_t)q->ldg * sizeof(float));
+    else
+        row_floats(sdt, (const uint8_t *)w->biases + at, f->ng, q->ldg, 1.0f, q->brow + i * q->ldg);
+}
+
+ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
+                    int fmt, int sdt, int nt, int per) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        row_ds(sdt, (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes, q, nt, code_scale);
-        __m256 acc[4][2];
+        row_params(fmt, sdt, w, &f, q, r, 0);
+        __m256 acc[4];
+        __m256i s[4];
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-        /* two chains (even / odd groups or pairs) hide the FMA latency */
-        int64_t g = 0;
-        if (per == 1) {
-            for (; g + 4 <= f.ng; g += 4) {
-                q8_group_pair(fmt, c, q, g, nt, acc, 0);
-                q8_group_pair(fmt, c, q, g + 2, nt, acc, 1);
-            }
-            if (g + 2 <= f.ng) {
-                q8_group_pair(fmt, c, q, g, nt, acc, 0);
-                g += 2;
-            }
-            if (g < f.ng) q8_lone_group(fmt, c, q, g++, nt, acc);
-        } else {
-            for (; g + 2 <= f.ng; g += 2) {
-                q8_group(fmt, c, q, g, per / 2, nt, acc, 0);
-                q8_group(fmt, c, q, g + 1, per / 2, nt, acc, 1);
-            }
-            if (g < f.ng) q8_group(fmt, c, q, g, per / 2, nt, acc, 0);
+        for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+        int64_t g0 = 0;
+        for (; g0 + Q8_CHAINS <= f.ng; g0 += Q8_CHAINS) {
+            group_sums(fmt, per, c, q, g0, Q8_CHAINS, nt, s);
+            add_groups(fmt, q, g0, nt, s, acc);
         }
-        /* affine: + sum over groups of b_g * sum(x over group g);
-         * mxfp4: - sum over groups of ds_g * 12 * sum(xq over group g) */
-        const uint8_t *bi = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
-        float extra[4];
-        group_terms(sdt, bi, q, nt, extra);
+        if (g0 < f.ng) {
+            group_sums(fmt, per, c, q, g0, (int)(f.ng - g0), nt, s);
+            add_groups(fmt, q, g0, nt, s, acc);
+        }
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            float dot = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
-            y[t * ldy + r] = bi ? dot + extra[t] : dot - extra[t];
+        for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(acc[t]);
+    }
+}
+
+/* ---- the product by tokens ---- */
+
+/* s[i] += quads q .. q + steps - 1 of row i's unpacked codes times the
+ * same quads of 8 tokens (xb: 32 bytes per quad). */
+ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t q, int steps, __m256i s[4]) {
+#pragma GCC unroll 8
+    for (int k = 0; k < steps; k++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xb + (q + k) * 32));
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+            int32_t u;
+            memcpy(&u, ub + i * cols + (q + k) * 4, 4);
+            s[i] = u8_acc(s[i], _mm256_set1_epi32(u), x);
+            /* keeps the sums one chain per row: regrouped into trees (integer
+             * adds may be) they need more registers than there are */
+            __asm__("" : "+x"(s[i]));
+        }
+    }
+}
+
+/* The exact int32 sums of group g of Q8_BLOCK_ROWS rows for 8 tokens (lane
+ * = token). 16-bit sums of pairs stay exact over 8 steps for affine codes
+ * (8 x 2 x 15 x 127 < 32768), 4 for mxfp4 (4 x 2 x 24 x 127). */
+ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t g, bool lone,
+                        __m256i sum[4]) {
+    const int run = fmt == FMT_MX4 ? 4 : 8;
+    __m256i s[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = s[i] = _mm256_setzero_si256();
+    if (per == 1) {
+        /* the group's even columns are quads 4h .. 4h + 3 of its unit, the odd
+         * ones 8 further (a lone block: right after) */
+        int64_t qa = (g / 2) * 16 + (g & 1) * 4, qb = qa + (lone ? 4 : 8);
+        quad_steps(ub, cols, xb, qa, 4, s);
+        if (run == 4) {
+#pragma GCC unroll 4
+            for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = u8_widen(s[i]), s[i] = _mm256_setzero_si256();
+        }
+        quad_steps(ub, cols, xb, qb, 4, s);
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = _mm256_add_epi32(sum[i], u8_widen(s[i]));
+        return;
+    }
+    const int runs = 16 * (per / 2) / run;
+#pragma GCC unroll 4
+    for (int k = 0; k < runs; k++) {
+        quad_steps(ub, cols, xb, g * 16 * (per / 2) + k * run, run, s);
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = _mm256_add_epi32(sum[i], u8_widen(s[i])), s[i] = _mm256_setzero_si256();
+    }
+}
+
+/* Rows r .. r + nr - 1 as unsigned bytes in ub (unit order; a lone last
+ * block as its 16 even then 16 odd columns) and their scales and biases;
+ * rows past nr repeat the first (computed, never stored). */
+ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
+                        int64_t r, int nr) {
+    int64_t units = f->cols / 64;
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+        int64_t ri = r + (i < nr ? i : 0);
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)ri * f->row_bytes;
+        uint8_t *o = q->ub + i * f->cols;
+        for (int64_t u = 0; u < units; u++) {
+            __m256i lo, hi;
+            /* the same bytes of the next pass's rows, needed after this pass's products */
+            if (!(u & 1)) _mm_prefetch((const char *)c + Q8_BLOCK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
+            u8_codes(fmt, c + u * 32, &lo, &hi);
+            _mm256_storeu_si256((__m256i *)(void *)(o + u * 64), lo);
+            _mm256_storeu_si256((__m256i *)(void *)(o + u * 64 + 32), hi);
+        }
+        if (units * 64 < f->cols)
+            _mm256_storeu_si256((__m256i *)(void *)(o + units * 64), u8_lone_codes(fmt, c + units * 32));
+        row_params(fmt, sdt, w, f, q, ri, i);
+    }
+}
+
+/* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
+ * tokens, and their per-group dx and sums (xst or xot) 8 per group. */
+static void block_tokens(const struct q8acts *q, int64_t b) {
+    int64_t nq = q->cols / 4, ldg = q->ldg;
+    int32_t *xt = (int32_t *)(void *)(q->xt + b * q->cols * Q8_BLOCK_TOKENS);
+    for (int t = 0; t < Q8_BLOCK_TOKENS; t++) {
+        int64_t tg = b * Q8_BLOCK_TOKENS + t;
+        bool real = tg < q->n;
+        const int8_t *src = real ? xq8(q, tg) : NULL;
+        for (int64_t k = 0; k < nq; k++) {
+            int32_t v = 0;
+            if (real) memcpy(&v, src + 4 * k, 4);
+            xt[k * Q8_BLOCK_TOKENS + t] = v;
+        }
+        for (int64_t g = 0; g < ldg; g++) {
+            size_t at = (size_t)((b * ldg + g) * Q8_BLOCK_TOKENS + t);
+            q->dxt[at] = real ? q->dx[tg * ldg + g] : 0.0f;
+            q->xst[at] = real ? q->xsum[tg * ldg + g] : 0.0f;
+            q->xot[at] = real ? q->xoff[tg * ldg + g] : 0;
+        }
+    }
+}
+
+ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
+                          int64_t ldy, int fmt, int sdt, int per) {
+    const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS, ldg = q->ldg;
+    const bool odd = per == 1 && (f.ng & 1);
+    for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
+    for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
+        int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
+        unpack_rows(fmt, sdt, w, &f, q, r, nr);
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *xb = q->xt + b * f.cols * Q8_BLOCK_TOKENS;
+            float *ch = q->chains;  // chain g % 8 starts at group g < 8
+            for (int64_t g = 0; g < f.ng; g++) {
+                __m256i sum[4];
+                block_group(fmt, per, q->ub, f.cols, xb, g, odd && g == f.ng - 1, sum);
+                size_t at = (size_t)((b * ldg + g) * Q8_BLOCK_TOKENS);
+                __m256 dx = _mm256_loadu_ps(q->dxt + at), xs = _mm256_loadu_ps(q->xst + at);
+                __m256i xo = _mm256_loadu_si256((const __m256i *)(const void *)(q->xot + at));
+#pragma GCC unroll 4
+                for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+                    float *a = ch + (i * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
+                    __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i], xo) : sum[i];
+                    __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(q->srow + i * ldg + g), dx);
+                    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, g < Q8_CHAINS ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
+                    if (fmt != FMT_MX4) v = _mm256_fmadd_ps(_mm256_broadcast_ss(q->brow + i * ldg + g), xs, v);
+                    _mm256_storeu_ps(a, v);
+                }
+            }
+            for (int i = 0; i < nr; i++) {
+                /* the chains summed as hsum sums lanes */
+                const float *a = ch + i * Q8_CHAINS * Q8_BLOCK_TOKENS;
+#define CH_(j) ((j) < f.ng ? _mm256_loadu_ps(a + (j) * Q8_BLOCK_TOKENS) : _mm256_setzero_ps())
+                __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
+                                         _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
+#undef CH_
+                float out[Q8_BLOCK_TOKENS];
+                _mm256_storeu_ps(out, v);
+                for (int t = 0; t < Q8_BLOCK_TOKENS && b * Q8_BLOCK_TOKENS + t < q->n; t++)
+                    y[(b * Q8_BLOCK_TOKENS + t) * ldy + r + i] = out[t];
+            }
         }
     }
 }
@@ -1068,11 +1338,14 @@ typedef void (*fused_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const 
                          int64_t ldy);
 typedef void (*qacts_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y,
                          int64_t ldy);
+typedef void (*q8acts_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
+                          int64_t ldy);
 struct impl {
     fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
     qacts_fn q16[4];    // 1 to 4 tokens, int16 activations; NULL for plain floats
-    qacts_fn q8[4];     // 1 to 4 tokens, int8 activations; 4-bit codes only
+    q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4-bit codes only
+    q8acts_fn q8_block; // any tokens, int8 activations, by tokens
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -1090,36 +1363,42 @@ struct impl {
 
 #define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
-    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0};
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0, 0};
 
-/* one function per token count (q16_NT_ID, q8_NT_ID); the group size
- * picks 32-column blocks per group */
-#define QROWS(KIND, ID, FMT, SDT, NT)                                                                             \
-    static void KIND##_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct qacts *q, float *y, \
+/* one function per token count (q16_NT_ID, q8_NT_ID) and q8_block_ID; the
+ * group size picks 32-column blocks per group (per: 1, 2 or 4) */
+#define BY_PER(CALL, ...)                                                                                         \
+    if (w->group == 32)                                                                                           \
+        CALL(__VA_ARGS__, 1);                                                                                     \
+    else if (w->group == 64)                                                                                      \
+        CALL(__VA_ARGS__, 2);                                                                                     \
+    else                                                                                                          \
+        CALL(__VA_ARGS__, 4);
+#define QROWS(KIND, ACTS, ID, FMT, SDT, NT)                                                                       \
+    static void KIND##_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct ACTS *q, float *y, \
                                    int64_t ldy) {                                                               \
-        int per = w->group == 32 ? 1 : w->group == 64 ? 2 : 4;                                                  \
-        if (per == 1)                                                                                           \
-            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 1);                                                 \
-        else if (per == 2)                                                                                      \
-            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 2);                                                 \
-        else                                                                                                    \
-            KIND##_rows(w, r0, r1, q, y, ldy, FMT, SDT, NT, 4);                                                 \
+        BY_PER(KIND##_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                  \
     }
-#define Q16(ID, FMT, SDT, NT) QROWS(q16, ID, FMT, SDT, NT)
-#define Q8(ID, FMT, SDT, NT) QROWS(q8, ID, FMT, SDT, NT)
+#define Q16(ID, FMT, SDT, NT) QROWS(q16, qacts, ID, FMT, SDT, NT)
+#define Q8(ID, FMT, SDT, NT) QROWS(q8, q8acts, ID, FMT, SDT, NT)
+#define Q8_BLOCK(ID, FMT, SDT)                                                                                    \
+    static void q8_block_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,   \
+                              int64_t ldy) {                                                                    \
+        BY_PER(q8_block_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                    \
+    }
 #define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
-                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, false};
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, false};
 /* 4-bit formats: the same plus the int8-activation product */
 #define IMPL_QUANT4(ID, FMT, SDT)                                                                                 \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
-    Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4)                               \
+    Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4) Q8_BLOCK(ID, FMT, SDT)        \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
                                           {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
-                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, true};
+                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, q8_block_##ID, true};
 
 IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
 IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
@@ -1174,31 +1453,57 @@ static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r
     }
 }
 
-/* int16 (or, for 4-bit codes, int8) activations, for any n: tokens are
- * rounded Q16_TOKENS at a time into scratch, and groups of 4 of them pass
- * over a few rows at a time. A token's sums do not depend on the others
- * (batch invariance). */
-static void rounded_rows_all(const struct impl *im, bool int8, const struct sp_qmat *w, int64_t r0, int64_t r1,
-                             const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
-    const qacts_fn *fn = int8 ? im->q8 : im->q16;
-    size_t xq_size = int8 ? sizeof(int8_t) : sizeof(int16_t);
+/* int16 activations, for any n: tokens are rounded Q16_TOKENS at a time
+ * into scratch, and groups of 4 of them pass over a few rows at a time. A
+ * token's sums do not depend on the others (batch invariance). */
+static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct qacts q;
-        if (int8)
-            q8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, w->type == SP_QTYPE_MXFP4, scratch, &q);
-        else
-            q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
+        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
         int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
             for (int64_t t = 0; t < nq; t += 4) {
                 int64_t nt = nq - t < 4 ? nq - t : 4;
                 struct qacts qt = q;
-                qt.xq = (const char *)q.xq + (size_t)(t * q.cols) * xq_size;
+                qt.xq = (const int16_t *)q.xq + t * q.cols;
                 qt.dx += t * q.ng;
                 qt.xsum += t * q.ng;
-                fn[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+                im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+            }
+        }
+    }
+}
+
+/* int8 activations (4-bit codes), for any n: tokens are rounded Q16_TOKENS
+ * at a time; from Q8_BLOCK_MIN_TOKENS of them on the product by tokens
+ * takes them all, fewer go by groups, 4 at a time over a few rows. Both
+ * give a token the same bits. */
+static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
+                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    struct q8acts q;
+    q8_layout(scratch, w->cols, w->cols / w->group, &q);
+    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
+        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
+        q8_prepare(x + t0 * ldx, ldx, nq, w->group, w->type == SP_QTYPE_MXFP4, &q);
+        if (nq >= Q8_BLOCK_MIN_TOKENS) {
+            im->q8_block(w, r0, r1, &q, y + t0 * ldy, ldy);
+            continue;
+        }
+        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        for (int64_t r = r0; r < r1; r += chunk) {
+            int64_t re = r1 - r < chunk ? r1 : r + chunk;
+            for (int64_t t = 0; t < nq; t += 4) {
+                int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
+                struct q8acts qt = q;
+                qt.xq += t * q.cols;
+                qt.dx += at;
+                qt.xsum += at;
+                qt.xoff += at;
+                qt.n = nt;
+                im->q8[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
             }
         }
     }
@@ -1213,7 +1518,7 @@ static void matmul_rows(enum acts acts, const struct sp_qmat *w, int64_t r0, int
     if (!im)
         sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
     else if (acts != ACTS_FLOAT && im->q16[0])
-        rounded_rows_all(im, acts == ACTS_INT8 && im->q8[0], w, r0, r1, x, ldx, n, y, ldy, scratch);
+        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
     else
         float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
