@@ -637,28 +637,24 @@ ALWAYS void row_ds(int sdt, const uint8_t *sc, const struct qacts *q, int nt, fl
     }
 }
 
-/* out[t] = the sum over groups g of v_g * xsum[t][g] for nt tokens, v the
- * row's biases bi (affine: the bias term) or, with bi NULL, its multipliers
- * q->ds (int8 mxfp4: the offset's term). */
+/* out[t] = the sum over groups g of b_g * xsum[t][g] for nt tokens, b the
+ * row's biases bi (the affine bias term). */
 ALWAYS void group_terms(int sdt, const uint8_t *bi, const struct qacts *q, int nt, float out[4]) {
     int64_t g = 0, ng = q->ng;
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
     for (; g + 8 <= ng; g += 8) {
-        __m256 bv = bi ? load8_scales(sdt, bi, g) : _mm256_setzero_ps();
+        __m256 bv = load8_scales(sdt, bi, g);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            __m256 v = bi ? bv : _mm256_loadu_ps(q->ds + t * ng + g);
-            acc[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(q->xsum + t * ng + g), acc[t]);
-        }
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(bv, _mm256_loadu_ps(q->xsum + t * ng + g), acc[t]);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) out[t] = hsum(acc[t]);
     for (; g < ng; g++) {
-        float bg = bi ? load_scale(sdt, bi, g) : 0.0f;
+        float bg = load_scale(sdt, bi, g);
 #pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) out[t] += (bi ? bg : q->ds[t * ng + g]) * q->xsum[t * ng + g];
+        for (int t = 0; t < nt; t++) out[t] += bg * q->xsum[t * ng + g];
     }
 }
 
