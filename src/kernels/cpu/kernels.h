@@ -108,11 +108,13 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 /* The x86 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
  * the fused float product instead. The int16- and int8-activation products
- * keep rounded copies of SP_KERNELS_Q16_TOKENS tokens at a time. */
+ * keep rounded copies of SP_KERNELS_Q16_TOKENS and SP_KERNELS_Q8_TOKENS
+ * tokens at a time. */
 #define SP_KERNELS_BLOCK_ROWS 4
 #define SP_KERNELS_BLOCK_COLS 512
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
 #define SP_KERNELS_Q16_TOKENS 16
+#define SP_KERNELS_Q8_TOKENS 32
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 

@@ -31,7 +31,7 @@
  *   codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32 pairs per
  *   instruction with exact sums. Up to 7 tokens go by groups (q8_rows: 8
  *   groups' sums per vector), more by tokens (q8_block_rows: 8 tokens per
- *   vector, rows unpacked to bytes once per 16 tokens); one summation
+ *   vector, rows unpacked to bytes once per 32 tokens); one summation
  *   order, so the same bits either way.
  * - int16 activations (affine 8-bit; 4-bit rows in the -int16 sets; any n):
  *   each token is rounded to int16 with one scale per weight group, codes
@@ -457,7 +457,7 @@ static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int
 
 #define QB 32  // columns decoded at a time: two vectors of 16 int16
 #define MX4_CODE_SCALE (1.0f / 512.0f)  // mxfp4 codes as int16 are 512 * e2m1
-#define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens quantized at a time
+#define Q16_TOKENS SP_KERNELS_Q16_TOKENS  // tokens rounded to int16 at a time
 
 /* A batch of tokens rounded to int16 (q16_prepare). */
 struct qacts {
@@ -893,7 +893,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * - by groups (q8_rows, 1 to 4 tokens: decode): the int32 sums of 8
  *   groups are folded into one vector (lane = chain), so the float work is
  *   one conversion and one or two FMAs per 8 groups;
- * - by tokens (q8_block_rows, 8 or more): lanes are 8 tokens. Four rows'
+ * - by tokens (q8_block_rows, blocks of 8): lanes are 8 tokens. Four rows'
  *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd)
  *   times 4 columns of 8 tokens (one load) accumulate 16-bit sums that are
  *   widened to int32 every 8 steps (4 for mxfp4, whose products are larger),
@@ -904,10 +904,12 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
 #define Q8_CHAINS 8
 #define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
 #define Q8_BLOCK_ROWS 4    // rows unpacked at a time there
-/* From this many tokens on, the product by tokens is the faster one. */
-#define Q8_BLOCK_MIN_TOKENS 8
+#define Q8_TOKENS SP_KERNELS_Q8_TOKENS  // tokens rounded to int8 at a time
+/* A last part block of this many tokens or more goes by tokens too (padded
+ * with zeros), fewer by groups: what measured faster. */
+#define Q8_PAD_MIN 6
 
-/* A batch of up to Q16_TOKENS tokens rounded to int8 (q8_prepare), and the
+/* A batch of up to Q8_TOKENS tokens rounded to int8 (q8_prepare), and the
  * buffers the products use, all in the caller's scratch. Per-group arrays
  * have ldg >= ng entries per token, zero past ng. */
 struct q8acts {
@@ -955,9 +957,9 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
 }
 
 /* Carves the q8acts buffers out of scratch (sp_kernels_scratch_bytes
- * counts them) for up to Q16_TOKENS tokens. */
+ * counts them) for up to Q8_TOKENS tokens. */
 static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q) {
-    int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q16_TOKENS;
+    int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q8_TOKENS;
     int64_t nb = (nt + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS * Q8_BLOCK_TOKENS;
     int8_t *xq = scratch, *xt = xq + nt * cols;
     uint8_t *ub = (uint8_t *)(xt + nb * cols);
@@ -968,7 +970,7 @@ static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q)
     *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg};
 }
 
-/* Quantizes n <= Q16_TOKENS tokens of x into q's buffers (one scale per
+/* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
  * weight group of 32, 64 or 128 columns). */
 static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bool mx4, struct q8acts *q) {
     int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
@@ -1473,25 +1475,26 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     }
 }
 
-/* int8 activations (4-bit codes), for any n: tokens are rounded Q16_TOKENS
- * at a time; from Q8_BLOCK_MIN_TOKENS of them on the product by tokens
- * takes them all, fewer go by groups, 4 at a time over a few rows. Both
- * give a token the same bits. */
+/* int8 activations (4-bit codes), for any n: tokens are rounded Q8_TOKENS
+ * at a time; whole blocks of 8 go by tokens, and so does a last part block
+ * of Q8_PAD_MIN or more; fewer go by groups, 4 at a time over a few rows.
+ * Both give a token the same bits. */
 static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     struct q8acts q;
     q8_layout(scratch, w->cols, w->cols / w->group, &q);
-    for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
-        int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
+    for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
+        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, rest = nq % Q8_BLOCK_TOKENS;
+        int64_t blocked = rest >= Q8_PAD_MIN ? nq : nq - rest;
         q8_prepare(x + t0 * ldx, ldx, nq, w->group, w->type == SP_QTYPE_MXFP4, &q);
-        if (nq >= Q8_BLOCK_MIN_TOKENS) {
+        if (blocked) {
+            q.n = blocked;
             im->q8_block(w, r0, r1, &q, y + t0 * ldy, ldy);
-            continue;
         }
-        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        int64_t chunk = nq - blocked <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int64_t r = r0; r < r1; r += chunk) {
             int64_t re = r1 - r < chunk ? r1 : r + chunk;
-            for (int64_t t = 0; t < nq; t += 4) {
+            for (int64_t t = blocked; t < nq; t += 4) {
                 int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
                 struct q8acts qt = q;
                 qt.xq += t * q.cols;
