@@ -1286,37 +1286,46 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
     }
 }
 
+/* Group g of the unpacked rows times token block b (xb), added to the rows'
+ * chains g % 8 (first: the chain starts here). */
+ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int64_t b, int64_t g,
+                            bool lone, bool first) {
+    __m256i sum[4];
+    block_group(fmt, per, q->ub, q->cols, xb, g, lone, sum);
+    size_t at = (size_t)((b * q->ldg + g) * Q8_BLOCK_TOKENS);
+    __m256 dx = _mm256_loadu_ps(q->dxt + at), xs = _mm256_loadu_ps(q->xst + at);
+    __m256i xo = _mm256_loadu_si256((const __m256i *)(const void *)(q->xot + at));
+#pragma GCC unroll 4
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+        float *a = q->chains + (i * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
+        __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i], xo) : sum[i];
+        __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(q->srow + i * q->ldg + g), dx);
+        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, first ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
+        if (fmt != FMT_MX4) v = _mm256_fmadd_ps(_mm256_broadcast_ss(q->brow + i * q->ldg + g), xs, v);
+        _mm256_storeu_ps(a, v);
+    }
+}
+
 ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
-    const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS, ldg = q->ldg;
-    const bool odd = per == 1 && (f.ng & 1);
+    const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
+    /* groups before a lone last 32-column block, and whether there is one */
+    const bool lone = per == 1 && (f.ng & 1);
+    const int64_t ngw = f.ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *xb = q->xt + b * f.cols * Q8_BLOCK_TOKENS;
-            float *ch = q->chains;  // chain g % 8 starts at group g < 8
-            for (int64_t g = 0; g < f.ng; g++) {
-                __m256i sum[4];
-                block_group(fmt, per, q->ub, f.cols, xb, g, odd && g == f.ng - 1, sum);
-                size_t at = (size_t)((b * ldg + g) * Q8_BLOCK_TOKENS);
-                __m256 dx = _mm256_loadu_ps(q->dxt + at), xs = _mm256_loadu_ps(q->xst + at);
-                __m256i xo = _mm256_loadu_si256((const __m256i *)(const void *)(q->xot + at));
-#pragma GCC unroll 4
-                for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-                    float *a = ch + (i * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
-                    __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i], xo) : sum[i];
-                    __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(q->srow + i * ldg + g), dx);
-                    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, g < Q8_CHAINS ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
-                    if (fmt != FMT_MX4) v = _mm256_fmadd_ps(_mm256_broadcast_ss(q->brow + i * ldg + g), xs, v);
-                    _mm256_storeu_ps(a, v);
-                }
-            }
+            int64_t g = 0;
+            for (; g < first; g++) block_group_add(fmt, per, q, xb, b, g, false, true);
+            for (; g < ngw; g++) block_group_add(fmt, per, q, xb, b, g, false, false);
+            if (lone) block_group_add(fmt, per, q, xb, b, g, true, g < Q8_CHAINS);
             for (int i = 0; i < nr; i++) {
-                /* the chains summed as hsum sums lanes */
-                const float *a = ch + i * Q8_CHAINS * Q8_BLOCK_TOKENS;
+                /* the chains summed as hsum sums lanes (chains past ng are zero) */
+                const float *a = q->chains + i * Q8_CHAINS * Q8_BLOCK_TOKENS;
 #define CH_(j) ((j) < f.ng ? _mm256_loadu_ps(a + (j) * Q8_BLOCK_TOKENS) : _mm256_setzero_ps())
                 __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
                                          _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
