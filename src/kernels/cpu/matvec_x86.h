@@ -29,10 +29,10 @@
  * - int8 activations (4-bit rows: affine4 and mxfp4, any n, the default
  *   sets): each token is rounded to int8 with one scale per weight group;
  *   codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32 pairs per
- *   instruction with exact sums. Up to 7 tokens go by groups (q8_rows: 8
- *   groups' sums per vector), more by tokens (q8_block_rows: 8 tokens per
- *   vector, rows unpacked to bytes once per 32 tokens); one summation
- *   order, so the same bits either way.
+ *   instruction with exact sums. Blocks of 8 tokens go by tokens
+ *   (q8_block_rows: 8 tokens per vector, rows unpacked to bytes once per
+ *   32 tokens), the few left over by groups (q8_rows: 8 groups' sums per
+ *   vector); one summation order, so the same bits either way.
  * - int16 activations (affine 8-bit; 4-bit rows in the -int16 sets; any n):
  *   each token is rounded to int16 with one scale per weight group, codes
  *   are widened to int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per
@@ -890,15 +890,18 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * eight chains are summed as hsum does: ((c0 + c4) + (c2 + c6)) + ((c1 + c5)
  * + (c3 + c7)). Two products compute exactly that:
  *
- * - by groups (q8_rows, 1 to 4 tokens: decode): the int32 sums of 8
+ * - by groups (q8_rows, 1 to 4 tokens at a time: decode, and the tokens a
+ *   batch has past its blocks of 8): the int32 sums of 8
  *   groups are folded into one vector (lane = chain), so the float work is
  *   one conversion and one or two FMAs per 8 groups;
  * - by tokens (q8_block_rows, blocks of 8): lanes are 8 tokens. Four rows'
  *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd)
  *   times 4 columns of 8 tokens (one load) accumulate 16-bit sums that are
  *   widened to int32 every 8 steps (4 for mxfp4, whose products are larger),
- *   and each group ends in one FMA per row and 8 tokens, into chains kept in
- *   a small buffer. */
+ *   and each group ends in one or two FMAs per row and 8 tokens, into
+ *   chains kept in a small buffer. Measured on a Zen 3, one thread,
+ *   affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from cache: 16 tokens
+ *   at 1.1-1.5x the speed of the product by groups. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
