@@ -1140,7 +1140,7 @@ ALWAYS void group_sums(int fmt, int per, const uint8_t *c, const struct q8acts *
 
 /* Adds groups g0 .. g0 + 7 (their sums s[t]) to each token's chains. */
 ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, const __m256i s[4], __m256 acc[4]) {
-    __m256 sc = _mm256_loadu_ps(q->srow + g0), bi = _mm256_loadu_ps(q->brow + g0);
+    __m256 sc = _mm256_loadu_ps(q->srow + g0), bi = fmt == FMT_MX4 ? _mm256_setzero_ps() : _mm256_loadu_ps(q->brow + g0);
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         int64_t at = t * q->ldg + g0;
@@ -1153,17 +1153,14 @@ ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, cons
 }
 
 /* A row's scales (times the code scale) and, for affine rows, biases into
- * srow / brow + i * ldg. */
+ * srow / brow + i * ldg (mxfp4 rows leave brow alone). */
 ALWAYS void row_params(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
                        int64_t r, int i) {
     /* mxfp4 codes here are 2 * e2m1 (+ 12): the scale times 1/2 */
     const float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
     size_t at = (size_t)r * f->scale_row_bytes;
     row_floats(sdt, (const uint8_t *)w->scales + at, f->ng, q->ldg, code_scale, q->srow + i * q->ldg);
-    if (fmt == FMT_MX4)
-        memset(q->brow + i * q->ldg, 0, (size_t)q->ldg * sizeof(float));
-    else
-        row_floats(sdt, (const uint8_t *)w->biases + at, f->ng, q->ldg, 1.0f, q->brow + i * q->ldg);
+    if (fmt != FMT_MX4) row_floats(sdt, (const uint8_t *)w->biases + at, f->ng, q->ldg, 1.0f, q->brow + i * q->ldg);
 }
 
 ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
