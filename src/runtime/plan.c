@@ -15,6 +15,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/pool.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/membw.h"
 
 #define DEFAULT_RAM_GBS 10.0
@@ -144,9 +145,10 @@ static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int para
     int64_t maxc = d > qd ? d : qd;
     if (ff > maxc) maxc = ff;
     size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K + a->rope.rot_dims)) +
-                    (size_t)threads * sp_attention_scratch_floats(a, ctx) + (size_t)(threads * maxc) +
-                    (size_t)(3 * parallel) * (size_t)a->vocab;
-    return floats * sizeof(float) + sp_expert_tables_bytes(a);
+                    (size_t)threads * sp_attention_scratch_floats(a, ctx) + (size_t)(3 * parallel) * (size_t)a->vocab;
+    /* each thread's kernel scratch, sized for the widest rows */
+    struct sp_qmat widest = {.type = SP_QTYPE_AFFINE4, .group = 32, .rows = 1, .cols = maxc};
+    return floats * sizeof(float) + (size_t)threads * sp_kernels_scratch_bytes(&widest) + sp_expert_tables_bytes(a);
 }
 
 enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p) {
