@@ -234,9 +234,9 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     /* int8 (matvec_x86.h, q8_layout): the tokens twice (as rounded and side
      * by side, 8 at a time), 4 rows of codes as bytes, and per group up to 8
      * more: 6 arrays of a token each and 2 of 4 rows, plus 256 floats of chains */
-    size_t groups8 = groups + 8, tokens8 = (SP_KERNELS_Q8_TOKENS + 7) / 8 * 8;
-    size_t q8 = (SP_KERNELS_Q8_TOKENS + tokens8 + 4) * (size_t)w->cols +
-                (3 * SP_KERNELS_Q8_TOKENS + 3 * tokens8 + 8) * groups8 * sizeof(float) + 256 * sizeof(float);
+    size_t groups8 = groups + 8;
+    size_t q8 = (2 * SP_KERNELS_Q8_TOKENS + 4) * (size_t)w->cols +
+                (6 * SP_KERNELS_Q8_TOKENS + 8) * groups8 * sizeof(float) + 256 * sizeof(float);
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;
     return (m > q16 ? m : q16) + 64;

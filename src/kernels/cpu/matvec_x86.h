@@ -962,13 +962,13 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
 /* Carves the q8acts buffers out of scratch (sp_kernels_scratch_bytes
  * counts them) for up to Q8_TOKENS tokens. */
 static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q) {
+    _Static_assert(Q8_TOKENS % Q8_BLOCK_TOKENS == 0, "whole blocks of tokens");
     int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q8_TOKENS;
-    int64_t nb = (nt + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS * Q8_BLOCK_TOKENS;
     int8_t *xq = scratch, *xt = xq + nt * cols;
-    uint8_t *ub = (uint8_t *)(xt + nb * cols);
+    uint8_t *ub = (uint8_t *)(xt + nt * cols);
     float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
     float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
-    float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nb * ldg, *chains = xst + nb * ldg;
+    float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
     int32_t *xoff = (int32_t *)(void *)(chains + Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS), *xot = xoff + nt * ldg;
     *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg};
 }
@@ -984,12 +984,7 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int8_t *ot = xq + t * cols;
-        for (int64_t g = 0; g < ldg; g++) {
-            if (g >= ng) {
-                dx[t * ldg + g] = xsum[t * ldg + g] = 0.0f;
-                xoff[t * ldg + g] = 0;
-                continue;
-            }
+        for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
             float sum, amax = group_amax(xg, group, &sum);
             __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
@@ -1014,6 +1009,10 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
             }
             xsum[t * ldg + g] = mx4 ? 0.0f : sum;
             xoff[t * ldg + g] = mx4 ? MX4_OFFSET * hsum_epi32(isum) : 0;
+        }
+        for (int64_t g = ng; g < ldg; g++) {
+            dx[t * ldg + g] = xsum[t * ldg + g] = 0.0f;
+            xoff[t * ldg + g] = 0;
         }
     }
 }
