@@ -4,8 +4,8 @@
  * the scalar reference of quant/qtype.h: each format x
  * shapes (odd row counts, one-group rows, rows longer than a blocked
  * slice) x batch sizes (fused and blocked paths) on random inputs, plus the
- * float dot / axpy, the run-time choice of a set, and sp_linear_apply over
- * two threads.
+ * float dot / axpy, the gated activation, the run-time choice of a set, and
+ * sp_linear_apply over two threads.
  */
 #include "helpers.h"
 
@@ -468,6 +468,54 @@ static void test_dot_axpy(void **state) {
     }
 }
 
+/* The gated activation against a double reference (SiLU, and gpt-oss's
+ * clamped form past its limit), over the exp's whole range; interleaved
+ * pairs give what separate rows give, and an element what it gives alone. */
+static void test_glu(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 23);
+    const struct sp_glu acts[] = {{1.0f, INFINITY, 0.0f}, {1.702f, 7.0f, 1.0f}};
+    const int64_t ns[] = {0, 1, 7, 8, 9, 33, 200};
+    enum { N = 200 };
+    float g[N], u[N], pairs[2 * N], y[N + 1], yp[N], one;
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t a = 0; a < sizeof acts / sizeof *acts; a++) {
+            const struct sp_glu *p = &acts[a];
+            for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+                int64_t n = ns[c];
+                for (int64_t i = 0; i < n; i++) {
+                    /* scales from 0.1 to 100: exp's arguments to well past its range */
+                    double scale = pow(10.0, (double)(i % 4) - 1.0);
+                    g[i] = (float)(sp_rng_normal(&rng) * scale);
+                    u[i] = (float)(sp_rng_normal(&rng) * scale);
+                    pairs[2 * i] = g[i];
+                    pairs[2 * i + 1] = u[i];
+                }
+                y[n] = 12345.0f;
+                k->glu(y, g, u, n, p);
+                assert_true(y[n] == 12345.0f);
+                k->glu(yp, pairs, NULL, n, p);
+                for (int64_t i = 0; i < n; i++) {
+                    double gi = g[i] > p->limit ? p->limit : g[i];
+                    double ui = u[i] > p->limit ? p->limit : u[i] < -p->limit ? -p->limit : u[i];
+                    double want = (ui + p->u_offset) * gi / (1.0 + exp(-gi * p->alpha));
+                    /* a few roundings, and alpha * g rounded to float: exp
+                     * turns its error into |alpha g| roundings */
+                    double tol = (8.0 + fabs(gi * p->alpha)) * FLT_EPSILON * fabs(want) + 1e-30;
+                    if (!(fabs(y[i] - want) <= tol))
+                        print_error("%s glu(%g, %g) = %.9g, want %.9g\n", k->name, g[i], u[i], y[i], want);
+                    assert_true(fabs(y[i] - want) <= tol);
+                    assert_true(yp[i] == y[i]);
+                    k->glu(&one, g + i, u + i, 1, p);
+                    assert_true(one == y[i]);
+                }
+            }
+        }
+    }
+}
+
 /* Whether a /proc/cpuinfo flags line lists flag as a whole word. */
 static bool has_flag(const char *line, const char *flag) {
     size_t n = strlen(flag);
@@ -583,6 +631,7 @@ int main(void) {
         cmocka_unit_test(test_checker_catches_errors),
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_glu),
         cmocka_unit_test(test_plain_formats),
         cmocka_unit_test(test_affine4),
         cmocka_unit_test(test_affine8),

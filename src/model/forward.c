@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/half.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/linear.h"
 #include "model/experts.h"
 
@@ -657,29 +658,14 @@ static void attention(struct sp_ctx *c, const struct sp_batch *b, int64_t L) {
 
 /* ---- MLP ---- */
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* act(gate) * up into a, for n rows of width w (gate at ga, up at ub; both
- * with row stride lds, or interleaved pairs when il). */
+/* act(gate) * up into out, for n rows of width w (gate at ga, up at ub;
+ * both with row stride lds, or interleaved pairs at ga when il). */
 static void activate(const struct sp_arch *a, float *out, int64_t ldo, const float *ga, const float *ub, int64_t lds,
                      bool il, int64_t n, int64_t w) {
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = 0; i < w; i++) {
-            float g = il ? ga[t * lds + 2 * i] : ga[t * lds + i];
-            float u = il ? ga[t * lds + 2 * i + 1] : ub[t * lds + i];
-            float r;
-            if (a->act == SP_ACT_SWIGLU_CLAMP) {
-                float lim = (float)a->swiglu_limit;
-                g = g > lim ? lim : g;
-                u = u > lim ? lim : u < -lim ? -lim : u;
-                float glu = g / (1.0f + expf(-g * (float)a->swiglu_alpha));
-                r = (u + 1.0f) * glu;
-            } else {
-                r = silu(g) * u;
-            }
-            out[t * ldo + i] = r;
-        }
-    }
+    struct sp_glu p = {1.0f, INFINITY, 0.0f};
+    if (a->act == SP_ACT_SWIGLU_CLAMP) p = (struct sp_glu){(float)a->swiglu_alpha, (float)a->swiglu_limit, 1.0f};
+    const struct sp_kernels *k = sp_kernels();
+    for (int64_t t = 0; t < n; t++) k->glu(out + t * ldo, ga + t * lds, il ? NULL : ub + t * lds, w, &p);
 }
 
 /* ---- gated MLPs, several per pool hand-off ----

@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #endif
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,15 @@ static void axpy_rows_portable(float *y, const float *w, const float *rows, int6
     for (int64_t r = 0; r < nr; r++) axpy_portable(y, w[r], rows + r * n, n);
 }
 
+static void glu_portable(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p) {
+    for (int64_t i = 0; i < n; i++) {
+        float gi = u ? g[i] : g[2 * i], ui = u ? u[i] : g[2 * i + 1];
+        gi = gi > p->limit ? p->limit : gi;
+        ui = ui > p->limit ? p->limit : ui < -p->limit ? -p->limit : ui;
+        out[i] = (ui + p->u_offset) * (gi / (1.0f + expf(-gi * p->alpha)));
+    }
+}
+
 /* Each row is dequantized once into scratch and dotted with every token. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch) {
@@ -137,6 +147,7 @@ static const struct sp_kernels portable = {
     .to_f32 = to_f32_portable,
     .dot_rows = dot_rows_portable,
     .axpy_rows = axpy_rows_portable,
+    .glu = glu_portable,
 };
 
 /* What the x86 sets need, read from cpuid directly (not every compiler's

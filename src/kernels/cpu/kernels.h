@@ -1,8 +1,8 @@
 /*
  * kernels.h - the CPU kernel sets and their run-time dispatch. A kernel set
  * is a table of function pointers for the hot loops of the forward pass:
- * products of packed weight rows with a batch of activation vectors, and the
- * float dot / axpy of attention. The portable set (plain C, any x86-64 or
+ * products of packed weight rows with a batch of activation vectors, the
+ * float dot / axpy of attention, and the MLPs' gated activation. The portable set (plain C, any x86-64 or
  * other CPU) is the reference structure; the x86 sets (matvec_x86.h) are
  * chosen by what the CPU has: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
  * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The three give
@@ -57,6 +57,14 @@ enum sp_kernels_isa {
     SP_KERNELS_ISA_COUNT
 };
 
+/* A gated activation (the MLPs' SwiGLU): out = (u + u_offset) * g /
+ * (1 + exp(-alpha * g)), g first clamped to <= limit and u to [-limit,
+ * limit]. SiLU: alpha 1, limit infinity, u_offset 0; gpt-oss's clamped
+ * SwiGLU: its alpha and limit, u_offset 1. */
+struct sp_glu {
+    float alpha, limit, u_offset;
+};
+
 struct sp_kernels {
     enum sp_kernels_isa isa;
     const char *name;  // "portable", "avx2", "avx2-int16", "avx2f", "avxvnni", ...
@@ -87,6 +95,12 @@ struct sp_kernels {
     /* axpy(y, w[r], rows + r * n) for r = 0 .. nr - 1 in turn, exactly,
      * with y kept in registers across the rows */
     void (*axpy_rows)(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
+    /* out[i] = the gated activation p of g[i] and u[i] for i < n (u NULL:
+     * g holds the pairs interleaved, g[2i] and g[2i + 1]). An element's
+     * result depends on its inputs alone, not on n or its place. The
+     * portable set computes with expf, the x86 sets with a polynomial
+     * exp (within a few float roundings of it). */
+    void (*glu)(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p);
 };
 
 /* The set this process uses: the best one the CPU supports, unless

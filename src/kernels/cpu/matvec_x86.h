@@ -1643,6 +1643,65 @@ static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t n
         for (int64_t r = 0; r < nr; r++) y[i] += w[r] * rows[r * n + i];
 }
 
+/* exp(x) for x in [-87, 88] (clamped there): x = n ln 2 + r, |r| <= ln 2 / 2,
+ * exp(r) by the Cephes polynomial, 2^n put in the exponent; within ~2
+ * float roundings of expf. */
+ALWAYS __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln 2 in two parts, the first exact in few bits */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+ALWAYS __m256 glu8(__m256 g, __m256 u, const struct sp_glu *p) {
+    const __m256 lim = _mm256_set1_ps(p->limit);
+    g = _mm256_min_ps(g, lim);
+    u = _mm256_max_ps(_mm256_min_ps(u, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+    __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(p->alpha)));
+    __m256 glu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(p->u_offset)), glu);
+}
+
+/* 8 pairs interleaved at g -> the first and second of each pair */
+ALWAYS void split_pairs(const float *g, __m256 *first, __m256 *second) {
+    __m256 a = _mm256_loadu_ps(g), b = _mm256_loadu_ps(g + 8);
+    /* per 128-bit lane: [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit quarters in order */
+    *first = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *second = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+/* The last n % 8 elements go through the same vector code, padded. */
+static void glu_x86(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv, uv;
+        if (u)
+            gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
+        else
+            split_pairs(g + 2 * i, &gv, &uv);
+        _mm256_storeu_ps(out + i, glu8(gv, uv, p));
+    }
+    if (i == n) return;
+    float gt[8] = {0}, ut[8] = {0}, ot[8];
+    for (int64_t k = 0; k < n - i; k++) {
+        gt[k] = u ? g[i + k] : g[2 * (i + k)];
+        ut[k] = u ? u[i + k] : g[2 * (i + k) + 1];
+    }
+    _mm256_storeu_ps(ot, glu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut), p));
+    memcpy(out + i, ot, (size_t)(n - i) * sizeof *ot);
+}
+
 #define KSET_TABLE(ISA, NAME, MATMUL)           \
     {                                           \
         .isa = ISA,                             \
@@ -1656,6 +1715,7 @@ static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t n
         .to_f32 = to_f32_x86,                   \
         .dot_rows = dot_rows_x86,               \
         .axpy_rows = axpy_rows_x86,             \
+        .glu = glu_x86,                         \
     }
 
 static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8);
