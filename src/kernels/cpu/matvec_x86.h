@@ -895,18 +895,21 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   groups are folded into one vector (lane = chain), so the float work is
  *   one conversion and one or two FMAs per 8 groups;
  * - by tokens (q8_block_rows, blocks of 8): lanes are 8 tokens. Four rows'
- *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd)
- *   times 4 columns of 8 tokens (one load) accumulate 16-bit sums that are
- *   widened to int32 every 8 steps (4 for mxfp4, whose products are larger),
- *   and each group ends in one or two FMAs per row and 8 tokens, into
- *   chains kept in a small buffer. Measured on a Zen 3, one thread,
- *   affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from cache: 16 tokens
- *   at 1.1-1.5x the speed of the product by groups. */
+ *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd,
+ *   one for two blocks) times 4 columns of 8 tokens (one load) accumulate
+ *   16-bit sums that are widened to int32 every 8 steps (4 for mxfp4, whose
+ *   products are larger), and each group ends in one or two FMAs per row
+ *   and 8 tokens, into chains kept in a small buffer. Measured on a Zen 3,
+ *   one thread, affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from
+ *   cache: 16 tokens at 1.2-1.7x the speed of the product by groups. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
 #define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
 #define Q8_BLOCK_ROWS 4    // rows unpacked at a time there
+/* Token blocks that share each broadcast of a row's codes (measured on a
+ * Zen 3: 1.02-1.09x one block at a time) */
+#define Q8_PAIR 2
 #define Q8_TOKENS SP_KERNELS_Q8_TOKENS  // tokens rounded to int8 at a time
 /* A last part block of this many tokens or more goes by tokens too (padded
  * with zeros), fewer by groups: what measured faster. */
@@ -923,7 +926,7 @@ struct q8acts {
     float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
     /* product by tokens: xt (blocks of 8 tokens: cols / 4 quads x 8 tokens x
      * 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub (Q8_BLOCK_ROWS, cols)
-     * unpacked codes, chains (Q8_BLOCK_ROWS, Q8_CHAINS, 8) */
+     * unpacked codes, chains (Q8_PAIR, Q8_BLOCK_ROWS, Q8_CHAINS, 8) */
     int8_t *xt;
     uint8_t *ub;
     float *dxt, *xst, *chains;
@@ -969,7 +972,8 @@ static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q)
     float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
     float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
     float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
-    int32_t *xoff = (int32_t *)(void *)(chains + Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS), *xot = xoff + nt * ldg;
+    int32_t *xoff = (int32_t *)(void *)(chains + Q8_PAIR * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
+    int32_t *xot = xoff + nt * ldg;
     *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg};
 }
 
@@ -1188,54 +1192,61 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
 
 /* ---- the product by tokens ---- */
 
-/* s[i] += quads q .. q + steps - 1 of row i's unpacked codes times the
- * same quads of 8 tokens (xb: 32 bytes per quad). */
-ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t q, int steps, __m256i s[4]) {
+/* s[i][j] += quads q .. q + steps - 1 of row i's unpacked codes times the
+ * same quads of token block j < nb (block j at xb + j * 8 * cols, 32 bytes
+ * per quad): a row's code bytes are broadcast once for the nb blocks. */
+ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int nb, int64_t q, int steps,
+                       __m256i s[Q8_BLOCK_ROWS][Q8_PAIR]) {
 #pragma GCC unroll 8
     for (int k = 0; k < steps; k++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xb + (q + k) * 32));
+        __m256i x[Q8_PAIR];
+#pragma GCC unroll 2
+        for (int j = 0; j < nb; j++)
+            x[j] = _mm256_loadu_si256((const __m256i *)(const void *)(xb + j * Q8_BLOCK_TOKENS * cols + (q + k) * 32));
 #pragma GCC unroll 4
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
             int32_t u;
             memcpy(&u, ub + i * cols + (q + k) * 4, 4);
-            s[i] = u8_acc(s[i], _mm256_set1_epi32(u), x);
-            /* keeps the sums one chain per row: regrouped into trees (integer
-             * adds may be) they need more registers than there are */
-            __asm__("" : "+x"(s[i]));
+            __m256i uv = _mm256_set1_epi32(u);
+#pragma GCC unroll 2
+            for (int j = 0; j < nb; j++) {
+                s[i][j] = u8_acc(s[i][j], uv, x[j]);
+                /* keeps the sums one chain each: regrouped into trees (integer
+                 * adds may be) they need more registers than there are */
+                __asm__("" : "+x"(s[i][j]));
+            }
         }
     }
 }
 
-/* The exact int32 sums of group g of Q8_BLOCK_ROWS rows for 8 tokens (lane
- * = token). 16-bit sums of pairs stay exact over 8 steps for affine codes
- * (8 x 2 x 15 x 127 < 32768), 4 for mxfp4 (4 x 2 x 24 x 127). */
-ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t g, bool lone,
-                        __m256i sum[4]) {
+/* The exact int32 sums of group g of Q8_BLOCK_ROWS rows for token blocks j
+ * < nb (lane = token). 16-bit sums of pairs stay exact over 8 steps for
+ * affine codes (8 x 2 x 15 x 127 < 32768), 4 for mxfp4 (4 x 2 x 24 x 127). */
+ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const int8_t *xb, int nb, int64_t g,
+                        bool lone, __m256i sum[Q8_BLOCK_ROWS][Q8_PAIR]) {
     const int run = fmt == FMT_MX4 ? 4 : 8;
-    __m256i s[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = s[i] = _mm256_setzero_si256();
+    __m256i s[Q8_BLOCK_ROWS][Q8_PAIR];
+#define EACH_SUM(...)                                               \
+    _Pragma("GCC unroll 4") for (int i = 0; i < Q8_BLOCK_ROWS; i++) \
+        _Pragma("GCC unroll 2") for (int j = 0; j < nb; j++) { __VA_ARGS__ }
+    EACH_SUM(sum[i][j] = s[i][j] = _mm256_setzero_si256();)
     if (per == 1) {
         /* the group's even columns are quads 4h .. 4h + 3 of its unit, the odd
          * ones 8 further (a lone block: right after) */
         int64_t qa = (g / 2) * 16 + (g & 1) * 4, qb = qa + (lone ? 4 : 8);
-        quad_steps(ub, cols, xb, qa, 4, s);
-        if (run == 4) {
-#pragma GCC unroll 4
-            for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = u8_widen(s[i]), s[i] = _mm256_setzero_si256();
-        }
-        quad_steps(ub, cols, xb, qb, 4, s);
-#pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = _mm256_add_epi32(sum[i], u8_widen(s[i]));
+        quad_steps(ub, cols, xb, nb, qa, 4, s);
+        if (run == 4) EACH_SUM(sum[i][j] = u8_widen(s[i][j]), s[i][j] = _mm256_setzero_si256();)
+        quad_steps(ub, cols, xb, nb, qb, 4, s);
+        EACH_SUM(sum[i][j] = _mm256_add_epi32(sum[i][j], u8_widen(s[i][j]));)
         return;
     }
     const int runs = 16 * (per / 2) / run;
 #pragma GCC unroll 4
     for (int k = 0; k < runs; k++) {
-        quad_steps(ub, cols, xb, g * 16 * (per / 2) + k * run, run, s);
-#pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) sum[i] = _mm256_add_epi32(sum[i], u8_widen(s[i])), s[i] = _mm256_setzero_si256();
+        quad_steps(ub, cols, xb, nb, g * 16 * (per / 2) + k * run, run, s);
+        EACH_SUM(sum[i][j] = _mm256_add_epi32(sum[i][j], u8_widen(s[i][j])), s[i][j] = _mm256_setzero_si256();)
     }
+#undef EACH_SUM
 }
 
 /* Rows r .. r + nr - 1 as unsigned bytes in ub (unit order; a lone last
@@ -1285,23 +1296,91 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
     }
 }
 
-/* Group g of the unpacked rows times token block b (xb), added to the rows'
- * chains g % 8 (first: the chain starts here). */
-ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int64_t b, int64_t g,
+/* Group g of the unpacked rows times token blocks b .. b + nb - 1 (from
+ * xb), added to the rows' chains g % 8 (first: the chains start here). */
+ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
                             bool lone, bool first) {
-    __m256i sum[4];
-    block_group(fmt, per, q->ub, q->cols, xb, g, lone, sum);
-    size_t at = (size_t)((b * q->ldg + g) * Q8_BLOCK_TOKENS);
-    __m256 dx = _mm256_loadu_ps(q->dxt + at), xs = _mm256_loadu_ps(q->xst + at);
-    __m256i xo = _mm256_loadu_si256((const __m256i *)(const void *)(q->xot + at));
+    __m256i sum[Q8_BLOCK_ROWS][Q8_PAIR];
+    block_group(fmt, per, q->ub, q->cols, xb, nb, g, lone, sum);
+    /* loaded before the chains are stored (which could alias them) */
+    __m256 dx[Q8_PAIR], xs[Q8_PAIR];
+    __m256i xo[Q8_PAIR];
+#pragma GCC unroll 2
+    for (int j = 0; j < nb; j++) {
+        size_t at = (size_t)(((b + j) * q->ldg + g) * Q8_BLOCK_TOKENS);
+        dx[j] = _mm256_loadu_ps(q->dxt + at);
+        if (fmt == FMT_MX4)
+            xo[j] = _mm256_loadu_si256((const __m256i *)(const void *)(q->xot + at));
+        else
+            xs[j] = _mm256_loadu_ps(q->xst + at);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-        float *a = q->chains + (i * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
-        __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i], xo) : sum[i];
-        __m256 ds = _mm256_mul_ps(_mm256_broadcast_ss(q->srow + i * q->ldg + g), dx);
-        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, first ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
-        if (fmt != FMT_MX4) v = _mm256_fmadd_ps(_mm256_broadcast_ss(q->brow + i * q->ldg + g), xs, v);
-        _mm256_storeu_ps(a, v);
+        __m256 sr = _mm256_broadcast_ss(q->srow + i * q->ldg + g);
+        __m256 br = fmt == FMT_MX4 ? sr : _mm256_broadcast_ss(q->brow + i * q->ldg + g);
+#pragma GCC unroll 2
+        for (int j = 0; j < nb; j++) {
+            float *a = q->chains + ((j * Q8_BLOCK_ROWS + i) * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
+            __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i][j], xo[j]) : sum[i][j];
+            __m256 ds = _mm256_mul_ps(sr, dx[j]);
+            __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, first ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
+            if (fmt != FMT_MX4) v = _mm256_fmadd_ps(br, xs[j], v);
+            _mm256_storeu_ps(a, v);
+        }
+    }
+}
+
+/* Rows i < nr of v (lane t: token t) into y[t * ldy + i] for tokens t <
+ * nt: 4 rows of a token in one store when there are 4. */
+ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float *y, int64_t ldy) {
+    _Static_assert(Q8_BLOCK_ROWS == 4 && Q8_BLOCK_TOKENS == 8, "a 4 x 8 transpose");
+    if (nr < Q8_BLOCK_ROWS) {
+        for (int i = 0; i < nr; i++) {
+            float out[Q8_BLOCK_TOKENS];
+            _mm256_storeu_ps(out, v[i]);
+            for (int64_t t = 0; t < Q8_BLOCK_TOKENS && t < nt; t++) y[t * ldy + i] = out[t];
+        }
+        return;
+    }
+    /* tokens t and t + 4 of the 4 rows in the halves of tr[t] */
+    __m256 lo01 = _mm256_unpacklo_ps(v[0], v[1]), hi01 = _mm256_unpackhi_ps(v[0], v[1]);
+    __m256 lo23 = _mm256_unpacklo_ps(v[2], v[3]), hi23 = _mm256_unpackhi_ps(v[2], v[3]);
+    __m256 tr[4] = {
+        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(lo01), _mm256_castps_pd(lo23))),
+        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(lo01), _mm256_castps_pd(lo23))),
+        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(hi01), _mm256_castps_pd(hi23))),
+        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(hi01), _mm256_castps_pd(hi23))),
+    };
+    for (int t = 0; t < 4; t++) {
+        if (t < nt) _mm_storeu_ps(y + t * ldy, _mm256_castps256_ps128(tr[t]));
+        if (t + 4 < nt) _mm_storeu_ps(y + (t + 4) * ldy, _mm256_extractf128_ps(tr[t], 1));
+    }
+}
+
+/* Token blocks b .. b + nb - 1 of the unpacked rows: every group, then each
+ * block's chains summed as hsum sums lanes (chains past ng are zero) and
+ * stored. */
+ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
+                            int nr, float *y, int64_t ldy) {
+    /* groups before a lone last 32-column block, and whether there is one */
+    const bool lone = per == 1 && (f->ng & 1);
+    const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
+    const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;
+    int64_t g = 0;
+    for (; g < first; g++) block_group_add(fmt, per, q, xb, nb, b, g, false, true);
+    for (; g < ngw; g++) block_group_add(fmt, per, q, xb, nb, b, g, false, false);
+    if (lone) block_group_add(fmt, per, q, xb, nb, b, g, true, g < Q8_CHAINS);
+    for (int j = 0; j < nb; j++) {
+        __m256 v[Q8_BLOCK_ROWS];
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+            const float *a = q->chains + (j * Q8_BLOCK_ROWS + i) * Q8_CHAINS * Q8_BLOCK_TOKENS;
+#define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(a + (c) * Q8_BLOCK_TOKENS) : _mm256_setzero_ps())
+            v[i] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
+                                 _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
+#undef CH_
+        }
+        int64_t t0 = (b + j) * Q8_BLOCK_TOKENS;
+        block_store(v, nr, q->n - t0, y + t0 * ldy, ldy);
     }
 }
 
@@ -1309,32 +1388,13 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
-    /* groups before a lone last 32-column block, and whether there is one */
-    const bool lone = per == 1 && (f.ng & 1);
-    const int64_t ngw = f.ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
-        for (int64_t b = 0; b < nb; b++) {
-            const int8_t *xb = q->xt + b * f.cols * Q8_BLOCK_TOKENS;
-            int64_t g = 0;
-            for (; g < first; g++) block_group_add(fmt, per, q, xb, b, g, false, true);
-            for (; g < ngw; g++) block_group_add(fmt, per, q, xb, b, g, false, false);
-            if (lone) block_group_add(fmt, per, q, xb, b, g, true, g < Q8_CHAINS);
-            for (int i = 0; i < nr; i++) {
-                /* the chains summed as hsum sums lanes (chains past ng are zero) */
-                const float *a = q->chains + i * Q8_CHAINS * Q8_BLOCK_TOKENS;
-#define CH_(j) ((j) < f.ng ? _mm256_loadu_ps(a + (j) * Q8_BLOCK_TOKENS) : _mm256_setzero_ps())
-                __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
-                                         _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
-#undef CH_
-                float out[Q8_BLOCK_TOKENS];
-                _mm256_storeu_ps(out, v);
-                for (int t = 0; t < Q8_BLOCK_TOKENS && b * Q8_BLOCK_TOKENS + t < q->n; t++)
-                    y[(b * Q8_BLOCK_TOKENS + t) * ldy + r + i] = out[t];
-            }
-        }
+        int64_t b = 0;
+        for (; b + Q8_PAIR <= nb; b += Q8_PAIR) block_rows_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
+        for (; b < nb; b++) block_rows_pass(fmt, per, &f, q, 1, b, nr, y + r, ldy);
     }
 }
 
