@@ -888,9 +888,7 @@ static void scatter_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_
     for (int64_t r = 0; r < w->rows; r++) {
         int64_t t = c->etok[w->p0 + r];
         if (t < t0 || t >= t1) continue;
-        float wt = c->ew[w->p0 + r], *dst = w->out + t * d;
-        const float *src = c->gout + r * d;
-        for (int64_t q = 0; q < d; q++) dst[q] += wt * src[q];
+        sp_axpy_f32(w->out + t * d, c->ew[w->p0 + r], c->gout + r * d, d);
     }
 }
 

@@ -31,11 +31,17 @@ void sp_axpy_rows(float *y, const float *w, const float *rows, int64_t nr, int64
     sp_kernels()->axpy_rows(y, w, rows, nr, n);
 }
 
+/* The sum of squares in 8 independent double sums (the compiler may
+ * vectorize them; one chain would wait on each add). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k] * x[i + k];
+    double ss = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (int64_t i = 0; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
+    for (i = 0; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
 }
 
 void sp_vector_to_f32(const struct sp_vector *v, float *out) {
