@@ -1670,8 +1670,39 @@ static void to_f32_x86(float *y, const void *x, enum sp_dtype dt, int64_t n) {
     for (; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
 
+/* dot_any's operations for each row, two rows at a time: they share the
+ * loads of a, and their chains of FMAs overlap. */
 static void dot_rows_x86(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
-    for (int64_t r = 0; r < nr; r++) out[r] = dot_any(a, rows + r * n, SP_DTYPE_F32, n);
+    int64_t r = 0;
+    for (; r + 2 <= nr; r += 2) {
+        const float *b[2] = {rows + r * n, rows + (r + 1) * n};
+        __m256 s[2][4];
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 4; k++) s[j][k] = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256 av = _mm256_loadu_ps(a + i + 8 * k);
+                s[0][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[0] + i + 8 * k), s[0][k]);
+                s[1][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[1] + i + 8 * k), s[1][k]);
+            }
+        }
+        for (; i + 8 <= n; i += 8) {
+            __m256 av = _mm256_loadu_ps(a + i);
+            s[0][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[0] + i), s[0][0]);
+            s[1][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[1] + i), s[1][0]);
+        }
+        float d[2];
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) {
+            d[j] = hsum(_mm256_add_ps(_mm256_add_ps(s[j][0], s[j][1]), _mm256_add_ps(s[j][2], s[j][3])));
+            for (int64_t t = i; t < n; t++) d[j] += a[t] * b[j][t];
+            out[r + j] = d[j];
+        }
+    }
+    for (; r < nr; r++) out[r] = dot_any(a, rows + r * n, SP_DTYPE_F32, n);
 }
 
 /* axpy_any's operations per element (an FMA per row in the vector part,
