@@ -1273,26 +1273,51 @@ ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct 
     }
 }
 
+/* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) into dst as
+ * 8 x 8 transposed: dst[k * 8 + t] = dword k of row t. */
+ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
+    __m256 r[8];
+    for (int t = 0; t < 8; t++)
+        r[t] = src[t] ? _mm256_loadu_ps((const float *)(const void *)((const char *)src[t] + at)) : _mm256_setzero_ps();
+    /* pairs of rows interleaved, then quads: a[4h + i] holds dwords i and
+     * i + 4 of rows 4h .. 4h + 3 */
+    __m256 a[8], c[8];
+    for (int h = 0; h < 2; h++) {
+        __m256 lo01 = _mm256_unpacklo_ps(r[4 * h], r[4 * h + 1]), hi01 = _mm256_unpackhi_ps(r[4 * h], r[4 * h + 1]);
+        __m256 lo23 = _mm256_unpacklo_ps(r[4 * h + 2], r[4 * h + 3]), hi23 = _mm256_unpackhi_ps(r[4 * h + 2], r[4 * h + 3]);
+        a[4 * h] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+        a[4 * h + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
+        a[4 * h + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+        a[4 * h + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x20);
+        c[4 + i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x31);
+    }
+    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + 8 * k, c[k]);
+}
+
 /* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
  * tokens, and their per-group dx and sums (xst or xot) 8 per group. */
 static void block_tokens(const struct q8acts *q, int64_t b) {
-    int64_t nq = q->cols / 4, ldg = q->ldg;
-    int32_t *xt = (int32_t *)(void *)(q->xt + b * q->cols * Q8_BLOCK_TOKENS);
+    int64_t ldg = q->ldg;
+    int8_t *xt = q->xt + b * q->cols * Q8_BLOCK_TOKENS;
+    size_t at = (size_t)(b * ldg * Q8_BLOCK_TOKENS);
+    const void *x[Q8_BLOCK_TOKENS], *dx[Q8_BLOCK_TOKENS], *xs[Q8_BLOCK_TOKENS], *xo[Q8_BLOCK_TOKENS];
     for (int t = 0; t < Q8_BLOCK_TOKENS; t++) {
         int64_t tg = b * Q8_BLOCK_TOKENS + t;
         bool real = tg < q->n;
-        const int8_t *src = real ? xq8(q, tg) : NULL;
-        for (int64_t k = 0; k < nq; k++) {
-            int32_t v = 0;
-            if (real) memcpy(&v, src + 4 * k, 4);
-            xt[k * Q8_BLOCK_TOKENS + t] = v;
-        }
-        for (int64_t g = 0; g < ldg; g++) {
-            size_t at = (size_t)((b * ldg + g) * Q8_BLOCK_TOKENS + t);
-            q->dxt[at] = real ? q->dx[tg * ldg + g] : 0.0f;
-            q->xst[at] = real ? q->xsum[tg * ldg + g] : 0.0f;
-            q->xot[at] = real ? q->xoff[tg * ldg + g] : 0;
-        }
+        x[t] = real ? xq8(q, tg) : NULL;
+        dx[t] = real ? q->dx + tg * ldg : NULL;
+        xs[t] = real ? q->xsum + tg * ldg : NULL;
+        xo[t] = real ? q->xoff + tg * ldg : NULL;
+    }
+    /* cols is a multiple of 32 (8 quads), ldg of 8 */
+    for (int64_t k = 0; k < q->cols; k += 32) transpose8x8(x, k, xt + k * Q8_BLOCK_TOKENS);
+    for (int64_t g = 0; g < ldg; g += 8) {
+        transpose8x8(dx, g * 4, q->dxt + at + g * Q8_BLOCK_TOKENS);
+        transpose8x8(xs, g * 4, q->xst + at + g * Q8_BLOCK_TOKENS);
+        transpose8x8(xo, g * 4, q->xot + at + g * Q8_BLOCK_TOKENS);
     }
 }
 
