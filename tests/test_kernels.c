@@ -4,8 +4,8 @@
  * the scalar reference of quant/qtype.h: each format x
  * shapes (odd row counts, one-group rows, rows longer than a blocked
  * slice) x batch sizes (fused and blocked paths) on random inputs, plus the
- * float dot / axpy, the gated activation, the run-time choice of a set, and
- * sp_linear_apply over two threads.
+ * float dot / axpy, the gated activation, softmax numerators, the run-time
+ * choice of a set, and sp_linear_apply over two threads.
  */
 #include "helpers.h"
 
@@ -516,6 +516,38 @@ static void test_glu(void **state) {
     }
 }
 
+/* A softmax's numerators: exp(v - shift) against double exp, the sum they
+ * return, and each element what it gives alone. */
+static void test_exp_shift(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 29);
+    const int64_t ns[] = {0, 1, 7, 8, 9, 33, 200};
+    enum { N = 200 };
+    float v[N + 1], x[N], one;
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+            int64_t n = ns[c];
+            float shift = (float)(sp_rng_normal(&rng) * 4.0);
+            for (int64_t i = 0; i < n; i++) v[i] = x[i] = shift - (float)fabs(sp_rng_normal(&rng) * (i % 3 ? 3.0 : 30.0));
+            v[n] = 12345.0f;
+            double sum = k->exp_shift(v, n, shift), total = 0;
+            assert_true(v[n] == 12345.0f);
+            for (int64_t i = 0; i < n; i++) {
+                float arg = x[i] - shift;  // rounded to float, as the kernels take it
+                double want = exp((double)arg);
+                assert_true(fabs(v[i] - want) <= (8.0 + fabs(arg)) * FLT_EPSILON * want + 1e-37);
+                one = x[i];
+                k->exp_shift(&one, 1, shift);
+                assert_true(one == v[i]);
+                total += v[i];
+            }
+            assert_true(fabs(sum - total) <= 1e-12 * total);
+        }
+    }
+}
+
 /* Whether a /proc/cpuinfo flags line lists flag as a whole word. */
 static bool has_flag(const char *line, const char *flag) {
     size_t n = strlen(flag);
@@ -632,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_glu),
+        cmocka_unit_test(test_exp_shift),
         cmocka_unit_test(test_plain_formats),
         cmocka_unit_test(test_affine4),
         cmocka_unit_test(test_affine8),

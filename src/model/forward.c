@@ -622,11 +622,7 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
             for (int64_t i = 0; i <= hi - lo; i++) mx = s[i] > mx ? s[i] : mx;
             float sink = ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY;
             if (sink > mx) mx = sink;
-            double sum = ly->sinks ? exp((double)(sink - mx)) : 0.0;
-            for (int64_t i = 0; i <= hi - lo; i++) {
-                s[i] = expf(s[i] - mx);
-                sum += s[i];
-            }
+            double sum = (ly->sinks ? exp((double)(sink - mx)) : 0.0) + sp_kernels()->exp_shift(s, hi - lo + 1, mx);
             float inv = (float)(1.0 / sum);
             for (int64_t i = 0; i <= hi - lo; i++) s[i] *= inv;
             float *out = c->att + t * (a->n_heads * hd) + (k.h0 + g) * hd;

@@ -125,6 +125,15 @@ static void glu_portable(float *out, const float *g, const float *u, int64_t n, 
     }
 }
 
+static double exp_shift_portable(float *v, int64_t n, float shift) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = expf(v[i] - shift);
+        sum += v[i];
+    }
+    return sum;
+}
+
 /* Each row is dequantized once into scratch and dotted with every token. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy, void *scratch) {
@@ -148,6 +157,7 @@ static const struct sp_kernels portable = {
     .dot_rows = dot_rows_portable,
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,
+    .exp_shift = exp_shift_portable,
 };
 
 /* What the x86 sets need, read from cpuid directly (not every compiler's

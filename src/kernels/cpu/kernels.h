@@ -2,7 +2,8 @@
  * kernels.h - the CPU kernel sets and their run-time dispatch. A kernel set
  * is a table of function pointers for the hot loops of the forward pass:
  * products of packed weight rows with a batch of activation vectors, the
- * float dot / axpy of attention, and the MLPs' gated activation. The portable set (plain C, any x86-64 or
+ * float dot / axpy and softmax exponentials of attention, and the MLPs'
+ * gated activation. The portable set (plain C, any x86-64 or
  * other CPU) is the reference structure; the x86 sets (matvec_x86.h) are
  * chosen by what the CPU has: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
  * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The three give
@@ -101,6 +102,10 @@ struct sp_kernels {
      * portable set computes with expf, the x86 sets with a polynomial
      * exp (within a few float roundings of it). */
     void (*glu)(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p);
+    /* v[i] = exp(v[i] - shift) for i < n, and their sum (accumulated in
+     * double): a softmax's numerators. exp as glu computes it; an element's
+     * value depends on its input alone. */
+    double (*exp_shift)(float *v, int64_t n, float shift);
 };
 
 /* The set this process uses: the best one the CPU supports, unless
