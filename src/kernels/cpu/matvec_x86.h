@@ -469,7 +469,7 @@ struct qacts {
     bool paired;        // int16: 4-bit units stored in pairs (unit_at)
 };
 
-/* Token t's int16 / int8 activations. */
+/* Token t's int16 activations. */
 ALWAYS const int16_t *xq16(const struct qacts *q, int t) { return (const int16_t *)q->xq + t * q->cols; }
 
 /* The largest |x| of a group of x (group a multiple of 8); *sum gets the
@@ -921,8 +921,8 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
 struct q8acts {
     const int8_t *xq;     // (n, cols) in unit order
     const float *dx;      // (n, ldg) scale of each group of x
-    const float *xsum;    // affine: (n, ldg) float sum of x over each group
-    const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group
+    const float *xsum;    // affine: (n, ldg) float sum of x over each group (mxfp4: unset)
+    const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group (affine: unset)
     float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
     /* product by tokens: xt (blocks of 8 tokens: cols / 4 quads x 8 tokens x
      * 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub (Q8_BLOCK_ROWS, cols)
@@ -932,6 +932,7 @@ struct q8acts {
     float *dxt, *xst, *chains;
     int32_t *xot;
     int64_t n, cols, ng, ldg;
+    bool mx4;  // which of xsum / xoff the rows read
 };
 
 ALWAYS const int8_t *xq8(const struct q8acts *q, int64_t t) { return q->xq + t * q->cols; }
@@ -974,7 +975,7 @@ static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q)
     float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
     int32_t *xoff = (int32_t *)(void *)(chains + Q8_PAIR * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
     int32_t *xot = xoff + nt * ldg;
-    *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg};
+    *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg, false};
 }
 
 /* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
@@ -985,6 +986,7 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
+    q->mx4 = mx4;
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int8_t *ot = xq + t * cols;
@@ -1011,12 +1013,17 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
                     _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
                 }
             }
-            xsum[t * ldg + g] = mx4 ? 0.0f : sum;
-            xoff[t * ldg + g] = mx4 ? MX4_OFFSET * hsum_epi32(isum) : 0;
+            if (mx4)
+                xoff[t * ldg + g] = MX4_OFFSET * hsum_epi32(isum);
+            else
+                xsum[t * ldg + g] = sum;
         }
         for (int64_t g = ng; g < ldg; g++) {
-            dx[t * ldg + g] = xsum[t * ldg + g] = 0.0f;
-            xoff[t * ldg + g] = 0;
+            dx[t * ldg + g] = 0.0f;
+            if (mx4)
+                xoff[t * ldg + g] = 0;
+            else
+                xsum[t * ldg + g] = 0.0f;
         }
     }
 }
@@ -1298,26 +1305,27 @@ ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
 }
 
 /* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
- * tokens, and their per-group dx and sums (xst or xot) 8 per group. */
+ * tokens, and their per-group dx and sums (xst, or xot for mxfp4) 8 per
+ * group. */
 static void block_tokens(const struct q8acts *q, int64_t b) {
     int64_t ldg = q->ldg;
     int8_t *xt = q->xt + b * q->cols * Q8_BLOCK_TOKENS;
     size_t at = (size_t)(b * ldg * Q8_BLOCK_TOKENS);
-    const void *x[Q8_BLOCK_TOKENS], *dx[Q8_BLOCK_TOKENS], *xs[Q8_BLOCK_TOKENS], *xo[Q8_BLOCK_TOKENS];
+    /* the rows read the float sums (affine) or the integer offsets (mxfp4) */
+    void *sums = q->mx4 ? (void *)(q->xot + at) : (void *)(q->xst + at);
+    const void *x[Q8_BLOCK_TOKENS], *dx[Q8_BLOCK_TOKENS], *xs[Q8_BLOCK_TOKENS];
     for (int t = 0; t < Q8_BLOCK_TOKENS; t++) {
         int64_t tg = b * Q8_BLOCK_TOKENS + t;
         bool real = tg < q->n;
         x[t] = real ? xq8(q, tg) : NULL;
         dx[t] = real ? q->dx + tg * ldg : NULL;
-        xs[t] = real ? q->xsum + tg * ldg : NULL;
-        xo[t] = real ? q->xoff + tg * ldg : NULL;
+        xs[t] = !real ? NULL : q->mx4 ? (const void *)(q->xoff + tg * ldg) : (const void *)(q->xsum + tg * ldg);
     }
-    /* cols is a multiple of 32 (8 quads), ldg of 8 */
+    /* cols is a multiple of 32 (8 quads), ldg of 8; sums are 4-byte values */
     for (int64_t k = 0; k < q->cols; k += 32) transpose8x8(x, k, xt + k * Q8_BLOCK_TOKENS);
     for (int64_t g = 0; g < ldg; g += 8) {
         transpose8x8(dx, g * 4, q->dxt + at + g * Q8_BLOCK_TOKENS);
-        transpose8x8(xs, g * 4, q->xst + at + g * Q8_BLOCK_TOKENS);
-        transpose8x8(xo, g * 4, q->xot + at + g * Q8_BLOCK_TOKENS);
+        transpose8x8(xs, g * 4, (char *)sums + g * Q8_BLOCK_TOKENS * 4);
     }
 }
 
