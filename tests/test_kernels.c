@@ -450,21 +450,78 @@ static void test_dot_axpy(void **state) {
                 k->axpy_dt(y2, s, conv, SP_DTYPE_F32, n);
                 for (int64_t i = 0; i < n; i++) assert_true(y2[i] == y[i]);
             }
-            /* a block of rows: the same as one row at a time */
-            enum { NR = 5 };
-            static float rows[NR * 1000], ya[1000], yb[1000];
-            float w[NR], d[NR];
-            for (int r = 0; r < NR; r++) {
-                w[r] = sp_rng_normal(&rng);
-                for (int64_t i = 0; i < n; i++) rows[r * n + i] = sp_rng_normal(&rng);
-            }
-            k->dot_rows(d, a, rows, NR, n);
-            for (int r = 0; r < NR; r++) assert_true(d[r] == k->dot(a, rows + r * n, n));
-            for (int64_t i = 0; i < n; i++) ya[i] = yb[i] = y0[i];
-            k->axpy_rows(ya, w, rows, NR, n);
-            for (int r = 0; r < NR; r++) k->axpy(yb, w[r], rows + r * n, n);
-            for (int64_t i = 0; i < n; i++) assert_true(ya[i] == yb[i]);
         }
+    }
+}
+
+/* Attention's blocks of cached rows: keys laid out as columns (exact, zeros
+ * past the rows, nothing past n), several heads' scores against a double
+ * reference and each the same as computed alone at any offset, values
+ * added exactly as axpy row by row. */
+static void test_attention_blocks(void **state) {
+    (void)state;
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 29);
+    enum { NQ = 3, MAXR = 40, LDC = 48, MAXN = 136, LDO = 41 };
+    const int64_t ns[] = {1, 7, 8, 9, 64, 128, 136};
+    const int64_t nrs[] = {1, 5, 8, 13, 20, 32, 40};
+    const enum sp_dtype dts[] = {SP_DTYPE_F32, SP_DTYPE_F16, SP_DTYPE_BF16};
+    static float a[NQ * MAXN], rows[MAXR * MAXN], conv[MAXR * MAXN], cols[MAXN * LDC + 1], out[NQ * LDO];
+    static float w[NQ * MAXR], y[NQ * MAXN], yb[NQ * MAXN];
+    static uint16_t half[MAXR * MAXN];
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t ci = 0; ci < sizeof ns / sizeof *ns; ci++)
+            for (size_t ri = 0; ri < sizeof nrs / sizeof *nrs; ri++) {
+                int64_t n = ns[ci], nr = nrs[ri];
+                for (int64_t i = 0; i < NQ * MAXN; i++) a[i] = sp_rng_normal(&rng);
+                for (int64_t i = 0; i < nr * n; i++) rows[i] = sp_rng_normal(&rng);
+                for (size_t di = 0; di < sizeof dts / sizeof *dts; di++) {
+                    enum sp_dtype dt = dts[di];
+                    const void *src[MAXR];
+                    for (int64_t r = 0; r < nr; r++) {
+                        for (int64_t i = 0; i < n; i++) {
+                            float v = rows[r * n + i];
+                            if (dt == SP_DTYPE_F32) {
+                                conv[r * n + i] = v;
+                                continue;
+                            }
+                            half[r * n + i] = dt == SP_DTYPE_F16 ? sp_f32_to_f16(v) : sp_f32_to_bf16(v);
+                            conv[r * n + i] = dt == SP_DTYPE_F16 ? sp_f16_to_f32(half[r * n + i]) : sp_bf16_to_f32(half[r * n + i]);
+                        }
+                        src[r] = dt == SP_DTYPE_F32 ? (const void *)(rows + r * n) : (const void *)(half + r * n);
+                    }
+                    for (int64_t i = 0; i < MAXN * LDC + 1; i++) cols[i] = 777.0f;
+                    k->rows_to_cols(cols, LDC, src, dt, nr, n);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t r = 0; r < LDC; r++) assert_true(cols[i * LDC + r] == (r < nr ? conv[r * n + i] : 0.0f));
+                    assert_true(cols[n * LDC] == 777.0f);
+                }
+                /* cols now hold the bf16-rounded rows, conv their values */
+                for (int64_t i = 0; i < NQ * LDO; i++) out[i] = 555.0f;
+                k->dot_cols(out, LDO, a, MAXN, NQ, cols, LDC, nr, n);
+                for (int64_t q = 0; q < NQ; q++) {
+                    for (int64_t r = 0; r < nr; r++) {
+                        double ref = 0, mag = 0;
+                        for (int64_t i = 0; i < n; i++) {
+                            ref += (double)a[q * MAXN + i] * conv[r * n + i];
+                            mag += fabs((double)a[q * MAXN + i] * conv[r * n + i]);
+                        }
+                        float o = out[q * LDO + r], alone;
+                        assert_true(fabs(o - ref) <= (double)n * FLT_EPSILON * mag + DBL_MIN);
+                        k->dot_cols(&alone, 1, a + q * MAXN, MAXN, 1, cols + r, LDC, 1, n);
+                        assert_true(alone == o);
+                    }
+                    for (int64_t r = nr; r < LDO; r++) assert_true(out[q * LDO + r] == 555.0f);
+                }
+                for (int64_t i = 0; i < NQ * MAXR; i++) w[i] = sp_rng_normal(&rng);
+                for (int64_t i = 0; i < NQ * MAXN; i++) y[i] = yb[i] = sp_rng_normal(&rng);
+                k->axpy_rows(y, MAXN, w, MAXR, NQ, rows, nr, n);
+                for (int64_t q = 0; q < NQ; q++)
+                    for (int64_t r = 0; r < nr; r++) k->axpy(yb + q * MAXN, w[q * MAXR + r], rows + r * n, n);
+                for (int64_t i = 0; i < NQ * MAXN; i++) assert_true(y[i] == yb[i]);
+            }
     }
 }
 
@@ -663,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_checker_catches_errors),
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_dot_axpy),
+        cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_exp_shift),
         cmocka_unit_test(test_plain_formats),

@@ -77,12 +77,17 @@ struct sp_ctx {
 };
 
 /* Cached rows converted to float at a time for all query heads of their KV
- * head (16 KiB at head_dim 128: they stay in L1 while every head uses them). */
+ * head (16-20 KiB at head_dim 128: they stay in L1 while every head uses
+ * them). Keys are laid out as columns, ATT_COLS_LD floats per dimension, so
+ * a score's 8 lanes are 8 positions: a block's columns from any offset,
+ * rounded up to 8, stay inside. */
 #define ATT_BLOCK 32
+#define ATT_COLS_LD (ATT_BLOCK + 8)
 
-/* Query tokens of one sequence per attention task: up to 8, fewer where
- * their scores would pass 1M floats per thread (long contexts). */
-#define ATT_TILE 8
+/* Query tokens of one sequence per attention task: up to 16 (each block of
+ * cached rows is converted once for all of them), fewer where their scores
+ * would pass 1M floats per thread (long contexts). */
+#define ATT_TILE 16
 #define ATT_SCORES_MAX (1 << 20)
 static int64_t att_tile(const struct sp_arch *a, int64_t n_ctx) {
     int64_t per_token = (a->n_heads / a->n_kv_heads) * (n_ctx + 1), tile = ATT_SCORES_MAX / per_token;
@@ -93,7 +98,7 @@ static int64_t att_tile(const struct sp_arch *a, int64_t n_ctx) {
  * then a block of converted cached rows (attention_task). */
 size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
     return (size_t)att_tile(a, n_ctx) * (size_t)(a->n_heads / a->n_kv_heads) * (size_t)(n_ctx + 1) +
-           (size_t)(ATT_BLOCK * a->head_dim);
+           (size_t)(ATT_COLS_LD * a->head_dim);
 }
 
 size_t sp_expert_tables_bytes(const struct sp_arch *a) {
@@ -548,13 +553,20 @@ static void att_range(const struct sp_ctx *c, const struct sp_batch *b, int64_t 
     *hi = pos;
 }
 
-/* Converts cached rows p0 .. p0 + nb - 1 (K: which 0, V: 1) of one KV head. */
+/* Cached rows p0 .. p0 + nb - 1 of one KV head as floats: values (which 1)
+ * as rows, keys (which 0) as columns of ATT_COLS_LD. */
 static void att_rows(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t kvh, int64_t p0, int64_t nb,
                      float *rows) {
     int64_t hd = c->a->head_dim;
+    const void *src[ATT_BLOCK];
     for (int64_t i = 0; i < nb; i++)
-        sp_f32_from_dt(rows + i * hd, (const uint8_t *)kv_at(c, L, which, seq, p0 + i) + (size_t)(kvh * hd) * c->kv_elt,
-                       kv_dtype(c->p.kv_type), hd);
+        src[i] = (const uint8_t *)kv_at(c, L, which, seq, p0 + i) + (size_t)(kvh * hd) * c->kv_elt;
+    enum sp_dtype dt = kv_dtype(c->p.kv_type);
+    if (which == 0) {
+        sp_rows_to_cols(rows, ATT_COLS_LD, src, dt, nb, hd);
+        return;
+    }
+    for (int64_t i = 0; i < nb; i++) sp_f32_from_dt(rows + i * hd, src[i], dt, hd);
 }
 
 /* One attention task: tokens [t0, t1) of sequence seq (a tile) x query
@@ -578,16 +590,17 @@ static void att_pass(const struct att_job *j, const struct att_task *k, int whic
             int64_t lo, hi;
             att_range(c, j->b, j->L, t, &lo, &hi);
             int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
-            for (int64_t g = 0; g < j->per && pa <= pb; g++) {
-                float *s = sc + ((t - k->t0) * j->per + g) * stride + (pa - lo);
-                const float *r = rows + (pa - p0) * hd;
-                int64_t h = k->h0 + g;
-                if (which == 0) {
-                    sp_dot_rows(s, c->qkv + t * c->ld_qkv + h * hd, r, pb - pa + 1, hd);
-                    for (int64_t i = 0; i <= pb - pa; i++) s[i] *= scale;
-                } else {
-                    sp_axpy_rows(c->att + t * qd + h * hd, s, r, pb - pa + 1, hd);
-                }
+            if (pa > pb) continue;
+            /* every query head of the task at once, head g's scores at s + g * stride */
+            float *s = sc + (t - k->t0) * j->per * stride + (pa - lo);
+            if (which == 0) {
+                sp_dot_cols(s, stride, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, j->per, rows + (pa - p0), ATT_COLS_LD,
+                            pb - pa + 1, hd);
+                for (int64_t g = 0; g < j->per; g++)
+                    for (int64_t i = 0; i <= pb - pa; i++) s[g * stride + i] *= scale;
+            } else {
+                sp_axpy_rows(c->att + t * qd + k->h0 * hd, hd, s, stride, j->per, rows + (pa - p0) * hd, pb - pa + 1,
+                             hd);
             }
         }
     }
@@ -632,13 +645,15 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
     att_pass(j, &k, 1, sc, rows);
 }
 
-/* Tasks go to whichever thread is free: later tiles see more positions. */
+/* Tasks go to whichever thread is free, the last first: later tiles see
+ * more positions, and the small ones left for the end even out the
+ * threads' shares. */
 static void attention_job(void *arg, int tid, int nth) {
     struct att_job *j = arg;
     size_t each = sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
-    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)(ATT_BLOCK * j->c->a->head_dim);
+    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)(ATT_COLS_LD * j->c->a->head_dim);
     int64_t lo, hi, tasks = j->n_tiles * (j->c->a->n_heads / j->per);
-    while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, lo, sc, rows);
+    while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, tasks - 1 - lo, sc, rows);
 }
 
 /* Attention for the batch: tiles of up to att_tile consecutive tokens of

@@ -108,12 +108,26 @@ static void to_f32_portable(float *y, const void *x, enum sp_dtype dt, int64_t n
     for (int64_t i = 0; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
 
-static void dot_rows_portable(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
-    for (int64_t r = 0; r < nr; r++) out[r] = dot_portable(a, rows + r * n, n);
+static void rows_to_cols_portable(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
+                                  int64_t n) {
+    for (int64_t k = 0; k < n; k++)
+        for (int64_t r = 0; r < ldc; r++) cols[k * ldc + r] = r < nr ? sp_dtype_load_float(dt, rows[r], (size_t)k) : 0.0f;
 }
 
-static void axpy_rows_portable(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
-    for (int64_t r = 0; r < nr; r++) axpy_portable(y, w[r], rows + r * n, n);
+static void dot_cols_portable(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
+                              int64_t ldc, int64_t nr, int64_t n) {
+    for (int64_t q = 0; q < na; q++)
+        for (int64_t r = 0; r < nr; r++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < n; k++) s += a[q * lda + k] * cols[k * ldc + r];
+            out[q * ldo + r] = s;
+        }
+}
+
+static void axpy_rows_portable(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows,
+                               int64_t nr, int64_t n) {
+    for (int64_t q = 0; q < na; q++)
+        for (int64_t r = 0; r < nr; r++) axpy_portable(y + q * ldy, w[q * ldw + r], rows + r * n, n);
 }
 
 static void glu_portable(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p) {
@@ -154,7 +168,8 @@ static const struct sp_kernels portable = {
     .dot_dt = dot_dt_portable,
     .axpy_dt = axpy_dt_portable,
     .to_f32 = to_f32_portable,
-    .dot_rows = dot_rows_portable,
+    .rows_to_cols = rows_to_cols_portable,
+    .dot_cols = dot_cols_portable,
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,
     .exp_shift = exp_shift_portable,

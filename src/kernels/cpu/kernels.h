@@ -91,11 +91,22 @@ struct sp_kernels {
     /* y[i] = x[i] as float over n values of dtype dt (exact); dot_dt and
      * axpy_dt on the copy give what they give on x. */
     void (*to_f32)(float *y, const void *x, enum sp_dtype dt, int64_t n);
-    /* out[r] = dot(a, rows + r * n) for r < nr: exactly what dot gives */
-    void (*dot_rows)(float *out, const float *a, const float *rows, int64_t nr, int64_t n);
-    /* axpy(y, w[r], rows + r * n) for r = 0 .. nr - 1 in turn, exactly,
-     * with y kept in registers across the rows */
-    void (*axpy_rows)(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
+    /* Attention's blocks of cached rows. rows_to_cols lays nr rows of n
+     * values (rows[r], dtype dt as to_f32 reads it) out as columns:
+     * cols[k * ldc + r] = rows[r][k] for r < nr, zero for nr <= r < ldc
+     * (ldc a multiple of 8, at least nr). */
+    void (*rows_to_cols)(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
+    /* out[q * ldo + r] = the sum over k < n of a[q * lda + k] *
+     * cols[k * ldc + r], for q < na, r < nr, k in order. A result depends
+     * on its query and column alone (not on na, nr or where the column
+     * sits). It may read cols[k * ldc + r] for r up to nr rounded up to 8. */
+    void (*dot_cols)(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
+                     int64_t nr, int64_t n);
+    /* For q < na: axpy(y + q * ldy, w[q * ldw + r], rows + r * n, n) for
+     * r = 0 .. nr - 1 in turn, exactly, with y kept in registers across the
+     * rows */
+    void (*axpy_rows)(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,
+                      int64_t n);
     /* out[i] = the gated activation p of g[i] and u[i] for i < n (u NULL:
      * g holds the pairs interleaved, g[2i] and g[2i + 1]). An element's
      * result depends on its inputs alone, not on n or its place. The

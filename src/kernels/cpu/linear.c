@@ -23,12 +23,18 @@ void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t 
 
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n) { sp_kernels()->to_f32(y, x, dt, n); }
 
-void sp_dot_rows(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
-    sp_kernels()->dot_rows(out, a, rows, nr, n);
+void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n) {
+    sp_kernels()->rows_to_cols(cols, ldc, rows, dt, nr, n);
 }
 
-void sp_axpy_rows(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
-    sp_kernels()->axpy_rows(y, w, rows, nr, n);
+void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
+                 int64_t nr, int64_t n) {
+    sp_kernels()->dot_cols(out, ldo, a, lda, na, cols, ldc, nr, n);
+}
+
+void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,
+                  int64_t n) {
+    sp_kernels()->axpy_rows(y, ldy, w, ldw, na, rows, nr, n);
 }
 
 /* The sum of squares in 8 independent double sums (the compiler may

@@ -49,11 +49,13 @@ float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n);
 void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
 /* y = x as floats over n values of dtype dt (exact). */
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);
-/* out[r] = sp_dot_f32(a, rows + r * n, n) for r < nr, and
- * sp_axpy_f32(y, w[r], rows + r * n, n) for r = 0 .. nr - 1 in turn: the
- * same results, for rows in a block. */
-void sp_dot_rows(float *out, const float *a, const float *rows, int64_t nr, int64_t n);
-void sp_axpy_rows(float *y, const float *w, const float *rows, int64_t nr, int64_t n);
+/* The kernel set's rows_to_cols, dot_cols and axpy_rows (kernels.h):
+ * attention's blocks of cached rows against several query heads. */
+void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
+void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
+                 int64_t nr, int64_t n);
+void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,
+                  int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Converts a 1-D parameter to floats. */

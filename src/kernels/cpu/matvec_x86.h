@@ -1280,15 +1280,12 @@ ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct 
     }
 }
 
-/* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) into dst as
- * 8 x 8 transposed: dst[k * 8 + t] = dword k of row t. */
-ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
-    __m256 r[8];
-    for (int t = 0; t < 8; t++)
-        r[t] = src[t] ? _mm256_loadu_ps((const float *)(const void *)((const char *)src[t] + at)) : _mm256_setzero_ps();
-    /* pairs of rows interleaved, then quads: a[4h + i] holds dwords i and
+/* r[0..7] (8 rows of 8 floats) transposed in place: r[k] holds element k
+ * of every row. */
+ALWAYS void transpose8_ps(__m256 r[8]) {
+    /* pairs of rows interleaved, then quads: a[4h + i] holds elements i and
      * i + 4 of rows 4h .. 4h + 3 */
-    __m256 a[8], c[8];
+    __m256 a[8];
     for (int h = 0; h < 2; h++) {
         __m256 lo01 = _mm256_unpacklo_ps(r[4 * h], r[4 * h + 1]), hi01 = _mm256_unpackhi_ps(r[4 * h], r[4 * h + 1]);
         __m256 lo23 = _mm256_unpacklo_ps(r[4 * h + 2], r[4 * h + 3]), hi23 = _mm256_unpackhi_ps(r[4 * h + 2], r[4 * h + 3]);
@@ -1298,10 +1295,19 @@ ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
         a[4 * h + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
     }
     for (int i = 0; i < 4; i++) {
-        c[i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x20);
-        c[4 + i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x31);
+        r[i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(a[i], a[4 + i], 0x31);
     }
-    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + 8 * k, c[k]);
+}
+
+/* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) into dst as
+ * 8 x 8 transposed: dst[k * 8 + t] = dword k of row t. */
+ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
+    __m256 r[8];
+    for (int t = 0; t < 8; t++)
+        r[t] = src[t] ? _mm256_loadu_ps((const float *)(const void *)((const char *)src[t] + at)) : _mm256_setzero_ps();
+    transpose8_ps(r);
+    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + 8 * k, r[k]);
 }
 
 /* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
@@ -1703,68 +1709,127 @@ static void to_f32_x86(float *y, const void *x, enum sp_dtype dt, int64_t n) {
     for (; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
 
-/* dot_any's operations for each row, two rows at a time: they share the
- * loads of a, and their chains of FMAs overlap. */
-static void dot_rows_x86(float *out, const float *a, const float *rows, int64_t nr, int64_t n) {
-    int64_t r = 0;
-    for (; r + 2 <= nr; r += 2) {
-        const float *b[2] = {rows + r * n, rows + (r + 1) * n};
-        __m256 s[2][4];
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; j++)
-            for (int k = 0; k < 4; k++) s[j][k] = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 32 <= n; i += 32) {
+ALWAYS void rows_to_cols_dt(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
+                            int64_t n) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int64_t r0 = 0; r0 < ldc; r0 += 8) {
+            __m256 v[8];
+            for (int t = 0; t < 8; t++) v[t] = r0 + t < nr ? load8_dt(dt, rows[r0 + t], k) : _mm256_setzero_ps();
+            transpose8_ps(v);
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(cols + (k + i) * ldc + r0, v[i]);
+        }
+    for (; k < n; k++)
+        for (int64_t r = 0; r < ldc; r++) cols[k * ldc + r] = r < nr ? sp_dtype_load_float(dt, rows[r], (size_t)k) : 0.0f;
+}
+
+/* 8 x 8 blocks of rows transposed in registers */
+static void rows_to_cols_x86(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
+                             int64_t n) {
+    switch (dt) {
+    case SP_DTYPE_F16:
+        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_F16, nr, n);
+        break;
+    case SP_DTYPE_BF16:
+        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_BF16, nr, n);
+        break;
+    default:
+        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_F32, nr, n);
+    }
+}
+
+/* nq queries x nv vectors of 8 columns (nr of them real): each lane one
+ * chain of FMAs over k, the same whatever the block. */
+ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
+                           int64_t ldc, int nv, int64_t nr, int64_t n) {
+    __m256 s[2][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        __m256 c[4];
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                __m256 av = _mm256_loadu_ps(a + i + 8 * k);
-                s[0][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[0] + i + 8 * k), s[0][k]);
-                s[1][k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[1] + i + 8 * k), s[1][k]);
-            }
-        }
-        for (; i + 8 <= n; i += 8) {
-            __m256 av = _mm256_loadu_ps(a + i);
-            s[0][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[0] + i), s[0][0]);
-            s[1][0] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b[1] + i), s[1][0]);
-        }
-        float d[2];
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; j++) {
-            d[j] = hsum(_mm256_add_ps(_mm256_add_ps(s[j][0], s[j][1]), _mm256_add_ps(s[j][2], s[j][3])));
-            for (int64_t t = i; t < n; t++) d[j] += a[t] * b[j][t];
-            out[r + j] = d[j];
+        for (int v = 0; v < nv; v++) c[v] = _mm256_loadu_ps(cols + k * ldc + 8 * v);
+#pragma GCC unroll 8
+        for (int i = 0; i < nq * nv; i++)
+            s[i / nv][i % nv] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i / nv * lda + k), c[i % nv], s[i / nv][i % nv]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) {
+        int q = i / nv, v = i % nv;
+        float *o = out + q * ldo + 8 * v;
+        if (8 * v + 8 <= nr) {
+            _mm256_storeu_ps(o, s[q][v]);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, s[q][v]);
+            for (int64_t j = 0; j < nr - 8 * v; j++) o[j] = t[j];
         }
     }
-    for (; r < nr; r++) out[r] = dot_any(a, rows + r * n, SP_DTYPE_F32, n);
+}
+
+/* Two queries x up to 32 columns at a time: a column vector loaded once
+ * serves both, and 8 chains are in flight. */
+static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
+                         int64_t ldc, int64_t nr, int64_t n) {
+    for (int64_t r = 0; r < nr; r += 32) {
+        int64_t m = nr - r < 32 ? nr - r : 32;
+        int nv = (int)((m + 7) / 8);
+        for (int64_t q = 0; q < na; q += 2) {
+            int nq = na - q < 2 ? 1 : 2;
+            float *o = out + q * ldo + r;
+            const float *aq = a + q * lda, *c = cols + r;
+#define DOT_COLS_(NQ, NV) dot_cols_block(o, ldo, aq, lda, NQ, c, ldc, NV, m, n)
+            if (nq == 2) {
+                if (nv == 4) DOT_COLS_(2, 4); else if (nv == 3) DOT_COLS_(2, 3); else if (nv == 2) DOT_COLS_(2, 2); else DOT_COLS_(2, 1);
+            } else {
+                if (nv == 4) DOT_COLS_(1, 4); else if (nv == 3) DOT_COLS_(1, 3); else if (nv == 2) DOT_COLS_(1, 2); else DOT_COLS_(1, 1);
+            }
+#undef DOT_COLS_
+        }
+    }
 }
 
 /* axpy_any's operations per element (an FMA per row in the vector part,
- * a product then a sum in the tail), rows in turn. */
-static void axpy_rows_x86(float *y, const float *w, const float *rows, int64_t nr, int64_t n) {
+ * a product then a sum in the tail), rows in turn, for nq outputs: a row's
+ * vector loaded once serves them all. */
+ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int nq, const float *rows, int64_t nr,
+                        int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
-               y3 = _mm256_loadu_ps(y + i + 24);
+        __m256 acc[2][4];
+#pragma GCC unroll 8
+        for (int j = 0; j < 4 * nq; j++) acc[j / 4][j % 4] = _mm256_loadu_ps(y + j / 4 * ldy + i + 8 * (j % 4));
         for (int64_t r = 0; r < nr; r++) {
             const float *x = rows + r * n + i;
-            __m256 wv = _mm256_set1_ps(w[r]);
-            y0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x), y0);
-            y1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 8), y1);
-            y2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 16), y2);
-            y3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 24), y3);
+            __m256 xv[4];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) xv[v] = _mm256_loadu_ps(x + 8 * v);
+#pragma GCC unroll 8
+            for (int j = 0; j < 4 * nq; j++)
+                acc[j / 4][j % 4] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j / 4 * ldw + r), xv[j % 4], acc[j / 4][j % 4]);
         }
-        _mm256_storeu_ps(y + i, y0);
-        _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2);
-        _mm256_storeu_ps(y + i + 24, y3);
+#pragma GCC unroll 8
+        for (int j = 0; j < 4 * nq; j++) _mm256_storeu_ps(y + j / 4 * ldy + i + 8 * (j % 4), acc[j / 4][j % 4]);
     }
-    for (; i + 8 <= n; i += 8) {
-        __m256 yv = _mm256_loadu_ps(y + i);
-        for (int64_t r = 0; r < nr; r++) yv = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(rows + r * n + i), yv);
-        _mm256_storeu_ps(y + i, yv);
+    for (int q = 0; q < nq; q++) {
+        float *yq = y + q * ldy;
+        const float *wq = w + q * ldw;
+        int64_t e = i;
+        for (; e + 8 <= n; e += 8) {
+            __m256 yv = _mm256_loadu_ps(yq + e);
+            for (int64_t r = 0; r < nr; r++) yv = _mm256_fmadd_ps(_mm256_set1_ps(wq[r]), _mm256_loadu_ps(rows + r * n + e), yv);
+            _mm256_storeu_ps(yq + e, yv);
+        }
+        for (; e < n; e++)
+            for (int64_t r = 0; r < nr; r++) yq[e] += wq[r] * rows[r * n + e];
     }
-    for (; i < n; i++)
-        for (int64_t r = 0; r < nr; r++) y[i] += w[r] * rows[r * n + i];
+}
+
+static void axpy_rows_x86(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows,
+                          int64_t nr, int64_t n) {
+    int64_t q = 0;
+    for (; q + 2 <= na; q += 2) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 2, rows, nr, n);
+    if (q < na) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 1, rows, nr, n);
 }
 
 /* exp(x) for x in [-87, 88] (clamped there): x = n ln 2 + r, |r| <= ln 2 / 2,
@@ -1862,7 +1927,8 @@ static double exp_shift_x86(float *v, int64_t n, float shift) {
         .dot_dt = dot_dt_x86,                   \
         .axpy_dt = axpy_dt_x86,                 \
         .to_f32 = to_f32_x86,                   \
-        .dot_rows = dot_rows_x86,               \
+        .rows_to_cols = rows_to_cols_x86,       \
+        .dot_cols = dot_cols_x86,               \
         .axpy_rows = axpy_rows_x86,             \
         .glu = glu_x86,                         \
         .exp_shift = exp_shift_x86,             \
