@@ -500,7 +500,8 @@ static void test_attention_blocks(void **state) {
                 }
                 /* cols now hold the bf16-rounded rows, conv their values */
                 for (int64_t i = 0; i < NQ * LDO; i++) out[i] = 555.0f;
-                k->dot_cols(out, LDO, a, MAXN, NQ, cols, LDC, nr, n);
+                const float scale = 0.125f + (float)ci;
+                k->dot_cols(out, LDO, a, MAXN, NQ, cols, LDC, nr, n, scale);
                 for (int64_t q = 0; q < NQ; q++) {
                     for (int64_t r = 0; r < nr; r++) {
                         double ref = 0, mag = 0;
@@ -509,8 +510,8 @@ static void test_attention_blocks(void **state) {
                             mag += fabs((double)a[q * MAXN + i] * conv[r * n + i]);
                         }
                         float o = out[q * LDO + r], alone;
-                        assert_true(fabs(o - ref) <= (double)n * FLT_EPSILON * mag + DBL_MIN);
-                        k->dot_cols(&alone, 1, a + q * MAXN, MAXN, 1, cols + r, LDC, 1, n);
+                        assert_true(fabs(o - scale * ref) <= (double)(n + 1) * FLT_EPSILON * scale * mag + DBL_MIN);
+                        k->dot_cols(&alone, 1, a + q * MAXN, MAXN, 1, cols + r, LDC, 1, n, scale);
                         assert_true(alone == o);
                     }
                     for (int64_t r = nr; r < LDO; r++) assert_true(out[q * LDO + r] == 555.0f);
@@ -573,35 +574,50 @@ static void test_glu(void **state) {
     }
 }
 
-/* A softmax's numerators: exp(v - shift) against double exp, the sum they
- * return, and each element what it gives alone. */
-static void test_exp_shift(void **state) {
+/* Softmax rows (with and without a sink logit) against a double
+ * reference, over exp's range: nothing written past n, shares summing to 1
+ * with the sink's, a row's values the same wherever it sits. */
+static void test_softmax(void **state) {
+    (void)state;
     struct sp_rng rng;
     sp_rng_seed(&rng, 29);
-    const int64_t ns[] = {0, 1, 7, 8, 9, 33, 200};
+    const int64_t ns[] = {1, 7, 8, 9, 33, 200};
     enum { N = 200 };
-    float v[N + 1], x[N], one;
+    float v[N + 9], x[N];
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
-        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
-            int64_t n = ns[c];
-            float shift = (float)(sp_rng_normal(&rng) * 4.0);
-            for (int64_t i = 0; i < n; i++) v[i] = x[i] = shift - (float)fabs(sp_rng_normal(&rng) * (i % 3 ? 3.0 : 30.0));
-            v[n] = 12345.0f;
-            double sum = k->exp_shift(v, n, shift), total = 0;
-            assert_true(v[n] == 12345.0f);
-            for (int64_t i = 0; i < n; i++) {
-                float arg = x[i] - shift;  // rounded to float, as the kernels take it
-                double want = exp((double)arg);
-                assert_true(fabs(v[i] - want) <= (8.0 + fabs(arg)) * FLT_EPSILON * want + 1e-37);
-                one = x[i];
-                k->exp_shift(&one, 1, shift);
-                assert_true(one == v[i]);
-                total += v[i];
+        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
+            for (int with_sink = 0; with_sink < 2; with_sink++) {
+                int64_t n = ns[c];
+                float top = (float)(sp_rng_normal(&rng) * 4.0);
+                for (int64_t i = 0; i < n; i++) v[i] = x[i] = top - (float)fabs(sp_rng_normal(&rng) * (i % 3 ? 3.0 : 30.0));
+                float sink = with_sink ? top + (float)sp_rng_normal(&rng) : -INFINITY;
+                v[n] = 12345.0f;
+                k->softmax(v, n, sink);
+                assert_true(v[n] == 12345.0f);
+                double m = sink, sum = 0, total = 0;
+                for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+                for (int64_t i = 0; i < n; i++) sum += exp((double)(float)(x[i] - (float)m));
+                double sink_share = with_sink ? exp((double)sink - m) : 0.0;
+                sum += sink_share;
+                for (int64_t i = 0; i < n; i++) {
+                    float arg = x[i] - (float)m;  // rounded to float, as the kernels take it
+                    double want = exp((double)arg) / sum;
+                    assert_true(fabs(v[i] - want) <= (16.0 + fabs(arg)) * FLT_EPSILON * want + 1e-37);
+                    total += v[i];
+                }
+                assert_true(fabs(total + sink_share / sum - 1.0) <= 1e-5);
+                /* the same row at another offset */
+                for (int64_t i = 0; i < n; i++) v[3 + i] = x[i];
+                float first = v[0];
+                k->softmax(v + 3, n, sink);
+                assert_true(v[0] == first);
+                float again[N];
+                for (int64_t i = 0; i < n; i++) again[i] = x[i];
+                k->softmax(again, n, sink);
+                for (int64_t i = 0; i < n; i++) assert_true(v[3 + i] == again[i]);
             }
-            assert_true(fabs(sum - total) <= 1e-12 * total);
-        }
     }
 }
 
@@ -722,7 +738,7 @@ int main(void) {
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_glu),
-        cmocka_unit_test(test_exp_shift),
+        cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_plain_formats),
         cmocka_unit_test(test_affine4),
         cmocka_unit_test(test_affine8),

@@ -595,9 +595,7 @@ static void att_pass(const struct att_job *j, const struct att_task *k, int whic
             float *s = sc + (t - k->t0) * j->per * stride + (pa - lo);
             if (which == 0) {
                 sp_dot_cols(s, stride, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, j->per, rows + (pa - p0), ATT_COLS_LD,
-                            pb - pa + 1, hd);
-                for (int64_t g = 0; g < j->per; g++)
-                    for (int64_t i = 0; i <= pb - pa; i++) s[g * stride + i] *= scale;
+                            pb - pa + 1, hd, scale);
             } else {
                 sp_axpy_rows(c->att + t * qd + k->h0 * hd, hd, s, stride, j->per, rows + (pa - p0) * hd, pb - pa + 1,
                              hd);
@@ -631,13 +629,8 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
         int64_t lo, hi;
         att_range(c, j->b, j->L, t, &lo, &hi);
         for (int64_t g = 0; g < per; g++) {
-            float *s = sc + ((t - k.t0) * per + g) * stride, mx = -INFINITY;
-            for (int64_t i = 0; i <= hi - lo; i++) mx = s[i] > mx ? s[i] : mx;
-            float sink = ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY;
-            if (sink > mx) mx = sink;
-            double sum = (ly->sinks ? exp((double)(sink - mx)) : 0.0) + sp_kernels()->exp_shift(s, hi - lo + 1, mx);
-            float inv = (float)(1.0 / sum);
-            for (int64_t i = 0; i <= hi - lo; i++) s[i] *= inv;
+            sp_kernels()->softmax(sc + ((t - k.t0) * per + g) * stride, hi - lo + 1,
+                                  ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY);
             float *out = c->att + t * (a->n_heads * hd) + (k.h0 + g) * hd;
             for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
         }

@@ -115,12 +115,12 @@ static void rows_to_cols_portable(float *cols, int64_t ldc, const void *const *r
 }
 
 static void dot_cols_portable(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
-                              int64_t ldc, int64_t nr, int64_t n) {
+                              int64_t ldc, int64_t nr, int64_t n, float scale) {
     for (int64_t q = 0; q < na; q++)
         for (int64_t r = 0; r < nr; r++) {
             float s = 0.0f;
             for (int64_t k = 0; k < n; k++) s += a[q * lda + k] * cols[k * ldc + r];
-            out[q * ldo + r] = s;
+            out[q * ldo + r] = s * scale;
         }
 }
 
@@ -139,13 +139,16 @@ static void glu_portable(float *out, const float *g, const float *u, int64_t n, 
     }
 }
 
-static double exp_shift_portable(float *v, int64_t n, float shift) {
-    double sum = 0.0;
+static void softmax_portable(float *v, int64_t n, float sink) {
+    float m = sink;
+    for (int64_t i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
+    double sum = sink > -INFINITY ? exp((double)(sink - m)) : 0.0;
     for (int64_t i = 0; i < n; i++) {
-        v[i] = expf(v[i] - shift);
+        v[i] = expf(v[i] - m);
         sum += v[i];
     }
-    return sum;
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) v[i] *= inv;
 }
 
 /* Each row is dequantized once into scratch and dotted with every token. */
@@ -172,7 +175,7 @@ static const struct sp_kernels portable = {
     .dot_cols = dot_cols_portable,
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,
-    .exp_shift = exp_shift_portable,
+    .softmax = softmax_portable,
 };
 
 /* What the x86 sets need, read from cpuid directly (not every compiler's

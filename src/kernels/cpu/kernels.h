@@ -96,12 +96,12 @@ struct sp_kernels {
      * cols[k * ldc + r] = rows[r][k] for r < nr, zero for nr <= r < ldc
      * (ldc a multiple of 8, at least nr). */
     void (*rows_to_cols)(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
-    /* out[q * ldo + r] = the sum over k < n of a[q * lda + k] *
+    /* out[q * ldo + r] = scale x the sum over k < n of a[q * lda + k] *
      * cols[k * ldc + r], for q < na, r < nr, k in order. A result depends
      * on its query and column alone (not on na, nr or where the column
      * sits). It may read cols[k * ldc + r] for r up to nr rounded up to 8. */
     void (*dot_cols)(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
-                     int64_t nr, int64_t n);
+                     int64_t nr, int64_t n, float scale);
     /* For q < na: axpy(y + q * ldy, w[q * ldw + r], rows + r * n, n) for
      * r = 0 .. nr - 1 in turn, exactly, with y kept in registers across the
      * rows */
@@ -113,10 +113,11 @@ struct sp_kernels {
      * portable set computes with expf, the x86 sets with a polynomial
      * exp (within a few float roundings of it). */
     void (*glu)(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p);
-    /* v[i] = exp(v[i] - shift) for i < n, and their sum (accumulated in
-     * double): a softmax's numerators. exp as glu computes it; an element's
-     * value depends on its input alone. */
-    double (*exp_shift)(float *v, int64_t n, float shift);
+    /* The softmax of v[0 .. n) in place, with a sink logit that takes its
+     * share of the sum and is dropped (-INFINITY: none): m = the largest of
+     * v and sink, v[i] = exp(v[i] - m) / (the exps' sum, in double). exp as
+     * glu computes it; the result depends on v and sink alone. */
+    void (*softmax)(float *v, int64_t n, float sink);
 };
 
 /* The set this process uses: the best one the CPU supports, unless

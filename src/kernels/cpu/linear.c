@@ -28,8 +28,8 @@ void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_
 }
 
 void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
-                 int64_t nr, int64_t n) {
-    sp_kernels()->dot_cols(out, ldo, a, lda, na, cols, ldc, nr, n);
+                 int64_t nr, int64_t n, float scale) {
+    sp_kernels()->dot_cols(out, ldo, a, lda, na, cols, ldc, nr, n, scale);
 }
 
 void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,

@@ -53,7 +53,7 @@ void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);
  * attention's blocks of cached rows against several query heads. */
 void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
 void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
-                 int64_t nr, int64_t n);
+                 int64_t nr, int64_t n, float scale);
 void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,
                   int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */

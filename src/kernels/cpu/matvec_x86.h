@@ -56,6 +56,7 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/half.h"
@@ -1741,7 +1742,7 @@ static void rows_to_cols_x86(float *cols, int64_t ldc, const void *const *rows, 
 /* nq queries x nv vectors of 8 columns (nr of them real): each lane one
  * chain of FMAs over k, the same whatever the block. */
 ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
-                           int64_t ldc, int nv, int64_t nr, int64_t n) {
+                           int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
     __m256 s[2][4];
 #pragma GCC unroll 8
     for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm256_setzero_ps();
@@ -1757,11 +1758,12 @@ ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda,
     for (int i = 0; i < nq * nv; i++) {
         int q = i / nv, v = i % nv;
         float *o = out + q * ldo + 8 * v;
+        __m256 r = _mm256_mul_ps(s[q][v], _mm256_set1_ps(scale));
         if (8 * v + 8 <= nr) {
-            _mm256_storeu_ps(o, s[q][v]);
+            _mm256_storeu_ps(o, r);
         } else {
             float t[8];
-            _mm256_storeu_ps(t, s[q][v]);
+            _mm256_storeu_ps(t, r);
             for (int64_t j = 0; j < nr - 8 * v; j++) o[j] = t[j];
         }
     }
@@ -1770,7 +1772,7 @@ ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda,
 /* Two queries x up to 32 columns at a time: a column vector loaded once
  * serves both, and 8 chains are in flight. */
 static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
-                         int64_t ldc, int64_t nr, int64_t n) {
+                         int64_t ldc, int64_t nr, int64_t n, float scale) {
     for (int64_t r = 0; r < nr; r += 32) {
         int64_t m = nr - r < 32 ? nr - r : 32;
         int nv = (int)((m + 7) / 8);
@@ -1778,7 +1780,7 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
             int nq = na - q < 2 ? 1 : 2;
             float *o = out + q * ldo + r;
             const float *aq = a + q * lda, *c = cols + r;
-#define DOT_COLS_(NQ, NV) dot_cols_block(o, ldo, aq, lda, NQ, c, ldc, NV, m, n)
+#define DOT_COLS_(NQ, NV) dot_cols_block(o, ldo, aq, lda, NQ, c, ldc, NV, m, n, scale)
             if (nq == 2) {
                 if (nv == 4) DOT_COLS_(2, 4); else if (nv == 3) DOT_COLS_(2, 3); else if (nv == 2) DOT_COLS_(2, 2); else DOT_COLS_(2, 1);
             } else {
@@ -1893,11 +1895,20 @@ static void glu_x86(float *out, const float *g, const float *u, int64_t n, const
 
 /* 8 at a time, summed in 8 double lanes (4 x 2) added at the end; the
  * last n % 8 through the same code, padded. */
-static double exp_shift_x86(float *v, int64_t n, float shift) {
-    const __m256 sh = _mm256_set1_ps(shift);
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+/* The exps and their sum 8 at a time (the last n % 8 padded); the max
+ * and the scaling as vectors too. */
+static void softmax_x86(float *v, int64_t n, float sink) {
+    __m256 mv = _mm256_set1_ps(sink);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
+    float lanes8[8], m;
+    _mm256_storeu_ps(lanes8, mv);
+    m = lanes8[0];
+    for (int k = 1; k < 8; k++) m = lanes8[k] > m ? lanes8[k] : m;
+    for (; i < n; i++) m = v[i] > m ? v[i] : m;
+    const __m256 sh = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), sh));
         _mm256_storeu_ps(v + i, e);
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
@@ -1913,7 +1924,10 @@ static double exp_shift_x86(float *v, int64_t n, float shift) {
         for (int64_t k = 0; k < n - i; k++) sum += t[k];
         memcpy(v + i, t, (size_t)(n - i) * sizeof *t);
     }
-    return sum;
+    if (sink > -INFINITY) sum += exp((double)(sink - m));
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+    for (; i < n; i++) v[i] *= _mm256_cvtss_f32(inv);
 }
 
 #define KSET_TABLE(ISA, NAME, MATMUL)           \
@@ -1931,7 +1945,7 @@ static double exp_shift_x86(float *v, int64_t n, float shift) {
         .dot_cols = dot_cols_x86,               \
         .axpy_rows = axpy_rows_x86,             \
         .glu = glu_x86,                         \
-        .exp_shift = exp_shift_x86,             \
+        .softmax = softmax_x86,                 \
     }
 
 static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8);
