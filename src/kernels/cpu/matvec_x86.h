@@ -1893,10 +1893,9 @@ static void glu_x86(float *out, const float *g, const float *u, int64_t n, const
     memcpy(out + i, ot, (size_t)(n - i) * sizeof *ot);
 }
 
-/* 8 at a time, summed in 8 double lanes (4 x 2) added at the end; the
- * last n % 8 through the same code, padded. */
-/* The exps and their sum 8 at a time (the last n % 8 padded); the max
- * and the scaling as vectors too. */
+/* The max, the exps and the scaling 8 at a time; the exps summed in 8
+ * double lanes (4 x 2) added at the end, the last n % 8 through the same
+ * code, padded. */
 static void softmax_x86(float *v, int64_t n, float sink) {
     __m256 mv = _mm256_set1_ps(sink);
     int64_t i = 0;
