@@ -4,6 +4,7 @@
 #include "helpers.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "core/rng.h"
@@ -298,6 +299,82 @@ static void test_map_populate(void **state) {
     th_rmdir(dir);
 }
 
+/* Bytes of a kB field ("FilePmdMapped:") of the map starting at `at`, or
+ * (at NULL) summed over all of this process's maps. */
+static size_t smaps_field(const void *at, const char *field) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512];
+    size_t total = 0, n = strlen(field);
+    unsigned long long kb, lo, hi;
+    bool in = at == NULL;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2)  // a map's first line; field names are not hex-dash-hex
+            in = at == NULL || (uintptr_t)lo == (uintptr_t)at;
+        else if (in && strncmp(line, field, n) == 0 && sscanf(line + n, "%llu kB", &kb) == 1)
+            total += (size_t)kb * 1024;
+    }
+    fclose(f);
+    return total;
+}
+/* A file of `mib` MiB of ones in dir, not in the page cache (written out,
+ * then dropped), so that a map reads it afresh under its advice. */
+static char *uncached_file(const char *dir, const char *name, size_t mib) {
+    size_t size = mib << 20;
+    unsigned char *ones = malloc(size);
+    assert_non_null(ones);
+    memset(ones, 1, size);
+    th_write(dir, name, ones, size);
+    free(ones);
+    char *path = sp_path_join(dir, name);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(fdatasync(fd), 0);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    return path;
+}
+
+/* Populating asks for 2 MiB pages: where the kernel gives them to a file
+ * map advised by hand, a populated map has them too; the process-wide
+ * figure is the kernel's own. Buffers from sp_malloc_huge are aligned to 2
+ * MiB, accounted and whole. */
+static void test_huge_pages(void **state) {
+    (void)state;
+    char *dir = th_tmpdir();
+    char *probe_path = uncached_file(dir, "probe.bin", 8), *path = uncached_file(dir, "w.bin", 8);
+    struct sp_map probe, m;
+    assert_int_equal(sp_map_open(probe_path, &probe), SP_OK);
+    (void)madvise((void *)probe.data, probe.size, MADV_HUGEPAGE);
+    for (size_t o = 0; o < probe.size; o += 4096) assert_int_equal(probe.data[o], 1);
+    assert_int_equal(sp_map_open(path, &m), SP_OK);
+    assert_int_equal(sp_map_populate(&m), SP_OK);
+    size_t kernel_gives = smaps_field(probe.data, "FilePmdMapped:"), got = smaps_field(m.data, "FilePmdMapped:");
+    print_message("8 MiB files read afresh: %zu bytes in 2 MiB pages advised by hand, %zu populated\n", kernel_gives, got);
+    if (kernel_gives) assert_true(got >= (size_t)4 << 20);  // all but a partial first and last 2 MiB
+    assert_int_equal(sp_maps_huge_bytes(), smaps_field(NULL, "FilePmdMapped:"));
+    for (size_t o = 0; o < m.size; o += 4096) assert_int_equal(m.data[o], 1);
+    sp_map_close(&probe);
+    sp_map_close(&m);
+    sp_free(probe_path);
+    sp_free(path);
+    th_rmdir(dir);
+
+    size_t before = sp_mem_used(SP_MEM_KV), n = ((size_t)3 << 20) + 5;
+    unsigned char *b = sp_malloc_huge(n, SP_MEM_KV);
+    assert_non_null(b);
+    assert_true((uintptr_t)b % ((uintptr_t)2 << 20) == 0);
+    assert_int_equal(sp_mem_used(SP_MEM_KV), before + n);
+    memset(b, 7, n);
+    assert_int_equal(b[n - 1], 7);
+    sp_free_aligned(b);
+    unsigned char *small = sp_malloc_huge(100, SP_MEM_KV);
+    assert_non_null(small);
+    assert_true((uintptr_t)small % 64 == 0);
+    sp_free_aligned(small);
+    assert_int_equal(sp_mem_used(SP_MEM_KV), before);
+}
+
 static void test_hf_cache(void **state) {
     char *root = th_tmpdir();
     char path[1024];
@@ -351,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_mutations),      cmocka_unit_test(test_offsets_beyond_2g),
         cmocka_unit_test(test_sharded_folder), cmocka_unit_test(test_folder_errors),
         cmocka_unit_test(test_hf_cache),       cmocka_unit_test(test_map_populate),
+        cmocka_unit_test(test_huge_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/status.h"
 
@@ -136,6 +137,18 @@ void *sp_malloc_aligned(size_t n, size_t align, enum sp_mem_class cls) {
     h->magic = MAGIC;
     account_add(cls, n);
     return (void *)u;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *sp_malloc_huge(size_t n, enum sp_mem_class cls) {
+    if (n < HUGE_PAGE) return sp_malloc_aligned(n, 64, cls);
+    void *p = sp_malloc_aligned(n, HUGE_PAGE, cls);
+#ifdef MADV_HUGEPAGE
+    /* whole 4 KiB pages only: the block may end a few bytes past n */
+    if (p) (void)madvise(p, n & ~(size_t)4095, MADV_HUGEPAGE);
+#endif
+    return p;
 }
 
 void sp_free_aligned(void *p) {

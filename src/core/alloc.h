@@ -46,6 +46,12 @@ char *sp_strndup(const char *s, size_t n, enum sp_mem_class cls);
 /* Memory aligned to `align` (a power of two >= 16), e.g. 64 for SIMD rows. */
 void *sp_malloc_aligned(size_t n, size_t align, enum sp_mem_class cls);
 void sp_free_aligned(void *p);
+/* For a large buffer read end to end (KV cache, expert cache, bandwidth
+ * probes): aligned to 2 MiB and advised for transparent huge pages, so a
+ * stream through it takes a TLB miss per 2 MiB instead of per 4 KiB where
+ * the kernel allows them (THP "always" or "madvise"). Freed with
+ * sp_free_aligned; below 2 MiB it is sp_malloc_aligned(n, 64). */
+void *sp_malloc_huge(size_t n, enum sp_mem_class cls);
 
 size_t sp_mem_used(enum sp_mem_class cls);
 size_t sp_mem_peak(enum sp_mem_class cls);

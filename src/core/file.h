@@ -30,8 +30,13 @@ void sp_map_close(struct sp_map *m);
 /* Maps every page of m into the process now, reading from disk what the page
  * cache lacks, so that later reads take no page faults (for a file that is
  * to stay resident: a first touch costs a fault per 64 KiB or so, paid in
- * the middle of a forward pass otherwise). */
+ * the middle of a forward pass otherwise). Pages read from disk for it go
+ * into 2 MiB pages where the kernel allows (MADV_HUGEPAGE): a one-token
+ * product streams its weights ~9% faster with a TLB miss per 2 MiB. */
 enum sp_status sp_map_populate(const struct sp_map *m);
+/* Bytes of this process's file maps mapped in 2 MiB pages now (FilePmdMapped
+ * of /proc/self/smaps_rollup; 0 where the kernel does not say). */
+size_t sp_maps_huge_bytes(void);
 
 /* Reads a whole file (at most max_bytes) into a NUL-terminated buffer. */
 enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len);

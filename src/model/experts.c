@@ -226,7 +226,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->where = sp_malloc((size_t)all * sizeof *s->where, SP_MEM_MODEL);
     s->layer_hits = sp_calloc((size_t)s->n_layers, sizeof *s->layer_hits, SP_MEM_MODEL);
     s->layer_misses = sp_calloc((size_t)s->n_layers, sizeof *s->layer_misses, SP_MEM_MODEL);
-    s->arena = sp_malloc_aligned(s->budget, 4096, SP_MEM_EXPERT_CACHE);
+    s->arena = sp_malloc_huge(s->budget, SP_MEM_EXPERT_CACHE);
     s->gone = sp_calloc((size_t)all, sizeof *s->gone, SP_MEM_MODEL);
     /* ARC by default. Measured on Ling-shaped bailing_moe models (8 layers,
      * 64 experts, top-8), 2 threads, prefetch on, hit rate and MiB read:

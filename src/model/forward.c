@@ -370,7 +370,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->kv_row = a->n_kv_heads * a->head_dim;
     c->kv_elt = sp_dtype_size(kv_dtype(c->p.kv_type));
     c->kv_bytes = (size_t)a->n_layers * 2 * (size_t)c->p.n_seq * (size_t)c->p.n_ctx * (size_t)c->kv_row * c->kv_elt;
-    c->kv = sp_malloc_aligned(c->kv_bytes ? c->kv_bytes : 64, 64, SP_MEM_KV);
+    c->kv = sp_malloc_huge(c->kv_bytes ? c->kv_bytes : 64, SP_MEM_KV);
     if (!c->kv) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte KV cache (%lld positions x %d sequences)", c->kv_bytes,
                        (long long)c->p.n_ctx, c->p.n_seq);

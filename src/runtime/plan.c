@@ -281,8 +281,9 @@ double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
         return sp_now_s() - t0;
     }
-    double dt = sp_now_s() - t0;
-    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s)", mib, dt);
+    double dt = sp_now_s() - t0, huge = (double)sp_maps_huge_bytes() / 1048576.0;
+    /* 4 KiB pages: THP is off, or the page cache held the file in them before this run */
+    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s), %.1f MiB of it in 2 MiB pages", mib, dt, huge);
     return dt;
 }
 

@@ -42,7 +42,8 @@ enum sp_status sp_membw_measure(struct sp_pool *pool, int nth, size_t bytes, str
     if (nth < 1) nth = 1;
     if (nth > sp_pool_size(pool)) nth = sp_pool_size(pool);
     if (nth > MEMBW_MAX_THREADS) nth = MEMBW_MAX_THREADS;
-    uint64_t *buf = sp_malloc_aligned(bytes, 64, SP_MEM_MISC);
+    /* in 2 MiB pages where the kernel allows, as the weights are */
+    uint64_t *buf = sp_malloc_huge(bytes, SP_MEM_MISC);
     struct bw_job *j = sp_calloc(1, sizeof *j, SP_MEM_MISC);
     if (!buf || !j) {
         sp_free_aligned(buf);
