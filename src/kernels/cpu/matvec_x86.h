@@ -1149,9 +1149,10 @@ ALWAYS void group_sums(int fmt, int per, const uint8_t *c, const struct q8acts *
     }
 }
 
-/* Adds groups g0 .. g0 + 7 (their sums s[t]) to each token's chains. */
-ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, const __m256i s[4], __m256 acc[4]) {
-    __m256 sc = _mm256_loadu_ps(q->srow + g0), bi = fmt == FMT_MX4 ? _mm256_setzero_ps() : _mm256_loadu_ps(q->brow + g0);
+/* Adds groups g0 .. g0 + 7 (their sums s[t]; sc, bi the row's scales times
+ * the code scale and biases of those groups) to each token's chains. */
+ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, const __m256i s[4], __m256 sc, __m256 bi,
+                       __m256 acc[4]) {
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         int64_t at = t * q->ldg + g0;
@@ -1163,23 +1164,31 @@ ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, cons
     }
 }
 
+/* mxfp4 codes here are 2 * e2m1 (+ 12): their scales times 1/2 */
+ALWAYS float code_scale_of(int fmt) { return fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f; }
+
 /* A row's scales (times the code scale) and, for affine rows, biases into
  * srow / brow + i * ldg (mxfp4 rows leave brow alone). */
 ALWAYS void row_params(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
                        int64_t r, int i) {
-    /* mxfp4 codes here are 2 * e2m1 (+ 12): the scale times 1/2 */
-    const float code_scale = fmt == FMT_MX4 ? 0.5f / MX4_CODE_SCALE : 1.0f;
     size_t at = (size_t)r * f->scale_row_bytes;
-    row_floats(sdt, (const uint8_t *)w->scales + at, f->ng, q->ldg, code_scale, q->srow + i * q->ldg);
+    row_floats(sdt, (const uint8_t *)w->scales + at, f->ng, q->ldg, code_scale_of(fmt), q->srow + i * q->ldg);
     if (fmt != FMT_MX4) row_floats(sdt, (const uint8_t *)w->biases + at, f->ng, q->ldg, 1.0f, q->brow + i * q->ldg);
 }
 
+/* One token's rows with whole steps of 8 groups read their scales and
+ * biases in place, as row_params would compute them (the same rounding);
+ * otherwise a row's are staged in srow / brow once for its tokens. */
 ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
                     int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
+    const bool staged = nt > 1 || f.ng % Q8_CHAINS;
+    const __m256 cs = _mm256_set1_ps(code_scale_of(fmt)), zero = _mm256_setzero_ps();
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
-        row_params(fmt, sdt, w, &f, q, r, 0);
+        const uint8_t *sp = (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes;
+        const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes;
+        if (staged) row_params(fmt, sdt, w, &f, q, r, 0);
         __m256 acc[4];
         __m256i s[4];
 #pragma GCC unroll 4
@@ -1187,11 +1196,14 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
         int64_t g0 = 0;
         for (; g0 + Q8_CHAINS <= f.ng; g0 += Q8_CHAINS) {
             group_sums(fmt, per, c, q, g0, Q8_CHAINS, nt, s);
-            add_groups(fmt, q, g0, nt, s, acc);
+            __m256 sc = staged ? _mm256_loadu_ps(q->srow + g0) : _mm256_mul_ps(load8_scales(sdt, sp, g0), cs);
+            __m256 bi = fmt == FMT_MX4 ? zero : staged ? _mm256_loadu_ps(q->brow + g0) : load8_scales(sdt, bp, g0);
+            add_groups(fmt, q, g0, nt, s, sc, bi, acc);
         }
         if (g0 < f.ng) {
             group_sums(fmt, per, c, q, g0, (int)(f.ng - g0), nt, s);
-            add_groups(fmt, q, g0, nt, s, acc);
+            add_groups(fmt, q, g0, nt, s, _mm256_loadu_ps(q->srow + g0),
+                       fmt == FMT_MX4 ? zero : _mm256_loadu_ps(q->brow + g0), acc);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(acc[t]);
