@@ -415,40 +415,18 @@ static void test_dot_axpy(void **state) {
                 assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * b[i])));
             }
             if (n < 1000) assert_true(y[n] == y0[n]);  // writes nothing past n
-            /* b stored as F32 / F16 / BF16 (a KV cache row) */
-            assert_true(k->dot_dt(a, b, SP_DTYPE_F32, n) == k->dot(a, b, n));
+            /* b stored as F16 / BF16 (a KV cache row), converted exactly */
             const enum sp_dtype halves[] = {SP_DTYPE_F16, SP_DTYPE_BF16};
             for (int h = 0; h < 2; h++) {
                 uint16_t bh[1000];
-                float bf[1000];
-                for (int64_t i = 0; i < n; i++) {
-                    bh[i] = halves[h] == SP_DTYPE_F16 ? sp_f32_to_f16(b[i]) : sp_f32_to_bf16(b[i]);
-                    bf[i] = halves[h] == SP_DTYPE_F16 ? sp_f16_to_f32(bh[i]) : sp_bf16_to_f32(bh[i]);
-                }
-                double r2 = 0, m2 = 0;
-                for (int64_t i = 0; i < n; i++) {
-                    r2 += (double)a[i] * bf[i];
-                    m2 += fabs((double)a[i] * bf[i]);
-                }
-                assert_true(fabs(k->dot_dt(a, bh, halves[h], n) - r2) <= TOL_DOT * m2 + DBL_MIN);
-                /* converted once, the same sums as converting on the fly */
                 float conv[1001];
+                for (int64_t i = 0; i < n; i++)
+                    bh[i] = halves[h] == SP_DTYPE_F16 ? sp_f32_to_f16(b[i]) : sp_f32_to_bf16(b[i]);
                 conv[n] = 12345.0f;
                 k->to_f32(conv, bh, halves[h], n);
                 assert_true(conv[n] == 12345.0f);
-                for (int64_t i = 0; i < n; i++) assert_true(conv[i] == bf[i]);
-                assert_true(k->dot_dt(a, conv, SP_DTYPE_F32, n) == k->dot_dt(a, bh, halves[h], n));
-                for (int64_t i = 0; i < n + 1 && i < 1000; i++) y[i] = y0[i];
-                k->axpy_dt(y, s, bh, halves[h], n);
-                for (int64_t i = 0; i < n; i++) {
-                    double want = (double)y0[i] + (double)s * bf[i];
-                    assert_true(fabs(y[i] - want) <= 2 * FLT_EPSILON * (fabs((double)y0[i]) + fabs((double)s * bf[i])));
-                }
-                if (n < 1000) assert_true(y[n] == y0[n]);
-                float y2[1000];
-                for (int64_t i = 0; i < n; i++) y2[i] = y0[i];
-                k->axpy_dt(y2, s, conv, SP_DTYPE_F32, n);
-                for (int64_t i = 0; i < n; i++) assert_true(y2[i] == y[i]);
+                for (int64_t i = 0; i < n; i++)
+                    assert_true(conv[i] == (halves[h] == SP_DTYPE_F16 ? sp_f16_to_f32(bh[i]) : sp_bf16_to_f32(bh[i])));
             }
         }
     }

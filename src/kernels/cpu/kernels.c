@@ -88,22 +88,6 @@ static void axpy_portable(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-/* dot_portable's order with b converted element by element */
-static float dot_dt_portable(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
-    if (dt == SP_DTYPE_F32) return dot_portable(a, b, n);
-    float s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * sp_dtype_load_float(dt, b, (size_t)(i + k));
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++) r += a[i] * sp_dtype_load_float(dt, b, (size_t)i);
-    return r;
-}
-
-static void axpy_dt_portable(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
-}
-
 static void to_f32_portable(float *y, const void *x, enum sp_dtype dt, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
@@ -168,8 +152,6 @@ static const struct sp_kernels portable = {
     .matmul_rows_float = sp_matmul_rows_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
-    .dot_dt = dot_dt_portable,
-    .axpy_dt = axpy_dt_portable,
     .to_f32 = to_f32_portable,
     .rows_to_cols = rows_to_cols_portable,
     .dot_cols = dot_cols_portable,

@@ -83,13 +83,8 @@ struct sp_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i] += a * x[i] over n floats */
     void (*axpy)(float *y, float a, const float *x, int64_t n);
-    /* The same with b / x holding n values of dtype dt (F32, F16 or BF16),
-     * converted on the fly: attention over a KV cache of any type. For F32
-     * they give exactly what dot / axpy give. */
-    float (*dot_dt)(const float *a, const void *b, enum sp_dtype dt, int64_t n);
-    void (*axpy_dt)(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
-    /* y[i] = x[i] as float over n values of dtype dt (exact); dot_dt and
-     * axpy_dt on the copy give what they give on x. */
+    /* y[i] = x[i] as float over n values of dtype dt (F32, F16 or BF16;
+     * exact): a KV cache row of any type, converted once for attention. */
     void (*to_f32)(float *y, const void *x, enum sp_dtype dt, int64_t n);
     /* Attention's blocks of cached rows. rows_to_cols lays nr rows of n
      * values (rows[r], dtype dt as to_f32 reads it) out as columns:

@@ -13,14 +13,6 @@ float sp_dot_f32(const float *a, const float *b, int64_t n) { return sp_kernels(
 
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n) { sp_kernels()->axpy(y, a, x, n); }
 
-float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
-    return sp_kernels()->dot_dt(a, b, dt, n);
-}
-
-void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
-    sp_kernels()->axpy_dt(y, a, x, dt, n);
-}
-
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n) { sp_kernels()->to_f32(y, x, dt, n); }
 
 void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n) {

@@ -43,10 +43,6 @@ int64_t sp_linear_chunk(int64_t units, int64_t n, int nth);
  * dispatched kernel set (kernels.h). */
 float sp_dot_f32(const float *a, const float *b, int64_t n);
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
-/* The same with b / x stored as dtype dt (F32, F16 or BF16), e.g. a row of
- * the KV cache, converted on the fly. */
-float sp_dot_f32_dt(const float *a, const void *b, enum sp_dtype dt, int64_t n);
-void sp_axpy_f32_dt(float *y, float a, const void *x, enum sp_dtype dt, int64_t n);
 /* y = x as floats over n values of dtype dt (exact). */
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);
 /* The kernel set's rows_to_cols, dot_cols and axpy_rows (kernels.h):

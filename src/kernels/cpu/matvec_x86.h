@@ -1666,54 +1666,26 @@ ALWAYS __m256 load8_dt(enum sp_dtype dt, const void *b, int64_t i) {
 }
 
 /* Four chains of 8 lanes, then one chain for the last multiple of 8. */
-ALWAYS float dot_any(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
+static float dot_x86(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8_dt(dt, b, i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8_dt(dt, b, i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8_dt(dt, b, i + 24), s3);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_dt(dt, b, i), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) r += a[i] * sp_dtype_load_float(dt, b, (size_t)i);
+    for (; i < n; i++) r += a[i] * b[i];
     return r;
 }
 
-ALWAYS void axpy_any(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
+static void axpy_x86(float *y, float a, const float *x, int64_t n) {
     __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load8_dt(dt, x, i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * sp_dtype_load_float(dt, x, (size_t)i);
-}
-
-static float dot_x86(const float *a, const float *b, int64_t n) { return dot_any(a, b, SP_DTYPE_F32, n); }
-
-static void axpy_x86(float *y, float a, const float *x, int64_t n) { axpy_any(y, a, x, SP_DTYPE_F32, n); }
-
-static float dot_dt_x86(const float *a, const void *b, enum sp_dtype dt, int64_t n) {
-    switch (dt) {
-    case SP_DTYPE_F16:
-        return dot_any(a, b, SP_DTYPE_F16, n);
-    case SP_DTYPE_BF16:
-        return dot_any(a, b, SP_DTYPE_BF16, n);
-    default:
-        return dot_any(a, b, SP_DTYPE_F32, n);
-    }
-}
-
-static void axpy_dt_x86(float *y, float a, const void *x, enum sp_dtype dt, int64_t n) {
-    switch (dt) {
-    case SP_DTYPE_F16:
-        axpy_any(y, a, x, SP_DTYPE_F16, n);
-        break;
-    case SP_DTYPE_BF16:
-        axpy_any(y, a, x, SP_DTYPE_BF16, n);
-        break;
-    default:
-        axpy_any(y, a, x, SP_DTYPE_F32, n);
-    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
 }
 
 static void to_f32_x86(float *y, const void *x, enum sp_dtype dt, int64_t n) {
@@ -1949,8 +1921,6 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .matmul_rows_float = matmul_rows_float, \
         .dot = dot_x86,                         \
         .axpy = axpy_x86,                       \
-        .dot_dt = dot_dt_x86,                   \
-        .axpy_dt = axpy_dt_x86,                 \
         .to_f32 = to_f32_x86,                   \
         .rows_to_cols = rows_to_cols_x86,       \
         .dot_cols = dot_cols_x86,               \
