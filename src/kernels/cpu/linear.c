@@ -9,8 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-float sp_dot_f32(const float *a, const float *b, int64_t n) { return sp_kernels()->dot(a, b, n); }
-
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n) { sp_kernels()->axpy(y, a, x, n); }
 
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n) { sp_kernels()->to_f32(y, x, dt, n); }

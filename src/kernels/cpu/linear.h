@@ -39,9 +39,7 @@ void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const flo
  * rows), or 0 for an even split. */
 int64_t sp_linear_chunk(int64_t units, int64_t n, int nth);
 
-/* Dot product of n floats, and y += a * x over n floats, with the
- * dispatched kernel set (kernels.h). */
-float sp_dot_f32(const float *a, const float *b, int64_t n);
+/* y += a * x over n floats, with the dispatched kernel set (kernels.h). */
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y = x as floats over n values of dtype dt (exact). */
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);

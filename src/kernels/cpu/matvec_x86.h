@@ -1775,7 +1775,7 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
     }
 }
 
-/* axpy_any's operations per element (an FMA per row in the vector part,
+/* axpy_x86's operations per element (an FMA per row in the vector part,
  * a product then a sum in the tail), rows in turn, for nq outputs: a row's
  * vector loaded once serves them all. */
 ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int nq, const float *rows, int64_t nr,
