@@ -1176,13 +1176,24 @@ ALWAYS void row_params(int fmt, int sdt, const struct sp_qmat *w, const struct r
     if (fmt != FMT_MX4) row_floats(sdt, (const uint8_t *)w->biases + at, f->ng, q->ldg, 1.0f, q->brow + i * q->ldg);
 }
 
-/* One token's rows with whole steps of 8 groups read their scales and
- * biases in place, as row_params would compute them (the same rounding);
- * otherwise a row's are staged in srow / brow once for its tokens. */
+/* Scales (or biases) g0 .. ng - 1 of a row of ng >= 8 groups, gn = ng - g0
+ * <= 8 of them, as load8_scales gives them in lanes 0 .. gn - 1 and zero
+ * past them (as row_floats stages them): the row's last 8, moved down, so
+ * that nothing outside the row is read. */
+ALWAYS __m256 last_scales(int sdt, const uint8_t *p, int64_t ng, int gn) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 v = load8_scales(sdt, p, ng - 8);
+    v = _mm256_permutevar8x32_ps(v, _mm256_add_epi32(lane, _mm256_set1_epi32(8 - gn)));
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(gn), lane)));
+}
+
+/* Rows of 8 groups or more read their scales and biases in place, as
+ * row_params would compute them (the same rounding); shorter rows stage
+ * theirs in srow / brow once. */
 ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
                     int fmt, int sdt, int nt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
-    const bool staged = nt > 1 || f.ng % Q8_CHAINS;
+    const bool staged = f.ng < Q8_CHAINS;
     const __m256 cs = _mm256_set1_ps(code_scale_of(fmt)), zero = _mm256_setzero_ps();
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
@@ -1196,14 +1207,16 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
         int64_t g0 = 0;
         for (; g0 + Q8_CHAINS <= f.ng; g0 += Q8_CHAINS) {
             group_sums(fmt, per, c, q, g0, Q8_CHAINS, nt, s);
-            __m256 sc = staged ? _mm256_loadu_ps(q->srow + g0) : _mm256_mul_ps(load8_scales(sdt, sp, g0), cs);
-            __m256 bi = fmt == FMT_MX4 ? zero : staged ? _mm256_loadu_ps(q->brow + g0) : load8_scales(sdt, bp, g0);
+            __m256 sc = _mm256_mul_ps(load8_scales(sdt, sp, g0), cs);
+            __m256 bi = fmt == FMT_MX4 ? zero : load8_scales(sdt, bp, g0);
             add_groups(fmt, q, g0, nt, s, sc, bi, acc);
         }
         if (g0 < f.ng) {
-            group_sums(fmt, per, c, q, g0, (int)(f.ng - g0), nt, s);
-            add_groups(fmt, q, g0, nt, s, _mm256_loadu_ps(q->srow + g0),
-                       fmt == FMT_MX4 ? zero : _mm256_loadu_ps(q->brow + g0), acc);
+            int gn = (int)(f.ng - g0);
+            group_sums(fmt, per, c, q, g0, gn, nt, s);
+            __m256 sc = staged ? _mm256_loadu_ps(q->srow + g0) : _mm256_mul_ps(last_scales(sdt, sp, f.ng, gn), cs);
+            __m256 bi = fmt == FMT_MX4 ? zero : staged ? _mm256_loadu_ps(q->brow + g0) : last_scales(sdt, bp, f.ng, gn);
+            add_groups(fmt, q, g0, nt, s, sc, bi, acc);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) y[t * ldy + r] = hsum(acc[t]);
