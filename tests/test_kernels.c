@@ -142,12 +142,10 @@ static double worst_seen[SP_KERNELS_ISA_COUNT][3];  // [set][enum acts]: worst e
 /* Runs k->matmul_rows on m for n tokens the way the pool does (two row
  * ranges), checks every output against the reference and that nothing
  * outside the outputs was written. */
-static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_t n, struct sp_rng *rng) {
+static void check_matmul_on(const struct sp_kernels *k, const struct mat *M, int64_t n, const float *x, int64_t ldx) {
     const struct sp_qmat *m = &M->m;
-    int64_t ldx = m->cols + 3, ldy = m->rows + 5;
-    float *x = malloc((size_t)(n * ldx) * sizeof *x);
+    int64_t ldy = m->rows + 5;
     float *y = malloc((size_t)(n * ldy) * sizeof *y);
-    for (int64_t i = 0; i < n * ldx; i++) x[i] = sp_rng_normal(rng);
     for (int64_t i = 0; i < n * ldy; i++) y[i] = 12345.0f;
     void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(m), 64, SP_MEM_MISC);
     int64_t half = m->rows / 2;
@@ -166,8 +164,16 @@ static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_
     assert_true(ratio <= 1.0);
     double *ws = &worst_seen[k->isa][acts];
     if (ratio > *ws) *ws = ratio;
-    free(x);
     free(y);
+}
+
+/* check_matmul_on random Gaussian activations. */
+static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_t n, struct sp_rng *rng) {
+    int64_t ldx = M->m.cols + 3;
+    float *x = malloc((size_t)(n * ldx) * sizeof *x);
+    for (int64_t i = 0; i < n * ldx; i++) x[i] = sp_rng_normal(rng);
+    check_matmul_on(k, M, n, x, ldx);
+    free(x);
 }
 
 static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17, 40};
@@ -239,6 +245,44 @@ static void test_other_formats(void **state) {
     check_format(SP_QTYPE_AFFINE6, 128, SP_DTYPE_BF16, cols, 2);
     check_format(SP_QTYPE_MXFP8, 32, SP_DTYPE_U8, cols, 2);
     check_format(SP_QTYPE_NVFP4, 16, SP_DTYPE_U8, cols, 2);
+}
+
+/* The int8 products add code x activation products in int16 before they
+ * widen them; at the largest codes (affine 15, mxfp4 +6: 2 x 6 + 12 = 24,
+ * and -6: 0) times activations that all round to +127 or all to -127 the
+ * sums must stay exact, in every set, by groups and by tokens. */
+static void test_int8_extremes(void **state) {
+    const struct {
+        struct fmt_case f;
+        uint8_t code_byte;  // both nibbles
+    } cases[] = {{{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 1056}, 0xff}, {{SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 768}, 0xff},
+                 {{SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 1152}, 0xff}, {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, 0x77},
+                 {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, 0xff}};
+    const int64_t rows = 13, sizes[] = {1, 4, 8, 17};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const struct fmt_case *f = &cases[c].f;
+        int64_t ng = f->cols / f->group;
+        size_t rb = sp_qtype_row_bytes(f->t, f->cols), sb = (size_t)ng * sp_dtype_size(f->sdt);
+        struct mat M = {.codes = malloc(rows * rb), .scales = malloc(rows * sb)};
+        memset(M.codes, cases[c].code_byte, rows * rb);
+        if (f->t == SP_QTYPE_MXFP4) {
+            memset(M.scales, 127, rows * sb);  // E8M0 2^0
+        } else {
+            M.biases = calloc(rows, sb);
+            for (size_t g = 0; g < (size_t)(rows * ng); g++) sp_dtype_store_float(f->sdt, M.scales, g, 1.0f);
+        }
+        M.m = (struct sp_qmat){.type = f->t, .group = f->group, .rows = rows, .cols = f->cols, .codes = M.codes,
+                               .scales = M.scales, .biases = M.biases, .scale_dtype = f->sdt};
+        float *x = malloc((size_t)(17 * f->cols) * sizeof *x);
+        for (int64_t t = 0; t < 17; t++)
+            for (int64_t i = 0; i < f->cols; i++) x[t * f->cols + i] = t % 2 ? -3.0f : 0.5f;
+        for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+            const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+            for (size_t b = 0; k && b < sizeof sizes / sizeof *sizes; b++) check_matmul_on(k, &M, sizes[b], x, f->cols);
+        }
+        free(x);
+        mat_free(&M);
+    }
 }
 
 /* A token's outputs are bit-identical whatever else is in its batch: the
@@ -723,6 +767,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_other_formats),
         cmocka_unit_test(test_linear_apply),
+        cmocka_unit_test(test_int8_extremes),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };

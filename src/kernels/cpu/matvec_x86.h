@@ -66,10 +66,10 @@
 /* madd_acc: acc + the int32 sums of adjacent products of int16 w and x:
  * exact (the products here never reach the one case, -32768 * -32768
  * twice, that vpmaddwd saturates).
- * dot_u8_2: acc + the int32 sums of the products of unsigned bytes u0, u1
- * and signed bytes x0, x1, lane i summing bytes 4i..4i+3 of both: exact
- * (|u| <= 24, |x| <= 127, so AVX2's int16 pair sums of 4 products stay
- * below 32767).
+ * unit_part: the products of unsigned bytes u0, u1 and signed bytes x0,
+ * x1, summed by 4 (bytes 2i, 2i + 1 of both): int16 lane i on AVX2, into
+ * int32 lanes of 8 with VNNI (add_part adds two such vectors); exact, as
+ * |u| <= 24 and |x| <= 127. halves4 takes them on to int32 sums.
  * u8_acc: acc + the products of unsigned bytes u and signed bytes x, in
  * int16 pair sums on AVX2 (exact while few enough are added, see
  * block_group) and int32 sums of 4 with VNNI; u8_widen: such sums as
@@ -77,29 +77,29 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
-ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u0, x0), u1, x1);
+ALWAYS __m256i unit_part(__m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, x0), u1, x1);
 }
 ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_dpbusd_epi32(acc, u, x); }
 ALWAYS __m256i u8_widen(__m256i s) { return s; }
 #elif defined(__AVXVNNI__)
 #define HAVE_DPWSSD 1
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_avx_epi32(acc, w, x); }
-ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u0, x0), u1, x1);
+ALWAYS __m256i unit_part(__m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, x0), u1, x1);
 }
 ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, u, x); }
 ALWAYS __m256i u8_widen(__m256i s) { return s; }
 #else
 #define HAVE_DPWSSD 0
 ALWAYS __m256i madd_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
-ALWAYS __m256i dot_u8_2(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
-    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+ALWAYS __m256i unit_part(__m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+    return _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
 }
 ALWAYS __m256i u8_acc(__m256i acc, __m256i u, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, x)); }
 ALWAYS __m256i u8_widen(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 #endif
+ALWAYS __m256i add_part(__m256i a, __m256i b) { return HAVE_DPWSSD ? _mm256_add_epi32(a, b) : _mm256_add_epi16(a, b); }
 
 /* The avx512 build also multiplies 4-bit rows of group 32 or 64 two units
  * (128 columns) per 512-bit instruction (zmm_pairs). */
@@ -1066,10 +1066,17 @@ ALWAYS __m256i u8_lone_codes(int fmt, const uint8_t *c) {
 
 /* ---- the product by groups ---- */
 
-/* [sum of lanes 0-3 of p[i] for i < 4 | sum of lanes 4-7 of p[i] for i < 4] */
-ALWAYS __m256i halves4(const __m256i p[4]) {
-    __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
-    __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+/* Lane i < 4: the int32 sum of the lower 128 bits of p[i], lane 4 + i: of
+ * its upper 128 bits (p[i] unit_part vectors). On AVX2 the first level of adds
+ * is in int16 (8 products a lane), and for affine codes the second too
+ * (16 x 15 x 127 < 32768; mxfp4's 16 x 24 x 127 is not), so fewer
+ * vpmaddwd widen them. */
+ALWAYS __m256i halves4(int fmt, const __m256i p[4]) {
+    __m256i s01 = add_part(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+    __m256i s23 = add_part(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+    if (!HAVE_DPWSSD && fmt != FMT_MX4)
+        return u8_widen(_mm256_add_epi16(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23)));
+    if (!HAVE_DPWSSD) s01 = u8_widen(s01), s23 = u8_widen(s23);
     return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
 }
 
@@ -1078,9 +1085,9 @@ ALWAYS __m256i unit_totals(__m256i a, __m256i b) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* halves4 of the int32 sums of units u0 .. u0 + nu - 1 (nu <= 4; zero past
- * nu) for tokens t < nt; with lone, the last of them is a lone 32-column
- * block, its whole sum in the first half. */
+/* halves4 of units u0 .. u0 + nu - 1 (nu <= 4; zero past nu) for tokens
+ * t < nt; with lone, the last of them is a lone 32-column block, its whole
+ * sum in the first half. */
 ALWAYS void unit_halves(int fmt, const uint8_t *c, const struct q8acts *q, int64_t u0, int nu, bool lone, int nt,
                         __m256i out[4]) {
     const __m256i zero = _mm256_setzero_si256();
@@ -1096,8 +1103,8 @@ ALWAYS void unit_halves(int fmt, const uint8_t *c, const struct q8acts *q, int64
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + u * 64));
-                __m256i s = dot_u8_2(zero, codes, x, zero, x);  // lanes 0-3 even columns, 4-7 odd
-                s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x81));
+                __m256i s = unit_part(codes, x, zero, x);  // low half even columns, high half odd
+                s = add_part(s, _mm256_permute2x128_si256(s, s, 0x81));
                 p[t][i] = _mm256_blend_epi32(s, zero, 0xF0);
             }
         } else {
@@ -1107,12 +1114,12 @@ ALWAYS void unit_halves(int fmt, const uint8_t *c, const struct q8acts *q, int64
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 const __m256i *xq = (const __m256i *)(const void *)(xq8(q, t) + u * 64);
-                p[t][i] = dot_u8_2(zero, lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
+                p[t][i] = unit_part(lo, _mm256_loadu_si256(xq), hi, _mm256_loadu_si256(xq + 1));
             }
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < nt; t++) out[t] = halves4(p[t]);
+    for (int t = 0; t < nt; t++) out[t] = halves4(fmt, p[t]);
 }
 
 /* The exact int32 sums of groups g0 .. g0 + gn - 1 (gn <= 8; zero past gn)
