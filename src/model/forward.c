@@ -751,8 +751,15 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
     int nth = macs < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
     for (int down = 0; down < 2; down++) {
         struct ffn_job j = {c, items, n, down, 0, 0, 0};
-        for (int64_t i = 0; i < n; i++) j.total += ffn_units(&j, &items[i]) * items[i].cnt;
-        j.chunk = sp_linear_chunk(j.total, most, nth);
+        double bytes = 0;  // weights read by the hand-off
+        for (int64_t i = 0; i < n; i++) {
+            const struct ffn_item *it = &items[i];
+            j.total += ffn_units(&j, it) * it->cnt;
+            const struct sp_linear *ls[3] = {down ? it->down : it->gate_up, down ? NULL : it->gate, down ? NULL : it->up};
+            for (int k = 0; k < 3; k++)
+                if (ls[k]) bytes += sp_linear_bytes(ls[k]);
+        }
+        j.chunk = sp_linear_chunk(j.total, bytes / (double)j.total, most, nth);
         sp_pool_run_n(c->pool, ffn_job_run, &j, nth);
     }
 }

@@ -49,6 +49,10 @@ size_t sp_linear_scratch_bytes(const struct sp_linear *l) {
     return sp_kernels_scratch_bytes(&l->w);
 }
 
+double sp_linear_bytes(const struct sp_linear *l) {
+    return (double)sp_qtype_matrix_bytes(l->w.type, l->w.group, l->w.scale_dtype, l->w.rows, l->w.cols);
+}
+
 static float bias_at(const struct sp_linear *l, int64_t r) {
     return l->bias ? sp_dtype_load_float(l->bias_dtype, l->bias, (size_t)r) : 0.0f;
 }
@@ -104,9 +108,13 @@ struct job {
     atomic_llong next;  // the next row to take
 };
 
-int64_t sp_linear_chunk(int64_t units, int64_t n, int nth) {
+int64_t sp_linear_chunk(int64_t units, double unit_bytes, int64_t n, int nth) {
     if (n > SP_LINEAR_CHUNK_MAX_TOKENS || nth <= 1) return 0;
-    int64_t chunk = (units + nth * SP_LINEAR_CHUNKS - 1) / (nth * SP_LINEAR_CHUNKS);
+    /* whole rounds of nth chunks; one round is the even split */
+    int64_t chunks = nth * SP_LINEAR_CHUNKS, fit = (int64_t)((double)units * unit_bytes / SP_LINEAR_CHUNK_MIN_BYTES);
+    if (fit < chunks) chunks = fit / nth * nth;
+    if (chunks <= nth) return 0;
+    int64_t chunk = (units + chunks - 1) / chunks;
     return (chunk + 7) / 8 * 8;  // whole blocks of rows for the kernels
 }
 
@@ -127,6 +135,7 @@ static void linear_job(void *arg, int tid, int nth) {
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool) {
     int nth = (double)l->w.rows * (double)l->w.cols * (double)n < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(pool);
-    struct job j = {l, x, ldx, y, ldy, n, pool, sp_linear_chunk(l->w.rows, n, nth), 0};
+    int64_t chunk = sp_linear_chunk(l->w.rows, sp_linear_bytes(l) / (double)l->w.rows, n, nth);
+    struct job j = {l, x, ldx, y, ldy, n, pool, chunk, 0};
     sp_pool_run_n(pool, linear_job, &j, nth);
 }

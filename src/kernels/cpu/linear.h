@@ -20,6 +20,8 @@
 #include "model/model.h"
 
 size_t sp_linear_scratch_bytes(const struct sp_linear *l);
+/* The bytes of l's weights (codes, scales and biases) that a product reads. */
+double sp_linear_bytes(const struct sp_linear *l);
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool);
 /* Outputs [lo, hi) of the same for n tokens, on the calling thread: for
@@ -30,14 +32,18 @@ void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const flo
 /* Below this many multiply-adds a hand-off to other threads costs more than it saves. */
 #define SP_LINEAR_SERIAL_MACS 65536.0
 /* Up to this many tokens the threads take rows in chunks as they come
- * (SP_LINEAR_CHUNKS per thread), so a thread held up by the machine does
- * not keep the others waiting; with more tokens each call quantizes all of
- * them once per chunk, and an even split costs less. */
+ * (up to SP_LINEAR_CHUNKS per thread), so a thread held up by the machine
+ * does not keep the others waiting; with more tokens each call quantizes
+ * all of them once per chunk, and an even split costs less. A chunk holds
+ * SP_LINEAR_CHUNK_MIN_BYTES of weights or more: each one rounds the
+ * activations again (about 2 us for 2048 columns on a Zen 3), which fewer
+ * bytes do not repay. */
 #define SP_LINEAR_CHUNK_MAX_TOKENS 4
 #define SP_LINEAR_CHUNKS 8
-/* The chunk for `units` rows and n tokens on nth threads (a multiple of 8
- * rows), or 0 for an even split. */
-int64_t sp_linear_chunk(int64_t units, int64_t n, int nth);
+#define SP_LINEAR_CHUNK_MIN_BYTES (512.0 * 1024.0)
+/* The chunk for `units` rows of unit_bytes weight bytes each and n tokens
+ * on nth threads (a multiple of 8 rows), or 0 for an even split. */
+int64_t sp_linear_chunk(int64_t units, double unit_bytes, int64_t n, int nth);
 
 /* y += a * x over n floats, with the dispatched kernel set (kernels.h). */
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
