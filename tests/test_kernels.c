@@ -707,35 +707,63 @@ static void test_dispatch(void **state) {
     }
 }
 
-/* The linear layer over a 2-thread pool with a bias, whichever set runs. */
+/* The linear layer over a 2-thread pool with a bias, whichever set runs:
+ * a small matrix (split evenly) and one of 4 x SP_LINEAR_CHUNK_MIN_BYTES
+ * or more (taken in chunks by up to 4 tokens). */
 static void test_linear_apply(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 5);
     struct sp_pool *pool;
     assert_int_equal(sp_pool_create(2, &pool), SP_OK);
-    const int64_t ns[] = {1, 3, 17};
-    for (int fmt = 0; fmt < 2; fmt++) {
-        struct mat M;
-        mat_make(&M, fmt ? SP_QTYPE_MXFP4 : SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 301, 256, &rng);
-        float bias[301];
-        for (int r = 0; r < 301; r++) bias[r] = sp_rng_normal(&rng);
-        struct sp_linear l = {.w = M.m, .bias = bias, .bias_dtype = SP_DTYPE_F32};
-        assert_int_equal(sp_pool_reserve(pool, sp_linear_scratch_bytes(&l)), SP_OK);
-        for (size_t c = 0; c < 3; c++) {
-            int64_t n = ns[c];
-            float *x = malloc((size_t)(n * 256) * sizeof *x), *y = malloc((size_t)(n * 301) * sizeof *y);
-            for (int64_t i = 0; i < n * 256; i++) x[i] = sp_rng_normal(&rng);
-            sp_linear_apply(&l, x, 256, y, 301, n, pool);
-            for (int64_t t = 0; t < n; t++)
-                for (int64_t r = 0; r < 301; r++) y[t * 301 + r] -= bias[r];
-            int64_t br, bt;
-            assert_true(worst_ratio(&M.m, x, 256, n, y, 301, acts_of(sp_kernels(), &M.m), &br, &bt) <= 1.0);
-            free(x);
-            free(y);
+    const int64_t ns[] = {1, 3, 17}, shapes[][2] = {{301, 256}, {4099, 1024}};
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int sh = 0; sh < 2; sh++) {
+            int64_t rows = shapes[sh][0], cols = shapes[sh][1];
+            struct mat M;
+            mat_make(&M, fmt ? SP_QTYPE_MXFP4 : SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, rows, cols, &rng);
+            float *bias = malloc((size_t)rows * sizeof *bias);
+            for (int64_t r = 0; r < rows; r++) bias[r] = sp_rng_normal(&rng);
+            struct sp_linear l = {.w = M.m, .bias = bias, .bias_dtype = SP_DTYPE_F32};
+            assert_true(sh == 0 || sp_linear_bytes(&l) >= 4 * SP_LINEAR_CHUNK_MIN_BYTES);
+            assert_int_equal(sp_pool_reserve(pool, sp_linear_scratch_bytes(&l)), SP_OK);
+            for (size_t c = 0; c < 3; c++) {
+                int64_t n = ns[c];
+                float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * rows) * sizeof *y);
+                for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
+                sp_linear_apply(&l, x, cols, y, rows, n, pool);
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++) y[t * rows + r] -= bias[r];
+                int64_t br, bt;
+                assert_true(worst_ratio(&M.m, x, cols, n, y, rows, acts_of(sp_kernels(), &M.m), &br, &bt) <= 1.0);
+                free(x);
+                free(y);
+            }
+            free(bias);
+            mat_free(&M);
         }
-        mat_free(&M);
-    }
     sp_pool_free(pool);
+}
+
+/* Chunks: whole rounds of nth, each of SP_LINEAR_CHUNK_MIN_BYTES or more,
+ * at most SP_LINEAR_CHUNKS per thread, a multiple of 8 rows; 0 (an even
+ * split) for one thread, more than SP_LINEAR_CHUNK_MAX_TOKENS tokens or
+ * too few bytes for two rounds. */
+static void test_linear_chunk(void **state) {
+    const double row = 1152.0;  // affine4-g64 bf16, 2048 columns
+    assert_int_equal(sp_linear_chunk(512, row, 1, 2), 0);          // 0.6 MB: one round
+    assert_int_equal(sp_linear_chunk(4096, row, 1, 2), 512);       // 4.7 MB: 8 chunks
+    assert_int_equal(sp_linear_chunk(151936, row, 1, 2), 9496);    // 16, the most for 2 threads
+    assert_int_equal(sp_linear_chunk(151936, row, 4, 4), 4752);    // 32 for 4 threads
+    assert_int_equal(sp_linear_chunk(151936, row, 5, 2), 0);       // more tokens
+    assert_int_equal(sp_linear_chunk(151936, row, 1, 1), 0);       // one thread
+    for (int64_t units = 8; units < 200000; units = units * 3 + 5)
+        for (int nth = 2; nth <= 8; nth *= 2) {
+            int64_t chunk = sp_linear_chunk(units, row, 1, nth);
+            if (!chunk) continue;
+            int64_t chunks = (units + chunk - 1) / chunk;
+            assert_true(chunk % 8 == 0 && chunks >= nth && chunks <= nth * SP_LINEAR_CHUNKS);
+            assert_true((double)chunk * row >= SP_LINEAR_CHUNK_MIN_BYTES);
+        }
 }
 
 static int report(void **state) {
@@ -767,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_other_formats),
         cmocka_unit_test(test_linear_apply),
+        cmocka_unit_test(test_linear_chunk),
         cmocka_unit_test(test_int8_extremes),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_vnni_sets_match_avx2),

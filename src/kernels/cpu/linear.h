@@ -36,8 +36,9 @@ void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const flo
  * does not keep the others waiting; with more tokens each call quantizes
  * all of them once per chunk, and an even split costs less. A chunk holds
  * SP_LINEAR_CHUNK_MIN_BYTES of weights or more: each one rounds the
- * activations again (about 2 us for 2048 columns on a Zen 3), which fewer
- * bytes do not repay. */
+ * activations again and starts a new run of rows, which fewer bytes do not
+ * repay (on a Zen 3, 2 threads, one token: a 0.9 MB 768 x 2048 affine4
+ * matrix from cache in 26 us split evenly, 38 us in 16 chunks). */
 #define SP_LINEAR_CHUNK_MAX_TOKENS 4
 #define SP_LINEAR_CHUNKS 8
 #define SP_LINEAR_CHUNK_MIN_BYTES (512.0 * 1024.0)

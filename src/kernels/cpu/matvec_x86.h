@@ -67,9 +67,10 @@
  * exact (the products here never reach the one case, -32768 * -32768
  * twice, that vpmaddwd saturates).
  * unit_part: the products of unsigned bytes u0, u1 and signed bytes x0,
- * x1, summed by 4 (bytes 2i, 2i + 1 of both): int16 lane i on AVX2, into
- * int32 lanes of 8 with VNNI (add_part adds two such vectors); exact, as
- * |u| <= 24 and |x| <= 127. halves4 takes them on to int32 sums.
+ * x1 in partial sums: on AVX2 int16 lane i sums bytes 2i, 2i + 1 of both
+ * (4 products), with VNNI int32 lane i bytes 4i..4i + 3 of both (8);
+ * exact, as |u| <= 24 and |x| <= 127. add_part adds two such vectors,
+ * halves4 takes them on to int32 sums.
  * u8_acc: acc + the products of unsigned bytes u and signed bytes x, in
  * int16 pair sums on AVX2 (exact while few enough are added, see
  * block_group) and int32 sums of 4 with VNNI; u8_widen: such sums as
