@@ -697,6 +697,13 @@ static int64_t ffn_units(const struct ffn_job *j, const struct ffn_item *it) {
     return j->down ? j->c->a->d_model : it->down->w.cols;
 }
 
+/* Weight bytes an item's hand-off reads: its down projection (second), or
+ * gate_up / gate and up (first). */
+static double ffn_bytes(const struct ffn_job *j, const struct ffn_item *it) {
+    if (j->down) return sp_linear_bytes(it->down);
+    return it->gate_up ? sp_linear_bytes(it->gate_up) : sp_linear_bytes(it->gate) + sp_linear_bytes(it->up);
+}
+
 /* The first unit of an item (its units start at `start` of the weighted
  * line, each `wt` long) at or after position pos. */
 static int64_t unit_at(int64_t pos, int64_t start, int64_t wt, int64_t units) {
@@ -751,13 +758,10 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
     int nth = macs < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
     for (int down = 0; down < 2; down++) {
         struct ffn_job j = {c, items, n, down, 0, 0, 0};
-        double bytes = 0;  // weights read by the hand-off
+        double bytes = 0;
         for (int64_t i = 0; i < n; i++) {
-            const struct ffn_item *it = &items[i];
-            j.total += ffn_units(&j, it) * it->cnt;
-            const struct sp_linear *ls[3] = {down ? it->down : it->gate_up, down ? NULL : it->gate, down ? NULL : it->up};
-            for (int k = 0; k < 3; k++)
-                if (ls[k]) bytes += sp_linear_bytes(ls[k]);
+            j.total += ffn_units(&j, &items[i]) * items[i].cnt;
+            bytes += ffn_bytes(&j, &items[i]);
         }
         j.chunk = sp_linear_chunk(j.total, bytes / (double)j.total, most, nth);
         sp_pool_run_n(c->pool, ffn_job_run, &j, nth);
