@@ -342,10 +342,14 @@ static void test_vnni_sets_match_avx2(void **state) {
                  {SP_KERNELS_AVX512_INT16, SP_KERNELS_AVX2_INT16, "avx512-int16"}};
     struct sp_rng rng;
     sp_rng_seed(&rng, 17);
+    /* 4-bit rows of whole unit pairs, a last unpaired unit (576 columns of
+     * group 64, 2880 of mxfp4: gpt-oss), a unit and a lone block (608) and a
+     * lone block alone (1056) at the end; steps of 8 groups and less */
     const struct fmt_case cases[] = {
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
-        {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384}, {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320},
-        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},    {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
+        {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 576}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},
+        {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880},    {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
     for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {
         const struct sp_kernels *k = sp_kernels_of(pairs[v].set), *avx2 = sp_kernels_of(pairs[v].base);
         if (!k || !avx2) {

@@ -15,14 +15,19 @@
  * returns a set by its enum value. The VNNI builds differ in two places:
  * vpdpwssd / vpdpbusd multiply and add into the int32 sums in one
  * instruction where AVX2 needs vpmaddwd / vpmaddubsw and adds; and the
- * avx512 build takes int16 x 4-bit rows of group 32 or 64 two 64-column
- * units per 512-bit instruction, their halves being exactly the two 256-bit
- * accumulator chains of the other builds (zmm_pairs). Integer sums are
- * exact and every float operation happens in the same order, so the three
- * builds' twin sets give bit-identical results. Measured on a Sapphire
- * Rapids host, 2 threads, 2048 x 2048 (bench/kernels): int16 x 4-bit
- * products of 64 tokens 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM
- * about 1.4x. Everything else stays 256 bits wide.
+ * avx512 build takes two 64-column units of 4-bit rows per 512-bit
+ * instruction in two products: int16 activations, group 32 or 64, whose
+ * halves are exactly the two 256-bit accumulator chains of the other builds
+ * (zmm_pairs), and int8 activations by groups, whose exact group sums are
+ * the same integers however they are added (zmm_group_sums). Integer sums
+ * are exact and every float operation happens in the same order, so the
+ * three builds' twin sets give bit-identical results. Measured on a
+ * Sapphire Rapids host, 2 threads, 2048 x 2048 (bench/kernels): int16 x
+ * 4-bit products of 64 tokens 1.7-1.9x avx2's, decode of mxfp4 rows from
+ * DRAM about 1.4x. On a Zen 5 (one thread, from cache, one token), the
+ * int8 product by groups 512 bits wide against the 256-bit one: affine4-g64
+ * 768 x 2048 at 1.6x, 2048 x 768 1.2x, mxfp4 1.1-1.4x. Everything else
+ * stays 256 bits wide.
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
@@ -922,6 +927,7 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * have ldg >= ng entries per token, zero past ng. */
 struct q8acts {
     const int8_t *xq;     // (n, cols) in unit order
+    const int8_t *xp;     // the same in unit-pair order (avx512 build only; see zmm_group_sums)
     const float *dx;      // (n, ldg) scale of each group of x
     const float *xsum;    // affine: (n, ldg) float sum of x over each group (mxfp4: unset)
     const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group (affine: unset)
@@ -970,28 +976,42 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
 static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q) {
     _Static_assert(Q8_TOKENS % Q8_BLOCK_TOKENS == 0, "whole blocks of tokens");
     int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q8_TOKENS;
-    int8_t *xq = scratch, *xt = xq + nt * cols;
+    int8_t *xq = scratch, *xp = xq + nt * cols, *xt = xp + nt * cols;
     uint8_t *ub = (uint8_t *)(xt + nt * cols);
     float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
     float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
     float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
     int32_t *xoff = (int32_t *)(void *)(chains + Q8_PAIR * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
     int32_t *xot = xoff + nt * ldg;
-    *q = (struct q8acts){xq, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg, false};
+    *q = (struct q8acts){xq, xp, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg, false};
+}
+
+/* Where unit u's 32 even and 32 odd columns sit in the unit-pair order
+ * (xp): units 2p and 2p + 1, when both are whole 64-column units, as the
+ * evens of both, then the odds of both (one 512-bit vector each, the order
+ * of a 64-byte load of their codes' low and high nibbles); a last unit
+ * without a partner, and a lone 32-column block, as in unit order. */
+ALWAYS int64_t pair_evens(int64_t u, int64_t cols) {
+    int64_t p = u & ~(int64_t)1;
+    return (p + 2) * 64 <= cols ? p * 64 + (u & 1) * 32 : u * 64;
+}
+ALWAYS int64_t pair_odds(int64_t u, int64_t cols) {
+    int64_t p = u & ~(int64_t)1;
+    return (p + 2) * 64 <= cols ? p * 64 + 64 + (u & 1) * 32 : u * 64 + 32;
 }
 
 /* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
  * weight group of 32, 64 or 128 columns). */
 static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bool mx4, struct q8acts *q) {
     int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
-    int8_t *xq = (int8_t *)q->xq;
+    int8_t *xq = (int8_t *)q->xq, *xp = (int8_t *)q->xp;
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
     q->mx4 = mx4;
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
-        int8_t *ot = xq + t * cols;
+        int8_t *ot = xq + t * cols, *op = xp + t * cols;
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
             float sum, amax = group_amax(xg, group, &sum);
@@ -1011,8 +1031,15 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
                     int64_t half = (col - u0) / 2;  // 0 or 16
                     _mm_storeu_si128((__m128i *)(void *)(ot + u0 + half), _mm256_castsi256_si128(eo));
                     _mm_storeu_si128((__m128i *)(void *)(ot + u0 + 32 + half), _mm256_extracti128_si256(eo, 1));
+                    if (HAVE_ZMM) {
+                        _mm_storeu_si128((__m128i *)(void *)(op + pair_evens(u0 / 64, cols) + half),
+                                         _mm256_castsi256_si128(eo));
+                        _mm_storeu_si128((__m128i *)(void *)(op + pair_odds(u0 / 64, cols) + half),
+                                         _mm256_extracti128_si256(eo, 1));
+                    }
                 } else {
                     _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
+                    if (HAVE_ZMM) _mm256_storeu_si256((__m256i *)(void *)(op + col), eo);
                 }
             }
             if (mx4)
@@ -1086,6 +1113,16 @@ ALWAYS __m256i unit_totals(__m256i a, __m256i b) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* The sums of a lone last 32-column block (16 bytes of codes at c, its 32
+ * activations at x): lanes 0-3 partial sums of the block, 4-7 zero. */
+ALWAYS __m256i lone_part(int fmt, const uint8_t *c, const int8_t *x) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)x);
+    __m256i s = unit_part(u8_lone_codes(fmt, c), xv, zero, xv);  // low half even columns, high half odd
+    s = add_part(s, _mm256_permute2x128_si256(s, s, 0x81));
+    return _mm256_blend_epi32(s, zero, 0xF0);
+}
+
 /* halves4 of units u0 .. u0 + nu - 1 (nu <= 4; zero past nu) for tokens
  * t < nt; with lone, the last of them is a lone 32-column block, its whole
  * sum in the first half. */
@@ -1100,14 +1137,8 @@ ALWAYS void unit_halves(int fmt, const uint8_t *c, const struct q8acts *q, int64
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) p[t][i] = zero;
         } else if (lone && i == nu - 1) {
-            __m256i codes = u8_lone_codes(fmt, c + u * 32);
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq8(q, t) + u * 64));
-                __m256i s = unit_part(codes, x, zero, x);  // low half even columns, high half odd
-                s = add_part(s, _mm256_permute2x128_si256(s, s, 0x81));
-                p[t][i] = _mm256_blend_epi32(s, zero, 0xF0);
-            }
+            for (int t = 0; t < nt; t++) p[t][i] = lone_part(fmt, c + u * 32, xq8(q, t) + u * 64);
         } else {
             __m256i lo, hi;
             _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
@@ -1157,6 +1188,124 @@ ALWAYS void group_sums(int fmt, int per, const uint8_t *c, const struct q8acts *
     }
 }
 
+#if HAVE_ZMM
+/* The products by groups again, 512 bits wide: one 64-byte load takes the
+ * codes of units 2p and 2p + 1, and their low and high nibbles meet the
+ * unit-pair order of the activations (xp) as they come, so one vpdpbusd
+ * per 128 columns and token takes what two 256-bit ones take in
+ * unit_halves. The int32 sums are exact whatever the order, so
+ * zmm_group_sums returns what group_sums does, to the bit, in fewer
+ * instructions. */
+
+/* The 64 bytes of codes v as unsigned bytes (u8_values): lo holds the even
+ * columns of both units, hi the odd ones. */
+ALWAYS void zmm_u8_codes(int fmt, __m512i v, __m512i *lo, __m512i *hi) {
+    const __m512i low4 = _mm512_set1_epi8(0xf);
+    *lo = _mm512_and_si512(v, low4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if (fmt == FMT_MX4) {
+        const __m512i e2m1 =
+            _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        *lo = _mm512_shuffle_epi8(e2m1, *lo);
+        *hi = _mm512_shuffle_epi8(e2m1, *hi);
+    }
+}
+
+/* What a slot of two units holds in a step of 8 groups. */
+enum slot { SLOT_NONE, SLOT_PAIR, SLOT_ONE, SLOT_ONE_LONE, SLOT_LONE };
+
+/* Partial sums of units u and u + 1 for tokens t < nt: lanes 0-7 unit u,
+ * 8-15 unit u + 1 (each as unit_part sums it: per == 1, lanes 0-3 and 4-7
+ * of a unit are its two groups); nothing present, zero. */
+ALWAYS void slot_parts(int fmt, int kind, const uint8_t *c, const struct q8acts *q, int64_t u, int nt,
+                       __m512i out[4]) {
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) out[t] = _mm512_setzero_si512();
+    if (kind == SLOT_PAIR) {
+        __m512i lo, hi;
+        _mm_prefetch((const char *)c + u * 32 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+        zmm_u8_codes(fmt, _mm512_loadu_si512((const void *)(c + u * 32)), &lo, &hi);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const int8_t *x = q->xp + t * q->cols + u * 64;
+            out[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(out[t], lo, _mm512_loadu_si512((const void *)x)), hi,
+                                         _mm512_loadu_si512((const void *)(x + 64)));
+        }
+        return;
+    }
+    if (kind == SLOT_ONE || kind == SLOT_ONE_LONE) {
+        __m256i lo, hi;
+        u8_codes(fmt, c + u * 32, &lo, &hi);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const __m256i *x = (const __m256i *)(const void *)(q->xp + t * q->cols + u * 64);
+            out[t] = _mm512_zextsi256_si512(unit_part(lo, _mm256_loadu_si256(x), hi, _mm256_loadu_si256(x + 1)));
+        }
+    }
+    if (kind == SLOT_ONE_LONE || kind == SLOT_LONE) {
+        int64_t ul = kind == SLOT_LONE ? u : u + 1;
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m256i s = lone_part(fmt, c + ul * 32, q->xp + t * q->cols + ul * 64);
+            out[t] = kind == SLOT_LONE ? _mm512_zextsi256_si512(s) : _mm512_inserti64x4(out[t], s, 1);
+        }
+    }
+}
+
+/* For each 128-bit block: [a0 + a2, b0 + b2, a1 + a3, b1 + b3], then
+ * [p0 + p2, p1 + p3, r0 + r2, r1 + r3]: two levels of a sum tree. */
+ALWAYS __m512i fold32(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+ALWAYS __m512i fold64(__m512i p, __m512i r) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(p, r), _mm512_unpackhi_epi64(p, r));
+}
+/* Blocks 0 + 1 and 2 + 3 of v, in blocks 0 and 2. */
+ALWAYS __m512i fold_blocks(__m512i v) {
+    return _mm512_add_epi32(v, _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+/* Lanes idx[i] of v as a 256-bit vector. */
+ALWAYS __m256i pick8(__m512i v, __m512i idx) { return _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, v)); }
+
+/* group_sums, 512 bits wide (same arguments, same results). */
+ALWAYS void zmm_group_sums(int fmt, int per, const uint8_t *c, const struct q8acts *q, int64_t g0, int gn, int nt,
+                           __m256i s[4]) {
+    /* the step's units (per == 4: 2 per group, per == 1: half a group each,
+     * a lone last block counting as one) in slots of two */
+    int64_t u0 = per == 1 ? g0 / 2 : per == 2 ? g0 : 2 * g0;
+    int units = per == 1 ? (gn + 1) / 2 : per == 2 ? gn : 2 * gn, whole = per == 1 ? gn / 2 : units;
+    int kind[8];
+    for (int j = 0; j < 8; j++) {
+        int a = 2 * j, b = 2 * j + 1;
+        kind[j] = b < whole ? SLOT_PAIR : a < whole ? (b < units ? SLOT_ONE_LONE : SLOT_ONE)
+                : a < units ? SLOT_LONE : SLOT_NONE;
+    }
+    __m512i v[8][4];
+    const int slots = 2 * per;
+#pragma GCC unroll 8
+    for (int j = 0; j < slots; j++) slot_parts(fmt, kind[j], c, q, u0 + 2 * j, nt, v[j]);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        if (per == 1) {
+            /* block k of slot 0 is group g0 + k, of slot 1 g0 + 4 + k */
+            __m512i f = fold32(v[0][t], v[1][t]);
+            s[t] = pick8(fold64(f, f), _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0));
+        } else if (per == 2) {
+            /* blocks 0-1 of slot j are group g0 + 2j, blocks 2-3 g0 + 2j + 1 */
+            __m512i f = fold_blocks(fold64(fold32(v[0][t], v[1][t]), fold32(v[2][t], v[3][t])));
+            s[t] = pick8(f, _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0));
+        } else {
+            /* slot j is group g0 + j */
+            __m512i a = fold64(fold32(v[0][t], v[1][t]), fold32(v[2][t], v[3][t]));
+            __m512i b = fold64(fold32(v[4][t], v[5][t]), fold32(v[6][t], v[7][t]));
+            __m512i f = fold_blocks(_mm512_add_epi32(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                                     _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2))));
+            s[t] = pick8(f, _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0));
+        }
+    }
+}
+#endif
+
 /* Adds groups g0 .. g0 + 7 (their sums s[t]; sc, bi the row's scales times
  * the code scale and biases of those groups) to each token's chains. */
 ALWAYS void add_groups(int fmt, const struct q8acts *q, int64_t g0, int nt, const __m256i s[4], __m256 sc, __m256 bi,
@@ -1195,6 +1344,16 @@ ALWAYS __m256 last_scales(int sdt, const uint8_t *p, int64_t ng, int gn) {
     return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(gn), lane)));
 }
 
+/* The sums of a step of groups, as wide as the build goes. */
+ALWAYS void step_sums(int fmt, int per, const uint8_t *c, const struct q8acts *q, int64_t g0, int gn, int nt,
+                      __m256i s[4]) {
+#if HAVE_ZMM
+    zmm_group_sums(fmt, per, c, q, g0, gn, nt, s);
+#else
+    group_sums(fmt, per, c, q, g0, gn, nt, s);
+#endif
+}
+
 /* Rows of 8 groups or more read their scales and biases in place, as
  * row_params would compute them (the same rounding); shorter rows stage
  * theirs in srow / brow once. */
@@ -1214,14 +1373,14 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
         for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
         int64_t g0 = 0;
         for (; g0 + Q8_CHAINS <= f.ng; g0 += Q8_CHAINS) {
-            group_sums(fmt, per, c, q, g0, Q8_CHAINS, nt, s);
+            step_sums(fmt, per, c, q, g0, Q8_CHAINS, nt, s);
             __m256 sc = _mm256_mul_ps(load8_scales(sdt, sp, g0), cs);
             __m256 bi = fmt == FMT_MX4 ? zero : load8_scales(sdt, bp, g0);
             add_groups(fmt, q, g0, nt, s, sc, bi, acc);
         }
         if (g0 < f.ng) {
             int gn = (int)(f.ng - g0);
-            group_sums(fmt, per, c, q, g0, gn, nt, s);
+            step_sums(fmt, per, c, q, g0, gn, nt, s);
             __m256 sc = staged ? _mm256_loadu_ps(q->srow + g0) : _mm256_mul_ps(last_scales(sdt, sp, f.ng, gn), cs);
             __m256 bi = fmt == FMT_MX4 ? zero : staged ? _mm256_loadu_ps(q->brow + g0) : last_scales(sdt, bp, f.ng, gn);
             add_groups(fmt, q, g0, nt, s, sc, bi, acc);
@@ -1639,6 +1798,7 @@ static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t 
                 int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
                 struct q8acts qt = q;
                 qt.xq += t * q.cols;
+                qt.xp += t * q.cols;
                 qt.dx += at;
                 qt.xsum += at;
                 qt.xoff += at;
