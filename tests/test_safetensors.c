@@ -375,6 +375,52 @@ static void test_huge_pages(void **state) {
     assert_int_equal(sp_mem_used(SP_MEM_KV), before);
 }
 
+/* A map of 2 MiB or more starts on a 2 MiB boundary; sp_map_to_anon puts
+ * the same bytes at the same address in anonymous memory, counted as
+ * weights until the map is closed; a smaller map stays as it was. */
+static void test_map_to_anon(void **state) {
+    (void)state;
+    char *dir = th_tmpdir();
+    size_t size = ((size_t)5 << 20) + 123;
+    unsigned char *bytes = malloc(size);
+    assert_non_null(bytes);
+    for (size_t i = 0; i < size; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
+    th_write(dir, "w.bin", bytes, size);
+    th_write(dir, "small.bin", bytes, 4096);
+    char *path = sp_path_join(dir, "w.bin"), *small_path = sp_path_join(dir, "small.bin");
+    struct sp_map m, small;
+    assert_int_equal(sp_map_open(path, &m), SP_OK);
+    assert_true((uintptr_t)m.data % ((uintptr_t)2 << 20) == 0);
+    const unsigned char *at = m.data;
+    size_t before = sp_mem_used(SP_MEM_WEIGHTS);
+    assert_int_equal(sp_map_to_anon(&m), SP_OK);
+    assert_true(m.anon);
+    assert_ptr_equal(m.data, at);
+    assert_int_equal(m.size, size);
+    assert_memory_equal(m.data, bytes, size);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + size);
+    assert_int_equal(smaps_field(m.data, "Anonymous:") >= (size & ~(size_t)4095), true);
+    size_t huge = sp_map_huge_bytes(&m);
+    print_message("5 MiB copied: %zu bytes in 2 MiB pages\n", huge);
+    assert_int_equal(huge, smaps_field(m.data, "AnonHugePages:"));
+    assert_int_equal(sp_map_to_anon(&m), SP_OK);  // a copy already: nothing to do
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + size);
+    sp_map_close(&m);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
+
+    assert_int_equal(sp_map_open(small_path, &small), SP_OK);
+    assert_int_not_equal(sp_map_to_anon(&small), SP_OK);
+    print_message("small map: %s\n", sp_error_msg());
+    assert_false(small.anon);
+    assert_memory_equal(small.data, bytes, 4096);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
+    sp_map_close(&small);
+    free(bytes);
+    sp_free(path);
+    sp_free(small_path);
+    th_rmdir(dir);
+}
+
 static void test_hf_cache(void **state) {
     char *root = th_tmpdir();
     char path[1024];
@@ -429,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_folder), cmocka_unit_test(test_folder_errors),
         cmocka_unit_test(test_hf_cache),       cmocka_unit_test(test_map_populate),
         cmocka_unit_test(test_huge_pages),
+        cmocka_unit_test(test_map_to_anon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

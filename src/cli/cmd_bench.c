@@ -64,7 +64,7 @@ struct result {
     bool has_experts;
     struct sp_expert_store_stats es;
     size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
-    size_t rss_file_huge;                 // of rss_file, the bytes mapped in 2 MiB pages
+    size_t weights_huge;                  // bytes of the weight files in 2 MiB pages (mapped or copied)
 };
 
 /* Resident memory now, from /proc/self/status: anonymous, file-backed, peak. */
@@ -123,7 +123,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     r->gen = gen;
     r->has_experts = sp_ctx_expert_stats(c, &r->es);
     rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
-    r->rss_file_huge = sp_maps_huge_bytes();
+    r->weights_huge = sp_model_huge_bytes(m);
 done:
     sp_free(tok);
     sp_free(pos);
@@ -184,13 +184,13 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
     printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): load %.2f s, prefill %lld tokens "
-           "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; mapped files %.0f%% in "
+           "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; weights %.0f%% in "
            "2 MiB pages",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
            (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, r->load_s, (long long)r->prompt,
            pre, dec, (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
            ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)",
-           r->rss_file ? 100.0 * (double)r->rss_file_huge / (double)r->rss_file : 0.0);
+           m->files->total_bytes ? 100.0 * (double)r->weights_huge / (double)m->files->total_bytes : 0.0);
     if (r->has_experts)
         printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
                (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,
@@ -227,7 +227,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "rss_anon_bytes"); sp_jw_uint(&w, r->rss_anon);
     sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
     sp_jw_key(&w, "rss_peak_bytes"); sp_jw_uint(&w, r->rss_peak);
-    sp_jw_key(&w, "rss_file_huge_bytes"); sp_jw_uint(&w, r->rss_file_huge);
+    sp_jw_key(&w, "weights_huge_bytes"); sp_jw_uint(&w, r->weights_huge);
     sp_jw_key(&w, "plan_anon_bytes");
     sp_jw_uint(&w, (r->has_experts ? r->es.budget : 0) + pl->kv_bytes + pl->activation_bytes + pl->overhead_bytes);
     sp_jw_key(&w, "plan_file_bytes");

@@ -160,6 +160,13 @@ void sp_free_aligned(void *p) {
     free(h->base);
 }
 
+void sp_mem_account(enum sp_mem_class cls, ptrdiff_t n) {
+    if (n >= 0)
+        account_add(cls, (size_t)n);
+    else
+        account_sub(cls, (size_t)-n);
+}
+
 size_t sp_mem_used(enum sp_mem_class cls) { return atomic_load(&used[cls]); }
 size_t sp_mem_peak(enum sp_mem_class cls) { return atomic_load(&peak[cls]); }
 size_t sp_mem_used_total(void) { return atomic_load(&used_total); }

@@ -53,6 +53,10 @@ void sp_free_aligned(void *p);
  * sp_free_aligned; below 2 MiB it is sp_malloc_aligned(n, 64). */
 void *sp_malloc_huge(size_t n, enum sp_mem_class cls);
 
+/* Counts n bytes (negative: releases them) that sparrow holds outside this
+ * allocator, such as anonymous maps, in a class. */
+void sp_mem_account(enum sp_mem_class cls, ptrdiff_t n);
+
 size_t sp_mem_used(enum sp_mem_class cls);
 size_t sp_mem_peak(enum sp_mem_class cls);
 size_t sp_mem_used_total(void);

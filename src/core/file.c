@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,42 @@
 #include "core/alloc.h"
 #include "core/buf.h"
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* An address range of n bytes starting on a 2 MiB boundary, reserved
+ * (PROT_NONE) for a map to be placed over with MAP_FIXED; NULL on failure. */
+static void *reserve_aligned(size_t n) {
+    size_t len = n + HUGE_PAGE;
+    char *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    size_t tail = (size_t)(p + len - (a + n));
+    if (tail) munmap(a + n, tail);
+    return a;
+}
+
+/* Maps the file read-only at a 2 MiB boundary, so that file offsets and
+ * addresses agree modulo 2 MiB: the kernel can then map page-cache folios
+ * of 2 MiB with one entry each, and sp_map_to_anon can move whole 2 MiB
+ * pages in. NULL with errno set on failure. */
+static void *map_aligned(int fd, size_t size) {
+    size_t n = (size + 4095) & ~(size_t)4095;
+    void *a = size >= HUGE_PAGE ? reserve_aligned(n) : NULL;
+    void *p = mmap(a, size, PROT_READ, MAP_SHARED | (a ? MAP_FIXED : 0), fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        if (a) munmap(a, n);
+        errno = e;
+        return NULL;
+    }
+    return p;
+}
+
 enum sp_status sp_map_open(const char *path, struct sp_map *m) {
     m->data = NULL;
     m->size = 0;
+    m->anon = false;
     m->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (m->fd < 0) return sp_errorf(errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat stt;
@@ -28,8 +62,8 @@ enum sp_status sp_map_open(const char *path, struct sp_map *m) {
     }
     m->size = (size_t)stt.st_size;
     if (m->size == 0) return SP_OK;
-    void *p = mmap(NULL, m->size, PROT_READ, MAP_SHARED, m->fd, 0);
-    if (p == MAP_FAILED) goto fail_errno;
+    void *p = map_aligned(m->fd, m->size);
+    if (!p) goto fail_errno;
     m->data = p;
     return SP_OK;
 fail_errno:;
@@ -42,6 +76,8 @@ fail_errno:;
 void sp_map_close(struct sp_map *m) {
     if (!m) return;
     if (m->data) munmap((void *)m->data, m->size);
+    if (m->anon) sp_mem_account(SP_MEM_WEIGHTS, -(ptrdiff_t)m->size);
+    m->anon = false;
     if (m->fd >= 0) close(m->fd);
     m->data = NULL;
     m->size = 0;
@@ -67,6 +103,61 @@ enum sp_status sp_map_populate(const struct sp_map *m) {
     for (size_t o = 0; o < m->size; o += page) acc ^= ((const volatile unsigned char *)m->data)[o];
     (void)acc;
     return SP_OK;
+}
+
+enum sp_status sp_map_to_anon(struct sp_map *m) {
+    if (!m->data || m->anon) return SP_OK;
+    size_t n = (m->size + 4095) & ~(size_t)4095;
+    if (((uintptr_t)m->data & (HUGE_PAGE - 1)) || m->size < HUGE_PAGE)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "a map of %zu bytes not on a 2 MiB boundary", m->size);
+    char *b = reserve_aligned(n);
+    if (!b || mmap(b, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+        int e = errno;
+        if (b) munmap(b, n);
+        return sp_errorf(SP_ERR_NOMEM, "%zu bytes of anonymous memory: %s", n, strerror(e));
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(b, n, MADV_HUGEPAGE);
+#endif
+    /* read the file (from the page cache where it is there) into the copy */
+    for (size_t off = 0; off < m->size;) {
+        size_t want = m->size - off < ((size_t)64 << 20) ? m->size - off : ((size_t)64 << 20);
+        ssize_t got = pread(m->fd, b + off, want, (off_t)off);
+        if (got <= 0) {
+            int e = got < 0 ? errno : EIO;
+            munmap(b, n);
+            return sp_errorf(SP_ERR_IO, "reading %zu bytes at %zu: %s", want, off, got < 0 ? strerror(e) : "file shrank");
+        }
+        off += (size_t)got;
+    }
+    if (mprotect(b, n, PROT_READ) != 0 ||
+        mremap(b, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)m->data) == MAP_FAILED) {
+        int e = errno;
+        munmap(b, n);
+        return sp_errorf(SP_ERR_IO, "moving the copy over the map: %s", strerror(e));
+    }
+    m->anon = true;
+    sp_mem_account(SP_MEM_WEIGHTS, (ptrdiff_t)m->size);
+    return SP_OK;
+}
+
+size_t sp_map_huge_bytes(const struct sp_map *m) {
+    if (!m->data) return 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    uintptr_t lo = (uintptr_t)m->data, hi = lo + m->size;
+    char line[512];
+    unsigned long long a, b, kb;
+    size_t total = 0;
+    bool in = false;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%llx-%llx ", &a, &b) == 2)  // a map's first line; field names are not hex-dash-hex
+            in = (uintptr_t)a >= lo && (uintptr_t)b <= ((hi + 4095) & ~(uintptr_t)4095);
+        else if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+            total += (size_t)kb * 1024;
+    }
+    fclose(f);
+    return total;
 }
 
 size_t sp_maps_huge_bytes(void) {

@@ -22,6 +22,7 @@
 struct sp_map {
     const unsigned char *data;  // NULL for an empty file
     size_t size;
+    bool anon;  // the bytes are an anonymous copy now (sp_map_to_anon)
     int fd;  // kept open for pread-based readers of the same file
 };
 
@@ -34,6 +35,17 @@ void sp_map_close(struct sp_map *m);
  * into 2 MiB pages where the kernel allows (MADV_HUGEPAGE): a one-token
  * product streams its weights ~9% faster with a TLB miss per 2 MiB. */
 enum sp_status sp_map_populate(const struct sp_map *m);
+/* Replaces the map's pages by an anonymous copy of the file, at the same
+ * address (pointers into the map stay valid), in 2 MiB pages where the
+ * kernel allows: read end to end by a one-token product, such pages take a
+ * TLB miss per 2 MiB where the page cache often holds a file in 4 KiB
+ * pieces. The copy is counted as weights memory (SP_MEM_WEIGHTS) and freed
+ * by sp_map_close. On failure the map is left as it was. */
+enum sp_status sp_map_to_anon(struct sp_map *m);
+/* Bytes of m held in 2 MiB pages now (its page-cache folios mapped whole,
+ * or its anonymous copy's huge pages; /proc/self/smaps, 0 where the kernel
+ * does not say). */
+size_t sp_map_huge_bytes(const struct sp_map *m);
 /* Bytes of this process's file maps mapped in 2 MiB pages now (FilePmdMapped
  * of /proc/self/smaps_rollup; 0 where the kernel does not say). */
 size_t sp_maps_huge_bytes(void);

@@ -292,16 +292,29 @@ enum sp_status sp_model_open(const char *spec, struct sp_model **out) {
     return SP_OK;
 }
 
-enum sp_status sp_model_populate(const struct sp_model *m) {
+enum sp_status sp_model_populate(const struct sp_model *m, bool copy, size_t *copied) {
+    *copied = 0;
     for (int i = 0; i < m->files->n_shards; i++) {
-        const struct sp_st_file *f = m->files->shards[i];
+        struct sp_st_file *f = m->files->shards[i];
         enum sp_status st = sp_map_populate(&f->map);
+        /* most of it in 4 KiB pages (a file the page cache held so): a copy */
+        if (st == SP_OK && copy && f->map.size >= ((size_t)2 << 20) &&
+            (double)sp_map_huge_bytes(&f->map) < 0.9 * (double)f->map.size) {
+            st = sp_map_to_anon(&f->map);
+            if (st == SP_OK) *copied += f->map.size;
+        }
         if (st != SP_OK) {
             sp_error_prefix("%s: ", f->path);
             return st;
         }
     }
     return SP_OK;
+}
+
+size_t sp_model_huge_bytes(const struct sp_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->files->n_shards; i++) n += sp_map_huge_bytes(&m->files->shards[i]->map);
+    return n;
 }
 
 void sp_model_close(struct sp_model *m) {
