@@ -19,15 +19,17 @@
  * instruction in two products: int16 activations, group 32 or 64, whose
  * halves are exactly the two 256-bit accumulator chains of the other builds
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
- * the same integers however they are added (zmm_group_sums). Integer sums
- * are exact and every float operation happens in the same order, so the
- * three builds' twin sets give bit-identical results. Measured on a
- * Sapphire Rapids host, 2 threads, 2048 x 2048 (bench/kernels): int16 x
- * 4-bit products of 64 tokens 1.7-1.9x avx2's, decode of mxfp4 rows from
- * DRAM about 1.4x. On a Zen 5 (one thread, from cache, one token), the
- * int8 product by groups 512 bits wide against the 256-bit one: affine4-g64
- * 768 x 2048 at 1.6x, 2048 x 768 1.2x, mxfp4 1.1-1.4x. Everything else
- * stays 256 bits wide.
+ * the same integers however they are added (zmm_group_sums); and in the
+ * int8 product by tokens two blocks of 8 tokens share one vector
+ * (zmm_block_group_add). Integer sums are exact and every float operation
+ * happens in the same order, so the three builds' twin sets give
+ * bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
+ * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
+ * 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM about 1.4x. On a Zen 5
+ * (one thread, from cache), against the same set 256 bits wide: one token
+ * by groups, affine4-g64 768 x 2048 at 1.6x, 2048 x 768 1.2x, mxfp4
+ * 1.1-1.4x; 32 tokens by tokens 1.14-1.35x. Everything else stays 256 bits
+ * wide.
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
@@ -1528,6 +1530,13 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
     }
 }
 
+/* Where chain c of row i for token block j (of a pass) starts in
+ * q->chains: the pass's two blocks side by side, so that the avx512 build
+ * updates both with one 512-bit vector. */
+ALWAYS int64_t chain_at(int i, int64_t c, int j) {
+    return ((i * Q8_CHAINS + c) * Q8_PAIR + j) * Q8_BLOCK_TOKENS;
+}
+
 /* Group g of the unpacked rows times token blocks b .. b + nb - 1 (from
  * xb), added to the rows' chains g % 8 (first: the chains start here). */
 ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
@@ -1552,7 +1561,7 @@ ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8
         __m256 br = fmt == FMT_MX4 ? sr : _mm256_broadcast_ss(q->brow + i * q->ldg + g);
 #pragma GCC unroll 2
         for (int j = 0; j < nb; j++) {
-            float *a = q->chains + ((j * Q8_BLOCK_ROWS + i) * Q8_CHAINS + g % Q8_CHAINS) * Q8_BLOCK_TOKENS;
+            float *a = q->chains + chain_at(i, g % Q8_CHAINS, j);
             __m256i st = fmt == FMT_MX4 ? _mm256_sub_epi32(sum[i][j], xo[j]) : sum[i][j];
             __m256 ds = _mm256_mul_ps(sr, dx[j]);
             __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), ds, first ? _mm256_setzero_ps() : _mm256_loadu_ps(a));
@@ -1560,6 +1569,86 @@ ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8
             _mm256_storeu_ps(a, v);
         }
     }
+}
+
+#if HAVE_ZMM
+/* Two token blocks in one 512-bit vector: lanes 0-7 block b's 8 tokens,
+ * 8-15 block b + 1's. The sums are block_group's integers, the float work
+ * block_group_add's operations lane for lane, so the results are the
+ * same bits; each quad of codes takes one vpdpbusd per row instead of two. */
+ALWAYS __m512 pair_ps(const float *a, const float *b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+
+/* s[i][k] += quads q + k, q + k + 2, ... (k = 0, 1; steps of them in all,
+ * an even number) of row i times the same quads of both blocks (xb, xb + 8
+ * * cols): 8 sums in flight, for the multiply-add's latency. */
+ALWAYS __m512i pair_quad(const int8_t *xb, int64_t cols, int64_t q) {
+    const int8_t *x = xb + q * 32;
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)(x + Q8_BLOCK_TOKENS * cols)), 1);
+}
+ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t q, int steps,
+                           __m512i s[Q8_BLOCK_ROWS][2]) {
+#pragma GCC unroll 16
+    for (int k = 0; k < steps; k += 2) {
+        __m512i x0 = pair_quad(xb, cols, q + k), x1 = pair_quad(xb, cols, q + k + 1);
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+            int32_t u0, u1;
+            memcpy(&u0, ub + i * cols + (q + k) * 4, 4);
+            memcpy(&u1, ub + i * cols + (q + k + 1) * 4, 4);
+            s[i][0] = _mm512_dpbusd_epi32(s[i][0], _mm512_set1_epi32(u0), x0);
+            s[i][1] = _mm512_dpbusd_epi32(s[i][1], _mm512_set1_epi32(u1), x1);
+            __asm__("" : "+v"(s[i][0]), "+v"(s[i][1]));
+        }
+    }
+}
+
+/* block_group_add for blocks b and b + 1 together. */
+ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int64_t b, int64_t g,
+                                bool lone, bool first) {
+    __m512i s[Q8_BLOCK_ROWS][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
+    if (per == 1) {
+        /* the group's even columns, then its odd ones (as block_group) */
+        int64_t qa = (g / 2) * 16 + (g & 1) * 4;
+        zmm_quad_steps(q->ub, q->cols, xb, qa, 4, s);
+        zmm_quad_steps(q->ub, q->cols, xb, qa + (lone ? 4 : 8), 4, s);
+    } else {
+        zmm_quad_steps(q->ub, q->cols, xb, g * 16 * (per / 2), 16 * (per / 2), s);
+    }
+    size_t at0 = (size_t)((b * q->ldg + g) * Q8_BLOCK_TOKENS), at1 = at0 + (size_t)(q->ldg * Q8_BLOCK_TOKENS);
+    __m512 dx = pair_ps(q->dxt + at0, q->dxt + at1), xs = _mm512_setzero_ps();
+    __m512i xo = _mm512_setzero_si512();
+    if (fmt == FMT_MX4)
+        xo = _mm512_castps_si512(pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
+    else
+        xs = pair_ps(q->xst + at0, q->xst + at1);
+#pragma GCC unroll 4
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+        __m512 sr = _mm512_set1_ps(q->srow[i * q->ldg + g]);
+        float *a = q->chains + chain_at(i, g % Q8_CHAINS, 0);
+        __m512i st = _mm512_add_epi32(s[i][0], s[i][1]);
+        if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo);
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx), first ? _mm512_setzero_ps() : _mm512_loadu_ps(a));
+        if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(q->brow[i * q->ldg + g]), xs, v);
+        _mm512_storeu_ps(a, v);
+    }
+}
+#endif
+
+/* block_group_add, both blocks of a pass at once where the build can. */
+ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
+                      bool lone, bool first) {
+#if HAVE_ZMM
+    if (nb == 2) {
+        zmm_block_group_add(fmt, per, q, xb, b, g, lone, first);
+        return;
+    }
+#endif
+    block_group_add(fmt, per, q, xb, nb, b, g, lone, first);
 }
 
 /* Rows i < nr of v (lane t: token t) into y[t * ldy + i] for tokens t <
@@ -1599,14 +1688,13 @@ ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const stru
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;
     int64_t g = 0;
-    for (; g < first; g++) block_group_add(fmt, per, q, xb, nb, b, g, false, true);
-    for (; g < ngw; g++) block_group_add(fmt, per, q, xb, nb, b, g, false, false);
-    if (lone) block_group_add(fmt, per, q, xb, nb, b, g, true, g < Q8_CHAINS);
+    for (; g < first; g++) group_add(fmt, per, q, xb, nb, b, g, false, true);
+    for (; g < ngw; g++) group_add(fmt, per, q, xb, nb, b, g, false, false);
+    if (lone) group_add(fmt, per, q, xb, nb, b, g, true, g < Q8_CHAINS);
     for (int j = 0; j < nb; j++) {
         __m256 v[Q8_BLOCK_ROWS];
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-            const float *a = q->chains + (j * Q8_BLOCK_ROWS + i) * Q8_CHAINS * Q8_BLOCK_TOKENS;
-#define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(a + (c) * Q8_BLOCK_TOKENS) : _mm256_setzero_ps())
+#define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(q->chains + chain_at(i, c, j)) : _mm256_setzero_ps())
             v[i] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
                                  _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
 #undef CH_
