@@ -228,10 +228,13 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
     sp_jw_key(&w, "rss_peak_bytes"); sp_jw_uint(&w, r->rss_peak);
     sp_jw_key(&w, "weights_huge_bytes"); sp_jw_uint(&w, r->weights_huge);
+    /* the plan's resident weights, less what the load copied out of the page cache */
+    size_t copied = sp_model_copied_bytes(m);
+    size_t mapped = r->has_experts ? pl->resident_weight_bytes : pl->resident_weight_bytes + pl->routed_expert_bytes;
     sp_jw_key(&w, "plan_anon_bytes");
-    sp_jw_uint(&w, (r->has_experts ? r->es.budget : 0) + pl->kv_bytes + pl->activation_bytes + pl->overhead_bytes);
+    sp_jw_uint(&w, (r->has_experts ? r->es.budget : 0) + pl->kv_bytes + pl->activation_bytes + pl->overhead_bytes + copied);
     sp_jw_key(&w, "plan_file_bytes");
-    sp_jw_uint(&w, r->has_experts ? pl->resident_weight_bytes : pl->resident_weight_bytes + pl->routed_expert_bytes);
+    sp_jw_uint(&w, mapped > copied ? mapped - copied : 0);
     if (r->has_experts) {
         sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
         sp_jw_key(&w, "expert_misses"); sp_jw_uint(&w, r->es.misses);

@@ -126,7 +126,8 @@ enum sp_status sp_map_to_anon(struct sp_map *m) {
         if (got <= 0) {
             int e = got < 0 ? errno : EIO;
             munmap(b, n);
-            return sp_errorf(SP_ERR_IO, "reading %zu bytes at %zu: %s", want, off, got < 0 ? strerror(e) : "file shrank");
+            return sp_errorf(SP_ERR_IO, "reading %zu bytes at %zu: %s", want, off,
+                             got < 0 ? strerror(e) : "file shrank");
         }
         off += (size_t)got;
     }
@@ -153,7 +154,8 @@ size_t sp_map_huge_bytes(const struct sp_map *m) {
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%llx-%llx ", &a, &b) == 2)  // a map's first line; field names are not hex-dash-hex
             in = (uintptr_t)a >= lo && (uintptr_t)b <= ((hi + 4095) & ~(uintptr_t)4095);
-        else if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+        else if (in &&
+                 (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
             total += (size_t)kb * 1024;
     }
     fclose(f);

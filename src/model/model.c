@@ -317,6 +317,13 @@ size_t sp_model_huge_bytes(const struct sp_model *m) {
     return n;
 }
 
+size_t sp_model_copied_bytes(const struct sp_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->files->n_shards; i++)
+        if (m->files->shards[i]->map.anon) n += m->files->shards[i]->map.size;
+    return n;
+}
+
 void sp_model_close(struct sp_model *m) {
     if (!m) return;
     sp_weights_free(&m->weights);

@@ -64,6 +64,8 @@ void sp_model_close(struct sp_model *m);
 enum sp_status sp_model_populate(const struct sp_model *m, bool copy, size_t *copied);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
+/* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */
+size_t sp_model_copied_bytes(const struct sp_model *m);
 
 /* The linear layer of (layer, role, expert); expert is -1 for non-expert
  * roles and 0..E-1 for routed experts. */

@@ -300,8 +300,10 @@ double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
     }
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
     /* 4 KiB pages: THP is off, or SPARROW_MMAP kept files the page cache held in them */
-    sp_log(SP_LOG_INFO, "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of 4 KiB pages of the page cache), "
-           "%.1f MiB in 2 MiB pages", mib, dt, (double)copied / 1048576.0, huge);
+    sp_log(SP_LOG_INFO,
+           "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of 4 KiB pages of the page cache), "
+           "%.1f MiB in 2 MiB pages",
+           mib, dt, (double)copied / 1048576.0, huge);
     return dt;
 }
 

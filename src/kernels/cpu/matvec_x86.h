@@ -1623,7 +1623,8 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
     __m512 dx = pair_ps(q->dxt + at0, q->dxt + at1), xs = _mm512_setzero_ps();
     __m512i xo = _mm512_setzero_si512();
     if (fmt == FMT_MX4)
-        xo = _mm512_castps_si512(pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
+        xo = _mm512_castps_si512(
+            pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
     else
         xs = pair_ps(q->xst + at0, q->xst + at1);
 #pragma GCC unroll 4
@@ -1632,7 +1633,8 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
         float *a = q->chains + chain_at(i, g % Q8_CHAINS, 0);
         __m512i st = _mm512_add_epi32(s[i][0], s[i][1]);
         if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo);
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx), first ? _mm512_setzero_ps() : _mm512_loadu_ps(a));
+        __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a);
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx), prev);
         if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(q->brow[i * q->ldg + g]), xs, v);
         _mm512_storeu_ps(a, v);
     }
