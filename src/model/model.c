@@ -292,21 +292,31 @@ enum sp_status sp_model_open(const char *spec, struct sp_model **out) {
     return SP_OK;
 }
 
-enum sp_status sp_model_populate(const struct sp_model *m, bool copy, size_t *copied) {
-    *copied = 0;
+enum sp_status sp_model_populate(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) {
-        struct sp_st_file *f = m->files->shards[i];
+        const struct sp_st_file *f = m->files->shards[i];
         enum sp_status st = sp_map_populate(&f->map);
-        /* most of it in 4 KiB pages (a file the page cache held so): a copy */
-        if (st == SP_OK && copy && f->map.size >= ((size_t)2 << 20) &&
-            (double)sp_map_huge_bytes(&f->map) < 0.9 * (double)f->map.size) {
-            st = sp_map_to_anon(&f->map);
-            if (st == SP_OK) *copied += f->map.size;
-        }
         if (st != SP_OK) {
             sp_error_prefix("%s: ", f->path);
             return st;
         }
+    }
+    return SP_OK;
+}
+
+enum sp_status sp_model_copy_in(const struct sp_model *m, size_t *copied) {
+    *copied = 0;
+    for (int i = 0; i < m->files->n_shards; i++) {
+        struct sp_st_file *f = m->files->shards[i];
+        /* mostly in 2 MiB pages already (read afresh under MADV_HUGEPAGE), or too small for one */
+        if (f->map.size < ((size_t)2 << 20) || (double)sp_map_huge_bytes(&f->map) >= 0.9 * (double)f->map.size)
+            continue;
+        enum sp_status st = sp_map_to_anon(&f->map);
+        if (st != SP_OK) {
+            sp_error_prefix("%s: ", f->path);
+            return st;
+        }
+        *copied += f->map.size;
     }
     return SP_OK;
 }

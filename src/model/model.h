@@ -55,13 +55,14 @@ struct sp_model {
 enum sp_status sp_model_open(const char *spec, struct sp_model **out);
 void sp_model_close(struct sp_model *m);
 /* Maps every weight file into memory now (sp_map_populate), for a model the
- * plan keeps resident: its first forward pass then takes no page faults.
- * With copy, a file (of 2 MiB or more) that is then mostly in 4 KiB pages
- * (the page cache held it so) is replaced by an anonymous copy in 2 MiB
- * pages at the same address (sp_map_to_anon; views into it stay valid);
- * *copied gets the bytes copied. On failure the files not yet done stay
- * mapped and readable. */
-enum sp_status sp_model_populate(const struct sp_model *m, bool copy, size_t *copied);
+ * plan keeps resident: its first forward pass then takes no page faults. */
+enum sp_status sp_model_populate(const struct sp_model *m);
+/* Replaces each weight file's map (of 2 MiB or more) that is mostly in
+ * 4 KiB pages (the page cache held the file so) by an anonymous copy in
+ * 2 MiB pages at the same address (sp_map_to_anon): views into it stay
+ * valid. *copied gets the bytes copied. On failure the files not copied
+ * stay mapped and readable. */
+enum sp_status sp_model_copy_in(const struct sp_model *m, size_t *copied);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */

@@ -294,10 +294,12 @@ double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
     bool copy = thp_allowed() && !(keep && *keep && strcmp(keep, "0") != 0);
     size_t copied = 0;
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
-    if (sp_model_populate(m, copy, &copied) != SP_OK) {
+    if (sp_model_populate(m) != SP_OK) {
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
         return sp_now_s() - t0;
     }
+    if (copy && sp_model_copy_in(m, &copied) != SP_OK)
+        sp_log(SP_LOG_WARN, "weights: copying stopped, the rest stay in the page cache's pages: %s", sp_error_msg());
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
     /* 4 KiB pages: THP is off, or SPARROW_MMAP kept files the page cache held in them */
     sp_log(SP_LOG_INFO,
