@@ -26,10 +26,10 @@
  * bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
  * 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM about 1.4x. On a Zen 5
- * (one thread, from cache), against the same set 256 bits wide: one token
- * by groups, affine4-g64 768 x 2048 at 1.6x, 2048 x 768 1.2x, mxfp4
- * 1.1-1.4x; 32 tokens by tokens 1.14-1.35x. Everything else stays 256 bits
- * wide.
+ * (one thread, from cache): one token by groups against avx2's, affine4-g64
+ * 768 x 2048 at 1.6x, 2048 x 768 1.3x, mxfp4 1.4-1.5x; 32 tokens by tokens
+ * against this set's former 256-bit product, 1.14-1.35x. Everything else
+ * stays 256 bits wide.
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
