@@ -252,10 +252,11 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
     size_t groups = (size_t)(w->cols / 32 + 1);
     size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * groups * sizeof(float)) + 4 * groups * sizeof(float);
-    /* int8 (matvec_x86.h, q8_layout): the tokens three times (as rounded, in
-     * unit-pair order, and side by side 8 at a time), 4 rows of codes as bytes, and per group up to 8
-     * more: 6 arrays of a token each and 2 of 4 rows, plus 512 floats of
-     * chains (2 blocks x 4 rows x 8 chains x 8 tokens) */
+    /* int8 (matvec_x86.h, q8_layout): the tokens three times (as rounded,
+     * in unit-pair order, and side by side 8 at a time), 4 rows of codes as
+     * bytes, and per group up to 8 more: 6 arrays of a token each and 2 of
+     * 4 rows, plus 512 floats of chains (2 blocks x 4 rows x 8 chains x 8
+     * tokens) */
     size_t groups8 = groups + 8;
     size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 4) * (size_t)w->cols +
                 (6 * SP_KERNELS_Q8_TOKENS + 8) * groups8 * sizeof(float) + 512 * sizeof(float);

@@ -1069,12 +1069,14 @@ ALWAYS void row_floats(int sdt, const uint8_t *p, int64_t ng, int64_t ldg, float
     for (; g < ldg; g++) out[g] = 0.0f;
 }
 
+/* mxfp4 codes 0..15 as the unsigned bytes that multiply int8 activations:
+ * 2 * e2m1 + 12 (a table for vpshufb, repeated in each 128-bit lane). */
+ALWAYS __m128i mx4_u8_table(void) { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
+
 /* 4-bit codes (one per byte) as the unsigned bytes that multiply int8
- * activations: affine codes as they are, mxfp4 codes 2 * e2m1 + 12. */
+ * activations: affine codes as they are, mxfp4 codes by mx4_u8_table. */
 ALWAYS __m256i u8_values(int fmt, __m256i nibbles) {
-    const __m256i e2m1 = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
-                                          16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    return fmt == FMT_MX4 ? _mm256_shuffle_epi8(e2m1, nibbles) : nibbles;
+    return fmt == FMT_MX4 ? _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mx4_u8_table()), nibbles) : nibbles;
 }
 
 /* Codes of 64 columns (32 bytes at c) as unsigned bytes (u8_values): lo
@@ -1206,8 +1208,7 @@ ALWAYS void zmm_u8_codes(int fmt, __m512i v, __m512i *lo, __m512i *hi) {
     *lo = _mm512_and_si512(v, low4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     if (fmt == FMT_MX4) {
-        const __m512i e2m1 =
-            _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
         *lo = _mm512_shuffle_epi8(e2m1, *lo);
         *hi = _mm512_shuffle_epi8(e2m1, *hi);
     }
@@ -1580,14 +1581,16 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-/* s[i][k] += quads q + k, q + k + 2, ... (k = 0, 1; steps of them in all,
- * an even number) of row i times the same quads of both blocks (xb, xb + 8
- * * cols): 8 sums in flight, for the multiply-add's latency. */
+/* Quad q of both blocks' activations (xb, xb + 8 * cols) in one vector. */
 ALWAYS __m512i pair_quad(const int8_t *xb, int64_t cols, int64_t q) {
     const int8_t *x = xb + q * 32;
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x)),
                               _mm256_loadu_si256((const __m256i *)(const void *)(x + Q8_BLOCK_TOKENS * cols)), 1);
 }
+
+/* s[i][k] += quads q + k, q + k + 2, ... (k = 0, 1; steps of them in all,
+ * an even number) of row i times the same quads of both blocks: 8 sums in
+ * flight, for the multiply-add's latency. */
 ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t q, int steps,
                            __m512i s[Q8_BLOCK_ROWS][2]) {
 #pragma GCC unroll 16
