@@ -299,18 +299,17 @@ static void test_map_populate(void **state) {
     th_rmdir(dir);
 }
 
-/* Bytes of a kB field ("FilePmdMapped:") of the map starting at `at`, or
- * (at NULL) summed over all of this process's maps. */
+/* Bytes of a kB field ("FilePmdMapped:") of the map starting at `at`. */
 static size_t smaps_field(const void *at, const char *field) {
     FILE *f = fopen("/proc/self/smaps", "r");
     assert_non_null(f);
     char line[512];
     size_t total = 0, n = strlen(field);
     unsigned long long kb, lo, hi;
-    bool in = at == NULL;
+    bool in = false;
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%llx-%llx ", &lo, &hi) == 2)  // a map's first line; field names are not hex-dash-hex
-            in = at == NULL || (uintptr_t)lo == (uintptr_t)at;
+            in = (uintptr_t)lo == (uintptr_t)at;
         else if (in && strncmp(line, field, n) == 0 && sscanf(line + n, "%llu kB", &kb) == 1)
             total += (size_t)kb * 1024;
     }
@@ -336,8 +335,8 @@ static char *uncached_file(const char *dir, const char *name, size_t mib) {
 }
 
 /* Populating asks for 2 MiB pages: where the kernel gives them to a file
- * map advised by hand, a populated map has them too; the process-wide
- * figure is the kernel's own. Buffers from sp_malloc_huge are aligned to 2
+ * map advised by hand, a populated map has them too, and sp_map_huge_bytes
+ * says so as the kernel does. Buffers from sp_malloc_huge are aligned to 2
  * MiB, accounted and whole. */
 static void test_huge_pages(void **state) {
     (void)state;
@@ -352,7 +351,7 @@ static void test_huge_pages(void **state) {
     size_t kernel_gives = smaps_field(probe.data, "FilePmdMapped:"), got = smaps_field(m.data, "FilePmdMapped:");
     print_message("8 MiB files read afresh: %zu bytes in 2 MiB pages advised by hand, %zu populated\n", kernel_gives, got);
     if (kernel_gives) assert_true(got >= (size_t)4 << 20);  // all but a partial first and last 2 MiB
-    assert_int_equal(sp_maps_huge_bytes(), smaps_field(NULL, "FilePmdMapped:"));
+    assert_int_equal(sp_map_huge_bytes(&m), got);
     for (size_t o = 0; o < m.size; o += 4096) assert_int_equal(m.data[o], 1);
     sp_map_close(&probe);
     sp_map_close(&m);
@@ -399,7 +398,7 @@ static void test_map_to_anon(void **state) {
     assert_int_equal(m.size, size);
     assert_memory_equal(m.data, bytes, size);
     assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + size);
-    assert_int_equal(smaps_field(m.data, "Anonymous:") >= (size & ~(size_t)4095), true);
+    assert_true(smaps_field(m.data, "Anonymous:") >= (size & ~(size_t)4095));
     size_t huge = sp_map_huge_bytes(&m);
     print_message("5 MiB copied: %zu bytes in 2 MiB pages\n", huge);
     assert_int_equal(huge, smaps_field(m.data, "AnonHugePages:"));

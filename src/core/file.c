@@ -89,7 +89,7 @@ enum sp_status sp_map_populate(const struct sp_map *m) {
 #ifdef MADV_HUGEPAGE
     /* What the kernel reads for the map from here on goes into 2 MiB pages
      * where the file system and THP allow; pages the page cache already
-     * holds in 4 KiB pieces stay so (sp_maps_huge_bytes tells which). */
+     * holds in 4 KiB pieces stay so (sp_map_huge_bytes tells which). */
     (void)madvise((void *)m->data, m->size, MADV_HUGEPAGE);
 #endif
 #ifdef MADV_POPULATE_READ
@@ -160,17 +160,6 @@ size_t sp_map_huge_bytes(const struct sp_map *m) {
     }
     fclose(f);
     return total;
-}
-
-size_t sp_maps_huge_bytes(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (size_t)kb * 1024;
 }
 
 enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {

@@ -46,9 +46,6 @@ enum sp_status sp_map_to_anon(struct sp_map *m);
  * or its anonymous copy's huge pages; /proc/self/smaps, 0 where the kernel
  * does not say). */
 size_t sp_map_huge_bytes(const struct sp_map *m);
-/* Bytes of this process's file maps mapped in 2 MiB pages now (FilePmdMapped
- * of /proc/self/smaps_rollup; 0 where the kernel does not say). */
-size_t sp_maps_huge_bytes(void);
 
 /* Reads a whole file (at most max_bytes) into a NUL-terminated buffer. */
 enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len);
