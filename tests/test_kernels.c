@@ -176,7 +176,8 @@ static void check_matmul(const struct sp_kernels *k, const struct mat *M, int64_
     free(x);
 }
 
-static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 17, 40};
+/* 14 and 23: part blocks and (avx512) a pass with a block of zeros */
+static const int64_t batches[] = {1, 2, 3, 4, 5, 7, 8, 14, 17, 23, 40};
 
 /* A matrix format and a row length, for the tests that compare sets or
  * batch sizes with each other. */
@@ -308,7 +309,7 @@ static void test_batch_invariance(void **state) {
             float one[13];
             for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
             void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
-            const int64_t sizes[] = {40, 17, 9, 7, 5, 3};
+            const int64_t sizes[] = {40, 23, 17, 14, 9, 7, 5, 3};
             for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
                 k->matmul_rows(&M.m, 0, 13, x, cols, sizes[b], y, 13, scratch);
                 for (int64_t t = 0; t < sizes[b]; t++) {

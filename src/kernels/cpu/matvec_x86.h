@@ -917,12 +917,13 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
 #define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
 #define Q8_BLOCK_ROWS 4    // rows unpacked at a time there
 /* Token blocks that share each broadcast of a row's codes (measured on a
- * Zen 3: 1.02-1.09x one block at a time) */
+ * Zen 3: 1.02-1.09x one block at a time); the activations of a pair of
+ * blocks sit side by side, 64 bytes per quad (quad_at) */
 #define Q8_PAIR 2
+/* Token blocks of one pass in the avx512 build (two pairs): chains are kept
+ * for this many in every build */
+#define Q8_PASS 4
 #define Q8_TOKENS SP_KERNELS_Q8_TOKENS  // tokens rounded to int8 at a time
-/* A last part block of this many tokens or more goes by tokens too (padded
- * with zeros), fewer by groups: what measured faster. */
-#define Q8_PAD_MIN 6
 
 /* A batch of up to Q8_TOKENS tokens rounded to int8 (q8_prepare), and the
  * buffers the products use, all in the caller's scratch. Per-group arrays
@@ -934,9 +935,10 @@ struct q8acts {
     const float *xsum;    // affine: (n, ldg) float sum of x over each group (mxfp4: unset)
     const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group (affine: unset)
     float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
-    /* product by tokens: xt (blocks of 8 tokens: cols / 4 quads x 8 tokens x
-     * 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub (Q8_BLOCK_ROWS, cols)
-     * unpacked codes, chains (Q8_PAIR, Q8_BLOCK_ROWS, Q8_CHAINS, 8) */
+    /* product by tokens: xt (pairs of blocks of 8 tokens: cols / 4 quads x
+     * 2 blocks x 8 tokens x 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub
+     * (Q8_BLOCK_ROWS, cols) unpacked codes, chains (Q8_BLOCK_ROWS,
+     * Q8_CHAINS, Q8_PASS, 8) */
     int8_t *xt;
     uint8_t *ub;
     float *dxt, *xst, *chains;
@@ -976,14 +978,14 @@ ALWAYS int32_t hsum_epi32(__m256i v) {
 /* Carves the q8acts buffers out of scratch (sp_kernels_scratch_bytes
  * counts them) for up to Q8_TOKENS tokens. */
 static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q) {
-    _Static_assert(Q8_TOKENS % Q8_BLOCK_TOKENS == 0, "whole blocks of tokens");
+    _Static_assert(Q8_TOKENS % (Q8_PAIR * Q8_BLOCK_TOKENS) == 0, "whole pairs of blocks of tokens");
     int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q8_TOKENS;
     int8_t *xq = scratch, *xp = xq + nt * cols, *xt = xp + nt * cols;
     uint8_t *ub = (uint8_t *)(xt + nt * cols);
     float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
     float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
     float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
-    int32_t *xoff = (int32_t *)(void *)(chains + Q8_PAIR * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
+    int32_t *xoff = (int32_t *)(void *)(chains + Q8_PASS * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
     int32_t *xot = xoff + nt * ldg;
     *q = (struct q8acts){xq, xp, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg, false};
 }
@@ -1395,9 +1397,14 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
 
 /* ---- the product by tokens ---- */
 
+/* Where quad k of a pair of token blocks starts in the pair's activations
+ * (xt + 16 * cols per pair): the first block's 8 tokens in bytes 0-31, the
+ * second's in 32-63. */
+ALWAYS int64_t quad_at(int64_t k) { return k * Q8_PAIR * 32; }
+
 /* s[i][j] += quads q .. q + steps - 1 of row i's unpacked codes times the
- * same quads of token block j < nb (block j at xb + j * 8 * cols, 32 bytes
- * per quad): a row's code bytes are broadcast once for the nb blocks. */
+ * same quads of token block j < nb of the pair at xb: a row's code bytes
+ * are broadcast once for the nb blocks. */
 ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int nb, int64_t q, int steps,
                        __m256i s[Q8_BLOCK_ROWS][Q8_PAIR]) {
 #pragma GCC unroll 8
@@ -1405,7 +1412,7 @@ ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int nb
         __m256i x[Q8_PAIR];
 #pragma GCC unroll 2
         for (int j = 0; j < nb; j++)
-            x[j] = _mm256_loadu_si256((const __m256i *)(const void *)(xb + j * Q8_BLOCK_TOKENS * cols + (q + k) * 32));
+            x[j] = _mm256_loadu_si256((const __m256i *)(const void *)(xb + quad_at(q + k) + j * 32));
 #pragma GCC unroll 4
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
             int32_t u;
@@ -1497,21 +1504,21 @@ ALWAYS void transpose8_ps(__m256 r[8]) {
 }
 
 /* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) into dst as
- * 8 x 8 transposed: dst[k * 8 + t] = dword k of row t. */
-ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst) {
+ * 8 x 8 transposed, ld dwords apart: dst[k * ld + t] = dword k of row t. */
+ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst, int64_t ld) {
     __m256 r[8];
     for (int t = 0; t < 8; t++)
         r[t] = src[t] ? _mm256_loadu_ps((const float *)(const void *)((const char *)src[t] + at)) : _mm256_setzero_ps();
     transpose8_ps(r);
-    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + 8 * k, r[k]);
+    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + ld * k, r[k]);
 }
 
 /* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
- * tokens, and their per-group dx and sums (xst, or xot for mxfp4) 8 per
- * group. */
+ * tokens (half of each 64-byte quad of the block's pair), and their
+ * per-group dx and sums (xst, or xot for mxfp4) 8 per group. */
 static void block_tokens(const struct q8acts *q, int64_t b) {
     int64_t ldg = q->ldg;
-    int8_t *xt = q->xt + b * q->cols * Q8_BLOCK_TOKENS;
+    int8_t *xt = q->xt + (b / Q8_PAIR) * q->cols * Q8_PAIR * Q8_BLOCK_TOKENS + (b % Q8_PAIR) * 32;
     size_t at = (size_t)(b * ldg * Q8_BLOCK_TOKENS);
     /* the rows read the float sums (affine) or the integer offsets (mxfp4) */
     void *sums = q->mx4 ? (void *)(q->xot + at) : (void *)(q->xst + at);
@@ -1524,18 +1531,18 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
         xs[t] = !real ? NULL : q->mx4 ? (const void *)(q->xoff + tg * ldg) : (const void *)(q->xsum + tg * ldg);
     }
     /* cols is a multiple of 32 (8 quads), ldg of 8; sums are 4-byte values */
-    for (int64_t k = 0; k < q->cols; k += 32) transpose8x8(x, k, xt + k * Q8_BLOCK_TOKENS);
+    for (int64_t k = 0; k < q->cols; k += 32) transpose8x8(x, k, xt + quad_at(k / 4), Q8_PAIR * 8);
     for (int64_t g = 0; g < ldg; g += 8) {
-        transpose8x8(dx, g * 4, q->dxt + at + g * Q8_BLOCK_TOKENS);
-        transpose8x8(xs, g * 4, (char *)sums + g * Q8_BLOCK_TOKENS * 4);
+        transpose8x8(dx, g * 4, q->dxt + at + g * Q8_BLOCK_TOKENS, 8);
+        transpose8x8(xs, g * 4, (char *)sums + g * Q8_BLOCK_TOKENS * 4, 8);
     }
 }
 
 /* Where chain c of row i for token block j (of a pass) starts in
- * q->chains: the pass's two blocks side by side, so that the avx512 build
- * updates both with one 512-bit vector. */
+ * q->chains: the pass's blocks side by side, so that the avx512 build
+ * updates a pair of them with one 512-bit vector. */
 ALWAYS int64_t chain_at(int i, int64_t c, int j) {
-    return ((i * Q8_CHAINS + c) * Q8_PAIR + j) * Q8_BLOCK_TOKENS;
+    return ((i * Q8_CHAINS + c) * Q8_PASS + j) * Q8_BLOCK_TOKENS;
 }
 
 /* Group g of the unpacked rows times token blocks b .. b + nb - 1 (from
@@ -1573,87 +1580,110 @@ ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8
 }
 
 #if HAVE_ZMM
-/* Two token blocks in one 512-bit vector: lanes 0-7 block b's 8 tokens,
- * 8-15 block b + 1's. The sums are block_group's integers, the float work
- * block_group_add's operations lane for lane, so the results are the
- * same bits; each quad of codes takes one vpdpbusd per row instead of two. */
+/* A pair of token blocks in one 512-bit vector: lanes 0-7 block b's 8
+ * tokens, 8-15 block b + 1's; a pass takes one or two pairs (np). The sums
+ * are block_group's integers, the float work block_group_add's operations
+ * lane for lane, so the results are the same bits; each quad of codes takes
+ * one vpdpbusd per row and pair. */
 ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-/* Quad q of both blocks' activations (xb, xb + 8 * cols) in one vector. */
-ALWAYS __m512i pair_quad(const int8_t *xb, int64_t cols, int64_t q) {
-    const int8_t *x = xb + q * 32;
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x)),
-                              _mm256_loadu_si256((const __m256i *)(const void *)(x + Q8_BLOCK_TOKENS * cols)), 1);
-}
-
-/* s[i][k] += quads q + k, q + k + 2, ... (k = 0, 1; steps of them in all,
- * an even number) of row i times the same quads of both blocks: 8 sums in
- * flight, for the multiply-add's latency. */
-ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int64_t q, int steps,
-                           __m512i s[Q8_BLOCK_ROWS][2]) {
+/* s[i][p][m] += quads q + k (k < steps, k % par == m for par = 4 / np) of
+ * row i times the same quads of pair p (at xb + p * 16 * cols): 16 sums in
+ * flight, for vpdpbusd's latency at two a cycle. steps is a multiple of 4. */
+ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int np, int64_t q, int steps,
+                           __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
+    const int par = 4 / np;
 #pragma GCC unroll 16
-    for (int k = 0; k < steps; k += 2) {
-        __m512i x0 = pair_quad(xb, cols, q + k), x1 = pair_quad(xb, cols, q + k + 1);
+    for (int k = 0; k < steps; k += par) {
+        __m512i x[Q8_PASS / Q8_PAIR][4];
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++)
 #pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-            int32_t u0, u1;
-            memcpy(&u0, ub + i * cols + (q + k) * 4, 4);
-            memcpy(&u1, ub + i * cols + (q + k + 1) * 4, 4);
-            s[i][0] = _mm512_dpbusd_epi32(s[i][0], _mm512_set1_epi32(u0), x0);
-            s[i][1] = _mm512_dpbusd_epi32(s[i][1], _mm512_set1_epi32(u1), x1);
-            __asm__("" : "+v"(s[i][0]), "+v"(s[i][1]));
-        }
+            for (int m = 0; m < par; m++) {
+                x[p][m] = _mm512_loadu_si512(xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q + k + m));
+                /* in a register: the load folded into each vpdpbusd measured slower */
+                __asm__("" : "+v"(x[p][m]));
+            }
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++)
+#pragma GCC unroll 4
+            for (int m = 0; m < par; m++) {
+                int32_t u;
+                memcpy(&u, ub + i * cols + (q + k + m) * 4, 4);
+                __m512i c = _mm512_set1_epi32(u);
+#pragma GCC unroll 2
+                for (int p = 0; p < np; p++) {
+                    s[i][p][m] = _mm512_dpbusd_epi32(s[i][p][m], c, x[p][m]);
+                    __asm__("" : "+v"(s[i][p][m]));
+                }
+            }
     }
 }
 
-/* block_group_add for blocks b and b + 1 together. */
-ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int64_t b, int64_t g,
-                                bool lone, bool first) {
-    __m512i s[Q8_BLOCK_ROWS][2];
+/* block_group_add for the np pairs of blocks from b on. */
+ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int np, int64_t b,
+                                int64_t g, bool lone, bool first) {
+    const int par = 4 / np;
+    __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4];
 #pragma GCC unroll 4
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++) s[i][0] = s[i][1] = _mm512_setzero_si512();
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++)
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++)
+#pragma GCC unroll 4
+            for (int m = 0; m < par; m++) s[i][p][m] = _mm512_setzero_si512();
     if (per == 1) {
         /* the group's even columns, then its odd ones (as block_group) */
         int64_t qa = (g / 2) * 16 + (g & 1) * 4;
-        zmm_quad_steps(q->ub, q->cols, xb, qa, 4, s);
-        zmm_quad_steps(q->ub, q->cols, xb, qa + (lone ? 4 : 8), 4, s);
+        zmm_quad_steps(q->ub, q->cols, xb, np, qa, 4, s);
+        zmm_quad_steps(q->ub, q->cols, xb, np, qa + (lone ? 4 : 8), 4, s);
     } else {
-        zmm_quad_steps(q->ub, q->cols, xb, g * 16 * (per / 2), 16 * (per / 2), s);
+        zmm_quad_steps(q->ub, q->cols, xb, np, g * 16 * (per / 2), 16 * (per / 2), s);
     }
-    size_t at0 = (size_t)((b * q->ldg + g) * Q8_BLOCK_TOKENS), at1 = at0 + (size_t)(q->ldg * Q8_BLOCK_TOKENS);
-    __m512 dx = pair_ps(q->dxt + at0, q->dxt + at1), xs = _mm512_setzero_ps();
-    __m512i xo = _mm512_setzero_si512();
-    if (fmt == FMT_MX4)
-        xo = _mm512_castps_si512(
-            pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
-    else
-        xs = pair_ps(q->xst + at0, q->xst + at1);
+    __m512 dx[Q8_PASS / Q8_PAIR], xs[Q8_PASS / Q8_PAIR];
+    __m512i xo[Q8_PASS / Q8_PAIR];
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++) {
+        size_t at0 = (size_t)(((b + Q8_PAIR * p) * q->ldg + g) * Q8_BLOCK_TOKENS);
+        size_t at1 = at0 + (size_t)(q->ldg * Q8_BLOCK_TOKENS);
+        dx[p] = pair_ps(q->dxt + at0, q->dxt + at1);
+        xs[p] = _mm512_setzero_ps();
+        xo[p] = _mm512_setzero_si512();
+        if (fmt == FMT_MX4)
+            xo[p] = _mm512_castps_si512(
+                pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
+        else
+            xs[p] = pair_ps(q->xst + at0, q->xst + at1);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
         __m512 sr = _mm512_set1_ps(q->srow[i * q->ldg + g]);
-        float *a = q->chains + chain_at(i, g % Q8_CHAINS, 0);
-        __m512i st = _mm512_add_epi32(s[i][0], s[i][1]);
-        if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo);
-        __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a);
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx), prev);
-        if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(q->brow[i * q->ldg + g]), xs, v);
-        _mm512_storeu_ps(a, v);
+#pragma GCC unroll 2
+        for (int p = 0; p < np; p++) {
+            float *a = q->chains + chain_at(i, g % Q8_CHAINS, Q8_PAIR * p);
+            __m512i st = s[i][p][0];
+#pragma GCC unroll 3
+            for (int m = 1; m < par; m++) st = _mm512_add_epi32(st, s[i][p][m]);
+            if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo[p]);
+            __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a);
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx[p]), prev);
+            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(q->brow[i * q->ldg + g]), xs[p], v);
+            _mm512_storeu_ps(a, v);
+        }
     }
 }
 #endif
 
-/* block_group_add, both blocks of a pass at once where the build can. */
+/* block_group_add for the nb blocks of a pass: whole pairs of them in the
+ * avx512 build. */
 ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
                       bool lone, bool first) {
 #if HAVE_ZMM
-    if (nb == 2) {
-        zmm_block_group_add(fmt, per, q, xb, b, g, lone, first);
-        return;
-    }
-#endif
+    zmm_block_group_add(fmt, per, q, xb, nb / Q8_PAIR, b, g, lone, first);
+#else
     block_group_add(fmt, per, q, xb, nb, b, g, lone, first);
+#endif
 }
 
 /* Rows i < nr of v (lane t: token t) into y[t * ldy + i] for tokens t <
@@ -1683,20 +1713,20 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
     }
 }
 
-/* Token blocks b .. b + nb - 1 of the unpacked rows: every group, then each
- * block's chains summed as hsum sums lanes (chains past ng are zero) and
- * stored. */
+/* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every group,
+ * then each block's chains summed as hsum sums lanes (chains past ng are
+ * zero) and stored (tokens past n are not). */
 ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
                             int nr, float *y, int64_t ldy) {
     /* groups before a lone last 32-column block, and whether there is one */
     const bool lone = per == 1 && (f->ng & 1);
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
-    const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;
+    const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
     int64_t g = 0;
     for (; g < first; g++) group_add(fmt, per, q, xb, nb, b, g, false, true);
     for (; g < ngw; g++) group_add(fmt, per, q, xb, nb, b, g, false, false);
     if (lone) group_add(fmt, per, q, xb, nb, b, g, true, g < Q8_CHAINS);
-    for (int j = 0; j < nb; j++) {
+    for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
         __m256 v[Q8_BLOCK_ROWS];
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
 #define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(q->chains + chain_at(i, c, j)) : _mm256_setzero_ps())
@@ -1713,11 +1743,20 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
-    for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
+    /* the avx512 build takes whole pairs: a last odd block gets a partner
+     * of zeros, computed and not stored */
+    const int64_t nbp = HAVE_ZMM ? (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR : nb;
+    for (int64_t b = 0; b < nbp; b++) block_tokens(q, b);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
         int64_t b = 0;
+        if (HAVE_ZMM) {
+            /* two pairs a pass, one pair for what is left */
+            for (; b + Q8_PASS <= nbp; b += Q8_PASS) block_rows_pass(fmt, per, &f, q, Q8_PASS, b, nr, y + r, ldy);
+            if (b < nbp) block_rows_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
+            continue;
+        }
         for (; b + Q8_PAIR <= nb; b += Q8_PAIR) block_rows_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
         for (; b < nb; b++) block_rows_pass(fmt, per, &f, q, 1, b, nr, y + r, ldy);
     }
@@ -1868,17 +1907,35 @@ static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t
     }
 }
 
+/* How many of nq <= Q8_TOKENS tokens go by tokens, the rest going by
+ * groups (4 at a time), as measured faster. The avx512 build computes
+ * whole pairs of blocks, two pairs a pass for little more than the time of
+ * one (Zen 5, 768 x 2048 affine4 from DRAM, one thread: 16 tokens in one
+ * pass 165 us, 17-32 in one 220 us, 16 + 1 to 4 by groups 185-205 us, 4
+ * tokens by groups 41 us): there a part pair goes by tokens from 5 tokens
+ * when it completes a pass of two pairs, from 13 alone. The other builds
+ * take whole blocks of 8 and a last part block of 6 or more, padded with
+ * zeros. */
+static int64_t q8_blocked(int64_t nq) {
+#if HAVE_ZMM
+    const int64_t pair = Q8_PAIR * Q8_BLOCK_TOKENS;
+    int64_t whole = nq / pair * pair, rest = nq - whole;
+    return rest >= ((whole / pair) % 2 ? 5 : 13) ? nq : whole;
+#else
+    int64_t rest = nq % Q8_BLOCK_TOKENS;
+    return rest >= 6 ? nq : nq - rest;
+#endif
+}
+
 /* int8 activations (4-bit codes), for any n: tokens are rounded Q8_TOKENS
- * at a time; whole blocks of 8 go by tokens, and so does a last part block
- * of Q8_PAD_MIN or more; fewer go by groups, 4 at a time over a few rows.
- * Both give a token the same bits. */
+ * at a time; q8_blocked of them go by tokens, the rest by groups, 4 at a
+ * time over a few rows. Both give a token the same bits. */
 static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     struct q8acts q;
     q8_layout(scratch, w->cols, w->cols / w->group, &q);
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
-        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, rest = nq % Q8_BLOCK_TOKENS;
-        int64_t blocked = rest >= Q8_PAD_MIN ? nq : nq - rest;
+        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, blocked = q8_blocked(nq);
         q8_prepare(x + t0 * ldx, ldx, nq, w->group, w->type == SP_QTYPE_MXFP4, &q);
         if (blocked) {
             q.n = blocked;
