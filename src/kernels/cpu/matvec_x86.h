@@ -1471,8 +1471,9 @@ ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct 
         uint8_t *o = q->ub + i * f->cols;
         for (int64_t u = 0; u < units; u++) {
             __m256i lo, hi;
-            /* the same bytes of the next pass's rows, needed after this pass's products */
-            if (!(u & 1)) _mm_prefetch((const char *)c + Q8_BLOCK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
+            /* the same bytes of the rows two passes on (measured against one
+             * and four on: 1.03-1.04x and 1.02x in a 512-token prefill) */
+            if (!(u & 1)) _mm_prefetch((const char *)c + 2 * Q8_BLOCK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
             u8_codes(fmt, c + u * 32, &lo, &hi);
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64), lo);
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64 + 32), hi);
