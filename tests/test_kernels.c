@@ -484,12 +484,13 @@ static void test_dot_axpy(void **state) {
 /* Attention's blocks of cached rows: keys laid out as columns (exact, zeros
  * past the rows, nothing past n), several heads' scores against a double
  * reference and each the same as computed alone at any offset, values
- * added exactly as axpy row by row. */
+ * added exactly as axpy row by row (1 to 7 heads: the blocks of 4, 3, 2
+ * and 1 heads). */
 static void test_attention_blocks(void **state) {
     (void)state;
     struct sp_rng rng;
     sp_rng_seed(&rng, 29);
-    enum { NQ = 3, MAXR = 40, LDC = 48, MAXN = 136, LDO = 41 };
+    enum { NQ = 7, MAXR = 40, LDC = 48, MAXN = 136, LDO = 41 };
     const int64_t ns[] = {1, 7, 8, 9, 64, 128, 136};
     const int64_t nrs[] = {1, 5, 8, 13, 20, 32, 40};
     const enum sp_dtype dts[] = {SP_DTYPE_F32, SP_DTYPE_F16, SP_DTYPE_BF16};
@@ -543,12 +544,14 @@ static void test_attention_blocks(void **state) {
                     }
                     for (int64_t r = nr; r < LDO; r++) assert_true(out[q * LDO + r] == 555.0f);
                 }
-                for (int64_t i = 0; i < NQ * MAXR; i++) w[i] = sp_rng_normal(&rng);
-                for (int64_t i = 0; i < NQ * MAXN; i++) y[i] = yb[i] = sp_rng_normal(&rng);
-                k->axpy_rows(y, MAXN, w, MAXR, NQ, rows, nr, n);
-                for (int64_t q = 0; q < NQ; q++)
-                    for (int64_t r = 0; r < nr; r++) k->axpy(yb + q * MAXN, w[q * MAXR + r], rows + r * n, n);
-                for (int64_t i = 0; i < NQ * MAXN; i++) assert_true(y[i] == yb[i]);
+                for (int64_t na = 1; na <= NQ; na++) {
+                    for (int64_t i = 0; i < NQ * MAXR; i++) w[i] = sp_rng_normal(&rng);
+                    for (int64_t i = 0; i < NQ * MAXN; i++) y[i] = yb[i] = sp_rng_normal(&rng);
+                    k->axpy_rows(y, MAXN, w, MAXR, na, rows, nr, n);
+                    for (int64_t q = 0; q < na; q++)
+                        for (int64_t r = 0; r < nr; r++) k->axpy(yb + q * MAXN, w[q * MAXR + r], rows + r * n, n);
+                    for (int64_t i = 0; i < NQ * MAXN; i++) assert_true(y[i] == yb[i]);
+                }
             }
     }
 }

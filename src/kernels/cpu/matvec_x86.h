@@ -2085,6 +2085,50 @@ ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda,
     }
 }
 
+#if HAVE_ZMM
+/* dot_cols_block with 16 columns a vector: nq <= 4 queries x nv <= 2
+ * vectors, each lane the same chain as there. */
+ALWAYS void dot_cols_block16(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
+                             int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
+    __m512 s[4][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        __m512 c[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) c[v] = _mm512_loadu_ps(cols + k * ldc + 16 * v);
+#pragma GCC unroll 8
+        for (int i = 0; i < nq * nv; i++)
+            s[i / nv][i % nv] = _mm512_fmadd_ps(_mm512_set1_ps(a[i / nv * lda + k]), c[i % nv], s[i / nv][i % nv]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) {
+        int q = i / nv, v = i % nv;
+        int64_t left = nr - 16 * v;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        _mm512_mask_storeu_ps(out + q * ldo + 16 * v, m, _mm512_mul_ps(s[q][v], _mm512_set1_ps(scale)));
+    }
+}
+
+/* Four queries x up to 32 columns at a time: a column vector loaded once
+ * serves the four, and 8 chains are in flight. */
+static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
+                         int64_t ldc, int64_t nr, int64_t n, float scale) {
+    for (int64_t r = 0; r < nr; r += 32) {
+        int64_t m = nr - r < 32 ? nr - r : 32;
+        for (int64_t q = 0; q < na; q += 4) {
+            int nq = na - q < 4 ? (int)(na - q) : 4;
+            float *o = out + q * ldo + r;
+            const float *aq = a + q * lda, *c = cols + r;
+#define DOT_COLS_(NQ) \
+    (m > 16 ? dot_cols_block16(o, ldo, aq, lda, NQ, c, ldc, 2, m, n, scale) \
+            : dot_cols_block16(o, ldo, aq, lda, NQ, c, ldc, 1, m, n, scale))
+            if (nq == 4) DOT_COLS_(4); else if (nq == 3) DOT_COLS_(3); else if (nq == 2) DOT_COLS_(2); else DOT_COLS_(1);
+#undef DOT_COLS_
+        }
+    }
+}
+#else
 /* Two queries x up to 32 columns at a time: a column vector loaded once
  * serves both, and 8 chains are in flight. */
 static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
@@ -2106,6 +2150,7 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
         }
     }
 }
+#endif
 
 /* axpy_x86's operations per element (an FMA per row in the vector part,
  * a product then a sum in the tail), rows in turn, for nq outputs: a row's
@@ -2113,6 +2158,23 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
 ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int nq, const float *rows, int64_t nr,
                         int64_t n) {
     int64_t i = 0;
+#if HAVE_ZMM
+    /* 32 elements as two 512-bit vectors, up to 4 outputs */
+    for (; i + 32 <= n; i += 32) {
+        __m512 acc[4][2];
+#pragma GCC unroll 8
+        for (int j = 0; j < 2 * nq; j++) acc[j / 2][j % 2] = _mm512_loadu_ps(y + j / 2 * ldy + i + 16 * (j % 2));
+        for (int64_t r = 0; r < nr; r++) {
+            const float *x = rows + r * n + i;
+            __m512 xv[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+#pragma GCC unroll 8
+            for (int j = 0; j < 2 * nq; j++)
+                acc[j / 2][j % 2] = _mm512_fmadd_ps(_mm512_set1_ps(w[j / 2 * ldw + r]), xv[j % 2], acc[j / 2][j % 2]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 2 * nq; j++) _mm512_storeu_ps(y + j / 2 * ldy + i + 16 * (j % 2), acc[j / 2][j % 2]);
+    }
+#else
     for (; i + 32 <= n; i += 32) {
         __m256 acc[2][4];
 #pragma GCC unroll 8
@@ -2129,6 +2191,7 @@ ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int 
 #pragma GCC unroll 8
         for (int j = 0; j < 4 * nq; j++) _mm256_storeu_ps(y + j / 4 * ldy + i + 8 * (j % 4), acc[j / 4][j % 4]);
     }
+#endif
     for (int q = 0; q < nq; q++) {
         float *yq = y + q * ldy;
         const float *wq = w + q * ldw;
@@ -2146,6 +2209,13 @@ ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int 
 static void axpy_rows_x86(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows,
                           int64_t nr, int64_t n) {
     int64_t q = 0;
+#if HAVE_ZMM
+    for (; q + 4 <= na; q += 4) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 4, rows, nr, n);
+    if (na - q == 3) {
+        axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 3, rows, nr, n);
+        return;
+    }
+#endif
     for (; q + 2 <= na; q += 2) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 2, rows, nr, n);
     if (q < na) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 1, rows, nr, n);
 }
