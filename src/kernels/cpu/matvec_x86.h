@@ -19,17 +19,19 @@
  * instruction in two products: int16 activations, group 32 or 64, whose
  * halves are exactly the two 256-bit accumulator chains of the other builds
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
- * the same integers however they are added (zmm_group_sums); and in the
- * int8 product by tokens two blocks of 8 tokens share one vector
- * (zmm_block_group_add). Integer sums are exact and every float operation
+ * the same integers however they are added (zmm_group_sums); in the int8
+ * product by tokens two blocks of 8 tokens share one vector and a pass
+ * takes two such pairs (zmm_block_group_add); and attention's blocks are 16
+ * lanes wide. Integer sums are exact and every float operation
  * happens in the same order, so the three builds' twin sets give
  * bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
  * 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM about 1.4x. On a Zen 5
  * (one thread, from cache): one token by groups against avx2's, affine4-g64
- * 768 x 2048 at 1.6x, 2048 x 768 1.3x, mxfp4 1.4-1.5x; 32 tokens by tokens
- * against this set's former 256-bit product, 1.14-1.35x. Everything else
- * stays 256 bits wide.
+ * 768 x 2048 at 1.6x, 2048 x 768 1.3x, mxfp4 1.4-1.5x; 32 tokens by
+ * tokens, one pair a pass against the former 256-bit product 1.14-1.35x,
+ * two pairs a pass against one 1.2-1.5x; attention's blocks 3.1-3.5x.
+ * Everything else stays 256 bits wide.
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
@@ -905,7 +907,8 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   one conversion and one or two FMAs per 8 groups;
  * - by tokens (q8_block_rows, blocks of 8): lanes are 8 tokens. Four rows'
  *   codes are unpacked once into bytes; 4 bytes of a row (vpbroadcastd,
- *   one for two blocks) times 4 columns of 8 tokens (one load) accumulate
+ *   one for two blocks, in the avx512 build for four) times 4 columns of 8
+ *   tokens (one load; a 64-byte load for a pair of blocks) accumulate
  *   16-bit sums that are widened to int32 every 8 steps (4 for mxfp4, whose
  *   products are larger), and each group ends in one or two FMAs per row
  *   and 8 tokens, into chains kept in a small buffer. Measured on a Zen 3,
