@@ -2058,39 +2058,10 @@ static void rows_to_cols_x86(float *cols, int64_t ldc, const void *const *rows, 
     }
 }
 
-/* nq queries x nv vectors of 8 columns (nr of them real): each lane one
- * chain of FMAs over k, the same whatever the block. */
-ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
-                           int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
-    __m256 s[2][4];
-#pragma GCC unroll 8
-    for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n; k++) {
-        __m256 c[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) c[v] = _mm256_loadu_ps(cols + k * ldc + 8 * v);
-#pragma GCC unroll 8
-        for (int i = 0; i < nq * nv; i++)
-            s[i / nv][i % nv] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i / nv * lda + k), c[i % nv], s[i / nv][i % nv]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < nq * nv; i++) {
-        int q = i / nv, v = i % nv;
-        float *o = out + q * ldo + 8 * v;
-        __m256 r = _mm256_mul_ps(s[q][v], _mm256_set1_ps(scale));
-        if (8 * v + 8 <= nr) {
-            _mm256_storeu_ps(o, r);
-        } else {
-            float t[8];
-            _mm256_storeu_ps(t, r);
-            for (int64_t j = 0; j < nr - 8 * v; j++) o[j] = t[j];
-        }
-    }
-}
-
 #if HAVE_ZMM
-/* dot_cols_block with 16 columns a vector: nq <= 4 queries x nv <= 2
- * vectors, each lane the same chain as there. */
+/* nq <= 4 queries x nv <= 2 vectors of 16 columns (nr of them real): each
+ * lane one chain of FMAs over k, the same as the other builds' 8-column
+ * blocks (dot_cols_block) compute. */
 ALWAYS void dot_cols_block16(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
                              int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
     __m512 s[4][2];
@@ -2132,6 +2103,36 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
     }
 }
 #else
+/* nq queries x nv vectors of 8 columns (nr of them real): each lane one
+ * chain of FMAs over k, the same whatever the block. */
+ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
+                           int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
+    __m256 s[2][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        __m256 c[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) c[v] = _mm256_loadu_ps(cols + k * ldc + 8 * v);
+#pragma GCC unroll 8
+        for (int i = 0; i < nq * nv; i++)
+            s[i / nv][i % nv] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i / nv * lda + k), c[i % nv], s[i / nv][i % nv]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < nq * nv; i++) {
+        int q = i / nv, v = i % nv;
+        float *o = out + q * ldo + 8 * v;
+        __m256 r = _mm256_mul_ps(s[q][v], _mm256_set1_ps(scale));
+        if (8 * v + 8 <= nr) {
+            _mm256_storeu_ps(o, r);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, r);
+            for (int64_t j = 0; j < nr - 8 * v; j++) o[j] = t[j];
+        }
+    }
+}
+
 /* Two queries x up to 32 columns at a time: a column vector loaded once
  * serves both, and 8 chains are in flight. */
 static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
