@@ -2065,12 +2065,15 @@ static void rows_to_cols_x86(float *cols, int64_t ldc, const void *const *rows, 
 ALWAYS void dot_cols_block16(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
                              int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
     __m512 s[4][2];
+    __mmask16 real[2];  // the columns read: only the nr real ones
+#pragma GCC unroll 2
+    for (int v = 0; v < nv; v++) real[v] = nr - 16 * v >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - 16 * v)) - 1);
 #pragma GCC unroll 8
     for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k++) {
         __m512 c[2];
 #pragma GCC unroll 2
-        for (int v = 0; v < nv; v++) c[v] = _mm512_loadu_ps(cols + k * ldc + 16 * v);
+        for (int v = 0; v < nv; v++) c[v] = _mm512_maskz_loadu_ps(real[v], cols + k * ldc + 16 * v);
 #pragma GCC unroll 8
         for (int i = 0; i < nq * nv; i++)
             s[i / nv][i % nv] = _mm512_fmadd_ps(_mm512_set1_ps(a[i / nv * lda + k]), c[i % nv], s[i / nv][i % nv]);
@@ -2078,9 +2081,7 @@ ALWAYS void dot_cols_block16(float *out, int64_t ldo, const float *a, int64_t ld
 #pragma GCC unroll 8
     for (int i = 0; i < nq * nv; i++) {
         int q = i / nv, v = i % nv;
-        int64_t left = nr - 16 * v;
-        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        _mm512_mask_storeu_ps(out + q * ldo + 16 * v, m, _mm512_mul_ps(s[q][v], _mm512_set1_ps(scale)));
+        _mm512_mask_storeu_ps(out + q * ldo + 16 * v, real[v], _mm512_mul_ps(s[q][v], _mm512_set1_ps(scale)));
     }
 }
 
