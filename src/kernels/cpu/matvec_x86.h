@@ -20,9 +20,9 @@
  * halves are exactly the two 256-bit accumulator chains of the other builds
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
  * the same integers however they are added (zmm_group_sums); in the int8
- * product by tokens two blocks of 8 tokens share one vector and a pass
- * takes two such pairs (zmm_block_group_add); and attention's blocks are 16
- * lanes wide. Integer sums are exact and every float operation
+ * product by tokens two blocks of 8 tokens share one vector, a pass
+ * takes two such pairs and the codes are read as packed (zmm_block_group_add,
+ * zmm_dword_steps); and attention's blocks are 16 lanes wide. Integer sums are exact and every float operation
  * happens in the same order, so the three builds' twin sets give
  * bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
@@ -913,7 +913,12 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   products are larger), and each group ends in one or two FMAs per row
  *   and 8 tokens, into chains kept in a small buffer. Measured on a Zen 3,
  *   one thread, affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from
- *   cache: 16 tokens at 1.2-1.7x the speed of the product by groups. */
+ *   cache: 16 tokens at 1.2-1.7x the speed of the product by groups. The
+ *   avx512 build keeps no unpacked copy: a broadcast dword of packed codes
+ *   is two quads (its low nibbles, its high ones) that the products meet
+ *   as the codes come from memory (Zen 5, one thread, affine4 768 x 2048
+ *   from DRAM: 32 tokens 1.08-1.12x the unpacked copy, 16 tokens 1.2-1.3x;
+ *   mxfp4, which looks its bytes up, 1.0-1.05x). */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
@@ -940,8 +945,8 @@ struct q8acts {
     float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
     /* product by tokens: xt (pairs of blocks of 8 tokens: cols / 4 quads x
      * 2 blocks x 8 tokens x 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub
-     * (Q8_BLOCK_ROWS, cols) unpacked codes, chains (Q8_BLOCK_ROWS,
-     * Q8_CHAINS, Q8_PASS, 8) */
+     * (Q8_BLOCK_ROWS, cols) unpacked codes (not in the avx512 build),
+     * chains (Q8_BLOCK_ROWS, Q8_CHAINS, Q8_PASS, 8) */
     int8_t *xt;
     uint8_t *ub;
     float *dxt, *xst, *chains;
@@ -1593,42 +1598,65 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-/* s[i][p][m] += quads q + k (k < steps, k % par == m for par = 4 / np) of
- * row i times the same quads of pair p (at xb + p * 16 * cols): 16 sums in
- * flight, for vpdpbusd's latency at two a cycle. steps is a multiple of 4. */
-ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int np, int64_t q, int steps,
-                           __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
-    const int par = 4 / np;
+/* The 4 code bytes at c as the unsigned bytes of two quads, in every
+ * dword: the low nibbles (even columns) in lo, the high ones in hi. */
+ALWAYS void zmm_code_quads(int fmt, const uint8_t *c, __m512i *lo, __m512i *hi) {
+    const __m512i low4 = _mm512_set1_epi8(0xf);
+    int32_t u;
+    memcpy(&u, c, 4);
+    __m512i v = _mm512_set1_epi32(u);
+    *lo = _mm512_and_si512(v, low4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if (fmt == FMT_MX4) {
+        const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
+        *lo = _mm512_shuffle_epi8(e2m1, *lo);
+        *hi = _mm512_shuffle_epi8(e2m1, *hi);
+    }
+}
+
+/* s[i][p][m] += the code dwords at byte d0 + 4 j (j < nd) of row i (rc[i])
+ * times the quads they hold of pair p (at xb + p * 16 * cols): each dword's
+ * low nibbles meet quad q_lo + j, its high ones quad q_hi + j (m: the
+ * dword's place in a step of 2 / np, then low or high). The codes are read
+ * as packed, so no unpacked copy waits on memory; 16 sums in flight, for
+ * vpdpbusd's latency at two a cycle. nd is a multiple of 2. */
+ALWAYS void zmm_dword_steps(int fmt, const uint8_t *const rc[Q8_BLOCK_ROWS], int64_t cols, const int8_t *xb, int np,
+                            int64_t d0, int nd, int64_t q_lo, int64_t q_hi,
+                            __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
+    const int per_step = 2 / np;
 #pragma GCC unroll 16
-    for (int k = 0; k < steps; k += par) {
+    for (int j = 0; j < nd; j += per_step) {
         __m512i x[Q8_PASS / Q8_PAIR][4];
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++)
-#pragma GCC unroll 4
-            for (int m = 0; m < par; m++) {
-                x[p][m] = _mm512_loadu_si512(xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q + k + m));
-                /* in a register: the load folded into each vpdpbusd measured slower */
-                __asm__("" : "+v"(x[p][m]));
+#pragma GCC unroll 2
+            for (int h = 0; h < per_step; h++) {
+                const int8_t *xp = xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols;
+                x[p][2 * h] = _mm512_loadu_si512(xp + quad_at(q_lo + j + h));
+                x[p][2 * h + 1] = _mm512_loadu_si512(xp + quad_at(q_hi + j + h));
+                /* in registers: the loads folded into each vpdpbusd measured slower */
+                __asm__("" : "+v"(x[p][2 * h]), "+v"(x[p][2 * h + 1]));
             }
 #pragma GCC unroll 4
         for (int i = 0; i < Q8_BLOCK_ROWS; i++)
-#pragma GCC unroll 4
-            for (int m = 0; m < par; m++) {
-                int32_t u;
-                memcpy(&u, ub + i * cols + (q + k + m) * 4, 4);
-                __m512i c = _mm512_set1_epi32(u);
 #pragma GCC unroll 2
-                for (int p = 0; p < np; p++) {
-                    s[i][p][m] = _mm512_dpbusd_epi32(s[i][p][m], c, x[p][m]);
-                    __asm__("" : "+v"(s[i][p][m]));
-                }
+            for (int h = 0; h < per_step; h++) {
+                __m512i c[2];
+                zmm_code_quads(fmt, rc[i] + d0 + 4 * (j + h), &c[0], &c[1]);
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++)
+#pragma GCC unroll 2
+                    for (int p = 0; p < np; p++) {
+                        s[i][p][2 * h + e] = _mm512_dpbusd_epi32(s[i][p][2 * h + e], c[e], x[p][2 * h + e]);
+                        __asm__("" : "+v"(s[i][p][2 * h + e]));
+                    }
             }
     }
 }
 
 /* block_group_add for the np pairs of blocks from b on. */
-ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int np, int64_t b,
-                                int64_t g, bool lone, bool first) {
+ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const rc[Q8_BLOCK_ROWS],
+                                const int8_t *xb, int np, int64_t b, int64_t g, bool first) {
     const int par = 4 / np;
     __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4];
 #pragma GCC unroll 4
@@ -1637,13 +1665,20 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
         for (int p = 0; p < np; p++)
 #pragma GCC unroll 4
             for (int m = 0; m < par; m++) s[i][p][m] = _mm512_setzero_si512();
+    /* the group's code dwords: per 64-column unit 8, their low nibbles the
+     * unit's quads 0-7 (even columns), the high ones quads 8-15; a 32-column
+     * group is half of them, a lone last block's odd quads follow its even
+     * ones (4 on) */
     if (per == 1) {
-        /* the group's even columns, then its odd ones (as block_group) */
-        int64_t qa = (g / 2) * 16 + (g & 1) * 4;
-        zmm_quad_steps(q->ub, q->cols, xb, np, qa, 4, s);
-        zmm_quad_steps(q->ub, q->cols, xb, np, qa + (lone ? 4 : 8), 4, s);
+        int64_t u = g / 2, qa = u * 16 + (g & 1) * 4;
+        bool lone = (u + 1) * 64 > q->cols;
+        zmm_dword_steps(fmt, rc, q->cols, xb, np, u * 32 + (g & 1) * 16, 4, qa, qa + (lone ? 4 : 8), s);
     } else {
-        zmm_quad_steps(q->ub, q->cols, xb, np, g * 16 * (per / 2), 16 * (per / 2), s);
+#pragma GCC unroll 2
+        for (int h = 0; h < per / 2; h++) {
+            int64_t u = g * (per / 2) + h;
+            zmm_dword_steps(fmt, rc, q->cols, xb, np, u * 32, 8, u * 16, u * 16 + 8, s);
+        }
     }
     __m512 dx[Q8_PASS / Q8_PAIR], xs[Q8_PASS / Q8_PAIR];
     __m512i xo[Q8_PASS / Q8_PAIR];
@@ -1680,11 +1715,11 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 #endif
 
 /* block_group_add for the nb blocks of a pass: whole pairs of them in the
- * avx512 build. */
-ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
-                      bool lone, bool first) {
+ * avx512 build, from the rows' packed codes (rc). */
+ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const *rc, const int8_t *xb, int nb,
+                      int64_t b, int64_t g, bool lone, bool first) {
 #if HAVE_ZMM
-    zmm_block_group_add(fmt, per, q, xb, nb / Q8_PAIR, b, g, lone, first);
+    zmm_block_group_add(fmt, per, q, rc, xb, nb / Q8_PAIR, b, g, first);
 #else
     block_group_add(fmt, per, q, xb, nb, b, g, lone, first);
 #endif
@@ -1720,16 +1755,16 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
 /* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every group,
  * then each block's chains summed as hsum sums lanes (chains past ng are
  * zero) and stored (tokens past n are not). */
-ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
-                            int nr, float *y, int64_t ldy) {
+ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q,
+                            const uint8_t *const *rc, int nb, int64_t b, int nr, float *y, int64_t ldy) {
     /* groups before a lone last 32-column block, and whether there is one */
     const bool lone = per == 1 && (f->ng & 1);
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
     int64_t g = 0;
-    for (; g < first; g++) group_add(fmt, per, q, xb, nb, b, g, false, true);
-    for (; g < ngw; g++) group_add(fmt, per, q, xb, nb, b, g, false, false);
-    if (lone) group_add(fmt, per, q, xb, nb, b, g, true, g < Q8_CHAINS);
+    for (; g < first; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, true);
+    for (; g < ngw; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, false);
+    if (lone) group_add(fmt, per, q, rc, xb, nb, b, g, true, g < Q8_CHAINS);
     for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
         __m256 v[Q8_BLOCK_ROWS];
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
@@ -1753,16 +1788,26 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
     for (int64_t b = 0; b < nbp; b++) block_tokens(q, b);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
-        unpack_rows(fmt, sdt, w, &f, q, r, nr);
         int64_t b = 0;
         if (HAVE_ZMM) {
+            /* the rows' codes read as packed by the products; their scales
+             * staged, and the rows two passes on prefetched */
+            const uint8_t *rc[Q8_BLOCK_ROWS];
+            for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+                int64_t ri = r + (i < nr ? i : 0);
+                rc[i] = (const uint8_t *)w->codes + (size_t)ri * f.row_bytes;
+                row_params(fmt, sdt, w, &f, q, ri, i);
+                for (size_t at = 0; at < f.row_bytes; at += 64)
+                    _mm_prefetch((const char *)rc[i] + 2 * Q8_BLOCK_ROWS * f.row_bytes + at, _MM_HINT_T0);
+            }
             /* two pairs a pass, one pair for what is left */
-            for (; b + Q8_PASS <= nbp; b += Q8_PASS) block_rows_pass(fmt, per, &f, q, Q8_PASS, b, nr, y + r, ldy);
-            if (b < nbp) block_rows_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
+            for (; b + Q8_PASS <= nbp; b += Q8_PASS) block_rows_pass(fmt, per, &f, q, rc, Q8_PASS, b, nr, y + r, ldy);
+            if (b < nbp) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, y + r, ldy);
             continue;
         }
-        for (; b + Q8_PAIR <= nb; b += Q8_PAIR) block_rows_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
-        for (; b < nb; b++) block_rows_pass(fmt, per, &f, q, 1, b, nr, y + r, ldy);
+        unpack_rows(fmt, sdt, w, &f, q, r, nr);
+        for (; b + Q8_PAIR <= nb; b += Q8_PAIR) block_rows_pass(fmt, per, &f, q, NULL, Q8_PAIR, b, nr, y + r, ldy);
+        for (; b < nb; b++) block_rows_pass(fmt, per, &f, q, NULL, 1, b, nr, y + r, ldy);
     }
 }
 
