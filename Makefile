@@ -92,7 +92,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: $(BIN) $(TOOLS) $(TESTS)
-	BUILD=$(BUILD) tests/run.sh $(TESTS)
+	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(TESTS)
 
 asan:
 	$(MAKE) BUILD=build/asan SAN=1 test

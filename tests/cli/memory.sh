@@ -14,7 +14,12 @@ run "resident memory within the plan; reads match the misses" 0 node -e '
     const fail = (m) => { console.error(m, JSON.stringify(r)); process.exit(1); };
     if (r.bench !== "expert-cache") fail("no expert cache");
     if (r.expert_cache_bytes * 3 > 2 * 64 * r.expert_bytes) fail("the experts are not 3x the budget");
-    if (r.rss_anon_bytes > 1.1 * r.plan_anon_bytes) fail("anonymous memory above the plan");
+    // under AddressSanitizer (SAN=1) its shadow memory, redzones and larger
+    // stack frames are anonymous memory the plan does not count (about 50
+    // MB of the 110 here, against 59 in the plain build): the bound is looser
+    // there, and the plain build holds the 10%
+    const slack = process.env.SAN === "1" ? 1.25 : 1.1;
+    if (r.rss_anon_bytes > slack * r.plan_anon_bytes) fail("anonymous memory above the plan");
     if (r.rss_file_bytes > 1.1 * r.plan_file_bytes) fail("file-backed memory above the plan: experts were mapped");
     // every read is one whole expert: the misses, plus reads ahead (the last may still be in flight)
     const reads = r.expert_bytes_read / r.expert_bytes;
