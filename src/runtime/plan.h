@@ -85,9 +85,9 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
  * file (sp_model_populate), so that no page fault lands in a forward pass,
  * and one the page cache holds in 4 KiB pages copied into anonymous 2 MiB
  * pages (sp_model_copy_in) where transparent huge pages are on, unless
- * SPARROW_MMAP is set to other than 0; under "expert-cache" nothing (the cache fills as
- * experts are used). A failure is only logged (the weights stay readable
- * through the mapping). Returns the seconds it took. */
+ * SPARROW_MMAP is set to other than 0; under "expert-cache" nothing (the
+ * cache fills as experts are used). A failure is only logged (the weights
+ * stay readable through the mapping). Returns the seconds it took. */
 double sp_plan_load(const struct sp_plan *p, const struct sp_model *m);
 /* Writes the plan as a JSON object value into an open writer. */
 void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w);

@@ -20,11 +20,11 @@
  * halves are exactly the two 256-bit accumulator chains of the other builds
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
  * the same integers however they are added (zmm_group_sums); in the int8
- * product by tokens two blocks of 8 tokens share one vector, a pass
- * takes two such pairs and the codes are read as packed (zmm_block_group_add,
- * zmm_dword_steps); and attention's blocks are 16 lanes wide. Integer sums are exact and every float operation
- * happens in the same order, so the three builds' twin sets give
- * bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
+ * product by tokens two blocks of 8 tokens share one vector, a pass takes
+ * two such pairs and the codes are read as packed (zmm_block_group_add,
+ * zmm_dword_steps); and attention's blocks are 16 lanes wide. Integer sums
+ * are exact and every float operation happens in the same order, so the
+ * three builds' twin sets give bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
  * 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM about 1.4x. On a Zen 5
  * (one thread, from cache): one token by groups against avx2's, affine4-g64
@@ -1599,19 +1599,12 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
 }
 
 /* The 4 code bytes at c as the unsigned bytes of two quads, in every
- * dword: the low nibbles (even columns) in lo, the high ones in hi. */
+ * dword (zmm_u8_codes of the dword broadcast): the low nibbles (even
+ * columns) in lo, the high ones in hi. */
 ALWAYS void zmm_code_quads(int fmt, const uint8_t *c, __m512i *lo, __m512i *hi) {
-    const __m512i low4 = _mm512_set1_epi8(0xf);
     int32_t u;
     memcpy(&u, c, 4);
-    __m512i v = _mm512_set1_epi32(u);
-    *lo = _mm512_and_si512(v, low4);
-    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if (fmt == FMT_MX4) {
-        const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
-        *lo = _mm512_shuffle_epi8(e2m1, *lo);
-        *hi = _mm512_shuffle_epi8(e2m1, *hi);
-    }
+    zmm_u8_codes(fmt, _mm512_set1_epi32(u), lo, hi);
 }
 
 /* s[i][p][m] += the code dwords at byte d0 + 4 j (j < nd) of row i (rc[i])
@@ -1656,7 +1649,7 @@ ALWAYS void zmm_dword_steps(int fmt, const uint8_t *const rc[Q8_BLOCK_ROWS], int
 
 /* block_group_add for the np pairs of blocks from b on. */
 ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const rc[Q8_BLOCK_ROWS],
-                                const int8_t *xb, int np, int64_t b, int64_t g, bool first) {
+                                const int8_t *xb, int np, int64_t b, int64_t g, bool lone, bool first) {
     const int par = 4 / np;
     __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4];
 #pragma GCC unroll 4
@@ -1671,7 +1664,6 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
      * ones (4 on) */
     if (per == 1) {
         int64_t u = g / 2, qa = u * 16 + (g & 1) * 4;
-        bool lone = (u + 1) * 64 > q->cols;
         zmm_dword_steps(fmt, rc, q->cols, xb, np, u * 32 + (g & 1) * 16, 4, qa, qa + (lone ? 4 : 8), s);
     } else {
 #pragma GCC unroll 2
@@ -1719,7 +1711,7 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const *rc, const int8_t *xb, int nb,
                       int64_t b, int64_t g, bool lone, bool first) {
 #if HAVE_ZMM
-    zmm_block_group_add(fmt, per, q, rc, xb, nb / Q8_PAIR, b, g, first);
+    zmm_block_group_add(fmt, per, q, rc, xb, nb / Q8_PAIR, b, g, lone, first);
 #else
     block_group_add(fmt, per, q, xb, nb, b, g, lone, first);
 #endif
@@ -1752,9 +1744,10 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
     }
 }
 
-/* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every group,
- * then each block's chains summed as hsum sums lanes (chains past ng are
- * zero) and stored (tokens past n are not). */
+/* Token blocks b .. b + nb - 1 (b even) of the rows (unpacked, or in the
+ * avx512 build their packed codes at rc): every group, then each block's
+ * chains summed as hsum sums lanes (chains past ng are zero) and stored
+ * (tokens past n are not). */
 ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q,
                             const uint8_t *const *rc, int nb, int64_t b, int nr, float *y, int64_t ldy) {
     /* groups before a lone last 32-column block, and whether there is one */
@@ -2112,7 +2105,8 @@ ALWAYS void dot_cols_block16(float *out, int64_t ldo, const float *a, int64_t ld
     __m512 s[4][2];
     __mmask16 real[2];  // the columns read: only the nr real ones
 #pragma GCC unroll 2
-    for (int v = 0; v < nv; v++) real[v] = nr - 16 * v >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - 16 * v)) - 1);
+    for (int v = 0; v < nv; v++)
+        real[v] = nr - 16 * v >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - 16 * v)) - 1);
 #pragma GCC unroll 8
     for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k++) {
@@ -2143,7 +2137,10 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
 #define DOT_COLS_(NQ) \
     (m > 16 ? dot_cols_block16(o, ldo, aq, lda, NQ, c, ldc, 2, m, n, scale) \
             : dot_cols_block16(o, ldo, aq, lda, NQ, c, ldc, 1, m, n, scale))
-            if (nq == 4) DOT_COLS_(4); else if (nq == 3) DOT_COLS_(3); else if (nq == 2) DOT_COLS_(2); else DOT_COLS_(1);
+            if (nq == 4) DOT_COLS_(4);
+            else if (nq == 3) DOT_COLS_(3);
+            else if (nq == 2) DOT_COLS_(2);
+            else DOT_COLS_(1);
 #undef DOT_COLS_
         }
     }
