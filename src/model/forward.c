@@ -52,9 +52,9 @@ struct sp_ctx {
     float *inv_freq;  // (rot_dims / 2)
     float rope_scale;  // multiplies cos and sin (YaRN attention factor)
     float *rope_cs;    // (B, rot_dims): each batch token's cos, then sin, times rope_scale
-    /* KV cache: [layer][k|v][seq][pos][kv_heads * head_dim] */
+    /* KV cache (head-major, keys in blocks of columns: kv_head) */
     void *kv;
-    size_t kv_bytes, kv_elt;
+    size_t kv_bytes, kv_row_bytes;  // the cache; one head's values of a position
     int64_t kv_row;  // kv_heads * head_dim
     /* batch buffers, max_batch rows each */
     float *x, *h, *qkv, *att, *tmp;  // x, h, tmp: (B, d); qkv: (B, q + 2kv); att: (B, q)
@@ -77,12 +77,13 @@ struct sp_ctx {
 };
 
 /* Cached rows converted to float at a time for all query heads of their KV
- * head (16-20 KiB at head_dim 128: they stay in L1 while every head uses
- * them). Keys are laid out as columns, ATT_COLS_LD floats per dimension, so
- * a score's 8 lanes are 8 positions: a block's columns from any offset,
- * rounded up to 8, stay inside. */
+ * head (16 KiB at head_dim 128: they stay in L1 while every head uses
+ * them). Keys are cached as such blocks of columns (the KV cache, below),
+ * ATT_BLOCK floats per dimension once converted, so a score's 8 lanes are
+ * 8 positions; the 8 floats past the block let dot_cols read a block's
+ * columns from any offset rounded up to 8. */
 #define ATT_BLOCK 32
-#define ATT_COLS_LD (ATT_BLOCK + 8)
+#define ATT_ROWS_FLOATS(hd) (ATT_BLOCK * (hd) + 8)
 
 /* Query tokens of one sequence per attention task: up to 16 (each block of
  * cached rows is converted once for all of them), fewer where their scores
@@ -98,7 +99,7 @@ static int64_t att_tile(const struct sp_arch *a, int64_t n_ctx) {
  * then a block of converted cached rows (attention_task). */
 size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
     return (size_t)att_tile(a, n_ctx) * (size_t)(a->n_heads / a->n_kv_heads) * (size_t)(n_ctx + 1) +
-           (size_t)(ATT_COLS_LD * a->head_dim);
+           (size_t)ATT_ROWS_FLOATS(a->head_dim);
 }
 
 size_t sp_expert_tables_bytes(const struct sp_arch *a) {
@@ -368,8 +369,8 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
 
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, B = c->p.max_batch;
     c->kv_row = a->n_kv_heads * a->head_dim;
-    c->kv_elt = sp_dtype_size(kv_dtype(c->p.kv_type));
-    c->kv_bytes = (size_t)a->n_layers * 2 * (size_t)c->p.n_seq * (size_t)c->p.n_ctx * (size_t)c->kv_row * c->kv_elt;
+    c->kv_row_bytes = (size_t)a->head_dim * sp_dtype_size(kv_dtype(c->p.kv_type));
+    c->kv_bytes = sp_kv_cache_bytes(a, c->p.n_ctx, c->p.n_seq, c->p.kv_type);
     c->kv = sp_malloc_huge(c->kv_bytes ? c->kv_bytes : 64, SP_MEM_KV);
     if (!c->kv) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte KV cache (%lld positions x %d sequences)", c->kv_bytes,
@@ -428,25 +429,64 @@ size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->kv_bytes; }
 
 /* ---- KV cache ---- */
 
-static void *kv_at(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t pos) {
-    size_t idx = (((size_t)L * 2 + (size_t)which) * (size_t)c->p.n_seq + (size_t)seq) * (size_t)c->p.n_ctx + (size_t)pos;
-    return (uint8_t *)c->kv + idx * (size_t)c->kv_row * c->kv_elt;
+/* Head-major: layer, K or V (which), sequence, KV head, then the head's
+ * positions, so what one attention task reads (one KV head of one
+ * sequence) lies together. Values are rows of head_dim; keys are stored as
+ * the blocks attention reads: block b of a head holds positions 32b to
+ * 32b + 31 as head_dim columns of ATT_BLOCK (element d of position p at
+ * d * ATT_BLOCK + p % ATT_BLOCK), converted to float as they lie. A head
+ * holds the context rounded up to whole blocks. */
+static int64_t kv_positions(int64_t n_ctx) { return (n_ctx + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK; }
+
+size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, enum sp_kv_type t) {
+    return (size_t)a->n_layers * 2 * (size_t)n_seq * (size_t)a->n_kv_heads * (size_t)kv_positions(n_ctx) *
+           (size_t)a->head_dim * sp_dtype_size(kv_dtype(t));
 }
 
-static void kv_store(const struct sp_ctx *c, void *dst, const float *src, int64_t n) {
-    enum sp_dtype dt = kv_dtype(c->p.kv_type);
+/* Position 0 of one KV head of one sequence in layer L. */
+static uint8_t *kv_head(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t kvh) {
+    size_t idx = (((size_t)L * 2 + (size_t)which) * (size_t)c->p.n_seq + (size_t)seq) * (size_t)c->a->n_kv_heads;
+    return (uint8_t *)c->kv + (idx + (size_t)kvh) * (size_t)kv_positions(c->p.n_ctx) * c->kv_row_bytes;
+}
+
+/* The values of position pos, or the block of keys that holds it. */
+static void *kv_values(const struct sp_ctx *c, int64_t L, int64_t seq, int64_t kvh, int64_t pos) {
+    return kv_head(c, L, 1, seq, kvh) + (size_t)pos * c->kv_row_bytes;
+}
+static void *kv_key_block(const struct sp_ctx *c, int64_t L, int64_t seq, int64_t kvh, int64_t pos) {
+    return kv_head(c, L, 0, seq, kvh) + (size_t)(pos / ATT_BLOCK * ATT_BLOCK) * c->kv_row_bytes;
+}
+
+/* n floats as dtype dt (as sp_dtype_store_float rounds them), element i
+ * at element i * step of dst. */
+static void kv_put(enum sp_dtype dt, void *dst, int64_t step, const float *src, int64_t n) {
     if (dt == SP_DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i * step] = src[i];
         return;
     }
-    for (int64_t i = 0; i < n; i++) sp_dtype_store_float(dt, dst, (size_t)i, src[i]);
+    uint16_t *o = dst;
+    if (dt == SP_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) o[i * step] = sp_f32_to_f16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) o[i * step] = sp_f32_to_bf16(src[i]);
+}
+
+/* One KV head's key k and values v of position pos. */
+static void kv_store(const struct sp_ctx *c, int64_t L, int64_t seq, int64_t kvh, int64_t pos, const float *k,
+                     const float *v) {
+    enum sp_dtype dt = kv_dtype(c->p.kv_type);
+    size_t col = (size_t)(pos % ATT_BLOCK) * sp_dtype_size(dt);
+    kv_put(dt, (uint8_t *)kv_key_block(c, L, seq, kvh, pos) + col, ATT_BLOCK, k, c->a->head_dim);
+    kv_put(dt, kv_values(c, L, seq, kvh, pos), 1, v, c->a->head_dim);
 }
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
     if (src == dst || n <= 0) return;
     for (int64_t L = 0; L < c->a->n_layers; L++)
         for (int w = 0; w < 2; w++)
-            memcpy(kv_at(c, L, w, dst, 0), kv_at(c, L, w, src, 0), (size_t)n * (size_t)c->kv_row * c->kv_elt);
+            for (int64_t h = 0; h < c->a->n_kv_heads; h++)  // keys: whole blocks
+                memcpy(kv_head(c, L, w, dst, h), kv_head(c, L, w, src, h),
+                       (size_t)(w ? n : kv_positions(n)) * c->kv_row_bytes);
 }
 
 /* ---- attention ---- */
@@ -529,8 +569,8 @@ static void qkv_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1
             if (s->ly->q_norm) sp_rmsnorm(v, v, is_q ? s->ly->q_norm : s->ly->k_norm, hd, (float)a->norm_eps);
             rope_apply(c, v, t);
         }
-        kv_store(c, kv_at(c, s->L, 0, s->b->seq[t], s->b->pos[t]), row + qd, kvd);
-        kv_store(c, kv_at(c, s->L, 1, s->b->seq[t], s->b->pos[t]), row + qd + kvd, kvd);
+        for (int64_t h = 0; h < a->n_kv_heads; h++)
+            kv_store(c, s->L, s->b->seq[t], h, s->b->pos[t], row + qd + h * hd, row + qd + kvd + h * hd);
     }
 }
 
@@ -553,20 +593,16 @@ static void att_range(const struct sp_ctx *c, const struct sp_batch *b, int64_t 
     *hi = pos;
 }
 
-/* Cached rows p0 .. p0 + nb - 1 of one KV head as floats: values (which 1)
- * as rows, keys (which 0) as columns of ATT_COLS_LD. */
+/* Cached positions p0 .. p0 + nb - 1 (p0 a multiple of ATT_BLOCK) of one
+ * KV head as floats: values (which 1) as rows of head_dim, keys (which 0)
+ * as their whole block of columns. */
 static void att_rows(const struct sp_ctx *c, int64_t L, int which, int64_t seq, int64_t kvh, int64_t p0, int64_t nb,
                      float *rows) {
-    int64_t hd = c->a->head_dim;
-    const void *src[ATT_BLOCK];
-    for (int64_t i = 0; i < nb; i++)
-        src[i] = (const uint8_t *)kv_at(c, L, which, seq, p0 + i) + (size_t)(kvh * hd) * c->kv_elt;
     enum sp_dtype dt = kv_dtype(c->p.kv_type);
-    if (which == 0) {
-        sp_rows_to_cols(rows, ATT_COLS_LD, src, dt, nb, hd);
-        return;
-    }
-    for (int64_t i = 0; i < nb; i++) sp_f32_from_dt(rows + i * hd, src[i], dt, hd);
+    if (which == 1)
+        sp_f32_from_dt(rows, kv_values(c, L, seq, kvh, p0), dt, nb * c->a->head_dim);
+    else
+        sp_f32_from_dt(rows, kv_key_block(c, L, seq, kvh, p0), dt, ATT_BLOCK * c->a->head_dim);
 }
 
 /* One attention task: tokens [t0, t1) of sequence seq (a tile) x query
@@ -583,7 +619,7 @@ static void att_pass(const struct att_job *j, const struct att_task *k, int whic
     struct sp_ctx *c = j->c;
     int64_t hd = c->a->head_dim, stride = c->p.n_ctx + 1, qd = c->a->n_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t p0 = k->first; p0 <= k->last; p0 += ATT_BLOCK) {
+    for (int64_t p0 = k->first / ATT_BLOCK * ATT_BLOCK; p0 <= k->last; p0 += ATT_BLOCK) {
         int64_t nb = k->last - p0 + 1 < ATT_BLOCK ? k->last - p0 + 1 : ATT_BLOCK;
         att_rows(c, j->L, which, k->seq, k->kvh, p0, nb, rows);
         for (int64_t t = k->t0; t < k->t1; t++) {
@@ -594,7 +630,7 @@ static void att_pass(const struct att_job *j, const struct att_task *k, int whic
             /* every query head of the task at once, head g's scores at s + g * stride */
             float *s = sc + (t - k->t0) * j->per * stride + (pa - lo);
             if (which == 0) {
-                sp_dot_cols(s, stride, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, j->per, rows + (pa - p0), ATT_COLS_LD,
+                sp_dot_cols(s, stride, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, j->per, rows + (pa - p0), ATT_BLOCK,
                             pb - pa + 1, hd, scale);
             } else {
                 sp_axpy_rows(c->att + t * qd + k->h0 * hd, hd, s, stride, j->per, rows + (pa - p0) * hd, pb - pa + 1,
@@ -644,7 +680,7 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
 static void attention_job(void *arg, int tid, int nth) {
     struct att_job *j = arg;
     size_t each = sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
-    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)(ATT_COLS_LD * j->c->a->head_dim);
+    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)ATT_ROWS_FLOATS(j->c->a->head_dim);
     int64_t lo, hi, tasks = j->n_tiles * (j->c->a->n_heads / j->per);
     while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, tasks - 1 - lo, sc, rows);
 }

@@ -168,8 +168,7 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->n_moe_layers = s.n_moe_layers;
     p->ctx = in->ctx > 0 ? in->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     p->parallel = in->parallel > 0 ? in->parallel : 1;
-    size_t elt = in->kv_type == SP_KV_F32 ? 4 : 2;
-    p->kv_bytes = (size_t)a->n_layers * 2 * (size_t)p->parallel * (size_t)p->ctx * (size_t)(a->n_kv_heads * a->head_dim) * elt;
+    p->kv_bytes = sp_kv_cache_bytes(a, p->ctx, p->parallel, in->kv_type);
     p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : 256, 2);
     /* a loaded tokenizer takes about 1.5x its tokenizer.json */
     p->overhead_bytes = OVERHEAD_BYTES;

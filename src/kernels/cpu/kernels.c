@@ -92,12 +92,6 @@ static void to_f32_portable(float *y, const void *x, enum sp_dtype dt, int64_t n
     for (int64_t i = 0; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
 
-static void rows_to_cols_portable(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
-                                  int64_t n) {
-    for (int64_t k = 0; k < n; k++)
-        for (int64_t r = 0; r < ldc; r++) cols[k * ldc + r] = r < nr ? sp_dtype_load_float(dt, rows[r], (size_t)k) : 0.0f;
-}
-
 static void dot_cols_portable(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
                               int64_t ldc, int64_t nr, int64_t n, float scale) {
     for (int64_t q = 0; q < na; q++)
@@ -153,7 +147,6 @@ static const struct sp_kernels portable = {
     .dot = dot_portable,
     .axpy = axpy_portable,
     .to_f32 = to_f32_portable,
-    .rows_to_cols = rows_to_cols_portable,
     .dot_cols = dot_cols_portable,
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,

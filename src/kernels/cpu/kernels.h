@@ -86,11 +86,7 @@ struct sp_kernels {
     /* y[i] = x[i] as float over n values of dtype dt (F32, F16 or BF16;
      * exact): a KV cache row of any type, converted once for attention. */
     void (*to_f32)(float *y, const void *x, enum sp_dtype dt, int64_t n);
-    /* Attention's blocks of cached rows. rows_to_cols lays nr rows of n
-     * values (rows[r], dtype dt as to_f32 reads it) out as columns:
-     * cols[k * ldc + r] = rows[r][k] for r < nr, zero for nr <= r < ldc
-     * (ldc a multiple of 8, at least nr). */
-    void (*rows_to_cols)(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
+    /* Attention's blocks of cached rows (keys as columns, values as rows). */
     /* out[q * ldo + r] = scale x the sum over k < n of a[q * lda + k] *
      * cols[k * ldc + r], for q < na, r < nr, k in order. A result depends
      * on its query and column alone (not on na, nr or where the column

@@ -13,10 +13,6 @@ void sp_axpy_f32(float *y, float a, const float *x, int64_t n) { sp_kernels()->a
 
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n) { sp_kernels()->to_f32(y, x, dt, n); }
 
-void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n) {
-    sp_kernels()->rows_to_cols(cols, ldc, rows, dt, nr, n);
-}
-
 void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
                  int64_t nr, int64_t n, float scale) {
     sp_kernels()->dot_cols(out, ldo, a, lda, na, cols, ldc, nr, n, scale);

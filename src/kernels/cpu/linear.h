@@ -50,9 +50,8 @@ int64_t sp_linear_chunk(int64_t units, double unit_bytes, int64_t n, int nth);
 void sp_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y = x as floats over n values of dtype dt (exact). */
 void sp_f32_from_dt(float *y, const void *x, enum sp_dtype dt, int64_t n);
-/* The kernel set's rows_to_cols, dot_cols and axpy_rows (kernels.h):
- * attention's blocks of cached rows against several query heads. */
-void sp_rows_to_cols(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr, int64_t n);
+/* The kernel set's dot_cols and axpy_rows (kernels.h): attention's blocks
+ * of cached rows against several query heads. */
 void sp_dot_cols(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
                  int64_t nr, int64_t n, float scale);
 void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows, int64_t nr,

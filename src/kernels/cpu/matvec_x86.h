@@ -2067,35 +2067,6 @@ static void to_f32_x86(float *y, const void *x, enum sp_dtype dt, int64_t n) {
     for (; i < n; i++) y[i] = sp_dtype_load_float(dt, x, (size_t)i);
 }
 
-ALWAYS void rows_to_cols_dt(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
-                            int64_t n) {
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int64_t r0 = 0; r0 < ldc; r0 += 8) {
-            __m256 v[8];
-            for (int t = 0; t < 8; t++) v[t] = r0 + t < nr ? load8_dt(dt, rows[r0 + t], k) : _mm256_setzero_ps();
-            transpose8_ps(v);
-            for (int i = 0; i < 8; i++) _mm256_storeu_ps(cols + (k + i) * ldc + r0, v[i]);
-        }
-    for (; k < n; k++)
-        for (int64_t r = 0; r < ldc; r++) cols[k * ldc + r] = r < nr ? sp_dtype_load_float(dt, rows[r], (size_t)k) : 0.0f;
-}
-
-/* 8 x 8 blocks of rows transposed in registers */
-static void rows_to_cols_x86(float *cols, int64_t ldc, const void *const *rows, enum sp_dtype dt, int64_t nr,
-                             int64_t n) {
-    switch (dt) {
-    case SP_DTYPE_F16:
-        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_F16, nr, n);
-        break;
-    case SP_DTYPE_BF16:
-        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_BF16, nr, n);
-        break;
-    default:
-        rows_to_cols_dt(cols, ldc, rows, SP_DTYPE_F32, nr, n);
-    }
-}
-
 #if HAVE_ZMM
 /* nq <= 4 queries x nv <= 2 vectors of 16 columns (nr of them real): each
  * lane one chain of FMAs over k, the same as the other builds' 8-column
@@ -2371,7 +2342,6 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .dot = dot_x86,                         \
         .axpy = axpy_x86,                       \
         .to_f32 = to_f32_x86,                   \
-        .rows_to_cols = rows_to_cols_x86,       \
         .dot_cols = dot_cols_x86,               \
         .axpy_rows = axpy_rows_x86,             \
         .glu = glu_x86,                         \
