@@ -24,16 +24,34 @@ void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na
 }
 
 /* The sum of squares in 8 independent double sums (the compiler may
- * vectorize them; one chain would wait on each add). */
+ * vectorize them; one chain would wait on each add), kept in variables:
+ * as an array they went through memory, one store-to-load wait an add. */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double s[8] = {0};
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k] * x[i + k];
-    double ss = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (; i + 8 <= n; i += 8) {
+        s0 += (double)x[i] * x[i];
+        s1 += (double)x[i + 1] * x[i + 1];
+        s2 += (double)x[i + 2] * x[i + 2];
+        s3 += (double)x[i + 3] * x[i + 3];
+        s4 += (double)x[i + 4] * x[i + 4];
+        s5 += (double)x[i + 5] * x[i + 5];
+        s6 += (double)x[i + 6] * x[i + 6];
+        s7 += (double)x[i + 7] * x[i + 7];
+    }
+    double ss = ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7));
     for (; i < n; i++) ss += (double)x[i] * x[i];
     float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (i = 0; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
+    /* 8 at a time, all read before any is written (out may be x): the
+     * compiler vectorizes the blocks */
+    for (i = 0; i + 8 <= n; i += 8) {
+        float v[8];
+        for (int k = 0; k < 8; k++) v[k] = x[i + k] * scale;
+        if (w)
+            for (int k = 0; k < 8; k++) v[k] *= w[i + k];
+        for (int k = 0; k < 8; k++) out[i + k] = v[k];
+    }
+    for (; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
 }
 
 void sp_vector_to_f32(const struct sp_vector *v, float *out) {
