@@ -37,7 +37,7 @@
 #include "runtime/sampler.h"
 
 static const char usage[] =
-    "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--threads N] [--kv-type T]\n"
+    "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--batch N] [--threads N] [--kv-type T]\n"
     "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap] [--repeat N]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
@@ -47,6 +47,7 @@ static const char usage[] =
     "                    folder in $TMPDIR, deleted afterwards\n"
     "  --prompt N        prompt tokens to prefill (default 512; random ids, fixed seed)\n"
     "  --gen N           tokens to decode greedily (default 64)\n"
+    "  --batch N         prefill chunk, in tokens (default 256, as run and serve)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"
@@ -409,7 +410,7 @@ static bool synth_cleanup(struct synth *s) {
 }
 
 struct bench_opts {
-    int64_t prompt, gen, threads, repeat;
+    int64_t prompt, gen, batch, threads, repeat;
     bool cold, compare;
     struct sp_plan_inputs pin;
     const char *synthetic;  // the config of a --synthetic model, for the JSON line
@@ -424,12 +425,12 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_plan_inputs pin = o->pin;
     pin.ctx = prompt + gen;
     pin.parallel = 1;
-    pin.batch = 256;
+    pin.batch = o->batch;
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
-    struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = 256, .kv_type = pin.kv_type,
+    struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .n_threads = (int)threads};
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
@@ -472,7 +473,7 @@ done:
 
 int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    struct bench_opts o = {.prompt = 512, .gen = 64, .repeat = 1};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = 256, .repeat = 1};
     struct synth syn = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -497,6 +498,8 @@ int sp_cmd_bench(int argc, char **argv) {
             if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &o.prompt)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
             if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &o.gen)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--batch", &v)) {
+            if (!v || !sp_arg_int("--batch", v, 1, 1 << 16, &o.batch)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--repeat", &v)) {
             if (!v || !sp_arg_int("--repeat", v, 1, REPEAT_MAX, &o.repeat)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {

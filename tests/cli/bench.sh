@@ -50,6 +50,13 @@ run "the ratio is the expert-cache run's decode over the mmap run's" 0 node -e '
     if (Math.abs(r.decode_expert_cache_over_mmap - c.decode_tok_s / m.decode_tok_s) > 0.0005 + 1e-9) process.exit(1);' "$TMP/cmp.json"
 run "--repeat 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 0 "${SMALL[@]}"
 expect "is refused" "$TMP/err" "--repeat"
+run "--batch 3: the 8-token prompt in chunks" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --batch 3 "${SMALL[@]}"
+grep '^{"bench":"resident"' "$TMP/out" >"$TMP/b.json"
+run "all 8 prompt tokens prefilled, 4 decoded" 0 node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    if (r.prompt_tokens !== 8 || r.decode_tokens !== 4 || !(r.prefill_tok_s > 0)) process.exit(1);' "$TMP/b.json"
+run "--batch 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --batch 0 "${SMALL[@]}"
+expect "is refused" "$TMP/err" "--batch: expected an integer from 1"
 
 run "synthetic mxfp4 kept with --out" 0 "$SPARROW" bench --synthetic "$CFG" --quant mxfp4 --out "$TMP/mx" "${SMALL[@]}"
 expect "says where it is kept" "$TMP/err" "kept in $TMP/mx"
