@@ -86,11 +86,12 @@ struct sp_kernels {
     /* y[i] = x[i] as float over n values of dtype dt (F32, F16 or BF16;
      * exact): a KV cache row of any type, converted once for attention. */
     void (*to_f32)(float *y, const void *x, enum sp_dtype dt, int64_t n);
-    /* Attention's blocks of cached rows (keys as columns, values as rows). */
-    /* out[q * ldo + r] = scale x the sum over k < n of a[q * lda + k] *
+    /* Attention's blocks of cached keys (as columns) and values (as rows).
+     * out[q * ldo + r] = scale x the sum over k < n of a[q * lda + k] *
      * cols[k * ldc + r], for q < na, r < nr, k in order. A result depends
      * on its query and column alone (not on na, nr or where the column
-     * sits). It may read cols[k * ldc + r] for r up to nr rounded up to 8. */
+     * sits). It may read cols[k * ldc + r] for r up to nr rounded up to 8;
+     * what those hold (NaN included) reaches no result. */
     void (*dot_cols)(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols, int64_t ldc,
                      int64_t nr, int64_t n, float scale);
     /* For q < na: axpy(y + q * ldy, w[q * ldw + r], rows + r * n, n) for
