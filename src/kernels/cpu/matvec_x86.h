@@ -914,9 +914,9 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   and 8 tokens, into chains kept in a small buffer. Measured on a Zen 3,
  *   one thread, affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from
  *   cache: 16 tokens at 1.2-1.7x the speed of the product by groups. The
- *   avx512 build keeps no unpacked copy: a broadcast dword of packed codes
- *   is two quads (its low nibbles, its high ones) that the products meet
- *   as the codes come from memory (Zen 5, one thread, affine4 768 x 2048
+ *   avx512 build keeps no unpacked copy: a dword of packed codes is two
+ *   quads (its low nibbles, its high ones) that the products meet as the
+ *   codes come from memory (Zen 5, one thread, affine4 768 x 2048
  *   from DRAM: 32 tokens 1.08-1.12x the unpacked copy, 16 tokens 1.2-1.3x;
  *   mxfp4, which looks its bytes up, 1.0-1.05x). */
 
@@ -1598,52 +1598,62 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-/* The 4 code bytes at c as the unsigned bytes of two quads, in every
- * dword (zmm_u8_codes of the dword broadcast): the low nibbles (even
- * columns) in lo, the high ones in hi. */
-ALWAYS void zmm_code_quads(int fmt, const uint8_t *c, __m512i *lo, __m512i *hi) {
-    int32_t u;
-    memcpy(&u, c, 4);
-    zmm_u8_codes(fmt, _mm512_set1_epi32(u), lo, hi);
+/* Dword k (0-3, a constant once unrolled) of each 128-bit block of v, in
+ * every dword. */
+ALWAYS __m512i dword_of_blocks(__m512i v, int k) {
+    switch (k) {
+    case 0: return _mm512_shuffle_epi32(v, _MM_PERM_AAAA);
+    case 1: return _mm512_shuffle_epi32(v, _MM_PERM_BBBB);
+    case 2: return _mm512_shuffle_epi32(v, _MM_PERM_CCCC);
+    default: return _mm512_shuffle_epi32(v, _MM_PERM_DDDD);
+    }
 }
 
 /* s[i][p][m] += the code dwords at byte d0 + 4 j (j < nd) of row i (rc[i])
  * times the quads they hold of pair p (at xb + p * 16 * cols): each dword's
  * low nibbles meet quad q_lo + j, its high ones quad q_hi + j (m: the
- * dword's place in a step of 2 / np, then low or high). The codes are read
- * as packed, so no unpacked copy waits on memory; 16 sums in flight, for
- * vpdpbusd's latency at two a cycle. nd is a multiple of 2. */
+ * quad's place in a run of 4 / np). The codes are read as packed, 16 bytes
+ * of a row at a time: broadcast to the four 128-bit blocks, their nibbles
+ * become bytes once, and an in-block shuffle spreads each dword over the
+ * vector (mxfp4, 16 tokens, Zen 5 from DRAM: 1.1-1.35x a broadcast and
+ * decode per dword; affine4 and 32 tokens the same). 16 sums in flight,
+ * for vpdpbusd's latency. nd is a multiple of 4, d0 of 16. */
 ALWAYS void zmm_dword_steps(int fmt, const uint8_t *const rc[Q8_BLOCK_ROWS], int64_t cols, const int8_t *xb, int np,
                             int64_t d0, int nd, int64_t q_lo, int64_t q_hi,
                             __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
-    const int per_step = 2 / np;
-#pragma GCC unroll 16
-    for (int j = 0; j < nd; j += per_step) {
-        __m512i x[Q8_PASS / Q8_PAIR][4];
+    const int par = 4 / np;
 #pragma GCC unroll 2
-        for (int p = 0; p < np; p++)
+    for (int j4 = 0; j4 < nd; j4 += 4) {
+        __m512i lo[Q8_BLOCK_ROWS], hi[Q8_BLOCK_ROWS];
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(rc[i] + d0 + 4 * j4));
+            zmm_u8_codes(fmt, _mm512_broadcast_i32x4(v), &lo[i], &hi[i]);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m512i x[Q8_PASS / Q8_PAIR][2];
 #pragma GCC unroll 2
-            for (int h = 0; h < per_step; h++) {
+            for (int p = 0; p < np; p++) {
                 const int8_t *xp = xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols;
-                x[p][2 * h] = _mm512_loadu_si512(xp + quad_at(q_lo + j + h));
-                x[p][2 * h + 1] = _mm512_loadu_si512(xp + quad_at(q_hi + j + h));
+                x[p][0] = _mm512_loadu_si512(xp + quad_at(q_lo + j4 + k));
+                x[p][1] = _mm512_loadu_si512(xp + quad_at(q_hi + j4 + k));
                 /* in registers: the loads folded into each vpdpbusd measured slower */
-                __asm__("" : "+v"(x[p][2 * h]), "+v"(x[p][2 * h + 1]));
+                __asm__("" : "+v"(x[p][0]), "+v"(x[p][1]));
             }
 #pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++)
-#pragma GCC unroll 2
-            for (int h = 0; h < per_step; h++) {
-                __m512i c[2];
-                zmm_code_quads(fmt, rc[i] + d0 + 4 * (j + h), &c[0], &c[1]);
+            for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+                __m512i c[2] = {dword_of_blocks(lo[i], k), dword_of_blocks(hi[i], k)};
 #pragma GCC unroll 2
                 for (int e = 0; e < 2; e++)
 #pragma GCC unroll 2
                     for (int p = 0; p < np; p++) {
-                        s[i][p][2 * h + e] = _mm512_dpbusd_epi32(s[i][p][2 * h + e], c[e], x[p][2 * h + e]);
-                        __asm__("" : "+v"(s[i][p][2 * h + e]));
+                        int m = (2 * k + e) % par;
+                        s[i][p][m] = _mm512_dpbusd_epi32(s[i][p][m], c[e], x[p][e]);
+                        __asm__("" : "+v"(s[i][p][m]));
                     }
             }
+        }
     }
 }
 
