@@ -822,19 +822,20 @@ static void softmax_inplace(float *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / s);
 }
 
-/* Indices of the k largest of v[0..n) (masked entries skipped), largest first. */
+/* Indices of the k largest of v[0..n) (masked entries skipped), largest
+ * first, ties to the lower index; -1 past the entries there are. One pass
+ * that keeps the best so far in order (an entry enters when it beats the
+ * last kept), as choosing the largest k times would order them. */
 static void top_k(const float *v, const bool *mask, int64_t n, int64_t k, int32_t *idx) {
-    for (int64_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int64_t i = 0; i < n; i++) {
-            if (mask && !mask[i]) continue;
-            bool taken = false;
-            for (int64_t q = 0; q < j; q++) taken |= idx[q] == i;
-            if (taken) continue;
-            if (best < 0 || v[i] > v[best]) best = (int32_t)i;
-        }
-        idx[j] = best;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n && k > 0; i++) {
+        if (mask && !mask[i]) continue;
+        if (kept == k && !(v[i] > v[idx[k - 1]])) continue;
+        int64_t at = kept < k ? kept++ : k - 1;
+        for (; at > 0 && v[i] > v[idx[at - 1]]; at--) idx[at] = idx[at - 1];
+        idx[at] = (int32_t)i;
     }
+    for (int64_t j = kept; j < k; j++) idx[j] = -1;
 }
 
 /* Chooses k experts and their weights for one token from its router logits. */
