@@ -473,7 +473,7 @@ done:
 
 int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = 256, .repeat = 1};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1};
     struct synth syn = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;

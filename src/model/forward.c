@@ -102,6 +102,13 @@ size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
            (size_t)ATT_ROWS_FLOATS(a->head_dim);
 }
 
+int64_t sp_mlp_width(const struct sp_arch *a) {
+    int64_t ff = a->d_ff;
+    if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
+    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    return ff;
+}
+
 size_t sp_expert_tables_bytes(const struct sp_arch *a) {
     size_t E = a->n_experts > 0 ? (size_t)a->n_experts : 1;
     return (E + 1) * (sizeof(struct ffn_item) + sizeof(int64_t)) +
@@ -339,7 +346,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->p = *params;
     if (c->p.n_ctx <= 0) c->p.n_ctx = a->max_pos < 4096 ? a->max_pos : 4096;
     if (c->p.n_seq <= 0) c->p.n_seq = 1;
-    if (c->p.max_batch <= 0) c->p.max_batch = 256;
+    if (c->p.max_batch <= 0) c->p.max_batch = SP_DEFAULT_BATCH;
     enum sp_status st = SP_OK;
     if ((unsigned)c->p.kv_type >= SP_KV_TYPE_COUNT) {
         st = sp_errorf(SP_ERR_ARG, "unknown KV cache type");
@@ -378,9 +385,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         goto fail;
     }
     memset(c->kv, 0, c->kv_bytes);
-    int64_t ff = a->d_ff;
-    if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
-    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    int64_t ff = sp_mlp_width(a);
     c->ld_qkv = qd + 2 * c->kv_row;
     c->ld_ff = ff;
     int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;

@@ -31,10 +31,15 @@
 /* Storage of cached keys and values (zero, the default, is f16). */
 enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
 
+/* Tokens per forward call unless told: the prefill chunk of run, serve and
+ * bench, and what the planner counts buffers for (512 measured within 1-5%
+ * of it, 1024 slower). */
+#define SP_DEFAULT_BATCH 256
+
 struct sp_ctx_params {
     int64_t n_ctx;         // positions per sequence (0: the model's, capped at 4096)
     int n_seq;             // sequences (0: 1)
-    int64_t max_batch;     // tokens per forward call (0: 256)
+    int64_t max_batch;     // tokens per forward call (0: SP_DEFAULT_BATCH)
     enum sp_kv_type kv_type;
     int n_threads;         // 0: physical cores
     size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
@@ -70,6 +75,9 @@ size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx);
 /* Bytes of a context's per-expert tables (the MoE step's work items and
  * expert views; the planner counts them among the activations). */
 size_t sp_expert_tables_bytes(const struct sp_arch *a);
+/* Floats per token of the MLP buffers: the widest of the dense MLP, a
+ * routed expert's gate and up side by side, and the shared experts. */
+int64_t sp_mlp_width(const struct sp_arch *a);
 /* The expert store's counters; false when the context has no expert cache. */
 struct sp_expert_store_stats;
 bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);

@@ -230,7 +230,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->tok = tok;
     e->p = *params;
     if (e->p.n_slots <= 0) e->p.n_slots = 1;
-    if (e->p.batch_tokens <= 0) e->p.batch_tokens = 256;
+    if (e->p.batch_tokens <= 0) e->p.batch_tokens = SP_DEFAULT_BATCH;
     if (e->p.batch_tokens < e->p.n_slots) e->p.batch_tokens = e->p.n_slots;
     if (e->p.queue_max <= 0) e->p.queue_max = 64;
     if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;

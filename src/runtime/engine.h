@@ -35,7 +35,7 @@
 struct sp_engine_params {
     int n_slots;            // sequences decoded together (0: 1)
     int64_t n_ctx;          // positions per slot (0: the model's, capped at 4096)
-    int64_t batch_tokens;   // tokens per forward step, decode and prefill chunks together (0: 256)
+    int64_t batch_tokens;   // tokens per forward step, decode and prefill chunks together (0: SP_DEFAULT_BATCH)
     int queue_max;          // requests waiting for a slot (0: 64)
     int n_threads;          // 0: physical cores
     enum sp_kv_type kv_type;

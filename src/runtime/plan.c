@@ -139,9 +139,7 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
 /* Buffers sp_ctx_create and the engine reserve, from the same shapes. */
 static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int parallel, int64_t batch, int threads) {
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
-    int64_t ff = a->d_ff;
-    if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
-    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    int64_t ff = sp_mlp_width(a);
     int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
     int64_t maxc = d > qd ? d : qd;
     if (ff > maxc) maxc = ff;
@@ -169,7 +167,7 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->ctx = in->ctx > 0 ? in->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     p->parallel = in->parallel > 0 ? in->parallel : 1;
     p->kv_bytes = sp_kv_cache_bytes(a, p->ctx, p->parallel, in->kv_type);
-    p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : 256, 2);
+    p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, 2);
     /* a loaded tokenizer takes about 1.5x its tokenizer.json */
     p->overhead_bytes = OVERHEAD_BYTES;
     char *tj = sp_path_join(m->files->dir, "tokenizer.json");
