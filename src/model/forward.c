@@ -330,8 +330,13 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c);
 }
 
+/* A batch buffer, in 2 MiB pages where it spans one or more: a prefill walks
+ * rows kilobytes apart (a token's q / k / v, a head's scores, an expert's
+ * rows), touching many 4 KiB pages at a time; in 2 MiB pages a 512-token
+ * prefill ran 1.11-1.20x faster (2 threads, Zen 5, 4 layers of
+ * Qwen3-30B-A3B and Ling-mini-2.0 mxfp4). */
 static void *act_buf(size_t n, size_t size, bool *ok) {
-    void *p = sp_malloc_aligned(n * size + 64, 64, SP_MEM_ACT);
+    void *p = sp_malloc_huge(n * size + 64, SP_MEM_ACT);
     if (!p) *ok = false;
     return p;
 }
