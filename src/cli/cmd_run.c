@@ -265,8 +265,11 @@ int sp_cmd_run(int argc, char **argv) {
             sp_errorf(SP_ERR_ARG, "token %d is outside the model's vocabulary of %lld", ids.v[i], (long long)V);
             goto fail;
         }
-    struct sp_ctx_params cp = {.n_ctx = o.ctx ? o.ctx : n + o.max_tokens, .n_seq = 1, .max_batch = o.batch ? o.batch : SP_DEFAULT_BATCH,
-                               .kv_type = o.kv, .n_threads = (int)o.threads};
+    struct sp_ctx_params cp = {.n_ctx = o.ctx ? o.ctx : n + o.max_tokens,
+                               .n_seq = 1,
+                               .max_batch = o.batch ? o.batch : SP_DEFAULT_BATCH,
+                               .kv_type = o.kv,
+                               .n_threads = (int)o.threads};
     if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
     if (n + o.max_tokens > cp.n_ctx) {
         sp_errorf(SP_ERR_ARG, "%lld prompt tokens + %lld to generate exceed the context of %lld", (long long)n,

@@ -1615,9 +1615,10 @@ ALWAYS __m512i dword_of_blocks(__m512i v, int k) {
  * quad's place in a run of 4 / np). The codes are read as packed, 16 bytes
  * of a row at a time: broadcast to the four 128-bit blocks, their nibbles
  * become bytes once, and an in-block shuffle spreads each dword over the
- * vector (mxfp4, 16 tokens, Zen 5 from DRAM: 1.1-1.35x a broadcast and
- * decode per dword; affine4 and 32 tokens the same). 16 sums in flight,
- * for vpdpbusd's latency. nd is a multiple of 4, d0 of 16. */
+ * vector (mxfp4, 16 tokens, one thread, Zen 5 from DRAM: 1.1-1.35x a
+ * broadcast and decode per dword; affine4, 32 tokens and a 512-token
+ * prefill the same). 16 sums in flight, for vpdpbusd's latency. nd is a
+ * multiple of 4, d0 of 16. */
 ALWAYS void zmm_dword_steps(int fmt, const uint8_t *const rc[Q8_BLOCK_ROWS], int64_t cols, const int8_t *xb, int np,
                             int64_t d0, int nd, int64_t q_lo, int64_t q_hi,
                             __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
