@@ -468,7 +468,9 @@ static void *kv_key_block(const struct sp_ctx *c, int64_t L, int64_t seq, int64_
 }
 
 /* n floats as dtype dt (as sp_dtype_store_float rounds them), element i
- * at element i * step of dst. */
+ * at element i * step of dst. The conversions are inlined rather than
+ * sp_dtype_store_float called per element: a prefill stores every token's
+ * keys and values of every layer through here. */
 static void kv_put(enum sp_dtype dt, void *dst, int64_t step, const float *src, int64_t n) {
     if (dt == SP_DTYPE_F32) {
         for (int64_t i = 0; i < n; i++) ((float *)dst)[i * step] = src[i];
