@@ -286,6 +286,38 @@ static void test_int8_extremes(void **state) {
     }
 }
 
+/* The AVX2 product by tokens adds a whole mxfp4 group in int16 when its
+ * activations allow (columns c with c % 8 < 4 share a lane, the others the
+ * other lane; each lane's 16 |int8| must sum to at most 1365, 24 x 1365 =
+ * 32760). At code +6 (24) and integer activations with amax 127, tokens 0 -
+ * 23 sum to 1365 in both lanes (exact in int16), 24 - 31 to 1366 (32784,
+ * which would wrap): the first pair of blocks may go whole, the second,
+ * and a part block with them, must not. Even tokens positive, odd ones
+ * negative. */
+static void test_mx4_wide_runs(void **state) {
+    const int64_t rows = 13, cols = 1056, ng = cols / 32, sizes[] = {8, 16, 24, 32, 27};
+    struct mat M = {.codes = malloc((size_t)(rows * cols / 2)), .scales = malloc((size_t)(rows * ng))};
+    memset(M.codes, 0x77, (size_t)(rows * cols / 2));
+    memset(M.scales, 127, (size_t)(rows * ng));  // E8M0 2^0
+    M.m = (struct sp_qmat){.type = SP_QTYPE_MXFP4, .group = 32, .rows = rows, .cols = cols, .codes = M.codes,
+                           .scales = M.scales, .scale_dtype = SP_DTYPE_U8};
+    float *x = malloc((size_t)(32 * cols) * sizeof *x);
+    for (int64_t t = 0; t < 32; t++) {
+        int big = t >= 24 ? 9 : 8;  // lane entries 1..big are 83, the rest 82, entry 0 is 127
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t i = (c % 32) / 8 * 4 + c % 4;  // the column's entry in its lane, 0..15
+            float v = i == 0 ? 127.0f : i <= big ? 83.0f : 82.0f;
+            x[t * cols + c] = t % 2 ? -v : v;
+        }
+    }
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        for (size_t b = 0; k && b < sizeof sizes / sizeof *sizes; b++) check_matmul_on(k, &M, sizes[b], x, cols);
+    }
+    free(x);
+    mat_free(&M);
+}
+
 /* A token's outputs are bit-identical whatever else is in its batch: the
  * server relies on chunked prefill = one batch = token by token. */
 static void test_batch_invariance(void **state) {
@@ -787,6 +819,7 @@ int main(void) {
         cmocka_unit_test(test_linear_apply),
         cmocka_unit_test(test_linear_chunk),
         cmocka_unit_test(test_int8_extremes),
+        cmocka_unit_test(test_mx4_wide_runs),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };

@@ -249,10 +249,11 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
      * in unit-pair order, and side by side 8 at a time), 4 rows of codes as
      * bytes, and per group up to 8 more: 6 arrays of a token each and 2 of
      * 4 rows, plus 1024 floats of chains (4 blocks x 4 rows x 8 chains x 8
-     * tokens) */
+     * tokens) and a byte per block of 8 tokens */
     size_t groups8 = groups + 8;
     size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 4) * (size_t)w->cols +
-                (6 * SP_KERNELS_Q8_TOKENS + 8) * groups8 * sizeof(float) + 1024 * sizeof(float);
+                (6 * SP_KERNELS_Q8_TOKENS + 8) * groups8 * sizeof(float) + 1024 * sizeof(float) +
+                SP_KERNELS_Q8_TOKENS / 8;
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;
     return (m > q16 ? m : q16) + 64;

@@ -932,6 +932,15 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  * for this many in every build */
 #define Q8_PASS 4
 #define Q8_TOKENS SP_KERNELS_Q8_TOKENS  // tokens rounded to int8 at a time
+/* The product by tokens on AVX2 adds a group's mxfp4 products in int16
+ * lanes, each lane the codes (at most 24) times 16 of the group's 32
+ * activations: exact over the whole group when those activations' |int8|
+ * sum to at most this (24 x 1365 = 32760), else in two runs of 8 columns a
+ * lane, each widened to int32 (q8acts.xw says which, per block of tokens:
+ * a branch per group costs more than the widening it saves). Zen 3, one
+ * thread, from cache, 16 and 32 tokens of 512 x 2048 to 2048 x 768 rows:
+ * 0.90-0.98x the time of two runs a group (median 0.955). */
+#define MX4_WIDE_SUM (32767 / (2 * MX4_OFFSET))
 
 /* A batch of up to Q8_TOKENS tokens rounded to int8 (q8_prepare), and the
  * buffers the products use, all in the caller's scratch. Per-group arrays
@@ -951,6 +960,9 @@ struct q8acts {
     uint8_t *ub;
     float *dxt, *xst, *chains;
     int32_t *xot;
+    /* mxfp4 without VNNI: per block of 8 tokens, 1 where every group of
+     * every token stays within MX4_WIDE_SUM in both lanes (mx4_group_fits) */
+    uint8_t *xw;
     int64_t n, cols, ng, ldg;
     bool mx4;  // which of xsum / xoff the rows read
 };
@@ -995,7 +1007,8 @@ static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q)
     float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
     int32_t *xoff = (int32_t *)(void *)(chains + Q8_PASS * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
     int32_t *xot = xoff + nt * ldg;
-    *q = (struct q8acts){xq, xp, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, 0, cols, ng, ldg, false};
+    uint8_t *xw = (uint8_t *)(xot + nt * ldg);
+    *q = (struct q8acts){xq, xp, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, xw, 0, cols, ng, ldg, false};
 }
 
 /* Where unit u's 32 even and 32 odd columns sit in the unit-pair order
@@ -1012,6 +1025,18 @@ ALWAYS int64_t pair_odds(int64_t u, int64_t cols) {
     return (p + 2) * 64 <= cols ? p * 64 + 64 + (u & 1) * 32 : u * 64 + 32;
 }
 
+/* Whether a 32-column group's int8 activations (eo: its 16 even columns,
+ * then its 16 odd ones, as q8_prepare stores them) keep the product by
+ * tokens' int16 lanes exact over the whole group: a lane takes bytes 0 and
+ * 1, or 2 and 3, of each 4-byte quad, and each of those two sets of 16 must
+ * have |x| summing to at most MX4_WIDE_SUM. */
+ALWAYS bool mx4_group_fits(__m256i eo) {
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(eo), _mm256_set1_epi8(1));
+    int32_t lo = hsum_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi32(1)));        // the even int16 lanes
+    int32_t hi = hsum_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi32(1 << 16)));  // the odd ones
+    return lo <= MX4_WIDE_SUM && hi <= MX4_WIDE_SUM;
+}
+
 /* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
  * weight group of 32, 64 or 128 columns). */
 static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bool mx4, struct q8acts *q) {
@@ -1021,6 +1046,8 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
     q->mx4 = mx4;
+    const bool check_wide = mx4 && !HAVE_DPWSSD;
+    if (check_wide) memset(q->xw, 1, (size_t)((n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS));
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         int8_t *ot = xq + t * cols, *op = xp + t * cols;
@@ -1039,6 +1066,7 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bo
                  * block: its evens, then its odds */
                 int64_t col = g * group + k, u0 = col & ~(int64_t)63;
                 __m256i eo = evens_odds(v);
+                if (check_wide && q->xw[t / Q8_BLOCK_TOKENS] && !mx4_group_fits(eo)) q->xw[t / Q8_BLOCK_TOKENS] = 0;
                 if (u0 + 64 <= cols) {
                     int64_t half = (col - u0) / 2;  // 0 or 16
                     _mm_storeu_si128((__m128i *)(void *)(ot + u0 + half), _mm256_castsi256_si128(eo));
@@ -1439,9 +1467,11 @@ ALWAYS void quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int nb
 
 /* The exact int32 sums of group g of Q8_BLOCK_ROWS rows for token blocks j
  * < nb (lane = token). 16-bit sums of pairs stay exact over 8 steps for
- * affine codes (8 x 2 x 15 x 127 < 32768), 4 for mxfp4 (4 x 2 x 24 x 127). */
+ * affine codes (8 x 2 x 15 x 127 < 32768), 4 for mxfp4 (4 x 2 x 24 x 127),
+ * or the whole mxfp4 group where the blocks' activations allow (wide:
+ * mx4_group_fits; with VNNI the sums are int32 throughout). */
 ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const int8_t *xb, int nb, int64_t g,
-                        bool lone, __m256i sum[Q8_BLOCK_ROWS][Q8_PAIR]) {
+                        bool lone, bool wide, __m256i sum[Q8_BLOCK_ROWS][Q8_PAIR]) {
     const int run = fmt == FMT_MX4 ? 4 : 8;
     __m256i s[Q8_BLOCK_ROWS][Q8_PAIR];
 #define EACH_SUM(...)                                               \
@@ -1453,7 +1483,7 @@ ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const
          * ones 8 further (a lone block: right after) */
         int64_t qa = (g / 2) * 16 + (g & 1) * 4, qb = qa + (lone ? 4 : 8);
         quad_steps(ub, cols, xb, nb, qa, 4, s);
-        if (run == 4) EACH_SUM(sum[i][j] = u8_widen(s[i][j]), s[i][j] = _mm256_setzero_si256();)
+        if (run == 4 && !wide) EACH_SUM(sum[i][j] = u8_widen(s[i][j]), s[i][j] = _mm256_setzero_si256();)
         quad_steps(ub, cols, xb, nb, qb, 4, s);
         EACH_SUM(sum[i][j] = _mm256_add_epi32(sum[i][j], u8_widen(s[i][j]));)
         return;
@@ -1557,9 +1587,9 @@ ALWAYS int64_t chain_at(int i, int64_t c, int j) {
 /* Group g of the unpacked rows times token blocks b .. b + nb - 1 (from
  * xb), added to the rows' chains g % 8 (first: the chains start here). */
 ALWAYS void block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
-                            bool lone, bool first) {
+                            bool lone, bool wide, bool first) {
     __m256i sum[Q8_BLOCK_ROWS][Q8_PAIR];
-    block_group(fmt, per, q->ub, q->cols, xb, nb, g, lone, sum);
+    block_group(fmt, per, q->ub, q->cols, xb, nb, g, lone, wide, sum);
     /* loaded before the chains are stored (which could alias them) */
     __m256 dx[Q8_PAIR], xs[Q8_PAIR];
     __m256i xo[Q8_PAIR];
@@ -1720,11 +1750,11 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 /* block_group_add for the nb blocks of a pass: whole pairs of them in the
  * avx512 build, from the rows' packed codes (rc). */
 ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const *rc, const int8_t *xb, int nb,
-                      int64_t b, int64_t g, bool lone, bool first) {
+                      int64_t b, int64_t g, bool lone, bool wide, bool first) {
 #if HAVE_ZMM
     zmm_block_group_add(fmt, per, q, rc, xb, nb / Q8_PAIR, b, g, lone, first);
 #else
-    block_group_add(fmt, per, q, xb, nb, b, g, lone, first);
+    block_group_add(fmt, per, q, xb, nb, b, g, lone, wide, first);
 #endif
 }
 
@@ -1760,15 +1790,15 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
  * chains summed as hsum sums lanes (chains past ng are zero) and stored
  * (tokens past n are not). */
 ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q,
-                            const uint8_t *const *rc, int nb, int64_t b, int nr, float *y, int64_t ldy) {
+                            const uint8_t *const *rc, int nb, int64_t b, int nr, bool wide, float *y, int64_t ldy) {
     /* groups before a lone last 32-column block, and whether there is one */
     const bool lone = per == 1 && (f->ng & 1);
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
     int64_t g = 0;
-    for (; g < first; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, true);
-    for (; g < ngw; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, false);
-    if (lone) group_add(fmt, per, q, rc, xb, nb, b, g, true, g < Q8_CHAINS);
+    for (; g < first; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, wide, true);
+    for (; g < ngw; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, wide, false);
+    if (lone) group_add(fmt, per, q, rc, xb, nb, b, g, true, wide, g < Q8_CHAINS);
     for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
         __m256 v[Q8_BLOCK_ROWS];
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
@@ -1780,6 +1810,16 @@ ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const stru
         int64_t t0 = (b + j) * Q8_BLOCK_TOKENS;
         block_store(v, nr, q->n - t0, y + t0 * ldy, ldy);
     }
+}
+
+/* block_rows_pass on unpacked rows, the mxfp4 sums in int16 over whole
+ * groups where the blocks' activations allow (a copy of the pass each way) */
+ALWAYS void unpacked_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b, int nr,
+                          float *y, int64_t ldy) {
+    if (fmt == FMT_MX4 && !HAVE_DPWSSD && !(q->xw[b] && (nb < 2 || q->xw[b + 1])))
+        block_rows_pass(fmt, per, f, q, NULL, nb, b, nr, false, y, ldy);
+    else
+        block_rows_pass(fmt, per, f, q, NULL, nb, b, nr, true, y, ldy);
 }
 
 ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
@@ -1805,13 +1845,14 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
                     _mm_prefetch((const char *)rc[i] + 2 * Q8_BLOCK_ROWS * f.row_bytes + at, _MM_HINT_T0);
             }
             /* two pairs a pass, one pair for what is left */
-            for (; b + Q8_PASS <= nbp; b += Q8_PASS) block_rows_pass(fmt, per, &f, q, rc, Q8_PASS, b, nr, y + r, ldy);
-            if (b < nbp) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, y + r, ldy);
+            for (; b + Q8_PASS <= nbp; b += Q8_PASS)
+                block_rows_pass(fmt, per, &f, q, rc, Q8_PASS, b, nr, true, y + r, ldy);
+            if (b < nbp) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, true, y + r, ldy);
             continue;
         }
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
-        for (; b + Q8_PAIR <= nb; b += Q8_PAIR) block_rows_pass(fmt, per, &f, q, NULL, Q8_PAIR, b, nr, y + r, ldy);
-        for (; b < nb; b++) block_rows_pass(fmt, per, &f, q, NULL, 1, b, nr, y + r, ldy);
+        for (; b + Q8_PAIR <= nb; b += Q8_PAIR) unpacked_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
+        for (; b < nb; b++) unpacked_pass(fmt, per, &f, q, 1, b, nr, y + r, ldy);
     }
 }
 
