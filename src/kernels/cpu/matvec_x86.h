@@ -1038,18 +1038,20 @@ ALWAYS bool mx4_group_fits(__m256i eo) {
 }
 
 /* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
- * weight group of 32, 64 or 128 columns). */
-static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t group, bool mx4, struct q8acts *q) {
+ * weight group of 32, 64 or 128 columns); the first by_tokens of them will
+ * go by tokens (their blocks get q->xw). */
+static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
+                       struct q8acts *q) {
     int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
     int8_t *xq = (int8_t *)q->xq, *xp = (int8_t *)q->xp;
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
     q->mx4 = mx4;
-    const bool check_wide = mx4 && !HAVE_DPWSSD;
-    if (check_wide) memset(q->xw, 1, (size_t)((n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS));
+    if (mx4 && !HAVE_DPWSSD) memset(q->xw, 1, (size_t)((by_tokens + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS));
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
+        const bool check_wide = mx4 && !HAVE_DPWSSD && t < by_tokens;
         int8_t *ot = xq + t * cols, *op = xp + t * cols;
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
@@ -2030,7 +2032,7 @@ static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t 
     q8_layout(scratch, w->cols, w->cols / w->group, &q);
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, blocked = q8_blocked(nq);
-        q8_prepare(x + t0 * ldx, ldx, nq, w->group, w->type == SP_QTYPE_MXFP4, &q);
+        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w->group, w->type == SP_QTYPE_MXFP4, &q);
         if (blocked) {
             q.n = blocked;
             im->q8_block(w, r0, r1, &q, y + t0 * ldy, ldy);
