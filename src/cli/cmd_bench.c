@@ -47,7 +47,7 @@ static const char usage[] =
     "                    folder in $TMPDIR, deleted afterwards\n"
     "  --prompt N        prompt tokens to prefill (default 512; random ids, fixed seed)\n"
     "  --gen N           tokens to decode greedily (default 64)\n"
-    "  --batch N         prefill chunk, in tokens (default 256, as run and serve)\n"
+    "  --batch N         prefill chunk, in tokens (default " SP_DEFAULT_BATCH_TEXT ", as run and serve)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"

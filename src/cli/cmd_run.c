@@ -35,7 +35,7 @@ static const char usage[] =
     "  --ignore-eos           do not stop at the end-of-sequence token\n"
     "  --threads N            worker threads (default: physical cores)\n"
     "  --ctx N                context length (default: prompt + max tokens)\n"
-    "  --batch N              prefill chunk (default 256)\n"
+    "  --batch N              prefill chunk (default " SP_DEFAULT_BATCH_TEXT ")\n"
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    routed-expert cache budget (default: from the plan)\n";

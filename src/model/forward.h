@@ -35,6 +35,10 @@ enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
  * bench, and what the planner counts buffers for (512 measured within 1-5%
  * of it, 1024 slower). */
 #define SP_DEFAULT_BATCH 256
+/* The same as text, for help messages (a literal: the preprocessor spells it) */
+#define SP_DEFAULT_BATCH_TEXT SP_TEXT_OF(SP_DEFAULT_BATCH)
+#define SP_TEXT_OF(x) SP_TEXT_OF_(x)
+#define SP_TEXT_OF_(x) #x
 
 struct sp_ctx_params {
     int64_t n_ctx;         // positions per sequence (0: the model's, capped at 4096)
