@@ -291,8 +291,8 @@ static void test_int8_extremes(void **state) {
  * other lane; each lane's 16 |int8| must sum to at most 1365, 24 x 1365 =
  * 32760). At code +6 (24) and integer activations with amax 127, tokens 0 -
  * 23 sum to 1365 in both lanes (exact in int16), 24 - 31 to 1366 (32784,
- * which would wrap): the first pair of blocks may go whole, the second,
- * and a part block with them, must not. Even tokens positive, odd ones
+ * which would wrap): blocks 0 - 2 of 8 tokens may go whole, block 3 (and
+ * the pair it belongs to) must not. Even tokens positive, odd ones
  * negative. */
 static void test_mx4_wide_runs(void **state) {
     const int64_t rows = 13, cols = 1056, ng = cols / 32, sizes[] = {8, 16, 24, 32, 27};
