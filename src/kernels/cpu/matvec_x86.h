@@ -1048,10 +1048,11 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
     q->mx4 = mx4;
-    if (mx4 && !HAVE_DPWSSD) memset(q->xw, 1, (size_t)((by_tokens + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS));
+    const bool wide_flags = mx4 && !HAVE_DPWSSD;  // the products by tokens read q->xw
+    if (wide_flags) memset(q->xw, 1, (size_t)((by_tokens + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS));
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
-        const bool check_wide = mx4 && !HAVE_DPWSSD && t < by_tokens;
+        const bool check_wide = wide_flags && t < by_tokens;
         int8_t *ot = xq + t * cols, *op = xp + t * cols;
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
