@@ -360,6 +360,59 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* matmul_rows_pair gives each matrix what matmul_rows gives it, to the bit,
+ * over a range of rows and leaves every other output alone: two matrices
+ * of one format (the activations rounded once for both) and, as the
+ * fallback, of two formats. */
+static void test_matmul_pair(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 11);
+    const struct fmt_case cases[][2] = {
+        {{SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640}},
+        {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}},
+        {{SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152}},
+        {{SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}},
+        {{SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030}, {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030}},
+        {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 640}, {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 640}},
+        {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 640}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640}}};
+    const int64_t rows = 21, r0 = 3, r1 = 19, ldy = rows + 2, sizes[] = {1, 4, 5, 12, 13, 33, 40};
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            struct mat A, B;
+            int64_t cols = cases[c][0].cols, n = 40;
+            mat_make(&A, cases[c][0].t, cases[c][0].group, cases[c][0].sdt, rows, cols, &rng);
+            mat_make(&B, cases[c][1].t, cases[c][1].group, cases[c][1].sdt, rows, cols, &rng);
+            size_t ny = (size_t)(n * ldy);
+            float *x = malloc((size_t)(n * cols) * sizeof *x), *y[4];
+            for (int i = 0; i < 4; i++) y[i] = malloc(ny * sizeof *y[i]);
+            for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
+            size_t sa = sp_kernels_scratch_bytes(&A.m), sb = sp_kernels_scratch_bytes(&B.m);
+            void *scratch = sp_malloc_aligned(sa > sb ? sa : sb, 64, SP_MEM_MISC);
+            for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
+                for (int i = 0; i < 4; i++)
+                    for (size_t j = 0; j < ny; j++) y[i][j] = 12345.0f;
+                k->matmul_rows(&A.m, r0, r1, x, cols, sizes[b], y[0], ldy, scratch);
+                k->matmul_rows(&B.m, r0, r1, x, cols, sizes[b], y[1], ldy, scratch);
+                k->matmul_rows_pair(&A.m, &B.m, r0, r1, x, cols, sizes[b], y[2], y[3], ldy, scratch);
+                for (int i = 0; i < 2; i++) {
+                    if (memcmp(y[i], y[2 + i], ny * sizeof *y[i]) != 0)
+                        print_error("%s %s / %s: %lld tokens: matrix %d of the pair differs from it alone\n", k->name,
+                                    sp_qtype_name(A.m.type), sp_qtype_name(B.m.type), (long long)sizes[b], i);
+                    assert_memory_equal(y[i], y[2 + i], ny * sizeof *y[i]);
+                }
+                assert_true(y[2][r0 - 1] == 12345.0f && y[3][r1] == 12345.0f && y[2][r0] != 12345.0f);
+            }
+            sp_free_aligned(scratch);
+            free(x);
+            for (int i = 0; i < 4; i++) free(y[i]);
+            mat_free(&A);
+            mat_free(&B);
+        }
+    }
+}
+
 /* The VNNI sets multiply-add with vpdpwssd / vpdpbusd where avx2 uses
  * vpmaddwd / vpmaddubsw and adds; the int32 sums are exact either way, so
  * their products must be bit-identical to avx2's (and their -int16 sets
@@ -821,6 +874,7 @@ int main(void) {
         cmocka_unit_test(test_int8_extremes),
         cmocka_unit_test(test_mx4_wide_runs),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_matmul_pair),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, report);

@@ -777,8 +777,7 @@ static void ffn_range(const struct ffn_job *j, int64_t a, int64_t b, void *scrat
             sp_linear_rows(it->gate_up, 2 * r0, 2 * r1, it->x, it->ldx, fa, ld, it->cnt, scratch);
             activate(c->a, fb + r0, ld, fa + 2 * r0, NULL, ld, true, it->cnt, r1 - r0);
         } else {
-            sp_linear_rows(it->gate, r0, r1, it->x, it->ldx, fa, ld, it->cnt, scratch);
-            sp_linear_rows(it->up, r0, r1, it->x, it->ldx, fb, ld, it->cnt, scratch);
+            sp_linear_rows_pair(it->gate, it->up, r0, r1, it->x, it->ldx, fa, fb, ld, it->cnt, scratch);
             activate(c->a, fb + r0, ld, fa + r0, fb + r0, ld, false, it->cnt, r1 - r0);
         }
     }

@@ -75,6 +75,11 @@ struct sp_kernels {
      * for go through the portable code). */
     void (*matmul_rows)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
                         float *y, int64_t ldy, void *scratch);
+    /* matmul_rows of two matrices with the same x (an MLP's gate and up):
+     * ya, yb get what matmul_rows gives wa, wb, to the bit; where the two
+     * share a format, a group and a width, x is rounded once for both. */
+    void (*matmul_rows_pair)(const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0, int64_t r1,
+                             const float *x, int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy, void *scratch);
     /* The same with the activations kept in float (no int8/int16 rounding), for
      * products whose small errors matter more than their speed (routers). */
     void (*matmul_rows_float)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,

@@ -110,6 +110,17 @@ void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const flo
     }
 }
 
+void sp_linear_rows_pair(const struct sp_linear *la, const struct sp_linear *lb, int64_t lo, int64_t hi,
+                         const float *x, int64_t ldx, float *ya, float *yb, int64_t ldy, int64_t n, void *scratch) {
+    if (lo >= hi) return;
+    if (la->transposed || lb->transposed || la->bias || lb->bias || la->float_activations || lb->float_activations) {
+        sp_linear_rows(la, lo, hi, x, ldx, ya, ldy, n, scratch);
+        sp_linear_rows(lb, lo, hi, x, ldx, yb, ldy, n, scratch);
+        return;
+    }
+    sp_kernels()->matmul_rows_pair(&la->w, &lb->w, lo, hi, x, ldx, n, ya, yb, ldy, scratch);
+}
+
 struct job {
     const struct sp_linear *l;
     const float *x;

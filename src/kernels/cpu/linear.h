@@ -29,6 +29,11 @@ void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, flo
  * scratch: sp_linear_scratch_bytes(l) bytes (a pool thread's scratch). */
 void sp_linear_rows(const struct sp_linear *l, int64_t lo, int64_t hi, const float *x, int64_t ldx, float *y,
                     int64_t ldy, int64_t n, void *scratch);
+/* sp_linear_rows of two linears with the same x and outputs [lo, hi) of
+ * each (an MLP's gate and up; the same results): the kernels round x once
+ * for both where they can. scratch as for either (their shapes match). */
+void sp_linear_rows_pair(const struct sp_linear *la, const struct sp_linear *lb, int64_t lo, int64_t hi,
+                         const float *x, int64_t ldx, float *ya, float *yb, int64_t ldy, int64_t n, void *scratch);
 /* Below this many multiply-adds a hand-off to other threads costs more than it saves. */
 #define SP_LINEAR_SERIAL_MACS 65536.0
 /* Up to this many tokens the threads take rows in chunks as they come

@@ -1580,6 +1580,15 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
     }
 }
 
+/* Every block of q's tokens side by side (block_tokens), before the
+ * products by tokens; the avx512 build takes whole pairs of blocks, so a
+ * last odd block gets a partner of zeros. */
+static void q8_block_tokens(const struct q8acts *q) {
+    int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
+    if (HAVE_ZMM) nb = (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR;
+    for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
+}
+
 /* Where chain c of row i for token block j (of a pass) starts in
  * q->chains: the pass's blocks side by side, so that the avx512 build
  * updates a pair of them with one 512-bit vector. */
@@ -1825,14 +1834,14 @@ ALWAYS void unpacked_pass(int fmt, int per, const struct rowfmt *f, const struct
         block_rows_pass(fmt, per, f, q, NULL, nb, b, nr, true, y, ldy);
 }
 
+/* Rows [r0, r1) by tokens, q's blocks set side by side (q8_block_tokens). */
 ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
-    /* the avx512 build takes whole pairs: a last odd block gets a partner
-     * of zeros, computed and not stored */
+    /* the avx512 build takes whole pairs: a last odd block's partner of
+     * zeros is computed and not stored */
     const int64_t nbp = HAVE_ZMM ? (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR : nb;
-    for (int64_t b = 0; b < nbp; b++) block_tokens(q, b);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         int64_t b = 0;
@@ -1961,6 +1970,14 @@ static const struct impl *impl_for(const struct sp_qmat *w) {
     }
 }
 
+/* The matrices a product takes with the same activations: one, or two of
+ * one format, group and width (an MLP's gate and up), with their outputs. */
+struct shared_x {
+    const struct sp_qmat *w[2];
+    float *y[2];
+    int n;
+};
+
 /* Float activations: up to SP_KERNELS_DECODE_MAX_TOKENS tokens decode each
  * row into registers (groups of 4 tokens pass over a few rows while they
  * are cached); more go through the blocked product. Same sums either way. */
@@ -1983,22 +2000,25 @@ static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r
 /* int16 activations, for any n: tokens are rounded Q16_TOKENS at a time
  * into scratch, and groups of 4 of them pass over a few rows at a time. A
  * token's sums do not depend on the others (batch invariance). */
-static void q16_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
-                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+static void q16_rows_all(const struct impl *im, const struct shared_x *m, int64_t r0, int64_t r1, const float *x,
+                         int64_t ldx, int64_t n, int64_t ldy, void *scratch) {
+    const struct sp_qmat *w0 = m->w[0];
     for (int64_t t0 = 0; t0 < n; t0 += Q16_TOKENS) {
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct qacts q;
-        q16_prepare(x + t0 * ldx, ldx, nq, w->cols, w->group, im->four_bit, scratch, &q);
-        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
-        for (int64_t r = r0; r < r1; r += chunk) {
-            int64_t re = r1 - r < chunk ? r1 : r + chunk;
-            for (int64_t t = 0; t < nq; t += 4) {
-                int64_t nt = nq - t < 4 ? nq - t : 4;
-                struct qacts qt = q;
-                qt.xq = (const int16_t *)q.xq + t * q.cols;
-                qt.dx += t * q.ng;
-                qt.xsum += t * q.ng;
-                im->q16[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+        q16_prepare(x + t0 * ldx, ldx, nq, w0->cols, w0->group, im->four_bit, scratch, &q);
+        for (int i = 0; i < m->n; i++) {
+            int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+            for (int64_t r = r0; r < r1; r += chunk) {
+                int64_t re = r1 - r < chunk ? r1 : r + chunk;
+                for (int64_t t = 0; t < nq; t += 4) {
+                    int64_t nt = nq - t < 4 ? nq - t : 4;
+                    struct qacts qt = q;
+                    qt.xq = (const int16_t *)q.xq + t * q.cols;
+                    qt.dx += t * q.ng;
+                    qt.xsum += t * q.ng;
+                    im->q16[nt - 1](m->w[i], r, re, &qt, m->y[i] + (t0 + t) * ldy, ldy);
+                }
             }
         }
     }
@@ -2028,34 +2048,39 @@ static int64_t q8_blocked(int64_t nq) {
 }
 
 /* int8 activations (4-bit codes), for any n: tokens are rounded Q8_TOKENS
- * at a time; q8_blocked of them go by tokens, the rest by groups, 4 at a
- * time over a few rows. Both give a token the same bits. */
-static void q8_rows_all(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
-                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+ * at a time (and, for the product by tokens, set side by side in blocks)
+ * once for every matrix of m; q8_blocked of them go by tokens, the rest by
+ * groups, 4 at a time over a few rows. Both give a token the same bits. */
+static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t r0, int64_t r1, const float *x,
+                        int64_t ldx, int64_t n, int64_t ldy, void *scratch) {
+    const struct sp_qmat *w0 = m->w[0];
     struct q8acts q;
-    q8_layout(scratch, w->cols, w->cols / w->group, &q);
+    q8_layout(scratch, w0->cols, w0->cols / w0->group, &q);
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, blocked = q8_blocked(nq);
-        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w->group, w->type == SP_QTYPE_MXFP4, &q);
+        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, w0->type == SP_QTYPE_MXFP4, &q);
         if (blocked) {
-            q.n = blocked;
-            im->q8_block(w, r0, r1, &q, y + t0 * ldy, ldy);
+            struct q8acts qb = q;
+            qb.n = blocked;
+            q8_block_tokens(&qb);
+            for (int i = 0; i < m->n; i++) im->q8_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
         }
         int64_t chunk = nq - blocked <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
-        for (int64_t r = r0; r < r1; r += chunk) {
-            int64_t re = r1 - r < chunk ? r1 : r + chunk;
-            for (int64_t t = blocked; t < nq; t += 4) {
-                int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
-                struct q8acts qt = q;
-                qt.xq += t * q.cols;
-                qt.xp += t * q.cols;
-                qt.dx += at;
-                qt.xsum += at;
-                qt.xoff += at;
-                qt.n = nt;
-                im->q8[nt - 1](w, r, re, &qt, y + (t0 + t) * ldy, ldy);
+        for (int i = 0; i < m->n; i++)
+            for (int64_t r = r0; r < r1; r += chunk) {
+                int64_t re = r1 - r < chunk ? r1 : r + chunk;
+                for (int64_t t = blocked; t < nq; t += 4) {
+                    int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
+                    struct q8acts qt = q;
+                    qt.xq += t * q.cols;
+                    qt.xp += t * q.cols;
+                    qt.dx += at;
+                    qt.xsum += at;
+                    qt.xoff += at;
+                    qt.n = nt;
+                    im->q8[nt - 1](m->w[i], r, re, &qt, m->y[i] + (t0 + t) * ldy, ldy);
+                }
             }
-        }
     }
 }
 
@@ -2065,12 +2090,29 @@ enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8 };
 static void matmul_rows(enum acts acts, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
     const struct impl *im = impl_for(w);
+    const struct shared_x one = {{w}, {y}, 1};
     if (!im)
         sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
     else if (acts != ACTS_FLOAT && im->q16[0])
-        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, &one, r0, r1, x, ldx, n, ldy, scratch);
     else
         float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+}
+
+/* matmul_rows of two matrices with the same x: where they share a format,
+ * a group and a width, the activations are rounded once for both. */
+static void matmul_rows_pair(enum acts acts, const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0,
+                             int64_t r1, const float *x, int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy,
+                             void *scratch) {
+    const struct impl *im = impl_for(wa);
+    const struct shared_x two = {{wa, wb}, {ya, yb}, 2};
+    if (im && acts != ACTS_FLOAT && im->q16[0] && impl_for(wb) == im && wb->group == wa->group &&
+        wb->cols == wa->cols) {
+        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, &two, r0, r1, x, ldx, n, ldy, scratch);
+        return;
+    }
+    matmul_rows(acts, wa, r0, r1, x, ldx, n, ya, ldy, scratch);
+    matmul_rows(acts, wb, r0, r1, x, ldx, n, yb, ldy, scratch);
 }
 
 static void matmul_rows_q8(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
@@ -2087,6 +2129,23 @@ static void matmul_rows_float(const struct sp_qmat *w, int64_t r0, int64_t r1, c
                               int64_t n, float *y, int64_t ldy, void *scratch) {
     matmul_rows(ACTS_FLOAT, w, r0, r1, x, ldx, n, y, ldy, scratch);
 }
+
+static void pair_q8(const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0, int64_t r1, const float *x,
+                    int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy, void *scratch) {
+    matmul_rows_pair(ACTS_INT8, wa, wb, r0, r1, x, ldx, n, ya, yb, ldy, scratch);
+}
+
+static void pair_q16(const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0, int64_t r1, const float *x,
+                     int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy, void *scratch) {
+    matmul_rows_pair(ACTS_INT16, wa, wb, r0, r1, x, ldx, n, ya, yb, ldy, scratch);
+}
+
+#ifdef KSET_FLOAT_ISA
+static void pair_float(const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0, int64_t r1, const float *x,
+                       int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy, void *scratch) {
+    matmul_rows_pair(ACTS_FLOAT, wa, wb, r0, r1, x, ldx, n, ya, yb, ldy, scratch);
+}
+#endif
 
 /* 8 values of dtype dt at b + i as floats */
 ALWAYS __m256 load8_dt(enum sp_dtype dt, const void *b, int64_t i) {
@@ -2391,11 +2450,12 @@ static void softmax_x86(float *v, int64_t n, float sink) {
     for (; i < n; i++) v[i] *= _mm256_cvtss_f32(inv);
 }
 
-#define KSET_TABLE(ISA, NAME, MATMUL)           \
+#define KSET_TABLE(ISA, NAME, MATMUL, PAIR)     \
     {                                           \
         .isa = ISA,                             \
         .name = NAME,                           \
         .matmul_rows = MATMUL,                  \
+        .matmul_rows_pair = PAIR,               \
         .matmul_rows_float = matmul_rows_float, \
         .dot = dot_x86,                         \
         .axpy = axpy_x86,                       \
@@ -2406,10 +2466,10 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .softmax = softmax_x86,                 \
     }
 
-static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8);
-static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16);
+static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8);
+static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16, pair_q16);
 #ifdef KSET_FLOAT_ISA
-static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float);
+static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float, pair_float);
 #endif
 
 const struct sp_kernels *KSET_ENTRY(enum sp_kernels_isa isa) {
