@@ -483,19 +483,19 @@ struct qacts {
 /* Token t's int16 activations. */
 ALWAYS const int16_t *xq16(const struct qacts *q, int t) { return (const int16_t *)q->xq + t * q->cols; }
 
-/* The largest |x| of a group of x (group a multiple of 8); *sum gets the
- * float sum of the group. */
+/* The largest |x| of a group of x (group a multiple of 8); *sum (unless
+ * NULL) gets the float sum of the group. */
 ALWAYS float group_amax(const float *xg, int64_t group, float *sum) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 m = _mm256_setzero_ps(), s = _mm256_setzero_ps();
     for (int64_t k = 0; k < group; k += 8) {
         __m256 v = _mm256_loadu_ps(xg + k);
         m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
-        s = _mm256_add_ps(s, v);
+        if (sum) s = _mm256_add_ps(s, v);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    *sum = hsum(s);
+    if (sum) *sum = hsum(s);
     return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
 }
 
@@ -1031,17 +1031,16 @@ ALWAYS int64_t pair_odds(int64_t u, int64_t cols) {
  * 1, or 2 and 3, of each 4-byte quad, and each of those two sets of 16 must
  * have |x| summing to at most MX4_WIDE_SUM. */
 ALWAYS bool mx4_group_fits(__m256i eo) {
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(eo), _mm256_set1_epi8(1));
-    int32_t lo = hsum_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi32(1)));        // the even int16 lanes
-    int32_t hi = hsum_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi32(1 << 16)));  // the odd ones
-    return lo <= MX4_WIDE_SUM && hi <= MX4_WIDE_SUM;
+    /* int16 lanes of |x| pair sums (<= 254): the dwords' sum holds the even
+     * lanes' total (<= 8 x 254, no carry) in its low 16 bits, the odd
+     * lanes' in its high 16 */
+    uint32_t both = (uint32_t)hsum_epi32(_mm256_maddubs_epi16(_mm256_abs_epi8(eo), _mm256_set1_epi8(1)));
+    return (both & 0xffff) <= MX4_WIDE_SUM && both >> 16 <= MX4_WIDE_SUM;
 }
 
-/* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
- * weight group of 32, 64 or 128 columns); the first by_tokens of them will
- * go by tokens (their blocks get q->xw). */
-static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
-                       struct q8acts *q) {
+/* q8_prepare (below) compiled for mxfp4 or for affine rows. */
+ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
+                           struct q8acts *q) {
     int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
     int8_t *xq = (int8_t *)q->xq, *xp = (int8_t *)q->xp;
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
@@ -1056,7 +1055,7 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens
         int8_t *ot = xq + t * cols, *op = xp + t * cols;
         for (int64_t g = 0; g < ng; g++) {
             const float *xg = xt + g * group;
-            float sum, amax = group_amax(xg, group, &sum);
+            float sum = 0.0f, amax = group_amax(xg, group, mx4 ? NULL : &sum);
             __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             dx[t * ldg + g] = amax / 127.0f;
             /* a group is a whole number of 32-column halves of units */
@@ -1098,6 +1097,17 @@ static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens
                 xsum[t * ldg + g] = 0.0f;
         }
     }
+}
+
+/* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
+ * weight group of 32, 64 or 128 columns); the first by_tokens of them will
+ * go by tokens (their blocks get q->xw). */
+static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
+                       struct q8acts *q) {
+    if (mx4)
+        q8_prepare_fmt(x, ldx, n, by_tokens, group, true, q);
+    else
+        q8_prepare_fmt(x, ldx, n, by_tokens, group, false, q);
 }
 
 /* A row's scales times code_scale (or its biases, code_scale 1) as floats
