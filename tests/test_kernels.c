@@ -360,6 +360,49 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* argmax: the first of the largest values, NaN passed over, against a
+ * plain loop: lengths around the vector widths, a tie placed before and
+ * after, NaN at the front and in the middle, all -inf, all NaN. */
+static int64_t argmax_ref(const float *v, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(v[i]) && (best < 0 || v[i] > v[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+static void test_argmax(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 13);
+    const int64_t lens[] = {0, 1, 2, 7, 8, 9, 31, 32, 33, 63, 100, 4099, 151936};
+    float *v = malloc(151936 * sizeof *v);
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int64_t n = lens[li];
+            for (int kind = 0; kind < 6; kind++) {
+                for (int64_t i = 0; i < n; i++) v[i] = sp_rng_normal(&rng);
+                if (n > 1 && kind == 1) {  // the largest twice: the first counts
+                    int64_t a = (int64_t)(sp_rng_next(&rng) % (uint64_t)n), b = (int64_t)(sp_rng_next(&rng) % (uint64_t)n);
+                    v[a] = v[b] = 9.0f;
+                }
+                if (n > 0 && kind == 2) v[0] = NAN;
+                if (n > 2 && kind == 3) v[n / 2] = NAN, v[n - 1] = 50.0f;
+                if (kind == 4)
+                    for (int64_t i = 0; i < n; i++) v[i] = -INFINITY;
+                if (kind == 5)
+                    for (int64_t i = 0; i < n; i++) v[i] = i == n / 3 ? -1.0f : NAN;
+                int64_t got = k->argmax(v, n), want = argmax_ref(v, n);
+                if (got != want)
+                    print_error("%s argmax: %lld values (case %d): %lld, not %lld\n", k->name, (long long)n, kind,
+                                (long long)got, (long long)want);
+                assert_int_equal(got, want);
+            }
+        }
+    }
+    free(v);
+}
+
 /* matmul_rows_pair gives each matrix what matmul_rows gives it, to the bit,
  * over a range of rows and leaves every other output alone: two matrices
  * of one format (the activations rounded once for both) and, as the
@@ -875,6 +918,7 @@ int main(void) {
         cmocka_unit_test(test_mx4_wide_runs),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_matmul_pair),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, report);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/cpu/kernels.h"
 
 struct cand {
     float logit;
@@ -84,12 +85,7 @@ void sp_sampler_accept(struct sp_sampler *s, int32_t tok) {
     s->count[tok]++;
 }
 
-int32_t sp_argmax(const float *v, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return (int32_t)best;
-}
+int32_t sp_argmax(const float *v, int64_t n) { return (int32_t)sp_kernels()->argmax(v, n); }
 
 static int cmp_cand(const void *a, const void *b) {
     const struct cand *x = a, *y = b;

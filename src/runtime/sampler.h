@@ -46,7 +46,7 @@ void sp_sampler_reset(struct sp_sampler *s);
  * (larger values are clamped to it); -1 (all history) stays -1. */
 void sp_sampler_configure(struct sp_sampler *s, const struct sp_sampler_params *p);
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits);
-/* Index of the largest logit (first on ties). */
+/* Index of the largest logit (first on ties; NaN is passed over). */
 int32_t sp_argmax(const float *logits, int64_t n);
 
 #endif

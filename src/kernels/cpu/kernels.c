@@ -117,6 +117,13 @@ static void glu_portable(float *out, const float *g, const float *u, int64_t n, 
     }
 }
 
+static int64_t argmax_portable(const float *v, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (best < 0 ? v[i] == v[i] : v[i] > v[best]) best = i;
+    return best < 0 ? 0 : best;
+}
+
 static void softmax_portable(float *v, int64_t n, float sink) {
     float m = sink;
     for (int64_t i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
@@ -158,6 +165,7 @@ static const struct sp_kernels portable = {
     .dot_cols = dot_cols_portable,
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,
+    .argmax = argmax_portable,
     .softmax = softmax_portable,
 };
 

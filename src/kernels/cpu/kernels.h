@@ -110,6 +110,9 @@ struct sp_kernels {
      * portable set computes with expf, the x86 sets with a polynomial
      * exp (within a few float roundings of it). */
     void (*glu)(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p);
+    /* The index of the largest of v[0 .. n) (the first of equals; NaN is
+     * passed over; 0 when every value is NaN or n is 0). */
+    int64_t (*argmax)(const float *v, int64_t n);
     /* The softmax of v[0 .. n) in place, with a sink logit that takes its
      * share of the sum and is dropped (-INFINITY: none): m = the largest of
      * v and sink, v[i] = exp(v[i] - m) / (the exps' sum, in double). exp as

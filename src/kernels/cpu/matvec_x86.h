@@ -2427,6 +2427,30 @@ static void glu_x86(float *out, const float *g, const float *u, int64_t n, const
 /* The max, the exps and the scaling 8 at a time; the exps summed in 8
  * double lanes (4 x 2) added at the end, the last n % 8 through the same
  * code, padded. */
+/* The largest value first (vmaxps keeps its second operand where the
+ * first is NaN, so NaN never enters the running maxima), then the first
+ * place that holds it. */
+static int64_t argmax_x86(const float *v, int64_t n) {
+    __m256 m[4];
+    for (int c = 0; c < 4; c++) m[c] = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int c = 0; c < 4; c++) m[c] = _mm256_max_ps(_mm256_loadu_ps(v + i + 8 * c), m[c]);
+    __m256 m8 = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float best = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; i < n; i++) best = v[i] > best ? v[i] : best;
+    const __m256 b8 = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b8, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < n; i++)
+        if (v[i] == best) return i;
+    return 0;  // every value NaN
+}
+
 static void softmax_x86(float *v, int64_t n, float sink) {
     __m256 mv = _mm256_set1_ps(sink);
     int64_t i = 0;
@@ -2474,6 +2498,7 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .axpy_rows = axpy_rows_x86,             \
         .glu = glu_x86,                         \
         .softmax = softmax_x86,                 \
+        .argmax = argmax_x86,                   \
     }
 
 static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8);
