@@ -2,6 +2,7 @@
 #include "runtime/sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,9 @@ struct sp_sampler {
     int32_t *hist;   // ring of the last penalty_last_n tokens (when bounded)
     int64_t hist_len, hist_pos;
     int32_t cap_last_n;  // capacity of hist
-    struct cand *c;  // (vocab)
+    struct cand *c;  // (vocab) candidates in order, the first `sorted` of them (sort_further)
+    int64_t k, sorted;  // this draw's top-k (the vocabulary when off), and how many are sorted
+    float *w;        // (vocab) the vocabulary's probabilities, when top-k is off
 };
 
 struct sp_sampler_params sp_sampler_defaults(void) {
@@ -39,10 +42,11 @@ enum sp_status sp_sampler_create(const struct sp_sampler_params *p, int64_t voca
     sp_rng_seed(&s->rng, p->seed);
     s->count = sp_calloc((size_t)vocab, sizeof *s->count, SP_MEM_ACT);
     s->c = sp_malloc((size_t)vocab * sizeof *s->c, SP_MEM_ACT);
+    s->w = sp_malloc((size_t)vocab * sizeof *s->w, SP_MEM_ACT);
     int64_t hn = p->penalty_last_n > 0 ? p->penalty_last_n : 1;
     s->cap_last_n = (int32_t)hn;
     s->hist = sp_malloc((size_t)hn * sizeof *s->hist, SP_MEM_ACT);
-    if (!s->count || !s->c || !s->hist) {
+    if (!s->count || !s->c || !s->w || !s->hist) {
         sp_sampler_free(s);
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
@@ -55,6 +59,7 @@ void sp_sampler_free(struct sp_sampler *s) {
     sp_free(s->count);
     sp_free(s->hist);
     sp_free(s->c);
+    sp_free(s->w);
     sp_free(s);
 }
 
@@ -93,42 +98,75 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Keeps the k best candidates of c[0..n) at the front, sorted (a bounded
- * min-heap, so a 150k vocabulary with k = 40 costs one pass). */
-static int64_t keep_top_k(struct cand *c, int64_t n, int64_t k) {
+/* A logit as a candidate: NaN ranks with -inf (last), so that the order
+ * is total. */
+static struct cand cand_of(const float *v, int64_t i) {
+    return (struct cand){isnan(v[i]) ? -INFINITY : v[i], (int32_t)i};
+}
+
+/* c[0 .. k) = the k best of v[0 .. n), best first (ties: the lower id).
+ * One pass with a min-heap of the k best seen (the worst at the root): a
+ * later value enters only if larger than the root, as an equal one has a
+ * larger id. */
+static void best_k(struct cand *c, const float *v, int64_t n, int64_t k) {
     if (k >= n) {
+        for (int64_t i = 0; i < n; i++) c[i] = cand_of(v, i);
         qsort(c, (size_t)n, sizeof *c, cmp_cand);
-        return n;
+        return;
     }
-    /* heap of the k best seen so far, worst at the root */
-    for (int64_t i = 0; i < n; i++) {
-        struct cand x = c[i];
-        int64_t size = i < k ? i : k;
-        if (size == k) {
-            if (cmp_cand(&x, &c[0]) >= 0) continue;  // not better than the worst kept
-            int64_t j = 0;  // sift down from the root
-            for (;;) {
-                int64_t l = 2 * j + 1, r = l + 1, w = j;
-                const struct cand *wc = &x;
-                if (l < k && cmp_cand(&c[l], wc) > 0) w = l, wc = &c[l];
-                if (r < k && cmp_cand(&c[r], wc) > 0) w = r;
-                if (w == j) break;
-                c[j] = c[w];
-                j = w;
-            }
-            c[j] = x;
-        } else {
-            int64_t j = size;  // sift up
-            while (j > 0 && cmp_cand(&c[(j - 1) / 2], &x) < 0) {
-                c[j] = c[(j - 1) / 2];
-                j = (j - 1) / 2;
-            }
-            c[j] = x;
+    for (int64_t i = 0; i < k; i++) {  // sift up
+        struct cand x = cand_of(v, i);
+        int64_t j = i;
+        while (j > 0 && cmp_cand(&c[(j - 1) / 2], &x) < 0) {
+            c[j] = c[(j - 1) / 2];
+            j = (j - 1) / 2;
         }
+        c[j] = x;
+    }
+    for (int64_t i = k; i < n; i++) {
+        if (!(v[i] > c[0].logit)) continue;
+        struct cand x = {v[i], (int32_t)i};
+        int64_t j = 0;  // sift down from the root
+        for (;;) {
+            int64_t l = 2 * j + 1, r = l + 1, w = j;
+            const struct cand *wc = &x;
+            if (l < k && cmp_cand(&c[l], wc) > 0) w = l, wc = &c[l];
+            if (r < k && cmp_cand(&c[r], wc) > 0) w = r;
+            if (w == j) break;
+            c[j] = c[w];
+            j = w;
+        }
+        c[j] = x;
     }
     qsort(c, (size_t)k, sizeof *c, cmp_cand);
-    return k;
 }
+
+/* The candidates in order, sorted on demand: s->c[0 .. s->sorted) are the
+ * best of the top_k (s->k of them), and grow by a factor of 16 when a cut
+ * or the draw needs to look further, so a 150k vocabulary without top-k
+ * is sorted only as far as its probability mass reaches. */
+static void sort_further(struct sp_sampler *s, const float *logits) {
+    s->sorted = s->sorted * 16 < s->k ? s->sorted * 16 : s->k;
+    best_k(s->c, logits, s->vocab, s->sorted);
+}
+
+/* Whether candidate i (in order) exists, sorting further as needed. */
+static bool have(struct sp_sampler *s, const float *logits, int64_t i) {
+    while (i >= s->sorted && s->sorted < s->k) sort_further(s, logits);
+    return i < s->sorted;
+}
+
+/* s->w = the softmax of the whole vocabulary's logits / temp (NaN as
+ * -inf), for cuts and draws that see past the sorted candidates. */
+static void vocab_softmax(struct sp_sampler *s, const float *logits, float temp) {
+    const float inv = 1.0f / temp;
+    for (int64_t i = 0; i < s->vocab; i++) s->w[i] = isnan(logits[i]) ? -INFINITY : logits[i] * inv;
+    sp_kernels()->softmax(s->w, s->vocab, -INFINITY);
+}
+
+/* Candidates sorted at first: top_k of them, or enough for most
+ * distributions' top-p mass without it. */
+#define SORTED_FIRST 256
 
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     const struct sp_sampler_params *p = &s->p;
@@ -143,15 +181,26 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
         }
     }
     if (p->temp <= 0.0f) return sp_argmax(logits, V);
-    for (int64_t i = 0; i < V; i++) s->c[i] = (struct cand){logits[i], (int32_t)i};
-    int64_t n = keep_top_k(s->c, V, p->top_k > 0 ? p->top_k : V);
-    /* probabilities at temperature 1 for the top-p / min-p cuts, as llama.cpp orders them */
-    double mx = s->c[0].logit, sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += exp((double)s->c[i].logit - mx);
+    s->k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    s->sorted = s->k < V ? s->k : V < SORTED_FIRST ? V : SORTED_FIRST;
+    best_k(s->c, logits, V, s->sorted);
+    const struct cand *c = s->c;
+    double mx = c[0].logit;
+    if (mx == -INFINITY) return c[0].id;
+    /* probabilities at temperature 1 over the top_k for the top-p / min-p
+     * cuts, as llama.cpp orders them: of the sorted ones, or (top-k off)
+     * the softmax of the whole vocabulary */
+    int64_t n = s->k;
     if (p->top_p < 1.0f) {
-        double cum = 0;
-        for (int64_t i = 0; i < n; i++) {
-            cum += exp((double)s->c[i].logit - mx) / sum;
+        const bool all_sorted = s->sorted == s->k;
+        double sum = 0, cum = 0;
+        if (all_sorted)
+            for (int64_t i = 0; i < s->k; i++) sum += exp((double)c[i].logit - mx);
+        else
+            vocab_softmax(s, logits, 1.0f);
+        for (int64_t i = 0; have(s, logits, i); i++) {
+            const struct cand *ci = &s->c[i];
+            cum += all_sorted ? exp((double)ci->logit - mx) / sum : (double)s->w[ci->id];
             if (cum >= p->top_p) {
                 n = i + 1;
                 break;
@@ -161,15 +210,38 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     if (p->min_p > 0.0f) {
         double cut = mx + log((double)p->min_p);
         int64_t k = 1;
-        while (k < n && s->c[k].logit >= cut) k++;
+        while (k < n && have(s, logits, k) && s->c[k].logit >= cut) k++;
         n = k;
     }
-    double total = 0;
-    for (int64_t i = 0; i < n; i++) total += exp(((double)s->c[i].logit - mx) / p->temp);
-    double r = (double)(sp_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * total;
-    for (int64_t i = 0; i < n; i++) {
-        r -= exp(((double)s->c[i].logit - mx) / p->temp);
-        if (r <= 0) return s->c[i].id;
+    /* the draw at the temperature, over the first n in order */
+    double r = (double)(sp_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    if (n <= s->sorted) {
+        double total = 0;
+        for (int64_t i = 0; i < n; i++) total += exp(((double)c[i].logit - mx) / p->temp);
+        r *= total;
+        for (int64_t i = 0; i < n; i++) {
+            r -= exp(((double)c[i].logit - mx) / p->temp);
+            if (r <= 0) return c[i].id;
+        }
+        return c[n - 1].id;
     }
-    return s->c[n - 1].id;
+    /* no cut (top-k off): the whole vocabulary's softmax at the
+     * temperature, walked in order as far as it is sorted, then the rest
+     * by id (any fixed order draws the same distribution; this one sorts
+     * no further) */
+    vocab_softmax(s, logits, p->temp);
+    for (int64_t i = 0; i < s->sorted; i++) {
+        int32_t id = s->c[i].id;
+        r -= s->w[id];
+        if (r <= 0) return id;
+        s->w[id] = 0.0f;  // walked
+    }
+    int32_t last = s->c[0].id;
+    for (int64_t i = 0; i < V; i++) {
+        if (s->w[i] <= 0.0f) continue;
+        last = (int32_t)i;
+        r -= s->w[i];
+        if (r <= 0) return last;
+    }
+    return last;  // r past the rounded total
 }
