@@ -114,6 +114,37 @@ static void test_greedy(void **state) {
     sp_sampler_free(s);
 }
 
+/* The penalties change the logits of the tokens in the window once each
+ * (count times for the frequency one), with a window of 3 that has wrapped
+ * and with the whole history. */
+static void test_penalties(void **state) {
+    const int32_t seen[] = {5, 5, 9, 5, 12};
+    const int32_t lasts[] = {3, -1};
+    const float want5[] = {-0.25f, -0.75f};
+    for (int w = 0; w < 2; w++) {
+        struct sp_sampler_params p = sp_sampler_defaults();
+        p.temp = 0.0f;
+        p.repeat_penalty = 2.0f;
+        p.presence_penalty = 0.5f;
+        p.frequency_penalty = 0.25f;
+        p.penalty_last_n = lasts[w];
+        struct sp_sampler *s;
+        assert_int_equal(sp_sampler_create(&p, VOCAB, &s), SP_OK);
+        for (int i = 0; i < 5; i++) sp_sampler_accept(s, seen[i]);
+        float *l = malloc(VOCAB * sizeof *l);
+        for (int64_t r = 0; r < 2; r++) {  // twice: the counts are left as they were
+            for (int64_t i = 0; i < VOCAB; i++) l[i] = i == 9 ? -1.0f : 1.0f;
+            assert_int_equal(sp_sampler_sample(s, l), 0);
+            for (int64_t i = 0; i < VOCAB; i++) {
+                float want = i == 5 ? want5[w] : i == 9 ? -2.75f : i == 12 ? -0.25f : 1.0f;
+                assert_true(l[i] == want);
+            }
+        }
+        free(l);
+        sp_sampler_free(s);
+    }
+}
+
 /* No cut: every token at its softmax probability, temperatures 1 and 0.7. */
 static void test_whole_vocabulary(void **state) {
     float *l = malloc(VOCAB * sizeof *l);
@@ -246,6 +277,7 @@ static void test_seeds_and_nan(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_whole_vocabulary),
         cmocka_unit_test(test_top_p),
         cmocka_unit_test(test_min_p_and_top_k),

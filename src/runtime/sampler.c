@@ -164,6 +164,14 @@ static void vocab_softmax(struct sp_sampler *s, const float *logits, float temp)
     sp_kernels()->softmax(s->w, s->vocab, -INFINITY);
 }
 
+/* The repetition, presence and frequency penalties of a token seen n
+ * times in the window. */
+static void penalize(const struct sp_sampler_params *p, float *logits, int64_t t, int32_t n) {
+    float l = logits[t];
+    if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+    logits[t] = l - p->presence_penalty - p->frequency_penalty * (float)n;
+}
+
 /* Candidates sorted at first: top_k of them, or enough for most
  * distributions' top-p mass without it. */
 #define SORTED_FIRST 256
@@ -172,12 +180,18 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     const struct sp_sampler_params *p = &s->p;
     int64_t V = s->vocab;
     if (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
-        for (int64_t i = 0; i < V; i++) {
-            int32_t n = s->count[i];
-            if (!n) continue;
-            float l = logits[i];
-            if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
-            logits[i] = l - p->presence_penalty - p->frequency_penalty * (float)n;
+        if (p->penalty_last_n > 0) {
+            /* the tokens of the window, each once: its count is negated when
+             * done, then restored */
+            for (int64_t i = 0; i < s->hist_len; i++) {
+                int32_t t = s->hist[i];
+                if (s->count[t] > 0) penalize(p, logits, t, s->count[t]), s->count[t] = -s->count[t];
+            }
+            for (int64_t i = 0; i < s->hist_len; i++)
+                if (s->count[s->hist[i]] < 0) s->count[s->hist[i]] = -s->count[s->hist[i]];
+        } else {
+            for (int64_t i = 0; i < V; i++)
+                if (s->count[i]) penalize(p, logits, i, s->count[i]);
         }
     }
     if (p->temp <= 0.0f) return sp_argmax(logits, V);
