@@ -403,6 +403,32 @@ static void test_argmax(void **state) {
     free(v);
 }
 
+/* sum_exp against a double loop of exp: lengths around the vector widths,
+ * values down to 100 below m (underflowing terms), within the error of the
+ * sets' float exp (a few roundings a term, the sum in double). */
+static void test_sum_exp(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 17);
+    const int64_t lens[] = {0, 1, 7, 8, 9, 33, 1000, 151936};
+    float *v = malloc(151936 * sizeof *v);
+    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+        if (!k) continue;
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int64_t n = lens[li];
+            float m = 3.0f;
+            for (int64_t i = 0; i < n; i++) v[i] = m - 100.0f * sp_rng_uniform(&rng) * sp_rng_uniform(&rng);
+            double want = 0;
+            for (int64_t i = 0; i < n; i++) want += exp((double)v[i] - m);
+            double got = k->sum_exp(v, n, m);
+            if (!(fabs(got - want) <= 1e-6 * want + 1e-30))
+                print_error("%s sum_exp: %lld values: %.9g, not %.9g\n", k->name, (long long)n, got, want);
+            assert_true(fabs(got - want) <= 1e-6 * want + 1e-30);
+        }
+    }
+    free(v);
+}
+
 /* matmul_rows_pair gives each matrix what matmul_rows gives it, to the bit,
  * over a range of rows and leaves every other output alone: two matrices
  * of one format (the activations rounded once for both) and, as the
@@ -919,6 +945,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_matmul_pair),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_sum_exp),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, report);

@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "kernels/cpu/kernels.h"
 #include "runtime/jsonv.h"
 #include "tokenizer/detok.h"
 
@@ -456,27 +457,28 @@ static bool release_text(struct slot *s, bool final) {
     return stop;
 }
 
-/* log-softmax of the raw logits for the chosen token and the best alternatives. */
+/* log-softmax of the raw logits for the chosen token and the n_top best
+ * (highest first, the lower id on ties, NaN passed over), in one pass over
+ * the vocabulary that keeps the best found in order. */
 static void token_info(struct sp_engine *e, const float *logits, int32_t id, int n_top, struct sp_tok_info *ti) {
-    float mx = logits[0];
-    for (int64_t i = 1; i < e->vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int64_t i = 0; i < e->vocab; i++) sum += exp((double)(logits[i] - mx));
-    float lse = mx + (float)log(sum);
+    const struct sp_kernels *k = sp_kernels();
+    float mx = logits[k->argmax(logits, e->vocab)];
+    float lse = mx + (float)log(k->sum_exp(logits, e->vocab, mx));
     memset(ti, 0, sizeof *ti);
     ti->id = id;
     ti->logprob = logits[id] - lse;
-    ti->n_top = n_top;
-    for (int k = 0; k < n_top; k++) {
-        int32_t best = -1;
-        for (int64_t i = 0; i < e->vocab; i++) {
-            bool taken = false;
-            for (int q = 0; q < k; q++) taken |= ti->top_id[q] == i;
-            if (!taken && (best < 0 || logits[i] > logits[best])) best = (int32_t)i;
-        }
-        ti->top_id[k] = best;
-        ti->top_logprob[k] = logits[best] - lse;
+    int found = 0;
+    float lowest = -INFINITY;  // the last kept, once n_top are
+    for (int64_t i = 0; n_top > 0 && i < e->vocab; i++) {
+        float l = logits[i];
+        if (found == n_top ? !(l > lowest) : isnan(l)) continue;
+        int q = found < n_top ? found++ : n_top - 1;
+        for (; q > 0 && l > logits[ti->top_id[q - 1]]; q--) ti->top_id[q] = ti->top_id[q - 1];
+        ti->top_id[q] = (int32_t)i;
+        if (found == n_top) lowest = logits[ti->top_id[n_top - 1]];
     }
+    ti->n_top = found;
+    for (int q = 0; q < found; q++) ti->top_logprob[q] = logits[ti->top_id[q]] - lse;
 }
 
 /* Every token's text, for checking candidates against the JSON constraint. */

@@ -124,6 +124,12 @@ static int64_t argmax_portable(const float *v, int64_t n) {
     return best < 0 ? 0 : best;
 }
 
+static double sum_exp_portable(const float *v, int64_t n, float m) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += expf(v[i] - m);
+    return sum;
+}
+
 static void softmax_portable(float *v, int64_t n, float sink) {
     float m = sink;
     for (int64_t i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
@@ -166,6 +172,7 @@ static const struct sp_kernels portable = {
     .axpy_rows = axpy_rows_portable,
     .glu = glu_portable,
     .argmax = argmax_portable,
+    .sum_exp = sum_exp_portable,
     .softmax = softmax_portable,
 };
 

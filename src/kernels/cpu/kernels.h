@@ -113,6 +113,10 @@ struct sp_kernels {
     /* The index of the largest of v[0 .. n) (the first of equals; NaN is
      * passed over; 0 when every value is NaN or n is 0). */
     int64_t (*argmax)(const float *v, int64_t n);
+    /* The sum of exp(v[i] - m) over v[0 .. n), in double, exp as softmax
+     * computes it (m: at least the largest v[i], so that none overflows):
+     * the normalizer of a log-softmax. */
+    double (*sum_exp)(const float *v, int64_t n, float m);
     /* The softmax of v[0 .. n) in place, with a sink logit that takes its
      * share of the sum and is dropped (-INFINITY: none): m = the largest of
      * v and sink, v[i] = exp(v[i] - m) / (the exps' sum, in double). exp as

@@ -2451,20 +2451,15 @@ static int64_t argmax_x86(const float *v, int64_t n) {
     return 0;  // every value NaN
 }
 
-static void softmax_x86(float *v, int64_t n, float sink) {
-    __m256 mv = _mm256_set1_ps(sink);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
-    float lanes8[8], m;
-    _mm256_storeu_ps(lanes8, mv);
-    m = lanes8[0];
-    for (int k = 1; k < 8; k++) m = lanes8[k] > m ? lanes8[k] : m;
-    for (; i < n; i++) m = v[i] > m ? v[i] : m;
+/* exp(v[i] - m) for i < n into out (unless NULL; out may be v), and their
+ * sum in double. */
+ALWAYS double exps(float *out, const float *v, int64_t n, float m) {
     const __m256 sh = _mm256_set1_ps(m);
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    for (i = 0; i + 8 <= n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), sh));
-        _mm256_storeu_ps(v + i, e);
+        if (out) _mm256_storeu_ps(out + i, e);
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
@@ -2476,8 +2471,23 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         memcpy(t, v + i, (size_t)(n - i) * sizeof *t);
         _mm256_storeu_ps(t, exp8(_mm256_sub_ps(_mm256_loadu_ps(t), sh)));
         for (int64_t k = 0; k < n - i; k++) sum += t[k];
-        memcpy(v + i, t, (size_t)(n - i) * sizeof *t);
+        if (out) memcpy(out + i, t, (size_t)(n - i) * sizeof *t);
     }
+    return sum;
+}
+
+static double sum_exp_x86(const float *v, int64_t n, float m) { return exps(NULL, v, n, m); }
+
+static void softmax_x86(float *v, int64_t n, float sink) {
+    __m256 mv = _mm256_set1_ps(sink);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
+    float lanes8[8], m;
+    _mm256_storeu_ps(lanes8, mv);
+    m = lanes8[0];
+    for (int k = 1; k < 8; k++) m = lanes8[k] > m ? lanes8[k] : m;
+    for (; i < n; i++) m = v[i] > m ? v[i] : m;
+    double sum = exps(v, v, n, m);
     if (sink > -INFINITY) sum += exp((double)(sink - m));
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
@@ -2499,6 +2509,7 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .glu = glu_x86,                         \
         .softmax = softmax_x86,                 \
         .argmax = argmax_x86,                   \
+        .sum_exp = sum_exp_x86,                 \
     }
 
 static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8);
