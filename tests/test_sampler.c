@@ -206,7 +206,8 @@ static void test_top_p(void **state) {
     free(count);
 }
 
-/* min-p with top-k off, and top-k with the rest: random logits. */
+/* min-p with top-k off (a cut within the first sorted candidates and one
+ * past them), and top-k with the rest. */
 static void test_min_p_and_top_k(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 4);
@@ -223,6 +224,24 @@ static void test_min_p_and_top_k(void **state) {
     ref_dist(l, o, n, 0.8f, want);
     check_freq(count, 20000, want);
     sp_sampler_free(s);
+    free(o);
+    /* min-p past the first sorted candidates: the rest at 0 (even ids) and
+     * -2 (odd ids), the cut at -1 keeping the peaks and the even ids */
+    peaked(l);
+    for (int64_t i = 0; i < VOCAB; i++)
+        if (l[i] == 0.0f && i % 2) l[i] = -2.0f;
+    o = ref_order(l);
+    const float min_p = expf(-9.0f);
+    for (n = 1; n < VOCAB && l[o[n]] >= l[o[0]] + log(min_p);) n++;
+    assert_int_equal(n, 3 + (VOCAB - 2) / 2);
+    s = make(0, 1.0f, min_p, 1.0f, 13);
+    draw(s, l, 20000, count);
+    ref_dist(l, o, n, 1.0f, want);
+    check_freq(count, 20000, want);
+    sp_sampler_free(s);
+    free(o);
+    for (int64_t i = 0; i < VOCAB; i++) l[i] = sp_rng_normal(&rng) * 2.0f;
+    o = ref_order(l);
     /* top-k 40 at temperature 1.5 */
     s = make(40, 1.0f, 0.0f, 1.5f, 6);
     draw(s, l, 20000, count);

@@ -142,9 +142,10 @@ static void best_k(struct cand *c, const float *v, int64_t n, int64_t k) {
 }
 
 /* The candidates in order, sorted on demand: s->c[0 .. s->sorted) are the
- * best of the top_k (s->k of them), and grow by a factor of 16 when a cut
- * or the draw needs to look further, so a 150k vocabulary without top-k
- * is sorted only as far as its probability mass reaches. */
+ * best of the top_k (s->k of them), and grow by a factor of 16 when top-p
+ * needs to look further, so a 150k vocabulary without top-k is sorted only
+ * as far as its nucleus reaches (min-p and the draw need no order past the
+ * sorted ones). */
 static void sort_further(struct sp_sampler *s, const float *logits) {
     s->sorted = s->sorted * 16 < s->k ? s->sorted * 16 : s->k;
     best_k(s->c, logits, s->vocab, s->sorted);
@@ -221,11 +222,13 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
             }
         }
     }
+    /* min-p: as far as the candidates are sorted; a cut past them is left
+     * to the draw (the set is then every candidate at or above it) */
+    double cut = p->min_p > 0.0f ? mx + log((double)p->min_p) : -INFINITY;
     if (p->min_p > 0.0f) {
-        double cut = mx + log((double)p->min_p);
         int64_t k = 1;
-        while (k < n && have(s, logits, k) && s->c[k].logit >= cut) k++;
-        n = k;
+        while (k < n && k < s->sorted && s->c[k].logit >= cut) k++;
+        if (k < s->sorted || k == n) n = k;
     }
     /* the draw at the temperature, over the first n in order */
     double r = (double)(sp_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
@@ -239,23 +242,30 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
         }
         return c[n - 1].id;
     }
-    /* no cut (top-k off): the whole vocabulary's softmax at the
-     * temperature, walked in order as far as it is sorted, then the rest
-     * by id (any fixed order draws the same distribution; this one sorts
-     * no further) */
+    /* past the sorted candidates (top-k and top-p off): the set is those,
+     * then every other candidate at or above the min-p cut in id order (any
+     * fixed order draws the same distribution; this one sorts no further),
+     * weighted by the vocabulary's softmax at the temperature */
     vocab_softmax(s, logits, p->temp);
+    const struct cand last = s->c[s->sorted - 1];
+#define REST(i) (logits[i] >= cut && logits[i] > -INFINITY && \
+                 (logits[i] < last.logit || (logits[i] == last.logit && (i) > last.id)))
+    double total = 0;
+    for (int64_t i = 0; i < s->sorted; i++) total += s->w[s->c[i].id];
+    for (int64_t i = 0; i < V; i++)
+        if (REST(i)) total += s->w[i];
+    r *= total;
     for (int64_t i = 0; i < s->sorted; i++) {
-        int32_t id = s->c[i].id;
-        r -= s->w[id];
-        if (r <= 0) return id;
-        s->w[id] = 0.0f;  // walked
+        r -= s->w[s->c[i].id];
+        if (r <= 0) return s->c[i].id;
     }
-    int32_t last = s->c[0].id;
+    int32_t chosen = last.id;
     for (int64_t i = 0; i < V; i++) {
-        if (s->w[i] <= 0.0f) continue;
-        last = (int32_t)i;
+        if (!REST(i)) continue;
+        chosen = (int32_t)i;
         r -= s->w[i];
-        if (r <= 0) return last;
+        if (r <= 0) break;
     }
-    return last;  // r past the rounded total
+#undef REST
+    return chosen;  // (or the last of the set, r past the rounded total)
 }
