@@ -207,7 +207,7 @@ static void test_top_p(void **state) {
 }
 
 /* min-p with top-k off (a cut within the first sorted candidates and one
- * past them), and top-k with the rest. */
+ * past them), top-p over spread logits, and top-k with the rest. */
 static void test_min_p_and_top_k(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 4);
@@ -242,6 +242,18 @@ static void test_min_p_and_top_k(void **state) {
     free(o);
     for (int64_t i = 0; i < VOCAB; i++) l[i] = sp_rng_normal(&rng) * 2.0f;
     o = ref_order(l);
+    /* top-p 0.9 over these spread logits: a nucleus of ~1000, located past
+     * the first sorted candidates in a histogram of the rest */
+    double *p1 = malloc(VOCAB * sizeof *p1), cum = 0;
+    ref_dist(l, o, VOCAB, 1.0f, p1);
+    for (n = 0; n < VOCAB && cum < 0.9;) cum += p1[o[n++]];
+    assert_true(n > 500);
+    s = make(0, 0.9f, 0.0f, 1.0f, 14);
+    draw(s, l, 20000, count);
+    ref_dist(l, o, n, 1.0f, want);
+    check_freq(count, 20000, want);
+    sp_sampler_free(s);
+    free(p1);
     /* top-k 40 at temperature 1.5 */
     s = make(40, 1.0f, 0.0f, 1.5f, 6);
     draw(s, l, 20000, count);

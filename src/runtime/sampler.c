@@ -22,7 +22,7 @@ struct sp_sampler {
     int32_t *hist;   // ring of the last penalty_last_n tokens (when bounded)
     int64_t hist_len, hist_pos;
     int32_t cap_last_n;  // capacity of hist
-    struct cand *c;  // (vocab) candidates in order, the first `sorted` of them (sort_further)
+    struct cand *c;  // (vocab) the first `sorted` candidates in order; past them, nucleus_end's scratch
     int64_t k, sorted;  // this draw's top-k (the vocabulary when off), and how many are sorted
     float *w;        // (vocab) the vocabulary's probabilities, when top-k is off
 };
@@ -141,20 +141,51 @@ static void best_k(struct cand *c, const float *v, int64_t n, int64_t k) {
     qsort(c, (size_t)k, sizeof *c, cmp_cand);
 }
 
-/* The candidates in order, sorted on demand: s->c[0 .. s->sorted) are the
- * best of the top_k (s->k of them), and grow by a factor of 16 when top-p
- * needs to look further, so a 150k vocabulary without top-k is sorted only
- * as far as its nucleus reaches (min-p and the draw need no order past the
- * sorted ones). */
-static void sort_further(struct sp_sampler *s, const float *logits) {
-    s->sorted = s->sorted * 16 < s->k ? s->sorted * 16 : s->k;
-    best_k(s->c, logits, s->vocab, s->sorted);
+/* Past the sorted candidates (top-k off), sets are bounded by rank: a
+ * candidate is in when it ranks below the last sorted one (c[sorted - 1])
+ * and at or above `bound` (highest logit first, then the lower id; NaN and
+ * -inf are never in). */
+static bool ranks_at_or_above(float l, int64_t id, struct cand b) {
+    return l > b.logit || (l == b.logit && id <= b.id);
+}
+static bool past_sorted(float l, int64_t i, struct cand last) {
+    return l > -INFINITY && !ranks_at_or_above(l, i, last);
 }
 
-/* Whether candidate i (in order) exists, sorting further as needed. */
-static bool have(struct sp_sampler *s, const float *logits, int64_t i) {
-    while (i >= s->sorted && s->sorted < s->k) sort_further(s, logits);
-    return i < s->sorted;
+/* Buckets of logits that locate a nucleus past the sorted candidates. */
+#define NUCLEUS_BUCKETS 1024
+static int bucket_of(float f) { return f >= NUCLEUS_BUCKETS - 1 ? NUCLEUS_BUCKETS - 1 : f >= 0 ? (int)f : 0; }
+
+/* The last candidate of the top-p nucleus when it reaches past the sorted
+ * ones, which hold probability mass cum (s->w: the probabilities at
+ * temperature 1): a histogram of the others' mass over their logits finds
+ * the bucket where the mass reaches top_p, and only that bucket is sorted.
+ * A bound of -inf: the nucleus is every candidate. */
+static struct cand nucleus_end(struct sp_sampler *s, const float *logits, double cum, double top_p) {
+    const int64_t V = s->vocab;
+    const struct cand last = s->c[s->sorted - 1];
+    float hi = last.logit, lo = hi;
+    for (int64_t i = 0; i < V; i++) lo = past_sorted(logits[i], i, last) && logits[i] < lo ? logits[i] : lo;
+    /* higher logits in lower buckets, equal ones in one; others go to
+     * bucket 0 with no mass (NaN from a degenerate scale too) */
+    const float scale = hi > lo ? (float)(NUCLEUS_BUCKETS - 1) / (hi - lo) : 0.0f;
+#define BUCKET(i) (past_sorted(logits[i], i, last) ? bucket_of((hi - logits[i]) * scale) : 0)
+    double mass[NUCLEUS_BUCKETS] = {0};
+    for (int64_t i = 0; i < V; i++) mass[BUCKET(i)] += past_sorted(logits[i], i, last) ? s->w[i] : 0.0f;
+    int b = 0;
+    for (; b < NUCLEUS_BUCKETS && cum + mass[b] < top_p; b++) cum += mass[b];
+    if (b == NUCLEUS_BUCKETS) return (struct cand){-INFINITY, INT32_MAX};
+    struct cand *m = s->c + s->sorted;  // the bucket's candidates, after the sorted ones
+    int64_t nm = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (BUCKET(i) == b && past_sorted(logits[i], i, last)) m[nm++] = (struct cand){logits[i], (int32_t)i};
+#undef BUCKET
+    qsort(m, (size_t)nm, sizeof *m, cmp_cand);
+    for (int64_t j = 0; j < nm; j++) {
+        cum += s->w[m[j].id];
+        if (cum >= top_p) return m[j];
+    }
+    return m[nm - 1];
 }
 
 /* s->w = the softmax of the whole vocabulary's logits / temp (NaN as
@@ -202,10 +233,12 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     const struct cand *c = s->c;
     double mx = c[0].logit;
     if (mx == -INFINITY) return c[0].id;
-    /* probabilities at temperature 1 over the top_k for the top-p / min-p
-     * cuts, as llama.cpp orders them: of the sorted ones, or (top-k off)
-     * the softmax of the whole vocabulary */
+    /* top-p on the probabilities at temperature 1 over the top_k, as
+     * llama.cpp orders the cuts: those of the sorted candidates, or (top-k
+     * off, 256 sorted) of the whole vocabulary, the nucleus then reaching
+     * past the sorted ones as far as nucleus_end finds */
     int64_t n = s->k;
+    struct cand bound = {-INFINITY, INT32_MAX};
     if (p->top_p < 1.0f) {
         const bool all_sorted = s->sorted == s->k;
         double sum = 0, cum = 0;
@@ -213,21 +246,22 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
             for (int64_t i = 0; i < s->k; i++) sum += exp((double)c[i].logit - mx);
         else
             vocab_softmax(s, logits, 1.0f);
-        for (int64_t i = 0; have(s, logits, i); i++) {
-            const struct cand *ci = &s->c[i];
-            cum += all_sorted ? exp((double)ci->logit - mx) / sum : (double)s->w[ci->id];
-            if (cum >= p->top_p) {
-                n = i + 1;
-                break;
-            }
+        int64_t i = 0;
+        for (; i < s->sorted; i++) {
+            cum += all_sorted ? exp((double)c[i].logit - mx) / sum : (double)s->w[c[i].id];
+            if (cum >= p->top_p) break;
         }
+        if (i < s->sorted)
+            n = i + 1;
+        else if (!all_sorted)
+            bound = nucleus_end(s, logits, cum, p->top_p);
     }
     /* min-p: as far as the candidates are sorted; a cut past them is left
      * to the draw (the set is then every candidate at or above it) */
     double cut = p->min_p > 0.0f ? mx + log((double)p->min_p) : -INFINITY;
     if (p->min_p > 0.0f) {
         int64_t k = 1;
-        while (k < n && k < s->sorted && s->c[k].logit >= cut) k++;
+        while (k < n && k < s->sorted && c[k].logit >= cut) k++;
         if (k < s->sorted || k == n) n = k;
     }
     /* the draw at the temperature, over the first n in order */
@@ -242,24 +276,24 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
         }
         return c[n - 1].id;
     }
-    /* past the sorted candidates (top-k and top-p off): the set is those,
-     * then every other candidate at or above the min-p cut in id order (any
-     * fixed order draws the same distribution; this one sorts no further),
-     * weighted by the vocabulary's softmax at the temperature */
+    /* past the sorted candidates (top-k off, no cut among them): the set
+     * is those, then every other candidate within the nucleus' bound and at
+     * or above the min-p cut, in id order (any fixed order draws the same
+     * distribution; this one needs no further sorting), weighted by the
+     * vocabulary's softmax at the temperature */
     vocab_softmax(s, logits, p->temp);
-    const struct cand last = s->c[s->sorted - 1];
-#define REST(i) (logits[i] >= cut && logits[i] > -INFINITY && \
-                 (logits[i] < last.logit || (logits[i] == last.logit && (i) > last.id)))
+    const struct cand last = c[s->sorted - 1];
+#define REST(i) (past_sorted(logits[i], i, last) && logits[i] >= cut && ranks_at_or_above(logits[i], i, bound))
     double total = 0;
-    for (int64_t i = 0; i < s->sorted; i++) total += s->w[s->c[i].id];
+    for (int64_t i = 0; i < s->sorted; i++) total += s->w[c[i].id];
     for (int64_t i = 0; i < V; i++)
         if (REST(i)) total += s->w[i];
     r *= total;
     for (int64_t i = 0; i < s->sorted; i++) {
-        r -= s->w[s->c[i].id];
-        if (r <= 0) return s->c[i].id;
+        r -= s->w[c[i].id];
+        if (r <= 0) return c[i].id;
     }
-    int32_t chosen = last.id;
+    int32_t chosen = c[s->sorted - 1].id;
     for (int64_t i = 0; i < V; i++) {
         if (!REST(i)) continue;
         chosen = (int32_t)i;
