@@ -361,8 +361,8 @@ static void test_batch_invariance(void **state) {
 }
 
 /* argmax: the first of the largest values, NaN passed over, against a
- * plain loop: lengths around the vector widths, a tie placed before and
- * after, NaN at the front and in the middle, all -inf, all NaN. */
+ * plain loop: random values, the largest twice (the first counts), NaN at
+ * the front and in the middle, all -inf, all NaN but one. */
 static int64_t argmax_ref(const float *v, int64_t n) {
     int64_t best = -1;
     for (int64_t i = 0; i < n; i++)
@@ -370,7 +370,44 @@ static int64_t argmax_ref(const float *v, int64_t n) {
     return best < 0 ? 0 : best;
 }
 
-static void test_argmax(void **state) {
+static void check_argmax(const struct sp_kernels *k, float *v, int64_t n, struct sp_rng *rng) {
+    for (int kind = 0; kind < 6; kind++) {
+        for (int64_t i = 0; i < n; i++) v[i] = sp_rng_normal(rng);
+        if (n > 1 && kind == 1) {
+            int64_t a = (int64_t)(sp_rng_next(rng) % (uint64_t)n), b = (int64_t)(sp_rng_next(rng) % (uint64_t)n);
+            v[a] = v[b] = 9.0f;
+        }
+        if (n > 0 && kind == 2) v[0] = NAN;
+        if (n > 2 && kind == 3) v[n / 2] = NAN, v[n - 1] = 50.0f;
+        if (kind == 4)
+            for (int64_t i = 0; i < n; i++) v[i] = -INFINITY;
+        if (kind == 5)
+            for (int64_t i = 0; i < n; i++) v[i] = i == n / 3 ? -1.0f : NAN;
+        int64_t got = k->argmax(v, n), want = argmax_ref(v, n);
+        if (got != want)
+            print_error("%s argmax: %lld values (case %d): %lld, not %lld\n", k->name, (long long)n, kind,
+                        (long long)got, (long long)want);
+        assert_int_equal(got, want);
+    }
+}
+
+/* sum_exp against a double loop of exp, values down to 100 below m
+ * (underflowing terms), within the error of the sets' float exp (a few
+ * roundings a term, the sum in double). */
+static void check_sum_exp(const struct sp_kernels *k, float *v, int64_t n, struct sp_rng *rng) {
+    const float m = 3.0f;
+    for (int64_t i = 0; i < n; i++) v[i] = m - 100.0f * sp_rng_uniform(rng) * sp_rng_uniform(rng);
+    double want = 0;
+    for (int64_t i = 0; i < n; i++) want += exp((double)v[i] - m);
+    double got = k->sum_exp(v, n, m);
+    if (!(fabs(got - want) <= 1e-6 * want + 1e-30))
+        print_error("%s sum_exp: %lld values: %.9g, not %.9g\n", k->name, (long long)n, got, want);
+    assert_true(fabs(got - want) <= 1e-6 * want + 1e-30);
+}
+
+/* The reductions over a vocabulary of logits (argmax, sum_exp), every set,
+ * lengths around the vector widths up to a real vocabulary. */
+static void test_vocab_reductions(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 13);
     const int64_t lens[] = {0, 1, 2, 7, 8, 9, 31, 32, 33, 63, 100, 4099, 151936};
@@ -379,51 +416,8 @@ static void test_argmax(void **state) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
         for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
-            int64_t n = lens[li];
-            for (int kind = 0; kind < 6; kind++) {
-                for (int64_t i = 0; i < n; i++) v[i] = sp_rng_normal(&rng);
-                if (n > 1 && kind == 1) {  // the largest twice: the first counts
-                    int64_t a = (int64_t)(sp_rng_next(&rng) % (uint64_t)n), b = (int64_t)(sp_rng_next(&rng) % (uint64_t)n);
-                    v[a] = v[b] = 9.0f;
-                }
-                if (n > 0 && kind == 2) v[0] = NAN;
-                if (n > 2 && kind == 3) v[n / 2] = NAN, v[n - 1] = 50.0f;
-                if (kind == 4)
-                    for (int64_t i = 0; i < n; i++) v[i] = -INFINITY;
-                if (kind == 5)
-                    for (int64_t i = 0; i < n; i++) v[i] = i == n / 3 ? -1.0f : NAN;
-                int64_t got = k->argmax(v, n), want = argmax_ref(v, n);
-                if (got != want)
-                    print_error("%s argmax: %lld values (case %d): %lld, not %lld\n", k->name, (long long)n, kind,
-                                (long long)got, (long long)want);
-                assert_int_equal(got, want);
-            }
-        }
-    }
-    free(v);
-}
-
-/* sum_exp against a double loop of exp: lengths around the vector widths,
- * values down to 100 below m (underflowing terms), within the error of the
- * sets' float exp (a few roundings a term, the sum in double). */
-static void test_sum_exp(void **state) {
-    struct sp_rng rng;
-    sp_rng_seed(&rng, 17);
-    const int64_t lens[] = {0, 1, 7, 8, 9, 33, 1000, 151936};
-    float *v = malloc(151936 * sizeof *v);
-    for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
-        const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
-        if (!k) continue;
-        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
-            int64_t n = lens[li];
-            float m = 3.0f;
-            for (int64_t i = 0; i < n; i++) v[i] = m - 100.0f * sp_rng_uniform(&rng) * sp_rng_uniform(&rng);
-            double want = 0;
-            for (int64_t i = 0; i < n; i++) want += exp((double)v[i] - m);
-            double got = k->sum_exp(v, n, m);
-            if (!(fabs(got - want) <= 1e-6 * want + 1e-30))
-                print_error("%s sum_exp: %lld values: %.9g, not %.9g\n", k->name, (long long)n, got, want);
-            assert_true(fabs(got - want) <= 1e-6 * want + 1e-30);
+            check_argmax(k, v, lens[li], &rng);
+            check_sum_exp(k, v, lens[li], &rng);
         }
     }
     free(v);
@@ -944,8 +938,7 @@ int main(void) {
         cmocka_unit_test(test_mx4_wide_runs),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_matmul_pair),
-        cmocka_unit_test(test_argmax),
-        cmocka_unit_test(test_sum_exp),
+        cmocka_unit_test(test_vocab_reductions),
         cmocka_unit_test(test_vnni_sets_match_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, report);
