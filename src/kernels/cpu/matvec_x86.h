@@ -148,6 +148,13 @@ ALWAYS float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The largest of v's 8 lanes (none NaN). */
+ALWAYS float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 /* Scale (or bias) g of a row, as a float, in any of the three dtypes. */
 ALWAYS float load_scale(int sdt, const uint8_t *p, int64_t g) {
     if (sdt == SP_DTYPE_F32) {
@@ -493,10 +500,8 @@ ALWAYS float group_amax(const float *xg, int64_t group, float *sum) {
         m = _mm256_max_ps(m, _mm256_and_ps(v, absmask));
         if (sum) s = _mm256_add_ps(s, v);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     if (sum) *sum = hsum(s);
-    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    return hmax(m);
 }
 
 /* Where vector j (16 int16, j < 4) of 4-bit unit u's activations starts in
@@ -1590,13 +1595,18 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
     }
 }
 
+/* The blocks of n tokens the products by tokens compute: the avx512 build
+ * takes whole pairs, so a last odd block gets a partner of zeros (computed,
+ * not stored). */
+ALWAYS int64_t blocks_computed(int64_t n) {
+    int64_t nb = (n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
+    return HAVE_ZMM ? (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR : nb;
+}
+
 /* Every block of q's tokens side by side (block_tokens), before the
- * products by tokens; the avx512 build takes whole pairs of blocks, so a
- * last odd block gets a partner of zeros. */
+ * products by tokens. */
 static void q8_block_tokens(const struct q8acts *q) {
-    int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
-    if (HAVE_ZMM) nb = (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR;
-    for (int64_t b = 0; b < nb; b++) block_tokens(q, b);
+    for (int64_t b = 0, nb = blocks_computed(q->n); b < nb; b++) block_tokens(q, b);
 }
 
 /* Where chain c of row i for token block j (of a pass) starts in
@@ -1848,10 +1858,7 @@ ALWAYS void unpacked_pass(int fmt, int per, const struct rowfmt *f, const struct
 ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
-    const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS;
-    /* the avx512 build takes whole pairs: a last odd block's partner of
-     * zeros is computed and not stored */
-    const int64_t nbp = HAVE_ZMM ? (nb + Q8_PAIR - 1) / Q8_PAIR * Q8_PAIR : nb;
+    const int64_t nb = blocks_computed(q->n);
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         int64_t b = 0;
@@ -1867,9 +1874,9 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
                     _mm_prefetch((const char *)rc[i] + 2 * Q8_BLOCK_ROWS * f.row_bytes + at, _MM_HINT_T0);
             }
             /* two pairs a pass, one pair for what is left */
-            for (; b + Q8_PASS <= nbp; b += Q8_PASS)
+            for (; b + Q8_PASS <= nb; b += Q8_PASS)
                 block_rows_pass(fmt, per, &f, q, rc, Q8_PASS, b, nr, true, y + r, ldy);
-            if (b < nbp) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, true, y + r, ldy);
+            if (b < nb) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, true, y + r, ldy);
             continue;
         }
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
@@ -2017,8 +2024,8 @@ static void q16_rows_all(const struct impl *im, const struct shared_x *m, int64_
         int64_t nq = n - t0 < Q16_TOKENS ? n - t0 : Q16_TOKENS;
         struct qacts q;
         q16_prepare(x + t0 * ldx, ldx, nq, w0->cols, w0->group, im->four_bit, scratch, &q);
+        int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int i = 0; i < m->n; i++) {
-            int64_t chunk = nq <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
             for (int64_t r = r0; r < r1; r += chunk) {
                 int64_t re = r1 - r < chunk ? r1 : r + chunk;
                 for (int64_t t = 0; t < nq; t += 4) {
@@ -2097,16 +2104,27 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
 /* How a set treats the activations of quantized rows. */
 enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8 };
 
+/* The products of m's matrices with x: the int8 or int16 ones rounding x
+ * once for all of them where a set has them for the format, else one
+ * product each. */
+static void shared_rows(enum acts acts, const struct impl *im, const struct shared_x *m, int64_t r0, int64_t r1,
+                        const float *x, int64_t ldx, int64_t n, int64_t ldy, void *scratch) {
+    if (im && acts != ACTS_FLOAT && im->q16[0]) {
+        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, m, r0, r1, x, ldx, n, ldy, scratch);
+        return;
+    }
+    for (int i = 0; i < m->n; i++) {
+        if (im)
+            float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+        else
+            sp_matmul_rows_portable(m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+    }
+}
+
 static void matmul_rows(enum acts acts, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
-    const struct impl *im = impl_for(w);
     const struct shared_x one = {{w}, {y}, 1};
-    if (!im)
-        sp_matmul_rows_portable(w, r0, r1, x, ldx, n, y, ldy, scratch);
-    else if (acts != ACTS_FLOAT && im->q16[0])
-        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, &one, r0, r1, x, ldx, n, ldy, scratch);
-    else
-        float_rows(im, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    shared_rows(acts, impl_for(w), &one, r0, r1, x, ldx, n, ldy, scratch);
 }
 
 /* matmul_rows of two matrices with the same x: where they share a format,
@@ -2115,10 +2133,9 @@ static void matmul_rows_pair(enum acts acts, const struct sp_qmat *wa, const str
                              int64_t r1, const float *x, int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy,
                              void *scratch) {
     const struct impl *im = impl_for(wa);
-    const struct shared_x two = {{wa, wb}, {ya, yb}, 2};
-    if (im && acts != ACTS_FLOAT && im->q16[0] && impl_for(wb) == im && wb->group == wa->group &&
-        wb->cols == wa->cols) {
-        (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, &two, r0, r1, x, ldx, n, ldy, scratch);
+    if (impl_for(wb) == im && wb->group == wa->group && wb->cols == wa->cols) {
+        const struct shared_x two = {{wa, wb}, {ya, yb}, 2};
+        shared_rows(acts, im, &two, r0, r1, x, ldx, n, ldy, scratch);
         return;
     }
     matmul_rows(acts, wa, r0, r1, x, ldx, n, ya, ldy, scratch);
@@ -2424,25 +2441,25 @@ static void glu_x86(float *out, const float *g, const float *u, int64_t n, const
     memcpy(out + i, ot, (size_t)(n - i) * sizeof *ot);
 }
 
-/* The max, the exps and the scaling 8 at a time; the exps summed in 8
- * double lanes (4 x 2) added at the end, the last n % 8 through the same
- * code, padded. */
-/* The largest value first (vmaxps keeps its second operand where the
- * first is NaN, so NaN never enters the running maxima), then the first
- * place that holds it. */
-static int64_t argmax_x86(const float *v, int64_t n) {
+/* The largest of init and v[0 .. n) (vmaxps keeps its second operand where
+ * the first is NaN, so NaN never enters the running maxima). */
+ALWAYS float max_of(const float *v, int64_t n, float init) {
     __m256 m[4];
-    for (int c = 0; c < 4; c++) m[c] = _mm256_set1_ps(-INFINITY);
+    for (int c = 0; c < 4; c++) m[c] = _mm256_set1_ps(init);
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
         for (int c = 0; c < 4; c++) m[c] = _mm256_max_ps(_mm256_loadu_ps(v + i + 8 * c), m[c]);
-    __m256 m8 = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    float best = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float best = hmax(_mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])));
     for (; i < n; i++) best = v[i] > best ? v[i] : best;
+    return best;
+}
+
+/* The largest value first (max_of), then the first place that holds it. */
+static int64_t argmax_x86(const float *v, int64_t n) {
+    const float best = max_of(v, n, -INFINITY);
     const __m256 b8 = _mm256_set1_ps(best);
-    for (i = 0; i + 8 <= n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
         int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), b8, _CMP_EQ_OQ));
         if (hit) return i + __builtin_ctz((unsigned)hit);
     }
@@ -2478,19 +2495,16 @@ ALWAYS double exps(float *out, const float *v, int64_t n, float m) {
 
 static double sum_exp_x86(const float *v, int64_t n, float m) { return exps(NULL, v, n, m); }
 
+/* The max, the exps and the scaling 8 at a time; the exps summed in 8
+ * double lanes (4 x 2) added at the end, the last n % 8 through the same
+ * code, padded (exps). */
 static void softmax_x86(float *v, int64_t n, float sink) {
-    __m256 mv = _mm256_set1_ps(sink);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(v + i));
-    float lanes8[8], m;
-    _mm256_storeu_ps(lanes8, mv);
-    m = lanes8[0];
-    for (int k = 1; k < 8; k++) m = lanes8[k] > m ? lanes8[k] : m;
-    for (; i < n; i++) m = v[i] > m ? v[i] : m;
+    const float m = max_of(v, n, sink);
     double sum = exps(v, v, n, m);
     if (sink > -INFINITY) sum += exp((double)(sink - m));
     const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
     for (; i < n; i++) v[i] *= _mm256_cvtss_f32(inv);
 }
 
