@@ -22,8 +22,7 @@ struct sp_sampler {
     int32_t *hist;   // ring of the last penalty_last_n tokens (when bounded)
     int64_t hist_len, hist_pos;
     int32_t cap_last_n;  // capacity of hist
-    struct cand *c;  // (vocab) the first `sorted` candidates in order; past them, nucleus_end's scratch
-    int64_t k, sorted;  // this draw's top-k (the vocabulary when off), and how many are sorted
+    struct cand *c;  // (vocab) the candidates sorted first, in order; past them, nucleus_end's scratch
     float *w;        // (vocab) the vocabulary's probabilities, when top-k is off
 };
 
@@ -161,9 +160,9 @@ static int bucket_of(float f) { return f >= NUCLEUS_BUCKETS - 1 ? NUCLEUS_BUCKET
  * temperature 1): a histogram of the others' mass over their logits finds
  * the bucket where the mass reaches top_p, and only that bucket is sorted.
  * A bound of -inf: the nucleus is every candidate. */
-static struct cand nucleus_end(struct sp_sampler *s, const float *logits, double cum, double top_p) {
+static struct cand nucleus_end(struct sp_sampler *s, const float *logits, int64_t sorted, double cum, double top_p) {
     const int64_t V = s->vocab;
-    const struct cand last = s->c[s->sorted - 1];
+    const struct cand last = s->c[sorted - 1];
     float hi = last.logit, lo = hi;
     for (int64_t i = 0; i < V; i++) lo = past_sorted(logits[i], i, last) && logits[i] < lo ? logits[i] : lo;
     /* higher logits in lower buckets, equal ones in one; others go to
@@ -175,7 +174,7 @@ static struct cand nucleus_end(struct sp_sampler *s, const float *logits, double
     int b = 0;
     for (; b < NUCLEUS_BUCKETS && cum + mass[b] < top_p; b++) cum += mass[b];
     if (b == NUCLEUS_BUCKETS) return (struct cand){-INFINITY, INT32_MAX};
-    struct cand *m = s->c + s->sorted;  // the bucket's candidates, after the sorted ones
+    struct cand *m = s->c + sorted;  // the bucket's candidates, after the sorted ones
     int64_t nm = 0;
     for (int64_t i = 0; i < V; i++)
         if (BUCKET(i) == b && past_sorted(logits[i], i, last)) m[nm++] = (struct cand){logits[i], (int32_t)i};
@@ -227,9 +226,9 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
         }
     }
     if (p->temp <= 0.0f) return sp_argmax(logits, V);
-    s->k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
-    s->sorted = s->k < V ? s->k : V < SORTED_FIRST ? V : SORTED_FIRST;
-    best_k(s->c, logits, V, s->sorted);
+    const int64_t K = p->top_k > 0 && p->top_k < V ? p->top_k : V;  // the vocabulary when top-k is off
+    const int64_t sorted = K < V ? K : V < SORTED_FIRST ? V : SORTED_FIRST;
+    best_k(s->c, logits, V, sorted);
     const struct cand *c = s->c;
     double mx = c[0].logit;
     if (mx == -INFINITY) return c[0].id;
@@ -237,36 +236,39 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
      * llama.cpp orders the cuts: those of the sorted candidates, or (top-k
      * off, 256 sorted) of the whole vocabulary, the nucleus then reaching
      * past the sorted ones as far as nucleus_end finds */
-    int64_t n = s->k;
+    int64_t n = K;
     struct cand bound = {-INFINITY, INT32_MAX};
+    float w_temp = 0.0f;  // the temperature of the softmax in s->w (0: none)
     if (p->top_p < 1.0f) {
-        const bool all_sorted = s->sorted == s->k;
+        const bool all_sorted = sorted == K;
         double sum = 0, cum = 0;
-        if (all_sorted)
-            for (int64_t i = 0; i < s->k; i++) sum += exp((double)c[i].logit - mx);
-        else
-            vocab_softmax(s, logits, 1.0f);
+        if (all_sorted) {
+            for (int64_t i = 0; i < K; i++) sum += exp((double)c[i].logit - mx);
+        } else {
+            w_temp = 1.0f;
+            vocab_softmax(s, logits, w_temp);
+        }
         int64_t i = 0;
-        for (; i < s->sorted; i++) {
+        for (; i < sorted; i++) {
             cum += all_sorted ? exp((double)c[i].logit - mx) / sum : (double)s->w[c[i].id];
             if (cum >= p->top_p) break;
         }
-        if (i < s->sorted)
+        if (i < sorted)
             n = i + 1;
         else if (!all_sorted)
-            bound = nucleus_end(s, logits, cum, p->top_p);
+            bound = nucleus_end(s, logits, sorted, cum, p->top_p);
     }
     /* min-p: as far as the candidates are sorted; a cut past them is left
      * to the draw (the set is then every candidate at or above it) */
     double cut = p->min_p > 0.0f ? mx + log((double)p->min_p) : -INFINITY;
     if (p->min_p > 0.0f) {
         int64_t k = 1;
-        while (k < n && k < s->sorted && c[k].logit >= cut) k++;
-        if (k < s->sorted || k == n) n = k;
+        while (k < n && k < sorted && c[k].logit >= cut) k++;
+        if (k < sorted || k == n) n = k;
     }
     /* the draw at the temperature, over the first n in order */
     double r = (double)(sp_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0);
-    if (n <= s->sorted) {
+    if (n <= sorted) {
         double total = 0;
         for (int64_t i = 0; i < n; i++) total += exp(((double)c[i].logit - mx) / p->temp);
         r *= total;
@@ -281,19 +283,19 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
      * or above the min-p cut, in id order (any fixed order draws the same
      * distribution; this one needs no further sorting), weighted by the
      * vocabulary's softmax at the temperature */
-    vocab_softmax(s, logits, p->temp);
-    const struct cand last = c[s->sorted - 1];
+    if (w_temp != p->temp) vocab_softmax(s, logits, p->temp);
+    const struct cand last = c[sorted - 1];
 #define REST(i) (past_sorted(logits[i], i, last) && logits[i] >= cut && ranks_at_or_above(logits[i], i, bound))
     double total = 0;
-    for (int64_t i = 0; i < s->sorted; i++) total += s->w[c[i].id];
+    for (int64_t i = 0; i < sorted; i++) total += s->w[c[i].id];
     for (int64_t i = 0; i < V; i++)
         if (REST(i)) total += s->w[i];
     r *= total;
-    for (int64_t i = 0; i < s->sorted; i++) {
+    for (int64_t i = 0; i < sorted; i++) {
         r -= s->w[c[i].id];
         if (r <= 0) return c[i].id;
     }
-    int32_t chosen = c[s->sorted - 1].id;
+    int32_t chosen = c[sorted - 1].id;
     for (int64_t i = 0; i < V; i++) {
         if (!REST(i)) continue;
         chosen = (int32_t)i;
