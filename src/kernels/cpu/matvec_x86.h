@@ -2261,17 +2261,22 @@ static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, i
     }
 }
 #else
-/* nq queries x nv vectors of 8 columns (nr of them real): each lane one
- * chain of FMAs over k, the same whatever the block. */
+/* nq queries x nv vectors of 8 columns (nr of them real, nq x nv <= 8):
+ * each lane one chain of FMAs over k, the same whatever the block. */
 ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
                            int64_t ldc, int nv, int64_t nr, int64_t n, float scale) {
-    __m256 s[2][4];
+    __m256 s[4][4];
 #pragma GCC unroll 8
     for (int i = 0; i < nq * nv; i++) s[i / nv][i % nv] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n; k++) {
         __m256 c[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) c[v] = _mm256_loadu_ps(cols + k * ldc + 8 * v);
+        for (int v = 0; v < nv; v++) {
+            c[v] = _mm256_loadu_ps(cols + k * ldc + 8 * v);
+            /* in a register for all the queries (folded into each FMA it
+             * would be loaded once per query) */
+            if (nq > 1) __asm__("" : "+x"(c[v]));
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < nq * nv; i++)
             s[i / nv][i % nv] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i / nv * lda + k), c[i % nv], s[i / nv][i % nv]);
@@ -2291,26 +2296,33 @@ ALWAYS void dot_cols_block(float *out, int64_t ldo, const float *a, int64_t lda,
     }
 }
 
-/* Two queries x up to 32 columns at a time: a column vector loaded once
- * serves both, and 8 chains are in flight. */
+/* Queries x columns at a time: 4 x 16, 3 x 16, or 2 (or 1) x 32, so that
+ * a column vector loaded once serves every query of the block and up to 8
+ * chains are in flight (Zen 3, one thread, 8 queries x 32 columns x 128:
+ * 0.53-0.61x the time of 2 x 32 blocks whose loads were folded into the
+ * FMAs, ~45 of the ~50 G multiply-adds a second FMA peak). */
+ALWAYS void dot_cols_queries(float *out, int64_t ldo, const float *a, int64_t lda, int nq, const float *cols,
+                             int64_t ldc, int64_t nr, int64_t n, float scale) {
+    const int wide = nq > 2 ? 2 : 4;  // vectors of 8 columns per block
+    for (int64_t r = 0; r < nr; r += 8 * wide) {
+        int64_t m = nr - r < 8 * wide ? nr - r : 8 * wide;
+        int nv = (int)((m + 7) / 8);
+        float *o = out + r;
+        const float *c = cols + r;
+        if (nv == 4) dot_cols_block(o, ldo, a, lda, nq, c, ldc, 4, m, n, scale);
+        else if (nv == 3) dot_cols_block(o, ldo, a, lda, nq, c, ldc, 3, m, n, scale);
+        else if (nv == 2) dot_cols_block(o, ldo, a, lda, nq, c, ldc, 2, m, n, scale);
+        else dot_cols_block(o, ldo, a, lda, nq, c, ldc, 1, m, n, scale);
+    }
+}
+
 static void dot_cols_x86(float *out, int64_t ldo, const float *a, int64_t lda, int64_t na, const float *cols,
                          int64_t ldc, int64_t nr, int64_t n, float scale) {
-    for (int64_t r = 0; r < nr; r += 32) {
-        int64_t m = nr - r < 32 ? nr - r : 32;
-        int nv = (int)((m + 7) / 8);
-        for (int64_t q = 0; q < na; q += 2) {
-            int nq = na - q < 2 ? 1 : 2;
-            float *o = out + q * ldo + r;
-            const float *aq = a + q * lda, *c = cols + r;
-#define DOT_COLS_(NQ, NV) dot_cols_block(o, ldo, aq, lda, NQ, c, ldc, NV, m, n, scale)
-            if (nq == 2) {
-                if (nv == 4) DOT_COLS_(2, 4); else if (nv == 3) DOT_COLS_(2, 3); else if (nv == 2) DOT_COLS_(2, 2); else DOT_COLS_(2, 1);
-            } else {
-                if (nv == 4) DOT_COLS_(1, 4); else if (nv == 3) DOT_COLS_(1, 3); else if (nv == 2) DOT_COLS_(1, 2); else DOT_COLS_(1, 1);
-            }
-#undef DOT_COLS_
-        }
-    }
+    int64_t q = 0;
+    for (; q + 4 <= na; q += 4) dot_cols_queries(out + q * ldo, ldo, a + q * lda, lda, 4, cols, ldc, nr, n, scale);
+    if (na - q == 3) dot_cols_queries(out + q * ldo, ldo, a + q * lda, lda, 3, cols, ldc, nr, n, scale);
+    else if (na - q == 2) dot_cols_queries(out + q * ldo, ldo, a + q * lda, lda, 2, cols, ldc, nr, n, scale);
+    else if (na - q == 1) dot_cols_queries(out + q * ldo, ldo, a + q * lda, lda, 1, cols, ldc, nr, n, scale);
 }
 #endif
 
@@ -2337,21 +2349,28 @@ ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int 
         for (int j = 0; j < 2 * nq; j++) _mm512_storeu_ps(y + j / 2 * ldy + i + 16 * (j % 2), acc[j / 2][j % 2]);
     }
 #else
-    for (; i + 32 <= n; i += 32) {
-        __m256 acc[2][4];
+    /* 3 or 4 outputs x 16 elements (two vectors), or 1 or 2 x 32 (four):
+     * up to 8 chains, a row's vectors loaded once for all the outputs (8
+     * outputs x 32 rows x 128, as dot_cols_queries: 0.57-0.64x the time) */
+    const int nv = nq > 2 ? 2 : 4;
+    for (; i + 8 * nv <= n; i += 8 * nv) {
+        __m256 acc[4][4];
 #pragma GCC unroll 8
-        for (int j = 0; j < 4 * nq; j++) acc[j / 4][j % 4] = _mm256_loadu_ps(y + j / 4 * ldy + i + 8 * (j % 4));
+        for (int j = 0; j < nv * nq; j++) acc[j / nv][j % nv] = _mm256_loadu_ps(y + j / nv * ldy + i + 8 * (j % nv));
         for (int64_t r = 0; r < nr; r++) {
             const float *x = rows + r * n + i;
             __m256 xv[4];
 #pragma GCC unroll 4
-            for (int v = 0; v < 4; v++) xv[v] = _mm256_loadu_ps(x + 8 * v);
+            for (int v = 0; v < nv; v++) {
+                xv[v] = _mm256_loadu_ps(x + 8 * v);
+                if (nq > 1) __asm__("" : "+x"(xv[v]));  // as in dot_cols_block
+            }
 #pragma GCC unroll 8
-            for (int j = 0; j < 4 * nq; j++)
-                acc[j / 4][j % 4] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j / 4 * ldw + r), xv[j % 4], acc[j / 4][j % 4]);
+            for (int j = 0; j < nv * nq; j++)
+                acc[j / nv][j % nv] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j / nv * ldw + r), xv[j % nv], acc[j / nv][j % nv]);
         }
 #pragma GCC unroll 8
-        for (int j = 0; j < 4 * nq; j++) _mm256_storeu_ps(y + j / 4 * ldy + i + 8 * (j % 4), acc[j / 4][j % 4]);
+        for (int j = 0; j < nv * nq; j++) _mm256_storeu_ps(y + j / nv * ldy + i + 8 * (j % nv), acc[j / nv][j % nv]);
     }
 #endif
     for (int q = 0; q < nq; q++) {
@@ -2371,13 +2390,11 @@ ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int 
 static void axpy_rows_x86(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na, const float *rows,
                           int64_t nr, int64_t n) {
     int64_t q = 0;
-#if HAVE_ZMM
     for (; q + 4 <= na; q += 4) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 4, rows, nr, n);
     if (na - q == 3) {
         axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 3, rows, nr, n);
         return;
     }
-#endif
     for (; q + 2 <= na; q += 2) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 2, rows, nr, n);
     if (q < na) axpy_rows_q(y + q * ldy, ldy, w + q * ldw, ldw, 1, rows, nr, n);
 }
