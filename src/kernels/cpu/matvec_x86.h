@@ -2341,6 +2341,9 @@ ALWAYS void axpy_rows_q(float *y, int64_t ldy, const float *w, int64_t ldw, int 
         for (int64_t r = 0; r < nr; r++) {
             const float *x = rows + r * n + i;
             __m512 xv[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+            /* in registers for all the outputs (a Xeon, 2 and 3 outputs:
+             * 0.55-0.65x the time of loads folded into each FMA) */
+            if (nq > 1) __asm__("" : "+v"(xv[0]), "+v"(xv[1]));
 #pragma GCC unroll 8
             for (int j = 0; j < 2 * nq; j++)
                 acc[j / 2][j % 2] = _mm512_fmadd_ps(_mm512_set1_ps(w[j / 2 * ldw + r]), xv[j % 2], acc[j / 2][j % 2]);
