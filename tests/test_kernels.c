@@ -643,7 +643,8 @@ static void test_attention_blocks(void **state) {
     const int64_t ns[] = {1, 7, 8, 9, 64, 128, 136};
     const int64_t nrs[] = {1, 5, 8, 13, 20, 32, 40};
     static float a[NQ * MAXN], rows[MAXR * MAXN], conv[MAXR * MAXN], cols[MAXN * LDC + 1], out[NQ * LDO];
-    static float w[NQ * MAXR], y[NQ * MAXN], yb[NQ * MAXN];
+    static float w[NQ * MAXR], y[NQ * MAXN], yb[NQ * MAXN], alone[NQ][MAXR];
+    static double ref[NQ][MAXR], mag[NQ][MAXR];
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -658,25 +659,28 @@ static void test_attention_blocks(void **state) {
                     for (int64_t i = 0; i < n; i++)
                         cols[i * LDC + r] = conv[r * n + i] = sp_bf16_to_f32(sp_f32_to_bf16(rows[r * n + i]));
                 const float scale = 0.125f + (float)ci;
+                /* each score's reference, and the score of its head and column alone */
+                for (int64_t q = 0; q < NQ; q++)
+                    for (int64_t r = 0; r < nr; r++) {
+                        ref[q][r] = mag[q][r] = 0;
+                        for (int64_t i = 0; i < n; i++) {
+                            ref[q][r] += (double)a[q * MAXN + i] * conv[r * n + i];
+                            mag[q][r] += fabs((double)a[q * MAXN + i] * conv[r * n + i]);
+                        }
+                        k->dot_cols(&alone[q][r], 1, a + q * MAXN, MAXN, 1, cols + r, LDC, 1, n, scale);
+                    }
                 for (int64_t na = 1; na <= NQ; na++) {
                     for (int64_t i = 0; i < NQ * LDO; i++) out[i] = 555.0f;
                     k->dot_cols(out, LDO, a, MAXN, na, cols, LDC, nr, n, scale);
                     for (int64_t q = 0; q < NQ; q++) {
                         for (int64_t r = 0; r < nr && q < na; r++) {
-                            double ref = 0, mag = 0;
-                            for (int64_t i = 0; i < n; i++) {
-                                ref += (double)a[q * MAXN + i] * conv[r * n + i];
-                                mag += fabs((double)a[q * MAXN + i] * conv[r * n + i]);
-                            }
-                            float o = out[q * LDO + r], alone;
-                            assert_true(fabs(o - scale * ref) <= (double)(n + 1) * FLT_EPSILON * scale * mag + DBL_MIN);
-                            k->dot_cols(&alone, 1, a + q * MAXN, MAXN, 1, cols + r, LDC, 1, n, scale);
-                            assert_true(alone == o);
+                            float o = out[q * LDO + r];
+                            double tol = (double)(n + 1) * FLT_EPSILON * scale * mag[q][r] + DBL_MIN;
+                            assert_true(fabs(o - scale * ref[q][r]) <= tol);
+                            assert_true(alone[q][r] == o);
                         }
                         for (int64_t r = q < na ? nr : 0; r < LDO; r++) assert_true(out[q * LDO + r] == 555.0f);
                     }
-                }
-                for (int64_t na = 1; na <= NQ; na++) {
                     for (int64_t i = 0; i < NQ * MAXR; i++) w[i] = sp_rng_normal(&rng);
                     for (int64_t i = 0; i < NQ * MAXN; i++) y[i] = yb[i] = sp_rng_normal(&rng);
                     k->axpy_rows(y, MAXN, w, MAXR, na, rows, nr, n);
