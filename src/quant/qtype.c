@@ -53,16 +53,13 @@ uint8_t sp_float_to_e4m3(float v) {
 
 uint8_t sp_float_to_e2m1(float y) {
     float a = fabsf(y);
-    uint8_t code;
-    /* Nearest E2M1 value with ties to the even code, as mlx's kernels do. */
-    if (a <= 0.25f) code = 0;
-    else if (a < 0.75f) code = 1;
-    else if (a <= 1.25f) code = 2;
-    else if (a < 1.75f) code = 3;
-    else if (a <= 2.5f) code = 4;
-    else if (a < 3.5f) code = 5;
-    else if (a <= 5.0f) code = 6;
-    else code = 7;
+    /* Nearest E2M1 value with ties to the even code, as mlx's kernels do:
+     * the count of midpoints below a, a midpoint counted when a reaches it
+     * where it rounds up to an even code (0.75, 1.75, 3.5) and when a passes
+     * it where it rounds down to one; NaN gives the largest code. Branch-free
+     * (random weights mispredict a chain of branches). */
+    int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+    code += 7 * (a != a);
     return (uint8_t)(signbit(y) ? code | 8 : code);
 }
 
@@ -115,7 +112,7 @@ static void dequant_affine(const struct sp_qmat *m, int64_t row, int64_t c0, int
 static void pack_bits(uint8_t *row, int64_t i, int b, uint32_t q) {
     for (int k = 0; k < b; k++) {
         uint64_t bit = (uint64_t)i * (uint64_t)b + (uint64_t)k;
-        if ((q >> k) & 1) row[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        row[bit >> 3] |= (uint8_t)(((q >> k) & 1u) << (bit & 7));  // no branch on random bits
     }
 }
 
@@ -142,7 +139,8 @@ static void quantize_affine_bits(const float *x, int64_t n, int group, void *cod
         }
         for (int i = 0; i < group; i++) {
             float q = nearbyintf((w[i] - bias) / scale);
-            q = fminf(fmaxf(q, 0.0f), n_bins);
+            q = q > 0.0f ? q : 0.0f;  // fmaxf and fminf's answers, NaN to 0
+            q = q < n_bins ? q : n_bins;
             pack_bits(codes, g * group + i, bits, (uint32_t)q);
         }
         sp_dtype_store_float(sdt, scales, (size_t)g, scale);
@@ -184,7 +182,7 @@ static void dequant_fp8(const struct sp_qmat *m, int64_t row, int64_t c0, int64_
 
 static float group_amax(const float *w, int group) {
     float a = 0.0f;
-    for (int i = 0; i < group; i++) a = fmaxf(a, fabsf(w[i]));
+    for (int i = 0; i < group; i++) a = fabsf(w[i]) > a ? fabsf(w[i]) : a;  // fmaxf's answer, NaN passed over
     return a;
 }
 
