@@ -8,17 +8,19 @@
 
 static const char usage[] =
     "usage: sparrow quantize IN OUT --mode affine|mxfp4|mxfp8|nvfp4|f32|f16|bf16 [--bits B] [--group-size G]\n"
-    "                        [--shard-size SIZE] [--sparse]\n"
+    "                        [--shard-size SIZE] [--threads N] [--sparse]\n"
     "  Writes an MLX-layout copy of model IN to folder OUT: experts stacked, routers\n"
     "  in 8-bit affine (group 64), embeddings and lm_head quantized, norms copied,\n"
     "  config.json with a \"quantization\" section, tokenizer files copied.\n"
     "  affine: --bits 2, 3, 4, 5, 6 or 8 (default 4), --group-size 32, 64 or 128 (default 64).\n"
     "  mxfp4 / mxfp8: group 32; nvfp4: group 16. f32/f16/bf16: dequantized copy.\n"
+    "  --threads N quantizes rows on N threads (default: the physical cores); the files are\n"
+    "  the same for any N.\n"
     "  --sparse writes the layout only (files of holes): shape-only models for sparrow plan.\n";
 
 int sp_cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *mode = NULL;
-    int64_t bits = 0, group = 0;
+    int64_t bits = 0, group = 0, threads = 0;
     uint64_t shard = 0;
     bool sparse = false;
     for (int i = 1; i < argc; i++) {
@@ -32,6 +34,8 @@ int sp_cmd_quantize(int argc, char **argv) {
             if (!v || !sp_arg_int("--bits", v, 1, 16, &bits)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--group-size", &v)) {
             if (!v || !sp_arg_int("--group-size", v, 1, 1024, &group)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
+            if (!v || !sp_arg_int("--threads", v, 1, 1024, &threads)) return SP_EXIT_USAGE;
         } else if (sp_arg_flag(argv[i], "--sparse")) {
             sparse = true;
         } else if (sp_arg_value(argc, argv, &i, "--shard-size", &v)) {
@@ -74,7 +78,9 @@ int sp_cmd_quantize(int argc, char **argv) {
     }
     struct sp_model *m;
     if (sp_model_open(in, &m) != SP_OK) return sp_cli_fail();
-    enum sp_status st = sp_quantize_model(m, out, &o);
+    enum sp_status st = sp_pool_create((int)threads, &o.pool);
+    if (st == SP_OK) st = sp_quantize_model(m, out, &o);
+    sp_pool_free(o.pool);
     sp_model_close(m);
     if (st != SP_OK) return sp_cli_fail();
     return 0;

@@ -7,6 +7,7 @@
 #include "core/buf.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/pool.h"
 #include "format/st_writer.h"
 
 /* One output tensor group: a linear layer (weight [+ scales, biases] [+ bias])
@@ -212,11 +213,39 @@ static void read_row(const struct sp_linear *l, int half, int64_t row, float *ou
     for (int64_t i = 0; i < q->cols; i++) out[i] = sp_dtype_load_float(dt, q->codes, (size_t)(i * q->rows + r));
 }
 
+/* Rows are quantized QUANT_BLOCK_ROWS at a time, split among the pool's
+ * threads, then written in order: the output is the same whatever the
+ * number of threads. */
+#define QUANT_BLOCK_ROWS 256
+
 struct bufs {
-    float *row;
-    uint8_t *codes, *scales, *biases;
+    struct sp_pool *pool;
+    uint8_t *codes, *scales, *biases;  // QUANT_BLOCK_ROWS rows of each
     struct sp_buf acc_scales, acc_biases, acc_bias;
 };
+
+/* Rows [r0, r0 + n) of a matrix into a block of codes, scales and biases
+ * (each row's scales and biases sbytes apart). */
+struct row_block {
+    const struct sp_linear *l;
+    const struct out_item *it;
+    int64_t r0, n, cols;
+    size_t code_bytes, sbytes;
+    enum sp_dtype sdt;
+    const struct bufs *b;
+};
+
+static void quantize_rows(void *arg, int tid, int nth) {
+    const struct row_block *k = arg;
+    float *row = sp_pool_scratch(k->b->pool, tid);
+    int64_t lo, hi;
+    sp_pool_split(k->n, tid, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        read_row(k->l, k->it->half, k->r0 + i, row);
+        sp_qtype_quantize_row_ref(k->it->type, row, k->cols, k->it->group, k->b->codes + (size_t)i * k->code_bytes,
+                                  k->b->scales + (size_t)i * k->sbytes, k->b->biases + (size_t)i * k->sbytes, k->sdt);
+    }
+}
 
 /* Writes one expert's (or the only) matrix of an item: codes stream out at
  * once; scales, biases and the linear bias are collected for later. */
@@ -231,13 +260,14 @@ static enum sp_status write_matrix(struct sp_st_writer *w, const struct sp_model
     enum sp_dtype sdt = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : it->float_dtype;
     size_t code_bytes = sp_qtype_row_bytes(it->type, cols);
     size_t sbytes = tr->mode ? (size_t)(cols / it->group) * sp_dtype_size(sdt) : 0;
-    for (int64_t r = 0; r < rows; r++) {
-        read_row(&l, it->half, r, b->row);
-        sp_qtype_quantize_row_ref(it->type, b->row, cols, it->group, b->codes, b->scales, b->biases, sdt);
-        if ((st = sp_st_writer_write(w, b->codes, code_bytes)) != SP_OK) return st;
+    for (int64_t r = 0; r < rows; r += QUANT_BLOCK_ROWS) {
+        struct row_block k = {&l, it, r, rows - r < QUANT_BLOCK_ROWS ? rows - r : QUANT_BLOCK_ROWS, cols,
+                              code_bytes, sbytes, sdt, b};
+        sp_pool_run(b->pool, quantize_rows, &k);
+        if ((st = sp_st_writer_write(w, b->codes, (size_t)k.n * code_bytes)) != SP_OK) return st;
         if (tr->mode) {
-            sp_buf_append(&b->acc_scales, b->scales, sbytes);
-            if (tr->has_biases) sp_buf_append(&b->acc_biases, b->biases, sbytes);
+            sp_buf_append(&b->acc_scales, b->scales, (size_t)k.n * sbytes);
+            if (tr->has_biases) sp_buf_append(&b->acc_biases, b->biases, (size_t)k.n * sbytes);
         }
     }
     if (it->has_bias) {
@@ -351,6 +381,7 @@ enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, 
     struct out_plan p = {0};
     struct sp_st_writer w;
     struct bufs b = {.acc_scales = SP_BUF_INIT, .acc_biases = SP_BUF_INIT, .acc_bias = SP_BUF_INIT};
+    struct sp_pool *own_pool = NULL;
     sp_st_writer_init(&w, out_dir, o.shard_bytes);
     enum sp_status st = plan_outputs(m, &o, &p);
     for (int64_t i = 0; i < p.n && st == SP_OK; i++) st = declare_item(&w, m, &p.v[i]);
@@ -360,11 +391,15 @@ enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, 
                               m->arch.n_heads * m->arch.head_dim};
     for (size_t i = 0; i < sizeof widths / sizeof *widths; i++)
         if (widths[i] > maxc) maxc = widths[i];
-    b.row = sp_malloc((size_t)maxc * sizeof(float), SP_MEM_MISC);
-    b.codes = sp_malloc((size_t)maxc * 4, SP_MEM_MISC);
-    b.scales = sp_malloc((size_t)maxc * 4, SP_MEM_MISC);
-    b.biases = sp_malloc((size_t)maxc * 4, SP_MEM_MISC);
-    if (st == SP_OK && (!b.row || !b.codes || !b.scales || !b.biases)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    /* a row: at most 4 bytes a value in codes, scales or biases */
+    size_t block = (size_t)QUANT_BLOCK_ROWS * (size_t)maxc * 4;
+    b.codes = sp_malloc(block, SP_MEM_MISC);
+    b.scales = sp_malloc(block, SP_MEM_MISC);
+    b.biases = sp_malloc(block, SP_MEM_MISC);
+    if (st == SP_OK && (!b.codes || !b.scales || !b.biases)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (st == SP_OK) st = o.pool ? SP_OK : sp_pool_create(1, &own_pool);
+    b.pool = o.pool ? o.pool : own_pool;
+    if (st == SP_OK) st = sp_pool_reserve(b.pool, (size_t)maxc * sizeof(float));
     for (int64_t i = 0; i < p.n && st == SP_OK; i++) {
         st = write_item(&w, m, &p.v[i], &b, o.sparse);
         if (st != SP_OK) sp_error_prefix("%s: ", p.v[i].module);
@@ -376,7 +411,7 @@ enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, 
     sp_buf_free(&b.acc_scales);
     sp_buf_free(&b.acc_biases);
     sp_buf_free(&b.acc_bias);
-    sp_free(b.row);
+    sp_pool_free(own_pool);
     sp_free(b.codes);
     sp_free(b.scales);
     sp_free(b.biases);

@@ -17,6 +17,7 @@
 #ifndef SP_MODEL_QUANTIZE_H
 #define SP_MODEL_QUANTIZE_H
 
+#include "core/pool.h"
 #include "model/model.h"
 
 struct sp_quantize_opts {
@@ -24,6 +25,7 @@ struct sp_quantize_opts {
     int group;           // 0: the format's default (affine 64)
     size_t shard_bytes;  // 0: 5 GB, as mlx-lm
     bool sparse;         // write the layout only: data left as holes (shape-only models for planning)
+    struct sp_pool *pool;  // threads that quantize rows (NULL: the caller alone); same output either way
 };
 
 enum sp_status sp_quantize_model(const struct sp_model *m, const char *out_dir, const struct sp_quantize_opts *o);
