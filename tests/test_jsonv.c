@@ -1,8 +1,9 @@
 /*
  * test_jsonv.c - the incremental JSON object validator: valid and invalid
  * documents, every prefix of a valid document, split feeding, copies of the
- * state, the depth cap, numbers, escapes and UTF-8, and random mutations
- * checked against a small recursive-descent reference written here.
+ * state, the depth cap, the whitespace cap of a sampling state, numbers,
+ * escapes and UTF-8, and random mutations checked against a small
+ * recursive-descent reference written here.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -439,6 +440,49 @@ static void test_depth_cap(void **state) {
     assert_int_equal(sp_jsonv_depth(&v), 0);
 }
 
+/* A state for sampling caps whitespace runs between tokens (before, inside
+ * and after the object); spaces inside strings are content, and a token
+ * ends a run. The plain validator takes any run. */
+static int check_sampling(const char *s, size_t n) {
+    struct sp_jsonv v;
+    sp_jsonv_init_sampling(&v);
+    if (!sp_jsonv_feed(&v, s, n)) return -1;
+    return sp_jsonv_complete(&v) ? 1 : 0;
+}
+
+static void test_whitespace_cap(void **state) {
+    (void)state;
+    char doc[6 * SP_JSONV_MAX_WS + 64];
+    const char *const around[][2] = {{"", "{}"}, {"{", "}"}, {"{\"a\":", "1}"}, {"{\"a\":1", "}"}, {"{}", ""}};
+    for (size_t k = 0; k < sizeof around / sizeof *around; k++)
+        for (int extra = 0; extra < 2; extra++) {
+            int n = sprintf(doc, "%s", around[k][0]);
+            for (int i = 0; i < SP_JSONV_MAX_WS + extra; i++) doc[n++] = " \n\t\r"[i % 4];
+            n += sprintf(doc + n, "%s", around[k][1]);
+            int want = extra ? -1 : 1;
+            if (check_sampling(doc, (size_t)n) != want)
+                fail_msg("%s + %d whitespace + %s: want %d", around[k][0], SP_JSONV_MAX_WS + extra, around[k][1], want);
+            assert_int_equal(check(doc, (size_t)n), 1);
+            assert_true(ref_valid(doc, (size_t)n));
+        }
+    // two full runs with a token between them, and a long string of spaces
+    int n = sprintf(doc, "{");
+    for (int i = 0; i < SP_JSONV_MAX_WS; i++) doc[n++] = ' ';
+    n += sprintf(doc + n, "\"");
+    for (int i = 0; i < 3 * SP_JSONV_MAX_WS; i++) doc[n++] = ' ';
+    n += sprintf(doc + n, "\":");
+    for (int i = 0; i < SP_JSONV_MAX_WS; i++) doc[n++] = ' ';
+    n += sprintf(doc + n, "0}");
+    assert_int_equal(check_sampling(doc, (size_t)n), 1);
+    // a run split across feeds is still one run
+    struct sp_jsonv v;
+    sp_jsonv_init_sampling(&v);
+    for (int i = 0; i < SP_JSONV_MAX_WS; i++) assert_true(sp_jsonv_feed(&v, " ", 1));
+    struct sp_jsonv more = v;
+    assert_false(sp_jsonv_feed(&more, " ", 1));
+    assert_true(sp_jsonv_feed(&v, "{", 1));
+}
+
 /* Random edits of valid documents: the validator accepts exactly what the
  * reference accepts, and never rejects a prefix of a document the reference
  * says is valid. */
@@ -507,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_escapes),
         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_depth_cap),
+        cmocka_unit_test(test_whitespace_cap),
         cmocka_unit_test(test_random_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

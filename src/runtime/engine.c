@@ -393,7 +393,7 @@ static void admit(struct sp_engine *e) {
         sp_detok_free(s->dt);
         s->dt = NULL;
         if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
-        sp_jsonv_init(&s->jv);
+        sp_jsonv_init_sampling(&s->jv);
         e->st.prompt_tokens += (uint64_t)r->n_prompt;
         e->st.cached_tokens += (uint64_t)best_common;
         pthread_mutex_lock(&r->mu);

@@ -39,9 +39,14 @@ static const char *const literals[3] = {"true", "false", "null"};
 
 void sp_jsonv_init(struct sp_jsonv *v) { *v = (struct sp_jsonv){.state = J_START}; }
 
+void sp_jsonv_init_sampling(struct sp_jsonv *v) { *v = (struct sp_jsonv){.state = J_START, .max_ws = SP_JSONV_MAX_WS}; }
+
 bool sp_jsonv_complete(const struct sp_jsonv *v) { return v->state == J_DONE; }
 
 static inline bool is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* Whitespace between tokens, counted against the run's cap if there is one. */
+static inline bool ws_ok(struct sp_jsonv *v, unsigned char c) { return is_ws(c) && (!v->max_ws || ++v->ws <= v->max_ws); }
 
 static inline bool top_is_array(const struct sp_jsonv *v) { return (v->stack >> (v->depth - 1)) & 1; }
 
@@ -201,7 +206,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
         case J_START:
             if (c == '{') {
                 if (!open_container(v, false)) return false;
-            } else if (!is_ws(c)) {
+            } else if (!ws_ok(v, c)) {
                 return false;
             }
             break;
@@ -212,14 +217,14 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
                 v->state = J_STR;
             } else if (c == '}' && v->state == J_OBJ_FIRST) {
                 close_container(v);
-            } else if (!is_ws(c)) {
+            } else if (!ws_ok(v, c)) {
                 return false;
             }
             break;
         case J_COLON:
             if (c == ':')
                 v->state = J_VALUE;
-            else if (!is_ws(c))
+            else if (!ws_ok(v, c))
                 return false;
             break;
         case J_ARR_FIRST:
@@ -229,7 +234,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             }
             /* fall through */
         case J_VALUE:
-            if (!is_ws(c) && !start_value(v, c)) return false;
+            if (!ws_ok(v, c) && !start_value(v, c)) return false;
             break;
         case J_AFTER:
             if (c == ',') {
@@ -237,12 +242,12 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
             } else if (c == '}' || c == ']') {
                 if (top_is_array(v) != (c == ']')) return false;
                 close_container(v);
-            } else if (!is_ws(c)) {
+            } else if (!ws_ok(v, c)) {
                 return false;
             }
             break;
         case J_DONE:
-            if (!is_ws(c)) return false;
+            if (!ws_ok(v, c)) return false;
             break;
         case J_NUM_MINUS:
             if (c == '0')
@@ -298,6 +303,7 @@ bool sp_jsonv_feed(struct sp_jsonv *v, const void *bytes, size_t n) {
         default:
             return false;
         }
+        if (!is_ws(c)) v->ws = 0;
         i++;
     }
     return true;

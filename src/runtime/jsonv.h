@@ -11,9 +11,13 @@
  * characters below 0x20 must be escaped, \u escapes of surrogates must come
  * in high-low pairs. Whitespace (space, tab, CR, LF) may surround every
  * token, including before and after the object; nothing else may follow it.
+ * A state made for sampling (sp_jsonv_init_sampling) takes whitespace in
+ * runs of at most SP_JSONV_MAX_WS bytes, as llama.cpp's JSON grammar caps
+ * them: a sampler that may always add whitespace can keep a model in it
+ * until max_tokens.
  *
  *     struct sp_jsonv v;
- *     sp_jsonv_init(&v);
+ *     sp_jsonv_init_sampling(&v);
  *     for each candidate token t:
  *         struct sp_jsonv c = v;                       // a plain copy
  *         bool ok = sp_jsonv_feed(&c, text(t), len(t)); // false: mask t out
@@ -38,6 +42,9 @@
 #include <stdint.h>
 
 #define SP_JSONV_MAX_DEPTH 64
+/* Whitespace bytes in a row between two tokens: a newline and indentation
+ * to depth 16 at 4 spaces, or 32 at 2, fits. */
+#define SP_JSONV_MAX_WS 65
 
 struct sp_jsonv {
     uint64_t stack; // bit d-1 set: the container at depth d is an array
@@ -47,11 +54,16 @@ struct sp_jsonv {
     uint8_t left;   // bytes or hex digits still expected by the current state
     uint8_t lo, hi; // UTF-8: allowed range of the next continuation byte
     uint8_t lit;    // true/false/null: which literal is being read
+    uint8_t ws;     // whitespace bytes in a row so far (counted when max_ws is set)
+    uint8_t max_ws; // the cap on them; 0: none
     bool key;       // the string being read is an object key
 };
 
 /* A fresh state: nothing read yet. */
 void sp_jsonv_init(struct sp_jsonv *v);
+/* The same with whitespace runs capped at SP_JSONV_MAX_WS bytes, for
+ * constrained sampling. */
+void sp_jsonv_init_sampling(struct sp_jsonv *v);
 
 /* Reads n more bytes. Returns true when everything read so far is a valid
  * prefix of a JSON object document, false (state unspecified) otherwise. */
