@@ -2,11 +2,14 @@
  * test_model.c - models of every architecture generated from the tiny
  * configs: the role table, `inspect` sizes checked against sizes computed
  * here from the config alone, the MLX-layout quantizer checked row by row
- * against the reference quantizer, and models whose files disagree with
- * their config.
+ * against the reference quantizer, the same files from any number of
+ * threads, and models whose files disagree with their config.
  */
 #include "helpers.h"
 
+#include <math.h>
+
+#include "core/file.h"
 #include "core/json.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
@@ -242,6 +245,70 @@ static void test_quantized_models(void **state) {
     }
 }
 
+/* The file at dir/name, read whole (owned). */
+static char *read_model_file(const char *dir, const char *name, size_t *len) {
+    char *p = sp_path_join(dir, name), *data;
+    if (sp_read_file(p, (size_t)1 << 30, &data, len) != SP_OK) fail_msg("%s: %s", p, sp_error_msg());
+    sp_free(p);
+    return data;
+}
+
+static void assert_same_weights(const char *a, const char *b) {
+    size_t la, lb;
+    char *da = read_model_file(a, "model.safetensors", &la), *db = read_model_file(b, "model.safetensors", &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(da, db, la);
+    sp_free(da);
+    sp_free(db);
+}
+
+/* Synthetic weights and quantized copies are the same files whatever the
+ * number of threads that make them; a vocabulary of 65536 x 32 values
+ * spans several rounds of generated chunks and many blocks of quantized
+ * rows. The generated values have the asked standard deviation. */
+static void test_threads_same_files(void **state) {
+    cJSON *c = load_config("bailing_moe");
+    cJSON_ReplaceItemInObjectCaseSensitive(c, "vocab_size", cJSON_CreateNumber(65536));
+    struct sp_pool *pool;
+    assert_int_equal(sp_pool_create(3, &pool), SP_OK);
+    char *dirs[2];
+    for (int k = 0; k < 2; k++) {
+        dirs[k] = th_tmpdir();
+        struct sp_synth_opts o = {.dtype = SP_DTYPE_F32, .seed = 9, .pool = k ? pool : NULL};
+        if (sp_synth_write(c, dirs[k], &o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
+    }
+    cJSON_Delete(c);
+    assert_same_weights(dirs[0], dirs[1]);
+
+    struct sp_model *src = open_ok(dirs[0]);
+    struct sp_linear e;
+    assert_int_equal(sp_model_linear(src, -1, SP_ROLE_EMBED, -1, &e), SP_OK);
+    const float *v = e.w.codes;
+    double sum = 0, sq = 0;
+    int64_t n = e.w.rows * e.w.cols;
+    for (int64_t i = 0; i < n; i++) {
+        sum += v[i];
+        sq += (double)v[i] * v[i];
+    }
+    double mean = sum / (double)n, sd = sqrt(sq / (double)n - mean * mean);
+    if (fabs(mean) > 1e-4 || fabs(sd - 0.02) > 2e-4) fail_msg("embedding mean %g, sd %g (want 0, 0.02)", mean, sd);
+
+    const enum sp_qtype types[] = {SP_QTYPE_AFFINE4, SP_QTYPE_MXFP4};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        char *q[2];
+        for (int k = 0; k < 2; k++) {
+            q[k] = th_tmpdir();
+            struct sp_quantize_opts o = {.type = types[t], .pool = k ? pool : NULL};
+            if (sp_quantize_model(src, q[k], &o) != SP_OK) fail_msg("quantize: %s", sp_error_msg());
+        }
+        assert_same_weights(q[0], q[1]);
+        for (int k = 0; k < 2; k++) th_rmdir(q[k]);
+    }
+    sp_model_close(src);
+    sp_pool_free(pool);
+    for (int k = 0; k < 2; k++) th_rmdir(dirs[k]);
+}
+
 /* Dequantizing to f32 gives back the quantized values exactly. */
 static void test_dequantized_copy(void **state) {
     char *src_dir = make_model("bailing_moe", SP_DTYPE_BF16);
@@ -329,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_unquantized_models),
         cmocka_unit_test(test_quantized_models),
         cmocka_unit_test(test_dequantized_copy),
+        cmocka_unit_test(test_threads_same_files),
         cmocka_unit_test(test_mismatched_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -64,7 +64,9 @@ int main(int argc, char **argv) {
     }
     cJSON *cfg;
     if (sp_json_parse_file(config, 16 << 20, &cfg) != SP_OK) return sp_cli_fail();
-    enum sp_status st = sp_synth_write(cfg, out, &o);
+    enum sp_status st = sp_pool_create(0, &o.pool);  // every core; the files are the same on any number
+    if (st == SP_OK) st = sp_synth_write(cfg, out, &o);
+    sp_pool_free(o.pool);
     cJSON_Delete(cfg);
     return st == SP_OK ? 0 : sp_cli_fail();
 }

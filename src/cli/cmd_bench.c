@@ -368,15 +368,18 @@ static enum sp_status synth_build(struct synth *s) {
     fprintf(stderr, "bench: generating %s: %lld layer%s, %s, random weights, in %s\n", s->config, (long long)layers,
             layers == 1 ? "" : "s", s->quant, s->dir);
     double t0 = sp_now_s();
+    /* made on every core, whatever --threads the benchmark runs on */
     struct sp_synth_opts so = {.dtype = SP_DTYPE_BF16, .seed = 1, .layers = s->layers};
-    if (s->type == SP_QTYPE_BF16) {
+    st = sp_pool_create(0, &so.pool);
+    if (st == SP_OK && s->type == SP_QTYPE_BF16) {
         st = sp_synth_write(cfg, s->dir, &so);
-    } else {
+    } else if (st == SP_OK) {
         struct sp_model *m = NULL;
         st = make_tmp_dir(&s->bf16);
         if (st == SP_OK) st = sp_synth_write(cfg, s->bf16, &so);
         if (st == SP_OK) st = sp_model_open(s->bf16, &m);
-        struct sp_quantize_opts qo = {.type = s->type};  // group: the format's (affine 64, mxfp4 32)
+        // group: the format's (affine 64, mxfp4 32)
+        struct sp_quantize_opts qo = {.type = s->type, .pool = so.pool};
         if (st == SP_OK) st = sp_quantize_model(m, s->dir, &qo);
         if (m) sp_model_close(m);
         if (st == SP_OK && (st = sp_dir_remove_files(s->bf16)) == SP_OK) {
@@ -384,6 +387,7 @@ static enum sp_status synth_build(struct synth *s) {
             s->bf16 = NULL;
         }
     }
+    sp_pool_free(so.pool);
     cJSON_Delete(cfg);
     if (st != SP_OK) return st;
     s->generated = true;

@@ -13,6 +13,7 @@
 #include "core/buf.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "core/pool.h"
 #include "core/rng.h"
 #include "format/st_writer.h"
 #include "model/arch.h"
@@ -166,6 +167,51 @@ static enum sp_status write_config(const cJSON *config, const char *dir, int64_t
     return st;
 }
 
+/* Values are made FILL_CHUNK at a time, each chunk by its own generator
+ * seeded from (seed, tensor, chunk), so a file is the same whatever the
+ * number of threads; a round of chunks is made in parallel, then written. */
+#define FILL_CHUNK ((int64_t)1 << 18)
+#define FILL_ROUND_MAX 32
+
+struct fill_job {
+    struct sp_pool *pool;
+    uint64_t seed;
+    float std;
+    const struct planned *t;
+    int64_t tensor, numel;
+    int64_t first, n_chunks;  // the round: chunks first .. first + n_chunks - 1
+    void *out;                // the round's values, in the tensor's dtype
+};
+
+/* Two independent N(0, 1) values (Box-Muller, both of its outputs). */
+static inline void normal_pair(struct sp_rng *r, float *a, float *b) {
+    float u1 = ((float)(sp_rng_next(r) >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+    float u2 = (float)(sp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+    float m = sqrtf(-2.0f * logf(u1)), s, c;
+    sincosf(6.2831853f * u2, &s, &c);
+    *a = m * c;
+    *b = m * s;
+}
+
+static void fill_chunks(void *arg, int tid, int nth) {
+    const struct fill_job *j = arg;
+    const struct planned *t = j->t;
+    for (int64_t k = tid; k < j->n_chunks; k += nth) {
+        int64_t c = j->first + k, start = c * FILL_CHUNK;
+        int64_t n = j->numel - start < FILL_CHUNK ? j->numel - start : FILL_CHUNK;
+        struct sp_rng rng;
+        sp_rng_seed(&rng, j->seed ^ ((uint64_t)j->tensor << 40) ^ (uint64_t)c);
+        for (int64_t v = 0; v < n; v += 2) {
+            float g[2];
+            normal_pair(&rng, &g[0], &g[1]);
+            for (int h = 0; h < 2 && v + h < n; h++) {
+                float x = t->init == INIT_NORMAL ? g[h] * j->std : t->init == INIT_ONES ? 1.0f + 0.1f * g[h] : 0.1f * g[h];
+                sp_dtype_store_float(t->dtype, j->out, (size_t)(k * FILL_CHUNK + v + h), x);
+            }
+        }
+    }
+}
+
 enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct sp_synth_opts *opts) {
     if (!sp_dtype_is_float(opts->dtype)) return sp_errorf(SP_ERR_ARG, "synthetic weights must be F32, F16 or BF16");
     enum sp_status st = sp_mkdirs(dir);
@@ -187,41 +233,45 @@ enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct
     sp_arch_free(&a);
     struct sp_st_writer w;
     sp_st_writer_init(&w, dir, opts->shard_bytes);
-    float *chunk = NULL;
-    void *conv = NULL;
-    enum { CHUNK = 1 << 20 };
     st = p.st;
     for (int64_t i = 0; i < p.n && st == SP_OK; i++)
         st = sp_st_writer_declare(&w, p.v[i].name, p.v[i].dtype, p.v[i].ndim, p.v[i].shape);
     if (st == SP_OK) st = sp_st_writer_begin(&w);
-    chunk = sp_malloc(CHUNK * sizeof *chunk, SP_MEM_MISC);
-    conv = sp_malloc(CHUNK * sizeof(float), SP_MEM_MISC);
-    if (st == SP_OK && (!chunk || !conv)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-    struct sp_rng rng;
-    sp_rng_seed(&rng, opts->seed);
-    float std = opts->init_std > 0 ? opts->init_std : 0.02f;
+    struct sp_pool *own_pool = NULL;
+    if (st == SP_OK && !opts->pool && !opts->sparse) st = sp_pool_create(1, &own_pool);
+    struct fill_job j = {.pool = opts->pool ? opts->pool : own_pool, .seed = opts->seed,
+                         .std = opts->init_std > 0 ? opts->init_std : 0.02f};
+    int64_t round = 0;
+    if (j.pool && !opts->sparse) {
+        round = 2 * (int64_t)sp_pool_size(j.pool);
+        round = round < FILL_ROUND_MAX ? round : FILL_ROUND_MAX;
+        j.out = sp_malloc((size_t)round * FILL_CHUNK * sizeof(float), SP_MEM_MISC);
+        if (st == SP_OK && !j.out) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
     for (int64_t i = 0; i < p.n && st == SP_OK; i++) {
         const struct planned *t = &p.v[i];
         int64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+        size_t esz = sp_dtype_size(t->dtype);
         if (opts->sparse) {
-            st = sp_st_writer_skip(&w, (size_t)numel * sp_dtype_size(t->dtype));
+            st = sp_st_writer_skip(&w, (size_t)numel * esz);
             continue;
         }
-        for (int64_t done = 0; done < numel && st == SP_OK; done += CHUNK) {
-            int64_t n = numel - done < CHUNK ? numel - done : CHUNK;
-            for (int64_t k = 0; k < n; k++) {
-                float g = sp_rng_normal(&rng);
-                chunk[k] = t->init == INIT_NORMAL ? g * std : t->init == INIT_ONES ? 1.0f + 0.1f * g : 0.1f * g;
-            }
-            for (int64_t k = 0; k < n; k++) sp_dtype_store_float(t->dtype, conv, (size_t)k, chunk[k]);
-            st = sp_st_writer_write(&w, conv, (size_t)n * sp_dtype_size(t->dtype));
+        j.t = t;
+        j.tensor = i;
+        j.numel = numel;
+        int64_t chunks = (numel + FILL_CHUNK - 1) / FILL_CHUNK;
+        for (j.first = 0; j.first < chunks && st == SP_OK; j.first += round) {
+            j.n_chunks = chunks - j.first < round ? chunks - j.first : round;
+            sp_pool_run(j.pool, fill_chunks, &j);
+            int64_t left = numel - j.first * FILL_CHUNK, n = left < j.n_chunks * FILL_CHUNK ? left : j.n_chunks * FILL_CHUNK;
+            st = sp_st_writer_write(&w, j.out, (size_t)n * esz);
         }
     }
     if (st == SP_OK) st = sp_st_writer_finish(&w);
     sp_st_writer_free(&w);
-    sp_free(chunk);
-    sp_free(conv);
+    sp_pool_free(own_pool);
+    sp_free(j.out);
     sp_free(p.v);
     return st;
 }

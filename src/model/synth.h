@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
+#include "core/pool.h"
 #include "core/status.h"
 #include "quant/dtype.h"
 
@@ -25,6 +26,7 @@ struct sp_synth_opts {
     int64_t layers;      // > 0: override num_hidden_layers (fit large shapes in memory)
     float init_std;      // 0: 0.02
     bool sparse;         // no data: files of the right size made of holes (shapes only, for planning)
+    struct sp_pool *pool;  // threads that make the values (NULL: the caller alone); same files either way
 };
 
 /* Writes config.json (the given config, with num_hidden_layers overridden if
