@@ -218,7 +218,8 @@ static void test_reference_logits_f16_kv(void **state) {
 }
 
 /* Chunked, whole and token-by-token prefill give bit-identical logits, and
- * two sequences interleaved in one batch do not disturb each other. */
+ * two sequences interleaved in one batch do not disturb each other; the
+ * same for a sequence longer than a tile of attention. */
 static void check_batch_invariance(struct sp_model *m, const struct ref *r) {
     struct sp_ctx *c;
     struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .n_threads = 2};
@@ -247,6 +248,19 @@ static void check_batch_invariance(struct sp_model *m, const struct ref *r) {
     bb.tokens = &zero;
     bb.pos = &big;
     assert_int_equal(sp_ctx_forward(c, &bb, mixed), SP_ERR_ARG);
+    sp_ctx_free(c);
+    /* the longer sequence in chunks of 64 (attention tiles of 16 tokens over
+     * several blocks of cached positions): the same bits as token by token */
+    p.n_ctx = 256;
+    p.max_batch = 64;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    size_t nbv = (size_t)(r->nb * V) * sizeof(float);
+    float *wb = malloc(nbv), *ob = malloc(nbv);
+    run_seq(c, r->b, r->nb, 64, 0, wb, V);
+    run_seq(c, r->b, r->nb, 1, 1, ob, V);
+    assert_memory_equal(wb, ob, nbv);
+    free(wb);
+    free(ob);
     free(whole);
     free(one);
     free(mixed);
