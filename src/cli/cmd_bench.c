@@ -39,6 +39,7 @@
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--batch N] [--threads N] [--kv-type T]\n"
     "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap] [--repeat N]\n"
+    "                     [--steps]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
     "  --synthetic C     benchmark random weights of the exact shapes of config.json C (no download)\n"
@@ -52,7 +53,10 @@ static const char usage[] =
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"
     "  --repeat N        N runs, each followed by its own bandwidth measurement, then a summary line:\n"
-    "                    medians and bests (a shared machine's noise shows in their spread)\n";
+    "                    medians and bests (a shared machine's noise shows in their spread)\n"
+    "  --steps           also time each step of the forward pass (products, attention, routing,\n"
+    "                    experts, ...): its share of prefill and of decode, and the multiply-adds\n"
+    "                    a second of the products; a line and a JSON line per phase\n";
 
 static void drop_cache(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -66,6 +70,8 @@ struct result {
     struct sp_expert_store_stats es;
     size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
     size_t weights_huge;                  // bytes of the weight files in 2 MiB pages (mapped or copied)
+    bool has_steps;                       // --steps: the forward pass's steps, timed
+    struct sp_step_times steps[2];        // prefill, decode
 };
 
 /* Resident memory now, from /proc/self/status: anonymous, file-backed, peak. */
@@ -112,12 +118,15 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
         st = sp_ctx_forward(c, &b, logits);
     }
     double t1 = sp_now_s();
+    r->has_steps = cp->time_steps;
+    sp_ctx_step_times(c, &r->steps[0], true);
     for (int64_t i = 0; i < gen && st == SP_OK; i++) {
         int32_t next = sp_argmax(logits, V), p = (int32_t)(prompt + i), sq = 0;
         struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
         st = sp_ctx_forward(c, &b, logits);
     }
     double t2 = sp_now_s();
+    sp_ctx_step_times(c, &r->steps[1], true);
     r->prefill_s = t1 - t0;
     r->decode_s = t2 - t1;
     r->prompt = prompt;
@@ -173,6 +182,42 @@ static struct run_stats run_stats_of(const struct sp_model_stats *ms, const stru
     s.v[RS_DECODE_GBS] = (double)ms->active_bytes * s.v[RS_DECODE] / 1e9;
     s.v[RS_EFFICIENCY] = ram_gbs > 0 ? 100.0 * s.v[RS_DECODE_GBS] / ram_gbs : 0;
     return s;
+}
+
+/* --steps: for prefill and for decode, a human line (each step's share of
+ * the phase, and the multiply-adds a second of the products) and a JSON
+ * line (each step's seconds and multiply-adds). */
+static void report_steps(const struct result *r) {
+    static const char *const phases[2] = {"prefill", "decode"};
+    const double wall[2] = {r->prefill_s, r->decode_s};
+    const int64_t tokens[2] = {r->prompt, r->gen};
+    for (int ph = 0; ph < 2; ph++) {
+        const struct sp_step_times *t = &r->steps[ph];
+        printf("steps, %s (%% of %.3f s; G multiply-adds a second):", phases[ph], wall[ph]);
+        for (int s = 0; s < SP_STEP_COUNT; s++) {
+            printf(" %s %.1f%%", sp_step_name(s), wall[ph] > 0 ? 100.0 * t->seconds[s] / wall[ph] : 0.0);
+            if (t->macs[s] > 0 && t->seconds[s] > 0) printf(" (%.1f)", t->macs[s] / t->seconds[s] / 1e9);
+            printf(s + 1 < SP_STEP_COUNT ? "," : "\n");
+        }
+        struct sp_buf b = SP_BUF_INIT;
+        struct sp_jw w;
+        sp_jw_init(&w, &b, 0);
+        sp_jw_obj(&w);
+        sp_jw_key(&w, "bench"); sp_jw_str(&w, "steps");
+        sp_jw_key(&w, "phase"); sp_jw_str(&w, phases[ph]);
+        sp_jw_key(&w, "tokens"); sp_jw_int(&w, tokens[ph]);
+        sp_jw_key(&w, "wall_s"); sp_jw_num(&w, wall[ph]);
+        for (int s = 0; s < SP_STEP_COUNT; s++) {
+            sp_jw_key(&w, sp_step_name(s));
+            sp_jw_obj(&w);
+            sp_jw_key(&w, "s"); sp_jw_num(&w, t->seconds[s]);
+            sp_jw_key(&w, "macs"); sp_jw_num(&w, t->macs[s]);
+            sp_jw_end(&w);
+        }
+        sp_jw_end(&w);
+        printf("%s\n", b.data);
+        sp_buf_free(&b);
+    }
 }
 
 /* One human and one JSON line for a run; its figures, for a summary. */
@@ -252,6 +297,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_end(&w);
     printf("%s\n", b.data);
     sp_buf_free(&b);
+    if (r->has_steps) report_steps(r);
     return st;
 }
 
@@ -415,7 +461,7 @@ static bool synth_cleanup(struct synth *s) {
 
 struct bench_opts {
     int64_t prompt, gen, batch, threads, repeat;
-    bool cold, compare;
+    bool cold, compare, steps;
     struct sp_plan_inputs pin;
     const char *synthetic;  // the config of a --synthetic model, for the JSON line
 };
@@ -435,7 +481,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
-                               .n_threads = (int)threads};
+                               .n_threads = (int)threads, .time_steps = o->steps};
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m);
@@ -488,6 +534,8 @@ int sp_cmd_bench(int argc, char **argv) {
             o.cold = true;
         } else if (sp_arg_flag(argv[i], "--compare-mmap")) {
             o.compare = true;
+        } else if (sp_arg_flag(argv[i], "--steps")) {
+            o.steps = true;
         } else if (sp_arg_value(argc, argv, &i, "--model", &v)) {
             if (!(model = v)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--synthetic", &v)) {

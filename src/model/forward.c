@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/half.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/linear.h"
@@ -41,6 +42,7 @@ struct sp_ctx {
     const struct sp_model *m;
     const struct sp_arch *a;
     struct sp_ctx_params p;
+    struct sp_step_times steps;  // p.time_steps: what each step took so far
     struct sp_pool *pool;
     struct layer *layers;  // (n_layers)
     struct sp_linear embed, lm_head;
@@ -84,6 +86,29 @@ struct sp_ctx {
  * columns from any offset rounded up to 8. */
 #define ATT_BLOCK 32
 #define ATT_ROWS_FLOATS(hd) (ATT_BLOCK * (hd) + 8)
+
+/* Runs the statement after m, adding its time and m multiply-adds to step
+ * s of c when c keeps step times (m is not evaluated otherwise). */
+#define STEP(c, s, m, ...)                                   \
+    do {                                                     \
+        double step_t0_ = (c)->p.time_steps ? sp_now_s() : 0; \
+        __VA_ARGS__;                                         \
+        if ((c)->p.time_steps) {                             \
+            (c)->steps.seconds[s] += sp_now_s() - step_t0_;  \
+            (c)->steps.macs[s] += (m);                       \
+        }                                                    \
+    } while (0)
+
+const char *sp_step_name(enum sp_step s) {
+    static const char *const names[SP_STEP_COUNT] = {"embed", "norms", "qkv", "attention", "o", "router",
+                                                     "route", "experts", "move", "mlp", "lm_head"};
+    return s >= 0 && s < SP_STEP_COUNT ? names[s] : "?";
+}
+
+void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset) {
+    *out = c->steps;
+    if (reset) memset(&c->steps, 0, sizeof c->steps);
+}
 
 /* Query tokens of one sequence per attention task: up to 16 (each block of
  * cached rows is converted once for all of them), fewer where their scores
@@ -708,6 +733,19 @@ static void attention(struct sp_ctx *c, const struct sp_batch *b, int64_t L) {
     sp_pool_run(c->pool, attention_job, &j);
 }
 
+/* Multiply-adds of a layer's attention for batch b: per token and query
+ * head, head_dim for each visible position's score and again for its
+ * value. */
+static double attention_macs(const struct sp_ctx *c, const struct sp_batch *b, int64_t L) {
+    double positions = 0;
+    for (int64_t t = 0; t < b->n; t++) {
+        int64_t lo, hi;
+        att_range(c, b, L, t, &lo, &hi);
+        positions += (double)(hi - lo + 1);
+    }
+    return 2.0 * positions * (double)c->a->n_heads * (double)c->a->head_dim;
+}
+
 /* ---- MLP ---- */
 
 /* act(gate) * up into out, for n rows of width w (gate at ga, up at ub;
@@ -815,11 +853,18 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
     }
 }
 
+/* Multiply-adds of a batch of gated MLPs: gate, up and down of each. */
+static double items_macs(const struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
+    double macs = 0;
+    for (int64_t i = 0; i < n; i++) macs += 3.0 * (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
+    return macs;
+}
+
 /* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
 static void layer_mlp_add(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
     struct ffn_item it = {&ly->gate, &ly->up, NULL, &ly->down, c->h, c->a->d_model, 0, n};
-    ffn_items(c, &it, 1);
-    for (int64_t i = 0; i < n * c->a->d_model; i++) out[i] += c->gout[i];
+    STEP(c, SP_STEP_MLP, items_macs(c, &it, 1), ffn_items(c, &it, 1);
+         for (int64_t i = 0; i < n * c->a->d_model; i++) out[i] += c->gout[i]);
 }
 
 static void softmax_inplace(float *v, int64_t n) {
@@ -955,15 +1000,11 @@ static void scatter_tokens(struct sp_ctx *c, const void *arg, int64_t t0, int64_
     }
 }
 
-/* Routed experts for n tokens of h, added into out (n, d). Tokens are
- * grouped by expert so each expert's weights are read once per batch; each
- * token sums its experts in ascending expert order whatever the batch holds. */
-static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
-    const struct sp_arch *a = c->a;
-    int64_t E = a->n_experts, K = a->n_experts_used, d = a->d_model;
-    sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool);
+/* Routes n tokens of h and lists them by expert: expert e's pairs (token,
+ * weight) at etok / ew [ecount[e], ecount[e + 1]), in token order. */
+static void group_by_expert(struct sp_ctx *c, const struct layer *ly, int64_t n) {
+    int64_t E = c->a->n_experts, K = c->a->n_experts_used, *off = c->ecount;
     for_tokens(c, n, route_tokens, ly);
-    int64_t *off = c->ecount;
     for (int64_t e = 0; e <= E; e++) off[e] = 0;
     for (int64_t i = 0; i < n * K; i++) off[c->sel[i] + 1]++;
     for (int64_t e = 0; e < E; e++) off[e + 1] += off[e];
@@ -978,6 +1019,18 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
             c->ew[fill[e]] = c->sel_w[t * K + j];
             fill[e]++;
         }
+}
+
+/* Routed experts for n tokens of h, added into out (n, d). Tokens are
+ * grouped by expert so each expert's weights are read once per batch; each
+ * token sums its experts in ascending expert order whatever the batch holds. */
+static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out) {
+    const struct sp_arch *a = c->a;
+    int64_t E = a->n_experts, d = a->d_model;
+    STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E,
+         sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool));
+    int64_t *off = c->ecount;
+    STEP(c, SP_STEP_ROUTE, 0, group_by_expert(c, ly, n));
     /* Windows of consecutive experts whose rows fit the batch buffers run
      * together; through the expert store one at a time (a window would pin
      * all its experts at once). The shared expert joins the last window
@@ -1008,14 +1061,14 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
             c->items[m] = (struct ffn_item){&ly->gate, &ly->up, NULL, &ly->down, c->h, d, rows, n};
         if (m == 0 && !shared_now) break;
         win.rows = rows;
-        for_tokens(c, rows, gather_rows, &win);
-        ffn_items(c, c->items, m + shared_now);
+        STEP(c, SP_STEP_MOVE, 0, for_tokens(c, rows, gather_rows, &win));
+        STEP(c, SP_STEP_EXPERTS, items_macs(c, c->items, m + shared_now), ffn_items(c, c->items, m + shared_now));
         if (c->experts)
             for (int64_t i = 0; i < m; i++) sp_expert_store_put(c->experts, ly - c->layers, c->item_expert[i]);
-        for_tokens(c, n, scatter_tokens, &win);
+        STEP(c, SP_STEP_MOVE, 0, for_tokens(c, n, scatter_tokens, &win));
         if (shared_now) {
             struct row_add shared = {out, c->gout + rows * d};
-            for_tokens(c, n, add_rows, &shared);
+            STEP(c, SP_STEP_MOVE, 0, for_tokens(c, n, add_rows, &shared));
             shared_left = false;
         }
     }
@@ -1066,51 +1119,65 @@ static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch 
     return SP_OK;
 }
 
+/* The batch's embedding rows into x, and each token's RoPE angles. */
+static void embed_tokens(struct sp_ctx *c, const struct sp_batch *b) {
+    for (int64_t t = 0; t < b->n; t++) {
+        sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * c->a->d_model);
+        rope_angles(c, t, b->pos[t]);
+    }
+}
+
+/* q, k and v of the n rows of h, side by side in qkv. */
+static void qkv_products(struct sp_ctx *c, const struct layer *ly, int64_t n) {
+    int64_t d = c->a->d_model, qd = c->a->n_heads * c->a->head_dim;
+    if (c->a->fused_qkv) {
+        sp_linear_apply(&ly->qkv, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
+        return;
+    }
+    sp_linear_apply(&ly->q, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
+    sp_linear_apply(&ly->k, c->h, d, c->qkv + qd, c->ld_qkv, n, c->pool);
+    sp_linear_apply(&ly->v, c->h, d, c->qkv + qd + c->kv_row, c->ld_qkv, n, c->pool);
+}
+
+/* Logits of the tokens that want them: the final norm, then lm_head. */
+static void final_logits(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+    int64_t d = c->a->d_model, m = 0;
+    for (int64_t t = 0; t < b->n; t++) {
+        if (b->want_logits && !b->want_logits[t]) continue;
+        sp_rmsnorm(c->logit_rows + m * d, c->x + t * d, c->out_norm, d, (float)c->a->norm_eps);
+        m++;
+    }
+    if (m) sp_linear_apply(&c->lm_head, c->logit_rows, d, logits, c->a->vocab, m, c->pool);
+}
+
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
     const struct sp_arch *a = c->a;
-    int64_t n = b->n, d = a->d_model, hd = a->head_dim, qd = a->n_heads * hd, kvd = c->kv_row;
-    float eps = (float)a->norm_eps;
-    for (int64_t t = 0; t < n; t++) {
-        sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * d);
-        rope_angles(c, t, b->pos[t]);
-    }
+    int64_t n = b->n, d = a->d_model, qd = a->n_heads * a->head_dim, kvd = c->kv_row;
+    STEP(c, SP_STEP_EMBED, 0, embed_tokens(c, b));
 
     for (int64_t L = 0; L < a->n_layers; L++) {
         const struct layer *ly = &c->layers[L];
         struct layer_step step = {b, ly, L};
-        for_tokens(c, n, norm_tokens, ly->attn_norm);
-        if (a->fused_qkv) {
-            sp_linear_apply(&ly->qkv, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
-        } else {
-            sp_linear_apply(&ly->q, c->h, d, c->qkv, c->ld_qkv, n, c->pool);
-            sp_linear_apply(&ly->k, c->h, d, c->qkv + qd, c->ld_qkv, n, c->pool);
-            sp_linear_apply(&ly->v, c->h, d, c->qkv + qd + kvd, c->ld_qkv, n, c->pool);
-        }
-        for_tokens(c, n, qkv_tokens, &step);
-        attention(c, b, L);
-        sp_linear_apply(&ly->o, c->att, qd, c->tmp, d, n, c->pool);
+        STEP(c, SP_STEP_NORMS, 0, for_tokens(c, n, norm_tokens, ly->attn_norm));
+        STEP(c, SP_STEP_QKV, (double)n * (double)d * (double)(qd + 2 * kvd), qkv_products(c, ly, n));
+        STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, L), for_tokens(c, n, qkv_tokens, &step); attention(c, b, L));
+        STEP(c, SP_STEP_O, (double)n * (double)qd * (double)d, sp_linear_apply(&ly->o, c->att, qd, c->tmp, d, n, c->pool));
         struct row_add residual = {c->x, c->tmp};
-        for_tokens(c, n, add_rows, &residual);
-
-        for_tokens(c, n, norm_tokens, ly->ffn_norm);
-        memset(c->tmp, 0, (size_t)(n * d) * sizeof(float));
+        STEP(c, SP_STEP_NORMS, 0, for_tokens(c, n, add_rows, &residual); for_tokens(c, n, norm_tokens, ly->ffn_norm);
+             memset(c->tmp, 0, (size_t)(n * d) * sizeof(float)));
         if (a->layer_moe[L]) {
             if (!moe(c, ly, n, c->tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, c->tmp);
         }
-        for_tokens(c, n, add_rows, &residual);
-        if (c->pf_experts) prefetch_next(c, L, n);
+        STEP(c, SP_STEP_NORMS, 0, for_tokens(c, n, add_rows, &residual));
+        if (c->pf_experts) STEP(c, SP_STEP_EMBED, 0, prefetch_next(c, L, n));
     }
 
     int64_t m = 0;
-    for (int64_t t = 0; t < n; t++) {
-        if (b->want_logits && !b->want_logits[t]) continue;
-        sp_rmsnorm(c->logit_rows + m * d, c->x + t * d, c->out_norm, d, eps);
-        m++;
-    }
-    if (m) sp_linear_apply(&c->lm_head, c->logit_rows, d, logits, a->vocab, m, c->pool);
+    for (int64_t t = 0; t < n; t++) m += !b->want_logits || b->want_logits[t];
+    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, final_logits(c, b, logits));
     return SP_OK;
 }

@@ -47,7 +47,31 @@ struct sp_ctx_params {
     enum sp_kv_type kv_type;
     int n_threads;         // 0: physical cores
     size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
+    bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
 };
+
+/* Steps of the forward pass, as a context with time_steps times them:
+ * together they cover sp_ctx_forward. */
+enum sp_step {
+    SP_STEP_EMBED,      // embedding rows, RoPE angles, reading ahead the next layer's experts
+    SP_STEP_NORMS,      // RMS norms before attention and MLP, residual adds
+    SP_STEP_QKV,        // q / k / v products
+    SP_STEP_ATTENTION,  // q / k norms, RoPE, KV stores, scores, softmax, weighted values
+    SP_STEP_O,          // the attention output product
+    SP_STEP_ROUTER,     // the routers' products
+    SP_STEP_ROUTE,      // top-k and the tokens grouped by expert
+    SP_STEP_EXPERTS,    // routed experts (with a shared expert that runs beside them)
+    SP_STEP_MOVE,       // tokens gathered for experts, their outputs added back
+    SP_STEP_MLP,        // dense MLPs, and shared experts that run alone
+    SP_STEP_LM_HEAD,    // the final norm and lm_head
+    SP_STEP_COUNT
+};
+struct sp_step_times {
+    double seconds[SP_STEP_COUNT];
+    double macs[SP_STEP_COUNT];  // multiply-adds the step's products (or attention's) did
+};
+/* A step's name in reports ("qkv", "experts", ...). */
+const char *sp_step_name(enum sp_step s);
 
 const char *sp_kv_type_name(enum sp_kv_type t);
 bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
@@ -87,5 +111,8 @@ struct sp_expert_store_stats;
 bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);
 /* Copies the cached positions [0, n) of sequence src to sequence dst. */
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
+/* The steps' times since the context was made or last reset (zero unless
+ * made with time_steps); reset: start again from zero. */
+void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset);
 
 #endif

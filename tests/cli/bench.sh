@@ -58,6 +58,34 @@ run "all 8 prompt tokens prefilled, 4 decoded" 0 node -e '
 run "--batch 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --batch 0 "${SMALL[@]}"
 expect "is refused" "$TMP/err" "--batch: expected an integer from 1"
 
+run "--steps" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --steps "${SMALL[@]}"
+expect "a line for prefill" "$TMP/out" "steps, prefill (% of "
+expect "and one for decode" "$TMP/out" "steps, decode (% of "
+grep '^{"bench":"steps"' "$TMP/out" >"$TMP/steps.json"
+run "the steps' multiply-adds are the model's, their times within the phase's" 0 node -e '
+    const fs = require("fs");
+    const c = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+    const l = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(x => JSON.parse(x));
+    const d = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    const names = ["embed", "norms", "qkv", "attention", "o", "router", "route", "experts", "move", "mlp", "lm_head"];
+    // 1 layer; prefill: 8 tokens at positions 0-7, logits for the last; decode: 4 at 8-11, logits for each
+    const phases = [["prefill", 8, 1, 36], ["decode", 4, 4, 9 + 10 + 11 + 12]];
+    if (l.length !== 2) process.exit(1);
+    for (let i = 0; i < 2; i++) {
+        const [phase, n, rows, seen] = phases[i], r = l[i];
+        if (r.phase !== phase || r.tokens !== n) process.exit(2);
+        let sum = 0;
+        for (const k of names) {
+            if (!(r[k].s >= 0) || !(r[k].macs >= 0)) process.exit(3);
+            sum += r[k].s;
+        }
+        if (sum > r.wall_s + 1e-9) process.exit(4);
+        const want = {qkv: n * d * (qd + 2 * kvd), o: n * qd * d, router: n * d * c.num_experts,
+            experts: n * c.num_experts_per_tok * 3 * d * c.moe_intermediate_size, mlp: 0,
+            lm_head: rows * d * c.vocab_size, attention: 2 * seen * qd};
+        for (const k in want) if (r[k].macs !== want[k]) { console.error(phase, k, r[k].macs, want[k]); process.exit(5); }
+    }' "$TMP/steps.json" "$CFG"
+
 run "synthetic mxfp4 kept with --out" 0 "$SPARROW" bench --synthetic "$CFG" --quant mxfp4 --out "$TMP/mx" "${SMALL[@]}"
 expect "says where it is kept" "$TMP/err" "kept in $TMP/mx"
 run "inspect the kept folder" 0 "$SPARROW" inspect "$TMP/mx"
