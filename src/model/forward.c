@@ -1139,8 +1139,9 @@ static void qkv_products(struct sp_ctx *c, const struct layer *ly, int64_t n) {
     sp_linear_apply(&ly->v, c->h, d, c->qkv + qd + c->kv_row, c->ld_qkv, n, c->pool);
 }
 
-/* Logits of the tokens that want them: the final norm, then lm_head. */
-static void final_logits(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+/* Logits of the tokens that want them (their count): the final norm, then
+ * lm_head. */
+static int64_t final_logits(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
     int64_t d = c->a->d_model, m = 0;
     for (int64_t t = 0; t < b->n; t++) {
         if (b->want_logits && !b->want_logits[t]) continue;
@@ -1148,6 +1149,7 @@ static void final_logits(struct sp_ctx *c, const struct sp_batch *b, float *logi
         m++;
     }
     if (m) sp_linear_apply(&c->lm_head, c->logit_rows, d, logits, c->a->vocab, m, c->pool);
+    return m;
 }
 
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
@@ -1176,8 +1178,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         if (c->pf_experts) STEP(c, SP_STEP_EMBED, 0, prefetch_next(c, L, n));
     }
 
-    int64_t m = 0;
-    for (int64_t t = 0; t < n; t++) m += !b->want_logits || b->want_logits[t];
-    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, final_logits(c, b, logits));
+    int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
+    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = final_logits(c, b, logits));
     return SP_OK;
 }

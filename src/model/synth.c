@@ -186,7 +186,7 @@ struct fill_job {
 /* Two independent N(0, 1) values (Box-Muller, both of its outputs). */
 static inline void normal_pair(struct sp_rng *r, float *a, float *b) {
     float u1 = ((float)(sp_rng_next(r) >> 40) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-    float u2 = (float)(sp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+    float u2 = sp_rng_uniform(r);
     float m = sqrtf(-2.0f * logf(u1)), s, c;
     sincosf(6.2831853f * u2, &s, &c);
     *a = m * c;
@@ -242,7 +242,7 @@ enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct
     struct fill_job j = {.pool = opts->pool ? opts->pool : own_pool, .seed = opts->seed,
                          .std = opts->init_std > 0 ? opts->init_std : 0.02f};
     int64_t round = 0;
-    if (j.pool && !opts->sparse) {
+    if (st == SP_OK && !opts->sparse) {
         round = 2 * (int64_t)sp_pool_size(j.pool);
         round = round < FILL_ROUND_MAX ? round : FILL_ROUND_MAX;
         j.out = sp_malloc((size_t)round * FILL_CHUNK * sizeof(float), SP_MEM_MISC);
