@@ -20,9 +20,9 @@
  * halves are exactly the two 256-bit accumulator chains of the other builds
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
  * the same integers however they are added (zmm_group_sums); in the int8
- * product by tokens two blocks of 8 tokens share one vector, a pass takes
- * two such pairs and the codes are read as packed (zmm_block_group_add,
- * zmm_dword_steps); and attention's blocks are 16 lanes wide. Integer sums
+ * product by tokens two blocks of 8 tokens share one vector and a pass
+ * takes two such pairs (zmm_block_group_add, zmm_quad_steps); and
+ * attention's blocks are 16 lanes wide. Integer sums
  * are exact and every float operation happens in the same order, so the
  * three builds' twin sets give bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
@@ -919,11 +919,16 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   and 8 tokens, into chains kept in a small buffer. Measured on a Zen 3,
  *   one thread, affine4-g64 and mxfp4, 512 x 2048 and 2048 x 512 from
  *   cache: 16 tokens at 1.2-1.7x the speed of the product by groups. The
- *   avx512 build keeps no unpacked copy: a dword of packed codes is two
- *   quads (its low nibbles, its high ones) that the products meet as the
- *   codes come from memory (Zen 5, one thread, affine4 768 x 2048
- *   from DRAM: 32 tokens 1.08-1.12x the unpacked copy, 16 tokens 1.2-1.3x;
- *   mxfp4, which looks its bytes up, 1.0-1.05x). */
+ *   avx512 build reads the same unpacked copy (one broadcast load per row
+ *   and quad, one vpdpbusd per pair of blocks). Reading the packed codes
+ *   instead, each 16 bytes a row broadcast, split into nibbles and each
+ *   dword spread by an in-block shuffle, was 1.08-1.12x faster on a Zen 5
+ *   (affine4 768 x 2048, 32 tokens, one thread), but on a Sapphire Rapids
+ *   Xeon, whose shuffles all go to one port that vpdpbusd also needs, the
+ *   copy is faster: one thread from cache, 2048 x 2048 x 256 tokens 0.86x
+ *   the time (affine4) and 0.82x (mxfp4), 512 x 2048 x 16-32 tokens
+ *   0.78-0.87x; a 512-token prefill on 2 threads 1.04-1.12x the tokens a
+ *   second. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
@@ -959,7 +964,7 @@ struct q8acts {
     float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
     /* product by tokens: xt (pairs of blocks of 8 tokens: cols / 4 quads x
      * 2 blocks x 8 tokens x 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub
-     * (Q8_BLOCK_ROWS, cols) unpacked codes (not in the avx512 build),
+     * (Q8_BLOCK_ROWS, cols) unpacked codes,
      * chains (Q8_BLOCK_ROWS, Q8_CHAINS, Q8_PASS, 8) */
     int8_t *xt;
     uint8_t *ub;
@@ -1660,69 +1665,39 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-/* Dword k (0-3, a constant once unrolled) of each 128-bit block of v, in
- * every dword. */
-ALWAYS __m512i dword_of_blocks(__m512i v, int k) {
-    switch (k) {
-    case 0: return _mm512_shuffle_epi32(v, _MM_PERM_AAAA);
-    case 1: return _mm512_shuffle_epi32(v, _MM_PERM_BBBB);
-    case 2: return _mm512_shuffle_epi32(v, _MM_PERM_CCCC);
-    default: return _mm512_shuffle_epi32(v, _MM_PERM_DDDD);
-    }
-}
-
-/* s[i][p][m] += the code dwords at byte d0 + 4 j (j < nd) of row i (rc[i])
- * times the quads they hold of pair p (at xb + p * 16 * cols): each dword's
- * low nibbles meet quad q_lo + j, its high ones quad q_hi + j (m: the
- * quad's place in a run of 4 / np). The codes are read as packed, 16 bytes
- * of a row at a time: broadcast to the four 128-bit blocks, their nibbles
- * become bytes once, and an in-block shuffle spreads each dword over the
- * vector (mxfp4, 16 tokens, one thread, Zen 5 from DRAM: 1.1-1.35x a
- * broadcast and decode per dword; affine4, 32 tokens and a 512-token
- * prefill the same). 16 sums in flight, for vpdpbusd's latency. nd is a
- * multiple of 4, d0 of 16. */
-ALWAYS void zmm_dword_steps(int fmt, const uint8_t *const rc[Q8_BLOCK_ROWS], int64_t cols, const int8_t *xb, int np,
-                            int64_t d0, int nd, int64_t q_lo, int64_t q_hi,
-                            __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
+/* s[i][p][m] += quads q .. q + steps - 1 of row i's unpacked codes (ub, as
+ * quad_steps reads them) times the same quads of pair p: one broadcast of
+ * a code dword per row and quad, one vpdpbusd per pair (m: the quad's
+ * place in a run of 4 / np). */
+ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int np, int64_t q, int steps,
+                           __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
     const int par = 4 / np;
+#pragma GCC unroll 32
+    for (int k = 0; k < steps; k++) {
+        __m512i x[Q8_PASS / Q8_PAIR];
 #pragma GCC unroll 2
-    for (int j4 = 0; j4 < nd; j4 += 4) {
-        __m512i lo[Q8_BLOCK_ROWS], hi[Q8_BLOCK_ROWS];
-#pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(rc[i] + d0 + 4 * j4));
-            zmm_u8_codes(fmt, _mm512_broadcast_i32x4(v), &lo[i], &hi[i]);
+        for (int p = 0; p < np; p++) {
+            x[p] = _mm512_loadu_si512(xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q + k));
+            __asm__("" : "+v"(x[p]));
         }
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            __m512i x[Q8_PASS / Q8_PAIR][2];
+        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+            int32_t u;
+            memcpy(&u, ub + i * cols + (q + k) * 4, 4);
+            __m512i c = _mm512_set1_epi32(u);
 #pragma GCC unroll 2
             for (int p = 0; p < np; p++) {
-                const int8_t *xp = xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols;
-                x[p][0] = _mm512_loadu_si512(xp + quad_at(q_lo + j4 + k));
-                x[p][1] = _mm512_loadu_si512(xp + quad_at(q_hi + j4 + k));
-                /* in registers: the loads folded into each vpdpbusd measured slower */
-                __asm__("" : "+v"(x[p][0]), "+v"(x[p][1]));
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-                __m512i c[2] = {dword_of_blocks(lo[i], k), dword_of_blocks(hi[i], k)};
-#pragma GCC unroll 2
-                for (int e = 0; e < 2; e++)
-#pragma GCC unroll 2
-                    for (int p = 0; p < np; p++) {
-                        int m = (2 * k + e) % par;
-                        s[i][p][m] = _mm512_dpbusd_epi32(s[i][p][m], c[e], x[p][e]);
-                        __asm__("" : "+v"(s[i][p][m]));
-                    }
+                int m = k % par;
+                s[i][p][m] = _mm512_dpbusd_epi32(s[i][p][m], c, x[p]);
+                __asm__("" : "+v"(s[i][p][m]));
             }
         }
     }
 }
 
 /* block_group_add for the np pairs of blocks from b on. */
-ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const rc[Q8_BLOCK_ROWS],
-                                const int8_t *xb, int np, int64_t b, int64_t g, bool lone, bool first) {
+ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int np, int64_t b,
+                                int64_t g, bool lone, bool first) {
     const int par = 4 / np;
     __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4];
 #pragma GCC unroll 4
@@ -1731,19 +1706,13 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
         for (int p = 0; p < np; p++)
 #pragma GCC unroll 4
             for (int m = 0; m < par; m++) s[i][p][m] = _mm512_setzero_si512();
-    /* the group's code dwords: per 64-column unit 8, their low nibbles the
-     * unit's quads 0-7 (even columns), the high ones quads 8-15; a 32-column
-     * group is half of them, a lone last block's odd quads follow its even
-     * ones (4 on) */
+    /* the group's quads as block_group takes them */
     if (per == 1) {
-        int64_t u = g / 2, qa = u * 16 + (g & 1) * 4;
-        zmm_dword_steps(fmt, rc, q->cols, xb, np, u * 32 + (g & 1) * 16, 4, qa, qa + (lone ? 4 : 8), s);
+        int64_t qa = (g / 2) * 16 + (g & 1) * 4;
+        zmm_quad_steps(q->ub, q->cols, xb, np, qa, 4, s);
+        zmm_quad_steps(q->ub, q->cols, xb, np, qa + (lone ? 4 : 8), 4, s);
     } else {
-#pragma GCC unroll 2
-        for (int h = 0; h < per / 2; h++) {
-            int64_t u = g * (per / 2) + h;
-            zmm_dword_steps(fmt, rc, q->cols, xb, np, u * 32, 8, u * 16, u * 16 + 8, s);
-        }
+        zmm_quad_steps(q->ub, q->cols, xb, np, g * 16 * (per / 2), 16 * (per / 2), s);
     }
     __m512 dx[Q8_PASS / Q8_PAIR], xs[Q8_PASS / Q8_PAIR];
     __m512i xo[Q8_PASS / Q8_PAIR];
@@ -1780,11 +1749,11 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 #endif
 
 /* block_group_add for the nb blocks of a pass: whole pairs of them in the
- * avx512 build, from the rows' packed codes (rc). */
-ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const uint8_t *const *rc, const int8_t *xb, int nb,
-                      int64_t b, int64_t g, bool lone, bool wide, bool first) {
+ * avx512 build. */
+ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
+                      bool lone, bool wide, bool first) {
 #if HAVE_ZMM
-    zmm_block_group_add(fmt, per, q, rc, xb, nb / Q8_PAIR, b, g, lone, first);
+    zmm_block_group_add(fmt, per, q, xb, nb / Q8_PAIR, b, g, lone, first);
 #else
     block_group_add(fmt, per, q, xb, nb, b, g, lone, wide, first);
 #endif
@@ -1817,20 +1786,19 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
     }
 }
 
-/* Token blocks b .. b + nb - 1 (b even) of the rows (unpacked, or in the
- * avx512 build their packed codes at rc): every group, then each block's
- * chains summed as hsum sums lanes (chains past ng are zero) and stored
- * (tokens past n are not). */
-ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q,
-                            const uint8_t *const *rc, int nb, int64_t b, int nr, bool wide, float *y, int64_t ldy) {
+/* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every
+ * group, then each block's chains summed as hsum sums lanes (chains past ng
+ * are zero) and stored (tokens past n are not). */
+ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
+                            int nr, bool wide, float *y, int64_t ldy) {
     /* groups before a lone last 32-column block, and whether there is one */
     const bool lone = per == 1 && (f->ng & 1);
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
     const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
     int64_t g = 0;
-    for (; g < first; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, wide, true);
-    for (; g < ngw; g++) group_add(fmt, per, q, rc, xb, nb, b, g, false, wide, false);
-    if (lone) group_add(fmt, per, q, rc, xb, nb, b, g, true, wide, g < Q8_CHAINS);
+    for (; g < first; g++) group_add(fmt, per, q, xb, nb, b, g, false, wide, true);
+    for (; g < ngw; g++) group_add(fmt, per, q, xb, nb, b, g, false, wide, false);
+    if (lone) group_add(fmt, per, q, xb, nb, b, g, true, wide, g < Q8_CHAINS);
     for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
         __m256 v[Q8_BLOCK_ROWS];
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
@@ -1844,14 +1812,14 @@ ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const stru
     }
 }
 
-/* block_rows_pass on unpacked rows, the mxfp4 sums in int16 over whole
- * groups where the blocks' activations allow (a copy of the pass each way) */
+/* block_rows_pass, the mxfp4 sums in int16 over whole groups where the
+ * blocks' activations allow (a copy of the pass each way) */
 ALWAYS void unpacked_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b, int nr,
                           float *y, int64_t ldy) {
     if (fmt == FMT_MX4 && !HAVE_DPWSSD && !(q->xw[b] && (nb < 2 || q->xw[b + 1])))
-        block_rows_pass(fmt, per, f, q, NULL, nb, b, nr, false, y, ldy);
+        block_rows_pass(fmt, per, f, q, nb, b, nr, false, y, ldy);
     else
-        block_rows_pass(fmt, per, f, q, NULL, nb, b, nr, true, y, ldy);
+        block_rows_pass(fmt, per, f, q, nb, b, nr, true, y, ldy);
 }
 
 /* Rows [r0, r1) by tokens, q's blocks set side by side (q8_block_tokens). */
@@ -1862,24 +1830,13 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
     for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
         int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
         int64_t b = 0;
+        unpack_rows(fmt, sdt, w, &f, q, r, nr);
         if (HAVE_ZMM) {
-            /* the rows' codes read as packed by the products; their scales
-             * staged, and the rows two passes on prefetched */
-            const uint8_t *rc[Q8_BLOCK_ROWS];
-            for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-                int64_t ri = r + (i < nr ? i : 0);
-                rc[i] = (const uint8_t *)w->codes + (size_t)ri * f.row_bytes;
-                row_params(fmt, sdt, w, &f, q, ri, i);
-                for (size_t at = 0; at < f.row_bytes; at += 64)
-                    _mm_prefetch((const char *)rc[i] + 2 * Q8_BLOCK_ROWS * f.row_bytes + at, _MM_HINT_T0);
-            }
             /* two pairs a pass, one pair for what is left */
-            for (; b + Q8_PASS <= nb; b += Q8_PASS)
-                block_rows_pass(fmt, per, &f, q, rc, Q8_PASS, b, nr, true, y + r, ldy);
-            if (b < nb) block_rows_pass(fmt, per, &f, q, rc, Q8_PAIR, b, nr, true, y + r, ldy);
+            for (; b + Q8_PASS <= nb; b += Q8_PASS) unpacked_pass(fmt, per, &f, q, Q8_PASS, b, nr, y + r, ldy);
+            if (b < nb) unpacked_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
             continue;
         }
-        unpack_rows(fmt, sdt, w, &f, q, r, nr);
         for (; b + Q8_PAIR <= nb; b += Q8_PAIR) unpacked_pass(fmt, per, &f, q, Q8_PAIR, b, nr, y + r, ldy);
         for (; b < nb; b++) unpacked_pass(fmt, per, &f, q, 1, b, nr, y + r, ldy);
     }
