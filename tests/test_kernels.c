@@ -202,8 +202,9 @@ static void check_format(enum sp_qtype t, int group, enum sp_dtype sdt, const in
                 struct mat M;
                 mat_make(&M, t, group, sdt, row_counts[ri], cols[c], &rng);
                 for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_matmul(k, &M, batches[b], &rng);
-                /* a prefill-sized batch over a long row: several column slices */
-                if (ri == 1 && cols[c] >= 512) check_matmul(k, &M, 64, &rng);
+                /* a prefill-sized batch over a long row: several column slices,
+                 * and more tokens than the int8 products round at a time */
+                if (ri == 1 && cols[c] >= 512) check_matmul(k, &M, 80, &rng);
                 mat_free(&M);
             }
     }
@@ -336,12 +337,13 @@ static void test_batch_invariance(void **state) {
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             struct mat M;
             mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 13, cases[c].cols, &rng);
-            int64_t cols = cases[c].cols, n = 40;
+            int64_t cols = cases[c].cols, n = 80;
             float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * 13) * sizeof *y);
             float one[13];
             for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
             void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
-            const int64_t sizes[] = {40, 23, 17, 14, 9, 7, 5, 3};
+            /* 80: two rounds of the int8 products (SP_KERNELS_Q8_TOKENS) */
+            const int64_t sizes[] = {80, 40, 23, 17, 14, 9, 7, 5, 3};
             for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
                 k->matmul_rows(&M.m, 0, 13, x, cols, sizes[b], y, 13, scratch);
                 for (int64_t t = 0; t < sizes[b]; t++) {
@@ -511,12 +513,13 @@ static void test_vnni_sets_match_avx2(void **state) {
             struct mat M;
             mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 29, cases[c].cols, &rng);
             int64_t cols = cases[c].cols;
-            float *x = malloc((size_t)(40 * cols) * sizeof *x), *ya = malloc(40 * 29 * sizeof *ya),
-                  *yb = malloc(40 * 29 * sizeof *yb);
-            for (int64_t i = 0; i < 40 * cols; i++) x[i] = sp_rng_normal(&rng);
+            float *x = malloc((size_t)(80 * cols) * sizeof *x), *ya = malloc(80 * 29 * sizeof *ya),
+                  *yb = malloc(80 * 29 * sizeof *yb);
+            for (int64_t i = 0; i < 80 * cols; i++) x[i] = sp_rng_normal(&rng);
             void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
-            for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
-                int64_t n = batches[b];
+            const size_t nb = sizeof batches / sizeof *batches;
+            for (size_t b = 0; b <= nb; b++) {
+                int64_t n = b < nb ? batches[b] : 80;  // 80: two rounds of the int8 products
                 avx2->matmul_rows(&M.m, 0, 29, x, cols, n, ya, 29, scratch);
                 k->matmul_rows(&M.m, 0, 29, x, cols, n, yb, 29, scratch);
                 if (memcmp(ya, yb, (size_t)(n * 29) * sizeof *ya) != 0)

@@ -149,7 +149,7 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 #define SP_KERNELS_BLOCK_COLS 512
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
 #define SP_KERNELS_Q16_TOKENS 16
-#define SP_KERNELS_Q8_TOKENS 32
+#define SP_KERNELS_Q8_TOKENS 64
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 
