@@ -1678,7 +1678,7 @@ ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, in
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++) {
             x[p] = _mm512_loadu_si512(xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q + k));
-            __asm__("" : "+v"(x[p]));
+            __asm__("" : "+v"(x[p]));  // one load for the four rows, not one folded into each
         }
 #pragma GCC unroll 4
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
