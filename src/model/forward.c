@@ -832,15 +832,19 @@ static void ffn_job_run(void *arg, int tid, int nth) {
     while (sp_pool_take(&j->next, j->total, j->chunk, &a, &b)) ffn_range(j, a, b, scratch);
 }
 
+/* Multiply-adds of a batch of gated MLPs: gate, up and down of each. */
+static double items_macs(const struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
+    double macs = 0;
+    for (int64_t i = 0; i < n; i++) macs += 3.0 * (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
+    return macs;
+}
+
 /* Runs items[0..n) (their rows within the batch buffers); outputs in gout. */
 static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
-    double macs = 0;
     int64_t most = 0;
-    for (int64_t i = 0; i < n; i++) {
-        macs += (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
-        most = items[i].cnt > most ? items[i].cnt : most;
-    }
-    int nth = macs < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
+    for (int64_t i = 0; i < n; i++) most = items[i].cnt > most ? items[i].cnt : most;
+    /* threads when one of the three products is worth them */
+    int nth = items_macs(c, items, n) / 3.0 < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
     for (int down = 0; down < 2; down++) {
         struct ffn_job j = {c, items, n, down, 0, 0, 0};
         double bytes = 0;
@@ -851,13 +855,6 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
         j.chunk = sp_linear_chunk(j.total, bytes / (double)j.total, most, nth);
         sp_pool_run_n(c->pool, ffn_job_run, &j, nth);
     }
-}
-
-/* Multiply-adds of a batch of gated MLPs: gate, up and down of each. */
-static double items_macs(const struct sp_ctx *c, const struct ffn_item *items, int64_t n) {
-    double macs = 0;
-    for (int64_t i = 0; i < n; i++) macs += 3.0 * (double)items[i].cnt * (double)items[i].down->w.cols * (double)c->a->d_model;
-    return macs;
 }
 
 /* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */

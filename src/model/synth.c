@@ -246,7 +246,7 @@ enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct
         round = 2 * (int64_t)sp_pool_size(j.pool);
         round = round < FILL_ROUND_MAX ? round : FILL_ROUND_MAX;
         j.out = sp_malloc((size_t)round * FILL_CHUNK * sizeof(float), SP_MEM_MISC);
-        if (st == SP_OK && !j.out) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        if (!j.out) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
     for (int64_t i = 0; i < p.n && st == SP_OK; i++) {
         const struct planned *t = &p.v[i];
