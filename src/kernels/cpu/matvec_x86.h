@@ -928,7 +928,15 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   copy is faster: one thread from cache, 2048 x 2048 x 256 tokens 0.86x
  *   the time (affine4) and 0.82x (mxfp4), 512 x 2048 x 16-32 tokens
  *   0.78-0.87x; a 512-token prefill on 2 threads 1.04-1.12x the tokens a
- *   second. */
+ *   second. The same sums from AMX tiles (tdpbusd of 16 unpacked rows x a
+ *   pair of blocks, whose side-by-side layout is already AMX's second
+ *   operand; the sums stored and taken on by the same float work) measured,
+ *   on that Xeon, affine4-g64 768 x 2048 and 2048 x 768 at 16 tokens
+ *   1.13-1.32x the speed of this product, 32 tokens and more 0.90-1.10x, and a
+ *   whole 512-token prefill 1.03x (medians of 25, within that machine's
+ *   noise): there the per-group float work and the unpacking (each about a
+ *   third of the product at 16 tokens) bound it, not the multiply-adds, so
+ *   no AMX set was added. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
