@@ -3,7 +3,8 @@
  * configs: the role table, `inspect` sizes checked against sizes computed
  * here from the config alone, the MLX-layout quantizer checked row by row
  * against the reference quantizer, the same files from any number of
- * threads, and models whose files disagree with their config.
+ * threads, models whose files disagree with their config, and the routing
+ * of the synthetic models benchmarks use.
  */
 #include "helpers.h"
 
@@ -11,9 +12,11 @@
 
 #include "core/file.h"
 #include "core/json.h"
+#include "model/forward.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
 #include "model/synth.h"
+#include "core/rng.h"
 
 static const char *const archs[] = {"bailing_moe", "qwen3_moe", "gpt_oss", "qwen3", "llama"};
 #define N_ARCHS (sizeof archs / sizeof *archs)
@@ -391,6 +394,62 @@ static void test_mismatched_models(void **state) {
     th_rmdir(src_dir);
 }
 
+/* Experts that took tokens in a 64-token prefill of a tiny MoE model, per
+ * MoE layer. */
+static double experts_run_per_layer(const char *arch, bool balanced) {
+    char *dir = th_tmpdir();
+    cJSON *cfg = load_config(arch);
+    struct sp_synth_opts o = {.dtype = SP_DTYPE_F32, .seed = 5, .balanced_routing = balanced};
+    if (sp_synth_write(cfg, dir, &o) != SP_OK) fail_msg("synth %s: %s", arch, sp_error_msg());
+    cJSON_Delete(cfg);
+    struct sp_model *m = open_ok(dir);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 64, .max_batch = 64, .n_threads = 1, .time_steps = true};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    int32_t tok[64], pos[64], seq[64] = {0};
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 11);
+    for (int i = 0; i < 64; i++) {
+        tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)m->arch.vocab);
+        pos[i] = i;
+    }
+    bool want[64] = {false};
+    want[63] = true;
+    float *logits = malloc((size_t)m->arch.vocab * sizeof(float));
+    struct sp_batch b = {.n = 64, .tokens = tok, .pos = pos, .seq = seq, .want_logits = want};
+    assert_int_equal(sp_ctx_forward(c, &b, logits), SP_OK);
+    struct sp_step_times t;
+    sp_ctx_step_times(c, &t, false);
+    int64_t moe_layers = 0;
+    for (int64_t L = 0; L < m->arch.n_layers; L++) moe_layers += m->arch.layer_moe[L];
+    assert_true(moe_layers > 0);
+    assert_true(t.routed == (double)(64 * moe_layers * m->arch.n_experts_used));
+    free(logits);
+    sp_ctx_free(c);
+    sp_model_close(m);
+    th_rmdir(dir);
+    return t.experts_run / (double)moe_layers;
+}
+
+/* A benchmark's synthetic model routes as a trained one does: every
+ * expert takes some of 64 tokens in every layer (64 x top-k over E experts
+ * is 16 or more tokens an expert on average, so uniform routing leaves
+ * E (1 - k / E)^64, well under one, idle). Without balanced_routing the
+ * tiny Ling and gpt-oss models send their tokens to half of their experts
+ * or fewer. */
+static void test_synthetic_routing(void **state) {
+    (void)state;
+    static const char *const moe[] = {"qwen3_moe", "bailing_moe", "gpt_oss"};
+    for (size_t i = 0; i < sizeof moe / sizeof *moe; i++) {
+        cJSON *cfg = load_config(moe[i]);
+        int64_t experts;
+        assert_int_equal(sp_json_get_int(cfg, strcmp(moe[i], "gpt_oss") ? "num_experts" : "num_local_experts", 0, &experts), SP_OK);
+        cJSON_Delete(cfg);
+        double run = experts_run_per_layer(moe[i], true);
+        if (run < (double)experts - 0.5) fail_msg("%s: %.2f of %lld experts run a layer", moe[i], run, (long long)experts);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unquantized_models),
@@ -398,6 +457,7 @@ int main(void) {
         cmocka_unit_test(test_dequantized_copy),
         cmocka_unit_test(test_threads_same_files),
         cmocka_unit_test(test_mismatched_models),
+        cmocka_unit_test(test_synthetic_routing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

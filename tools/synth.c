@@ -4,8 +4,10 @@
  * it with the tiny configs in tools/tiny/.
  *
  *   build/tools/synth CONFIG.json OUT_DIR [--dtype f32|f16|bf16] [--seed N]
- *                     [--layers N] [--shard-size SIZE] [--init-std X] [--sparse]
+ *                     [--layers N] [--shard-size SIZE] [--init-std X] [--balanced-routing] [--sparse]
  *
+ * --balanced-routing spreads tokens over the experts as a trained router does
+ * (what `sparrow bench --synthetic` makes; src/model/synth.h says how).
  * --sparse writes files of the right size made of holes: real shapes for
  * `sparrow plan` and `quantize --sparse` without the data.
  */
@@ -37,6 +39,8 @@ int main(int argc, char **argv) {
             o.seed = (uint64_t)n;
         } else if (sp_arg_value(argc, argv, &i, "--layers", &v)) {
             if (!v || !sp_arg_int("--layers", v, 1, 100000, &o.layers)) return 2;
+        } else if (sp_arg_flag(argv[i], "--balanced-routing")) {
+            o.balanced_routing = true;
         } else if (sp_arg_flag(argv[i], "--sparse")) {
             o.sparse = true;
         } else if (sp_arg_value(argc, argv, &i, "--init-std", &v)) {
@@ -59,7 +63,7 @@ int main(int argc, char **argv) {
     }
     if (!config || !out) {
         fprintf(stderr, "usage: synth CONFIG.json OUT_DIR [--dtype f32|f16|bf16] [--seed N] [--layers N] "
-                        "[--shard-size SIZE] [--init-std X] [--sparse]\n");
+                        "[--shard-size SIZE] [--init-std X] [--balanced-routing] [--sparse]\n");
         return 2;
     }
     cJSON *cfg;

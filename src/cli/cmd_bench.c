@@ -42,7 +42,8 @@ static const char usage[] =
     "                     [--steps]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
-    "  --synthetic C     benchmark random weights of the exact shapes of config.json C (no download)\n"
+    "  --synthetic C     benchmark random weights of the exact shapes of config.json C (no download),\n"
+    "                    routing tokens over the experts as a trained model does\n"
     "  --quant F         their format; --layers N keeps the first N layers (default: all)\n"
     "  --out DIR         write the model to DIR (new or empty) and keep it; default: a temporary\n"
     "                    folder in $TMPDIR, deleted afterwards\n"
@@ -56,7 +57,8 @@ static const char usage[] =
     "                    medians and bests (a shared machine's noise shows in their spread)\n"
     "  --steps           also time each step of the forward pass (products, attention, routing,\n"
     "                    experts, ...): its share of prefill and of decode, and the multiply-adds\n"
-    "                    a second of the products; a line and a JSON line per phase\n";
+    "                    a second of the products, and how many tokens each routed expert took on\n"
+    "                    average; a line and a JSON line per phase\n";
 
 static void drop_cache(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -197,8 +199,11 @@ static void report_steps(const struct result *r) {
         for (int s = 0; s < SP_STEP_COUNT; s++) {
             printf(" %s %.1f%%", sp_step_name(s), wall[ph] > 0 ? 100.0 * t->seconds[s] / wall[ph] : 0.0);
             if (t->macs[s] > 0 && t->seconds[s] > 0) printf(" (%.1f)", t->macs[s] / t->seconds[s] / 1e9);
-            printf(s + 1 < SP_STEP_COUNT ? "," : "\n");
+            printf(s + 1 < SP_STEP_COUNT ? "," : "");
         }
+        /* how many tokens each routed expert's weights were read for */
+        if (t->experts_run > 0) printf("; routed experts: %.1f tokens each", t->routed / t->experts_run);
+        printf("\n");
         struct sp_buf b = SP_BUF_INIT;
         struct sp_jw w;
         sp_jw_init(&w, &b, 0);
@@ -207,6 +212,8 @@ static void report_steps(const struct result *r) {
         sp_jw_key(&w, "phase"); sp_jw_str(&w, phases[ph]);
         sp_jw_key(&w, "tokens"); sp_jw_int(&w, tokens[ph]);
         sp_jw_key(&w, "wall_s"); sp_jw_num(&w, wall[ph]);
+        sp_jw_key(&w, "routed"); sp_jw_num(&w, t->routed);
+        sp_jw_key(&w, "experts_run"); sp_jw_num(&w, t->experts_run);
         for (int s = 0; s < SP_STEP_COUNT; s++) {
             sp_jw_key(&w, sp_step_name(s));
             sp_jw_obj(&w);
@@ -414,8 +421,9 @@ static enum sp_status synth_build(struct synth *s) {
     fprintf(stderr, "bench: generating %s: %lld layer%s, %s, random weights, in %s\n", s->config, (long long)layers,
             layers == 1 ? "" : "s", s->quant, s->dir);
     double t0 = sp_now_s();
-    /* made on every core, whatever --threads the benchmark runs on */
-    struct sp_synth_opts so = {.dtype = SP_DTYPE_BF16, .seed = 1, .layers = s->layers};
+    /* made on every core, whatever --threads the benchmark runs on; routed
+     * as a trained model routes (synth.h) */
+    struct sp_synth_opts so = {.dtype = SP_DTYPE_BF16, .seed = 1, .layers = s->layers, .balanced_routing = true};
     st = sp_pool_create(0, &so.pool);
     if (st == SP_OK && s->type == SP_QTYPE_BF16) {
         st = sp_synth_write(cfg, s->dir, &so);

@@ -1028,6 +1028,10 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, float *out)
          sp_linear_apply(&ly->router, c->h, d, c->router_out, E, n, c->pool));
     int64_t *off = c->ecount;
     STEP(c, SP_STEP_ROUTE, 0, group_by_expert(c, ly, n));
+    if (c->p.time_steps) {
+        c->steps.routed += (double)off[E];
+        for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
+    }
     /* Windows of consecutive experts whose rows fit the batch buffers run
      * together; through the expert store one at a time (a window would pin
      * all its experts at once). The shared expert joins the last window

@@ -69,6 +69,8 @@ enum sp_step {
 struct sp_step_times {
     double seconds[SP_STEP_COUNT];
     double macs[SP_STEP_COUNT];  // multiply-adds the step's products (or attention's) did
+    double routed;               // (token, routed expert) pairs of the MoE layers
+    double experts_run;          // routed experts that had tokens, over layers and batches
 };
 /* A step's name in reports ("qkv", "experts", ...). */
 const char *sp_step_name(enum sp_step s);

@@ -18,7 +18,9 @@
 #include "format/st_writer.h"
 #include "model/arch.h"
 
-enum init { INIT_NORMAL, INIT_ONES, INIT_SMALL };
+/* INIT_EMBED: as INIT_NORMAL, std 1 for balanced routing; INIT_ROUTER_BIAS:
+ * as INIT_SMALL, zero for balanced routing (synth.h). */
+enum init { INIT_NORMAL, INIT_EMBED, INIT_ONES, INIT_SMALL, INIT_ROUTER_BIAS };
 
 struct planned {
     char name[160];
@@ -71,7 +73,7 @@ static void add(struct plan *p, enum init init, int ndim, int64_t d0, int64_t d1
 static void plan_model(struct plan *p, const struct sp_arch *a) {
     bool bailing = a->id == SP_ARCH_BAILING_MOE, gpt_oss = a->id == SP_ARCH_GPT_OSS;
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
-    MAT(a->vocab, d, bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight");
+    add(p, INIT_EMBED, 2, a->vocab, d, 0, bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight");
     for (int64_t L = 0; L < a->n_layers; L++) {
         const char *pre = "model.layers.";
         VEC(INIT_ONES, d, "%s%lld.input_layernorm.weight", pre, (long long)L);
@@ -109,7 +111,7 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
         int64_t E = a->n_experts, ff = a->d_expert;
         if (gpt_oss) {
             MAT(E, d, "%s%lld.mlp.router.weight", pre, (long long)L);
-            VEC(INIT_SMALL, E, "%s%lld.mlp.router.bias", pre, (long long)L);
+            VEC(INIT_ROUTER_BIAS, E, "%s%lld.mlp.router.bias", pre, (long long)L);
             add(p, INIT_NORMAL, 3, E, d, 2 * ff, "%s%lld.mlp.experts.gate_up_proj", pre, (long long)L);
             add(p, INIT_SMALL, 2, E, 2 * ff, 0, "%s%lld.mlp.experts.gate_up_proj_bias", pre, (long long)L);
             add(p, INIT_NORMAL, 3, E, ff, d, "%s%lld.mlp.experts.down_proj", pre, (long long)L);
@@ -120,7 +122,7 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
         if (bailing) {
             enum sp_dtype keep = p->dtype;
             p->dtype = SP_DTYPE_F32;  // the reference keeps expert_bias in float32
-            VEC(INIT_SMALL, E, "%s%lld.mlp.gate.expert_bias", pre, (long long)L);
+            VEC(INIT_ROUTER_BIAS, E, "%s%lld.mlp.gate.expert_bias", pre, (long long)L);
             p->dtype = keep;
         }
         for (int64_t e = 0; e < E; e++) {
@@ -177,6 +179,7 @@ struct fill_job {
     struct sp_pool *pool;
     uint64_t seed;
     float std;
+    bool balanced;  // balanced routing (synth.h)
     const struct planned *t;
     int64_t tensor, numel;
     int64_t first, n_chunks;  // the round: chunks first .. first + n_chunks - 1
@@ -205,7 +208,11 @@ static void fill_chunks(void *arg, int tid, int nth) {
             float g[2];
             normal_pair(&rng, &g[0], &g[1]);
             for (int h = 0; h < 2 && v + h < n; h++) {
-                float x = t->init == INIT_NORMAL ? g[h] * j->std : t->init == INIT_ONES ? 1.0f + 0.1f * g[h] : 0.1f * g[h];
+                float x = g[h] * j->std;
+                if (t->init == INIT_ONES) x = 1.0f + 0.1f * g[h];
+                if (t->init == INIT_SMALL || (t->init == INIT_ROUTER_BIAS && !j->balanced)) x = 0.1f * g[h];
+                if (t->init == INIT_ROUTER_BIAS && j->balanced) x = 0.0f;
+                if (t->init == INIT_EMBED && j->balanced) x = g[h];
                 sp_dtype_store_float(t->dtype, j->out, (size_t)(k * FILL_CHUNK + v + h), x);
             }
         }
@@ -240,7 +247,7 @@ enum sp_status sp_synth_write(const cJSON *config, const char *dir, const struct
     struct sp_pool *own_pool = NULL;
     if (st == SP_OK && !opts->pool && !opts->sparse) st = sp_pool_create(1, &own_pool);
     struct fill_job j = {.pool = opts->pool ? opts->pool : own_pool, .seed = opts->seed,
-                         .std = opts->init_std > 0 ? opts->init_std : 0.02f};
+                         .std = opts->init_std > 0 ? opts->init_std : 0.02f, .balanced = opts->balanced_routing};
     int64_t round = 0;
     if (st == SP_OK && !opts->sparse) {
         round = 2 * (int64_t)sp_pool_size(j.pool);

@@ -25,9 +25,23 @@ struct sp_synth_opts {
     size_t shard_bytes;  // 0: one file
     int64_t layers;      // > 0: override num_hidden_layers (fit large shapes in memory)
     float init_std;      // 0: 0.02
+    bool balanced_routing;  // tokens spread over the experts as a trained router spreads them (below)
     bool sparse;         // no data: files of the right size made of holes (shapes only, for planning)
     struct sp_pool *pool;  // threads that make the values (NULL: the caller alone); same files either way
 };
+
+/* Routing. With every matrix at std 0.02 (the embeddings too), a random
+ * attention layer's output (about the mean of the values before a token,
+ * much the same for every late token) outweighs the token's own embedding,
+ * so from the second layer on nearly every token takes the same few
+ * experts: 10 to 20 of Qwen3-30B-A3B's 128 take a 256-token chunk, some of
+ * them all of it; and random expert biases (Ling's, gpt-oss's) of std 0.1
+ * outweigh a small model's spread of router scores. A trained router
+ * instead keeps every expert busy, about n x top-k / experts tokens each,
+ * which is what benchmarks of prefill and of expert streaming must see.
+ * balanced_routing gives that: embeddings of std 1, which keep each token's
+ * hidden state its own through the layers, and router biases of zero,
+ * leaving the selection to the random router. */
 
 /* Writes config.json (the given config, with num_hidden_layers overridden if
  * asked) and the weights into dir (created if needed). */
