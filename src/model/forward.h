@@ -37,7 +37,7 @@ enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
  * for Qwen3-30B-A3B (128 experts, top-8) and 16 for Ling-mini-2.0 (256) at
  * 512, where the products by tokens run well (a pass of the avx512 set
  * takes 32 tokens, of the avx2 set 16). 512-token prefills of those shapes
- * (4 layers, 2 threads, routing as trained) ran 1.24-1.29x faster at 512
+ * (4 layers, 2 threads, routing as trained) ran 1.10-1.28x faster at 512
  * than at 256 on a Xeon (AVX-512), 0.9-1.4x on Zen 3 (AVX2, noisy); a
  * decode step that shares a forward call with a prefill chunk waits for it,
  * twice as long as at 256. */
