@@ -1121,12 +1121,16 @@ static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch 
 }
 
 /* The batch's embedding rows into x, and each token's RoPE angles. */
-static void embed_tokens(struct sp_ctx *c, const struct sp_batch *b) {
-    for (int64_t t = 0; t < b->n; t++) {
+/* Tokens t0 .. t1 - 1 of the batch `arg`: embedding rows and RoPE angles. */
+static void embed_rows(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct sp_batch *b = arg;
+    for (int64_t t = t0; t < t1; t++) {
         sp_qmat_dequant_row_ref(&c->embed.w, b->tokens[t], c->x + t * c->a->d_model);
         rope_angles(c, t, b->pos[t]);
     }
 }
+
+static void embed_tokens(struct sp_ctx *c, const struct sp_batch *b) { for_tokens(c, b->n, embed_rows, b); }
 
 /* q, k and v of the n rows of h, side by side in qkv. */
 static void qkv_products(struct sp_ctx *c, const struct layer *ly, int64_t n) {
