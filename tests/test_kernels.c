@@ -337,13 +337,15 @@ static void test_batch_invariance(void **state) {
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             struct mat M;
             mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 13, cases[c].cols, &rng);
-            int64_t cols = cases[c].cols, n = 80;
+            int64_t cols = cases[c].cols, n = 200;
             float *x = malloc((size_t)(n * cols) * sizeof *x), *y = malloc((size_t)(n * 13) * sizeof *y);
             float one[13];
             for (int64_t i = 0; i < n * cols; i++) x[i] = sp_rng_normal(&rng);
             void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
-            /* 80: two rounds of the int8 products (SP_KERNELS_Q8_TOKENS) */
-            const int64_t sizes[] = {80, 40, 23, 17, 14, 9, 7, 5, 3};
+            /* 80: two rounds of the int8 products (SP_KERNELS_Q8_TOKENS); 200:
+             * three blocks of tokens of the blocked float product, the last
+             * a part one */
+            const int64_t sizes[] = {200, 80, 40, 23, 17, 14, 9, 7, 5, 3};
             for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++) {
                 k->matmul_rows(&M.m, 0, 13, x, cols, sizes[b], y, 13, scratch);
                 for (int64_t t = 0; t < sizes[b]; t++) {

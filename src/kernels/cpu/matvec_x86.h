@@ -427,22 +427,35 @@ static void prefetch_block(const struct sp_qmat *w, int64_t r, int64_t r1, int64
         for (size_t o = lo; o < hi; o += 64) _mm_prefetch((const char *)w->codes + (size_t)r * rb + o, _MM_HINT_T0);
 }
 
-/* Column slices outermost: the KC-wide slice of every token's activations
- * is reused by all row blocks while it sits in L2. The next row block's
+/* Tokens per pass of the row blocks over a column slice: their slice of
+ * activations (TB x KC floats, 192 KiB) fits in L2. */
+#define TB 96
+
+/* Column slices outermost, then blocks of TB tokens, whose slice of
+ * activations every row block of the range reuses while it sits in L2 (a
+ * row block is decoded again for each token block; with all tokens at
+ * once, a 512-token slice of 1 MiB came from L3 for every row block: Zen
+ * 3, one thread, a 128 x 2048 affine8 router times 512 tokens, 1.15x
+ * faster in the median of 12 paired runs, 0.88-1.57). The next row block's
  * bytes are requested while the current one is multiplied, so that
- * decoding it does not wait for memory. */
+ * decoding it does not wait for memory. Each output sums in the same order
+ * as before. */
 static void blocked_rows(const struct sp_qmat *w, dequant_fn dq, int64_t r0, int64_t r1, const float *x,
                          int64_t ldx, int64_t n, float *y, int64_t ldy, float *buf) {
+    _Static_assert(TB % NR == 0, "whole micro-kernel calls per token block");
     for (int64_t t = 0; t < n; t++) memset(y + t * ldy + r0, 0, (size_t)(r1 - r0) * sizeof(float));
     for (int64_t k0 = 0; k0 < w->cols; k0 += KC) {
         int64_t kn = w->cols - k0 < KC ? w->cols - k0 : KC;
-        for (int64_t rb = r0; rb < r1; rb += MR) {
-            int mr = r1 - rb < MR ? (int)(r1 - rb) : MR;
-            for (int i = 0; i < mr; i++) dq(w, rb + i, k0, kn, buf + i * KC);
-            prefetch_block(w, rb + MR, r1 - rb - MR < MR ? r1 : rb + 2 * MR, k0, kn);
-            for (int64_t t = 0; t < n; t += NR) {
-                int nr = n - t < NR ? (int)(n - t) : NR;
-                micros[mr - 1][nr - 1](buf, x + t * ldx + k0, ldx, kn, y + t * ldy + rb, ldy);
+        for (int64_t t0 = 0; t0 < n; t0 += TB) {
+            int64_t t1 = n - t0 < TB ? n : t0 + TB;
+            for (int64_t rb = r0; rb < r1; rb += MR) {
+                int mr = r1 - rb < MR ? (int)(r1 - rb) : MR;
+                for (int i = 0; i < mr; i++) dq(w, rb + i, k0, kn, buf + i * KC);
+                prefetch_block(w, rb + MR, r1 - rb - MR < MR ? r1 : rb + 2 * MR, k0, kn);
+                for (int64_t t = t0; t < t1; t += NR) {
+                    int nr = t1 - t < NR ? (int)(t1 - t) : NR;
+                    micros[mr - 1][nr - 1](buf, x + t * ldx + k0, ldx, kn, y + t * ldy + rb, ldy);
+                }
             }
         }
     }
