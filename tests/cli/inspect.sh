@@ -26,6 +26,25 @@ expect "quantized formats are named" "$TMP/out" "mxfp4"
 expect "affine4 with bf16 scales" "$TMP/q4" "affine4-g64/bf16"
 expect "router in 8-bit affine" "$TMP/q4" "affine8-g64/bf16"
 
+# --balanced-routing: embeddings of std 1 and expert biases of zero (the plain
+# synth of bailing_moe above: std 0.02, biases of std 0.1)
+run "synth bailing_moe --balanced-routing" 0 "$SYNTH" tools/tiny/bailing_moe.json "$TMP/balanced" --dtype bf16 --seed 3 --balanced-routing
+for d in balanced bailing_moe; do
+    run "embedding and expert-bias statistics of $d" 0 node -e '
+        const fs = require("fs"), [dir, want] = process.argv.slice(1);
+        const b = fs.readFileSync(dir + "/model.safetensors"), n = Number(b.readBigUInt64LE(0));
+        const h = JSON.parse(b.subarray(8, 8 + n).toString()), at = (t) => 8 + n + h[t].data_offsets[0];
+        const emb = "model.word_embeddings.weight", bias = "model.layers.1.mlp.gate.expert_bias";
+        const f32 = new Float32Array(1), u32 = new Uint32Array(f32.buffer);
+        let ss = 0, zero = true;
+        for (let i = 0; i < 4096; i++) { u32[0] = b.readUInt16LE(at(emb) + 2 * i) << 16; ss += f32[0] * f32[0]; }
+        for (let i = 0; i < h[bias].shape[0]; i++) if (b.readFloatLE(at(bias) + 4 * i) !== 0) zero = false;
+        const std = Math.sqrt(ss / 4096);
+        const ok = want === "balanced" ? std > 0.9 && std < 1.1 && zero : std > 0.015 && std < 0.025 && !zero;
+        if (h[emb].dtype !== "BF16" || h[bias].dtype !== "F32" || !ok) { console.error(want, std, zero); process.exit(1); }' \
+        "$TMP/$d" "$d"
+done
+
 # A Hugging Face cache laid out as `hf download` leaves it: blobs + symlinks.
 hub="$TMP/hf/hub/models--acme--tiny-ling"
 mkdir -p "$hub/blobs" "$hub/refs" "$hub/snapshots/0123abcd"
