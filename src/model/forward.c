@@ -1120,8 +1120,8 @@ static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch 
     return SP_OK;
 }
 
-/* The batch's embedding rows into x, and each token's RoPE angles. */
-/* Tokens t0 .. t1 - 1 of the batch `arg`: embedding rows and RoPE angles. */
+/* Tokens t0 .. t1 - 1 of the batch `arg`: their embedding rows into x, and
+ * their RoPE angles. */
 static void embed_rows(struct sp_ctx *c, const void *arg, int64_t t0, int64_t t1) {
     const struct sp_batch *b = arg;
     for (int64_t t = t0; t < t1; t++) {

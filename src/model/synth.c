@@ -196,6 +196,18 @@ static inline void normal_pair(struct sp_rng *r, float *a, float *b) {
     *b = m * s;
 }
 
+/* A tensor's value from a N(0, 1) draw g. */
+static float init_value(enum init init, float g, float std, bool balanced) {
+    switch (init) {
+    case INIT_ONES: return 1.0f + 0.1f * g;
+    case INIT_SMALL: return 0.1f * g;
+    case INIT_ROUTER_BIAS: return balanced ? 0.0f : 0.1f * g;
+    case INIT_EMBED: return balanced ? g : g * std;
+    case INIT_NORMAL: break;
+    }
+    return g * std;
+}
+
 static void fill_chunks(void *arg, int tid, int nth) {
     const struct fill_job *j = arg;
     const struct planned *t = j->t;
@@ -208,11 +220,7 @@ static void fill_chunks(void *arg, int tid, int nth) {
             float g[2];
             normal_pair(&rng, &g[0], &g[1]);
             for (int h = 0; h < 2 && v + h < n; h++) {
-                float x = g[h] * j->std;
-                if (t->init == INIT_ONES) x = 1.0f + 0.1f * g[h];
-                if (t->init == INIT_SMALL || (t->init == INIT_ROUTER_BIAS && !j->balanced)) x = 0.1f * g[h];
-                if (t->init == INIT_ROUTER_BIAS && j->balanced) x = 0.0f;
-                if (t->init == INIT_EMBED && j->balanced) x = g[h];
+                float x = init_value(t->init, g[h], j->std, j->balanced);
                 sp_dtype_store_float(t->dtype, j->out, (size_t)(k * FILL_CHUNK + v + h), x);
             }
         }
