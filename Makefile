@@ -41,6 +41,7 @@ ISA_FLAGS_avx2 := -mavx2 -mfma -mf16c
 ISA_FLAGS_avxvnni := $(ISA_FLAGS_avx2) -mavxvnni
 ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
 	-mprefer-vector-width=256
+ISA_FLAGS_amx := $(ISA_FLAGS_avx512) -mamx-tile -mamx-int8
 
 # SKIP: source patterns to leave out of a build (e.g. SKIP=src/tokenizer/%).
 SKIP ?=
@@ -66,7 +67,7 @@ all: $(BIN) $(TOOLS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(foreach isa,avx2 avxvnni avx512,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
+	$(CC) $(CFLAGS) $(foreach isa,avx2 avxvnni avx512 amx,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -10,7 +10,7 @@
  * N threads (best of 5 passes of an integer sum and 5 of a SIMD dot); the
  * N-thread figure is the bound. Then every kernel set this CPU runs (or
  * only --isa SET: portable, avx2, avx2-int16, avx2f, avxvnni(-int16),
- * avx512(-int16)) x format x shape (shapes of real MoE models) x batch
+ * avx512(-int16), amx(-int16)) x format x shape (shapes of real MoE models) x batch
  * (1: decode, 64: prefill / batched decode) through sp_linear_apply on an
  * N-thread pool. Each result cycles through enough copies of the matrix
  * (--mb, default 256 MiB) that weights come from DRAM, never from cache.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compares the x86 kernel sets this CPU runs (avx2, and avxvnni / avx512
+# Compares the x86 kernel sets this CPU runs (avx2, and avxvnni / avx512 / amx
 # where the CPU has them, each with its -int16 twin, which rounds the
 # activations of 4-bit rows to int16 instead of int8): bench/kernels per
 # set on the 4-bit, 8-bit and mxfp4 formats, then `sparrow bench` on
@@ -31,7 +31,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/sparrow-sets-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 
 sets=()
-for s in avx2 avx2-int16 avxvnni avxvnni-int16 avx512 avx512-int16; do
+for s in avx2 avx2-int16 avxvnni avxvnni-int16 avx512 avx512-int16 amx amx-int16; do
     out="$("$BUILD/bench/kernels" --quick --threads "$THREADS" --isa "$s" --fmt affine4-g64 | tee /dev/stderr)"
     grep -q "^kernel isa=$s " <<<"$out" && sets+=("$s")
 done

@@ -159,6 +159,8 @@ static const struct sp_kernels *int16_twin(const struct sp_kernels *k) {
         return sp_kernels_of(SP_KERNELS_AVXVNNI_INT16);
     case SP_KERNELS_AVX512:
         return sp_kernels_of(SP_KERNELS_AVX512_INT16);
+    case SP_KERNELS_AMX:
+        return sp_kernels_of(SP_KERNELS_AMX_INT16);
     default:
         return k;
     }

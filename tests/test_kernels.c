@@ -50,10 +50,12 @@ static enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat *m) {
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVXVNNI:
     case SP_KERNELS_AVX512:
+    case SP_KERNELS_AMX:
         return four_bit ? ACTS_INT8 : ACTS_INT16;
     case SP_KERNELS_AVX2_INT16:
     case SP_KERNELS_AVXVNNI_INT16:
     case SP_KERNELS_AVX512_INT16:
+    case SP_KERNELS_AMX_INT16:
         return ACTS_INT16;
     default:
         return ACTS_FLOAT;
@@ -481,7 +483,9 @@ static void test_matmul_pair(void **state) {
 }
 
 /* The VNNI sets multiply-add with vpdpwssd / vpdpbusd where avx2 uses
- * vpmaddwd / vpmaddubsw and adds; the int32 sums are exact either way, so
+ * vpmaddwd / vpmaddubsw and adds (amx: with tdpbusd on tiles of 16 rows,
+ * which the 29 rows here fill once and leave 13 of the next); the int32
+ * sums are exact either way, so
  * their products must be bit-identical to avx2's (and their -int16 sets
  * to avx2-int16's) for every format, group and batch size. Runs on CPUs
  * that have a VNNI set (the test reports which it compared). */
@@ -491,8 +495,10 @@ static void test_vnni_sets_match_avx2(void **state) {
         const char *name;
     } pairs[] = {{SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2, "avxvnni"},
                  {SP_KERNELS_AVX512, SP_KERNELS_AVX2, "avx512"},
+                 {SP_KERNELS_AMX, SP_KERNELS_AVX2, "amx"},
                  {SP_KERNELS_AVXVNNI_INT16, SP_KERNELS_AVX2_INT16, "avxvnni-int16"},
-                 {SP_KERNELS_AVX512_INT16, SP_KERNELS_AVX2_INT16, "avx512-int16"}};
+                 {SP_KERNELS_AVX512_INT16, SP_KERNELS_AVX2_INT16, "avx512-int16"},
+                 {SP_KERNELS_AMX_INT16, SP_KERNELS_AVX2_INT16, "amx-int16"}};
     struct sp_rng rng;
     sp_rng_seed(&rng, 17);
     /* 4-bit rows of whole unit pairs, a last unpaired unit (576 columns of
@@ -817,24 +823,28 @@ static void test_dispatch(void **state) {
     const struct sp_kernels *avx2f = sp_kernels_of(SP_KERNELS_AVX2F);
     const struct sp_kernels *avxvnni = sp_kernels_of(SP_KERNELS_AVXVNNI);
     const struct sp_kernels *avx512 = sp_kernels_of(SP_KERNELS_AVX512);
+    const struct sp_kernels *amx = sp_kernels_of(SP_KERNELS_AMX);
     const struct sp_kernels *int16[] = {sp_kernels_of(SP_KERNELS_AVX2_INT16), sp_kernels_of(SP_KERNELS_AVXVNNI_INT16),
-                                        sp_kernels_of(SP_KERNELS_AVX512_INT16)};
+                                        sp_kernels_of(SP_KERNELS_AVX512_INT16), sp_kernels_of(SP_KERNELS_AMX_INT16)};
     assert_non_null(portable);
     assert_string_equal(portable->name, "portable");
     assert_int_equal(avx2f != NULL, avx2 != NULL);
     if (avxvnni || avx512) assert_non_null(avx2);  // both build on the avx2 code
+    if (amx) assert_non_null(avx512);             // and amx on the avx512 code
     /* each x86 set comes with its -int16 variant */
     assert_int_equal(int16[0] != NULL, avx2 != NULL);
     assert_int_equal(int16[1] != NULL, avxvnni != NULL);
     assert_int_equal(int16[2] != NULL, avx512 != NULL);
-    const struct sp_kernels *best = avx512 ? avx512 : avxvnni ? avxvnni : avx2 ? avx2 : portable;
+    assert_int_equal(int16[3] != NULL, amx != NULL);
+    const struct sp_kernels *best = amx ? amx : avx512 ? avx512 : avxvnni ? avxvnni : avx2 ? avx2 : portable;
     /* a set by name when this CPU runs it, else the best one */
     const struct {
         const char *name;
         const struct sp_kernels *set;
     } named[] = {{"portable", portable},           {"avx2", avx2},       {"avx2f", avx2f},
                  {"avxvnni", avxvnni},             {"avx512", avx512},   {"avx2-int16", int16[0]},
-                 {"avxvnni-int16", int16[1]},      {"avx512-int16", int16[2]}};
+                 {"avxvnni-int16", int16[1]},      {"avx512-int16", int16[2]},
+                 {"amx", amx},                     {"amx-int16", int16[3]}};
     for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
         assert_ptr_equal(sp_kernels_select(named[i].name), named[i].set ? named[i].set : best);
         if (named[i].set) assert_string_equal(named[i].set->name, named[i].name);
@@ -853,6 +863,9 @@ static void test_dispatch(void **state) {
         bool has_avx512 = has_flag(line, "avx512f") && has_flag(line, "avx512dq") && has_flag(line, "avx512bw") &&
                           has_flag(line, "avx512vl") && has_flag(line, "avx512_vnni");
         assert_int_equal(avx512 != NULL, has_avx2 && has_avx512);
+        /* the OS may still refuse tiles: amx needs the flags, not the reverse */
+        if (amx) assert_true(has_avx512 && has_flag(line, "amx_tile") && has_flag(line, "amx_int8"));
+        printf("# amx: %s\n", amx ? "used" : has_avx512 && has_flag(line, "amx_int8") ? "refused by the OS" : "not on this CPU");
     }
 }
 

@@ -5,6 +5,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <math.h>
 #include <stdatomic.h>
@@ -183,7 +187,19 @@ struct x86_features {
     bool avx2;     // AVX2, FMA, F16C; XMM and YMM state saved
     bool avxvnni;  // avx2 and AVX-VNNI
     bool avx512;   // avx2 and AVX-512 F, DQ, BW, VL, VNNI; opmask and ZMM state saved
+    bool amx;      // avx512 and AMX-TILE, AMX-INT8; tile state saved, its use granted (amx_granted)
 };
+
+/* Linux saves a thread's AMX tile data only for a process that asked
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the
+ * first tile instruction kills the process. Asking again is harmless. */
+static bool amx_granted(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return false;
+#endif
+}
 
 static struct x86_features x86_features(void) {
     struct x86_features f = {0};
@@ -199,6 +215,9 @@ static struct x86_features x86_features(void) {
     f.avx2 = true;
     bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
     f.avx512 = avx512 && (c & (1u << 11)) && (xlo & 0xe0) == 0xe0;  // VNNI; opmask, ZMM 0-15 high, ZMM 16-31
+    /* AMX-TILE and AMX-INT8; XTILECFG and XTILEDATA state */
+    bool amx = (d & (1u << 24)) && (d & (1u << 25)) && (xlo & 0x60000) == 0x60000;
+    f.amx = f.avx512 && amx && amx_granted();
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = a & (1u << 4);
 #endif
     return f;
@@ -219,6 +238,9 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
     case SP_KERNELS_AVX512:
     case SP_KERNELS_AVX512_INT16:
         return f.avx512 ? sp_kernels_avx512_set(isa) : NULL;
+    case SP_KERNELS_AMX:
+    case SP_KERNELS_AMX_INT16:
+        return f.amx ? sp_kernels_amx_set(isa) : NULL;
     default:
         return NULL;
     }
@@ -233,7 +255,7 @@ const struct sp_kernels *sp_kernels_select(const char *env_value) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)i);
         if (k && strcmp(env_value, k->name) == 0) return k;
     }
-    const enum sp_kernels_isa best_first[] = {SP_KERNELS_AVX512, SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2};
+    const enum sp_kernels_isa best_first[] = {SP_KERNELS_AMX, SP_KERNELS_AVX512, SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2};
     for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++) {
         const struct sp_kernels *k = sp_kernels_of(best_first[i]);
         if (k) return k;
@@ -269,13 +291,14 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t groups = (size_t)(w->cols / 32 + 1);
     size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * groups * sizeof(float)) + 4 * groups * sizeof(float);
     /* int8 (matvec_x86.h, q8_layout): the tokens three times (as rounded,
-     * in unit-pair order, and side by side 8 at a time), 4 rows of codes as
-     * bytes, and per group up to 8 more: 6 arrays of a token each and 2 of
-     * 4 rows, plus 1024 floats of chains (4 blocks x 4 rows x 8 chains x 8
-     * tokens) and a byte per block of 8 tokens */
+     * in unit-pair order, and side by side 8 at a time), up to 16 rows of
+     * codes as bytes (the amx set's tile of rows; the others take 4), and
+     * per group up to 8 more: 6 arrays of a token each and 2 of 16 rows,
+     * plus 4096 floats of chains (4 blocks x 16 rows x 8 chains x 8 tokens)
+     * and a byte per block of 8 tokens */
     size_t groups8 = groups + 8;
-    size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 4) * (size_t)w->cols +
-                (6 * SP_KERNELS_Q8_TOKENS + 8) * groups8 * sizeof(float) + 1024 * sizeof(float) +
+    size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 16) * (size_t)w->cols +
+                (6 * SP_KERNELS_Q8_TOKENS + 32) * groups8 * sizeof(float) + 4096 * sizeof(float) +
                 SP_KERNELS_Q8_TOKENS / 8;
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;

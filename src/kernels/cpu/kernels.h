@@ -5,10 +5,11 @@
  * float dot / axpy and softmax exponentials of attention, and the MLPs'
  * gated activation. The portable set (plain C, any x86-64 or
  * other CPU) is the reference structure; the x86 sets (matvec_x86.h) are
- * chosen by what the CPU has: "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
- * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The three give
+ * chosen by what the CPU has: "amx" (avx512 plus AMX-INT8 tiles, which the
+ * OS lets the process use), else "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
+ * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The four give
  * bit-identical results; the VNNI ones take fewer instructions per
- * multiply-add. Each has a twin "NAME-int16" that rounds the activations of
+ * multiply-add, amx fewer still. Each has a twin "NAME-int16" that rounds the activations of
  * 4-bit rows to int16 instead of int8 (slower, closer to float), and avx2
  * one with float activations, "avx2f". SPARROW_KERNELS in the environment
  * names a set to use instead (sp_kernels_select).
@@ -55,6 +56,8 @@ enum sp_kernels_isa {
     SP_KERNELS_AVXVNNI_INT16,
     SP_KERNELS_AVX512,       // the same with AVX-512 VNNI
     SP_KERNELS_AVX512_INT16, // 512 bits wide for int16 x 4-bit rows
+    SP_KERNELS_AMX,          // avx512 with AMX tiles for the int8 product by tokens
+    SP_KERNELS_AMX_INT16,    // avx512-int16 under the amx set's name
     SP_KERNELS_ISA_COUNT
 };
 
@@ -136,9 +139,9 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k);
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
 /* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
  * the set of that name ("portable", "avx2", "avx2-int16", "avx2f",
- * "avxvnni", "avxvnni-int16", "avx512", "avx512-int16")
+ * "avxvnni", "avxvnni-int16", "avx512", "avx512-int16", "amx", "amx-int16")
  * when the CPU can run it; anything else, or a set this CPU lacks, means
- * automatic: avx512, else avxvnni, else avx2, else portable. */
+ * automatic: amx, else avx512, else avxvnni, else avx2, else portable. */
 const struct sp_kernels *sp_kernels_select(const char *env_value);
 /* The x86 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
@@ -157,6 +160,7 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa);
 const struct sp_kernels *sp_kernels_avxvnni_set(enum sp_kernels_isa isa);
 const struct sp_kernels *sp_kernels_avx512_set(enum sp_kernels_isa isa);
+const struct sp_kernels *sp_kernels_amx_set(enum sp_kernels_isa isa);
 /* The portable matmul_rows, which the x86 sets fall back on for formats they
  * have no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,

@@ -6,6 +6,7 @@
  *   matvec_avx2.c     AVX2 + FMA + F16C: the sets "avx2" and "avx2f"
  *   matvec_avxvnni.c  the same plus AVX-VNNI: "avxvnni"
  *   matvec_avx512.c   the same plus AVX-512 F/BW/VL/DQ and VNNI: "avx512"
+ *   matvec_amx.c      the same plus AMX-TILE and AMX-INT8: "amx"
  *
  * Before including it a file defines KSET_ISA and KSET_NAME (the default
  * set: int8 activations for 4-bit rows, int16 for 8-bit rows),
@@ -22,9 +23,11 @@
  * the same integers however they are added (zmm_group_sums); in the int8
  * product by tokens two blocks of 8 tokens share one vector and a pass
  * takes two such pairs (zmm_block_group_add, zmm_quad_steps); and
- * attention's blocks are 16 lanes wide. Integer sums
+ * attention's blocks are 16 lanes wide; the amx build is the avx512 one
+ * whose int8 product by tokens, for groups of 64 and 128 columns, takes
+ * its integer sums from AMX tiles (amx_groups). Integer sums
  * are exact and every float operation happens in the same order, so the
- * three builds' twin sets give bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
+ * four builds' twin sets give bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
  * 1.7-1.9x avx2's, decode of mxfp4 rows from DRAM about 1.4x. On a Zen 5
  * (one thread, from cache): one token by groups against avx2's, affine4-g64
@@ -117,6 +120,13 @@ ALWAYS __m256i add_part(__m256i a, __m256i b) { return HAVE_DPWSSD ? _mm256_add_
 #define HAVE_ZMM 1
 #else
 #define HAVE_ZMM 0
+#endif
+/* The amx build also computes the int8 product by tokens with AMX tiles
+ * (amx_group_add). */
+#if HAVE_ZMM && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
 #endif
 
 /* Above SP_KERNELS_DECODE_MAX_TOKENS tokens the blocked product is faster
@@ -941,20 +951,27 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   copy is faster: one thread from cache, 2048 x 2048 x 256 tokens 0.86x
  *   the time (affine4) and 0.82x (mxfp4), 512 x 2048 x 16-32 tokens
  *   0.78-0.87x; a 512-token prefill on 2 threads 1.04-1.12x the tokens a
- *   second. The same sums from AMX tiles (tdpbusd of 16 unpacked rows x a
- *   pair of blocks, whose side-by-side layout is already AMX's second
- *   operand; the sums stored and taken on by the same float work) measured,
- *   on that Xeon, affine4-g64 768 x 2048 and 2048 x 768 at 16 tokens
- *   1.13-1.32x the speed of this product, 32 tokens and more 0.90-1.10x, and a
- *   whole 512-token prefill 1.03x (medians of 25, within that machine's
- *   noise): there the per-group float work and the unpacking (each about a
- *   third of the product at 16 tokens) bound it, not the multiply-adds, so
- *   no AMX set was added. */
+ *   second. The amx build takes groups of 64 and 128 columns from AMX
+ *   tiles instead (amx_groups): tdpbusd of 16 unpacked rows x a pair of
+ *   blocks, whose side-by-side layout is already AMX's second operand; the
+ *   sums are stored and taken on by the same float work. On that Xeon, one
+ *   thread, affine4-g64 from L3 (64 copies of the matrix), means of 3 rounds
+ *   against avx512: 768 x 2048 at 32 tokens 1.03-1.29x, 2048 x 768
+ *   0.99-1.22x, 16 tokens 1.06-1.6x, 4096 x 2048 at 64 tokens 1.5-1.9x. The
+ *   multiply-adds are not what bounds it: a 16 x 2048 block at 32 tokens
+ *   runs its tiles alone at ~550 G a second, its float work alone at
+ *   ~650, both at ~280, and with the unpacking of its rows at ~160-220. */
 
 #define MX4_OFFSET 12  // mxfp4 codes as int8 are 2 * e2m1 + 12
 #define Q8_CHAINS 8
 #define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
-#define Q8_BLOCK_ROWS 4    // rows unpacked at a time there
+#define Q8_BLOCK_ROWS 4    // rows a vector product takes at a time there
+/* Rows unpacked at a time: Q8_BLOCK_ROWS, or a tile's 16 in the amx build */
+#if HAVE_AMX
+#define Q8_UNPACK_ROWS 16
+#else
+#define Q8_UNPACK_ROWS Q8_BLOCK_ROWS
+#endif
 /* Token blocks that share each broadcast of a row's codes (measured on a
  * Zen 3: 1.02-1.09x one block at a time); the activations of a pair of
  * blocks sit side by side, 64 bytes per quad (quad_at) */
@@ -982,11 +999,11 @@ struct q8acts {
     const float *dx;      // (n, ldg) scale of each group of x
     const float *xsum;    // affine: (n, ldg) float sum of x over each group (mxfp4: unset)
     const int32_t *xoff;  // mxfp4: (n, ldg) 12 x the sum of xq over each group (affine: unset)
-    float *srow, *brow;   // (Q8_BLOCK_ROWS, ldg) rows' scales x code scale, biases
+    float *srow, *brow;   // (Q8_UNPACK_ROWS, ldg) rows' scales x code scale, biases
     /* product by tokens: xt (pairs of blocks of 8 tokens: cols / 4 quads x
      * 2 blocks x 8 tokens x 4 bytes), dxt, xst, xot (blocks: ldg x 8), ub
-     * (Q8_BLOCK_ROWS, cols) unpacked codes,
-     * chains (Q8_BLOCK_ROWS, Q8_CHAINS, Q8_PASS, 8) */
+     * (Q8_UNPACK_ROWS, cols) unpacked codes,
+     * chains (Q8_UNPACK_ROWS, Q8_CHAINS, Q8_PASS, 8) */
     int8_t *xt;
     uint8_t *ub;
     float *dxt, *xst, *chains;
@@ -1033,10 +1050,10 @@ static void q8_layout(void *scratch, int64_t cols, int64_t ng, struct q8acts *q)
     int64_t ldg = (ng + Q8_CHAINS - 1) / Q8_CHAINS * Q8_CHAINS, nt = Q8_TOKENS;
     int8_t *xq = scratch, *xp = xq + nt * cols, *xt = xp + nt * cols;
     uint8_t *ub = (uint8_t *)(xt + nt * cols);
-    float *f = (float *)(void *)(ub + Q8_BLOCK_ROWS * cols);  // cols is a multiple of 32
-    float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_BLOCK_ROWS * ldg;
-    float *dxt = brow + Q8_BLOCK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
-    int32_t *xoff = (int32_t *)(void *)(chains + Q8_PASS * Q8_BLOCK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
+    float *f = (float *)(void *)(ub + Q8_UNPACK_ROWS * cols);  // cols is a multiple of 32
+    float *dx = f, *xsum = dx + nt * ldg, *srow = xsum + nt * ldg, *brow = srow + Q8_UNPACK_ROWS * ldg;
+    float *dxt = brow + Q8_UNPACK_ROWS * ldg, *xst = dxt + nt * ldg, *chains = xst + nt * ldg;
+    int32_t *xoff = (int32_t *)(void *)(chains + Q8_PASS * Q8_UNPACK_ROWS * Q8_CHAINS * Q8_BLOCK_TOKENS);
     int32_t *xot = xoff + nt * ldg;
     uint8_t *xw = (uint8_t *)(xot + nt * ldg);
     *q = (struct q8acts){xq, xp, dx, xsum, xoff, srow, brow, xt, ub, dxt, xst, chains, xot, xw, 0, cols, ng, ldg, false};
@@ -1547,7 +1564,7 @@ ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const
 ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
                         int64_t r, int nr) {
     int64_t units = f->cols / 64;
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+    for (int i = 0; i < Q8_UNPACK_ROWS; i++) {
         int64_t ri = r + (i < nr ? i : 0);
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)ri * f->row_bytes;
         uint8_t *o = q->ub + i * f->cols;
@@ -1555,7 +1572,7 @@ ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct 
             __m256i lo, hi;
             /* the same bytes of the rows two passes on (measured against one
              * and four on: 1.03-1.04x and 1.02x in a 512-token prefill) */
-            if (!(u & 1)) _mm_prefetch((const char *)c + 2 * Q8_BLOCK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
+            if (!(u & 1)) _mm_prefetch((const char *)c + 2 * Q8_UNPACK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
             u8_codes(fmt, c + u * 32, &lo, &hi);
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64), lo);
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64 + 32), hi);
@@ -1769,6 +1786,146 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 }
 #endif
 
+#if HAVE_AMX
+/* The product by tokens on AMX tiles, for groups of 64 or 128 columns: a
+ * tile of codes holds a run of 16 quads (64 columns in unit order) of the
+ * 16 unpacked rows, a tile of activations the same quads of a pair of
+ * token blocks, which xt already lays out as AMX wants its second operand
+ * (a row per quad, a dword per token); tdpbusd adds their products into a
+ * tile of sums, one per pair: row i, lane t is the int32 sum of row i and
+ * token t, the integers zmm_block_group_add computes, lane for lane. Even
+ * groups use
+ * tiles 0-3, odd ones 4-7, and store their sums into buffers of their own,
+ * so that a group's tile work overlaps the float work of the group before
+ * and waits on no tile of it. */
+/* tiles of the even groups' set; the odd groups' are these + 4 */
+#define TILE_SUM0 0
+#define TILE_SUM1 1
+#define TILE_CODES 2
+#define TILE_ACTS 3
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes[16];  // per tile row
+    uint8_t rows[16];
+};
+
+/* Loads the tile shapes (all 16 rows of 64 bytes); a thread does so before
+ * its first tile instruction, each thread having tile state of its own. */
+static void amx_rows_begin(void) {
+    struct tile_config c __attribute__((aligned(64))) = {.palette = 1};
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.bytes[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Releases the tiles (the OS then saves no tile state for the thread). */
+static void amx_rows_end(void) { _tile_release(); }
+
+/* The int32 sums of a pass's pairs and one group: [pair][row][token] */
+typedef int32_t amx_sums[Q8_PASS / Q8_PAIR][Q8_UNPACK_ROWS][16];
+
+/* Quads qd .. qd + 15 of the rows times the same quads of np pairs,
+ * added to sum tiles S0, S1 through tiles C (codes) and A (activations):
+ * tile numbers as literals, which GCC's tile intrinsics need */
+#define AMX_RUN(S0, S1, C, A, q, xb, np, qd)                                                     \
+    do {                                                                                         \
+        const int8_t *acts_ = (xb) + quad_at(qd);                                                \
+        _tile_loadd(C, (q)->ub + (qd) * 4, (q)->cols);                                           \
+        _tile_loadd(A, acts_, 64);                                                               \
+        _tile_dpbusd(S0, C, A);                                                                  \
+        if ((np) > 1) {                                                                          \
+            _tile_loadd(A, acts_ + Q8_PAIR * Q8_BLOCK_TOKENS * (q)->cols, 64);                   \
+            _tile_dpbusd(S1, C, A);                                                              \
+        }                                                                                        \
+    } while (0)
+
+/* Group g's sums (its per / 2 runs of 16 quads) into out, through tiles
+ * S0, S1, C, A */
+#define AMX_GROUP_SUMS(S0, S1, C, A, per, q, xb, np, g, out)                                   \
+    do {                                                                                       \
+        _tile_zero(S0);                                                                        \
+        if ((np) > 1) _tile_zero(S1);                                                          \
+        for (int k_ = 0; k_ < (per) / 2; k_++) AMX_RUN(S0, S1, C, A, q, xb, np, ((g) * (per) / 2 + k_) * 16); \
+        _tile_stored(S0, (out)[0], 64);                                                        \
+        if ((np) > 1) _tile_stored(S1, (out)[1], 64);                                          \
+    } while (0)
+
+ALWAYS void amx_group_sums(int per, const struct q8acts *q, const int8_t *xb, int np, int64_t g, amx_sums out) {
+    _Static_assert(TILE_SUM0 == 0 && TILE_SUM1 == 1 && TILE_CODES == 2 && TILE_ACTS == 3, "the literals below");
+    if (g & 1)
+        AMX_GROUP_SUMS(4, 5, 6, 7, per, q, xb, np, g, out);
+    else
+        AMX_GROUP_SUMS(0, 1, 2, 3, per, q, xb, np, g, out);
+}
+
+/* What the float work of a pass reads, taken out of q once: the float
+ * stores into the chains could otherwise alias q's fields (the build has
+ * no strict aliasing) and make every row reload them. Per pair p: the dx
+ * and the sums (affine: float sums of x; mxfp4: integer offsets) of its
+ * two blocks, ldg x 8 floats each. */
+struct amx_pass {
+    const float *srow, *brow;
+    float *chains;
+    const float *dx[Q8_PASS / Q8_PAIR][Q8_PAIR];
+    const float *xs[Q8_PASS / Q8_PAIR][Q8_PAIR];
+    int64_t ldg;
+};
+
+/* zmm_block_group_add's float work for all Q8_UNPACK_ROWS rows, the sums
+ * of group g from s; first: the chains start here (g < Q8_CHAINS). */
+ALWAYS void amx_group_floats(int fmt, const struct amx_pass *a, int np, int64_t g, bool first, const amx_sums s) {
+    const int64_t ldg = a->ldg;
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++) {
+        __m512 dx = pair_ps(a->dx[p][0] + g * 8, a->dx[p][1] + g * 8);
+        __m512 xs = pair_ps(a->xs[p][0] + g * 8, a->xs[p][1] + g * 8);
+        __m512i xo = _mm512_castps_si512(xs);
+        float *ch = a->chains + chain_at(0, g % Q8_CHAINS, Q8_PAIR * p);
+        const float *sr = a->srow + g, *br = a->brow + g;
+#pragma GCC unroll 4
+        for (int i = 0; i < Q8_UNPACK_ROWS; i++) {
+            float *c = ch + chain_at(i, 0, 0);
+            __m512i st = _mm512_load_si512(s[p][i]);
+            if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo);
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(_mm512_set1_ps(sr[i * ldg]), dx),
+                                       first ? _mm512_setzero_ps() : _mm512_loadu_ps(c));
+            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(br[i * ldg]), xs, v);
+            _mm512_storeu_ps(c, v);
+        }
+    }
+}
+
+/* Every group (64 or 128 columns) of the unpacked rows times the nb blocks
+ * of a pass from b into the chains, as vector_groups leaves them: group g's
+ * tiles, then group g - 1's floats. */
+ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, const int8_t *xb, int nb,
+                       int64_t b) {
+    amx_sums sums[2] __attribute__((aligned(64)));
+    const int np = nb / Q8_PAIR;
+    struct amx_pass a = {q->srow, q->brow, q->chains, {{0}}, {{0}}, q->ldg};
+    for (int p = 0; p < np; p++)
+        for (int h = 0; h < Q8_PAIR; h++) {
+            size_t at = (size_t)((b + Q8_PAIR * p + h) * q->ldg * Q8_BLOCK_TOKENS);
+            a.dx[p][h] = q->dxt + at;
+            a.xs[p][h] = fmt == FMT_MX4 ? (const float *)(const void *)(q->xot + at) : q->xst + at;
+        }
+    const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS;
+    amx_group_sums(per, q, xb, np, 0, sums[0]);
+    int64_t g = 1;
+    for (; g <= first; g++) {
+        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
+        amx_group_floats(fmt, &a, np, g - 1, true, sums[(g - 1) & 1]);
+    }
+    for (; g <= ng; g++) {
+        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
+        amx_group_floats(fmt, &a, np, g - 1, false, sums[(g - 1) & 1]);
+    }
+}
+#else
+static void amx_rows_begin(void) {}
+static void amx_rows_end(void) {}
+#endif
+
 /* block_group_add for the nb blocks of a pass: whole pairs of them in the
  * avx512 build. */
 ALWAYS void group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int nb, int64_t b, int64_t g,
@@ -1807,29 +1964,62 @@ ALWAYS void block_store(const __m256 v[Q8_BLOCK_ROWS], int nr, int64_t nt, float
     }
 }
 
-/* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every
- * group, then each block's chains summed as hsum sums lanes (chains past ng
- * are zero) and stored (tokens past n are not). */
-ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
-                            int nr, bool wide, float *y, int64_t ldy) {
+/* Every group of Q8_BLOCK_ROWS unpacked rows times token blocks b .. b +
+ * nb - 1 (from xb) into their chains. */
+ALWAYS void vector_groups(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, const int8_t *xb, int nb,
+                          int64_t b, bool wide) {
     /* groups before a lone last 32-column block, and whether there is one */
     const bool lone = per == 1 && (f->ng & 1);
     const int64_t ngw = f->ng - lone, first = ngw < Q8_CHAINS ? ngw : Q8_CHAINS;
-    const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
     int64_t g = 0;
     for (; g < first; g++) group_add(fmt, per, q, xb, nb, b, g, false, wide, true);
     for (; g < ngw; g++) group_add(fmt, per, q, xb, nb, b, g, false, wide, false);
     if (lone) group_add(fmt, per, q, xb, nb, b, g, true, wide, g < Q8_CHAINS);
-    for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
-        __m256 v[Q8_BLOCK_ROWS];
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-#define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(q->chains + chain_at(i, c, j)) : _mm256_setzero_ps())
-            v[i] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
-                                 _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
-#undef CH_
+}
+
+#if HAVE_AMX
+/* q's unpacked rows from i0 on (their codes, scales, biases and chains) as
+ * rows 0 .. of a q8acts of their own */
+ALWAYS struct q8acts rows_from(const struct q8acts *q, int i0) {
+    struct q8acts v = *q;
+    v.ub += i0 * q->cols;
+    v.srow += i0 * q->ldg;
+    v.brow += i0 * q->ldg;
+    v.chains += chain_at(i0, 0, 0);
+    return v;
+}
+#endif
+
+/* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every
+ * group (the amx build: groups of 32 columns by vectors, 4 rows at a time,
+ * as tiles take them at a loss), then each block's chains summed as hsum sums lanes (chains past ng
+ * are zero) and stored (tokens past n are not). */
+ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
+                            int nr, bool wide, float *y, int64_t ldy) {
+    const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
+#if HAVE_AMX
+    if (per > 1)
+        amx_groups(fmt, per, f, q, xb, nb, b);
+    else
+        for (int i0 = 0; i0 < nr; i0 += Q8_BLOCK_ROWS) {
+            const struct q8acts v = rows_from(q, i0);
+            vector_groups(fmt, per, f, &v, xb, nb, b, wide);
         }
+#else
+    vector_groups(fmt, per, f, q, xb, nb, b, wide);
+#endif
+    for (int j = 0; j < nb && (b + j) * Q8_BLOCK_TOKENS < q->n; j++) {
         int64_t t0 = (b + j) * Q8_BLOCK_TOKENS;
-        block_store(v, nr, q->n - t0, y + t0 * ldy, ldy);
+        for (int i0 = 0; i0 < nr; i0 += Q8_BLOCK_ROWS) {
+            __m256 v[Q8_BLOCK_ROWS];
+            for (int k = 0; k < Q8_BLOCK_ROWS; k++) {
+#define CH_(c) ((c) < f->ng ? _mm256_loadu_ps(q->chains + chain_at(i0 + k, c, j)) : _mm256_setzero_ps())
+                v[k] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(CH_(0), CH_(4)), _mm256_add_ps(CH_(2), CH_(6))),
+                                     _mm256_add_ps(_mm256_add_ps(CH_(1), CH_(5)), _mm256_add_ps(CH_(3), CH_(7))));
+#undef CH_
+            }
+            block_store(v, nr - i0 < Q8_BLOCK_ROWS ? nr - i0 : Q8_BLOCK_ROWS, q->n - t0, y + t0 * ldy + i0, ldy);
+        }
     }
 }
 
@@ -1848,8 +2038,8 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
                           int64_t ldy, int fmt, int sdt, int per) {
     const struct rowfmt f = rowfmt_of(w, fmt, sdt);
     const int64_t nb = blocks_computed(q->n);
-    for (int64_t r = r0; r < r1; r += Q8_BLOCK_ROWS) {
-        int nr = r1 - r < Q8_BLOCK_ROWS ? (int)(r1 - r) : Q8_BLOCK_ROWS;
+    for (int64_t r = r0; r < r1; r += Q8_UNPACK_ROWS) {
+        int nr = r1 - r < Q8_UNPACK_ROWS ? (int)(r1 - r) : Q8_UNPACK_ROWS;
         int64_t b = 0;
         unpack_rows(fmt, sdt, w, &f, q, r, nr);
         if (HAVE_ZMM) {
@@ -2058,7 +2248,9 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             struct q8acts qb = q;
             qb.n = blocked;
             q8_block_tokens(&qb);
+            amx_rows_begin();
             for (int i = 0; i < m->n; i++) im->q8_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
+            amx_rows_end();
         }
         int64_t chunk = nq - blocked <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
         for (int i = 0; i < m->n; i++)
