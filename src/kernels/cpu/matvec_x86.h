@@ -24,8 +24,8 @@
  * product by tokens two blocks of 8 tokens share one vector and a pass
  * takes two such pairs (zmm_block_group_add, zmm_quad_steps); and
  * attention's blocks are 16 lanes wide; the amx build is the avx512 one
- * whose int8 product by tokens, for groups of 64 and 128 columns, takes
- * its integer sums from AMX tiles (amx_groups). Integer sums
+ * whose int8 product by tokens takes its integer sums from AMX tiles
+ * (amx_groups). Integer sums
  * are exact and every float operation happens in the same order, so the
  * four builds' twin sets give bit-identical results. Measured on a Sapphire Rapids host, 2 threads,
  * 2048 x 2048 (bench/kernels): int16 x 4-bit products of 64 tokens
@@ -951,12 +951,15 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   copy is faster: one thread from cache, 2048 x 2048 x 256 tokens 0.86x
  *   the time (affine4) and 0.82x (mxfp4), 512 x 2048 x 16-32 tokens
  *   0.78-0.87x; a 512-token prefill on 2 threads 1.04-1.12x the tokens a
- *   second. The amx build takes groups of 64 and 128 columns from AMX
- *   tiles instead (amx_groups): tdpbusd of 16 unpacked rows x a pair of
- *   blocks, whose side-by-side layout is already AMX's second operand; the
- *   sums are stored and taken on by the same float work. On that Xeon, one
- *   thread, affine4-g64 from L3 (64 copies of the matrix), means of 3 rounds
- *   against avx512: 768 x 2048 at 32 tokens 1.03-1.29x, 2048 x 768
+ *   second. The amx build takes the sums from AMX tiles instead
+ *   (amx_groups): tdpbusd of 16 unpacked rows x a pair of blocks, whose
+ *   side-by-side layout is already AMX's second operand; the sums are
+ *   stored and taken on by the same float work. A 512-token prefill on 2
+ *   threads (4-layer synthetic models, medians of 3, two rounds), against
+ *   avx512's tokens a second: affine4 Qwen3 1.44-1.47x, Ling-mini 1.0-1.2x;
+ *   mxfp4 (groups of 32: two tdpbusd of 16 columns) 1.02-1.19x and
+ *   0.99-1.28x. The product alone, one thread, affine4-g64 from L3 (64
+ *   copies of the matrix), means of 3 rounds against avx512: 768 x 2048 at 32 tokens 1.03-1.29x, 2048 x 768
  *   0.99-1.22x, 16 tokens 1.06-1.6x, 4096 x 2048 at 64 tokens 1.5-1.9x. The
  *   multiply-adds are not what bounds it: a 16 x 2048 block at 32 tokens
  *   runs its tiles alone at ~550 G a second, its float work alone at
@@ -1787,8 +1790,8 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 #endif
 
 #if HAVE_AMX
-/* The product by tokens on AMX tiles, for groups of 64 or 128 columns: a
- * tile of codes holds a run of 16 quads (64 columns in unit order) of the
+/* The product by tokens on AMX tiles: a tile of codes holds a run of 16
+ * quads (64 columns in unit order; 4 quads for groups of 32 columns) of the
  * 16 unpacked rows, a tile of activations the same quads of a pair of
  * token blocks, which xt already lays out as AMX wants its second operand
  * (a row per quad, a dword per token); tdpbusd adds their products into a
@@ -1810,11 +1813,21 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-/* Loads the tile shapes (all 16 rows of 64 bytes); a thread does so before
- * its first tile instruction, each thread having tile state of its own. */
-static void amx_rows_begin(void) {
+/* Loads the tile shapes for rows of groups of 32 x per columns; a thread
+ * does so before its first tile instruction, each thread having tile state
+ * of its own. Sums: 16 rows x 16 tokens. Codes and activations: a run of
+ * 16 quads (16 rows of 64 bytes each) for groups of 64 and 128 columns; for
+ * groups of 32, whose even and odd columns lie 4 quads each in different
+ * places of a unit, runs of 4 quads (codes 16 rows x 16 bytes, activations
+ * 4 rows x 64 bytes), two a group. */
+static void amx_rows_begin(int per) {
     struct tile_config c __attribute__((aligned(64))) = {.palette = 1};
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.bytes[t] = 64;
+    const int quads = per == 1 ? 4 : 16;
+    for (int t = 0; t < 8; t++) {
+        bool codes = t % 4 == TILE_CODES, acts = t % 4 == TILE_ACTS;
+        c.rows[t] = (uint8_t)(acts ? quads : 16);
+        c.bytes[t] = (uint16_t)(codes ? 4 * quads : 64);
+    }
     _tile_loadconfig(&c);
 }
 
@@ -1839,23 +1852,32 @@ typedef int32_t amx_sums[Q8_PASS / Q8_PAIR][Q8_UNPACK_ROWS][16];
         }                                                                                        \
     } while (0)
 
-/* Group g's sums (its per / 2 runs of 16 quads) into out, through tiles
- * S0, S1, C, A */
-#define AMX_GROUP_SUMS(S0, S1, C, A, per, q, xb, np, g, out)                                   \
-    do {                                                                                       \
-        _tile_zero(S0);                                                                        \
-        if ((np) > 1) _tile_zero(S1);                                                          \
-        for (int k_ = 0; k_ < (per) / 2; k_++) AMX_RUN(S0, S1, C, A, q, xb, np, ((g) * (per) / 2 + k_) * 16); \
-        _tile_stored(S0, (out)[0], 64);                                                        \
-        if ((np) > 1) _tile_stored(S1, (out)[1], 64);                                          \
+/* Group g's sums into out, through tiles S0, S1, C, A: its per / 2 runs
+ * of 16 quads, or for groups of 32 columns (per 1) its even columns' 4
+ * quads and its odd columns' 4 (8 further on, or right after in a lone
+ * last 32-column block), as block_group takes them */
+#define AMX_GROUP_SUMS(S0, S1, C, A, per, lone, q, xb, np, g, out)                                          \
+    do {                                                                                                    \
+        _tile_zero(S0);                                                                                     \
+        if ((np) > 1) _tile_zero(S1);                                                                       \
+        if ((per) == 1) {                                                                                   \
+            int64_t qa_ = ((g) / 2) * 16 + ((g) & 1) * 4;                                                   \
+            AMX_RUN(S0, S1, C, A, q, xb, np, qa_);                                                          \
+            AMX_RUN(S0, S1, C, A, q, xb, np, qa_ + ((lone) ? 4 : 8));                                       \
+        } else {                                                                                            \
+            for (int k_ = 0; k_ < (per) / 2; k_++) AMX_RUN(S0, S1, C, A, q, xb, np, ((g) * (per) / 2 + k_) * 16); \
+        }                                                                                                   \
+        _tile_stored(S0, (out)[0], 64);                                                                     \
+        if ((np) > 1) _tile_stored(S1, (out)[1], 64);                                                       \
     } while (0)
 
-ALWAYS void amx_group_sums(int per, const struct q8acts *q, const int8_t *xb, int np, int64_t g, amx_sums out) {
+ALWAYS void amx_group_sums(int per, bool lone, const struct q8acts *q, const int8_t *xb, int np, int64_t g,
+                           amx_sums out) {
     _Static_assert(TILE_SUM0 == 0 && TILE_SUM1 == 1 && TILE_CODES == 2 && TILE_ACTS == 3, "the literals below");
     if (g & 1)
-        AMX_GROUP_SUMS(4, 5, 6, 7, per, q, xb, np, g, out);
+        AMX_GROUP_SUMS(4, 5, 6, 7, per, lone, q, xb, np, g, out);
     else
-        AMX_GROUP_SUMS(0, 1, 2, 3, per, q, xb, np, g, out);
+        AMX_GROUP_SUMS(0, 1, 2, 3, per, lone, q, xb, np, g, out);
 }
 
 /* What the float work of a pass reads, taken out of q once: the float
@@ -1895,7 +1917,7 @@ ALWAYS void amx_group_floats(int fmt, const struct amx_pass *a, int np, int64_t 
     }
 }
 
-/* Every group (64 or 128 columns) of the unpacked rows times the nb blocks
+/* Every group of the unpacked rows times the nb blocks
  * of a pass from b into the chains, as vector_groups leaves them: group g's
  * tiles, then group g - 1's floats. */
 ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, const int8_t *xb, int nb,
@@ -1909,20 +1931,21 @@ ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8
             a.dx[p][h] = q->dxt + at;
             a.xs[p][h] = fmt == FMT_MX4 ? (const float *)(const void *)(q->xot + at) : q->xst + at;
         }
-    const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS;
-    amx_group_sums(per, q, xb, np, 0, sums[0]);
+    /* a lone last 32-column block: the last group when there are an odd number of 32 */
+    const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS, lone = per == 1 && (ng & 1) ? ng - 1 : -1;
+    amx_group_sums(per, lone == 0, q, xb, np, 0, sums[0]);
     int64_t g = 1;
     for (; g <= first; g++) {
-        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
+        if (g < ng) amx_group_sums(per, g == lone, q, xb, np, g, sums[g & 1]);
         amx_group_floats(fmt, &a, np, g - 1, true, sums[(g - 1) & 1]);
     }
     for (; g <= ng; g++) {
-        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
+        if (g < ng) amx_group_sums(per, g == lone, q, xb, np, g, sums[g & 1]);
         amx_group_floats(fmt, &a, np, g - 1, false, sums[(g - 1) & 1]);
     }
 }
 #else
-static void amx_rows_begin(void) {}
+static void amx_rows_begin(int per) { (void)per; }
 static void amx_rows_end(void) {}
 #endif
 
@@ -1977,34 +2000,16 @@ ALWAYS void vector_groups(int fmt, int per, const struct rowfmt *f, const struct
     if (lone) group_add(fmt, per, q, xb, nb, b, g, true, wide, g < Q8_CHAINS);
 }
 
-#if HAVE_AMX
-/* q's unpacked rows from i0 on (their codes, scales, biases and chains) as
- * rows 0 .. of a q8acts of their own */
-ALWAYS struct q8acts rows_from(const struct q8acts *q, int i0) {
-    struct q8acts v = *q;
-    v.ub += i0 * q->cols;
-    v.srow += i0 * q->ldg;
-    v.brow += i0 * q->ldg;
-    v.chains += chain_at(i0, 0, 0);
-    return v;
-}
-#endif
-
 /* Token blocks b .. b + nb - 1 (b even) of the unpacked rows: every
- * group (the amx build: groups of 32 columns by vectors, 4 rows at a time,
- * as tiles take them at a loss), then each block's chains summed as hsum sums lanes (chains past ng
- * are zero) and stored (tokens past n are not). */
+ * group (by vectors, 4 rows at a time; the amx build: by tiles, 16 rows),
+ * then each block's chains summed as hsum sums lanes (chains past ng are
+ * zero) and stored (tokens past n are not). */
 ALWAYS void block_rows_pass(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, int nb, int64_t b,
                             int nr, bool wide, float *y, int64_t ldy) {
     const int8_t *xb = q->xt + b * f->cols * Q8_BLOCK_TOKENS;  // pair b / 2
 #if HAVE_AMX
-    if (per > 1)
-        amx_groups(fmt, per, f, q, xb, nb, b);
-    else
-        for (int i0 = 0; i0 < nr; i0 += Q8_BLOCK_ROWS) {
-            const struct q8acts v = rows_from(q, i0);
-            vector_groups(fmt, per, f, &v, xb, nb, b, wide);
-        }
+    (void)wide;
+    amx_groups(fmt, per, f, q, xb, nb, b);
 #else
     vector_groups(fmt, per, f, q, xb, nb, b, wide);
 #endif
@@ -2248,7 +2253,7 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             struct q8acts qb = q;
             qb.n = blocked;
             q8_block_tokens(&qb);
-            amx_rows_begin();
+            amx_rows_begin((int)(w0->group / 32));
             for (int i = 0; i < m->n; i++) im->q8_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
             amx_rows_end();
         }
