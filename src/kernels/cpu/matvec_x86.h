@@ -1797,10 +1797,9 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
  * (a row per quad, a dword per token); tdpbusd adds their products into a
  * tile of sums, one per pair: row i, lane t is the int32 sum of row i and
  * token t, the integers zmm_block_group_add computes, lane for lane. Even
- * groups use
- * tiles 0-3, odd ones 4-7, and store their sums into buffers of their own,
- * so that a group's tile work overlaps the float work of the group before
- * and waits on no tile of it. */
+ * groups use tiles 0-3, odd ones 4-7, and store their sums into buffers of
+ * their own, so that a group's tile work overlaps the float work of the
+ * group before and waits on no tile of it. */
 /* tiles of the even groups' set; the odd groups' are these + 4 */
 #define TILE_SUM0 0
 #define TILE_SUM1 1
@@ -1837,9 +1836,10 @@ static void amx_rows_end(void) { _tile_release(); }
 /* The int32 sums of a pass's pairs and one group: [pair][row][token] */
 typedef int32_t amx_sums[Q8_PASS / Q8_PAIR][Q8_UNPACK_ROWS][16];
 
-/* Quads qd .. qd + 15 of the rows times the same quads of np pairs,
- * added to sum tiles S0, S1 through tiles C (codes) and A (activations):
- * tile numbers as literals, which GCC's tile intrinsics need */
+/* A run of quads from qd (16, or 4 for groups of 32 columns: the shapes
+ * amx_rows_begin set) of the rows times the same quads of np pairs, added
+ * to sum tiles S0, S1 through tiles C (codes) and A (activations): tile
+ * numbers as literals, which GCC's tile intrinsics need */
 #define AMX_RUN(S0, S1, C, A, q, xb, np, qd)                                                     \
     do {                                                                                         \
         const int8_t *acts_ = (xb) + quad_at(qd);                                                \
@@ -1917,9 +1917,9 @@ ALWAYS void amx_group_floats(int fmt, const struct amx_pass *a, int np, int64_t 
     }
 }
 
-/* Every group of the unpacked rows times the nb blocks
- * of a pass from b into the chains, as vector_groups leaves them: group g's
- * tiles, then group g - 1's floats. */
+/* Every group of the unpacked rows times the nb blocks of a pass from b
+ * into the chains, as vector_groups leaves them: group g's tiles, then
+ * group g - 1's floats. */
 ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8acts *q, const int8_t *xb, int nb,
                        int64_t b) {
     amx_sums sums[2] __attribute__((aligned(64)));
