@@ -122,7 +122,7 @@ ALWAYS __m256i add_part(__m256i a, __m256i b) { return HAVE_DPWSSD ? _mm256_add_
 #define HAVE_ZMM 0
 #endif
 /* The amx build also computes the int8 product by tokens with AMX tiles
- * (amx_group_add). */
+ * (amx_groups). */
 #if HAVE_ZMM && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define HAVE_AMX 1
 #else
@@ -959,8 +959,9 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   avx512's tokens a second: affine4 Qwen3 1.44-1.47x, Ling-mini 1.0-1.2x;
  *   mxfp4 (groups of 32: two tdpbusd of 16 columns) 1.02-1.19x and
  *   0.99-1.28x. The product alone, one thread, affine4-g64 from L3 (64
- *   copies of the matrix), means of 3 rounds against avx512: 768 x 2048 at 32 tokens 1.03-1.29x, 2048 x 768
- *   0.99-1.22x, 16 tokens 1.06-1.6x, 4096 x 2048 at 64 tokens 1.5-1.9x. The
+ *   copies of the matrix), means of 3 rounds against avx512: 768 x 2048 at
+ *   32 tokens 1.03-1.29x, 2048 x 768 0.99-1.22x, 16 tokens 1.06-1.6x, 4096
+ *   x 2048 at 64 tokens 1.5-1.9x. The
  *   multiply-adds are not what bounds it: a 16 x 2048 block at 32 tokens
  *   runs its tiles alone at ~550 G a second, its float work alone at
  *   ~650, both at ~280, and with the unpacking of its rows at ~160-220. */
