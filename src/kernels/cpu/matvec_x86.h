@@ -956,9 +956,10 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
  *   side-by-side layout is already AMX's second operand; the sums are
  *   stored and taken on by the same float work. A 512-token prefill on 2
  *   threads (4-layer synthetic models, medians of 3, two rounds), against
- *   avx512's tokens a second: affine4 Qwen3 1.44-1.47x, Ling-mini 1.0-1.2x;
- *   mxfp4 (groups of 32: two tdpbusd of 16 columns) 1.02-1.19x and
- *   0.99-1.28x. The product alone, one thread, affine4-g64 from L3 (64
+ *   avx512's tokens a second: affine4 Qwen3 1.44-1.47x, Ling-mini 1.0-1.2x.
+ *   mxfp4's groups of 32 columns take one tdpbusd of 32 (group_order);
+ *   taken as two of 16 in unit order, they ran a Qwen3 prefill at 0.70-0.74x
+ *   the tokens a second and its q / k / v products at 0.55-0.6x. The product alone, one thread, affine4-g64 from L3 (64
  *   copies of the matrix), means of 3 rounds against avx512: 768 x 2048 at
  *   32 tokens 1.03-1.29x, 2048 x 768 0.99-1.22x, 16 tokens 1.06-1.6x, 4096
  *   x 2048 at 64 tokens 1.5-1.9x. The
@@ -1562,9 +1563,16 @@ ALWAYS void block_group(int fmt, int per, const uint8_t *ub, int64_t cols, const
 #undef EACH_SUM
 }
 
-/* Rows r .. r + nr - 1 as unsigned bytes in ub (unit order; a lone last
- * block as its 16 even then 16 odd columns) and their scales and biases;
- * rows past nr repeat the first (computed, never stored). */
+/* Whether the amx build lays out the unpacked codes and the token blocks
+ * (ub, xt) of rows with groups of 32 columns in group order: each group's
+ * 16 even columns, then its 16 odd ones, so that its 8 quads are one run of
+ * a tile (unit order has them 4 and 4, 8 quads apart). */
+ALWAYS bool group_order(int64_t group) { return HAVE_AMX && group == 32; }
+
+/* Rows r .. r + nr - 1 as unsigned bytes in ub (unit order, or group order
+ * where group_order says so; a lone last block as its 16 even then 16 odd
+ * columns) and their scales and biases; rows past nr repeat the first
+ * (computed, never stored). */
 ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct rowfmt *f, const struct q8acts *q,
                         int64_t r, int nr) {
     int64_t units = f->cols / 64;
@@ -1578,6 +1586,11 @@ ALWAYS void unpack_rows(int fmt, int sdt, const struct sp_qmat *w, const struct 
              * and four on: 1.03-1.04x and 1.02x in a 512-token prefill) */
             if (!(u & 1)) _mm_prefetch((const char *)c + 2 * Q8_UNPACK_ROWS * f->row_bytes + u * 32, _MM_HINT_T0);
             u8_codes(fmt, c + u * 32, &lo, &hi);
+            if (group_order(f->group)) {
+                __m256i ga = _mm256_permute2x128_si256(lo, hi, 0x20), gb = _mm256_permute2x128_si256(lo, hi, 0x31);
+                lo = ga;
+                hi = gb;
+            }
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64), lo);
             _mm256_storeu_si256((__m256i *)(void *)(o + u * 64 + 32), hi);
         }
@@ -1607,14 +1620,23 @@ ALWAYS void transpose8_ps(__m256 r[8]) {
     }
 }
 
-/* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) into dst as
- * 8 x 8 transposed, ld dwords apart: dst[k * ld + t] = dword k of row t. */
-ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst, int64_t ld) {
+/* The 8 dwords at byte `at` of 8 rows (src[t], NULL: zeros) as 8 x 8
+ * transposed, ld dwords apart: dwords 0-3 of row t at lo[k * ld + t] (k <
+ * 4), dwords 4-7 at hi[(k - 4) * ld + t]. */
+ALWAYS void transpose8x8_split(const void *const src[8], int64_t at, void *lo, void *hi, int64_t ld) {
     __m256 r[8];
     for (int t = 0; t < 8; t++)
         r[t] = src[t] ? _mm256_loadu_ps((const float *)(const void *)((const char *)src[t] + at)) : _mm256_setzero_ps();
     transpose8_ps(r);
-    for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)dst + ld * k, r[k]);
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps((float *)lo + ld * k, r[k]);
+        _mm256_storeu_ps((float *)hi + ld * k, r[4 + k]);
+    }
+}
+
+/* transpose8x8_split into one place: dst[k * ld + t] = dword k of row t. */
+ALWAYS void transpose8x8(const void *const src[8], int64_t at, void *dst, int64_t ld) {
+    transpose8x8_split(src, at, dst, (float *)dst + 4 * ld, ld);
 }
 
 /* Tokens b * 8 .. b * 8 + 7 (zero past n) side by side: xt quads of 8
@@ -1634,8 +1656,18 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
         dx[t] = real ? q->dx + tg * ldg : NULL;
         xs[t] = !real ? NULL : q->mx4 ? (const void *)(q->xoff + tg * ldg) : (const void *)(q->xsum + tg * ldg);
     }
-    /* cols is a multiple of 32 (8 quads), ldg of 8; sums are 4-byte values */
-    for (int64_t k = 0; k < q->cols; k += 32) transpose8x8(x, k, xt + quad_at(k / 4), Q8_PAIR * 8);
+    /* cols is a multiple of 32 (8 quads), ldg of 8; sums are 4-byte values.
+     * In group order (as unpack_rows lays out the codes) the 4 odd quads of
+     * a unit's first group trade places with the 4 even ones of its second. */
+    int64_t k = 0;
+    if (q->ng > 0 && group_order(q->cols / q->ng)) {
+        for (; k + 64 <= q->cols; k += 64) {
+            int8_t *o = xt + quad_at(k / 4);
+            transpose8x8_split(x, k, o, o + quad_at(8), Q8_PAIR * 8);
+            transpose8x8_split(x, k + 32, o + quad_at(4), o + quad_at(12), Q8_PAIR * 8);
+        }
+    }
+    for (; k < q->cols; k += 32) transpose8x8(x, k, xt + quad_at(k / 4), Q8_PAIR * 8);
     for (int64_t g = 0; g < ldg; g += 8) {
         transpose8x8(dx, g * 4, q->dxt + at + g * Q8_BLOCK_TOKENS, 8);
         transpose8x8(xs, g * 4, (char *)sums + g * Q8_BLOCK_TOKENS * 4, 8);
@@ -1792,10 +1824,10 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 
 #if HAVE_AMX
 /* The product by tokens on AMX tiles: a tile of codes holds a run of 16
- * quads (64 columns in unit order; 4 quads for groups of 32 columns) of the
- * 16 unpacked rows, a tile of activations the same quads of a pair of
- * token blocks, which xt already lays out as AMX wants its second operand
- * (a row per quad, a dword per token); tdpbusd adds their products into a
+ * quads (64 columns in unit order; for groups of 32 columns 8 quads, a
+ * group in group order) of the 16 unpacked rows, a tile of activations the
+ * same quads of a pair of token blocks, which xt already lays out as AMX
+ * wants its second operand (a row per quad, a dword per token); tdpbusd adds their products into a
  * tile of sums, one per pair: row i, lane t is the int32 sum of row i and
  * token t, the integers zmm_block_group_add computes, lane for lane. Even
  * groups use tiles 0-3, odd ones 4-7, and store their sums into buffers of
@@ -1816,13 +1848,13 @@ struct tile_config {
 /* Loads the tile shapes for rows of groups of 32 x per columns; a thread
  * does so before its first tile instruction, each thread having tile state
  * of its own. Sums: 16 rows x 16 tokens. Codes and activations: a run of
- * 16 quads (16 rows of 64 bytes each) for groups of 64 and 128 columns; for
- * groups of 32, whose even and odd columns lie 4 quads each in different
- * places of a unit, runs of 4 quads (codes 16 rows x 16 bytes, activations
- * 4 rows x 64 bytes), two a group. */
+ * 16 quads (codes 16 rows of 64 bytes, activations 16 rows of 64 bytes)
+ * for groups of 64 and 128 columns; for groups of 32, runs of 8 quads
+ * (codes 16 rows x 32 bytes, activations 8 rows x 64 bytes), one a
+ * group. */
 static void amx_rows_begin(int per) {
     struct tile_config c __attribute__((aligned(64))) = {.palette = 1};
-    const int quads = per == 1 ? 4 : 16;
+    const int quads = per == 1 ? 8 : 16;
     for (int t = 0; t < 8; t++) {
         bool codes = t % 4 == TILE_CODES, acts = t % 4 == TILE_ACTS;
         c.rows[t] = (uint8_t)(acts ? quads : 16);
@@ -1837,7 +1869,7 @@ static void amx_rows_end(void) { _tile_release(); }
 /* The int32 sums of a pass's pairs and one group: [pair][row][token] */
 typedef int32_t amx_sums[Q8_PASS / Q8_PAIR][Q8_UNPACK_ROWS][16];
 
-/* A run of quads from qd (16, or 4 for groups of 32 columns: the shapes
+/* A run of quads from qd (16, or 8 for groups of 32 columns: the shapes
  * amx_rows_begin set) of the rows times the same quads of np pairs, added
  * to sum tiles S0, S1 through tiles C (codes) and A (activations): tile
  * numbers as literals, which GCC's tile intrinsics need */
@@ -1854,31 +1886,26 @@ typedef int32_t amx_sums[Q8_PASS / Q8_PAIR][Q8_UNPACK_ROWS][16];
     } while (0)
 
 /* Group g's sums into out, through tiles S0, S1, C, A: its per / 2 runs
- * of 16 quads, or for groups of 32 columns (per 1) its even columns' 4
- * quads and its odd columns' 4 (8 further on, or right after in a lone
- * last 32-column block), as block_group takes them */
-#define AMX_GROUP_SUMS(S0, S1, C, A, per, lone, q, xb, np, g, out)                                          \
+ * of 16 quads, or for groups of 32 columns (per 1, in group order) its one
+ * run of 8 */
+#define AMX_GROUP_SUMS(S0, S1, C, A, per, q, xb, np, g, out)                                                \
     do {                                                                                                    \
         _tile_zero(S0);                                                                                     \
         if ((np) > 1) _tile_zero(S1);                                                                       \
-        if ((per) == 1) {                                                                                   \
-            int64_t qa_ = ((g) / 2) * 16 + ((g) & 1) * 4;                                                   \
-            AMX_RUN(S0, S1, C, A, q, xb, np, qa_);                                                          \
-            AMX_RUN(S0, S1, C, A, q, xb, np, qa_ + ((lone) ? 4 : 8));                                       \
-        } else {                                                                                            \
+        if ((per) == 1)                                                                                     \
+            AMX_RUN(S0, S1, C, A, q, xb, np, (g) * 8);                                                      \
+        else                                                                                                \
             for (int k_ = 0; k_ < (per) / 2; k_++) AMX_RUN(S0, S1, C, A, q, xb, np, ((g) * (per) / 2 + k_) * 16); \
-        }                                                                                                   \
         _tile_stored(S0, (out)[0], 64);                                                                     \
         if ((np) > 1) _tile_stored(S1, (out)[1], 64);                                                       \
     } while (0)
 
-ALWAYS void amx_group_sums(int per, bool lone, const struct q8acts *q, const int8_t *xb, int np, int64_t g,
-                           amx_sums out) {
+ALWAYS void amx_group_sums(int per, const struct q8acts *q, const int8_t *xb, int np, int64_t g, amx_sums out) {
     _Static_assert(TILE_SUM0 == 0 && TILE_SUM1 == 1 && TILE_CODES == 2 && TILE_ACTS == 3, "the literals below");
     if (g & 1)
-        AMX_GROUP_SUMS(4, 5, 6, 7, per, lone, q, xb, np, g, out);
+        AMX_GROUP_SUMS(4, 5, 6, 7, per, q, xb, np, g, out);
     else
-        AMX_GROUP_SUMS(0, 1, 2, 3, per, lone, q, xb, np, g, out);
+        AMX_GROUP_SUMS(0, 1, 2, 3, per, q, xb, np, g, out);
 }
 
 /* What the float work of a pass reads, taken out of q once: the float
@@ -1932,16 +1959,15 @@ ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8
             a.dx[p][h] = q->dxt + at;
             a.xs[p][h] = fmt == FMT_MX4 ? (const float *)(const void *)(q->xot + at) : q->xst + at;
         }
-    /* a lone last 32-column block: the last group when there are an odd number of 32 */
-    const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS, lone = per == 1 && (ng & 1) ? ng - 1 : -1;
-    amx_group_sums(per, lone == 0, q, xb, np, 0, sums[0]);
+    const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS;
+    amx_group_sums(per, q, xb, np, 0, sums[0]);
     int64_t g = 1;
     for (; g <= first; g++) {
-        if (g < ng) amx_group_sums(per, g == lone, q, xb, np, g, sums[g & 1]);
+        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
         amx_group_floats(fmt, &a, np, g - 1, true, sums[(g - 1) & 1]);
     }
     for (; g <= ng; g++) {
-        if (g < ng) amx_group_sums(per, g == lone, q, xb, np, g, sums[g & 1]);
+        if (g < ng) amx_group_sums(per, q, xb, np, g, sums[g & 1]);
         amx_group_floats(fmt, &a, np, g - 1, false, sums[(g - 1) & 1]);
     }
 }
