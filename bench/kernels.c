@@ -4,14 +4,15 @@
  * figure that matters is weight bytes per second as a share of what DRAM
  * delivers).
  *
- *     build/bench/kernels [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N]
+ *     build/bench/kernels [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N] [--shape RxC]
+ *                         [--batch N]
  *
  * First the read bandwidth of this machine: a 1 GiB buffer read by 1 and by
  * N threads (best of 5 passes of an integer sum and 5 of a SIMD dot); the
  * N-thread figure is the bound. Then every kernel set this CPU runs (or
  * only --isa SET: portable, avx2, avx2-int16, avx2f, avxvnni(-int16),
  * avx512(-int16), amx(-int16)) x format x shape (shapes of real MoE models) x batch
- * (1: decode, 64: prefill / batched decode) through sp_linear_apply on an
+ * (1: decode, 64 or --batch N: prefill / batched decode) through sp_linear_apply on an
  * N-thread pool. Each result cycles through enough copies of the matrix
  * (--mb, default 256 MiB) that weights come from DRAM, never from cache.
  * One machine-readable line per result:
@@ -25,6 +26,7 @@
  * machine would show (pct_bw_cpu compares it with the bandwidth measured
  * the same way). Compare ratios from one run.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,14 +166,26 @@ int main(int argc, char **argv) {
     bool quick = false;
     const char *only_isa = NULL, *only_fmt = NULL;
     size_t budget = 256u << 20;
+    int64_t one_shape[1][2] = {{0, 0}};  // --shape: only this (rows, cols), e.g. an lm_head's 151936x2048
+    int64_t batches[] = {1, 64};         // --batch N: the second
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
         else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) only_fmt = argv[++i];
         else if (!strcmp(argv[i], "--mb") && i + 1 < argc) budget = (size_t)atol(argv[++i]) << 20;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc &&
+                 sscanf(argv[++i], "%" SCNd64 "x%" SCNd64, &one_shape[0][0], &one_shape[0][1]) == 2 &&
+                 one_shape[0][0] > 0 && one_shape[0][1] > 0 && one_shape[0][1] % 128 == 0)
+            continue;
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc && atoi(argv[i + 1]) >= 1 && atoi(argv[i + 1]) <= 64)
+            batches[1] = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N] [--shape RxC] [--batch N]\n"
+                    "  --shape RxC   only R rows x C columns (C a multiple of 128)\n"
+                    "  --batch N     the second batch size, 1 to 64 (default 64; the first is 1)\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -188,16 +202,21 @@ int main(int argc, char **argv) {
 
     struct sp_rng rng;
     sp_rng_seed(&rng, 1);
-    float *x = sp_malloc_aligned(64 * 4096 * sizeof(float), 64, SP_MEM_MISC);
-    float *y = sp_malloc_aligned(64 * 4096 * sizeof(float), 64, SP_MEM_MISC);
-    for (int i = 0; i < 64 * 4096; i++) x[i] = sp_rng_normal(&rng);
-    const int64_t batches[] = {1, 64};
-    int nshapes = quick ? 2 : (int)(sizeof shapes / sizeof *shapes);
+    const int64_t(*shape)[2] = one_shape[0][0] ? (const int64_t(*)[2])one_shape : shapes;
+    int nshapes = one_shape[0][0] ? 1 : quick ? 2 : (int)(sizeof shapes / sizeof *shapes);
+    int64_t max_rows = 0, max_cols = 0;
+    for (int si = 0; si < nshapes; si++) {
+        max_rows = shape[si][0] > max_rows ? shape[si][0] : max_rows;
+        max_cols = shape[si][1] > max_cols ? shape[si][1] : max_cols;
+    }
+    float *x = sp_malloc_aligned((size_t)(64 * max_cols) * sizeof(float), 64, SP_MEM_MISC);
+    float *y = sp_malloc_aligned((size_t)(64 * max_rows) * sizeof(float), 64, SP_MEM_MISC);
+    for (int64_t i = 0; i < 64 * max_cols; i++) x[i] = sp_rng_normal(&rng);
     for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++) {
         const struct fmtdef *f = &fmts[fi];
         if (only_fmt && strcmp(only_fmt, f->name)) continue;
         for (int si = 0; si < nshapes; si++) {
-            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            int64_t rows = shape[si][0], cols = shape[si][1];
             struct mats M;
             mats_make(&M, f, rows, cols, budget, &rng);
             size_t bytes = sp_qtype_matrix_bytes(f->type, f->group, f->sdt, rows, cols);
