@@ -1842,9 +1842,10 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
  * quads (64 columns in unit order; for groups of 32 columns 8 quads, a
  * group in group order) of the 16 unpacked rows, a tile of activations the
  * same quads of a pair of token blocks, which xt already lays out as AMX
- * wants its second operand (a row per quad, a dword per token); tdpbusd adds their products into a
- * tile of sums, one per pair: row i, lane t is the int32 sum of row i and
- * token t, the integers zmm_block_group_add computes, lane for lane. Even
+ * wants its second operand (a row per quad, a dword per token); tdpbusd
+ * (tdpbssd for mxfp4) adds their products into a tile of sums, one per
+ * pair: row i, lane t is the int32 sum of row i and token t, the integers
+ * zmm_block_group_add computes, lane for lane. Even
  * groups use tiles 0-3, odd ones 4-7, and store their sums into buffers of
  * their own, so that a group's tile work overlaps the float work of the
  * group before and waits on no tile of it. */
@@ -1938,8 +1939,8 @@ ALWAYS void amx_group_sums(int fmt, int per, const struct q8acts *q, const int8_
 /* What the float work of a pass reads, taken out of q once: the float
  * stores into the chains could otherwise alias q's fields (the build has
  * no strict aliasing) and make every row reload them. Per pair p: the dx
- * and the sums (affine: float sums of x; mxfp4: integer offsets) of its
- * two blocks, ldg x 8 floats each. */
+ * and (affine) the float sums of x of its two blocks, ldg x 8 floats
+ * each. */
 struct amx_pass {
     const float *srow, *brow;
     float *chains;
@@ -1983,7 +1984,7 @@ ALWAYS void amx_groups(int fmt, int per, const struct rowfmt *f, const struct q8
         for (int h = 0; h < Q8_PAIR; h++) {
             size_t at = (size_t)((b + Q8_PAIR * p + h) * q->ldg * Q8_BLOCK_TOKENS);
             a.dx[p][h] = q->dxt + at;
-            a.xs[p][h] = fmt == FMT_MX4 ? (const float *)(const void *)(q->xot + at) : q->xst + at;
+            a.xs[p][h] = fmt == FMT_MX4 ? NULL : q->xst + at;  // mxfp4 needs no sums (amx_codes)
         }
     const int64_t ng = f->ng, first = ng < Q8_CHAINS ? ng : Q8_CHAINS;
     amx_group_sums(fmt, per, q, xb, np, 0, sums[0]);
