@@ -483,11 +483,11 @@ static void test_matmul_pair(void **state) {
 }
 
 /* The VNNI sets multiply-add with vpdpwssd / vpdpbusd where avx2 uses
- * vpmaddwd / vpmaddubsw and adds (amx: with tdpbusd on tiles of 16 rows,
- * which the 29 rows here fill once and leave 13 of the next); the int32
- * sums are exact either way, so
- * their products must be bit-identical to avx2's (and their -int16 sets
- * to avx2-int16's) for every format, group and batch size. Runs on CPUs
+ * vpmaddwd / vpmaddubsw and adds (amx: with tdpbusd, for mxfp4 tdpbssd, on
+ * tiles of 16 rows, which the 29 rows here fill once and leave 13 of the
+ * next); the int32 sums are exact either way, so their products must be
+ * bit-identical to avx2's (and their -int16 sets to avx2-int16's) for
+ * every format, group and batch size. Runs on CPUs
  * that have a VNNI set (the test reports which it compared). */
 static void test_vnni_sets_match_avx2(void **state) {
     const struct {

@@ -9,9 +9,9 @@
  * OS lets the process use), else "avx512" (AVX-512 F/BW/VL/DQ + VNNI), else
  * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The four give
  * bit-identical results; the VNNI ones take fewer instructions per
- * multiply-add, amx fewer still. Each has a twin "NAME-int16" that rounds the activations of
- * 4-bit rows to int16 instead of int8 (slower, closer to float), and avx2
- * one with float activations, "avx2f". SPARROW_KERNELS in the environment
+ * multiply-add, amx fewer still. Each has a twin "NAME-int16" that rounds
+ * the activations of 4-bit rows to int16 instead of int8 (slower, closer to
+ * float), and avx2 one with float activations, "avx2f". SPARROW_KERNELS in the environment
  * names a set to use instead (sp_kernels_select).
  *
  *     const struct sp_kernels *k = sp_kernels();      // chosen once per process

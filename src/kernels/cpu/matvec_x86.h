@@ -1675,7 +1675,7 @@ static void block_tokens(const struct q8acts *q, int64_t b) {
      * In group order (as unpack_rows lays out the codes) the 4 odd quads of
      * a unit's first group trade places with the 4 even ones of its second. */
     int64_t k = 0;
-    if (q->ng > 0 && group_order(q->cols / q->ng)) {
+    if (group_order(q->cols / q->ng)) {
         for (; k + 64 <= q->cols; k += 64) {
             int8_t *o = xt + quad_at(k / 4);
             transpose8x8_split(x, k, o, o + quad_at(8), Q8_PAIR * 8);
