@@ -1761,18 +1761,25 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
 ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int np, int64_t q, int steps,
                            __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
     const int par = 4 / np;
+    /* the rows' and pairs' first quads: the steps read at fixed offsets from them */
+    const uint8_t *row[Q8_BLOCK_ROWS];
+    const int8_t *pair[Q8_PASS / Q8_PAIR];
+#pragma GCC unroll 4
+    for (int i = 0; i < Q8_BLOCK_ROWS; i++) row[i] = ub + i * cols + q * 4;
+#pragma GCC unroll 2
+    for (int p = 0; p < np; p++) pair[p] = xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q);
 #pragma GCC unroll 32
     for (int k = 0; k < steps; k++) {
         __m512i x[Q8_PASS / Q8_PAIR];
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++) {
-            x[p] = _mm512_loadu_si512(xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q + k));
+            x[p] = _mm512_loadu_si512(pair[p] + quad_at(k));
             __asm__("" : "+v"(x[p]));  // one load for the four rows, not one folded into each
         }
 #pragma GCC unroll 4
         for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
             int32_t u;
-            memcpy(&u, ub + i * cols + (q + k) * 4, 4);
+            memcpy(&u, row[i] + k * 4, 4);
             __m512i c = _mm512_set1_epi32(u);
 #pragma GCC unroll 2
             for (int p = 0; p < np; p++) {
@@ -1803,34 +1810,40 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
     } else {
         zmm_quad_steps(q->ub, q->cols, xb, np, g * 16 * (per / 2), 16 * (per / 2), s);
     }
+    /* q's fields in locals: the chains' stores may alias any memory
+     * (-fno-strict-aliasing), which would have each one reloaded */
+    const int64_t ldg = q->ldg;
+    const float *dxt = q->dxt, *xst = q->xst, *srow = q->srow, *brow = q->brow;
+    const int32_t *xot = q->xot;
+    float *chains = q->chains;
     __m512 dx[Q8_PASS / Q8_PAIR], xs[Q8_PASS / Q8_PAIR];
     __m512i xo[Q8_PASS / Q8_PAIR];
 #pragma GCC unroll 2
     for (int p = 0; p < np; p++) {
-        size_t at0 = (size_t)(((b + Q8_PAIR * p) * q->ldg + g) * Q8_BLOCK_TOKENS);
-        size_t at1 = at0 + (size_t)(q->ldg * Q8_BLOCK_TOKENS);
-        dx[p] = pair_ps(q->dxt + at0, q->dxt + at1);
+        size_t at0 = (size_t)(((b + Q8_PAIR * p) * ldg + g) * Q8_BLOCK_TOKENS);
+        size_t at1 = at0 + (size_t)(ldg * Q8_BLOCK_TOKENS);
+        dx[p] = pair_ps(dxt + at0, dxt + at1);
         xs[p] = _mm512_setzero_ps();
         xo[p] = _mm512_setzero_si512();
         if (fmt == FMT_MX4)
             xo[p] = _mm512_castps_si512(
-                pair_ps((const float *)(const void *)(q->xot + at0), (const float *)(const void *)(q->xot + at1)));
+                pair_ps((const float *)(const void *)(xot + at0), (const float *)(const void *)(xot + at1)));
         else
-            xs[p] = pair_ps(q->xst + at0, q->xst + at1);
+            xs[p] = pair_ps(xst + at0, xst + at1);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
-        __m512 sr = _mm512_set1_ps(q->srow[i * q->ldg + g]);
+        __m512 sr = _mm512_set1_ps(srow[i * ldg + g]);
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++) {
-            float *a = q->chains + chain_at(i, g % Q8_CHAINS, Q8_PAIR * p);
+            float *a = chains + chain_at(i, g % Q8_CHAINS, Q8_PAIR * p);
             __m512i st = s[i][p][0];
 #pragma GCC unroll 3
             for (int m = 1; m < par; m++) st = _mm512_add_epi32(st, s[i][p][m]);
             if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, xo[p]);
             __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(a);
             __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sr, dx[p]), prev);
-            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(q->brow[i * q->ldg + g]), xs[p], v);
+            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(_mm512_set1_ps(brow[i * ldg + g]), xs[p], v);
             _mm512_storeu_ps(a, v);
         }
     }
