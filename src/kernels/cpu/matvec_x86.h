@@ -22,7 +22,7 @@
  * (zmm_pairs), and int8 activations by groups, whose exact group sums are
  * the same integers however they are added (zmm_group_sums); in the int8
  * product by tokens two blocks of 8 tokens share one vector and a pass
- * takes two such pairs (zmm_block_group_add, zmm_quad_steps); and
+ * takes two such pairs of 8 rows (zmm_block_group_add, zmm_quad_steps); and
  * attention's blocks are 16 lanes wide; the amx build is the avx512 one
  * whose int8 product by tokens takes its integer sums from AMX tiles
  * (amx_groups). Integer sums
@@ -975,9 +975,20 @@ ALWAYS void q16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const stru
 #define Q8_CHAINS 8
 #define Q8_BLOCK_TOKENS 8  // tokens per vector in the product by tokens
 #define Q8_BLOCK_ROWS 4    // rows a vector product takes at a time there
-/* Rows unpacked at a time: Q8_BLOCK_ROWS, or a tile's 16 in the amx build */
+/* Rows the avx512 build's product by tokens takes at a time, and the int32
+ * sums it keeps in flight (rows x pairs x runs). 8 rows against 4 (Zen 5,
+ * one thread, from cache, both builds at once on the two cores, swapped):
+ * 768 x 2048 at 32 tokens 1.01x (affine4) and 1.03x (mxfp4), at 16 tokens
+ * 1.09x both, 2048 x 768 at 32 tokens 1.08x: a load of a pair's
+ * activations serves twice the rows. */
+#define ZMM_ROWS 8
+#define ZMM_SUMS 16
+/* Rows unpacked at a time: Q8_BLOCK_ROWS, ZMM_ROWS in the avx512 build, or
+ * a tile's 16 in the amx build */
 #if HAVE_AMX
 #define Q8_UNPACK_ROWS 16
+#elif HAVE_ZMM
+#define Q8_UNPACK_ROWS ZMM_ROWS
 #else
 #define Q8_UNPACK_ROWS Q8_BLOCK_ROWS
 #endif
@@ -1754,18 +1765,22 @@ ALWAYS __m512 pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
+/* Runs of quads per row and pair whose sums add up at the end of a group:
+ * ZMM_SUMS chains of vpdpbusd in flight in all. */
+ALWAYS int zmm_runs(int np) { return ZMM_SUMS / (ZMM_ROWS * np); }
+
 /* s[i][p][m] += quads q .. q + steps - 1 of row i's unpacked codes (ub, as
  * quad_steps reads them) times the same quads of pair p: one broadcast of
  * a code dword per row and quad, one vpdpbusd per pair (m: the quad's
- * place in a run of 4 / np). */
+ * place in a run of zmm_runs(np)). */
 ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, int np, int64_t q, int steps,
-                           __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4]) {
-    const int par = 4 / np;
+                           __m512i s[ZMM_ROWS][Q8_PASS / Q8_PAIR][ZMM_SUMS / ZMM_ROWS]) {
+    const int par = zmm_runs(np);
     /* the rows' and pairs' first quads: the steps read at fixed offsets from them */
-    const uint8_t *row[Q8_BLOCK_ROWS];
+    const uint8_t *row[ZMM_ROWS];
     const int8_t *pair[Q8_PASS / Q8_PAIR];
-#pragma GCC unroll 4
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++) row[i] = ub + i * cols + q * 4;
+#pragma GCC unroll 8
+    for (int i = 0; i < ZMM_ROWS; i++) row[i] = ub + i * cols + q * 4;
 #pragma GCC unroll 2
     for (int p = 0; p < np; p++) pair[p] = xb + p * Q8_PAIR * Q8_BLOCK_TOKENS * cols + quad_at(q);
 #pragma GCC unroll 32
@@ -1774,10 +1789,10 @@ ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, in
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++) {
             x[p] = _mm512_loadu_si512(pair[p] + quad_at(k));
-            __asm__("" : "+v"(x[p]));  // one load for the four rows, not one folded into each
+            __asm__("" : "+v"(x[p]));  // one load for all the rows, not one folded into each
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < ZMM_ROWS; i++) {
             int32_t u;
             memcpy(&u, row[i] + k * 4, 4);
             __m512i c = _mm512_set1_epi32(u);
@@ -1794,10 +1809,10 @@ ALWAYS void zmm_quad_steps(const uint8_t *ub, int64_t cols, const int8_t *xb, in
 /* block_group_add for the np pairs of blocks from b on. */
 ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const int8_t *xb, int np, int64_t b,
                                 int64_t g, bool lone, bool first) {
-    const int par = 4 / np;
-    __m512i s[Q8_BLOCK_ROWS][Q8_PASS / Q8_PAIR][4];
-#pragma GCC unroll 4
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++)
+    const int par = zmm_runs(np);
+    __m512i s[ZMM_ROWS][Q8_PASS / Q8_PAIR][ZMM_SUMS / ZMM_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < ZMM_ROWS; i++)
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++)
 #pragma GCC unroll 4
@@ -1831,8 +1846,8 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
         else
             xs[p] = pair_ps(xst + at0, xst + at1);
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < Q8_BLOCK_ROWS; i++) {
+#pragma GCC unroll 8
+    for (int i = 0; i < ZMM_ROWS; i++) {
         __m512 sr = _mm512_set1_ps(srow[i * ldg + g]);
 #pragma GCC unroll 2
         for (int p = 0; p < np; p++) {
