@@ -292,10 +292,10 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
     size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * groups * sizeof(float)) + 4 * groups * sizeof(float);
     /* int8 (matvec_x86.h, q8_layout): the tokens three times (as rounded,
      * in unit-pair order, and side by side 8 at a time), up to 16 rows of
-     * codes as bytes (the amx set's tile of rows; the others take 4), and
-     * per group up to 16 more (q8_ldg): 6 arrays of a token each and 2 of 16 rows,
-     * plus 4096 floats of chains (4 blocks x 16 rows x 8 chains x 8 tokens)
-     * and a byte per block of 8 tokens */
+     * codes as bytes (the amx set's tile of rows; avx512 takes 8, the
+     * others 4), and per group up to 16 more (q8_ldg): 6 arrays of a token
+     * each and 2 of 16 rows, plus 4096 floats of chains (4 blocks x 16 rows
+     * x 8 chains x 8 tokens) and a byte per block of 8 tokens */
     size_t groups8 = groups + 16;
     size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 16) * (size_t)w->cols +
                 (6 * SP_KERNELS_Q8_TOKENS + 32) * groups8 * sizeof(float) + 4096 * sizeof(float) +
