@@ -296,9 +296,9 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
      * others 4), and per group up to 16 more (q8_ldg): 6 arrays of a token
      * each and 2 of 16 rows, plus 4096 floats of chains (4 blocks x 16 rows
      * x 8 chains x 8 tokens) and a byte per block of 8 tokens */
-    size_t groups8 = groups + 16;
+    size_t ldg = groups + 16;
     size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 16) * (size_t)w->cols +
-                (6 * SP_KERNELS_Q8_TOKENS + 32) * groups8 * sizeof(float) + 4096 * sizeof(float) +
+                (6 * SP_KERNELS_Q8_TOKENS + 32) * ldg * sizeof(float) + 4096 * sizeof(float) +
                 SP_KERNELS_Q8_TOKENS / 8;
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;
