@@ -330,9 +330,10 @@ static void test_batch_invariance(void **state) {
         {SP_QTYPE_F32, 1, SP_DTYPE_COUNT, 517},   {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030},
         {SP_QTYPE_F16, 1, SP_DTYPE_COUNT, 100},   {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640},
         {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1024},
-        /* int8 products: groups in eights plus a rest, a lone 32-column block */
+        /* int8 products: groups in eights plus a rest, a lone 32-column block;
+         * 57 groups, whose per-group rows round up to 64 and are padded (q8_ldg) */
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
-        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}};
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -503,12 +504,14 @@ static void test_vnni_sets_match_avx2(void **state) {
     sp_rng_seed(&rng, 17);
     /* 4-bit rows of whole unit pairs, a last unpaired unit (576 columns of
      * group 64, 2880 of mxfp4: gpt-oss), a unit and a lone block (608) and a
-     * lone block alone (1056) at the end; steps of 8 groups and less */
+     * lone block alone (1056) at the end; steps of 8 groups and less; 57
+     * groups, whose per-group rows are padded (1824, q8_ldg) */
     const struct fmt_case cases[] = {
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
         {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 576}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},
         {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},
-        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880},    {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880},    {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
+        {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
     for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {
         const struct sp_kernels *k = sp_kernels_of(pairs[v].set), *avx2 = sp_kernels_of(pairs[v].base);
         if (!k || !avx2) {
