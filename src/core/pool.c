@@ -195,6 +195,37 @@ bool sp_pool_take(atomic_llong *next, int64_t n, int64_t chunk, int64_t *lo, int
     return true;
 }
 
+bool sp_pool_take_guided(atomic_llong *next, const int64_t *ends, int64_t n, int nth, int64_t *lo, int64_t *hi) {
+    int64_t total = n > 0 ? ends[n - 1] : 0, at = atomic_load_explicit(next, memory_order_relaxed);
+    if (nth < 1) nth = 1;
+    for (;;) {
+        if (at >= total) return false;
+        int64_t least = total / (16 * nth) + 1, want = (total - at) / (2 * nth);
+        int64_t e = at + (want > least ? want : least);
+        /* segment i holds at; segment k would be cut at e */
+        int64_t i = 0, k;
+        while (ends[i] <= at) i++;
+        for (k = i; k < n && ends[k] < e; k++) continue;
+        if (k >= n) {
+            e = total;
+        } else if (ends[k] > e) {
+            int64_t start = k > 0 ? ends[k - 1] : 0;
+            if (start > at) {
+                e = start;  // whole segments
+            } else {
+                int64_t len = ends[i] - start, share = (len + nth - 1) / nth;
+                e = at + (e - at > share ? e - at : share);
+                if (e + share / 2 >= ends[i]) e = ends[i];
+            }
+        }
+        if (atomic_compare_exchange_weak_explicit(next, &at, e, memory_order_relaxed, memory_order_relaxed)) {
+            *lo = at;
+            *hi = e;
+            return true;
+        }
+    }
+}
+
 void sp_pool_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
     int64_t base = n / nth, rem = n % nth;
     *lo = tid * base + (tid < rem ? tid : rem);

@@ -48,6 +48,16 @@ void sp_pool_split(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi);
  *     while (sp_pool_take(&job->next, n, chunk, &lo, &hi)) work(lo, hi);
  */
 bool sp_pool_take(atomic_llong *next, int64_t n, int64_t chunk, int64_t *lo, int64_t *hi);
+/* The same over a line of segments (segment i ends at ends[i], ends[n - 1]
+ * the line's length; empty segments allowed) for nth threads, where a
+ * piece that starts inside a segment costs extra (it rounds the segment's
+ * inputs again, say): guided pieces, a share of what is left (large ones
+ * first, small ones to even out the end), each ended at the start of the
+ * segment it would cut into; a segment larger than that share goes in
+ * pieces of at least 1/nth of it, so it is cut no more often than an even
+ * split would cut it. Every piece is non-empty; together they cover the
+ * line once, in order. */
+bool sp_pool_take_guided(atomic_llong *next, const int64_t *ends, int64_t n, int nth, int64_t *lo, int64_t *hi);
 /* Physical cores of this machine (falls back to online CPUs). */
 int sp_physical_cores(void);
 

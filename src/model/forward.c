@@ -71,6 +71,7 @@ struct sp_ctx {
     int64_t *ecount;     // (E + 1) offsets
     float *gath, *gout;  // (B, d)
     struct ffn_item *items;           // (E + 1) gated MLPs run together
+    int64_t *item_ends;               // (E + 1) where their positions end (struct ffn_job)
     struct sp_expert_views *eviews;   // (E) the views of their experts
     int64_t *item_expert;             // (E) and the experts' numbers
     float *scores;       // (threads, sp_attention_scratch_floats)
@@ -345,6 +346,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free_aligned(c->etok);
     sp_free_aligned(c->ecount);
     sp_free_aligned(c->items);
+    sp_free_aligned(c->item_ends);
     sp_free_aligned(c->att_tiles);
     sp_free_aligned(c->eviews);
     sp_free_aligned(c->item_expert);
@@ -436,6 +438,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->gath = act_buf((size_t)(B * d), sizeof(float), &ok);
     c->gout = act_buf((size_t)(B * d), sizeof(float), &ok);
     c->items = act_buf((size_t)(E + 1), sizeof *c->items, &ok);
+    c->item_ends = act_buf((size_t)(E + 1), sizeof *c->item_ends, &ok);
     c->eviews = act_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = act_buf((size_t)E, sizeof *c->item_expert, &ok);
     c->att_tiles = act_buf((size_t)(B + 1), sizeof(int32_t), &ok);
@@ -766,19 +769,26 @@ static void activate(const struct sp_arch *a, float *out, int64_t ldo, const flo
  * A batch of items runs in two hand-offs: every gate / up row of every item,
  * activated where computed, then every down row. The work is a line of
  * positions, rows x tokens of each item in turn, which the threads take in
- * pieces (ffn_take) as they come free: positions do not all cost the same
- * (an item's tokens past its whole blocks of 8 go by the slower product by
- * groups), nor do the machine's cores always run at one speed, and a
- * thread with the dearer share would keep the others waiting. Each output is the same product of the
- * same rows as one item at a time would compute (struct ffn_item, above). */
+ * pieces as they come free: decode-sized chunks of rows, or with more
+ * tokens guided pieces that keep to whole items where they can (each piece
+ * that starts inside an item rounds its tokens again). Positions do not
+ * all cost the same (an item's tokens past its whole blocks of 8 go by the
+ * slower product by groups), nor do the machine's cores always run at one
+ * speed: split evenly, a thread with the dearer share kept the other
+ * waiting for 19% of the experts' time (Zen 5 VM, 2 threads, a 512-token
+ * prompt of 4-layer Qwen3-30B-A3B affine4); in pieces, prefill ran 1.06x
+ * the tokens a second there, 1.05x on Ling-mini-2.0 affine4, 1.09x on
+ * Qwen3 mxfp4 (medians of 3-5 paired runs). Each output is the same
+ * product of the same rows as one item at a time would compute (struct
+ * ffn_item, above). */
 struct ffn_job {
     struct sp_ctx *c;
     const struct ffn_item *items;
     int64_t n_items;
     bool down;          // the second hand-off
     int64_t total;      // sum over items of units x tokens
-    int64_t chunk;      // taken at a time (sp_linear_chunk); 0: pieces by ffn_take
-    int nth;            // threads taking pieces
+    int64_t *ends;      // (n_items) where each item's positions end
+    int64_t chunk;      // taken at a time (sp_linear_chunk); 0: sp_pool_take_guided
     atomic_llong next;  // the next position to take
 };
 
@@ -825,52 +835,6 @@ static void ffn_range(const struct ffn_job *j, int64_t a, int64_t b, void *scrat
     }
 }
 
-/* The next piece [*a, *b) of the line for a job of many tokens, where each
- * piece that starts inside an item rounds that item's tokens again: a
- * share of what is left (guided: large pieces first, small ones to even
- * out the end), ended at the start of the item it would cut into; an item
- * larger than that share goes in pieces of at least a thread's share of
- * it, so it is cut no more often than an even split would cut it
- * (Zen 5 VM, 2 threads, 512-token prompts of 4-layer synthetic models:
- * split evenly, one thread waited 19% of the experts' time for the other
- * on Qwen3-30B-A3B affine4; in pieces, prefill 1.06x the tokens a second
- * there, 1.05x on Ling-mini-2.0 affine4, 1.09x on Qwen3 mxfp4, medians of
- * 3-5 paired runs). */
-static bool ffn_take(struct ffn_job *j, int64_t *a, int64_t *b) {
-    int64_t at = atomic_load_explicit(&j->next, memory_order_relaxed);
-    for (;;) {
-        if (at >= j->total) return false;
-        int64_t want = (j->total - at) / (2 * j->nth), least = j->total / (16 * j->nth);
-        want = want > least ? want : least;
-        /* the items holding at and at + want */
-        int64_t start = 0, end = j->total, cut_start = -1;
-        for (int64_t i = 0, s0 = 0; i < j->n_items; i++) {
-            int64_t len = ffn_units(j, &j->items[i]) * j->items[i].cnt;
-            if (at >= s0 && at < s0 + len) start = s0, end = s0 + len;
-            if (at + want > s0 && at + want < s0 + len) {
-                cut_start = s0;
-                break;
-            }
-            s0 += len;
-        }
-        int64_t e = at + want;
-        if (cut_start > at) {
-            e = cut_start;  // whole items
-        } else if (cut_start >= 0) {
-            /* inside one item: at least a thread's share of it, and not a small rest */
-            int64_t share = (end - start + j->nth - 1) / j->nth;
-            e = at + (want > share ? want : share);
-            if (e + share / 2 >= end) e = end;
-        } else if (e > j->total) {
-            e = j->total;
-        }
-        if (atomic_compare_exchange_weak_explicit(&j->next, &at, e, memory_order_relaxed, memory_order_relaxed)) {
-            *a = at, *b = e;
-            return true;
-        }
-    }
-}
-
 static void ffn_job_run(void *arg, int tid, int nth) {
     struct ffn_job *j = arg;
     void *scratch = sp_pool_scratch(j->c->pool, tid);
@@ -879,7 +843,8 @@ static void ffn_job_run(void *arg, int tid, int nth) {
         ffn_range(j, 0, j->total, scratch);
         return;
     }
-    while (j->chunk ? sp_pool_take(&j->next, j->total, j->chunk, &a, &b) : ffn_take(j, &a, &b))
+    while (j->chunk ? sp_pool_take(&j->next, j->total, j->chunk, &a, &b)
+                    : sp_pool_take_guided(&j->next, j->ends, j->n_items, nth, &a, &b))
         ffn_range(j, a, b, scratch);
 }
 
@@ -897,10 +862,11 @@ static void ffn_items(struct sp_ctx *c, const struct ffn_item *items, int64_t n)
     /* threads when one of the three products is worth them */
     int nth = items_macs(c, items, n) / 3.0 < SP_LINEAR_SERIAL_MACS ? 1 : sp_pool_size(c->pool);
     for (int down = 0; down < 2; down++) {
-        struct ffn_job j = {c, items, n, down, 0, 0, nth, 0};
+        struct ffn_job j = {c, items, n, down, 0, c->item_ends, 0, 0};
         double bytes = 0;
         for (int64_t i = 0; i < n; i++) {
             j.total += ffn_units(&j, &items[i]) * items[i].cnt;
+            j.ends[i] = j.total;
             bytes += ffn_bytes(&j, &items[i]);
         }
         j.chunk = sp_linear_chunk(j.total, bytes / (double)j.total, most, nth);
