@@ -5,7 +5,7 @@
  * delivers).
  *
  *     build/bench/kernels [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N] [--shape RxC]
- *                         [--batch N]
+ *                         [--batch N] [--interleaved]
  *
  * First the read bandwidth of this machine: a 1 GiB buffer read by 1 and by
  * N threads (best of 5 passes of an integer sum and 5 of a SIMD dot); the
@@ -14,12 +14,14 @@
  * avx512(-int16), amx(-int16)) x format x shape (shapes of real MoE models) x batch
  * (1: decode, 64 or --batch N: prefill / batched decode) through sp_linear_apply on an
  * N-thread pool. Each result cycles through enough copies of the matrix
- * (--mb, default 256 MiB) that weights come from DRAM, never from cache.
+ * (--mb, default 256 MiB) that weights come from DRAM, never from cache;
+ * with --interleaved, 4-bit matrices in blocks of 16 rows (the layout of
+ * sp_qmat_interleave, read by their own loop in the avx512 and amx sets).
  * One machine-readable line per result:
  *
  *     membw threads=2 gbps=... gbps_cpu=...
- *     kernel isa=avx2 fmt=affine4-g64 rows=2048 cols=2048 batch=1 threads=2 bytes=... us=... gbps=... gflops=...
- *            pct_bw=... us_cpu=... gbps_cpu=... gflops_cpu=... pct_bw_cpu=... us_min=...
+ *     kernel isa=avx2 fmt=affine4-g64 layout=rows rows=2048 cols=2048 batch=1 threads=2 bytes=... us=... gbps=...
+ *            gflops=... pct_bw=... us_cpu=... gbps_cpu=... gflops_cpu=... pct_bw_cpu=... us_min=...
  *
  * gbps is by wall time; gbps_cpu by the CPU time of the busiest thread,
  * which on a machine shared with other work is close to what an idle
@@ -138,6 +140,32 @@ static void mats_make(struct mats *o, const struct fmtdef *f, int64_t rows, int6
                                    .scale_dtype = quant ? f->sdt : SP_DTYPE_COUNT};
 }
 
+/* Each copy interleaved in blocks of 16 rows (sp_qmat_interleave), the
+ * row-order buffers given back; nothing where the format has no such form. */
+static void mats_interleave(struct mats *o) {
+    if (!sp_qmat_interleavable(&o->m[0])) return;
+    const struct sp_qmat *m = &o->m[0];
+    size_t cb = (size_t)m->rows * sp_qtype_row_bytes(m->type, m->cols);
+    size_t sb = (size_t)(m->rows * (m->cols / m->group)) * sp_dtype_size(m->scale_dtype);
+    uint8_t *codes = sp_malloc_aligned(cb * (size_t)o->n, 64, SP_MEM_MISC);
+    uint8_t *scales = sp_malloc_aligned(sb * (size_t)o->n, 64, SP_MEM_MISC);
+    uint8_t *biases = o->biases ? sp_malloc_aligned(sb * (size_t)o->n, 64, SP_MEM_MISC) : NULL;
+    if (!codes || !scales || (o->biases && !biases)) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    for (int c = 0; c < o->n; c++) {
+        size_t at = sb * (size_t)c;
+        sp_qmat_interleave(&o->m[c], codes + cb * (size_t)c, scales + at, biases ? biases + at : NULL, &o->m[c]);
+    }
+    sp_free_aligned(o->codes);
+    sp_free_aligned(o->scales);
+    sp_free_aligned(o->biases);
+    o->codes = codes;
+    o->scales = scales;
+    o->biases = biases;
+}
+
 static void mats_free(struct mats *o) {
     free(o->m);
     sp_free_aligned(o->codes);
@@ -167,13 +195,14 @@ static void mm_rows(void *arg, int tid, int nth) {
 
 int main(int argc, char **argv) {
     int threads = 2;
-    bool quick = false;
+    bool quick = false, interleaved = false;
     const char *only_isa = NULL, *only_fmt = NULL;
     size_t budget = 256u << 20;
     int64_t one_shape[1][2] = {{0, 0}};  // --shape: only this (rows, cols), e.g. an lm_head's 151936x2048
     int64_t batches[] = {1, 64};         // --batch N: the second
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--interleaved")) interleaved = true;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) only_isa = argv[++i];
         else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) only_fmt = argv[++i];
@@ -187,8 +216,10 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--quick] [--threads N] [--isa SET] [--fmt NAME] [--mb N] [--shape RxC] [--batch N]\n"
+                    "          [--interleaved]\n"
                     "  --shape RxC   only R rows x C columns (C a multiple of 128)\n"
-                    "  --batch N     the second batch size, 1 to 64 (default 64; the first is 1)\n",
+                    "  --batch N     the second batch size, 1 to 64 (default 64; the first is 1)\n"
+                    "  --interleaved 4-bit matrices in blocks of 16 rows (sp_qmat_interleave)\n",
                     argv[0]);
             return 2;
         }
@@ -223,6 +254,7 @@ int main(int argc, char **argv) {
             int64_t rows = shape[si][0], cols = shape[si][1];
             struct mats M;
             mats_make(&M, f, rows, cols, budget, &rng);
+            if (interleaved) mats_interleave(&M);
             size_t bytes = sp_qtype_matrix_bytes(f->type, f->group, f->sdt, rows, cols);
             if (sp_pool_reserve(pool, sp_kernels_scratch_bytes(&M.m[0])) != SP_OK) return 2;
             for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
@@ -255,10 +287,11 @@ int main(int argc, char **argv) {
                     double us_cpu = cpu_max(threads) / (double)calls * 1e6;
                     double gbps_cpu = (double)bytes / (us_cpu * 1e-6) / 1e9;
                     double gflops_cpu = 2.0 * (double)rows * (double)cols * (double)n / (us_cpu * 1e-6) / 1e9;
-                    printf("kernel isa=%s fmt=%s rows=%lld cols=%lld batch=%lld threads=%d bytes=%zu us=%.1f gbps=%.2f "
-                           "gflops=%.2f pct_bw=%.1f us_cpu=%.1f gbps_cpu=%.2f gflops_cpu=%.2f pct_bw_cpu=%.1f "
+                    printf("kernel isa=%s fmt=%s layout=%s rows=%lld cols=%lld batch=%lld threads=%d bytes=%zu us=%.1f "
+                           "gbps=%.2f gflops=%.2f pct_bw=%.1f us_cpu=%.1f gbps_cpu=%.2f gflops_cpu=%.2f pct_bw_cpu=%.1f "
                            "us_min=%.1f\n",
-                           k->name, f->name, (long long)rows, (long long)cols, (long long)n, threads, bytes, us, gbps,
+                           k->name, f->name, M.m[0].interleaved ? "interleaved" : "rows", (long long)rows, (long long)cols,
+                           (long long)n, threads, bytes, us, gbps,
                            gflops, 100.0 * gbps / bwn.gbs, us_cpu, gbps_cpu, gflops_cpu, 100.0 * gbps_cpu / bwn.gbs_cpu,
                            fastest * 1e6);
                     fflush(stdout);

@@ -549,6 +549,111 @@ static void test_vnni_sets_match_avx2(void **state) {
     }
 }
 
+/* Interleaved matrices (sp_qmat_interleave): the reference reads the same
+ * weights, a block taken back into row order is the rows' bytes, and every
+ * set's products (int8, int16 and float activations, pairs) give the same
+ * bits as on the rows in row order, over ranges of rows that start and end
+ * inside blocks, writing nothing else. */
+static void check_interleaved(const struct sp_kernels *k, const struct mat *M, const struct sp_qmat *iw,
+                              const float *x, int64_t cols) {
+    const struct sp_qmat *m = &M->m;
+    const int64_t rows = m->rows, ldy = rows + 3;
+    const int64_t ranges[][2] = {{0, rows}, {5, rows - 11}, {16, 32}, {3, 4}, {17, 18}};
+    const int64_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 14, 17, 23, 40, 80};
+    float *ya = malloc((size_t)(80 * ldy) * sizeof *ya), *yb = malloc((size_t)(80 * ldy) * sizeof *yb);
+    float *pa = malloc((size_t)(80 * ldy) * sizeof *pa), *pb = malloc((size_t)(80 * ldy) * sizeof *pb);
+    void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(iw), 64, SP_MEM_MISC);
+    for (size_t r = 0; r < sizeof ranges / sizeof *ranges; r++)
+        for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++)
+            for (int kind = 0; kind < 3; kind++) {
+                int64_t r0 = ranges[r][0], r1 = ranges[r][1], n = sizes[b];
+                for (int64_t i = 0; i < 80 * ldy; i++) ya[i] = yb[i] = pa[i] = pb[i] = 777.0f;
+                if (kind == 0) {
+                    k->matmul_rows(m, r0, r1, x, cols, n, ya, ldy, scratch);
+                    k->matmul_rows(iw, r0, r1, x, cols, n, yb, ldy, scratch);
+                } else if (kind == 1) {
+                    k->matmul_rows_float(m, r0, r1, x, cols, n, ya, ldy, scratch);
+                    k->matmul_rows_float(iw, r0, r1, x, cols, n, yb, ldy, scratch);
+                } else {
+                    k->matmul_rows_pair(m, m, r0, r1, x, cols, n, ya, pa, ldy, scratch);
+                    k->matmul_rows_pair(iw, iw, r0, r1, x, cols, n, yb, pb, ldy, scratch);
+                }
+                bool same = memcmp(ya, yb, (size_t)(80 * ldy) * sizeof *ya) == 0 &&
+                            memcmp(pa, pb, (size_t)(80 * ldy) * sizeof *pa) == 0;
+                if (!same)
+                    print_error("%s %s g%d %lld cols: rows %lld-%lld, %lld tokens (%s): interleaved differs\n", k->name,
+                                sp_qtype_name(m->type), m->group, (long long)cols, (long long)r0, (long long)r1,
+                                (long long)n, kind == 0 ? "matmul_rows" : kind == 1 ? "float" : "pair");
+                assert_true(same);
+                for (int64_t t = 0; t < n; t++) assert_true(ya[t * ldy + r0] != 777.0f && ya[t * ldy + r1 - 1] != 777.0f);
+            }
+    sp_free_aligned(scratch);
+    free(ya);
+    free(yb);
+    free(pa);
+    free(pb);
+}
+
+static void test_interleaved_rows(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 29);
+    /* a lone last block (608), steps of 8 groups and a rest, fewer than 8
+     * groups (256), every scale dtype, mxfp4 with a lone unit (2880) */
+    const struct fmt_case cases[] = {
+        {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
+        {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 256}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 1152},
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},    {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        struct mat M;
+        int64_t rows = 48, cols = cases[c].cols;
+        mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, rows, cols, &rng);
+        struct mat odd;
+        mat_make(&odd, cases[c].t, cases[c].group, cases[c].sdt, 40 + 3, cols, &rng);
+        assert_true(sp_qmat_interleavable(&M.m));
+        assert_false(sp_qmat_interleavable(&odd.m));  // not whole blocks of rows
+        mat_free(&odd);
+        size_t cb = (size_t)rows * sp_qtype_row_bytes(M.m.type, cols);
+        size_t sb = (size_t)(rows * (cols / M.m.group)) * sp_dtype_size(M.m.scale_dtype);
+        void *codes = malloc(cb), *scales = malloc(sb), *biases = M.m.biases ? malloc(sb) : NULL;
+        struct sp_qmat iw;
+        sp_qmat_interleave(&M.m, codes, scales, biases, &iw);
+        assert_true(iw.interleaved);
+        assert_false(sp_qmat_interleavable(&iw));
+        /* the reference reads the same weights; each block comes back whole */
+        float *wa = malloc((size_t)cols * sizeof *wa), *wb = malloc((size_t)cols * sizeof *wb);
+        for (int64_t r = 0; r < rows; r++) {
+            sp_qmat_dequant_row_ref(&M.m, r, wa);
+            sp_qmat_dequant_row_ref(&iw, r, wb);
+            assert_memory_equal(wa, wb, (size_t)cols * sizeof *wa);
+        }
+        uint8_t *buf = malloc(sp_qmat_block_bytes(&iw));
+        size_t rcb = cb / 3, rsb = sb / 3;  // one block of 16 rows
+        for (int64_t b = 0; b < rows / SP_QMAT_BLOCK_ROWS; b++) {
+            struct sp_qmat blk;
+            sp_qmat_block_rows(&iw, b, buf, buf + rcb, buf + rcb + rsb, &blk);
+            assert_false(blk.interleaved);
+            assert_int_equal(blk.rows, SP_QMAT_BLOCK_ROWS);
+            assert_memory_equal(blk.codes, (const uint8_t *)M.m.codes + b * rcb, rcb);
+            assert_memory_equal(blk.scales, (const uint8_t *)M.m.scales + b * rsb, rsb);
+            if (M.m.biases) assert_memory_equal(blk.biases, (const uint8_t *)M.m.biases + b * rsb, rsb);
+        }
+        float *x = malloc((size_t)(80 * cols) * sizeof *x);
+        for (int64_t i = 0; i < 80 * cols; i++) x[i] = sp_rng_normal(&rng);
+        for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+            const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+            if (k) check_interleaved(k, &M, &iw, x, cols);
+        }
+        free(x);
+        free(buf);
+        free(wa);
+        free(wb);
+        free(codes);
+        free(scales);
+        free(biases);
+        mat_free(&M);
+    }
+}
+
 /* The checker itself: a result off by 10x the tolerance must be flagged. */
 static void test_checker_catches_errors(void **state) {
     struct sp_rng rng;
@@ -967,6 +1072,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_pair),
         cmocka_unit_test(test_vocab_reductions),
         cmocka_unit_test(test_vnni_sets_match_avx2),
+        cmocka_unit_test(test_interleaved_rows),
     };
     return cmocka_run_group_tests(tests, NULL, report);
 }

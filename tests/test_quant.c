@@ -98,7 +98,7 @@ static void test_affine_dequant_hand_vector(void **state) {
     pack_codes(4, q, 64, codes);
     uint16_t scales[2] = {sp_f32_to_bf16(0.5f), sp_f32_to_bf16(-0.25f)};
     uint16_t biases[2] = {sp_f32_to_bf16(-1.0f), sp_f32_to_bf16(2.0f)};
-    struct sp_qmat m = {SP_QTYPE_AFFINE4, 32, 1, 64, codes, scales, biases, SP_DTYPE_BF16};
+    struct sp_qmat m = {SP_QTYPE_AFFINE4, 32, 1, 64, codes, scales, biases, SP_DTYPE_BF16, false};
     float out[64];
     sp_qmat_dequant_row_ref(&m, 0, out);
     for (int i = 0; i < 64; i++) {
@@ -131,7 +131,7 @@ static void test_affine_rounding_rules(void **state) {
     assert_float_equal(b, 3.0f, 0.0f);
     assert_int_equal(sp_unpack_bits(codes, 0, 4), 0);
     /* Zero is on the grid: the scale is edge / round(edge / scale). */
-    struct sp_qmat m = {SP_QTYPE_AFFINE4, 32, 1, 32, codes, &s, &b, SP_DTYPE_F32};
+    struct sp_qmat m = {SP_QTYPE_AFFINE4, 32, 1, 32, codes, &s, &b, SP_DTYPE_F32, false};
     x[5] = 0.0f;
     sp_qtype_quantize_row_ref(SP_QTYPE_AFFINE4, x, 32, 32, codes, &s, &b, SP_DTYPE_F32);
     float out[32];
@@ -147,7 +147,7 @@ static void test_affine_all_zero_group(void **state) {
         if (bits == 7) continue;
         enum sp_qtype t = bits == 8 ? SP_QTYPE_AFFINE8 : SP_QTYPE_AFFINE2 + (enum sp_qtype)(bits - 2);
         sp_qtype_quantize_row_ref(t, x, 64, 32, codes, s, b, SP_DTYPE_F16);
-        struct sp_qmat m = {t, 32, 1, 64, codes, s, b, SP_DTYPE_F16};
+        struct sp_qmat m = {t, 32, 1, 64, codes, s, b, SP_DTYPE_F16, false};
         float out[64];
         sp_qmat_dequant_row_ref(&m, 0, out);
         for (int i = 0; i < 64; i++) assert_true(out[i] == 0.0f);
@@ -169,7 +169,7 @@ static void test_affine_round_trip_bound(void **state) {
             int g = groups[gi];
             for (int i = 0; i < N; i++) x[i] = sp_rng_normal(&r) * 0.02f;
             sp_qtype_quantize_row_ref(types[ti], x, N, g, codes, s, b, SP_DTYPE_F32);
-            struct sp_qmat m = {types[ti], g, 1, N, codes, s, b, SP_DTYPE_F32};
+            struct sp_qmat m = {types[ti], g, 1, N, codes, s, b, SP_DTYPE_F32, false};
             sp_qmat_dequant_row_ref(&m, 0, out);
             for (int i = 0; i < N; i++) {
                 float sc = fabsf(s[i / g]);
@@ -192,7 +192,7 @@ static void test_mxfp4_exact_round_trip(void **state) {
     sp_qtype_quantize_row_ref(SP_QTYPE_MXFP4, x, 64, 32, codes, scales, NULL, SP_DTYPE_U8);
     assert_int_equal(scales[0], 127 - 3);
     assert_int_equal(scales[1], 127 + 5);
-    struct sp_qmat m = {SP_QTYPE_MXFP4, 32, 1, 64, codes, scales, NULL, SP_DTYPE_U8};
+    struct sp_qmat m = {SP_QTYPE_MXFP4, 32, 1, 64, codes, scales, NULL, SP_DTYPE_U8, false};
     sp_qmat_dequant_row_ref(&m, 0, out);
     for (int i = 0; i < 64; i++) assert_true(out[i] == x[i]);
 }
@@ -201,7 +201,7 @@ static void test_mxfp4_codes_and_scales(void **state) {
     /* Low nibble first; code 8 is -0; scale 2^(s-127); s = 0 is 2^-127. */
     uint8_t codes[16] = {0x87, 0xf1};  // elements: 7 (6.0), 8 (-0), 1 (0.5), 15 (-6)
     uint8_t scales[1] = {128};
-    struct sp_qmat m = {SP_QTYPE_MXFP4, 32, 1, 32, codes, scales, NULL, SP_DTYPE_U8};
+    struct sp_qmat m = {SP_QTYPE_MXFP4, 32, 1, 32, codes, scales, NULL, SP_DTYPE_U8, false};
     float out[32];
     sp_qmat_dequant_row_ref(&m, 0, out);
     assert_float_equal(out[0], 12.0f, 0);
@@ -254,7 +254,7 @@ static void test_mxfp8_nvfp4_round_trip(void **state) {
     for (int i = 0; i < 64; i++) x[i] = sp_rng_normal(&r);
     uint8_t codes[64], scales[4];
     sp_qtype_quantize_row_ref(SP_QTYPE_MXFP8, x, 64, 32, codes, scales, NULL, SP_DTYPE_U8);
-    struct sp_qmat m8 = {SP_QTYPE_MXFP8, 32, 1, 64, codes, scales, NULL, SP_DTYPE_U8};
+    struct sp_qmat m8 = {SP_QTYPE_MXFP8, 32, 1, 64, codes, scales, NULL, SP_DTYPE_U8, false};
     sp_qmat_dequant_row_ref(&m8, 0, out);
     /* Three mantissa bits: half a step is 1/16 relative, or 2^-10 of the scale
      * for values in E4M3's subnormal range. mlx rounds the scale exponent to
@@ -271,7 +271,7 @@ static void test_mxfp8_nvfp4_round_trip(void **state) {
     }
     assert_true(clipped > 0);  // this seed exercises the clipping
     sp_qtype_quantize_row_ref(SP_QTYPE_NVFP4, x, 64, 16, codes, scales, NULL, SP_DTYPE_U8);
-    struct sp_qmat m4 = {SP_QTYPE_NVFP4, 16, 1, 64, codes, scales, NULL, SP_DTYPE_U8};
+    struct sp_qmat m4 = {SP_QTYPE_NVFP4, 16, 1, 64, codes, scales, NULL, SP_DTYPE_U8, false};
     sp_qmat_dequant_row_ref(&m4, 0, out);
     for (int g = 0; g < 4; g++) {
         float amax = 0;
@@ -285,7 +285,7 @@ static void test_float_formats(void **state) {
     uint16_t h[8], bf[8];
     float out[8];
     sp_qtype_quantize_row_ref(SP_QTYPE_F16, x, 8, 1, h, NULL, NULL, SP_DTYPE_COUNT);
-    struct sp_qmat m = {SP_QTYPE_F16, 1, 1, 8, h, NULL, NULL, SP_DTYPE_COUNT};
+    struct sp_qmat m = {SP_QTYPE_F16, 1, 1, 8, h, NULL, NULL, SP_DTYPE_COUNT, false};
     sp_qmat_dequant_row_ref(&m, 0, out);
     for (int i = 0; i < 8; i++) assert_float_equal(out[i], x[i], fabsf(x[i]) * 1e-3f + 6e-8f);
     assert_int_equal(sp_f32_to_f16(65520.0f), 0x7c00);  // rounds to inf

@@ -71,6 +71,24 @@ uint8_t sp_float_to_e8m0(float x) {
     return (uint8_t)((int)l + 127);
 }
 
+/* ---- where an element is ---- */
+
+/* Byte `byte` of row `row`'s codes. */
+static const uint8_t *code_at(const struct sp_qmat *m, int64_t row, int64_t byte) {
+    size_t rb = sp_qtype_row_bytes(m->type, m->cols);
+    if (!m->interleaved) return (const uint8_t *)m->codes + (size_t)row * rb + (size_t)byte;
+    int64_t b = row / SP_QMAT_BLOCK_ROWS, i = row % SP_QMAT_BLOCK_ROWS;
+    return (const uint8_t *)m->codes + (size_t)b * SP_QMAT_BLOCK_ROWS * rb + (size_t)(byte / 4 * 64 + i * 4 + byte % 4);
+}
+
+/* Element index of group g of row `row` in scales (and biases). */
+static size_t group_at(const struct sp_qmat *m, int64_t row, int64_t g) {
+    int64_t ng = m->cols / m->group;
+    if (!m->interleaved) return (size_t)(row * ng + g);
+    int64_t b = row / SP_QMAT_BLOCK_ROWS, i = row % SP_QMAT_BLOCK_ROWS;
+    return (size_t)((b * ng + g) * SP_QMAT_BLOCK_ROWS + i);
+}
+
 /* ---- plain floats ---- */
 
 static void dequant_float(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
@@ -98,13 +116,14 @@ static void quantize_bf16(const float *x, int64_t n, int group, void *c, void *s
 
 static void dequant_affine(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
     int bits = sp_qtype_traits(m->type)->bits;
-    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
-    int64_t ng = m->cols / m->group;
     for (int64_t i = c0; i < c0 + n; i++) {
-        int64_t g = i / m->group;
-        float s = sp_dtype_load_float(m->scale_dtype, m->scales, (size_t)(row * ng + g));
-        float b = sp_dtype_load_float(m->scale_dtype, m->biases, (size_t)(row * ng + g));
-        out[i - c0] = s * (float)sp_unpack_bits(r, i, bits) + b;
+        size_t g = group_at(m, row, i / m->group);
+        float s = sp_dtype_load_float(m->scale_dtype, m->scales, g);
+        float b = sp_dtype_load_float(m->scale_dtype, m->biases, g);
+        /* 4-bit codes by their byte (any layout), wider ones from the row */
+        uint32_t q = bits == 4 ? (uint32_t)(*code_at(m, row, i >> 1) >> ((i & 1) * 4)) & 0xfu
+                               : sp_unpack_bits(code_at(m, row, 0), i, bits);
+        out[i - c0] = s * (float)q + b;
     }
 }
 
@@ -163,14 +182,13 @@ AFFINE_QUANTIZER(8)
 /* ---- microscaling: mxfp4, mxfp8, nvfp4 ---- */
 
 static float fp_scale(const struct sp_qmat *m, int64_t row, int64_t g) {
-    uint8_t s = ((const uint8_t *)m->scales)[row * (m->cols / m->group) + g];
+    uint8_t s = ((const uint8_t *)m->scales)[group_at(m, row, g)];
     return m->type == SP_QTYPE_NVFP4 ? sp_e4m3_to_float(s) : sp_e8m0_to_float(s);
 }
 
 static void dequant_fp4(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
-    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
     for (int64_t i = c0; i < c0 + n; i++) {
-        uint8_t q = (r[i >> 1] >> ((i & 1) * 4)) & 0xf;
+        uint8_t q = (*code_at(m, row, i >> 1) >> ((i & 1) * 4)) & 0xf;
         out[i - c0] = sp_e2m1_values[q] * fp_scale(m, row, i / m->group);
     }
 }
@@ -351,6 +369,71 @@ float sp_qmat_dot_row_ref(const struct sp_qmat *m, int64_t row, const float *x) 
         for (int64_t i = 0; i < n; i++) acc += (double)buf[i] * (double)x[c0 + i];
     }
     return (float)acc;
+}
+
+bool sp_qmat_interleavable(const struct sp_qmat *m) {
+    bool affine4 = m->type == SP_QTYPE_AFFINE4 && m->biases &&
+                   (m->scale_dtype == SP_DTYPE_BF16 || m->scale_dtype == SP_DTYPE_F16 || m->scale_dtype == SP_DTYPE_F32);
+    bool mxfp4 = m->type == SP_QTYPE_MXFP4 && m->group == 32;
+    return !m->interleaved && (affine4 || mxfp4) && m->rows > 0 && m->rows % SP_QMAT_BLOCK_ROWS == 0 &&
+           m->group >= 32 && m->cols % m->group == 0;
+}
+
+/* One block's rows from row order into the interleaved order (to_block),
+ * or back: codes 4 bytes at a time, scales and biases an element (of
+ * `size` bytes) at a time. */
+static void block_move(const struct sp_qmat *m, const uint8_t *src, uint8_t *dst, size_t size, bool codes,
+                       bool to_block) {
+    int64_t per_row = codes ? (int64_t)sp_qtype_row_bytes(m->type, m->cols) / 4 : m->cols / m->group;
+    size_t unit = codes ? 4 : size;
+    for (int64_t i = 0; i < SP_QMAT_BLOCK_ROWS; i++)
+        for (int64_t k = 0; k < per_row; k++) {
+            size_t in_rows = (size_t)(i * per_row + k) * unit, in_block = (size_t)(k * SP_QMAT_BLOCK_ROWS + i) * unit;
+            memcpy(dst + (to_block ? in_block : in_rows), src + (to_block ? in_rows : in_block), unit);
+        }
+}
+
+/* Bytes of one block of rows in codes and in scales (= biases). */
+static void block_sizes(const struct sp_qmat *m, size_t *codes, size_t *scales) {
+    *codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(m->type, m->cols);
+    *scales = (size_t)(SP_QMAT_BLOCK_ROWS * (m->cols / m->group)) * sp_dtype_size(m->scale_dtype);
+}
+
+void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void *biases, struct sp_qmat *out) {
+    size_t cb, sb, ss = sp_dtype_size(m->scale_dtype);
+    block_sizes(m, &cb, &sb);
+    for (int64_t b = 0; b < m->rows / SP_QMAT_BLOCK_ROWS; b++) {
+        size_t c = (size_t)b * cb, s = (size_t)b * sb;
+        block_move(m, (const uint8_t *)m->codes + c, (uint8_t *)codes + c, 4, true, true);
+        block_move(m, (const uint8_t *)m->scales + s, (uint8_t *)scales + s, ss, false, true);
+        if (m->biases) block_move(m, (const uint8_t *)m->biases + s, (uint8_t *)biases + s, ss, false, true);
+    }
+    *out = *m;
+    out->codes = codes;
+    out->scales = scales;
+    out->biases = m->biases ? biases : NULL;
+    out->interleaved = true;
+}
+
+void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
+                        struct sp_qmat *out) {
+    size_t cb, sb, ss = sp_dtype_size(m->scale_dtype);
+    block_sizes(m, &cb, &sb);
+    block_move(m, (const uint8_t *)m->codes + (size_t)b * cb, codes, 4, true, false);
+    block_move(m, (const uint8_t *)m->scales + (size_t)b * sb, scales, ss, false, false);
+    if (m->biases) block_move(m, (const uint8_t *)m->biases + (size_t)b * sb, biases, ss, false, false);
+    *out = *m;
+    out->rows = SP_QMAT_BLOCK_ROWS;
+    out->codes = codes;
+    out->scales = scales;
+    out->biases = m->biases ? biases : NULL;
+    out->interleaved = false;
+}
+
+size_t sp_qmat_block_bytes(const struct sp_qmat *m) {
+    size_t cb, sb;
+    block_sizes(m, &cb, &sb);
+    return cb + 2 * sb;
 }
 
 void sp_qtype_quantize_row_ref(enum sp_qtype t, const float *x, int64_t n, int group, void *codes, void *scales,

@@ -73,7 +73,15 @@ enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out
 bool sp_qtype_is_quantized(enum sp_qtype t);
 
 /* One (rows x cols) weight matrix in some format; borrowed views. Rows are
- * `row_bytes` apart in codes; scales/biases rows are cols/group elements. */
+ * `row_bytes` apart in codes; scales/biases rows are cols/group elements.
+ *
+ * Interleaved (4-bit codes only, sp_qmat_interleavable): the same bytes in
+ * blocks of SP_QMAT_BLOCK_ROWS rows, so that a vector of 16 lanes holds the
+ * same columns of 16 rows. Block b (rows 16b ..) takes the place of its rows
+ * in each array: in codes, 4 bytes (8 columns) of each of its rows in turn,
+ * row i's at byte 4i of each 64; in scales and biases, group g of its rows
+ * side by side, row i's at element 16g + i. */
+#define SP_QMAT_BLOCK_ROWS 16
 struct sp_qmat {
     enum sp_qtype type;
     int group;  // elements per scale group (1 for plain floats)
@@ -82,6 +90,7 @@ struct sp_qmat {
     const void *scales;  // (rows, cols/group) of scale_dtype; NULL for plain floats
     const void *biases;  // (rows, cols/group) of scale_dtype; affine only
     enum sp_dtype scale_dtype;
+    bool interleaved;  // in blocks of SP_QMAT_BLOCK_ROWS rows (above)
 };
 
 /* Bytes of codes in one row of `cols` elements. */
@@ -91,7 +100,21 @@ size_t sp_qtype_matrix_bytes(enum sp_qtype t, int group, enum sp_dtype scale_dty
 /* Checks that cols and group suit the format; names the problem otherwise. */
 enum sp_status sp_qtype_check_shape(enum sp_qtype t, int group, int64_t cols);
 
-/* Reference operations (scalar, exact to float rounding). */
+/* Whether m (row order) can be interleaved: affine4 or mxfp4, whole
+ * blocks of rows. */
+bool sp_qmat_interleavable(const struct sp_qmat *m);
+/* m (row order, interleavable) interleaved into codes, scales and biases
+ * (NULL for mxfp4) of m's sizes; *out views them. */
+void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void *biases, struct sp_qmat *out);
+/* Block b of interleaved m in row order: its rows' codes, scales and biases
+ * (NULL for mxfp4) into buffers of SP_QMAT_BLOCK_ROWS rows; *out views them
+ * as a matrix of those rows. */
+void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
+                        struct sp_qmat *out);
+/* Bytes sp_qmat_block_rows writes for m (codes, scales and biases). */
+size_t sp_qmat_block_bytes(const struct sp_qmat *m);
+
+/* Reference operations (scalar, exact to float rounding; any layout). */
 void sp_qmat_dequant_row_ref(const struct sp_qmat *m, int64_t row, float *out);
 void sp_qmat_dequant_cols_ref(const struct sp_qmat *m, int64_t row, int64_t col0, int64_t n, float *out);
 /* Dot product of row `row` with x (cols floats), accumulated in double. */

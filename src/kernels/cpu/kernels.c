@@ -20,6 +20,10 @@
 /* Dequantizes one row into floats: tight loops for the common formats, the
  * reference for the rest (same values either way: the same float ops). */
 static void dequant_row(const struct sp_qmat *w, int64_t r, float *out) {
+    if (w->interleaved) {
+        sp_qmat_dequant_row_ref(w, r, out);
+        return;
+    }
     const uint8_t *row = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols);
     int64_t n = w->cols, ng = w->cols / w->group;
     switch (w->type) {
@@ -282,11 +286,13 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
     return before;
 }
 
-/* The portable product dequantizes a whole row; the x86 blocked one a
- * block of rows x columns; the x86 int16 one keeps int16 activations
- * plus two floats per group (at least 32 columns) per token, and one
- * row's multipliers for 4 tokens (the int8 one the same with int8). */
-size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
+/* The scratch every product of w needs, less the block of rows that an
+ * interleaved w adds (sp_kernels_block_scratch). The portable product
+ * dequantizes a whole row; the x86 blocked one a block of rows x columns;
+ * the x86 int16 one keeps int16 activations plus two floats per group (at
+ * least 32 columns) per token, and one row's multipliers for 4 tokens (the
+ * int8 one the same with int8). */
+static size_t products_scratch(const struct sp_qmat *w) {
     size_t row = (size_t)w->cols * sizeof(float), block = SP_KERNELS_BLOCK_ROWS * SP_KERNELS_BLOCK_COLS * sizeof(float);
     size_t groups = (size_t)(w->cols / 32 + 1);
     size_t q16 = SP_KERNELS_Q16_TOKENS * ((size_t)w->cols * sizeof(int16_t) + 2 * groups * sizeof(float)) + 4 * groups * sizeof(float);
@@ -302,5 +308,14 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
                 SP_KERNELS_Q8_TOKENS / 8;
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;
-    return (m > q16 ? m : q16) + 64;
+    size_t most = m > q16 ? m : q16;
+    return (most + 63) / 64 * 64 + 64;  // whole cache lines: what follows stays aligned
+}
+
+size_t sp_kernels_scratch_bytes(const struct sp_qmat *w) {
+    return products_scratch(w) + (w->interleaved ? sp_qmat_block_bytes(w) : 0);
+}
+
+void *sp_kernels_block_scratch(const struct sp_qmat *w, void *scratch) {
+    return (char *)scratch + products_scratch(w);
 }

@@ -155,6 +155,9 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 #define SP_KERNELS_Q8_TOKENS 64
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
+/* Where in a scratch of sp_kernels_scratch_bytes(w) the rows of a block of
+ * an interleaved w can be put in row order (sp_qmat_block_rows). */
+void *sp_kernels_block_scratch(const struct sp_qmat *w, void *scratch);
 
 /* The x86 sets; only call when the CPU has the instructions (kernels.c). */
 const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa);

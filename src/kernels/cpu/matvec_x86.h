@@ -1523,6 +1523,137 @@ ALWAYS void q8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struc
     }
 }
 
+#if HAVE_ZMM
+/* ---- interleaved rows: lanes are rows ----
+ *
+ * A block of 16 interleaved rows (sp_qmat) gives, per 64 bytes, 4 bytes of
+ * codes of each row: after the nibble split, the even and odd columns of 8
+ * columns, which meet two dwords of a token's activations broadcast to
+ * every lane. A group's sums then come out in the lanes of its rows, whole
+ * (no folding across lanes), and one conversion and one or two FMAs a
+ * group serve 16 rows. The sums, scales and chains are q8_rows' (so are the
+ * results, to the bit); the codes are read as one stream. Zen 5 VM, one
+ * token, against q8_rows on the same matrices in row order, both in one
+ * process taking turns (medians of 16-30 passes each): affine4-g64 from L2
+ * (512 x 2048, one thread) 1.33x the bytes a second, from DRAM on 2 threads
+ * 1.36x (4096 x 4096, 56 GB/s), 1.25x (768 x 2048), 1.15x (2048 x 768),
+ * 1.45x (151936 x 2048, 65 GB/s); mxfp4 from L2 1.38x, from DRAM 0.89-1.04x
+ * (its groups of 32 columns give a block 4 chunks of codes for each round
+ * of scale work). A first version of the loop on a Sapphire Rapids Xeon:
+ * from DRAM the same speed (its cores outrun its memory either way), from
+ * L2 1.4x. */
+
+/* Scales (or biases) of a group of a block's 16 rows at p, as load8_scales
+ * gives them. */
+ALWAYS __m512 load16_scales(int sdt, const uint8_t *p) {
+    if (sdt == SP_DTYPE_U8) {
+        __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+        __m512i bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                               _mm512_slli_epi32(e, 23), _mm512_set1_epi32(0x00400000));
+        return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(MX4_CODE_SCALE));
+    }
+    if (sdt == SP_DTYPE_F32) return _mm512_loadu_ps((const float *)(const void *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    if (sdt == SP_DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The dword at p as every lane */
+ALWAYS __m512i dword16(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Group g's sums (codes at c) for nt <= 2 tokens: s[t] lane i the int32 sum
+ * of row i's group and token t, as group_sums gives it. */
+ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const struct q8acts *q, int64_t g, int nt,
+                           __m512i s[2]) {
+    const __m512i low4 = _mm512_set1_epi8(0xf);
+    /* the group's columns in the unit order of the activations: its even
+     * ones from here on, 4 bytes a chunk of 8 columns, its odd ones `gap`
+     * further (16 in a lone last block of 32 columns) */
+    const int64_t col = g * 32 * per;
+    const int8_t *x = q->xq + col / 64 * 64 + col % 64 / 2;
+    const int64_t gap = per == 1 && g == ng - 1 && ng % 2 ? 16 : 32;
+    /* up to 4 chains a token: even and odd columns, even and odd chunks */
+    __m512i a[2][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) a[i / 4][i % 4] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int k = 0; k < 4 * per; k++) {
+        _mm_prefetch((const char *)c + k * 64 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512((const void *)(c + k * 64));
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if (fmt == FMT_MX4) {
+            const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
+            lo = _mm512_shuffle_epi8(e2m1, lo);
+            hi = _mm512_shuffle_epi8(e2m1, hi);
+        }
+        const int m = nt == 1 ? (k & 1) * 2 : 0;
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) {
+            /* 8 chunks to a unit of 64 columns */
+            const int8_t *xt = x + t * q->cols + (k / 8) * 64 + (k % 8) * 4;
+            a[t][m] = _mm512_dpbusd_epi32(a[t][m], lo, dword16(xt));
+            a[t][m + 1] = _mm512_dpbusd_epi32(a[t][m + 1], hi, dword16(xt + gap));
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++)
+        s[t] = _mm512_add_epi32(_mm512_add_epi32(a[t][0], a[t][1]), _mm512_add_epi32(a[t][2], a[t][3]));
+}
+
+/* q8_rows for interleaved w and nt <= 2 tokens: the blocks holding rows
+ * [r0, r1), every lane computed, the rows in range stored. */
+ALWAYS void r16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
+                     int fmt, int sdt, int nt, int per) {
+    const int64_t ng = w->cols / w->group, ldg = q->ldg;
+    const size_t block_codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
+    const size_t group_scales = SP_QMAT_BLOCK_ROWS * sp_dtype_size(sdt), group_codes = (size_t)w->group / 8 * 64;
+    const __m512 cs = _mm512_set1_ps(code_scale_of(fmt));
+    for (int64_t b = r0 / SP_QMAT_BLOCK_ROWS; b * SP_QMAT_BLOCK_ROWS < r1; b++) {
+        const uint8_t *c = (const uint8_t *)w->codes + (size_t)b * block_codes;
+        size_t at = (size_t)(b * ng) * group_scales;
+        const uint8_t *sp = (const uint8_t *)w->scales + at;
+        const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + at;
+        __m512 acc[2][Q8_CHAINS];
+#pragma GCC unroll 16
+        for (int i = 0; i < 2 * Q8_CHAINS; i++) acc[i / Q8_CHAINS][i % Q8_CHAINS] = _mm512_setzero_ps();
+        for (int64_t g0 = 0; g0 < ng; g0 += Q8_CHAINS) {
+#pragma GCC unroll 8
+            for (int j = 0; j < Q8_CHAINS; j++) {
+                int64_t g = g0 + j;
+                if (g >= ng) break;
+                __m512i s[2];
+                r16_group_sums(fmt, per, ng, c + (size_t)g * group_codes, q, g, nt, s);
+                __m512 sc = _mm512_mul_ps(load16_scales(sdt, sp + (size_t)g * group_scales), cs);
+                __m512 bi = fmt == FMT_MX4 ? sc : load16_scales(sdt, bp + (size_t)g * group_scales);
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) {
+                    __m512i st = s[t];
+                    if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xoff[t * ldg + g]));
+                    __m512 ds = _mm512_mul_ps(sc, _mm512_set1_ps(q->dx[t * ldg + g]));
+                    acc[t][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), ds, acc[t][j]);
+                    if (fmt != FMT_MX4) acc[t][j] = _mm512_fmadd_ps(bi, _mm512_set1_ps(q->xsum[t * ldg + g]), acc[t][j]);
+                }
+            }
+        }
+        /* rows of the block in [r0, r1) */
+        int64_t first = b * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
+        int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
+        __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) {
+            __m512 *a = acc[t];
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                       _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+            _mm512_mask_storeu_ps(y + t * ldy + first, keep, sum);
+        }
+    }
+}
+#endif
+
 /* ---- the product by tokens ---- */
 
 /* Where quad k of a pair of token blocks starts in the pair's activations
@@ -2165,6 +2296,7 @@ struct impl {
     qacts_fn q16[4];    // 1 to 4 tokens, int16 activations; NULL for plain floats
     q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4-bit codes only
     q8acts_fn q8_block; // any tokens, int8 activations, by tokens
+    q8acts_fn r16[2];   // 1 or 2 tokens, int8 activations, interleaved rows (avx512 builds; else NULL)
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -2182,7 +2314,7 @@ struct impl {
 
 #define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
-    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0, 0};
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0, {0}, 0};
 
 /* one function per token count (q16_NT_ID, q8_NT_ID) and q8_block_ID; the
  * group size picks 32-column blocks per group (per: 1, 2 or 4) */
@@ -2198,6 +2330,17 @@ struct impl {
                                    int64_t ldy) {                                                               \
         BY_PER(KIND##_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                  \
     }
+#if HAVE_ZMM
+#define R16(ID, FMT, SDT, NT)                                                                                     \
+    static void r16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, \
+                                int64_t ldy) {                                                                  \
+        BY_PER(r16_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                   \
+    }
+#define R16_FNS(ID) {r16_1_##ID, r16_2_##ID}
+#else
+#define R16(ID, FMT, SDT, NT)
+#define R16_FNS(ID) {0}
+#endif
 #define Q16(ID, FMT, SDT, NT) QROWS(q16, qacts, ID, FMT, SDT, NT)
 #define Q8(ID, FMT, SDT, NT) QROWS(q8, q8acts, ID, FMT, SDT, NT)
 #define Q8_BLOCK(ID, FMT, SDT)                                                                                    \
@@ -2209,15 +2352,17 @@ struct impl {
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
-                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, false};
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, {0}, false};
 /* 4-bit formats: the same plus the int8-activation product */
 #define IMPL_QUANT4(ID, FMT, SDT)                                                                                 \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4) Q8_BLOCK(ID, FMT, SDT)        \
+    R16(ID, FMT, SDT, 1) R16(ID, FMT, SDT, 2)                                                                     \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
                                           {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
-                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, q8_block_##ID, true};
+                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, q8_block_##ID,            \
+                                          R16_FNS(ID), true};
 
 IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
 IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
@@ -2261,11 +2406,91 @@ struct shared_x {
     int n;
 };
 
+/* ---- interleaved matrices through the products on rows in row order ---- */
+
+/* A product on rows [r0, r1) of w (y at w's row 0), ctx its other arguments */
+typedef void (*rows_fn)(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y);
+
+/* fn on rows [r0, r1) of w: w itself, or for an interleaved w each block
+ * of its rows in turn, put in row order in the scratch's block buffer (a
+ * copy of 16 rows for each product: the kernels without a loop of their
+ * own for interleaved rows). */
+static void in_row_order(const struct sp_qmat *w, int64_t r0, int64_t r1, float *y, void *scratch, rows_fn fn,
+                         const void *ctx) {
+    if (!w->interleaved) {
+        fn(ctx, w, r0, r1, y);
+        return;
+    }
+    uint8_t *buf = sp_kernels_block_scratch(w, scratch);
+    size_t codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
+    size_t scales = (size_t)(SP_QMAT_BLOCK_ROWS * (w->cols / w->group)) * sp_dtype_size(w->scale_dtype);
+    for (int64_t b = r0 / SP_QMAT_BLOCK_ROWS; b * SP_QMAT_BLOCK_ROWS < r1; b++) {
+        struct sp_qmat rows;
+        sp_qmat_block_rows(w, b, buf, buf + codes, buf + codes + scales, &rows);
+        int64_t first = b * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
+        int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
+        fn(ctx, &rows, lo, hi, y + first);
+    }
+}
+
+/* The kernels' own calls, as rows_fn */
+struct acts_call {
+    const struct impl *im;
+    const void *q;  // struct q8acts or qacts
+    int nt;         // tokens (by groups)
+    int64_t ldy;
+};
+static void q8_block_call(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y) {
+    const struct acts_call *a = ctx;
+    a->im->q8_block(w, r0, r1, a->q, y, a->ldy);
+}
+static void q8_groups_call(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y) {
+    const struct acts_call *a = ctx;
+    a->im->q8[a->nt - 1](w, r0, r1, a->q, y, a->ldy);
+}
+static void q16_call(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y) {
+    const struct acts_call *a = ctx;
+    a->im->q16[a->nt - 1](w, r0, r1, a->q, y, a->ldy);
+}
+
+/* im->q8[nt - 1] on rows [r0, r1) of w in any layout: interleaved rows by
+ * their own loop where the set has one, 2 tokens at a time. */
+static void q8_groups(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q,
+                      int nt, float *y, int64_t ldy, void *scratch) {
+    if (w->interleaved && im->r16[0]) {
+        for (int t = 0; t < nt; t += 2) {
+            int64_t at = t * q->ldg;
+            struct q8acts qt = *q;
+            qt.xq += t * q->cols;
+            qt.dx += at;
+            qt.xsum += at;
+            qt.xoff += at;
+            im->r16[(nt - t < 2 ? nt - t : 2) - 1](w, r0, r1, &qt, y + t * ldy, ldy);
+        }
+        return;
+    }
+    const struct acts_call a = {im, q, nt, ldy};
+    in_row_order(w, r0, r1, y, scratch, q8_groups_call, &a);
+}
+
 /* Float activations: up to SP_KERNELS_DECODE_MAX_TOKENS tokens decode each
  * row into registers (groups of 4 tokens pass over a few rows while they
  * are cached); more go through the blocked product. Same sums either way. */
+struct float_call {
+    const struct impl *im;
+    const float *x;
+    int64_t ldx, n, ldy;
+    void *scratch;
+};
+static void float_call_rows(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y);
+
 static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x,
                        int64_t ldx, int64_t n, float *y, int64_t ldy, void *scratch) {
+    if (w->interleaved) {
+        const struct float_call f = {im, x, ldx, n, ldy, scratch};
+        in_row_order(w, r0, r1, y, scratch, float_call_rows, &f);
+        return;
+    }
     if (n >= BLOCK_MIN_TOKENS) {
         blocked_rows(w, im->dequant, r0, r1, x, ldx, n, y, ldy, scratch);
         return;
@@ -2278,6 +2503,11 @@ static void float_rows(const struct impl *im, const struct sp_qmat *w, int64_t r
             im->fused[nt - 1](w, r, re, x + t * ldx, ldx, y + t * ldy, ldy);
         }
     }
+}
+
+static void float_call_rows(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y) {
+    const struct float_call *f = ctx;
+    float_rows(f->im, w, r0, r1, f->x, f->ldx, f->n, y, f->ldy, f->scratch);
 }
 
 /* int16 activations, for any n: tokens are rounded Q16_TOKENS at a time
@@ -2300,7 +2530,8 @@ static void q16_rows_all(const struct impl *im, const struct shared_x *m, int64_
                     qt.xq = (const int16_t *)q.xq + t * q.cols;
                     qt.dx += t * q.ng;
                     qt.xsum += t * q.ng;
-                    im->q16[nt - 1](m->w[i], r, re, &qt, m->y[i] + (t0 + t) * ldy, ldy);
+                    const struct acts_call a = {im, &qt, (int)nt, ldy};
+                    in_row_order(m->w[i], r, re, m->y[i] + (t0 + t) * ldy, scratch, q16_call, &a);
                 }
             }
         }
@@ -2347,13 +2578,16 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             qb.n = blocked;
             q8_block_tokens(&qb);
             amx_rows_begin((int)(w0->group / 32));
-            for (int i = 0; i < m->n; i++) im->q8_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
+            const struct acts_call a = {im, &qb, 0, ldy};
+            for (int i = 0; i < m->n; i++) in_row_order(m->w[i], r0, r1, m->y[i] + t0 * ldy, scratch, q8_block_call, &a);
             amx_rows_end();
         }
-        int64_t chunk = nq - blocked <= 4 ? r1 - r0 : FUSED_ROW_CHUNK;
+        /* interleaved rows a block at a time (pieces ending where blocks end) */
+        int64_t chunk = nq - blocked <= 4 ? r1 - r0 : w0->interleaved ? SP_QMAT_BLOCK_ROWS : FUSED_ROW_CHUNK;
         for (int i = 0; i < m->n; i++)
-            for (int64_t r = r0; r < r1; r += chunk) {
-                int64_t re = r1 - r < chunk ? r1 : r + chunk;
+            for (int64_t r = r0, re; r < r1; r = re) {
+                re = chunk == SP_QMAT_BLOCK_ROWS && w0->interleaved ? (r / chunk + 1) * chunk : r + chunk;
+                re = re < r1 ? re : r1;
                 for (int64_t t = blocked; t < nq; t += 4) {
                     int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
                     struct q8acts qt = q;
@@ -2363,7 +2597,7 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
                     qt.xsum += at;
                     qt.xoff += at;
                     qt.n = nt;
-                    im->q8[nt - 1](m->w[i], r, re, &qt, m->y[i] + (t0 + t) * ldy, ldy);
+                    q8_groups(im, m->w[i], r, re, &qt, (int)nt, m->y[i] + (t0 + t) * ldy, ldy, scratch);
                 }
             }
     }
