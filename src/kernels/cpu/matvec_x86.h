@@ -2046,7 +2046,10 @@ static void amx_rows_begin(int per) {
         c.rows[t] = (uint8_t)(acts ? quads : 16);
         c.bytes[t] = (uint16_t)(codes ? 4 * quads : 64);
     }
-    _tile_loadconfig(&c);
+    /* not _tile_loadconfig: GCC 12's tells the compiler it reads 8 bytes of
+     * the config, and once this function was inlined the stores of later
+     * tiles' widths went as dead (a #GP from ldtilecfg) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
 }
 
 /* Releases the tiles (the OS then saves no tile state for the thread). */
