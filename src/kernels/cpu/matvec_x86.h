@@ -2418,6 +2418,50 @@ typedef void (*rows_fn)(const void *ctx, const struct sp_qmat *w, int64_t r0, in
  * of its rows in turn, put in row order in the scratch's block buffer (a
  * copy of 16 rows for each product: the kernels without a loop of their
  * own for interleaved rows). */
+/* A block's per-group values (of `size` bytes) from [group][row] to
+ * [row][group]. */
+ALWAYS void group_rows(const uint8_t *from, uint8_t *to, int64_t ng, size_t size) {
+    for (int i = 0; i < SP_QMAT_BLOCK_ROWS; i++)
+        for (int64_t g = 0; g < ng; g++)
+            memcpy(to + (size_t)(i * ng + g) * size, from + (size_t)(g * SP_QMAT_BLOCK_ROWS + i) * size, size);
+}
+
+/* sp_qmat_block_rows into buf (codes, scales, biases), its codes moved by
+ * 8 x 8 transposes of dwords (16 rows' 4-byte chunks, 8 chunks at a time).
+ * Zen 5, 768 x 2048 affine4 at 64 tokens from cache, one thread, the
+ * product through these copies against the rows in row order: 0.77-0.79x
+ * the speed (a fifth of the time in the copies; moved a dword at a time,
+ * 0.35x). */
+static void block_rows_x86(const struct sp_qmat *w, int64_t b, uint8_t *buf, struct sp_qmat *out) {
+    const size_t rb = sp_qtype_row_bytes(w->type, w->cols), ss = sp_dtype_size(w->scale_dtype);
+    const int64_t chunks = (int64_t)rb / 4, ng = w->cols / w->group, whole = chunks / 8 * 8;
+    const size_t codes = SP_QMAT_BLOCK_ROWS * rb, scales = (size_t)(SP_QMAT_BLOCK_ROWS * ng) * ss;
+    const uint8_t *src = (const uint8_t *)w->codes + (size_t)b * codes;
+    for (int64_t k0 = 0; k0 < whole; k0 += 8)
+        for (int i0 = 0; i0 < SP_QMAT_BLOCK_ROWS; i0 += 8) {
+            /* chunk k0 + t of rows i0 .. i0 + 7 -> dword k0 + t of each row */
+            const void *in[8];
+            for (int t = 0; t < 8; t++) in[t] = src + (k0 + t) * 64 + i0 * 4;
+            transpose8x8(in, 0, buf + (size_t)i0 * rb + (size_t)k0 * 4, chunks);
+        }
+    for (int64_t k = whole; k < chunks; k++)
+        for (int i = 0; i < SP_QMAT_BLOCK_ROWS; i++) memcpy(buf + (size_t)i * rb + (size_t)k * 4, src + k * 64 + i * 4, 4);
+    /* scales and biases: group g of row i from element 16g + i */
+    const uint8_t *sp = (const uint8_t *)w->scales + (size_t)b * scales;
+    const uint8_t *bp = w->biases ? (const uint8_t *)w->biases + (size_t)b * scales : NULL;
+    if (ss == 1) group_rows(sp, buf + codes, ng, 1);
+    if (ss == 2) group_rows(sp, buf + codes, ng, 2);
+    if (ss == 4) group_rows(sp, buf + codes, ng, 4);
+    if (bp && ss == 2) group_rows(bp, buf + codes + scales, ng, 2);
+    if (bp && ss == 4) group_rows(bp, buf + codes + scales, ng, 4);
+    *out = *w;
+    out->rows = SP_QMAT_BLOCK_ROWS;
+    out->codes = buf;
+    out->scales = buf + codes;
+    out->biases = bp ? buf + codes + scales : NULL;
+    out->interleaved = false;
+}
+
 static void in_row_order(const struct sp_qmat *w, int64_t r0, int64_t r1, float *y, void *scratch, rows_fn fn,
                          const void *ctx) {
     if (!w->interleaved) {
@@ -2425,11 +2469,9 @@ static void in_row_order(const struct sp_qmat *w, int64_t r0, int64_t r1, float 
         return;
     }
     uint8_t *buf = sp_kernels_block_scratch(w, scratch);
-    size_t codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
-    size_t scales = (size_t)(SP_QMAT_BLOCK_ROWS * (w->cols / w->group)) * sp_dtype_size(w->scale_dtype);
     for (int64_t b = r0 / SP_QMAT_BLOCK_ROWS; b * SP_QMAT_BLOCK_ROWS < r1; b++) {
         struct sp_qmat rows;
-        sp_qmat_block_rows(w, b, buf, buf + codes, buf + codes + scales, &rows);
+        block_rows_x86(w, b, buf, &rows);
         int64_t first = b * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
         int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
         fn(ctx, &rows, lo, hi, y + first);
