@@ -111,7 +111,7 @@ void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void
  * as a matrix of those rows. */
 void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
                         struct sp_qmat *out);
-/* Bytes sp_qmat_block_rows writes for m (codes, scales and biases). */
+/* Room for what sp_qmat_block_rows writes for m (codes, scales, biases). */
 size_t sp_qmat_block_bytes(const struct sp_qmat *m);
 
 /* Reference operations (scalar, exact to float rounding; any layout). */
