@@ -382,15 +382,22 @@ bool sp_qmat_interleavable(const struct sp_qmat *m) {
 /* One block's rows from row order into the interleaved order (to_block),
  * or back: codes 4 bytes at a time, scales and biases an element (of
  * `size` bytes) at a time. */
-static void block_move(const struct sp_qmat *m, const uint8_t *src, uint8_t *dst, size_t size, bool codes,
-                       bool to_block) {
-    int64_t per_row = codes ? (int64_t)sp_qtype_row_bytes(m->type, m->cols) / 4 : m->cols / m->group;
-    size_t unit = codes ? 4 : size;
+static inline void block_move_units(const uint8_t *src, uint8_t *dst, int64_t per_row, size_t unit, bool to_block) {
     for (int64_t i = 0; i < SP_QMAT_BLOCK_ROWS; i++)
         for (int64_t k = 0; k < per_row; k++) {
             size_t in_rows = (size_t)(i * per_row + k) * unit, in_block = (size_t)(k * SP_QMAT_BLOCK_ROWS + i) * unit;
             memcpy(dst + (to_block ? in_block : in_rows), src + (to_block ? in_rows : in_block), unit);
         }
+}
+
+static void block_move(const struct sp_qmat *m, const uint8_t *src, uint8_t *dst, size_t size, bool codes,
+                       bool to_block) {
+    int64_t per_row = codes ? (int64_t)sp_qtype_row_bytes(m->type, m->cols) / 4 : m->cols / m->group;
+    /* copies of a size the compiler knows (a call to memcpy each, else) */
+    size_t unit = codes ? 4 : size;
+    if (unit == 1) block_move_units(src, dst, per_row, 1, to_block);
+    else if (unit == 2) block_move_units(src, dst, per_row, 2, to_block);
+    else block_move_units(src, dst, per_row, 4, to_block);
 }
 
 /* Bytes of one block of rows in codes and in scales (= biases). */
@@ -415,19 +422,26 @@ void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void
     out->interleaved = true;
 }
 
-void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
-                        struct sp_qmat *out) {
+void sp_qmat_block_groups(const struct sp_qmat *m, int64_t b, void *scales, void *biases, struct sp_qmat *out) {
     size_t cb, sb, ss = sp_dtype_size(m->scale_dtype);
     block_sizes(m, &cb, &sb);
-    block_move(m, (const uint8_t *)m->codes + (size_t)b * cb, codes, 4, true, false);
     block_move(m, (const uint8_t *)m->scales + (size_t)b * sb, scales, ss, false, false);
     if (m->biases) block_move(m, (const uint8_t *)m->biases + (size_t)b * sb, biases, ss, false, false);
     *out = *m;
     out->rows = SP_QMAT_BLOCK_ROWS;
-    out->codes = codes;
+    out->codes = NULL;
     out->scales = scales;
     out->biases = m->biases ? biases : NULL;
     out->interleaved = false;
+}
+
+void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
+                        struct sp_qmat *out) {
+    size_t cb, sb;
+    block_sizes(m, &cb, &sb);
+    block_move(m, (const uint8_t *)m->codes + (size_t)b * cb, codes, 4, true, false);
+    sp_qmat_block_groups(m, b, scales, biases, out);
+    out->codes = codes;
 }
 
 size_t sp_qmat_block_bytes(const struct sp_qmat *m) {

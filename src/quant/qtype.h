@@ -111,6 +111,9 @@ void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void
  * as a matrix of those rows. */
 void sp_qmat_block_rows(const struct sp_qmat *m, int64_t b, void *codes, void *scales, void *biases,
                         struct sp_qmat *out);
+/* sp_qmat_block_rows without the codes (out->codes NULL): for a caller
+ * that moves those its own way. */
+void sp_qmat_block_groups(const struct sp_qmat *m, int64_t b, void *scales, void *biases, struct sp_qmat *out);
 /* Room for what sp_qmat_block_rows writes for m (codes, scales, biases). */
 size_t sp_qmat_block_bytes(const struct sp_qmat *m);
 

@@ -2414,18 +2414,6 @@ struct shared_x {
 /* A product on rows [r0, r1) of w (y at w's row 0), ctx its other arguments */
 typedef void (*rows_fn)(const void *ctx, const struct sp_qmat *w, int64_t r0, int64_t r1, float *y);
 
-/* fn on rows [r0, r1) of w: w itself, or for an interleaved w each block
- * of its rows in turn, put in row order in the scratch's block buffer (a
- * copy of 16 rows for each product: the kernels without a loop of their
- * own for interleaved rows). */
-/* A block's per-group values (of `size` bytes) from [group][row] to
- * [row][group]. */
-ALWAYS void group_rows(const uint8_t *from, uint8_t *to, int64_t ng, size_t size) {
-    for (int i = 0; i < SP_QMAT_BLOCK_ROWS; i++)
-        for (int64_t g = 0; g < ng; g++)
-            memcpy(to + (size_t)(i * ng + g) * size, from + (size_t)(g * SP_QMAT_BLOCK_ROWS + i) * size, size);
-}
-
 /* sp_qmat_block_rows into buf (codes, scales, biases), its codes moved by
  * 8 x 8 transposes of dwords (16 rows' 4-byte chunks, 8 chunks at a time).
  * Zen 5, 768 x 2048 affine4 at 64 tokens from cache, one thread, the
@@ -2433,9 +2421,10 @@ ALWAYS void group_rows(const uint8_t *from, uint8_t *to, int64_t ng, size_t size
  * the speed (a fifth of the time in the copies; moved a dword at a time,
  * 0.35x). */
 static void block_rows_x86(const struct sp_qmat *w, int64_t b, uint8_t *buf, struct sp_qmat *out) {
-    const size_t rb = sp_qtype_row_bytes(w->type, w->cols), ss = sp_dtype_size(w->scale_dtype);
-    const int64_t chunks = (int64_t)rb / 4, ng = w->cols / w->group, whole = chunks / 8 * 8;
-    const size_t codes = SP_QMAT_BLOCK_ROWS * rb, scales = (size_t)(SP_QMAT_BLOCK_ROWS * ng) * ss;
+    const size_t rb = sp_qtype_row_bytes(w->type, w->cols);
+    const int64_t chunks = (int64_t)rb / 4, whole = chunks / 8 * 8;
+    const size_t codes = SP_QMAT_BLOCK_ROWS * rb;
+    const size_t scales = (size_t)(SP_QMAT_BLOCK_ROWS * (w->cols / w->group)) * sp_dtype_size(w->scale_dtype);
     const uint8_t *src = (const uint8_t *)w->codes + (size_t)b * codes;
     for (int64_t k0 = 0; k0 < whole; k0 += 8)
         for (int i0 = 0; i0 < SP_QMAT_BLOCK_ROWS; i0 += 8) {
@@ -2446,22 +2435,14 @@ static void block_rows_x86(const struct sp_qmat *w, int64_t b, uint8_t *buf, str
         }
     for (int64_t k = whole; k < chunks; k++)
         for (int i = 0; i < SP_QMAT_BLOCK_ROWS; i++) memcpy(buf + (size_t)i * rb + (size_t)k * 4, src + k * 64 + i * 4, 4);
-    /* scales and biases: group g of row i from element 16g + i */
-    const uint8_t *sp = (const uint8_t *)w->scales + (size_t)b * scales;
-    const uint8_t *bp = w->biases ? (const uint8_t *)w->biases + (size_t)b * scales : NULL;
-    if (ss == 1) group_rows(sp, buf + codes, ng, 1);
-    if (ss == 2) group_rows(sp, buf + codes, ng, 2);
-    if (ss == 4) group_rows(sp, buf + codes, ng, 4);
-    if (bp && ss == 2) group_rows(bp, buf + codes + scales, ng, 2);
-    if (bp && ss == 4) group_rows(bp, buf + codes + scales, ng, 4);
-    *out = *w;
-    out->rows = SP_QMAT_BLOCK_ROWS;
+    sp_qmat_block_groups(w, b, buf + codes, buf + codes + scales, out);
     out->codes = buf;
-    out->scales = buf + codes;
-    out->biases = bp ? buf + codes + scales : NULL;
-    out->interleaved = false;
 }
 
+/* fn on rows [r0, r1) of w: w itself, or for an interleaved w each block
+ * of its rows in turn, put in row order in the scratch's block buffer (a
+ * copy of 16 rows for each product: the kernels without a loop of their
+ * own for interleaved rows). */
 static void in_row_order(const struct sp_qmat *w, int64_t r0, int64_t r1, float *y, void *scratch, rows_fn fn,
                          const void *ctx) {
     if (!w->interleaved) {
@@ -2498,19 +2479,28 @@ static void q16_call(const void *ctx, const struct sp_qmat *w, int64_t r0, int64
     a->im->q16[a->nt - 1](w, r0, r1, a->q, y, a->ldy);
 }
 
+/* q's tokens from t on, nt of them (views into q's buffers) */
+ALWAYS struct q8acts q8_from(const struct q8acts *q, int64_t t, int64_t nt) {
+    struct q8acts qt = *q;
+    int64_t at = t * q->ldg;
+    qt.xq += t * q->cols;
+    qt.xp += t * q->cols;
+    qt.dx += at;
+    qt.xsum += at;
+    qt.xoff += at;
+    qt.n = nt;
+    return qt;
+}
+
 /* im->q8[nt - 1] on rows [r0, r1) of w in any layout: interleaved rows by
  * their own loop where the set has one, 2 tokens at a time. */
 static void q8_groups(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q,
                       int nt, float *y, int64_t ldy, void *scratch) {
     if (w->interleaved && im->r16[0]) {
         for (int t = 0; t < nt; t += 2) {
-            int64_t at = t * q->ldg;
-            struct q8acts qt = *q;
-            qt.xq += t * q->cols;
-            qt.dx += at;
-            qt.xsum += at;
-            qt.xoff += at;
-            im->r16[(nt - t < 2 ? nt - t : 2) - 1](w, r0, r1, &qt, y + t * ldy, ldy);
+            int two = nt - t < 2 ? nt - t : 2;
+            const struct q8acts qt = q8_from(q, t, two);
+            im->r16[two - 1](w, r0, r1, &qt, y + t * ldy, ldy);
         }
         return;
     }
@@ -2628,20 +2618,15 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             amx_rows_end();
         }
         /* interleaved rows a block at a time (pieces ending where blocks end) */
-        int64_t chunk = nq - blocked <= 4 ? r1 - r0 : w0->interleaved ? SP_QMAT_BLOCK_ROWS : FUSED_ROW_CHUNK;
+        bool by_blocks = nq - blocked > 4 && w0->interleaved;
+        int64_t chunk = nq - blocked <= 4 ? r1 - r0 : by_blocks ? SP_QMAT_BLOCK_ROWS : FUSED_ROW_CHUNK;
         for (int i = 0; i < m->n; i++)
             for (int64_t r = r0, re; r < r1; r = re) {
-                re = chunk == SP_QMAT_BLOCK_ROWS && w0->interleaved ? (r / chunk + 1) * chunk : r + chunk;
+                re = by_blocks ? (r / chunk + 1) * chunk : r + chunk;
                 re = re < r1 ? re : r1;
                 for (int64_t t = blocked; t < nq; t += 4) {
-                    int64_t nt = nq - t < 4 ? nq - t : 4, at = t * q.ldg;
-                    struct q8acts qt = q;
-                    qt.xq += t * q.cols;
-                    qt.xp += t * q.cols;
-                    qt.dx += at;
-                    qt.xsum += at;
-                    qt.xoff += at;
-                    qt.n = nt;
+                    int64_t nt = nq - t < 4 ? nq - t : 4;
+                    const struct q8acts qt = q8_from(&q, t, nt);
                     q8_groups(im, m->w[i], r, re, &qt, (int)nt, m->y[i] + (t0 + t) * ldy, ldy, scratch);
                 }
             }
