@@ -1037,6 +1037,19 @@ struct q8acts {
 
 ALWAYS const int8_t *xq8(const struct q8acts *q, int64_t t) { return q->xq + t * q->cols; }
 
+/* q's tokens from t on, nt of them (views into q's buffers) */
+ALWAYS struct q8acts q8_from(const struct q8acts *q, int64_t t, int64_t nt) {
+    struct q8acts qt = *q;
+    int64_t at = t * q->ldg;
+    qt.xq += t * q->cols;
+    qt.xp += t * q->cols;
+    qt.dx += at;
+    qt.xsum += at;
+    qt.xoff += at;
+    qt.n = nt;
+    return qt;
+}
+
 /* 32 int8 in natural order (a token's quantized columns) -> the 16 even
  * ones, then the 16 odd ones, of each 32-column half. */
 ALWAYS __m256i evens_odds(__m256i v) {
@@ -1565,10 +1578,23 @@ ALWAYS __m512i dword16(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* Group g's sums (codes at c) for nt <= 2 tokens: s[t] lane i the int32 sum
- * of row i's group and token t, as group_sums gives it. */
+/* a + the products of u8 and the dword at p in every lane, the dword read
+ * by the vpdpbusd itself (an embedded broadcast, which the compiler does
+ * not make of _mm512_set1_epi32: there it is a load and a shuffle) */
+ALWAYS __m512i dpbusd_dword(__m512i a, __m512i u8, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(u8), "m"(*(const int32_t *)(const void *)p));
+    return a;
+}
+
+/* Tokens a pass of the loop on interleaved rows takes at most: 16 int32
+ * sums in flight (two a token), the codes of a chunk unpacked once for all
+ * of them. */
+#define R16_TOKENS 8
+
+/* Group g's sums (codes at c) for nt <= R16_TOKENS tokens: s[t] lane i the
+ * int32 sum of row i's group and token t, as group_sums gives it. */
 ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const struct q8acts *q, int64_t g, int nt,
-                           __m512i s[2]) {
+                           __m512i s[R16_TOKENS]) {
     const __m512i low4 = _mm512_set1_epi8(0xf);
     /* the group's columns in the unit order of the activations: its even
      * ones from here on, 4 bytes a chunk of 8 columns, its odd ones `gap`
@@ -1576,10 +1602,13 @@ ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const
     const int64_t col = g * 32 * per;
     const int8_t *x = q->xq + col / 64 * 64 + col % 64 / 2;
     const int64_t gap = per == 1 && g == ng - 1 && ng % 2 ? 16 : 32;
-    /* up to 4 chains a token: even and odd columns, even and odd chunks */
-    __m512i a[2][4];
+    /* chains a token: even and odd columns, and for one token even and odd
+     * chunks too */
+    __m512i a[R16_TOKENS][4];
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) a[i / 4][i % 4] = _mm512_setzero_si512();
+    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) a[t][m] = _mm512_setzero_si512();
 #pragma GCC unroll 16
     for (int k = 0; k < 4 * per; k++) {
         _mm_prefetch((const char *)c + k * 64 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
@@ -1591,7 +1620,7 @@ ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const
             hi = _mm512_shuffle_epi8(e2m1, hi);
         }
         const int m = nt == 1 ? (k & 1) * 2 : 0;
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             /* 8 chunks to a unit of 64 columns */
             const int8_t *xt = x + t * q->cols + (k / 8) * 64 + (k % 8) * 4;
@@ -1599,56 +1628,96 @@ ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const
             a[t][m + 1] = _mm512_dpbusd_epi32(a[t][m + 1], hi, dword16(xt + gap));
         }
     }
-#pragma GCC unroll 2
-    for (int t = 0; t < nt; t++)
-        s[t] = _mm512_add_epi32(_mm512_add_epi32(a[t][0], a[t][1]), _mm512_add_epi32(a[t][2], a[t][3]));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        s[t] = _mm512_add_epi32(a[t][0], a[t][1]);
+        if (nt == 1) s[t] = _mm512_add_epi32(s[t], _mm512_add_epi32(a[t][2], a[t][3]));
+    }
 }
 
-/* q8_rows for interleaved w and nt <= 2 tokens: the blocks holding rows
- * [r0, r1), every lane computed, the rows in range stored. */
-ALWAYS void r16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
-                     int fmt, int sdt, int nt, int per) {
-    const int64_t ng = w->cols / w->group, ldg = q->ldg;
+/* Group g of a block (codes at c, scales and biases at sp and bp) for nt
+ * tokens, added to chain j of each token (acc[t][j]; first: it starts
+ * here), as q8_rows and the product by tokens add it. */
+ALWAYS void r16_group(int fmt, int sdt, int per, int64_t ng, const uint8_t *c, const uint8_t *sp, const uint8_t *bp,
+                      const struct q8acts *q, int64_t g, int nt, int j, bool first,
+                      __m512 acc[R16_TOKENS][Q8_CHAINS]) {
+    const size_t group_scales = SP_QMAT_BLOCK_ROWS * sp_dtype_size(sdt), group_codes = (size_t)(32 * per) / 8 * 64;
+    const int64_t ldg = q->ldg;
+    __m512i s[R16_TOKENS];
+    r16_group_sums(fmt, per, ng, c + (size_t)g * group_codes, q, g, nt, s);
+    __m512 sc = _mm512_mul_ps(load16_scales(sdt, sp + (size_t)g * group_scales), _mm512_set1_ps(code_scale_of(fmt)));
+    __m512 bi = fmt == FMT_MX4 ? sc : load16_scales(sdt, bp + (size_t)g * group_scales);
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        __m512i st = s[t];
+        if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xoff[t * ldg + g]));
+        __m512 ds = _mm512_mul_ps(sc, _mm512_set1_ps(q->dx[t * ldg + g]));
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), ds, first ? _mm512_setzero_ps() : acc[t][j]);
+        if (fmt != FMT_MX4) v = _mm512_fmadd_ps(bi, _mm512_set1_ps(q->xsum[t * ldg + g]), v);
+        acc[t][j] = v;
+    }
+}
+
+/* Block b of interleaved w times nt <= R16_TOKENS tokens of q, its rows
+ * `keep` stored at y (row 0 of the block): every group into Q8_CHAINS
+ * chains a token, summed as hsum sums lanes. For one or two tokens the
+ * chains stay in registers (the groups unrolled by 8); more keep them in
+ * memory, a group at a time. */
+ALWAYS void r16_block(const struct sp_qmat *w, int64_t b, const struct q8acts *q, float *y, int64_t ldy,
+                      __mmask16 keep, int fmt, int sdt, int nt, int per) {
+    const int64_t ng = w->cols / w->group;
     const size_t block_codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
-    const size_t group_scales = SP_QMAT_BLOCK_ROWS * sp_dtype_size(sdt), group_codes = (size_t)w->group / 8 * 64;
-    const __m512 cs = _mm512_set1_ps(code_scale_of(fmt));
-    for (int64_t b = r0 / SP_QMAT_BLOCK_ROWS; b * SP_QMAT_BLOCK_ROWS < r1; b++) {
-        const uint8_t *c = (const uint8_t *)w->codes + (size_t)b * block_codes;
-        size_t at = (size_t)(b * ng) * group_scales;
-        const uint8_t *sp = (const uint8_t *)w->scales + at;
-        const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + at;
-        __m512 acc[2][Q8_CHAINS];
-#pragma GCC unroll 16
-        for (int i = 0; i < 2 * Q8_CHAINS; i++) acc[i / Q8_CHAINS][i % Q8_CHAINS] = _mm512_setzero_ps();
-        for (int64_t g0 = 0; g0 < ng; g0 += Q8_CHAINS) {
+    const size_t at = (size_t)(b * ng * SP_QMAT_BLOCK_ROWS) * sp_dtype_size(sdt);
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)b * block_codes;
+    const uint8_t *sp = (const uint8_t *)w->scales + at;
+    const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + at;
+    __m512 acc[R16_TOKENS][Q8_CHAINS];
+    if (nt <= 2) {
+        for (int64_t g0 = 0; g0 < ng; g0 += Q8_CHAINS)
 #pragma GCC unroll 8
             for (int j = 0; j < Q8_CHAINS; j++) {
-                int64_t g = g0 + j;
-                if (g >= ng) break;
-                __m512i s[2];
-                r16_group_sums(fmt, per, ng, c + (size_t)g * group_codes, q, g, nt, s);
-                __m512 sc = _mm512_mul_ps(load16_scales(sdt, sp + (size_t)g * group_scales), cs);
-                __m512 bi = fmt == FMT_MX4 ? sc : load16_scales(sdt, bp + (size_t)g * group_scales);
-#pragma GCC unroll 2
-                for (int t = 0; t < nt; t++) {
-                    __m512i st = s[t];
-                    if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xoff[t * ldg + g]));
-                    __m512 ds = _mm512_mul_ps(sc, _mm512_set1_ps(q->dx[t * ldg + g]));
-                    acc[t][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), ds, acc[t][j]);
-                    if (fmt != FMT_MX4) acc[t][j] = _mm512_fmadd_ps(bi, _mm512_set1_ps(q->xsum[t * ldg + g]), acc[t][j]);
-                }
+                if (g0 + j >= ng) break;
+                r16_group(fmt, sdt, per, ng, c, sp, bp, q, g0 + j, nt, j, g0 == 0, acc);
             }
-        }
-        /* rows of the block in [r0, r1) */
+    } else {
+        for (int64_t g = 0; g < ng; g++)
+            r16_group(fmt, sdt, per, ng, c, sp, bp, q, g, nt, (int)(g % Q8_CHAINS), g < Q8_CHAINS, acc);
+    }
+    /* chains past ng are zero */
+    for (int64_t j = ng; j < Q8_CHAINS; j++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t][j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        __m512 *a = acc[t];
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                   _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+        _mm512_mask_storeu_ps(y + t * ldy, keep, sum);
+    }
+}
+
+/* q8_rows and the product by tokens for interleaved w and any number of
+ * q's tokens: the blocks holding rows [r0, r1) one at a time (every lane
+ * computed, the rows in range stored), each taking its tokens in passes of
+ * R16_TOKENS, then 4, 2 and 1, while its codes stay cached. */
+ALWAYS void r16_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, int64_t ldy,
+                     int fmt, int sdt, int per) {
+    for (int64_t b = r0 / SP_QMAT_BLOCK_ROWS; b * SP_QMAT_BLOCK_ROWS < r1; b++) {
         int64_t first = b * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
         int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
         __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-#pragma GCC unroll 2
-        for (int t = 0; t < nt; t++) {
-            __m512 *a = acc[t];
-            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                       _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-            _mm512_mask_storeu_ps(y + t * ldy + first, keep, sum);
+        int64_t t = 0;
+        for (; t + R16_TOKENS <= q->n; t += R16_TOKENS) {
+            const struct q8acts qt = q8_from(q, t, R16_TOKENS);
+            r16_block(w, b, &qt, y + t * ldy + first, ldy, keep, fmt, sdt, R16_TOKENS, per);
+        }
+        for (int nt = R16_TOKENS / 2; nt >= 1; nt /= 2) {
+            if (q->n - t < nt) continue;
+            const struct q8acts qt = q8_from(q, t, nt);
+            if (nt == 4) r16_block(w, b, &qt, y + t * ldy + first, ldy, keep, fmt, sdt, 4, per);
+            if (nt == 2) r16_block(w, b, &qt, y + t * ldy + first, ldy, keep, fmt, sdt, 2, per);
+            if (nt == 1) r16_block(w, b, &qt, y + t * ldy + first, ldy, keep, fmt, sdt, 1, per);
+            t += nt;
         }
     }
 }
@@ -2007,6 +2076,114 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 }
 #endif
 
+#if HAVE_ZMM && !HAVE_AMX
+/* The product by tokens on interleaved rows: lanes are rows, as in
+ * r16_rows, and a pass takes a pair of token blocks (xt, as block_tokens
+ * sets them side by side), whose 16 dwords of a quad lie in one place, so
+ * each token's dword is broadcast from a fixed offset; the codes of a chunk
+ * are unpacked once for the 16 tokens and need no copy. The sums, scales
+ * and chains are the product by tokens' (so are the results, to the bit).
+ * Zen 5 VM, one thread, from cache, against the product by tokens on the
+ * same rows in row order, in one process taking turns (medians of 15
+ * passes): affine4-g64 768 x 2048 at 16 tokens 1.35-1.4x, at 64 tokens
+ * 1.01-1.08x, 2048 x 768 1.44-1.56x and 1.18-1.22x; mxfp4 768 x 2048 at 16
+ * tokens 1.16-1.19x, at 64 0.85-0.88x (its groups of 32 columns give the
+ * float work of 16 tokens to every 4 chunks of codes). With the dwords
+ * broadcast by _mm512_set1_epi32 rather than by the vpdpbusd, 64 tokens ran
+ * 0.03-0.07x slower. (The amx build multiplies such blocks on tiles, in row
+ * order.) */
+#define R16_PAIR_TOKENS (Q8_PAIR * Q8_BLOCK_TOKENS)
+
+/* Group g's sums (codes at c) for the pair of token blocks at xb: s[t]
+ * lane i the int32 sum of row i's group and token t of the pair. */
+ALWAYS void r16_pair_sums(int fmt, int per, int64_t ng, const uint8_t *c, const int8_t *xb, int64_t g,
+                          __m512i s[R16_PAIR_TOKENS]) {
+    const __m512i low4 = _mm512_set1_epi8(0xf);
+    /* the quads of the group's even columns from here on (r16_group_sums'
+     * offsets, a quad to 4 bytes), its odd ones gap quads further */
+    const int64_t col = g * 32 * per, quad = (col / 64 * 64 + col % 64 / 2) / 4;
+    const int64_t gap = per == 1 && g == ng - 1 && ng % 2 ? 4 : 8;
+#pragma GCC unroll 16
+    for (int t = 0; t < R16_PAIR_TOKENS; t++) s[t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int k = 0; k < 4 * per; k++) {
+        _mm_prefetch((const char *)c + k * 64 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512((const void *)(c + k * 64));
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if (fmt == FMT_MX4) {
+            const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
+            lo = _mm512_shuffle_epi8(e2m1, lo);
+            hi = _mm512_shuffle_epi8(e2m1, hi);
+        }
+        /* 8 chunks to a unit of 16 quads; token t's dword at 4t */
+        const int8_t *xe = xb + quad_at(quad + (k / 8) * 16 + k % 8), *xo = xe + quad_at(gap);
+#pragma GCC unroll 16
+        for (int t = 0; t < R16_PAIR_TOKENS; t++) {
+            s[t] = dpbusd_dword(s[t], lo, xe + 4 * t);
+            s[t] = dpbusd_dword(s[t], hi, xo + 4 * t);
+        }
+    }
+}
+
+/* Block rb of interleaved w times token blocks b and b + 1 of q, the rows
+ * `keep` of tokens before q->n stored at y (row 0 of the block, token 0 of
+ * block b). */
+ALWAYS void r16_pair(const struct sp_qmat *w, int64_t rb, const struct q8acts *q, int64_t b, float *y, int64_t ldy,
+                     __mmask16 keep, int fmt, int sdt, int per) {
+    const int64_t ng = w->cols / w->group, ldg = q->ldg;
+    const size_t group_scales = SP_QMAT_BLOCK_ROWS * sp_dtype_size(sdt), group_codes = (size_t)(32 * per) / 8 * 64;
+    const size_t at = (size_t)(rb * ng) * group_scales;
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)rb * SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
+    const uint8_t *sp = (const uint8_t *)w->scales + at;
+    const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + at;
+    const int8_t *xb = q->xt + b * q->cols * Q8_BLOCK_TOKENS;  // pair b / 2
+    const __m512 cs = _mm512_set1_ps(code_scale_of(fmt));
+    __m512 acc[R16_PAIR_TOKENS][Q8_CHAINS];
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i s[R16_PAIR_TOKENS];
+        r16_pair_sums(fmt, per, ng, c + (size_t)g * group_codes, xb, g, s);
+        __m512 sc = _mm512_mul_ps(load16_scales(sdt, sp + (size_t)g * group_scales), cs);
+        __m512 bi = fmt == FMT_MX4 ? sc : load16_scales(sdt, bp + (size_t)g * group_scales);
+        const int j = (int)(g % Q8_CHAINS);
+#pragma GCC unroll 16
+        for (int t = 0; t < R16_PAIR_TOKENS; t++) {
+            /* token t's per-group values in its block's rows of them */
+            size_t tg = (size_t)(((b + t / Q8_BLOCK_TOKENS) * ldg + g) * Q8_BLOCK_TOKENS + t % Q8_BLOCK_TOKENS);
+            __m512i st = s[t];
+            if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xot[tg]));
+            __m512 ds = _mm512_mul_ps(sc, _mm512_set1_ps(q->dxt[tg]));
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), ds, g < Q8_CHAINS ? _mm512_setzero_ps() : acc[t][j]);
+            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(bi, _mm512_set1_ps(q->xst[tg]), v);
+            acc[t][j] = v;
+        }
+    }
+    /* chains past ng are zero */
+    for (int64_t j = ng; j < Q8_CHAINS; j++)
+        for (int t = 0; t < R16_PAIR_TOKENS; t++) acc[t][j] = _mm512_setzero_ps();
+    for (int t = 0; t < R16_PAIR_TOKENS && b * Q8_BLOCK_TOKENS + t < q->n; t++) {
+        __m512 *a = acc[t];
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                   _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+        _mm512_mask_storeu_ps(y + t * ldy, keep, sum);
+    }
+}
+
+/* Rows [r0, r1) of interleaved w by tokens, q's blocks set side by side
+ * (q8_block_tokens): a block of rows at a time, its codes cached while
+ * every pair of token blocks passes over them. */
+ALWAYS void r16_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
+                           int64_t ldy, int fmt, int sdt, int per) {
+    const int64_t nb = blocks_computed(q->n);
+    for (int64_t rb = r0 / SP_QMAT_BLOCK_ROWS; rb * SP_QMAT_BLOCK_ROWS < r1; rb++) {
+        int64_t first = rb * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
+        int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
+        __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        for (int64_t b = 0; b < nb; b += Q8_PAIR)
+            r16_pair(w, rb, q, b, y + b * Q8_BLOCK_TOKENS * ldy + first, ldy, keep, fmt, sdt, per);
+    }
+}
+#endif
+
 #if HAVE_AMX
 /* The product by tokens on AMX tiles: a tile of codes holds a run of 16
  * quads (64 columns in unit order; for groups of 32 columns 8 quads, a
@@ -2299,7 +2476,8 @@ struct impl {
     qacts_fn q16[4];    // 1 to 4 tokens, int16 activations; NULL for plain floats
     q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4-bit codes only
     q8acts_fn q8_block; // any tokens, int8 activations, by tokens
-    q8acts_fn r16[2];   // 1 or 2 tokens, int8 activations, interleaved rows (avx512 builds; else NULL)
+    q8acts_fn r16;      // any tokens, int8 activations, interleaved rows, by groups (avx512 builds; else NULL)
+    q8acts_fn r16_block; // the same by tokens (avx512 build; else NULL)
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -2317,7 +2495,7 @@ struct impl {
 
 #define IMPL_FLOAT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
-    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0, {0}, 0};
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID, {0}, {0}, 0, 0, 0, 0};
 
 /* one function per token count (q16_NT_ID, q8_NT_ID) and q8_block_ID; the
  * group size picks 32-column blocks per group (per: 1, 2 or 4) */
@@ -2334,15 +2512,26 @@ struct impl {
         BY_PER(KIND##_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                  \
     }
 #if HAVE_ZMM
-#define R16(ID, FMT, SDT, NT)                                                                                     \
-    static void r16_##NT##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y, \
-                                int64_t ldy) {                                                                  \
-        BY_PER(r16_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                   \
+#define R16(ID, FMT, SDT)                                                                                         \
+    static void r16_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,        \
+                         int64_t ldy) {                                                                         \
+        BY_PER(r16_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                       \
     }
-#define R16_FNS(ID) {r16_1_##ID, r16_2_##ID}
+#define R16_FN(ID) r16_##ID
 #else
-#define R16(ID, FMT, SDT, NT)
-#define R16_FNS(ID) {0}
+#define R16(ID, FMT, SDT)
+#define R16_FN(ID) 0
+#endif
+#if HAVE_ZMM && !HAVE_AMX
+#define R16_BLOCK(ID, FMT, SDT)                                                                                   \
+    static void r16_block_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,  \
+                               int64_t ldy) {                                                                   \
+        BY_PER(r16_block_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                 \
+    }
+#define R16_BLOCK_FN(ID) r16_block_##ID
+#else
+#define R16_BLOCK(ID, FMT, SDT)
+#define R16_BLOCK_FN(ID) 0
 #endif
 #define Q16(ID, FMT, SDT, NT) QROWS(q16, qacts, ID, FMT, SDT, NT)
 #define Q8(ID, FMT, SDT, NT) QROWS(q8, q8acts, ID, FMT, SDT, NT)
@@ -2355,17 +2544,17 @@ struct impl {
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
-                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, {0}, false};
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, 0, 0, false};
 /* 4-bit formats: the same plus the int8-activation product */
 #define IMPL_QUANT4(ID, FMT, SDT)                                                                                 \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4) Q8_BLOCK(ID, FMT, SDT)        \
-    R16(ID, FMT, SDT, 1) R16(ID, FMT, SDT, 2)                                                                     \
+    R16(ID, FMT, SDT) R16_BLOCK(ID, FMT, SDT)                                                                     \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
                                           {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
                                           {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, q8_block_##ID,            \
-                                          R16_FNS(ID), true};
+                                          R16_FN(ID), R16_BLOCK_FN(ID), true};
 
 IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
 IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
@@ -2479,29 +2668,12 @@ static void q16_call(const void *ctx, const struct sp_qmat *w, int64_t r0, int64
     a->im->q16[a->nt - 1](w, r0, r1, a->q, y, a->ldy);
 }
 
-/* q's tokens from t on, nt of them (views into q's buffers) */
-ALWAYS struct q8acts q8_from(const struct q8acts *q, int64_t t, int64_t nt) {
-    struct q8acts qt = *q;
-    int64_t at = t * q->ldg;
-    qt.xq += t * q->cols;
-    qt.xp += t * q->cols;
-    qt.dx += at;
-    qt.xsum += at;
-    qt.xoff += at;
-    qt.n = nt;
-    return qt;
-}
-
 /* im->q8[nt - 1] on rows [r0, r1) of w in any layout: interleaved rows by
- * their own loop where the set has one, 2 tokens at a time. */
+ * their own loop where the set has one. */
 static void q8_groups(const struct impl *im, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q,
                       int nt, float *y, int64_t ldy, void *scratch) {
-    if (w->interleaved && im->r16[0]) {
-        for (int t = 0; t < nt; t += 2) {
-            int two = nt - t < 2 ? nt - t : 2;
-            const struct q8acts qt = q8_from(q, t, two);
-            im->r16[two - 1](w, r0, r1, &qt, y + t * ldy, ldy);
-        }
+    if (w->interleaved && im->r16) {
+        im->r16(w, r0, r1, q, y, ldy);
         return;
     }
     const struct acts_call a = {im, q, nt, ldy};
@@ -2605,6 +2777,9 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
     const struct sp_qmat *w0 = m->w[0];
     struct q8acts q;
     q8_layout(scratch, w0->cols, w0->cols / w0->group, &q);
+    /* interleaved rows, all of them, by their own loops where the set has them */
+    bool r16 = im->r16 != NULL;
+    for (int i = 0; i < m->n; i++) r16 = r16 && m->w[i]->interleaved;
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, blocked = q8_blocked(nq);
         q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, w0->type == SP_QTYPE_MXFP4, &q);
@@ -2614,8 +2789,19 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             q8_block_tokens(&qb);
             amx_rows_begin((int)(w0->group / 32));
             const struct acts_call a = {im, &qb, 0, ldy};
-            for (int i = 0; i < m->n; i++) in_row_order(m->w[i], r0, r1, m->y[i] + t0 * ldy, scratch, q8_block_call, &a);
+            for (int i = 0; i < m->n; i++) {
+                if (r16 && im->r16_block)
+                    im->r16_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
+                else
+                    in_row_order(m->w[i], r0, r1, m->y[i] + t0 * ldy, scratch, q8_block_call, &a);
+            }
             amx_rows_end();
+        }
+        if (r16) {
+            const struct q8acts qr = q8_from(&q, blocked, nq - blocked);
+            for (int i = 0; i < m->n && blocked < nq; i++)
+                im->r16(m->w[i], r0, r1, &qr, m->y[i] + (t0 + blocked) * ldy, ldy);
+            continue;
         }
         /* interleaved rows a block at a time (pieces ending where blocks end) */
         bool by_blocks = nq - blocked > 4 && w0->interleaved;
