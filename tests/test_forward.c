@@ -293,6 +293,81 @@ static void test_batch_invariance(void **state) {
     sp_model_close(m);
 }
 
+/* Every matrix that can be: the loader's choice made for any kernel set */
+static bool any_interleavable(const struct sp_qmat *w) { return sp_qmat_interleavable(w); }
+
+/* Logits of sequence a at once, b in chunks of 64 and 3 decoded tokens */
+static float *interleave_logits(struct sp_model *m, const struct ref *r) {
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = SP_KV_F32, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    int64_t n = r->na + r->nb + 3;
+    float *out = malloc((size_t)(n * r->vocab) * sizeof(float));
+    run_seq(c, r->a, r->na, r->na, 0, out, r->vocab);
+    run_seq(c, r->b, r->nb, 64, 1, out + r->na * r->vocab, r->vocab);
+    int32_t tok = r->b[0], seq = 1;
+    for (int64_t i = 0; i < 3; i++) {
+        int32_t pos = (int32_t)(r->nb + i);
+        struct sp_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+        assert_int_equal(sp_ctx_forward(c, &b, out + (r->na + r->nb + i) * r->vocab), SP_OK);
+    }
+    sp_ctx_free(c);
+    return out;
+}
+
+/* Weights interleaved as the loader copies them in (sp_model_copy_in) give
+ * the logits of the same weights in row order, to the bit, for every
+ * architecture in affine4 and mxfp4: the views say which matrices were
+ * interleaved, and the kernels read them so. */
+static void test_interleaved_weights(void **state) {
+    const struct sp_quantize_opts quants[] = {{.type = SP_QTYPE_AFFINE4, .group = 64},
+                                              {.type = SP_QTYPE_MXFP4, .group = 32}};
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
+        struct sp_model *src;
+        assert_int_equal(sp_model_open(dir, &src), SP_OK);
+        struct ref r;
+        load_ref(archs[i], &r);
+        for (size_t k = 0; k < 2; k++) {
+            char *qdir = th_tmpdir();
+            assert_int_equal(sp_quantize_model(src, qdir, &quants[k]), SP_OK);
+            struct sp_model *rows, *il;
+            assert_int_equal(sp_model_open(qdir, &rows), SP_OK);
+            assert_int_equal(sp_model_open(qdir, &il), SP_OK);
+            struct sp_model_copy copy;
+            assert_int_equal(sp_model_copy_in(il, false, any_interleavable, &copy), SP_OK);
+            int64_t flagged = 0, seen = 0;
+            for (int64_t s = 0; s < il->weights.n_slots; s++) {
+                const struct sp_wslot *slot = &il->weights.slots[s];
+                flagged += slot->row_blocks;
+                struct sp_linear l;
+                if (!slot->t[SP_PARAM_SCALES] ||
+                    sp_model_linear(il, slot->layer, slot->role, slot->stacked ? 0 : slot->expert, &l) != SP_OK)
+                    continue;
+                assert_int_equal(l.w.interleaved, slot->row_blocks);
+                seen++;
+            }
+            print_message("%s %s: %lld of %lld quantized matrices interleaved (%zu bytes), %zu bytes copied\n",
+                          archs[i], sp_qtype_traits(quants[k].type)->name, (long long)copy.matrices, (long long)seen,
+                          copy.interleaved, copy.copied);
+            assert_true(copy.matrices > 0 && copy.copied > 0);
+            assert_int_equal(flagged, copy.matrices);
+            float *a = interleave_logits(rows, &r), *b = interleave_logits(il, &r);
+            size_t n = (size_t)((r.na + r.nb + 3) * r.vocab);
+            if (memcmp(a, b, n * sizeof *a) != 0) fail_msg("%s %s: logits differ interleaved", archs[i], sp_qtype_traits(quants[k].type)->name);
+            free(a);
+            free(b);
+            sp_model_close(rows);
+            sp_model_close(il);
+            th_rmdir(qdir);
+        }
+        free(r.la);
+        free(r.lb);
+        sp_model_close(src);
+    }
+}
+
 /* Logits with the expert cache at any budget - one expert, a few, all of
  * them - are bit-identical to reading experts from the mapping, and the
  * counters add up: every miss reads one whole expert. */
@@ -456,6 +531,7 @@ int main(void) {
         cmocka_unit_test(test_reference_logits_f16_kv),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_quantized_variants),
+        cmocka_unit_test(test_interleaved_weights),
         cmocka_unit_test(test_expert_cache),
         cmocka_unit_test(test_expert_policy),
     };

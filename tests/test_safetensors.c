@@ -374,9 +374,21 @@ static void test_huge_pages(void **state) {
     assert_int_equal(sp_mem_used(SP_MEM_KV), before);
 }
 
+/* sp_map_edit_fn for test_map_to_anon: flips the first byte, notes what it got */
+struct edit_seen {
+    const struct sp_map *map;
+    size_t size;
+};
+static void flip_first(void *ctx, const struct sp_map *m, unsigned char *copy) {
+    struct edit_seen *e = ctx;
+    e->map = m;
+    e->size = m->size;
+    copy[0] = (unsigned char)~copy[0];
+}
+
 /* A map of 2 MiB or more starts on a 2 MiB boundary; sp_map_to_anon puts
- * the same bytes at the same address in anonymous memory, counted as
- * weights until the map is closed; a smaller map stays as it was. */
+ * the same bytes at the same address in anonymous memory (edited first
+ * where asked), counted as weights until the map is closed. */
 static void test_map_to_anon(void **state) {
     (void)state;
     char *dir = th_tmpdir();
@@ -392,7 +404,7 @@ static void test_map_to_anon(void **state) {
     assert_true((uintptr_t)m.data % ((uintptr_t)2 << 20) == 0);
     const unsigned char *at = m.data;
     size_t before = sp_mem_used(SP_MEM_WEIGHTS);
-    assert_int_equal(sp_map_to_anon(&m), SP_OK);
+    assert_int_equal(sp_map_to_anon(&m, NULL, NULL), SP_OK);
     assert_true(m.anon);
     assert_ptr_equal(m.data, at);
     assert_int_equal(m.size, size);
@@ -402,18 +414,25 @@ static void test_map_to_anon(void **state) {
     size_t huge = sp_map_huge_bytes(&m);
     print_message("5 MiB copied: %zu bytes in 2 MiB pages\n", huge);
     assert_int_equal(huge, smaps_field(m.data, "AnonHugePages:"));
-    assert_int_equal(sp_map_to_anon(&m), SP_OK);  // a copy already: nothing to do
+    assert_int_equal(sp_map_to_anon(&m, NULL, NULL), SP_OK);  // a copy already: nothing to do
     assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + size);
     sp_map_close(&m);
     assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
 
+    /* a small map is copied too (in 4 KiB pages), through an edit */
     assert_int_equal(sp_map_open(small_path, &small), SP_OK);
-    assert_int_not_equal(sp_map_to_anon(&small), SP_OK);
-    print_message("small map: %s\n", sp_error_msg());
-    assert_false(small.anon);
-    assert_memory_equal(small.data, bytes, 4096);
-    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
+    at = small.data;
+    struct edit_seen seen = {0};
+    assert_int_equal(sp_map_to_anon(&small, flip_first, &seen), SP_OK);
+    assert_true(small.anon);
+    assert_ptr_equal(small.data, at);
+    assert_ptr_equal(seen.map, &small);
+    assert_int_equal(seen.size, 4096);
+    assert_int_equal(small.data[0], (unsigned char)~bytes[0]);
+    assert_memory_equal(small.data + 1, bytes + 1, 4095);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + 4096);
     sp_map_close(&small);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
     free(bytes);
     sp_free(path);
     sp_free(small_path);

@@ -105,19 +105,22 @@ enum sp_status sp_map_populate(const struct sp_map *m) {
     return SP_OK;
 }
 
-enum sp_status sp_map_to_anon(struct sp_map *m) {
+enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx) {
     if (!m->data || m->anon) return SP_OK;
     size_t n = (m->size + 4095) & ~(size_t)4095;
-    if (((uintptr_t)m->data & (HUGE_PAGE - 1)) || m->size < HUGE_PAGE)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "a map of %zu bytes not on a 2 MiB boundary", m->size);
-    char *b = reserve_aligned(n);
-    if (!b || mmap(b, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    /* 2 MiB pages where the map has whole ones at 2 MiB boundaries */
+    bool huge = !((uintptr_t)m->data & (HUGE_PAGE - 1)) && m->size >= HUGE_PAGE;
+    char *b = huge ? reserve_aligned(n) : NULL;
+    char *p = huge && !b ? MAP_FAILED
+                         : mmap(b, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (b ? MAP_FIXED : 0), -1, 0);
+    if (p == MAP_FAILED) {
         int e = errno;
         if (b) munmap(b, n);
         return sp_errorf(SP_ERR_NOMEM, "%zu bytes of anonymous memory: %s", n, strerror(e));
     }
+    b = p;
 #ifdef MADV_HUGEPAGE
-    (void)madvise(b, n, MADV_HUGEPAGE);
+    if (huge) (void)madvise(b, n, MADV_HUGEPAGE);
 #endif
     /* read the file (from the page cache where it is there) into the copy */
     for (size_t off = 0; off < m->size;) {
@@ -131,6 +134,7 @@ enum sp_status sp_map_to_anon(struct sp_map *m) {
         }
         off += (size_t)got;
     }
+    if (edit) edit(ctx, m, (unsigned char *)b);
     if (mprotect(b, n, PROT_READ) != 0 ||
         mremap(b, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)m->data) == MAP_FAILED) {
         int e = errno;

@@ -35,13 +35,19 @@ void sp_map_close(struct sp_map *m);
  * into 2 MiB pages where the kernel allows (MADV_HUGEPAGE): a one-token
  * product streams its weights ~9% faster with a TLB miss per 2 MiB. */
 enum sp_status sp_map_populate(const struct sp_map *m);
+/* Changes a copy of m's bytes (at copy, m->size of them) before they
+ * replace m's pages (sp_map_to_anon). */
+typedef void (*sp_map_edit_fn)(void *ctx, const struct sp_map *m, unsigned char *copy);
 /* Replaces the map's pages by an anonymous copy of the file, at the same
- * address (pointers into the map stay valid), in 2 MiB pages where the
- * kernel allows: read end to end by a one-token product, such pages take a
- * TLB miss per 2 MiB where the page cache often holds a file in 4 KiB
- * pieces. The copy is counted as weights memory (SP_MEM_WEIGHTS) and freed
- * by sp_map_close. On failure the map is left as it was. */
-enum sp_status sp_map_to_anon(struct sp_map *m);
+ * address (pointers into the map stay valid), in 2 MiB pages where the map
+ * has whole ones and the kernel allows: read end to end by a one-token
+ * product, such pages take a TLB miss per 2 MiB where the page cache often
+ * holds a file in 4 KiB pieces. edit, where not NULL, changes the copy
+ * first; the copy is read-only after. The copy is counted as weights
+ * memory (SP_MEM_WEIGHTS) and freed by sp_map_close. A map that is a copy
+ * already is left as it is (edit not called); on failure the map is left
+ * as it was. */
+enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx);
 /* Bytes of m held in 2 MiB pages now (its page-cache folios mapped whole,
  * or its anonymous copy's huge pages; /proc/self/smaps, 0 where the kernel
  * does not say). */

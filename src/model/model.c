@@ -114,6 +114,7 @@ enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_
     out->slot = s;
     out->transposed = s->transposed;
     out->interleaved = s->interleaved;
+    q->interleaved = s->row_blocks;
     enum sp_status st;
     if (sc) {
         struct sp_qparams p;
@@ -304,21 +305,105 @@ enum sp_status sp_model_populate(const struct sp_model *m) {
     return SP_OK;
 }
 
-enum sp_status sp_model_copy_in(const struct sp_model *m, size_t *copied) {
-    *copied = 0;
-    for (int i = 0; i < m->files->n_shards; i++) {
-        struct sp_st_file *f = m->files->shards[i];
-        /* mostly in 2 MiB pages already (read afresh under MADV_HUGEPAGE), or too small for one */
-        if (f->map.size < ((size_t)2 << 20) || (double)sp_map_huge_bytes(&f->map) >= 0.9 * (double)f->map.size)
-            continue;
-        enum sp_status st = sp_map_to_anon(&f->map);
-        if (st != SP_OK) {
-            sp_error_prefix("%s: ", f->path);
-            return st;
+/* Slot s's whole matrix (every expert of a stacked one) as a view, where
+ * it is a valid quantized one. */
+static bool slot_matrix(const struct sp_model *m, const struct sp_wslot *s, struct sp_qmat *out) {
+    if (!s->t[SP_PARAM_WEIGHT] || !s->t[SP_PARAM_SCALES]) return false;
+    struct sp_linear lin;
+    if (sp_model_linear(m, s->layer, s->role, s->stacked ? 0 : s->expert, &lin) != SP_OK || lin.slot != s ||
+        lin.transposed)
+        return false;
+    *out = lin.w;
+    if (s->stacked) out->rows *= m->arch.n_experts;
+    return true;
+}
+
+/* Whether n bytes at p lie in map f */
+static bool in_map(const struct sp_map *f, const void *p, size_t n) {
+    const unsigned char *b = p;
+    return b && b >= f->data && b + n <= f->data + f->size;
+}
+
+/* The matrices sp_model_copy_in interleaves in a file's copy */
+struct interleave {
+    struct sp_model *m;
+    sp_model_interleave_fn want;
+    size_t bytes, tmp_cap;
+    int64_t matrices;
+    void *tmp;
+};
+
+/* Slot s's matrix, where `want` takes it and all its arrays lie in map f
+ * (else false): *in_copy views it at the same offsets in copy. */
+static bool to_interleave(const struct interleave *il, const struct sp_wslot *s, const struct sp_map *f,
+                          const unsigned char *copy, struct sp_qmat *in_copy) {
+    struct sp_qmat w;
+    if (!slot_matrix(il->m, s, &w) || !sp_qmat_interleavable(&w) || !il->want(&w)) return false;
+    size_t codes = (size_t)w.rows * sp_qtype_row_bytes(w.type, w.cols);
+    size_t groups = (size_t)w.rows * (size_t)(w.cols / w.group) * sp_dtype_size(w.scale_dtype);
+    if (!in_map(f, w.codes, codes) || !in_map(f, w.scales, groups) || (w.biases && !in_map(f, w.biases, groups)))
+        return false;
+    *in_copy = w;
+    in_copy->codes = copy + ((const unsigned char *)w.codes - f->data);
+    in_copy->scales = copy + ((const unsigned char *)w.scales - f->data);
+    if (w.biases) in_copy->biases = copy + ((const unsigned char *)w.biases - f->data);
+    return true;
+}
+
+/* sp_map_edit_fn: interleaves the matrices of the file in its copy */
+static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *copy) {
+    struct interleave *il = ctx;
+    for (int64_t i = 0; i < il->m->weights.n_slots; i++) {
+        struct sp_wslot *s = &il->m->weights.slots[i];
+        struct sp_qmat w, done;
+        if (s->row_blocks || !to_interleave(il, s, f, copy, &w)) continue;
+        size_t need = sp_qmat_block_bytes(&w);
+        if (need > il->tmp_cap) {
+            void *t = sp_malloc(need, SP_MEM_MISC);
+            if (!t) continue;  // this one stays in row order
+            sp_free(il->tmp);
+            il->tmp = t;
+            il->tmp_cap = need;
         }
-        *copied += f->map.size;
+        sp_qmat_interleave_in_place(&w, il->tmp, &done);
+        s->row_blocks = true;
+        il->bytes += sp_qtype_matrix_bytes(w.type, w.group, w.scale_dtype, w.rows, w.cols);
+        il->matrices++;
     }
-    return SP_OK;
+}
+
+/* Whether a file holds a matrix to interleave */
+static bool file_to_interleave(const struct interleave *il, const struct sp_map *f) {
+    for (int64_t i = 0; i < il->m->weights.n_slots; i++) {
+        struct sp_qmat w;
+        if (to_interleave(il, &il->m->weights.slots[i], f, f->data, &w)) return true;
+    }
+    return false;
+}
+
+enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
+                                struct sp_model_copy *out) {
+    memset(out, 0, sizeof *out);
+    struct interleave il = {.m = m, .want = want};
+    enum sp_status st = SP_OK;
+    for (int i = 0; i < m->files->n_shards && st == SP_OK; i++) {
+        struct sp_st_file *f = m->files->shards[i];
+        /* for 2 MiB pages: files mostly in 4 KiB pages (not those read
+         * afresh under MADV_HUGEPAGE, nor those too small for one) */
+        bool small = f->map.size < ((size_t)2 << 20);
+        bool pages = huge_pages && !small && (double)sp_map_huge_bytes(&f->map) < 0.9 * (double)f->map.size;
+        bool edit = want && file_to_interleave(&il, &f->map);
+        if (f->map.anon || !(pages || edit)) continue;
+        st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il);
+        if (st != SP_OK)
+            sp_error_prefix("%s: ", f->path);
+        else
+            out->copied += f->map.size;
+    }
+    sp_free(il.tmp);
+    out->interleaved = il.bytes;
+    out->matrices = il.matrices;
+    return st;
 }
 
 size_t sp_model_huge_bytes(const struct sp_model *m) {

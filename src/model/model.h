@@ -57,12 +57,24 @@ void sp_model_close(struct sp_model *m);
 /* Maps every weight file into memory now (sp_map_populate), for a model the
  * plan keeps resident: its first forward pass then takes no page faults. */
 enum sp_status sp_model_populate(const struct sp_model *m);
-/* Replaces each weight file's map (of 2 MiB or more) that is mostly in
- * 4 KiB pages (the page cache held the file so) by an anonymous copy in
- * 2 MiB pages at the same address (sp_map_to_anon): views into it stay
- * valid. *copied gets the bytes copied. On failure the files not copied
- * stay mapped and readable. */
-enum sp_status sp_model_copy_in(const struct sp_model *m, size_t *copied);
+/* Whether sp_model_copy_in puts a weight matrix (row order, interleavable)
+ * in interleaved blocks of rows: the kernels' choice (sp_kernels_interleave). */
+typedef bool (*sp_model_interleave_fn)(const struct sp_qmat *w);
+struct sp_model_copy {
+    size_t copied;       // bytes of the files copied
+    size_t interleaved;  // bytes of the matrices interleaved in the copies
+    int64_t matrices;    // how many (a stacked tensor of experts is one)
+};
+/* Replaces weight files' maps by anonymous copies at the same addresses
+ * (sp_map_to_anon): views into them stay valid. A file is copied where
+ * huge_pages is set and it is 2 MiB or more and mostly in 4 KiB pages (the
+ * page cache held it so), to be in 2 MiB pages; and where `want` (not
+ * NULL) takes one of its matrices, whose arrays all lie in the file: the
+ * matrices it takes are interleaved in the copy (sp_qmat.interleaved; the
+ * slots' row_blocks tell sp_model_linear). On failure the files not copied
+ * stay mapped and readable, in row order. */
+enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
+                                struct sp_model_copy *out);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */

@@ -88,6 +88,7 @@ struct sp_wslot {
     bool stacked;    // tensors hold every expert: [E, ...]
     bool transposed;  // weight stored (in, out) instead of (out, in)
     bool interleaved;  // gate_up rows alternate gate, up (gpt-oss)
+    bool row_blocks;   // its matrix was put in interleaved blocks of rows (sp_model_copy_in)
     const struct sp_st_tensor *t[SP_PARAM_COUNT];  // borrowed; NULL when absent
     char *module;  // module path for quantization lookups; owned
 };

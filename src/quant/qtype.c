@@ -422,6 +422,27 @@ void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void
     out->interleaved = true;
 }
 
+void sp_qmat_interleave_in_place(const struct sp_qmat *m, void *tmp, struct sp_qmat *out) {
+    size_t cb, sb, ss = sp_dtype_size(m->scale_dtype);
+    block_sizes(m, &cb, &sb);
+    uint8_t *t = tmp;
+    for (int64_t b = 0; b < m->rows / SP_QMAT_BLOCK_ROWS; b++) {
+        uint8_t *c = (uint8_t *)(uintptr_t)m->codes + (size_t)b * cb;
+        uint8_t *s = (uint8_t *)(uintptr_t)m->scales + (size_t)b * sb;
+        block_move(m, c, t, 4, true, true);
+        memcpy(c, t, cb);
+        block_move(m, s, t, ss, false, true);
+        memcpy(s, t, sb);
+        if (m->biases) {
+            uint8_t *bi = (uint8_t *)(uintptr_t)m->biases + (size_t)b * sb;
+            block_move(m, bi, t, ss, false, true);
+            memcpy(bi, t, sb);
+        }
+    }
+    *out = *m;
+    out->interleaved = true;
+}
+
 void sp_qmat_block_groups(const struct sp_qmat *m, int64_t b, void *scales, void *biases, struct sp_qmat *out) {
     size_t cb, sb, ss = sp_dtype_size(m->scale_dtype);
     block_sizes(m, &cb, &sb);

@@ -106,6 +106,9 @@ bool sp_qmat_interleavable(const struct sp_qmat *m);
 /* m (row order, interleavable) interleaved into codes, scales and biases
  * (NULL for mxfp4) of m's sizes; *out views them. */
 void sp_qmat_interleave(const struct sp_qmat *m, void *codes, void *scales, void *biases, struct sp_qmat *out);
+/* The same where m's arrays are (writable memory), a block at a time
+ * through tmp (sp_qmat_block_bytes); *out views them, interleaved. */
+void sp_qmat_interleave_in_place(const struct sp_qmat *m, void *tmp, struct sp_qmat *out);
 /* Block b of interleaved m in row order: its rows' codes, scales and biases
  * (NULL for mxfp4) into buffers of SP_QMAT_BLOCK_ROWS rows; *out views them
  * as a matrix of those rows. */

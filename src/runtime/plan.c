@@ -282,27 +282,38 @@ static bool thp_allowed(void) {
     return ok;
 }
 
-double sp_plan_load(const struct sp_plan *p, const struct sp_model *m) {
+/* Whether environment variable name is set to other than 0 */
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
     double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
-    /* 2 MiB pages stream faster than the page cache's 4 KiB pieces (README:
-     * Memory); SPARROW_MMAP=1 keeps the files' pages whatever their size. */
-    const char *keep = getenv("SPARROW_MMAP");
-    bool copy = thp_allowed() && !(keep && *keep && strcmp(keep, "0") != 0);
-    size_t copied = 0;
+    /* 2 MiB pages stream faster than the page cache's 4 KiB pieces, and
+     * interleaved rows faster than rows in order (README: Memory);
+     * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
+     * SPARROW_ROW_ORDER=1 the rows' order. */
+    bool keep = env_on("SPARROW_MMAP");
+    sp_model_interleave_fn want = keep || env_on("SPARROW_ROW_ORDER") ? NULL : sp_kernels_interleave;
+    struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     if (sp_model_populate(m) != SP_OK) {
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
         return sp_now_s() - t0;
     }
-    if (copy && sp_model_copy_in(m, &copied) != SP_OK)
+    if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied) != SP_OK)
         sp_log(SP_LOG_WARN, "weights: copying stopped, the rest stay in the page cache's pages: %s", sp_error_msg());
+    if (copied.matrices)
+        sp_log(SP_LOG_INFO, "weights: %lld matrices (%.1f MiB) in interleaved blocks of %d rows",
+               (long long)copied.matrices, (double)copied.interleaved / 1048576.0, SP_QMAT_BLOCK_ROWS);
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
     /* 4 KiB pages: THP is off, or SPARROW_MMAP kept files the page cache held in them */
     sp_log(SP_LOG_INFO,
            "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of 4 KiB pages of the page cache), "
            "%.1f MiB in 2 MiB pages",
-           mib, dt, (double)copied / 1048576.0, huge);
+           mib, dt, (double)copied.copied / 1048576.0, huge);
     return dt;
 }
 

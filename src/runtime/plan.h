@@ -82,13 +82,16 @@ struct sp_plan {
 enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *out);
 void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
 /* Brings in what the plan keeps in memory: under "resident", every weight
- * file (sp_model_populate), so that no page fault lands in a forward pass,
- * and one the page cache holds in 4 KiB pages copied into anonymous 2 MiB
- * pages (sp_model_copy_in) where transparent huge pages are on, unless
- * SPARROW_MMAP is set to other than 0; under "expert-cache" nothing (the
- * cache fills as experts are used). A failure is only logged (the weights
- * stay readable through the mapping). Returns the seconds it took. */
-double sp_plan_load(const struct sp_plan *p, const struct sp_model *m);
+ * file (sp_model_populate), so that no page fault lands in a forward pass;
+ * one the page cache holds in 4 KiB pages copied into anonymous 2 MiB pages
+ * where transparent huge pages are on, and one holding matrices that the
+ * kernels read faster interleaved (sp_kernels_interleave) copied with them
+ * interleaved (sp_model_copy_in), unless SPARROW_MMAP is set to other than
+ * 0 (no copies), or SPARROW_ROW_ORDER (no interleaving); under
+ * "expert-cache" nothing (the cache fills as experts are used). A failure
+ * is only logged (the weights stay readable through the mapping). Returns
+ * the seconds it took. */
+double sp_plan_load(const struct sp_plan *p, struct sp_model *m);
 /* Writes the plan as a JSON object value into an open writer. */
 void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w);
 const char *sp_strategy_name(enum sp_strategy s);

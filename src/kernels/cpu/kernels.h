@@ -72,6 +72,10 @@ struct sp_glu {
 struct sp_kernels {
     enum sp_kernels_isa isa;
     const char *name;  // "portable", "avx2", "avx2-int16", "avx2f", "avxvnni", ...
+    /* Interleaved 4-bit rows (sp_qmat.interleaved) go through loops of the
+     * set's own; in the other sets each block of them is put back in row
+     * order for every product (the same results, slower). */
+    bool interleaved_rows;
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
      * for every format of the traits table (formats a set has no fast path
@@ -153,6 +157,10 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
 #define SP_KERNELS_Q16_TOKENS 16
 #define SP_KERNELS_Q8_TOKENS 64
+/* Whether a weight matrix w (row order) is to be interleaved for
+ * sp_kernels(): where that set has loops of its own for such rows and they
+ * were measured faster on w's format (sp_qmat_interleavable). */
+bool sp_kernels_interleave(const struct sp_qmat *w);
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 /* Where in a scratch of sp_kernels_scratch_bytes(w) the rows of a block of

@@ -3246,10 +3246,11 @@ static void softmax_x86(float *v, int64_t n, float sink) {
     for (; i < n; i++) v[i] *= _mm256_cvtss_f32(inv);
 }
 
-#define KSET_TABLE(ISA, NAME, MATMUL, PAIR)     \
+#define KSET_TABLE(ISA, NAME, MATMUL, PAIR, IL) \
     {                                           \
         .isa = ISA,                             \
         .name = NAME,                           \
+        .interleaved_rows = IL,                 \
         .matmul_rows = MATMUL,                  \
         .matmul_rows_pair = PAIR,               \
         .matmul_rows_float = matmul_rows_float, \
@@ -3264,10 +3265,12 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .sum_exp = sum_exp_x86,                 \
     }
 
-static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8);
-static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16, pair_q16);
+/* interleaved rows: the amx build multiplies them by tokens in row order (a
+ * copy of each block), so only the avx512 build has them made */
+static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8, HAVE_ZMM && !HAVE_AMX);
+static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16, pair_q16, false);
 #ifdef KSET_FLOAT_ISA
-static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float, pair_float);
+static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float, pair_float, false);
 #endif
 
 const struct sp_kernels *KSET_ENTRY(enum sp_kernels_isa isa) {
