@@ -13,6 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "kernels/cpu/kernels.h"
 
 const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 5, 10, 50, 100};
 
@@ -47,6 +48,8 @@ struct reader_io {
     struct io_uring *ring;
     uint8_t *bounce;
     size_t bounce_bytes;
+    uint8_t *block;  // room for a block of rows to interleave (interleave_unit)
+    size_t block_bytes;
 };
 
 /* A read the prefetch thread owes: which slot, and where the bytes are. */
@@ -73,6 +76,7 @@ struct sp_expert_store {
     /* prefetch: one reader thread fed by a ring of jobs; mu guards every
      * field of the store that both threads touch */
     bool prefetch;
+    const struct sp_kernels *k;  // the set whose choice of matrices to interleave the slots hold (NULL: none)
     pthread_t reader;
     bool reader_started, stop;
     pthread_mutex_t mu;
@@ -190,6 +194,8 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     if (s->io_ahead.ring) io_uring_queue_exit(s->io_ahead.ring);
     sp_free_aligned(s->io_demand.bounce);
     sp_free_aligned(s->io_ahead.bounce);
+    sp_free(s->io_demand.block);
+    sp_free(s->io_ahead.block);
     for (int i = 0; s->dfd && i < s->m->files->n_shards; i++)
         if (s->dfd[i] >= 0) close(s->dfd[i]);
     sp_free(s->dfd);
@@ -215,6 +221,8 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->m = m;
+    const char *row_order = getenv("SPARROW_ROW_ORDER");  // as sp_plan_load reads it
+    s->k = row_order && *row_order && strcmp(row_order, "0") != 0 ? NULL : sp_kernels();
     s->n_experts = m->arch.n_experts;
     s->n_layers = m->arch.n_layers;
     s->slot_bytes = unit;
@@ -294,9 +302,18 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     return SP_OK;
 }
 
+/* Whether the slots hold view i of `mapped` interleaved (the choice of the
+ * set the store was made with, so that it cannot change under them) */
+static bool slot_interleaved(const struct sp_expert_store *s, const struct sp_expert_views *mapped, int i) {
+    const struct sp_linear *l = view_at(mapped, i);
+    return s->k && !l->transposed && sp_kernels_interleave(s->k, &l->w);
+}
+
 /* Copies `mapped` with every pointer moved into slot memory at the offsets
- * the parts were read to. */
-static void rebase(const struct sp_expert_views *mapped, uint8_t *mem, struct sp_expert_views *out) {
+ * the parts were read to, the matrices interleaved where the slots hold
+ * them so. */
+static void rebase(const struct sp_expert_store *s, const struct sp_expert_views *mapped, uint8_t *mem,
+                   struct sp_expert_views *out) {
     *out = *mapped;
     size_t off = 0;
     for (int i = 0; i < 4; i++) {
@@ -313,7 +330,32 @@ static void rebase(const struct sp_expert_views *mapped, uint8_t *mem, struct sp
             if (fi < 4) *fields[fi] = mem + off;
             off += (len[k] + 63) & ~(size_t)63;
         }
+        if (slot_interleaved(s, mapped, i)) l->w.interleaved = true;
     }
+}
+
+/* The matrices of an expert just read into mem (row order, as in the
+ * files) interleaved where the slots hold them so; io->block grows to a
+ * block's bytes. */
+static enum sp_status interleave_unit(const struct sp_expert_store *s, struct reader_io *io,
+                                      const struct sp_expert_views *mapped, uint8_t *mem) {
+    struct sp_expert_views v;
+    rebase(s, mapped, mem, &v);
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(mapped, i) || !slot_interleaved(s, mapped, i)) continue;
+        struct sp_qmat w = view_at(&v, i)->w, done;
+        w.interleaved = false;
+        size_t need = sp_qmat_block_bytes(&w);
+        if (need > io->block_bytes) {
+            uint8_t *b = sp_malloc(need, SP_MEM_EXPERT_CACHE);
+            if (!b) return sp_errorf(SP_ERR_NOMEM, "out of memory for a block of an expert's rows");
+            sp_free(io->block);
+            io->block = b;
+            io->block_bytes = need;
+        }
+        sp_qmat_interleave_in_place(&w, io->block, &done);
+    }
+    return SP_OK;
 }
 
 /* The file ranges of one expert and where each lands in a slot. */
@@ -466,6 +508,7 @@ static void *reader_main(void *arg) {
         uint64_t reads = 0, bytes = 0;
         double t0 = sp_now_s();
         enum sp_status st = read_unit(s->m, s->dfd, &s->io_ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
+        if (st == SP_OK) st = interleave_unit(s, &s->io_ahead, &j.mapped, s->slots[j.slot].mem);
         double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
         struct slot *sl = &s->slots[j.slot];
@@ -607,6 +650,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         uint64_t reads = 0, bytes = 0;
         double t0 = sp_now_s();
         enum sp_status st = read_unit(s->m, s->dfd, &s->io_demand, mapped, sl->mem, &reads, &bytes);
+        if (st == SP_OK) st = interleave_unit(s, &s->io_demand, mapped, sl->mem);
         double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
         sl->loading = false;
@@ -624,7 +668,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
     sl->pins++;
     sl->last_use = ++s->tick;
     pthread_mutex_unlock(&s->mu);
-    rebase(mapped, sl->mem, out);
+    rebase(s, mapped, sl->mem, out);
     return SP_OK;
 }
 

@@ -282,6 +282,9 @@ static bool thp_allowed(void) {
     return ok;
 }
 
+/* sp_model_interleave_fn: the choice of the set in use */
+static bool interleave_for_kernels(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
+
 /* Whether environment variable name is set to other than 0 */
 static bool env_on(const char *name) {
     const char *v = getenv(name);
@@ -296,7 +299,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
      * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
      * SPARROW_ROW_ORDER=1 the rows' order. */
     bool keep = env_on("SPARROW_MMAP");
-    sp_model_interleave_fn want = keep || env_on("SPARROW_ROW_ORDER") ? NULL : sp_kernels_interleave;
+    sp_model_interleave_fn want = keep || env_on("SPARROW_ROW_ORDER") ? NULL : interleave_for_kernels;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     if (sp_model_populate(m) != SP_OK) {

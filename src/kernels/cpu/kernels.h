@@ -157,10 +157,10 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
 #define SP_KERNELS_Q16_TOKENS 16
 #define SP_KERNELS_Q8_TOKENS 64
-/* Whether a weight matrix w (row order) is to be interleaved for
- * sp_kernels(): where that set has loops of its own for such rows and they
- * were measured faster on w's format (sp_qmat_interleavable). */
-bool sp_kernels_interleave(const struct sp_qmat *w);
+/* Whether a weight matrix w (row order) is to be interleaved for set k:
+ * where k has loops of its own for such rows and they were measured faster
+ * on w's format (sp_qmat_interleavable). */
+bool sp_kernels_interleave(const struct sp_kernels *k, const struct sp_qmat *w);
 /* Per-thread scratch bytes that matmul_rows of any set needs for w. */
 size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
 /* Where in a scratch of sp_kernels_scratch_bytes(w) the rows of a block of
