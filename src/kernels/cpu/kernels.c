@@ -288,7 +288,9 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
 
 /* affine4 only: 1.15-1.45x the bytes a second of row order in a one-token
  * product from DRAM and 1.0-1.2x by tokens (Zen 5, avx512: matvec_x86.h);
- * mxfp4 0.89-1.04x and 0.85-0.88x. */
+ * mxfp4 0.89-1.04x and 0.85-0.88x. On a Sapphire Rapids Xeon (amx) a
+ * one-token product runs at DRAM speed either way, and a 4-layer
+ * Qwen3-30B-A3B in affine4 prefills 1.07-1.15x as fast interleaved. */
 bool sp_kernels_interleave(const struct sp_kernels *k, const struct sp_qmat *w) {
     return k->interleaved_rows && w->type == SP_QTYPE_AFFINE4 && sp_qmat_interleavable(w);
 }

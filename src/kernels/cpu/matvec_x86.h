@@ -2076,7 +2076,7 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 }
 #endif
 
-#if HAVE_ZMM && !HAVE_AMX
+#if HAVE_ZMM
 /* The product by tokens on interleaved rows: lanes are rows, as in
  * r16_rows, and a pass takes a pair of token blocks (xt, as block_tokens
  * sets them side by side), whose 16 dwords of a quad lie in one place, so
@@ -2090,8 +2090,12 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
  * tokens 1.16-1.19x, at 64 0.85-0.88x (its groups of 32 columns give the
  * float work of 16 tokens to every 4 chunks of codes). With the dwords
  * broadcast by _mm512_set1_epi32 rather than by the vpdpbusd, 64 tokens ran
- * 0.03-0.07x slower. (The amx build multiplies such blocks on tiles, in row
- * order.) */
+ * 0.03-0.07x slower. On a Sapphire Rapids Xeon (bench/kernels, 2 threads,
+ * 4096 x 4096 affine4-g64, 64 tokens): 871 G multiply-adds a second,
+ * against 410 for avx512 in row order and 837 for AMX tiles in row order
+ * (544 on tiles through a row-order copy of each block), so the amx build
+ * takes this loop too, except for groups of 32 columns, whose token blocks
+ * it lays out in group order (group_order). */
 #define R16_PAIR_TOKENS (Q8_PAIR * Q8_BLOCK_TOKENS)
 
 /* Group g's sums (codes at c) for the pair of token blocks at xb: s[t]
@@ -2477,7 +2481,7 @@ struct impl {
     q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4-bit codes only
     q8acts_fn q8_block; // any tokens, int8 activations, by tokens
     q8acts_fn r16;      // any tokens, int8 activations, interleaved rows, by groups (avx512 builds; else NULL)
-    q8acts_fn r16_block; // the same by tokens (avx512 build; else NULL)
+    q8acts_fn r16_block; // the same by tokens (avx512 builds; else NULL)
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
 };
 
@@ -2522,7 +2526,7 @@ struct impl {
 #define R16(ID, FMT, SDT)
 #define R16_FN(ID) 0
 #endif
-#if HAVE_ZMM && !HAVE_AMX
+#if HAVE_ZMM
 #define R16_BLOCK(ID, FMT, SDT)                                                                                   \
     static void r16_block_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,  \
                                int64_t ldy) {                                                                   \
@@ -2790,7 +2794,7 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
             amx_rows_begin((int)(w0->group / 32));
             const struct acts_call a = {im, &qb, 0, ldy};
             for (int i = 0; i < m->n; i++) {
-                if (r16 && im->r16_block)
+                if (r16 && im->r16_block && !group_order(w0->group))
                     im->r16_block(m->w[i], r0, r1, &qb, m->y[i] + t0 * ldy, ldy);
                 else
                     in_row_order(m->w[i], r0, r1, m->y[i] + t0 * ldy, scratch, q8_block_call, &a);
@@ -3265,9 +3269,7 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .sum_exp = sum_exp_x86,                 \
     }
 
-/* interleaved rows: the amx build multiplies them by tokens in row order (a
- * copy of each block), so only the avx512 build has them made */
-static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8, HAVE_ZMM && !HAVE_AMX);
+static const struct sp_kernels kset = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8, pair_q8, HAVE_ZMM);
 static const struct sp_kernels kset_int16 = KSET_TABLE(KSET_INT16_ISA, KSET_NAME "-int16", matmul_rows_q16, pair_q16, false);
 #ifdef KSET_FLOAT_ISA
 static const struct sp_kernels kset_float = KSET_TABLE(KSET_FLOAT_ISA, KSET_FLOAT_NAME, matmul_rows_float, pair_float, false);
