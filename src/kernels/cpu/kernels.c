@@ -286,11 +286,15 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
     return before;
 }
 
-/* affine4 only: 1.15-1.45x the bytes a second of row order in a one-token
- * product from DRAM and 1.0-1.2x by tokens (Zen 5, avx512: matvec_x86.h);
- * mxfp4 0.89-1.04x and 0.85-0.88x. On a Sapphire Rapids Xeon (amx) a
- * one-token product runs at DRAM speed either way, and a 4-layer
- * Qwen3-30B-A3B in affine4 prefills 1.07-1.15x as fast interleaved. */
+/* affine4 only. Zen 5 VM, avx512, 2 threads: a one-token product from DRAM
+ * 1.15-1.45x the bytes a second of row order, by tokens 1.0-1.2x
+ * (matvec_x86.h); 4-layer models end to end (medians of 3 runs, two
+ * rounds each), decode Qwen3-30B-A3B 1.35-1.37x, Ling-mini-2.0 1.42-1.57x,
+ * prefill 1.03-1.18x. mxfp4 was not kept: its one-token product from DRAM
+ * 0.87-1.04x, by tokens 0.85-0.88x; end to end, decode Qwen3 1.12x but
+ * Ling-mini 0.96-0.97x, prefill 0.93-1.08x. On a Sapphire Rapids Xeon
+ * (amx) a one-token product runs at DRAM speed either way, and the affine4
+ * Qwen3 prefills 1.07-1.15x as fast interleaved. */
 bool sp_kernels_interleave(const struct sp_kernels *k, const struct sp_qmat *w) {
     return k->interleaved_rows && w->type == SP_QTYPE_AFFINE4 && sp_qmat_interleavable(w);
 }
