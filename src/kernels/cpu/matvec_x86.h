@@ -2078,112 +2078,165 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
 
 #if HAVE_ZMM
 /* The product by tokens on interleaved rows: lanes are rows, as in
- * r16_rows, and a pass takes a pair of token blocks (xt, as block_tokens
- * sets them side by side), whose 16 dwords of a quad lie in one place, so
- * each token's dword is broadcast from a fixed offset; the codes of a chunk
- * are unpacked once for the 16 tokens and need no copy. The sums, scales
- * and chains are the product by tokens' (so are the results, to the bit).
- * Zen 5 VM, one thread, from cache, against the product by tokens on the
- * same rows in row order, in one process taking turns (medians of 15
- * passes): affine4-g64 768 x 2048 at 16 tokens 1.35-1.4x, at 64 tokens
- * 1.01-1.08x, 2048 x 768 1.44-1.56x and 1.18-1.22x; mxfp4 768 x 2048 at 16
- * tokens 1.16-1.19x, at 64 0.85-0.88x (its groups of 32 columns give the
- * float work of 16 tokens to every 4 chunks of codes). With the dwords
- * broadcast by _mm512_set1_epi32 rather than by the vpdpbusd, 64 tokens ran
- * 0.03-0.07x slower. On a Sapphire Rapids Xeon (bench/kernels, 2 threads,
- * 4096 x 4096 affine4-g64, 64 tokens): 871 G multiply-adds a second,
+ * r16_rows, and the tokens come from their blocks (xt, as block_tokens
+ * sets them side by side), whose dwords of a quad lie in one place, each
+ * token's at a fixed offset; the codes of a chunk are unpacked once for all
+ * the tokens of a pass and need no copy. A pass takes two blocks of rows
+ * and a block of 8 tokens (each broadcast dword of activations multiplies
+ * both), or a last block of rows and a pair of token blocks (each dword
+ * broadcast by the vpdpbusd itself): 16 int32 sums in flight either way.
+ * The sums, scales and chains are the product by tokens' (so are the
+ * results, to the bit). Zen 5 VM, one thread, from cache, against the
+ * product by tokens on the same rows in row order, in one process taking
+ * turns (medians of 15 passes): affine4-g64 768 x 2048 at 16 tokens
+ * 1.35-1.4x, at 32 1.15x, at 64 1.11x, 2048 x 768 at 64 1.38x; mxfp4 768 x
+ * 2048 at 16 tokens 1.38x, at 64 1.04x. Those at 64 tokens are 1.08-1.18x
+ * the speed of passes of one block of rows and 16 tokens. With the int
+ * sums alone (no float work) the loop runs at most 1.1x faster: about 65%
+ * of the vpdpbusd the core retires (bench/peak: 6.5 a nanosecond). On a
+ * Sapphire Rapids Xeon (bench/kernels, 2 threads, 4096 x 4096 affine4-g64,
+ * 64 tokens, passes of one block of rows): 871 G multiply-adds a second,
  * against 410 for avx512 in row order and 837 for AMX tiles in row order
  * (544 on tiles through a row-order copy of each block), so the amx build
  * takes this loop too, except for groups of 32 columns, whose token blocks
  * it lays out in group order (group_order). */
 #define R16_PAIR_TOKENS (Q8_PAIR * Q8_BLOCK_TOKENS)
 
-/* Group g's sums (codes at c) for the pair of token blocks at xb: s[t]
- * lane i the int32 sum of row i's group and token t of the pair. */
-ALWAYS void r16_pair_sums(int fmt, int per, int64_t ng, const uint8_t *c, const int8_t *xb, int64_t g,
-                          __m512i s[R16_PAIR_TOKENS]) {
+/* Group g's sums for nrb (1 or 2) blocks of rows, the first's group codes
+ * at c, the next's block_codes further, and the tokens at xb (a pair of
+ * token blocks for one block of rows, one token block for two): s[r][t]
+ * lane i the int32 sum of row i of block r's group and token t. Two blocks
+ * of rows take each broadcast dword of activations twice. */
+ALWAYS void r16_pass_sums(int fmt, int per, int64_t ng, const uint8_t *c, size_t block_codes, const int8_t *xb,
+                          int64_t g, int nrb, __m512i s[2][R16_PAIR_TOKENS]) {
     const __m512i low4 = _mm512_set1_epi8(0xf);
+    const int nt = R16_PAIR_TOKENS / nrb;
     /* the quads of the group's even columns from here on (r16_group_sums'
      * offsets, a quad to 4 bytes), its odd ones gap quads further */
     const int64_t col = g * 32 * per, quad = (col / 64 * 64 + col % 64 / 2) / 4;
     const int64_t gap = per == 1 && g == ng - 1 && ng % 2 ? 4 : 8;
+#pragma GCC unroll 2
+    for (int r = 0; r < nrb; r++)
 #pragma GCC unroll 16
-    for (int t = 0; t < R16_PAIR_TOKENS; t++) s[t] = _mm512_setzero_si512();
+        for (int t = 0; t < nt; t++) s[r][t] = _mm512_setzero_si512();
 #pragma GCC unroll 16
     for (int k = 0; k < 4 * per; k++) {
-        _mm_prefetch((const char *)c + k * 64 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
-        __m512i v = _mm512_loadu_si512((const void *)(c + k * 64));
-        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if (fmt == FMT_MX4) {
-            const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
-            lo = _mm512_shuffle_epi8(e2m1, lo);
-            hi = _mm512_shuffle_epi8(e2m1, hi);
+        __m512i lo[2], hi[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < nrb; r++) {
+            const uint8_t *cr = c + r * block_codes + k * 64;
+            _mm_prefetch((const char *)cr + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+            __m512i v = _mm512_loadu_si512((const void *)cr);
+            lo[r] = _mm512_and_si512(v, low4);
+            hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if (fmt == FMT_MX4) {
+                const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
+                lo[r] = _mm512_shuffle_epi8(e2m1, lo[r]);
+                hi[r] = _mm512_shuffle_epi8(e2m1, hi[r]);
+            }
         }
         /* 8 chunks to a unit of 16 quads; token t's dword at 4t */
         const int8_t *xe = xb + quad_at(quad + (k / 8) * 16 + k % 8), *xo = xe + quad_at(gap);
 #pragma GCC unroll 16
-        for (int t = 0; t < R16_PAIR_TOKENS; t++) {
-            s[t] = dpbusd_dword(s[t], lo, xe + 4 * t);
-            s[t] = dpbusd_dword(s[t], hi, xo + 4 * t);
+        for (int t = 0; t < nt; t++) {
+            if (nrb == 1) {
+                s[0][t] = dpbusd_dword(s[0][t], lo[0], xe + 4 * t);
+                s[0][t] = dpbusd_dword(s[0][t], hi[0], xo + 4 * t);
+                continue;
+            }
+            __m512i e = dword16(xe + 4 * t), o = dword16(xo + 4 * t);
+#pragma GCC unroll 2
+            for (int r = 0; r < nrb; r++) {
+                s[r][t] = _mm512_dpbusd_epi32(s[r][t], lo[r], e);
+                s[r][t] = _mm512_dpbusd_epi32(s[r][t], hi[r], o);
+            }
         }
     }
 }
 
-/* Block rb of interleaved w times token blocks b and b + 1 of q, the rows
- * `keep` of tokens before q->n stored at y (row 0 of the block, token 0 of
- * block b). */
-ALWAYS void r16_pair(const struct sp_qmat *w, int64_t rb, const struct q8acts *q, int64_t b, float *y, int64_t ldy,
-                     __mmask16 keep, int fmt, int sdt, int per) {
+/* nrb blocks of rows of interleaved w from rb on (1: with token blocks b
+ * and b + 1 of q; 2: with token block b), the rows keep[r] of tokens
+ * before q->n stored at y (row 0 of block rb, token 0 of block b). */
+ALWAYS void r16_pass(const struct sp_qmat *w, int64_t rb, int nrb, const struct q8acts *q, int64_t b, float *y,
+                     int64_t ldy, const __mmask16 keep[2], int fmt, int sdt, int per) {
+    const int nt = R16_PAIR_TOKENS / nrb;
     const int64_t ng = w->cols / w->group, ldg = q->ldg;
     const size_t group_scales = SP_QMAT_BLOCK_ROWS * sp_dtype_size(sdt), group_codes = (size_t)(32 * per) / 8 * 64;
-    const size_t at = (size_t)(rb * ng) * group_scales;
-    const uint8_t *c = (const uint8_t *)w->codes + (size_t)rb * SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
+    const size_t block_codes = SP_QMAT_BLOCK_ROWS * sp_qtype_row_bytes(w->type, w->cols);
+    const size_t at = (size_t)(rb * ng) * group_scales, block_groups = (size_t)ng * group_scales;
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)rb * block_codes;
     const uint8_t *sp = (const uint8_t *)w->scales + at;
     const uint8_t *bp = fmt == FMT_MX4 ? NULL : (const uint8_t *)w->biases + at;
-    const int8_t *xb = q->xt + b * q->cols * Q8_BLOCK_TOKENS;  // pair b / 2
+    /* block b of its pair (block_tokens' layout) */
+    const int8_t *xb = q->xt + (b / Q8_PAIR) * q->cols * Q8_PAIR * Q8_BLOCK_TOKENS + (b % Q8_PAIR) * 32;
     const __m512 cs = _mm512_set1_ps(code_scale_of(fmt));
-    __m512 acc[R16_PAIR_TOKENS][Q8_CHAINS];
+    __m512 acc[2][R16_PAIR_TOKENS][Q8_CHAINS];
     for (int64_t g = 0; g < ng; g++) {
-        __m512i s[R16_PAIR_TOKENS];
-        r16_pair_sums(fmt, per, ng, c + (size_t)g * group_codes, xb, g, s);
-        __m512 sc = _mm512_mul_ps(load16_scales(sdt, sp + (size_t)g * group_scales), cs);
-        __m512 bi = fmt == FMT_MX4 ? sc : load16_scales(sdt, bp + (size_t)g * group_scales);
+        __m512i s[2][R16_PAIR_TOKENS];
+        r16_pass_sums(fmt, per, ng, c + (size_t)g * group_codes, block_codes, xb, g, nrb, s);
+        __m512 sc[2], bi[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < nrb; r++) {
+            size_t o = r * block_groups + (size_t)g * group_scales;
+            sc[r] = _mm512_mul_ps(load16_scales(sdt, sp + o), cs);
+            bi[r] = fmt == FMT_MX4 ? sc[r] : load16_scales(sdt, bp + o);
+        }
         const int j = (int)(g % Q8_CHAINS);
 #pragma GCC unroll 16
-        for (int t = 0; t < R16_PAIR_TOKENS; t++) {
+        for (int t = 0; t < nt; t++) {
             /* token t's per-group values in its block's rows of them */
             size_t tg = (size_t)(((b + t / Q8_BLOCK_TOKENS) * ldg + g) * Q8_BLOCK_TOKENS + t % Q8_BLOCK_TOKENS);
-            __m512i st = s[t];
-            if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xot[tg]));
-            __m512 ds = _mm512_mul_ps(sc, _mm512_set1_ps(q->dxt[tg]));
-            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), ds, g < Q8_CHAINS ? _mm512_setzero_ps() : acc[t][j]);
-            if (fmt != FMT_MX4) v = _mm512_fmadd_ps(bi, _mm512_set1_ps(q->xst[tg]), v);
-            acc[t][j] = v;
+            const __m512 dx = _mm512_set1_ps(q->dxt[tg]);
+#pragma GCC unroll 2
+            for (int r = 0; r < nrb; r++) {
+                __m512i st = s[r][t];
+                if (fmt == FMT_MX4) st = _mm512_sub_epi32(st, _mm512_set1_epi32(q->xot[tg]));
+                __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(sc[r], dx),
+                                           g < Q8_CHAINS ? _mm512_setzero_ps() : acc[r][t][j]);
+                if (fmt != FMT_MX4) v = _mm512_fmadd_ps(bi[r], _mm512_set1_ps(q->xst[tg]), v);
+                acc[r][t][j] = v;
+            }
         }
     }
-    /* chains past ng are zero */
-    for (int64_t j = ng; j < Q8_CHAINS; j++)
-        for (int t = 0; t < R16_PAIR_TOKENS; t++) acc[t][j] = _mm512_setzero_ps();
-    for (int t = 0; t < R16_PAIR_TOKENS && b * Q8_BLOCK_TOKENS + t < q->n; t++) {
-        __m512 *a = acc[t];
-        __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                   _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-        _mm512_mask_storeu_ps(y + t * ldy, keep, sum);
+    for (int r = 0; r < nrb; r++) {
+        /* chains past ng are zero */
+        for (int64_t j = ng; j < Q8_CHAINS; j++)
+            for (int t = 0; t < nt; t++) acc[r][t][j] = _mm512_setzero_ps();
+        for (int t = 0; t < nt && b * Q8_BLOCK_TOKENS + t < q->n; t++) {
+            __m512 *a = acc[r][t];
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                       _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+            _mm512_mask_storeu_ps(y + t * ldy + r * SP_QMAT_BLOCK_ROWS, keep[r], sum);
+        }
     }
+}
+
+/* The rows of block rb in [r0, r1) as a mask of its lanes */
+ALWAYS __mmask16 block_keep(int64_t rb, int64_t r0, int64_t r1) {
+    int64_t first = rb * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
+    int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
 /* Rows [r0, r1) of interleaved w by tokens, q's blocks set side by side
- * (q8_block_tokens): a block of rows at a time, its codes cached while
- * every pair of token blocks passes over them. */
+ * (q8_block_tokens): two blocks of rows at a time with each token block,
+ * or a last one with each pair of them, the codes cached while every token
+ * block passes over them. */
 ALWAYS void r16_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
                            int64_t ldy, int fmt, int sdt, int per) {
-    const int64_t nb = blocks_computed(q->n);
-    for (int64_t rb = r0 / SP_QMAT_BLOCK_ROWS; rb * SP_QMAT_BLOCK_ROWS < r1; rb++) {
-        int64_t first = rb * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
-        int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
-        __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-        for (int64_t b = 0; b < nb; b += Q8_PAIR)
-            r16_pair(w, rb, q, b, y + b * Q8_BLOCK_TOKENS * ldy + first, ldy, keep, fmt, sdt, per);
+    const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS, pairs = blocks_computed(q->n);
+    for (int64_t rb = r0 / SP_QMAT_BLOCK_ROWS; rb * SP_QMAT_BLOCK_ROWS < r1;) {
+        const __mmask16 keep[2] = {block_keep(rb, r0, r1), block_keep(rb + 1, r0, r1)};
+        float *yb = y + rb * SP_QMAT_BLOCK_ROWS;
+        if ((rb + 1) * SP_QMAT_BLOCK_ROWS < r1) {
+            for (int64_t b = 0; b < nb; b++)
+                r16_pass(w, rb, 2, q, b, yb + b * Q8_BLOCK_TOKENS * ldy, ldy, keep, fmt, sdt, per);
+            rb += 2;
+        } else {
+            for (int64_t b = 0; b < pairs; b += Q8_PAIR)
+                r16_pass(w, rb, 1, q, b, yb + b * Q8_BLOCK_TOKENS * ldy, ldy, keep, fmt, sdt, per);
+            rb++;
+        }
     }
 }
 #endif
