@@ -2091,7 +2091,10 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
  * turns (medians of 15 passes): affine4-g64 768 x 2048 at 16 tokens
  * 1.35-1.4x, at 32 1.15x, at 64 1.11x, 2048 x 768 at 64 1.38x; mxfp4 768 x
  * 2048 at 16 tokens 1.38x, at 64 1.04x. Those at 64 tokens are 1.08-1.18x
- * the speed of passes of one block of rows and 16 tokens. With the int
+ * the speed of passes of one block of rows and 16 tokens (which the amx
+ * build keeps: on the Xeon below two blocks of rows measured 0.65-0.72x the
+ * speed of AMX tiles in row order at 64 tokens, where one block had
+ * measured 0.95-0.98x; separate machines). With the int
  * sums alone (no float work) the loop runs at most 1.1x faster: about 65%
  * of the vpdpbusd the core retires (bench/peak: 6.5 a nanosecond). On a
  * Sapphire Rapids Xeon (bench/kernels, 2 threads, 4096 x 4096 affine4-g64,
@@ -2219,16 +2222,16 @@ ALWAYS __mmask16 block_keep(int64_t rb, int64_t r0, int64_t r1) {
 }
 
 /* Rows [r0, r1) of interleaved w by tokens, q's blocks set side by side
- * (q8_block_tokens): two blocks of rows at a time with each token block,
- * or a last one with each pair of them, the codes cached while every token
- * block passes over them. */
+ * (q8_block_tokens): two blocks of rows at a time with each token block
+ * (not in the amx build), or one with each pair of them, the codes cached
+ * while every token block passes over them. */
 ALWAYS void r16_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,
                            int64_t ldy, int fmt, int sdt, int per) {
     const int64_t nb = (q->n + Q8_BLOCK_TOKENS - 1) / Q8_BLOCK_TOKENS, pairs = blocks_computed(q->n);
     for (int64_t rb = r0 / SP_QMAT_BLOCK_ROWS; rb * SP_QMAT_BLOCK_ROWS < r1;) {
         const __mmask16 keep[2] = {block_keep(rb, r0, r1), block_keep(rb + 1, r0, r1)};
         float *yb = y + rb * SP_QMAT_BLOCK_ROWS;
-        if ((rb + 1) * SP_QMAT_BLOCK_ROWS < r1) {
+        if (!HAVE_AMX && (rb + 1) * SP_QMAT_BLOCK_ROWS < r1) {
             for (int64_t b = 0; b < nb; b++)
                 r16_pass(w, rb, 2, q, b, yb + b * Q8_BLOCK_TOKENS * ldy, ldy, keep, fmt, sdt, per);
             rb += 2;
