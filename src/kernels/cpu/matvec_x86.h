@@ -1580,7 +1580,7 @@ ALWAYS __m512i dword16(const int8_t *p) {
 
 /* a + the products of u8 and the dword at p in every lane, the dword read
  * by the vpdpbusd itself (an embedded broadcast, which the compiler does
- * not make of _mm512_set1_epi32: there it is a load and a shuffle) */
+ * not make of _mm512_set1_epi32: there it is a vpbroadcastd of its own) */
 ALWAYS __m512i dpbusd_dword(__m512i a, __m512i u8, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(u8), "m"(*(const int32_t *)(const void *)p));
     return a;
