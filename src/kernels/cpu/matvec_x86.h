@@ -2571,35 +2571,22 @@ struct impl {
                                    int64_t ldy) {                                                               \
         BY_PER(KIND##_rows, w, r0, r1, q, y, ldy, FMT, SDT, NT)                                                  \
     }
-#if HAVE_ZMM
-#define R16(ID, FMT, SDT)                                                                                         \
-    static void r16_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,        \
-                         int64_t ldy) {                                                                         \
-        BY_PER(r16_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                       \
+/* one function for any number of tokens, NAME_ID, calling ROWS */
+#define ANY_TOKENS(NAME, ROWS, ID, FMT, SDT)                                                                      \
+    static void NAME##_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,    \
+                            int64_t ldy) {                                                                      \
+        BY_PER(ROWS, w, r0, r1, q, y, ldy, FMT, SDT)                                                           \
     }
-#define R16_FN(ID) r16_##ID
+#if HAVE_ZMM
+#define R16(ID, FMT, SDT) ANY_TOKENS(r16, r16_rows, ID, FMT, SDT) ANY_TOKENS(r16_block, r16_block_rows, ID, FMT, SDT)
+#define R16_FNS(ID) r16_##ID, r16_block_##ID
 #else
 #define R16(ID, FMT, SDT)
-#define R16_FN(ID) 0
-#endif
-#if HAVE_ZMM
-#define R16_BLOCK(ID, FMT, SDT)                                                                                   \
-    static void r16_block_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,  \
-                               int64_t ldy) {                                                                   \
-        BY_PER(r16_block_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                 \
-    }
-#define R16_BLOCK_FN(ID) r16_block_##ID
-#else
-#define R16_BLOCK(ID, FMT, SDT)
-#define R16_BLOCK_FN(ID) 0
+#define R16_FNS(ID) 0, 0
 #endif
 #define Q16(ID, FMT, SDT, NT) QROWS(q16, qacts, ID, FMT, SDT, NT)
 #define Q8(ID, FMT, SDT, NT) QROWS(q8, q8acts, ID, FMT, SDT, NT)
-#define Q8_BLOCK(ID, FMT, SDT)                                                                                    \
-    static void q8_block_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct q8acts *q, float *y,   \
-                              int64_t ldy) {                                                                    \
-        BY_PER(q8_block_rows, w, r0, r1, q, y, ldy, FMT, SDT)                                                    \
-    }
+#define Q8_BLOCK(ID, FMT, SDT) ANY_TOKENS(q8_block, q8_block_rows, ID, FMT, SDT)
 #define IMPL_QUANT(ID, FMT, SDT)                                                                                  \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
@@ -2610,11 +2597,11 @@ struct impl {
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4) Q8_BLOCK(ID, FMT, SDT)        \
-    R16(ID, FMT, SDT) R16_BLOCK(ID, FMT, SDT)                                                                     \
+    R16(ID, FMT, SDT)                                                                                             \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
                                           {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
                                           {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, q8_block_##ID,            \
-                                          R16_FN(ID), R16_BLOCK_FN(ID), true};
+                                          R16_FNS(ID), true};
 
 IMPL_FLOAT(f32, FMT_F32, SP_DTYPE_F32)
 IMPL_FLOAT(bf16, FMT_BF16, SP_DTYPE_F32)
