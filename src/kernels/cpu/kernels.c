@@ -289,9 +289,8 @@ const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k) {
 /* affine4 only. Zen 5 VM, avx512, 2 threads: a one-token product from DRAM
  * 1.15-1.45x the bytes a second of row order, by tokens 1.0-1.2x
  * (matvec_x86.h); 4-layer models end to end (medians of 3 runs, rounds
- * taking turns), decode Ling-mini-2.0 1.42-1.57x, Qwen3-30B-A3B 1.02-1.37x
- * (the higher figures while the VM's memory was busier), prefill
- * 1.03-1.21x. mxfp4 was not kept: its one-token product from DRAM
+ * taking turns), decode Ling-mini-2.0 1.41-1.57x, Qwen3-30B-A3B
+ * 1.02-1.56x, prefill 0.94-1.21x. mxfp4 was not kept: its one-token product from DRAM
  * 0.87-1.04x, by tokens 0.85-0.88x; end to end, decode Qwen3 1.12x but
  * Ling-mini 0.96-0.97x, prefill 0.93-1.08x. On a Sapphire Rapids Xeon
  * (amx) a one-token product runs at DRAM speed either way, and the affine4

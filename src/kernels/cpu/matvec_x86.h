@@ -2214,10 +2214,12 @@ ALWAYS void r16_pass(const struct sp_qmat *w, int64_t rb, int nrb, const struct 
     }
 }
 
-/* The rows of block rb in [r0, r1) as a mask of its lanes */
+/* The rows of block rb in [r0, r1) as a mask of its lanes (none for a
+ * block past r1) */
 ALWAYS __mmask16 block_keep(int64_t rb, int64_t r0, int64_t r1) {
     int64_t first = rb * SP_QMAT_BLOCK_ROWS, lo = r0 > first ? r0 - first : 0;
     int64_t hi = r1 < first + SP_QMAT_BLOCK_ROWS ? r1 - first : SP_QMAT_BLOCK_ROWS;
+    if (hi <= lo) return 0;
     return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
