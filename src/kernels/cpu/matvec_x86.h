@@ -1595,7 +1595,6 @@ ALWAYS __m512i dpbusd_dword(__m512i a, __m512i u8, const int8_t *p) {
  * int32 sum of row i's group and token t, as group_sums gives it. */
 ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const struct q8acts *q, int64_t g, int nt,
                            __m512i s[R16_TOKENS]) {
-    const __m512i low4 = _mm512_set1_epi8(0xf);
     /* the group's columns in the unit order of the activations: its even
      * ones from here on, 4 bytes a chunk of 8 columns, its odd ones `gap`
      * further (16 in a lone last block of 32 columns) */
@@ -1613,12 +1612,8 @@ ALWAYS void r16_group_sums(int fmt, int per, int64_t ng, const uint8_t *c, const
     for (int k = 0; k < 4 * per; k++) {
         _mm_prefetch((const char *)c + k * 64 + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
         __m512i v = _mm512_loadu_si512((const void *)(c + k * 64));
-        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if (fmt == FMT_MX4) {
-            const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
-            lo = _mm512_shuffle_epi8(e2m1, lo);
-            hi = _mm512_shuffle_epi8(e2m1, hi);
-        }
+        __m512i lo, hi;
+        zmm_u8_codes(fmt, v, &lo, &hi);
         const int m = nt == 1 ? (k & 1) * 2 : 0;
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
@@ -2112,7 +2107,6 @@ ALWAYS void zmm_block_group_add(int fmt, int per, const struct q8acts *q, const 
  * of rows take each broadcast dword of activations twice. */
 ALWAYS void r16_pass_sums(int fmt, int per, int64_t ng, const uint8_t *c, size_t block_codes, const int8_t *xb,
                           int64_t g, int nrb, __m512i s[2][R16_PAIR_TOKENS]) {
-    const __m512i low4 = _mm512_set1_epi8(0xf);
     const int nt = R16_PAIR_TOKENS / nrb;
     /* the quads of the group's even columns from here on (r16_group_sums'
      * offsets, a quad to 4 bytes), its odd ones gap quads further */
@@ -2129,14 +2123,7 @@ ALWAYS void r16_pass_sums(int fmt, int per, int64_t ng, const uint8_t *c, size_t
         for (int r = 0; r < nrb; r++) {
             const uint8_t *cr = c + r * block_codes + k * 64;
             _mm_prefetch((const char *)cr + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512((const void *)cr);
-            lo[r] = _mm512_and_si512(v, low4);
-            hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            if (fmt == FMT_MX4) {
-                const __m512i e2m1 = _mm512_broadcast_i32x4(mx4_u8_table());
-                lo[r] = _mm512_shuffle_epi8(e2m1, lo[r]);
-                hi[r] = _mm512_shuffle_epi8(e2m1, hi[r]);
-            }
+            zmm_u8_codes(fmt, _mm512_loadu_si512((const void *)cr), &lo[r], &hi[r]);
         }
         /* 8 chunks to a unit of 16 quads; token t's dword at 4t */
         const int8_t *xe = xb + quad_at(quad + (k / 8) * 16 + k % 8), *xo = xe + quad_at(gap);
