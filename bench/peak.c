@@ -16,7 +16,8 @@
  * same followed by the vpaddw that adds its int16 sums (what the avx2 set's
  * product by tokens issues per multiply), vpmaddwd (int16 products, 16),
  * vfmadd231ps (float, 8), and with VNNI vpdpbusd (32 in a ymm register, 64
- * in a zmm one) and the 512-bit FMA (16). gmacs = per_ns x multiply-adds an
+ * in a zmm one), the 512-bit FMA (16) and with AVX512-BF16 vdpbf16ps (bf16
+ * pairs into float sums, 32). gmacs = per_ns x multiply-adds an
  * instruction; a thread's bound, so N threads on N cores multiply it by N.
  */
 #include <stdio.h>
@@ -49,6 +50,7 @@ static double now_s(void) {
 #define DPBUSD_YMM(j) "%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm" #j "\n\t"
 #define DPBUSD_ZMM(j) "vpdpbusd %%zmm14, %%zmm15, %%zmm" #j "\n\t"
 #define FMA_ZMM(j) "vfmadd231ps %%zmm14, %%zmm15, %%zmm" #j "\n\t"
+#define DPBF16_ZMM(j) "vdpbf16ps %%zmm14, %%zmm15, %%zmm" #j "\n\t"
 LOOP(loop_maddubs, REPEAT(MADDUBS))
 LOOP(loop_maddubs_add, REPEAT(MADDUBS_ADD))
 LOOP(loop_maddwd, REPEAT(MADDWD))
@@ -56,8 +58,9 @@ LOOP(loop_fma, REPEAT(FMA_YMM))
 LOOP(loop_dpbusd_ymm, REPEAT(DPBUSD_YMM))
 LOOP(loop_dpbusd_zmm, REPEAT(DPBUSD_ZMM))
 LOOP(loop_fma_zmm, REPEAT(FMA_ZMM))
+LOOP(loop_dpbf16_zmm, REPEAT(DPBF16_ZMM))
 
-enum feature { AVX2, AVXVNNI, AVX512VNNI, AVX512F };
+enum feature { AVX2, AVXVNNI, AVX512VNNI, AVX512F, AVX512BF16 };
 
 struct op {
     const char *name;
@@ -74,6 +77,7 @@ static const struct op ops[] = {
     {"vpdpbusd-ymm", AVXVNNI, loop_dpbusd_ymm, 32},
     {"vpdpbusd-zmm", AVX512VNNI, loop_dpbusd_zmm, 64},
     {"vfmadd231ps-zmm", AVX512F, loop_fma_zmm, 16},
+    {"vdpbf16ps-zmm", AVX512BF16, loop_dpbf16_zmm, 32},
 };
 
 /* (the builtin takes a literal) */
@@ -82,6 +86,7 @@ static int supports(enum feature f) {
     case AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case AVXVNNI: return __builtin_cpu_supports("avxvnni");
     case AVX512VNNI: return __builtin_cpu_supports("avx512vnni");
+    case AVX512BF16: return __builtin_cpu_supports("avx512bf16");
     default: return __builtin_cpu_supports("avx512f");
     }
 }
