@@ -39,11 +39,19 @@
  * deviation sqrt(sum_i c_i^2 dx_i^2 / 12); allowed: Q8_SIGMAS of those plus
  * TOL_MATMUL. A wrong code, scale, column or offset is off by far more. */
 #define Q8_SIGMAS 6.0
+/* The bf16-activation products (bf16 rows in the avx512 and amx sets on
+ * CPUs with AVX512-BF16) round x_i to bf16, nearest even: off by at most half
+ * a unit of its 8-bit significand, a relative error within +-2^-8, taken
+ * as uniform over +-2^-8, so the error of a product has standard deviation
+ * sqrt(sum_i (w_i x_i)^2 / 12) x 2^-7; allowed: Q8_SIGMAS of those plus
+ * TOL_MATMUL (a wrong weight or column is ~ |w_i x_i|, several times more
+ * in rows of a thousand columns). */
 
-enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8 };
+enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8, ACTS_BF16, ACTS_COUNT };
 
 /* How set k rounds the activations of its product with m. */
 static enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat *m) {
+    if (m->type == SP_QTYPE_BF16 && k->bf16_rows) return ACTS_BF16;
     if (!sp_qtype_is_quantized(m->type)) return ACTS_FLOAT;
     bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
     switch (k->isa) {
@@ -115,7 +123,10 @@ static double worst_ratio(const struct sp_qmat *m, const float *x, int64_t ldx, 
         for (int64_t t = 0; t < n; t++) {
             const float *xt = x + t * ldx;
             double mag = 0.0, var = 0.0;
-            for (int64_t i = 0; i < m->cols; i++) mag += fabs((double)w[i] * xt[i]);
+            for (int64_t i = 0; i < m->cols; i++) {
+                mag += fabs((double)w[i] * xt[i]);
+                if (acts == ACTS_BF16) var += (double)w[i] * xt[i] * w[i] * xt[i] * ldexp(1.0, -14) / 12;
+            }
             for (int64_t g0 = 0; acts == ACTS_INT8 && g0 < m->cols; g0 += m->group) {
                 size_t gi = (size_t)(r * (m->cols / m->group) + g0 / m->group);
                 double b = m->biases ? sp_dtype_load_float(m->scale_dtype, m->biases, gi) : 0.0;
@@ -139,7 +150,7 @@ static double worst_ratio(const struct sp_qmat *m, const float *x, int64_t ldx, 
     return worst;
 }
 
-static double worst_seen[SP_KERNELS_ISA_COUNT][3];  // [set][enum acts]: worst error / tolerance
+static double worst_seen[SP_KERNELS_ISA_COUNT][ACTS_COUNT];  // [set][enum acts]: worst error / tolerance
 
 /* Runs k->matmul_rows on m for n tokens the way the pool does (two row
  * ranges), checks every output against the reference and that nothing
@@ -205,8 +216,8 @@ static void check_format(enum sp_qtype t, int group, enum sp_dtype sdt, const in
                 mat_make(&M, t, group, sdt, row_counts[ri], cols[c], &rng);
                 for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_matmul(k, &M, batches[b], &rng);
                 /* a prefill-sized batch over a long row: several column slices,
-                 * and more tokens than the int8 products round at a time */
-                if (ri == 1 && cols[c] >= 512) check_matmul(k, &M, 80, &rng);
+                 * and more tokens than the int8 and bf16 products round at a time */
+                if (ri == 1 && cols[c] >= 512) check_matmul(k, &M, 100, &rng);
                 mat_free(&M);
             }
     }
@@ -521,6 +532,8 @@ static void test_vnni_sets_match_avx2(void **state) {
         }
         printf("# %s matches %s bit for bit:", k->name, avx2->name);
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            /* bf16 rows with bf16 activations are another product */
+            if (cases[c].t == SP_QTYPE_BF16 && k->bf16_rows) continue;
             struct mat M;
             mat_make(&M, cases[c].t, cases[c].group, cases[c].sdt, 29, cases[c].cols, &rng);
             int64_t cols = cases[c].cols;
@@ -1045,6 +1058,8 @@ static int report(void **state) {
             printf(", int16-activation products %.3g x TOL_Q16 (%g)", worst_seen[i][ACTS_INT16], TOL_Q16);
         if (worst_seen[i][ACTS_INT8] > 0)
             printf(", int8-activation products %.3g x the allowed (%g sigma)", worst_seen[i][ACTS_INT8], Q8_SIGMAS);
+        if (worst_seen[i][ACTS_BF16] > 0)
+            printf(", bf16-activation products %.3g x the allowed (%g sigma)", worst_seen[i][ACTS_BF16], Q8_SIGMAS);
         printf("\n");
     }
     printf("# active set: %s\n", sp_kernels()->name);

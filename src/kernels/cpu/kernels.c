@@ -319,8 +319,11 @@ static size_t products_scratch(const struct sp_qmat *w) {
     size_t q8 = (3 * SP_KERNELS_Q8_TOKENS + 16) * (size_t)w->cols +
                 (6 * SP_KERNELS_Q8_TOKENS + 32) * ldg * sizeof(float) + 4096 * sizeof(float) +
                 SP_KERNELS_Q8_TOKENS / 8;
+    /* bf16 activations (b16_rows): a batch of tokens, rows padded to 32 */
+    size_t b16 = SP_KERNELS_BF16_TOKENS * (size_t)((w->cols + 31) / 32 * 32) * sizeof(uint16_t);
     size_t m = row > block ? row : block;
     if (q8 > m) m = q8;
+    if (b16 > m) m = b16;
     size_t most = m > q16 ? m : q16;
     return (most + 63) / 64 * 64 + 64;  // whole cache lines: what follows stays aligned
 }

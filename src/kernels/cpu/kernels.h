@@ -76,6 +76,9 @@ struct sp_kernels {
      * set's own; in the other sets each block of them is put back in row
      * order for every product (the same results, slower). */
     bool interleaved_rows;
+    /* bf16 rows multiply activations rounded to bf16 (vdpbf16ps; the
+     * quantizing x86 sets on CPUs with AVX512-BF16), not floats */
+    bool bf16_rows;
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
      * for every format of the traits table (formats a set has no fast path
@@ -151,12 +154,13 @@ const struct sp_kernels *sp_kernels_select(const char *env_value);
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
  * the fused float product instead. The int16- and int8-activation products
  * keep rounded copies of SP_KERNELS_Q16_TOKENS and SP_KERNELS_Q8_TOKENS
- * tokens at a time. */
+ * tokens at a time, the bf16-activation one of SP_KERNELS_BF16_TOKENS. */
 #define SP_KERNELS_BLOCK_ROWS 4
 #define SP_KERNELS_BLOCK_COLS 512
 #define SP_KERNELS_DECODE_MAX_TOKENS 7
 #define SP_KERNELS_Q16_TOKENS 16
 #define SP_KERNELS_Q8_TOKENS 64
+#define SP_KERNELS_BF16_TOKENS 96
 /* Whether a weight matrix w (row order) is to be interleaved for set k:
  * where k has loops of its own for such rows and they were measured faster
  * on w's format (sp_qmat_interleavable). */
