@@ -76,8 +76,8 @@ struct sp_kernels {
      * set's own; in the other sets each block of them is put back in row
      * order for every product (the same results, slower). */
     bool interleaved_rows;
-    /* bf16 rows multiply activations rounded to bf16 (vdpbf16ps; the
-     * quantizing x86 sets on CPUs with AVX512-BF16), not floats */
+    /* bf16 rows multiply activations rounded to bf16 (vdpbf16ps: the
+     * avx512 and amx sets on CPUs with AVX512-BF16), not floats */
     bool bf16_rows;
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
