@@ -8,7 +8,9 @@
 # the default (avx2: int8 for 4-bit rows, int16 for 8-bit rows). The
 # difference a set makes on one quantized model is what its activation
 # rounding costs; the difference between the float model and the
-# quantized one under avx2f is what the weight format costs.
+# quantized one under avx2f is what the weight format costs. A bf16 copy is
+# scored with float activations (avx2f) and by avx512, which on CPUs with
+# AVX512-BF16 rounds them to bf16 (elsewhere the best set this CPU runs).
 #
 #     bench/act_precision.sh          # TEXTS=8 LEN=250 by default
 #
@@ -29,6 +31,7 @@ node tools/gguf_to_hf.mjs "$GGUF" "$tmp/f32"
 "$sp" quantize "$tmp/f32" "$tmp/affine4-g64" --mode affine --bits 4 --group-size 64 >/dev/null
 "$sp" quantize "$tmp/f32" "$tmp/mxfp4" --mode mxfp4 >/dev/null
 "$sp" quantize "$tmp/f32" "$tmp/affine8-g32" --mode affine --bits 8 --group-size 32 >/dev/null
+"$sp" quantize "$tmp/f32" "$tmp/bf16" --mode bf16 >/dev/null
 
 # texts: BOS + "Once upon a time" (ids of the stories260K vocabulary), then
 # LEN tokens sampled at temperature 1 with no truncation, one seed per text
@@ -52,3 +55,4 @@ score f32 avx2f
 for m in affine4-g32 affine4-g64 mxfp4 affine8-g32; do
     for k in avx2f avx2-int16 avx2; do score "$m" "$k"; done
 done
+for k in avx2f avx512; do score bf16 "$k"; done

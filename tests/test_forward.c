@@ -216,7 +216,8 @@ static void test_quantized_variants(void **state) {
  * bf16 (the avx512 and amx sets on CPUs with AVX512-BF16) moves these
  * random-weight models' logits by 0.4-22% of the largest, as int8 rounding
  * moves them by percents (test_quantized_variants); tests/test_kernels.c
- * holds those products to their error bound. */
+ * holds those products to their error bound (bench/act_precision.sh: on a
+ * trained model, perplexity +0.01%). */
 static void check_reference_logits(enum sp_kv_type kv) {
     const struct sp_kernels *before = sp_kernels_use(int16_twin(sp_kernels()));
     for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) check_arch(archs[i], kv, 1e-3);
