@@ -192,6 +192,7 @@ struct x86_features {
     bool avxvnni;  // avx2 and AVX-VNNI
     bool avx512;   // avx2 and AVX-512 F, DQ, BW, VL, VNNI; opmask and ZMM state saved
     bool amx;      // avx512 and AMX-TILE, AMX-INT8; tile state saved, its use granted (amx_granted)
+    bool bf16;     // avx512 and AVX512-BF16
 };
 
 /* Linux saves a thread's AMX tile data only for a process that asked
@@ -222,7 +223,10 @@ static struct x86_features x86_features(void) {
     /* AMX-TILE and AMX-INT8; XTILECFG and XTILEDATA state */
     bool amx = (d & (1u << 24)) && (d & (1u << 25)) && (xlo & 0x60000) == 0x60000;
     f.amx = f.avx512 && amx && amx_granted();
-    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = a & (1u << 4);
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        f.avxvnni = a & (1u << 4);
+        f.bf16 = f.avx512 && (a & (1u << 5));
+    }
 #endif
     return f;
 }
@@ -235,16 +239,16 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVX2_INT16:
     case SP_KERNELS_AVX2F:
-        return f.avx2 ? sp_kernels_avx2_set(isa) : NULL;
+        return f.avx2 ? sp_kernels_avx2_set(isa, f.bf16) : NULL;
     case SP_KERNELS_AVXVNNI:
     case SP_KERNELS_AVXVNNI_INT16:
-        return f.avxvnni ? sp_kernels_avxvnni_set(isa) : NULL;
+        return f.avxvnni ? sp_kernels_avxvnni_set(isa, f.bf16) : NULL;
     case SP_KERNELS_AVX512:
     case SP_KERNELS_AVX512_INT16:
-        return f.avx512 ? sp_kernels_avx512_set(isa) : NULL;
+        return f.avx512 ? sp_kernels_avx512_set(isa, f.bf16) : NULL;
     case SP_KERNELS_AMX:
     case SP_KERNELS_AMX_INT16:
-        return f.amx ? sp_kernels_amx_set(isa) : NULL;
+        return f.amx ? sp_kernels_amx_set(isa, f.bf16) : NULL;
     default:
         return NULL;
     }

@@ -171,11 +171,13 @@ size_t sp_kernels_scratch_bytes(const struct sp_qmat *w);
  * an interleaved w can be put in row order (sp_qmat_block_rows). */
 void *sp_kernels_block_scratch(const struct sp_qmat *w, void *scratch);
 
-/* The x86 sets; only call when the CPU has the instructions (kernels.c). */
-const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa);
-const struct sp_kernels *sp_kernels_avxvnni_set(enum sp_kernels_isa isa);
-const struct sp_kernels *sp_kernels_avx512_set(enum sp_kernels_isa isa);
-const struct sp_kernels *sp_kernels_amx_set(enum sp_kernels_isa isa);
+/* The x86 sets; only call when the CPU has the instructions (kernels.c).
+ * bf16: the CPU has AVX512-BF16 (the avx512 and amx sets then multiply bf16
+ * rows by bf16 activations; the others ignore it). */
+const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa, bool bf16);
+const struct sp_kernels *sp_kernels_avxvnni_set(enum sp_kernels_isa isa, bool bf16);
+const struct sp_kernels *sp_kernels_avx512_set(enum sp_kernels_isa isa, bool bf16);
+const struct sp_kernels *sp_kernels_amx_set(enum sp_kernels_isa isa, bool bf16);
 /* The portable matmul_rows, which the x86 sets fall back on for formats they
  * have no fast path for. */
 void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,

@@ -13,7 +13,8 @@
  * KSET_INT16_ISA (its twin "NAME-int16", int16 activations for 4-bit rows
  * too), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set with float
  * activations throughout), and KSET_ENTRY, the name of the function that
- * returns a set by its enum value. The VNNI builds differ in two places:
+ * returns a set by its enum value (and whether the CPU has AVX512-BF16,
+ * which kernels.c reads from cpuid). The VNNI builds differ in two places:
  * vpdpwssd / vpdpbusd multiply and add into the int32 sums in one
  * instruction where AVX2 needs vpmaddwd / vpmaddubsw and adds; and the
  * avx512 build takes two 64-column units of 4-bit rows per 512-bit
@@ -67,7 +68,6 @@
 
 #if defined(__x86_64__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -3443,21 +3443,14 @@ static const struct sp_kernels kset_float =
 /* the int8 set where the CPU has AVX512-BF16 (its int16 twin keeps the
  * activations of bf16 rows in float) */
 static const struct sp_kernels kset_b16 = KSET_TABLE(KSET_ISA, KSET_NAME, matmul_rows_q8_b16, pair_q8_b16, true, true);
-
-/* AVX512-BF16: cpuid leaf 7 subleaf 1, EAX bit 5 (the sets' own checks
- * have found AVX-512 and its register state) */
-static bool cpu_avx512_bf16(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-}
 #endif
 
-const struct sp_kernels *KSET_ENTRY(enum sp_kernels_isa isa) {
+const struct sp_kernels *KSET_ENTRY(enum sp_kernels_isa isa, bool bf16) {
 #ifdef KSET_FLOAT_ISA
     if (isa == KSET_FLOAT_ISA) return &kset_float;
 #endif
 #if HAVE_ZMM
-    if (isa == KSET_ISA && cpu_avx512_bf16()) return &kset_b16;
+    if (isa == KSET_ISA && bf16) return &kset_b16;
 #endif
     return isa == KSET_INT16_ISA ? &kset_int16 : &kset;
 }
