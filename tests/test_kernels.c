@@ -872,10 +872,11 @@ static void test_glu(void **state) {
     }
 }
 
-/* Softmax rows (with and without a sink logit) against a double
- * reference, over exp's range: nothing written past n, shares summing to 1
- * with the sink's, a row's values the same wherever it sits. */
-static void test_softmax(void **state) {
+/* Chunks of an online softmax against a double reference, over exp's
+ * range, with no max yet, a max below the chunk's and one above it:
+ * nothing written past n, the new max, the exps, their sum, NaN passed
+ * over by the max, a row's values the same wherever it sits. */
+static void test_softmax_chunk(void **state) {
     (void)state;
     struct sp_rng rng;
     sp_rng_seed(&rng, 29);
@@ -886,35 +887,42 @@ static void test_softmax(void **state) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
         for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
-            for (int with_sink = 0; with_sink < 2; with_sink++) {
+            for (int before = 0; before < 3; before++) {
                 int64_t n = ns[c];
                 float top = (float)(sp_rng_normal(&rng) * 4.0);
                 for (int64_t i = 0; i < n; i++) v[i] = x[i] = top - (float)fabs(sp_rng_normal(&rng) * (i % 3 ? 3.0 : 30.0));
-                float sink = with_sink ? top + (float)sp_rng_normal(&rng) : -INFINITY;
+                /* the max so far: none, below the chunk's top, above it */
+                float m0 = before == 0 ? -INFINITY : before == 1 ? top - 5.0f : top + 3.0f, m = m0;
                 v[n] = 12345.0f;
-                k->softmax(v, n, sink);
+                double sum = k->softmax_chunk(v, n, &m);
                 assert_true(v[n] == 12345.0f);
-                double m = sink, sum = 0, total = 0;
-                for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-                for (int64_t i = 0; i < n; i++) sum += exp((double)(float)(x[i] - (float)m));
-                double sink_share = with_sink ? exp((double)sink - m) : 0.0;
-                sum += sink_share;
+                float want_m = m0;
+                for (int64_t i = 0; i < n; i++) want_m = x[i] > want_m ? x[i] : want_m;
+                assert_true(m == want_m);
+                double total = 0;
                 for (int64_t i = 0; i < n; i++) {
-                    float arg = x[i] - (float)m;  // rounded to float, as the kernels take it
-                    double want = exp((double)arg) / sum;
+                    float arg = x[i] - m;  // rounded to float, as the kernels take it
+                    double want = exp((double)arg);
                     assert_true(fabs(v[i] - want) <= (16.0 + fabs(arg)) * FLT_EPSILON * want + 1e-37);
                     total += v[i];
                 }
-                assert_true(fabs(total + sink_share / sum - 1.0) <= 1e-5);
-                /* the same row at another offset */
+                assert_true(fabs(sum - total) <= 1e-12 * total);
+                /* the same row at another offset, and with a NaN beside it that the max passes over */
                 for (int64_t i = 0; i < n; i++) v[3 + i] = x[i];
-                float first = v[0];
-                k->softmax(v + 3, n, sink);
-                assert_true(v[0] == first);
-                float again[N];
+                float first = v[0], m2 = m0;
+                k->softmax_chunk(v + 3, n, &m2);
+                assert_true(v[0] == first && m2 == m);
+                float again[N + 1];
                 for (int64_t i = 0; i < n; i++) again[i] = x[i];
-                k->softmax(again, n, sink);
+                float m3 = m0;
+                k->softmax_chunk(again, n, &m3);
                 for (int64_t i = 0; i < n; i++) assert_true(v[3 + i] == again[i]);
+                again[n] = NAN;
+                for (int64_t i = 0; i < n; i++) again[i] = x[i];
+                m3 = m0;
+                k->softmax_chunk(again, n + 1, &m3);
+                assert_true(m3 == m);
+                for (int64_t i = 0; i < n; i++) assert_true(again[i] == v[3 + i]);
             }
     }
 }
@@ -1073,7 +1081,7 @@ int main(void) {
         cmocka_unit_test(test_dot_axpy),
         cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_glu),
-        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_softmax_chunk),
         cmocka_unit_test(test_plain_formats),
         cmocka_unit_test(test_affine4),
         cmocka_unit_test(test_affine8),

@@ -111,21 +111,27 @@ void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset) 
     if (reset) memset(&c->steps, 0, sizeof c->steps);
 }
 
-/* Query tokens of one sequence per attention task: up to 16 (each block of
- * cached rows is converted once for all of them), fewer where their scores
- * would pass 1M floats per thread (long contexts). */
+/* Attention is an online softmax (flash-style): a task (a tile of up to
+ * ATT_TILE query tokens of one sequence x query heads of one KV head)
+ * takes the cached positions a chunk of ATT_CHUNK at a time, chunks counted
+ * from position 0. Per chunk it converts each block of cached keys once for
+ * all its tokens and heads and scores them, takes the exps of the scores
+ * against the running max (rescaling the sums so far where the max grew),
+ * then converts each block of values and adds them in, weighted by the
+ * exps; at the end each (token, head) divides by its sum of exps. A
+ * (token, head) goes through the same chunks and operations in the same
+ * order whatever its tile, so no tiling changes a result; its scratch does
+ * not grow with the context. */
 #define ATT_TILE 16
-#define ATT_SCORES_MAX (1 << 20)
-static int64_t att_tile(const struct sp_arch *a, int64_t n_ctx) {
-    int64_t per_token = (a->n_heads / a->n_kv_heads) * (n_ctx + 1), tile = ATT_SCORES_MAX / per_token;
-    return tile < 1 ? 1 : tile > ATT_TILE ? ATT_TILE : tile;
-}
+#define ATT_CHUNK 128
 
-/* The scores of a task's tokens and heads (a tile x one KV head's group),
- * then a block of converted cached rows (attention_task). */
-size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx) {
-    return (size_t)att_tile(a, n_ctx) * (size_t)(a->n_heads / a->n_kv_heads) * (size_t)(n_ctx + 1) +
-           (size_t)ATT_ROWS_FLOATS(a->head_dim);
+/* A thread's attention scratch, in floats: per (token, head) of a task its
+ * sum of exps (a double) and running max, then its scores over a chunk,
+ * then a block of converted cached rows; whole cache lines. */
+size_t sp_attention_scratch_floats(const struct sp_arch *a) {
+    size_t pairs = (size_t)ATT_TILE * (size_t)(a->n_heads / a->n_kv_heads);
+    size_t floats = pairs * (2 + 1 + ATT_CHUNK) + (size_t)ATT_ROWS_FLOATS(a->head_dim);
+    return (floats + 15) / 16 * 16;
 }
 
 int64_t sp_mlp_width(const struct sp_arch *a) {
@@ -442,7 +448,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->eviews = act_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = act_buf((size_t)E, sizeof *c->item_expert, &ok);
     c->att_tiles = act_buf((size_t)(B + 1), sizeof(int32_t), &ok);
-    c->scores = act_buf((size_t)c->p.n_threads * sp_attention_scratch_floats(a, c->p.n_ctx), sizeof(float), &ok);
+    c->scores = act_buf((size_t)c->p.n_threads * sp_attention_scratch_floats(a), sizeof(float), &ok);
     c->logit_rows = act_buf((size_t)(B * d), sizeof(float), &ok);
     c->rope_cs = act_buf((size_t)(B * (a->rope.rot_dims > 0 ? a->rope.rot_dims : 1)), sizeof(float), &ok);
     if (!ok) goto nomem;
@@ -647,71 +653,117 @@ static void att_rows(const struct sp_ctx *c, int64_t L, int which, int64_t seq, 
 
 /* One attention task: tokens [t0, t1) of sequence seq (a tile) x query
  * heads [h0, h0 + per) of KV head kvh; cached positions first..last cover
- * what each of the tokens sees. */
+ * what each of the tokens sees. Its scratch (sp_attention_scratch_floats):
+ * per (token, head), i = token's place in the tile x per + head, the sum
+ * of exps and running max, scores[i * ATT_CHUNK ...] those of the chunk
+ * from the first position the token sees in it; rows a converted block. */
 struct att_task {
     int64_t t0, t1, seq, h0, kvh, first, last;
+    double *sum;
+    float *max, *scores, *rows;
 };
 
-/* One pass over a task's cached rows, converted a block at a time: the
+/* Where token t sees chunk [c0, c0 + ATT_CHUNK) ([*ca, *cb]; false: nowhere) */
+static bool att_chunk_range(const struct att_job *j, int64_t t, int64_t c0, int64_t *ca, int64_t *cb) {
+    int64_t lo, hi;
+    att_range(j->c, j->b, j->L, t, &lo, &hi);
+    *ca = lo > c0 ? lo : c0;
+    *cb = hi < c0 + ATT_CHUNK - 1 ? hi : c0 + ATT_CHUNK - 1;
+    return *ca <= *cb;
+}
+
+/* One pass of a chunk's cached rows, converted a block at a time: the
  * scores (K, which = 0) or the weighted sums of values (V, which = 1) of
  * every token and head of the task. */
-static void att_pass(const struct att_job *j, const struct att_task *k, int which, float *sc, float *rows) {
+static void att_pass(const struct att_job *j, const struct att_task *k, int64_t c0, int which) {
     struct sp_ctx *c = j->c;
-    int64_t hd = c->a->head_dim, stride = c->p.n_ctx + 1, qd = c->a->n_heads * hd;
+    int64_t hd = c->a->head_dim, qd = c->a->n_heads * hd, per = j->per;
+    int64_t end = k->last < c0 + ATT_CHUNK - 1 ? k->last : c0 + ATT_CHUNK - 1;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t p0 = k->first / ATT_BLOCK * ATT_BLOCK; p0 <= k->last; p0 += ATT_BLOCK) {
-        int64_t nb = k->last - p0 + 1 < ATT_BLOCK ? k->last - p0 + 1 : ATT_BLOCK;
-        att_rows(c, j->L, which, k->seq, k->kvh, p0, nb, rows);
+    for (int64_t p0 = (k->first > c0 ? k->first : c0) / ATT_BLOCK * ATT_BLOCK; p0 <= end; p0 += ATT_BLOCK) {
+        int64_t nb = end - p0 + 1 < ATT_BLOCK ? end - p0 + 1 : ATT_BLOCK;
+        att_rows(c, j->L, which, k->seq, k->kvh, p0, nb, k->rows);
         for (int64_t t = k->t0; t < k->t1; t++) {
-            int64_t lo, hi;
-            att_range(c, j->b, j->L, t, &lo, &hi);
-            int64_t pa = lo > p0 ? lo : p0, pb = hi < p0 + nb - 1 ? hi : p0 + nb - 1;
+            int64_t ca, cb;
+            if (!att_chunk_range(j, t, c0, &ca, &cb)) continue;
+            int64_t pa = ca > p0 ? ca : p0, pb = cb < p0 + nb - 1 ? cb : p0 + nb - 1;
             if (pa > pb) continue;
-            /* every query head of the task at once, head g's scores at s + g * stride */
-            float *s = sc + (t - k->t0) * j->per * stride + (pa - lo);
-            if (which == 0) {
-                sp_dot_cols(s, stride, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, j->per, rows + (pa - p0), ATT_BLOCK,
-                            pb - pa + 1, hd, scale);
-            } else {
-                sp_axpy_rows(c->att + t * qd + k->h0 * hd, hd, s, stride, j->per, rows + (pa - p0) * hd, pb - pa + 1,
-                             hd);
-            }
+            /* every query head of the task at once, head g's scores at s + g * ATT_CHUNK */
+            float *s = k->scores + (t - k->t0) * per * ATT_CHUNK + (pa - ca);
+            if (which == 0)
+                sp_dot_cols(s, ATT_CHUNK, c->qkv + t * c->ld_qkv + k->h0 * hd, hd, per, k->rows + (pa - p0),
+                            ATT_BLOCK, pb - pa + 1, hd, scale);
+            else
+                sp_axpy_rows(c->att + t * qd + k->h0 * hd, hd, s, ATT_CHUNK, per, k->rows + (pa - p0) * hd,
+                             pb - pa + 1, hd);
         }
     }
 }
 
-/* One task (struct att_task). Each head of each token: scores over its
- * visible positions, softmax (with the head's sink logit when the model has
- * sinks), then the weighted sum of values. Cached rows are converted to
- * float a block at a time and used by every token and head of the task
- * while in L1; each (token, head) sums in the same order as on its own, so
- * no tiling changes a result. */
-static void attention_task(const struct att_job *j, int64_t task, float *sc, float *rows) {
+/* The chunk of positions from c0 for every token and head of the task:
+ * scores, their exps against the running max (the sums so far scaled by
+ * exp(old max - new max) where it grew), then the values. */
+static void att_chunk(const struct att_job *j, const struct att_task *k, int64_t c0) {
+    int64_t hd = j->c->a->head_dim, qd = j->c->a->n_heads * hd, per = j->per;
+    att_pass(j, k, c0, 0);
+    for (int64_t t = k->t0; t < k->t1; t++) {
+        int64_t ca, cb;
+        if (!att_chunk_range(j, t, c0, &ca, &cb)) continue;
+        for (int64_t g = 0; g < per; g++) {
+            int64_t i = (t - k->t0) * per + g;
+            float m = k->max[i];
+            double sum = sp_kernels()->softmax_chunk(k->scores + i * ATT_CHUNK, cb - ca + 1, &m);
+            if (m > k->max[i]) {
+                float f = expf(k->max[i] - m);  // 0 for the first chunk (max -INFINITY)
+                float *o = j->c->att + t * qd + (k->h0 + g) * hd;
+                for (int64_t e = 0; e < hd; e++) o[e] *= f;
+                k->sum[i] *= f;
+                k->max[i] = m;
+            }
+            k->sum[i] += sum;
+        }
+    }
+    att_pass(j, k, c0, 1);
+}
+
+/* One task (struct att_task): each head of each token over its visible
+ * positions (with the head's sink logit, when the model has sinks, taking
+ * its share of the sum of exps), a chunk at a time (att_chunk). */
+static void attention_task(const struct att_job *j, int64_t task, float *scratch) {
     struct sp_ctx *c = j->c;
     const struct sp_arch *a = c->a;
     const struct layer *ly = &c->layers[j->L];
-    int64_t hd = a->head_dim, stride = c->p.n_ctx + 1, per = j->per, parts = a->n_heads / per;
-    struct att_task k = {j->tiles[task / parts], j->tiles[task / parts + 1], 0, task % parts * per, 0, INT64_MAX, -1};
+    int64_t hd = a->head_dim, qd = a->n_heads * hd, per = j->per, parts = a->n_heads / per;
+    int64_t pairs = ATT_TILE * (a->n_heads / a->n_kv_heads);
+    struct att_task k = {.t0 = j->tiles[task / parts], .t1 = j->tiles[task / parts + 1], .h0 = task % parts * per,
+                         .first = INT64_MAX, .last = -1};
     k.seq = j->b->seq[k.t0];
     k.kvh = k.h0 / (a->n_heads / a->n_kv_heads);
+    k.sum = (double *)(void *)scratch;
+    k.max = scratch + 2 * pairs;
+    k.scores = k.max + pairs;
+    k.rows = k.scores + pairs * ATT_CHUNK;
     for (int64_t t = k.t0; t < k.t1; t++) {
         int64_t lo, hi;
         att_range(c, j->b, j->L, t, &lo, &hi);
         k.first = lo < k.first ? lo : k.first;
         k.last = hi > k.last ? hi : k.last;
-    }
-    att_pass(j, &k, 0, sc, rows);
-    for (int64_t t = k.t0; t < k.t1; t++) {
-        int64_t lo, hi;
-        att_range(c, j->b, j->L, t, &lo, &hi);
         for (int64_t g = 0; g < per; g++) {
-            sp_kernels()->softmax(sc + ((t - k.t0) * per + g) * stride, hi - lo + 1,
-                                  ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY);
-            float *out = c->att + t * (a->n_heads * hd) + (k.h0 + g) * hd;
-            for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+            k.sum[(t - k.t0) * per + g] = 0;
+            k.max[(t - k.t0) * per + g] = -INFINITY;
+            float *out = c->att + t * qd + (k.h0 + g) * hd;
+            for (int64_t e = 0; e < hd; e++) out[e] = 0.0f;
         }
     }
-    att_pass(j, &k, 1, sc, rows);
+    for (int64_t c0 = k.first / ATT_CHUNK * ATT_CHUNK; c0 <= k.last; c0 += ATT_CHUNK) att_chunk(j, &k, c0);
+    for (int64_t t = k.t0; t < k.t1; t++)
+        for (int64_t g = 0; g < per; g++) {
+            int64_t i = (t - k.t0) * per + g;
+            float sink = ly->sinks ? ly->sinks[k.h0 + g] : -INFINITY;
+            double sum = k.sum[i] + (sink > -INFINITY ? exp((double)sink - k.max[i]) : 0.0);
+            float inv = (float)(1.0 / sum), *out = c->att + t * qd + (k.h0 + g) * hd;
+            for (int64_t e = 0; e < hd; e++) out[e] *= inv;
+        }
 }
 
 /* Tasks go to whichever thread is free, the last first: later tiles see
@@ -719,18 +771,17 @@ static void attention_task(const struct att_job *j, int64_t task, float *sc, flo
  * threads' shares. */
 static void attention_job(void *arg, int tid, int nth) {
     struct att_job *j = arg;
-    size_t each = sp_attention_scratch_floats(j->c->a, j->c->p.n_ctx);
-    float *sc = j->c->scores + (size_t)tid * each, *rows = sc + each - (size_t)ATT_ROWS_FLOATS(j->c->a->head_dim);
+    float *scratch = j->c->scores + (size_t)tid * sp_attention_scratch_floats(j->c->a);
     int64_t lo, hi, tasks = j->n_tiles * (j->c->a->n_heads / j->per);
-    while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, tasks - 1 - lo, sc, rows);
+    while (sp_pool_take(&j->next, tasks, 1, &lo, &hi)) attention_task(j, tasks - 1 - lo, scratch);
 }
 
-/* Attention for the batch: tiles of up to att_tile consecutive tokens of
+/* Attention for the batch: tiles of up to ATT_TILE consecutive tokens of
  * one sequence. */
 static void attention(struct sp_ctx *c, const struct sp_batch *b, int64_t L) {
-    int64_t tile = att_tile(c->a, c->p.n_ctx), n_tiles = 0;
+    int64_t n_tiles = 0;
     for (int64_t t = 0; t < b->n; t++)
-        if (t == 0 || b->seq[t] != b->seq[t - 1] || t - c->att_tiles[n_tiles - 1] >= tile) c->att_tiles[n_tiles++] = (int32_t)t;
+        if (t == 0 || b->seq[t] != b->seq[t - 1] || t - c->att_tiles[n_tiles - 1] >= ATT_TILE) c->att_tiles[n_tiles++] = (int32_t)t;
     c->att_tiles[n_tiles] = (int32_t)b->n;
     struct att_job j = {c, b, L, c->att_tiles, n_tiles, att_heads_per_task(c->a, n_tiles, sp_pool_size(c->pool)), 0};
     sp_pool_run(c->pool, attention_job, &j);

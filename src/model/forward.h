@@ -106,9 +106,9 @@ struct sp_pool *sp_ctx_pool(struct sp_ctx *c);
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c);
 /* Bytes of a KV cache of n_ctx positions for n_seq sequences. */
 size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, enum sp_kv_type t);
-/* Floats of attention scratch each thread of a context holds for n_ctx
- * positions (the planner counts them among the activations). */
-size_t sp_attention_scratch_floats(const struct sp_arch *a, int64_t n_ctx);
+/* Floats of attention scratch each thread of a context holds, whatever its
+ * context length (the planner counts them among the activations). */
+size_t sp_attention_scratch_floats(const struct sp_arch *a);
 /* Bytes of a context's per-expert tables (the MoE step's work items and
  * expert views; the planner counts them among the activations). */
 size_t sp_expert_tables_bytes(const struct sp_arch *a);

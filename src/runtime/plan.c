@@ -137,14 +137,14 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
 }
 
 /* Buffers sp_ctx_create and the engine reserve, from the same shapes. */
-static size_t activation_estimate(const struct sp_arch *a, int64_t ctx, int parallel, int64_t batch, int threads) {
+static size_t activation_estimate(const struct sp_arch *a, int parallel, int64_t batch, int threads) {
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
     int64_t ff = sp_mlp_width(a);
     int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
     int64_t maxc = d > qd ? d : qd;
     if (ff > maxc) maxc = ff;
     size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K + a->rope.rot_dims)) +
-                    (size_t)threads * sp_attention_scratch_floats(a, ctx) + (size_t)(3 * parallel) * (size_t)a->vocab;
+                    (size_t)threads * sp_attention_scratch_floats(a) + (size_t)(3 * parallel) * (size_t)a->vocab;
     /* each thread's kernel scratch, sized for the widest rows */
     struct sp_qmat widest = {.type = SP_QTYPE_AFFINE4, .group = 32, .rows = 1, .cols = maxc};
     return floats * sizeof(float) + (size_t)threads * sp_kernels_scratch_bytes(&widest) + sp_expert_tables_bytes(a);
@@ -167,7 +167,7 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->ctx = in->ctx > 0 ? in->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     p->parallel = in->parallel > 0 ? in->parallel : 1;
     p->kv_bytes = sp_kv_cache_bytes(a, p->ctx, p->parallel, in->kv_type);
-    p->activation_bytes = activation_estimate(a, p->ctx, p->parallel, in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, 2);
+    p->activation_bytes = activation_estimate(a, p->parallel, in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, 2);
     /* a loaded tokenizer takes about 1.5x its tokenizer.json */
     p->overhead_bytes = OVERHEAD_BYTES;
     char *tj = sp_path_join(m->files->dir, "tokenizer.json");

@@ -192,7 +192,9 @@ static struct cand nucleus_end(struct sp_sampler *s, const float *logits, int64_
 static void vocab_softmax(struct sp_sampler *s, const float *logits, float temp) {
     const float inv = 1.0f / temp;
     for (int64_t i = 0; i < s->vocab; i++) s->w[i] = isnan(logits[i]) ? -INFINITY : logits[i] * inv;
-    sp_kernels()->softmax(s->w, s->vocab, -INFINITY);
+    float m = -INFINITY;
+    const float share = (float)(1.0 / sp_kernels()->softmax_chunk(s->w, s->vocab, &m));
+    for (int64_t i = 0; i < s->vocab; i++) s->w[i] *= share;
 }
 
 /* The repetition, presence and frequency penalties of a token seen n

@@ -138,16 +138,16 @@ static double sum_exp_portable(const float *v, int64_t n, float m) {
     return sum;
 }
 
-static void softmax_portable(float *v, int64_t n, float sink) {
-    float m = sink;
-    for (int64_t i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
-    double sum = sink > -INFINITY ? exp((double)(sink - m)) : 0.0;
+static double softmax_chunk_portable(float *v, int64_t n, float *m) {
+    float top = *m;
+    for (int64_t i = 0; i < n; i++) top = v[i] > top ? v[i] : top;
+    double sum = 0;
     for (int64_t i = 0; i < n; i++) {
-        v[i] = expf(v[i] - m);
+        v[i] = expf(v[i] - top);
         sum += v[i];
     }
-    float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < n; i++) v[i] *= inv;
+    *m = top;
+    return sum;
 }
 
 /* Each row is dequantized once into scratch and dotted with every token. */
@@ -181,7 +181,7 @@ static const struct sp_kernels portable = {
     .glu = glu_portable,
     .argmax = argmax_portable,
     .sum_exp = sum_exp_portable,
-    .softmax = softmax_portable,
+    .softmax_chunk = softmax_chunk_portable,
 };
 
 /* What the x86 sets need, read from cpuid directly (not every compiler's

@@ -127,11 +127,12 @@ struct sp_kernels {
      * computes it (m: at least the largest v[i], so that none overflows):
      * the normalizer of a log-softmax. */
     double (*sum_exp)(const float *v, int64_t n, float m);
-    /* The softmax of v[0 .. n) in place, with a sink logit that takes its
-     * share of the sum and is dropped (-INFINITY: none): m = the largest of
-     * v and sink, v[i] = exp(v[i] - m) / (the exps' sum, in double). exp as
-     * glu computes it; the result depends on v and sink alone. */
-    void (*softmax)(float *v, int64_t n, float sink);
+    /* One chunk of an online softmax (attention's scores, a chunk of
+     * positions at a time): m' = the larger of *m (-INFINITY: none yet)
+     * and the largest of v[0 .. n) (NaN passed over), v[i] = exp(v[i] -
+     * m') in place, *m = m'; returns the exps' sum in double. exp as glu
+     * computes it; the result depends on v and *m alone. */
+    double (*softmax_chunk)(float *v, int64_t n, float *m);
 };
 
 /* The set this process uses: the best one the CPU supports, unless

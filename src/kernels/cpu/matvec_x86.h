@@ -3399,17 +3399,11 @@ ALWAYS double exps(float *out, const float *v, int64_t n, float m) {
 
 static double sum_exp_x86(const float *v, int64_t n, float m) { return exps(NULL, v, n, m); }
 
-/* The max, the exps and the scaling 8 at a time; the exps summed in 8
- * double lanes (4 x 2) added at the end, the last n % 8 through the same
- * code, padded (exps). */
-static void softmax_x86(float *v, int64_t n, float sink) {
-    const float m = max_of(v, n, sink);
-    double sum = exps(v, v, n, m);
-    if (sink > -INFINITY) sum += exp((double)(sink - m));
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
-    for (; i < n; i++) v[i] *= _mm256_cvtss_f32(inv);
+/* The max, then the exps 8 at a time, summed in 8 double lanes (4 x 2)
+ * added at the end, the last n % 8 through the same code, padded (exps). */
+static double softmax_chunk_x86(float *v, int64_t n, float *m) {
+    *m = max_of(v, n, *m);
+    return exps(v, v, n, *m);
 }
 
 #define KSET_TABLE(ISA, NAME, MATMUL, PAIR, IL, BF16) \
@@ -3427,7 +3421,7 @@ static void softmax_x86(float *v, int64_t n, float sink) {
         .dot_cols = dot_cols_x86,                     \
         .axpy_rows = axpy_rows_x86,                   \
         .glu = glu_x86,                               \
-        .softmax = softmax_x86,                       \
+        .softmax_chunk = softmax_chunk_x86,           \
         .argmax = argmax_x86,                         \
         .sum_exp = sum_exp_x86,                       \
     }
