@@ -175,11 +175,11 @@ test('logprobs: one entry per token with top alternatives', async () => {
 // The random model writes arbitrary JSON and can run out of tokens inside a
 // long string: every output opens an object with whitespace runs capped
 // (sp_jsonv's 65 bytes), and those that finish are one JSON object. Which of
-// the seeds finish depends on the kernel set's arithmetic, so a dozen are
-// asked.
+// the seeds finish depends on the kernel set's arithmetic (4-6 of these 40
+// with each x86 set and the portable one on a Zen 4), so forty are asked.
 test('response_format json_object constrains the output to one JSON object', async () => {
   let closed = 0;
-  for (const seed of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]) {
+  for (let seed = 1; seed <= 40; seed++) {
     const r = await client(main).chat.completions.create({ model: 'x', messages: chat('Reply in JSON'), max_tokens: 300,
       seed, response_format: { type: 'json_object' } });
     const text = r.choices[0].message.content;
@@ -192,7 +192,7 @@ test('response_format json_object constrains the output to one JSON object', asy
     assert.ok(v !== null && !Array.isArray(v));
     closed++;
   }
-  assert.ok(closed >= 2, `${closed} of 12 objects closed within 300 tokens`);
+  assert.ok(closed >= 2, `${closed} of 40 objects closed within 300 tokens`);
 });
 
 test('tools in the request are rendered by the template and accepted', async () => {
