@@ -221,8 +221,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->m = m;
-    const char *row_order = getenv("SPARROW_ROW_ORDER");  // as sp_plan_load reads it
-    s->k = row_order && *row_order && strcmp(row_order, "0") != 0 ? NULL : sp_kernels();
+    s->k = sp_model_row_order_forced() ? NULL : sp_kernels();
     s->n_experts = m->arch.n_experts;
     s->n_layers = m->arch.n_layers;
     s->slot_bytes = unit;
@@ -342,8 +341,10 @@ static enum sp_status interleave_unit(const struct sp_expert_store *s, struct re
     struct sp_expert_views v;
     rebase(s, mapped, mem, &v);
     for (int i = 0; i < 4; i++) {
-        if (!view_used(mapped, i) || !slot_interleaved(s, mapped, i)) continue;
+        if (!view_used(mapped, i)) continue;
         struct sp_qmat w = view_at(&v, i)->w, done;
+        /* rebase marked those the slots hold interleaved; the bytes just read are in row order */
+        if (!w.interleaved) continue;
         w.interleaved = false;
         size_t need = sp_qmat_block_bytes(&w);
         if (need > io->block_bytes) {

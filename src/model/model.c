@@ -381,6 +381,11 @@ static bool file_to_interleave(const struct interleave *il, const struct sp_map 
     return false;
 }
 
+bool sp_model_row_order_forced(void) {
+    const char *v = getenv("SPARROW_ROW_ORDER");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
                                 struct sp_model_copy *out) {
     memset(out, 0, sizeof *out);

@@ -75,6 +75,10 @@ struct sp_model_copy {
  * stay mapped and readable, in row order. */
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
                                 struct sp_model_copy *out);
+/* Whether SPARROW_ROW_ORDER (set, and not "0") keeps every weight matrix
+ * in row order: the loader interleaves none (sp_plan_load) and the expert
+ * cache reads experts as their files lay them out (sp_expert_store_create). */
+bool sp_model_row_order_forced(void);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */

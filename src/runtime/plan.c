@@ -299,7 +299,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
      * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
      * SPARROW_ROW_ORDER=1 the rows' order. */
     bool keep = env_on("SPARROW_MMAP");
-    sp_model_interleave_fn want = keep || env_on("SPARROW_ROW_ORDER") ? NULL : interleave_for_kernels;
+    sp_model_interleave_fn want = keep || sp_model_row_order_forced() ? NULL : interleave_for_kernels;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     if (sp_model_populate(m) != SP_OK) {
