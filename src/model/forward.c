@@ -125,12 +125,15 @@ void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset) 
 #define ATT_TILE 16
 #define ATT_CHUNK 128
 
+/* The (token, head) pairs a task can hold: a tile x a KV head's query heads */
+static int64_t att_pairs(const struct sp_arch *a) { return ATT_TILE * (a->n_heads / a->n_kv_heads); }
+
 /* A thread's attention scratch, in floats: per (token, head) of a task its
  * sum of exps (a double) and running max, then its scores over a chunk,
- * then a block of converted cached rows; whole cache lines. */
+ * then a block of converted cached rows (attention_task lays them out);
+ * whole cache lines. */
 size_t sp_attention_scratch_floats(const struct sp_arch *a) {
-    size_t pairs = (size_t)ATT_TILE * (size_t)(a->n_heads / a->n_kv_heads);
-    size_t floats = pairs * (2 + 1 + ATT_CHUNK) + (size_t)ATT_ROWS_FLOATS(a->head_dim);
+    size_t floats = (size_t)att_pairs(a) * (2 + 1 + ATT_CHUNK) + (size_t)ATT_ROWS_FLOATS(a->head_dim);
     return (floats + 15) / 16 * 16;
 }
 
@@ -734,7 +737,7 @@ static void attention_task(const struct att_job *j, int64_t task, float *scratch
     const struct sp_arch *a = c->a;
     const struct layer *ly = &c->layers[j->L];
     int64_t hd = a->head_dim, qd = a->n_heads * hd, per = j->per, parts = a->n_heads / per;
-    int64_t pairs = ATT_TILE * (a->n_heads / a->n_kv_heads);
+    int64_t pairs = att_pairs(a);
     struct att_task k = {.t0 = j->tiles[task / parts], .t1 = j->tiles[task / parts + 1], .h0 = task % parts * per,
                          .first = INT64_MAX, .last = -1};
     k.seq = j->b->seq[k.t0];

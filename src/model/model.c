@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/env.h"
 
 void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols) {
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
@@ -381,10 +382,7 @@ static bool file_to_interleave(const struct interleave *il, const struct sp_map 
     return false;
 }
 
-bool sp_model_row_order_forced(void) {
-    const char *v = getenv("SPARROW_ROW_ORDER");
-    return v && *v && strcmp(v, "0") != 0;
-}
+bool sp_model_row_order_forced(void) { return sp_env_on("SPARROW_ROW_ORDER"); }
 
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
                                 struct sp_model_copy *out) {

@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/env.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -285,12 +286,6 @@ static bool thp_allowed(void) {
 /* sp_model_interleave_fn: the choice of the set in use */
 static bool interleave_for_kernels(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
 
-/* Whether environment variable name is set to other than 0 */
-static bool env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
     double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
@@ -298,7 +293,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
      * interleaved rows faster than rows in order (README: Memory);
      * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
      * SPARROW_ROW_ORDER=1 the rows' order. */
-    bool keep = env_on("SPARROW_MMAP");
+    bool keep = sp_env_on("SPARROW_MMAP");
     sp_model_interleave_fn want = keep || sp_model_row_order_forced() ? NULL : interleave_for_kernels;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
