@@ -2,8 +2,10 @@
  * cmd_bench.c - `sparrow bench`: prefill and decode speed of a model on this
  * machine, with the bytes each decoded token reads and the efficiency
  * against the measured memory bandwidth; with an expert cache, its hit rate
- * and disk throughput, optionally against plain mmap in the same run.
- * One human line and one JSON line per run.
+ * and disk throughput, optionally against plain mmap in the same run, and
+ * the share of the machine's CPU time a hypervisor kept meanwhile (steal:
+ * in a VM whose host is busy the figures move with it). One human line and
+ * one JSON line per run.
  *
  * With --synthetic CONFIG.json the model is generated first: random weights
  * of the config's exact shapes, written in bf16 or quantized to the --quant
@@ -74,6 +76,7 @@ struct result {
     size_t weights_huge;                  // bytes of the weight files in 2 MiB pages (mapped or copied)
     bool has_steps;                       // --steps: the forward pass's steps, timed
     struct sp_step_times steps[2];        // prefill, decode
+    double steal_pct;                     // the machine's CPU time the hypervisor kept during the run (< 0: unknown)
 };
 
 /* Resident memory now, from /proc/self/status: anonymous, file-backed, peak. */
@@ -88,6 +91,23 @@ static void rss_now(size_t *anon, size_t *file, size_t *peak) {
         if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) *peak = (size_t)kb * 1024;
     }
     if (f) fclose(f);
+}
+
+/* The machine's CPU time so far in clock ticks, from the first line of
+ * /proc/stat: all of it, and the part a hypervisor gave to other guests
+ * while this one had work to run (steal). False without that line. */
+static bool cpu_ticks(unsigned long long *steal, unsigned long long *total) {
+    unsigned long long v[8];  // user nice system idle iowait irq softirq steal
+    FILE *f = fopen("/proc/stat", "r");
+    int got = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                         &v[6], &v[7])
+                : 0;
+    if (f) fclose(f);
+    if (got != 8) return false;
+    *steal = v[7];
+    *total = 0;
+    for (int i = 0; i < 8; i++) *total += v[i];
+    return true;
 }
 
 static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *cp, int64_t prompt, int64_t gen,
@@ -109,6 +129,8 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     struct sp_rng rng;
     sp_rng_seed(&rng, 1234);
     for (int64_t i = 0; i < prompt; i++) tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)V);
+    unsigned long long steal0, total0, steal1, total1;
+    bool ticks = cpu_ticks(&steal0, &total0);
     double t0 = sp_now_s();
     for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
         int64_t k = prompt - s < B ? prompt - s : B;
@@ -128,6 +150,8 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
         st = sp_ctx_forward(c, &b, logits);
     }
     double t2 = sp_now_s();
+    ticks = ticks && cpu_ticks(&steal1, &total1) && total1 > total0 && steal1 >= steal0;
+    r->steal_pct = ticks ? 100.0 * (double)(steal1 - steal0) / (double)(total1 - total0) : -1;
     sp_ctx_step_times(c, &r->steps[1], true);
     r->prefill_s = t1 - t0;
     r->decode_s = t2 - t1;
@@ -171,9 +195,11 @@ static double machine_gbs(const struct sp_plan *pl, int nth, bool *measured) {
 #define REPEAT_MAX 1000
 
 /* The figures of one run that a summary of repeated runs compares. */
-enum { RS_PREFILL, RS_DECODE, RS_MACHINE_GBS, RS_EFFICIENCY, RS_DECODE_GBS, RS_COUNT };
+enum { RS_PREFILL, RS_DECODE, RS_MACHINE_GBS, RS_EFFICIENCY, RS_DECODE_GBS, RS_STEAL, RS_COUNT };
 struct run_stats {
-    double v[RS_COUNT];  // tok/s, tok/s, bandwidth measured after the run, % of it the decode read, decode GB/s
+    /* tok/s, tok/s, bandwidth measured after the run, % of it the decode
+     * read, decode GB/s, steal % (< 0: unknown) */
+    double v[RS_COUNT];
 };
 
 static struct run_stats run_stats_of(const struct sp_model_stats *ms, const struct result *r, double ram_gbs) {
@@ -183,6 +209,7 @@ static struct run_stats run_stats_of(const struct sp_model_stats *ms, const stru
     s.v[RS_MACHINE_GBS] = ram_gbs;
     s.v[RS_DECODE_GBS] = (double)ms->active_bytes * s.v[RS_DECODE] / 1e9;
     s.v[RS_EFFICIENCY] = ram_gbs > 0 ? 100.0 * s.v[RS_DECODE_GBS] / ram_gbs : 0;
+    s.v[RS_STEAL] = r->steal_pct;
     return s;
 }
 
@@ -249,6 +276,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
                (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,
                (unsigned long long)r->es.prefetch_issued, (unsigned long long)r->es.prefetch_hits,
                (unsigned long long)r->es.prefetch_waste);
+    if (r->steal_pct >= 0.5) printf("; the hypervisor kept %.0f%% of the CPU time (steal)", r->steal_pct);
     printf("\n");
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
@@ -277,6 +305,9 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "machine_gbs"); sp_jw_num(&w, ram_gbs);
     sp_jw_key(&w, "bandwidth_measured"); sp_jw_bool(&w, ram_measured || pl->bw.measured);
     sp_jw_key(&w, "efficiency_pct"); sp_jw_num(&w, eff);
+    if (r->steal_pct >= 0) {
+        sp_jw_key(&w, "steal_pct"); sp_jw_num(&w, r->steal_pct);
+    }
     sp_jw_key(&w, "rss_anon_bytes"); sp_jw_uint(&w, r->rss_anon);
     sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
     sp_jw_key(&w, "rss_peak_bytes"); sp_jw_uint(&w, r->rss_peak);
@@ -324,7 +355,8 @@ static void median_best(const struct run_stats *s, int64_t n, int k, double *med
 
 /* One human and one JSON line over n runs: the median and the best of each
  * figure; the efficiency's median is that of the runs' own ratios, and
- * "best" compares the fastest decode with the fastest bandwidth seen. */
+ * "best" compares the fastest decode with the fastest bandwidth seen. Where
+ * every run knew its steal, its median and the most of it. */
 static void summarize(const struct run_stats *s, int64_t n) {
     static const char *const keys[RS_DECODE_GBS] = {"prefill_tok_s", "decode_tok_s", "machine_gbs", "efficiency_pct"};
     double med[RS_COUNT], best[RS_COUNT];
@@ -332,9 +364,13 @@ static void summarize(const struct run_stats *s, int64_t n) {
     /* not the best of the runs' ratios: the fastest decode over the fastest bandwidth */
     best[RS_EFFICIENCY] = best[RS_MACHINE_GBS] > 0 ? 100.0 * best[RS_DECODE_GBS] / best[RS_MACHINE_GBS] : 0;
     printf("summary of %lld runs: prefill %.1f tok/s (best %.1f), decode %.2f tok/s (best %.2f), bandwidth %.1f GB/s "
-           "(best %.1f), efficiency %.0f%% (best decode over best bandwidth: %.0f%%)\n",
+           "(best %.1f), efficiency %.0f%% (best decode over best bandwidth: %.0f%%)",
            (long long)n, med[RS_PREFILL], best[RS_PREFILL], med[RS_DECODE], best[RS_DECODE], med[RS_MACHINE_GBS],
            best[RS_MACHINE_GBS], med[RS_EFFICIENCY], best[RS_EFFICIENCY]);
+    bool steal = true;
+    for (int64_t i = 0; i < n; i++) steal = steal && s[i].v[RS_STEAL] >= 0;
+    if (steal) printf(", steal %.1f%% of the CPU time (most %.1f%%)", med[RS_STEAL], best[RS_STEAL]);
+    printf("\n");
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -347,6 +383,10 @@ static void summarize(const struct run_stats *s, int64_t n) {
         sp_jw_key(&w, key); sp_jw_num(&w, med[k]);
         snprintf(key, sizeof key, "%s_best", keys[k]);
         sp_jw_key(&w, key); sp_jw_num(&w, best[k]);
+    }
+    if (steal) {
+        sp_jw_key(&w, "steal_pct_median"); sp_jw_num(&w, med[RS_STEAL]);
+        sp_jw_key(&w, "steal_pct_most"); sp_jw_num(&w, best[RS_STEAL]);
     }
     sp_jw_end(&w);
     printf("%s\n", b.data);

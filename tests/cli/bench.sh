@@ -41,6 +41,19 @@ run "the summary holds the runs' medians and bests" 0 node -e '
     const eff = median(runs.map(r => r.efficiency_pct));
     const best = 100 * Math.max(...runs.map(r => r.achieved_gbs)) / Math.max(...runs.map(r => r.machine_gbs));
     if (s.runs !== 3 || !near(s.efficiency_pct_median, eff) || !near(s.efficiency_pct_best, best)) process.exit(1);' "$TMP/s.json" "$TMP/runs.json"
+# long enough for /proc/stat's clock ticks to move
+run "--repeat 3, runs of 512 + 500 tokens" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 3 --layers 1 --prompt 512 --gen 500 --threads 1
+grep '^{"bench":"summary"' "$TMP/out" >"$TMP/s.json"
+grep '^{"bench":"resident"' "$TMP/out" >"$TMP/runs.json"
+expect "the summary line says the steal" "$TMP/out" "% of the CPU time (most "
+run "each run says the share of CPU time a hypervisor kept (steal), the summary its median and most" 0 node -e '
+    const fs = require("fs");
+    const s = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+    const runs = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(l => JSON.parse(l));
+    const v = runs.map(r => r.steal_pct);
+    if (!v.every(x => typeof x === "number" && x >= 0 && x <= 100)) process.exit(1);
+    const near = (a, b) => Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(b));
+    if (!near(s.steal_pct_median, v.sort((a, b) => a - b)[1]) || !near(s.steal_pct_most, v[2])) process.exit(1);' "$TMP/s.json" "$TMP/runs.json"
 run "--compare-mmap with an expert cache" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --expert-cache 64K --compare-mmap "${SMALL[@]}"
 grep '^{' "$TMP/out" >"$TMP/cmp.json"
 run "the ratio is the expert-cache run's decode over the mmap run's" 0 node -e '
