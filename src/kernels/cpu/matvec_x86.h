@@ -1131,11 +1131,150 @@ ALWAYS bool mx4_group_fits(__m256i eo) {
     return (both & 0xffff) <= MX4_WIDE_SUM && both >> 16 <= MX4_WIDE_SUM;
 }
 
+/* Group g (group columns at xg) of token t rounded to int8 into q's
+ * buffers: its scale, its codes in unit order (xq, ot: t's row) and, in
+ * 512-bit builds, in unit-pair order (xp, op), its offset (mxfp4) or its
+ * float sum (affine); the block's wide flag cleared where the group does
+ * not fit (check_wide). */
+ALWAYS void q8_group(const struct q8acts *q, const float *xg, int64_t t, int64_t g, int64_t group, bool mx4,
+                     bool check_wide, int8_t *ot, int8_t *op) {
+    float sum = 0.0f, amax = group_amax(xg, group, mx4 ? NULL : &sum);
+    __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    ((float *)q->dx)[t * q->ldg + g] = amax / 127.0f;
+    /* a group is a whole number of 32-column halves of units */
+    __m256i isum = _mm256_setzero_si256();
+    for (int64_t k = 0; k < group; k += 32) {
+        __m256i s32;
+        __m256i v = quantize32(xg + k, inv, &s32);
+        isum = _mm256_add_epi32(isum, s32);
+        /* units: evens of both halves, then odds; a last lone 32-column
+         * block: its evens, then its odds */
+        int64_t col = g * group + k, u0 = col & ~(int64_t)63;
+        __m256i eo = evens_odds(v);
+        if (check_wide && q->xw[t / Q8_BLOCK_TOKENS] && !mx4_group_fits(eo)) q->xw[t / Q8_BLOCK_TOKENS] = 0;
+        if (u0 + 64 <= q->cols) {
+            int64_t half = (col - u0) / 2;  // 0 or 16
+            _mm_storeu_si128((__m128i *)(void *)(ot + u0 + half), _mm256_castsi256_si128(eo));
+            _mm_storeu_si128((__m128i *)(void *)(ot + u0 + 32 + half), _mm256_extracti128_si256(eo, 1));
+            if (HAVE_ZMM) {
+                _mm_storeu_si128((__m128i *)(void *)(op + pair_evens(u0 / 64, q->cols) + half),
+                                 _mm256_castsi256_si128(eo));
+                _mm_storeu_si128((__m128i *)(void *)(op + pair_odds(u0 / 64, q->cols) + half),
+                                 _mm256_extracti128_si256(eo, 1));
+            }
+        } else {
+            _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
+            if (HAVE_ZMM) _mm256_storeu_si256((__m256i *)(void *)(op + col), eo);
+        }
+    }
+    if (mx4)
+        ((int32_t *)q->xoff)[t * q->ldg + g] = MX4_OFFSET * hsum_epi32(isum);
+    else
+        ((float *)q->xsum)[t * q->ldg + g] = sum;
+}
+
+#if HAVE_ZMM
+/* Lane j of the result: the largest (add: the int32 sum) of v[j]'s 16
+ * lanes, for j < 16. Halves of vectors meet pairwise: blocks of 128 bits,
+ * then pairs of lanes, then lanes, leaving lane 4k + i for vector 4i + k,
+ * put in order at the end. Either is exact in any order. */
+ALWAYS __m512 across16(const __m512 *v, bool add) {
+#define ACROSS_(a, b)                                                                                           \
+    (add ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))                \
+         : _mm512_max_ps(a, b))
+    __m512 h[8], q4[4], p2[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        h[i] = ACROSS_(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                       _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        q4[i] = ACROSS_(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                        _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        p2[i] = ACROSS_(_mm512_shuffle_ps(q4[2 * i], q4[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_ps(q4[2 * i], q4[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 r = ACROSS_(_mm512_shuffle_ps(p2[0], p2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(p2[0], p2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#undef ACROSS_
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* Int32 lanes of one unit, groups a (a0: columns 0..15, a1: 16..31) and
+ * b, as the 64 int8 of its place in xq: a's 16 even columns, b's, a's 16
+ * odd ones, b's (saturated as quantize32 does). The packs leave 128-bit
+ * lane L holding a's columns 4L..4L+3, 16+4L.., then b's; the shuffle
+ * pairs each lane's even (odd) bytes into words, the permute sets the
+ * words in place. */
+ALWAYS __m512i unit_evens_odds(__m512i a0, __m512i a1, __m512i b0, __m512i b1) {
+    __m512i p = _mm512_packs_epi16(_mm512_packs_epi32(a0, a1), _mm512_packs_epi32(b0, b1));
+    const __m512i pairs = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    /* word w: section w / 8 (a evens, b evens, a odds, b odds), from lane
+     * w % 4, the first or second word pair of that section's bytes there */
+    const __m512i place = _mm512_set_epi16(31, 23, 15, 7, 30, 22, 14, 6, 29, 21, 13, 5, 28, 20, 12, 4, 27, 19, 11, 3,
+                                           26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
+    return _mm512_permutexvar_epi16(place, _mm512_shuffle_epi8(p, pairs));
+}
+
+/* mxfp4 activations of token t (row xt) for its whole units, 16 groups
+ * of 32 at a time: each group's largest |x| found across the 16 at once,
+ * one division for all their scales, a unit's two groups rounded and
+ * stored with 512-bit vectors, the offsets summed across the 16. The
+ * same values as q8_group. Returns the groups done (a last lone group is
+ * left). */
+ALWAYS int64_t mx4_units_zmm(const struct q8acts *q, const float *xt, int64_t t, int8_t *ot, int8_t *op) {
+    const int64_t cols = q->cols, whole = cols / 64 * 2;
+    float *dx = (float *)q->dx + t * q->ldg;
+    int32_t *xoff = (int32_t *)q->xoff + t * q->ldg;
+    for (int64_t g0 = 0; g0 < whole; g0 += 16) {
+        const int nw = whole - g0 < 16 ? (int)(whole - g0) : 16;
+        const __mmask16 live = (__mmask16)((1u << nw) - 1);
+        __m512 m[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            const float *xg = xt + (g0 + j) * 32;
+            /* |x| the larger of each pair, sign cleared (vrangeps) */
+            m[j] = j < nw ? _mm512_range_ps(_mm512_loadu_ps(xg), _mm512_loadu_ps(xg + 16), 0x0B) : _mm512_setzero_ps();
+        }
+        const __m512 amax = across16(m, false), c127 = _mm512_set1_ps(127.0f);
+        const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ), c127, amax);
+        _mm512_mask_storeu_ps(dx + g0, live, _mm512_div_ps(amax, c127));
+        __m512 sums[16];
+        __m512i unit[2];
+        for (int j = 0; j < nw; j += 2) {
+            __m512i r[4];
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                __m512 s = _mm512_permutexvar_ps(_mm512_set1_epi32(j + h / 2), inv);
+                r[h] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xt + (g0 + j) * 32 + 16 * h), s));
+            }
+            sums[j] = _mm512_castsi512_ps(_mm512_add_epi32(r[0], r[1]));
+            sums[j + 1] = _mm512_castsi512_ps(_mm512_add_epi32(r[2], r[3]));
+            int64_t u = (g0 + j) / 2;
+            unit[u & 1] = unit_evens_odds(r[0], r[1], r[2], r[3]);
+            _mm512_storeu_si512((void *)(ot + u * 64), unit[u & 1]);
+            /* unit-pair order: both units' evens, then both units' odds (a
+             * last unit without a partner as in unit order) */
+            if ((u | 1) >= cols / 64)
+                _mm512_storeu_si512((void *)(op + u * 64), unit[u & 1]);
+            else if (u & 1) {
+                _mm512_storeu_si512((void *)(op + (u - 1) * 64), _mm512_shuffle_i64x2(unit[0], unit[1], 0x44));
+                _mm512_storeu_si512((void *)(op + (u - 1) * 64 + 64), _mm512_shuffle_i64x2(unit[0], unit[1], 0xEE));
+            }
+        }
+        for (int j = nw; j < 16; j++) sums[j] = _mm512_setzero_ps();
+        const __m512i off = _mm512_mullo_epi32(_mm512_castps_si512(across16(sums, true)), _mm512_set1_epi32(MX4_OFFSET));
+        _mm512_mask_storeu_epi32(xoff + g0, live, off);
+    }
+    return whole;
+}
+#endif
+
 /* q8_prepare (below) compiled for mxfp4 or for affine rows. */
 ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
                            struct q8acts *q) {
-    int64_t cols = q->cols, ng = q->ng, ldg = q->ldg;
-    int8_t *xq = (int8_t *)q->xq, *xp = (int8_t *)q->xp;
+    int64_t ng = q->ng, ldg = q->ldg;
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
     int32_t *xoff = (int32_t *)q->xoff;
     q->n = n;
@@ -1145,44 +1284,13 @@ ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_to
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * ldx;
         const bool check_wide = wide_flags && t < by_tokens;
-        int8_t *ot = xq + t * cols, *op = xp + t * cols;
-        for (int64_t g = 0; g < ng; g++) {
-            const float *xg = xt + g * group;
-            float sum = 0.0f, amax = group_amax(xg, group, mx4 ? NULL : &sum);
-            __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-            dx[t * ldg + g] = amax / 127.0f;
-            /* a group is a whole number of 32-column halves of units */
-            __m256i isum = _mm256_setzero_si256();
-            for (int64_t k = 0; k < group; k += 32) {
-                __m256i s32;
-                __m256i v = quantize32(xg + k, inv, &s32);
-                isum = _mm256_add_epi32(isum, s32);
-                /* units: evens of both halves, then odds; a last lone 32-column
-                 * block: its evens, then its odds */
-                int64_t col = g * group + k, u0 = col & ~(int64_t)63;
-                __m256i eo = evens_odds(v);
-                if (check_wide && q->xw[t / Q8_BLOCK_TOKENS] && !mx4_group_fits(eo)) q->xw[t / Q8_BLOCK_TOKENS] = 0;
-                if (u0 + 64 <= cols) {
-                    int64_t half = (col - u0) / 2;  // 0 or 16
-                    _mm_storeu_si128((__m128i *)(void *)(ot + u0 + half), _mm256_castsi256_si128(eo));
-                    _mm_storeu_si128((__m128i *)(void *)(ot + u0 + 32 + half), _mm256_extracti128_si256(eo, 1));
-                    if (HAVE_ZMM) {
-                        _mm_storeu_si128((__m128i *)(void *)(op + pair_evens(u0 / 64, cols) + half),
-                                         _mm256_castsi256_si128(eo));
-                        _mm_storeu_si128((__m128i *)(void *)(op + pair_odds(u0 / 64, cols) + half),
-                                         _mm256_extracti128_si256(eo, 1));
-                    }
-                } else {
-                    _mm256_storeu_si256((__m256i *)(void *)(ot + col), eo);
-                    if (HAVE_ZMM) _mm256_storeu_si256((__m256i *)(void *)(op + col), eo);
-                }
-            }
-            if (mx4)
-                xoff[t * ldg + g] = MX4_OFFSET * hsum_epi32(isum);
-            else
-                xsum[t * ldg + g] = sum;
-        }
-        for (int64_t g = ng; g < ldg; g++) {
+        int8_t *ot = (int8_t *)q->xq + t * q->cols, *op = (int8_t *)q->xp + t * q->cols;
+        int64_t g = 0;
+#if HAVE_ZMM
+        if (mx4 && group == 32) g = mx4_units_zmm(q, xt, t, ot, op);
+#endif
+        for (; g < ng; g++) q8_group(q, xt + g * group, t, g, group, mx4, check_wide, ot, op);
+        for (g = ng; g < ldg; g++) {
             dx[t * ldg + g] = 0.0f;
             if (mx4)
                 xoff[t * ldg + g] = 0;
