@@ -826,14 +826,16 @@ static void test_attention_blocks(void **state) {
 
 /* The gated activation against a double reference (SiLU, and gpt-oss's
  * clamped form past its limit), over the exp's whole range; interleaved
- * pairs give what separate rows give, and an element what it gives alone. */
+ * pairs give what separate rows give, an element what it gives alone, and
+ * every x86 set what avx2 gives. */
 static void test_glu(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 23);
     const struct sp_glu acts[] = {{1.0f, INFINITY, 0.0f}, {1.702f, 7.0f, 1.0f}};
     const int64_t ns[] = {0, 1, 7, 8, 9, 33, 200};
     enum { N = 200 };
-    float g[N], u[N], pairs[2 * N], y[N + 1], yp[N], one;
+    float g[N], u[N], pairs[2 * N], y[N + 1], yp[N], yr[N], one;
+    const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -853,6 +855,11 @@ static void test_glu(void **state) {
                 k->glu(y, g, u, n, p);
                 assert_true(y[n] == 12345.0f);
                 k->glu(yp, pairs, NULL, n, p);
+                /* the x86 sets share one polynomial, 8 or 16 lanes at a time */
+                if (avx2 && isa != SP_KERNELS_PORTABLE) {
+                    avx2->glu(yr, g, u, n, p);
+                    assert_memory_equal(y, yr, (size_t)n * sizeof *y);
+                }
                 for (int64_t i = 0; i < n; i++) {
                     double gi = g[i] > p->limit ? p->limit : g[i];
                     double ui = u[i] > p->limit ? p->limit : u[i] < -p->limit ? -p->limit : u[i];
@@ -875,7 +882,8 @@ static void test_glu(void **state) {
 /* Chunks of an online softmax against a double reference, over exp's
  * range, with no max yet, a max below the chunk's and one above it:
  * nothing written past n, the new max, the exps, their sum, NaN passed
- * over by the max, a row's values the same wherever it sits. */
+ * over by the max, a row's values the same wherever it sits, and every
+ * x86 set's bits those of avx2. */
 static void test_softmax_chunk(void **state) {
     (void)state;
     struct sp_rng rng;
@@ -883,6 +891,7 @@ static void test_softmax_chunk(void **state) {
     const int64_t ns[] = {1, 7, 8, 9, 33, 200};
     enum { N = 200 };
     float v[N + 9], x[N];
+    const struct sp_kernels *avx2 = sp_kernels_of(SP_KERNELS_AVX2);
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -896,6 +905,12 @@ static void test_softmax_chunk(void **state) {
                 v[n] = 12345.0f;
                 double sum = k->softmax_chunk(v, n, &m);
                 assert_true(v[n] == 12345.0f);
+                if (avx2 && isa != SP_KERNELS_PORTABLE) {  // one polynomial and one order of sums on x86
+                    float r[N], mr = m0;
+                    memcpy(r, x, (size_t)n * sizeof *r);
+                    assert_true(avx2->softmax_chunk(r, n, &mr) == sum && mr == m);
+                    assert_memory_equal(r, v, (size_t)n * sizeof *r);
+                }
                 float want_m = m0;
                 for (int64_t i = 0; i < n; i++) want_m = x[i] > want_m ? x[i] : want_m;
                 assert_true(m == want_m);

@@ -3396,33 +3396,49 @@ static void axpy_rows_x86(float *y, int64_t ldy, const float *w, int64_t ldw, in
 
 /* exp(x) for x in [-87, 88] (clamped there): x = n ln 2 + r, |r| <= ln 2 / 2,
  * exp(r) by the Cephes polynomial, 2^n put in the exponent; within ~2
- * float roundings of expf. */
-ALWAYS __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* ln 2 in two parts, the first exact in few bits */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+ * float roundings of expf. One body for 8 lanes (exp8) and, in the 512-bit
+ * builds, 16 (exp16): the same operations lane by lane, so the same bits.
+ * P: the intrinsics' prefix, V: the vector type, ROUND: to the nearest
+ * integer as a float, CAST: int32 lanes as float bits. */
+#define EXP_BODY(P, V, ROUND, CAST)                                                                               \
+    x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.0f)), P##_set1_ps(88.0f));                                       \
+    V n = ROUND(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); \
+    /* ln 2 in two parts, the first exact in few bits */                                                          \
+    V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                                         \
+    r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                                        \
+    V p = P##_set1_ps(1.9875691500e-4f);                                                                          \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.3981999507e-3f));                                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(8.3334519073e-3f));                                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(4.1665795894e-2f));                                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(1.6666665459e-1f));                                                        \
+    p = P##_fmadd_ps(p, r, P##_set1_ps(5.0000001201e-1f));                                                        \
+    p = P##_fmadd_ps(p, P##_mul_ps(r, r), P##_add_ps(r, P##_set1_ps(1.0f)));                                      \
+    return P##_mul_ps(p, CAST(P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23)));
+/* act(g) * (u + u_offset), lanes clamped to the limit as sp_glu says (EXP:
+ * exp8 or exp16) */
+#define GLU_BODY(P, V, EXP)                                                                                       \
+    const V lim = P##_set1_ps(p->limit);                                                                          \
+    g = P##_min_ps(g, lim);                                                                                       \
+    u = P##_max_ps(P##_min_ps(u, lim), P##_sub_ps(P##_setzero_ps(), lim));                                        \
+    V e = EXP(P##_mul_ps(P##_sub_ps(P##_setzero_ps(), g), P##_set1_ps(p->alpha)));                                \
+    V glu = P##_div_ps(g, P##_add_ps(P##_set1_ps(1.0f), e));                                                      \
+    return P##_mul_ps(P##_add_ps(u, P##_set1_ps(p->u_offset)), glu);
 
-ALWAYS __m256 glu8(__m256 g, __m256 u, const struct sp_glu *p) {
-    const __m256 lim = _mm256_set1_ps(p->limit);
-    g = _mm256_min_ps(g, lim);
-    u = _mm256_max_ps(_mm256_min_ps(u, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
-    __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(p->alpha)));
-    __m256 glu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    return _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(p->u_offset)), glu);
+ALWAYS __m256 exp8(__m256 x) { EXP_BODY(_mm256, __m256, _mm256_round_ps, _mm256_castsi256_ps) }
+ALWAYS __m256 glu8(__m256 g, __m256 u, const struct sp_glu *p) { GLU_BODY(_mm256, __m256, exp8) }
+#if HAVE_ZMM
+ALWAYS __m512 exp16(__m512 x) { EXP_BODY(_mm512, __m512, _mm512_roundscale_ps, _mm512_castsi512_ps) }
+ALWAYS __m512 glu16(__m512 g, __m512 u, const struct sp_glu *p) { GLU_BODY(_mm512, __m512, exp16) }
+
+/* 16 pairs interleaved at g -> the first and second of each pair */
+ALWAYS void split_pairs16(const float *g, __m512 *first, __m512 *second) {
+    const __m512 a = _mm512_loadu_ps(g), b = _mm512_loadu_ps(g + 16);
+    *first = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+    *second = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
 }
+#endif
+#undef EXP_BODY
+#undef GLU_BODY
 
 /* 8 pairs interleaved at g -> the first and second of each pair */
 ALWAYS void split_pairs(const float *g, __m256 *first, __m256 *second) {
@@ -3432,9 +3448,20 @@ ALWAYS void split_pairs(const float *g, __m256 *first, __m256 *second) {
     *second = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
 }
 
-/* The last n % 8 elements go through the same vector code, padded. */
+/* 16 at a time in 512-bit builds, then 8; the last n % 8 elements go
+ * through the same vector code, padded. */
 static void glu_x86(float *out, const float *g, const float *u, int64_t n, const struct sp_glu *p) {
     int64_t i = 0;
+#if HAVE_ZMM
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv, uv;
+        if (u)
+            gv = _mm512_loadu_ps(g + i), uv = _mm512_loadu_ps(u + i);
+        else
+            split_pairs16(g + 2 * i, &gv, &uv);
+        _mm512_storeu_ps(out + i, glu16(gv, uv, p));
+    }
+#endif
     for (; i + 8 <= n; i += 8) {
         __m256 gv, uv;
         if (u)
@@ -3486,6 +3513,19 @@ ALWAYS double exps(float *out, const float *v, int64_t n, float m) {
     const __m256 sh = _mm256_set1_ps(m);
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
     int64_t i = 0;
+#if HAVE_ZMM
+    /* two groups of 8 at a time: the first 4 of each into s0's lanes (the
+     * low half of s), the last 4 into s1's, in the same order */
+    __m512d s = _mm512_setzero_pd();
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(v + i), _mm512_set1_ps(m)));
+        if (out) _mm512_storeu_ps(out + i, e);
+        s = _mm512_add_pd(s, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s = _mm512_add_pd(s, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    s0 = _mm512_castpd512_pd256(s);
+    s1 = _mm512_extractf64x4_pd(s, 1);
+#endif
     for (; i + 8 <= n; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), sh));
         if (out) _mm256_storeu_ps(out + i, e);
@@ -3507,8 +3547,9 @@ ALWAYS double exps(float *out, const float *v, int64_t n, float m) {
 
 static double sum_exp_x86(const float *v, int64_t n, float m) { return exps(NULL, v, n, m); }
 
-/* The max, then the exps 8 at a time, summed in 8 double lanes (4 x 2)
- * added at the end, the last n % 8 through the same code, padded (exps). */
+/* The max, then the exps 8 at a time (16 in 512-bit builds, the same
+ * sums), summed in 8 double lanes (4 x 2) added at the end, the last n % 8
+ * through the same code, padded (exps). */
 static double softmax_chunk_x86(float *v, int64_t n, float *m) {
     *m = max_of(v, n, *m);
     return exps(v, v, n, *m);
