@@ -1264,7 +1264,8 @@ ALWAYS int64_t mx4_units_zmm(const struct q8acts *q, const float *xt, int64_t t,
             }
         }
         for (int j = nw; j < 16; j++) sums[j] = _mm512_setzero_ps();
-        const __m512i off = _mm512_mullo_epi32(_mm512_castps_si512(across16(sums, true)), _mm512_set1_epi32(MX4_OFFSET));
+        const __m512i off =
+            _mm512_mullo_epi32(_mm512_castps_si512(across16(sums, true)), _mm512_set1_epi32(MX4_OFFSET));
         _mm512_mask_storeu_epi32(xoff + g0, live, off);
     }
     return whole;
@@ -3035,13 +3036,19 @@ static void q16_rows_all(const struct impl *im, const struct shared_x *m, int64_
  * more tokens where it completes a pair (Zen 3, one thread, from cache,
  * 512 x 2048 to 2048 x 768 rows: 12 tokens 0.90-1.03x the time of 8 + 4 by
  * groups, 13 tokens 0.77-0.88x, 28 0.94-0.99x; 11 tokens 1.04-1.06x), of 6
- * or more alone. */
-static int64_t q8_blocked(int64_t nq) {
+ * or more alone. With AMX tiles, mxfp4's product by groups costs far more
+ * than a pass (Sapphire Rapids VM, one thread from cache, 768 x 2048: 32
+ * tokens 386 us by tiles, 48 in three pairs 518, 32 + 8 by groups 614, 32 +
+ * 12 735): there a part pair of 5 tokens or more always goes by tokens
+ * (32 + 5 to 12 tokens 0.70-0.88x the time, 2048 x 768 0.70-0.87x; 32 + 4
+ * the same either way). */
+static int64_t q8_blocked(int64_t nq, bool mx4) {
 #if HAVE_ZMM
     const int64_t pair = Q8_PAIR * Q8_BLOCK_TOKENS;
     int64_t whole = nq / pair * pair, rest = nq - whole;
-    return rest >= ((whole / pair) % 2 ? 5 : 13) ? nq : whole;
+    return rest >= ((whole / pair) % 2 || (HAVE_AMX && mx4) ? 5 : 13) ? nq : whole;
 #else
+    (void)mx4;
     int64_t rest = nq % Q8_BLOCK_TOKENS;
     return rest >= ((nq / Q8_BLOCK_TOKENS) % 2 ? 4 : 6) ? nq : nq - rest;
 #endif
@@ -3060,7 +3067,8 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
     bool r16 = im->r16 != NULL;
     for (int i = 0; i < m->n; i++) r16 = r16 && m->w[i]->interleaved;
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
-        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS, blocked = q8_blocked(nq);
+        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
+        int64_t blocked = q8_blocked(nq, w0->type == SP_QTYPE_MXFP4);
         q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, w0->type == SP_QTYPE_MXFP4, &q);
         if (blocked) {
             struct q8acts qb = q;
@@ -3433,8 +3441,9 @@ ALWAYS __m512 glu16(__m512 g, __m512 u, const struct sp_glu *p) { GLU_BODY(_mm51
 /* 16 pairs interleaved at g -> the first and second of each pair */
 ALWAYS void split_pairs16(const float *g, __m512 *first, __m512 *second) {
     const __m512 a = _mm512_loadu_ps(g), b = _mm512_loadu_ps(g + 16);
-    *first = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
-    *second = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *first = _mm512_permutex2var_ps(a, evens, b);
+    *second = _mm512_permutex2var_ps(a, _mm512_add_epi32(evens, _mm512_set1_epi32(1)), b);
 }
 #endif
 #undef EXP_BODY
