@@ -148,7 +148,11 @@ ALWAYS __m256i add_part(__m256i a, __m256i b) { return HAVE_DPWSSD ? _mm256_add_
  * 2: decode of 4-layer Qwen3-30B-A3B and Ling-mini-2.0 shapes, 2 threads,
  * median 1.11x the tokens a second in 9 paired runs, 0.93-2.0x, an lm_head's
  * 151936 x 2048 affine4 rows alone 1.05-1.38x; on a Sapphire Rapids Xeon
- * 0.99-1.18x), float and 8-bit rows lose with more than 1 KiB. */
+ * 0.99-1.18x), float and 8-bit rows lose with more than 1 KiB. bf16
+ * rows by vdpbf16ps gain from 4 KiB on a Sapphire Rapids VM (the amx set):
+ * decode of a 4-layer Qwen3-30B-A3B bf16, 2 threads, 1.03-1.22x the tokens
+ * a second in 6 paired runs against 1 KiB (median 1.15x; 2 KiB 1.08x, 8 KiB
+ * as 4); the avx512 set, which Zen 4 takes, keeps 1 KiB. */
 #define PREFETCH_AHEAD 1024
 #define PREFETCH_AHEAD_4BIT 8192
 
@@ -2649,6 +2653,7 @@ ALWAYS void q8_block_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const
 #define B16 __attribute__((target("avx512bf16")))
 #define B16_ROWS 4
 #define B16_TILE 6
+#define B16_AHEAD (HAVE_AMX ? 4096 : PREFETCH_AHEAD)
 _Static_assert(SP_KERNELS_BF16_TOKENS % B16_TILE == 0, "whole tiles per batch of rounded tokens");
 
 /* n tokens of x (ldx apart) rounded to bf16 into xb (ldb apart, cols
@@ -2673,7 +2678,7 @@ B16 ALWAYS void b16_step(const uint8_t *w, size_t rb, const uint16_t *xb, int64_
     for (int j = 0; j < nt; j++) xv[j] = _mm512_maskz_loadu_epi16(mask, xb + j * ldb);
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
-        _mm_prefetch((const char *)w + i * rb + PREFETCH_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + i * rb + B16_AHEAD, _MM_HINT_T0);
         __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i * rb);
 #pragma GCC unroll 6
         for (int j = 0; j < nt; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, (__m512bh)xv[j]);
