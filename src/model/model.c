@@ -391,10 +391,9 @@ enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_in
     enum sp_status st = SP_OK;
     for (int i = 0; i < m->files->n_shards && st == SP_OK; i++) {
         struct sp_st_file *f = m->files->shards[i];
-        /* for 2 MiB pages: files mostly in 4 KiB pages (not those read
-         * afresh under MADV_HUGEPAGE, nor those too small for one) */
-        bool small = f->map.size < ((size_t)2 << 20);
-        bool pages = huge_pages && !small && (double)sp_map_huge_bytes(&f->map) < 0.9 * (double)f->map.size;
+        /* for anonymous 2 MiB pages: every file big enough for one, also
+         * one the page cache holds in 2 MiB folios (README: Memory) */
+        bool pages = huge_pages && f->map.size >= ((size_t)2 << 20);
         bool edit = want && file_to_interleave(&il, &f->map);
         if (f->map.anon || !(pages || edit)) continue;
         st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il);

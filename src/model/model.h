@@ -67,8 +67,8 @@ struct sp_model_copy {
 };
 /* Replaces weight files' maps by anonymous copies at the same addresses
  * (sp_map_to_anon): views into them stay valid. A file is copied where
- * huge_pages is set and it is 2 MiB or more and mostly in 4 KiB pages (the
- * page cache held it so), to be in 2 MiB pages; and where `want` (not
+ * huge_pages is set and it is 2 MiB or more, to be in anonymous 2 MiB
+ * pages (whatever pages the page cache holds it in); and where `want` (not
  * NULL) takes one of its matrices, whose arrays all lie in the file: the
  * matrices it takes are interleaved in the copy (sp_qmat.interleaved; the
  * slots' row_blocks tell sp_model_linear). On failure the files not copied

@@ -289,7 +289,7 @@ static bool interleave_for_kernels(const struct sp_qmat *w) { return sp_kernels_
 double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
     double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
-    /* 2 MiB pages stream faster than the page cache's 4 KiB pieces, and
+    /* anonymous 2 MiB pages stream faster than the page cache's pages, and
      * interleaved rows faster than rows in order (README: Memory);
      * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
      * SPARROW_ROW_ORDER=1 the rows' order. */
@@ -309,7 +309,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
     /* 4 KiB pages: THP is off, or SPARROW_MMAP kept files the page cache held in them */
     sp_log(SP_LOG_INFO,
-           "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of 4 KiB pages of the page cache), "
+           "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of the page cache), "
            "%.1f MiB in 2 MiB pages",
            mib, dt, (double)copied.copied / 1048576.0, huge);
     return dt;
