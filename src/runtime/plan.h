@@ -83,8 +83,8 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
 void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
 /* Brings in what the plan keeps in memory: under "resident", every weight
  * file (sp_model_populate), so that no page fault lands in a forward pass;
- * one the page cache holds in 4 KiB pages copied into anonymous 2 MiB pages
- * where transparent huge pages are on, and one holding matrices that the
+ * each of 2 MiB or more copied into anonymous 2 MiB pages where
+ * transparent huge pages are on, and one holding matrices that the
  * kernels read faster interleaved (sp_kernels_interleave) copied with them
  * interleaved (sp_model_copy_in), unless SPARROW_MMAP is set to other than
  * 0 (no copies), or SPARROW_ROW_ORDER (no interleaving); under
