@@ -297,12 +297,14 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
     sp_model_interleave_fn want = keep || sp_model_row_order_forced() ? NULL : interleave_for_kernels;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
+    /* the copies first (read from the files, not through the map), then
+     * every page of what stays mapped */
+    if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied) != SP_OK)
+        sp_log(SP_LOG_WARN, "weights: copying stopped, the rest stay in the page cache's pages: %s", sp_error_msg());
     if (sp_model_populate(m) != SP_OK) {
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
         return sp_now_s() - t0;
     }
-    if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied) != SP_OK)
-        sp_log(SP_LOG_WARN, "weights: copying stopped, the rest stay in the page cache's pages: %s", sp_error_msg());
     if (copied.matrices)
         sp_log(SP_LOG_INFO, "weights: %lld matrices (%.1f MiB) in interleaved blocks of %d rows",
                (long long)copied.matrices, (double)copied.interleaved / 1048576.0, SP_QMAT_BLOCK_ROWS);
