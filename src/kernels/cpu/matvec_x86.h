@@ -3066,6 +3066,7 @@ static int64_t q8_blocked(int64_t nq, bool mx4) {
 static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, int64_t ldy, void *scratch) {
     const struct sp_qmat *w0 = m->w[0];
+    const bool mx4 = w0->type == SP_QTYPE_MXFP4;
     struct q8acts q;
     q8_layout(scratch, w0->cols, w0->cols / w0->group, &q);
     /* interleaved rows, all of them, by their own loops where the set has them */
@@ -3073,8 +3074,8 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
     for (int i = 0; i < m->n; i++) r16 = r16 && m->w[i]->interleaved;
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
-        int64_t blocked = q8_blocked(nq, w0->type == SP_QTYPE_MXFP4);
-        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, w0->type == SP_QTYPE_MXFP4, &q);
+        int64_t blocked = q8_blocked(nq, mx4);
+        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, mx4, &q);
         if (blocked) {
             struct q8acts qb = q;
             qb.n = blocked;
