@@ -32,7 +32,7 @@ CFLAGS += -DSP_CUDA=1
 CUDA_HOME ?= /usr/local/cuda
 NVCCFLAGS ?= -O2 -std=c++17 -arch=sm_90 -Isrc -Iinclude
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-CU_SRC := $(wildcard src/kernels/cuda/*.cu)
+CU_SRC := $(wildcard src/backend/cuda/*.cu)
 endif
 
 # SIMD kernel files carry their instruction set in their name and are the only
@@ -45,7 +45,7 @@ ISA_FLAGS_amx := $(ISA_FLAGS_avx512) -mamx-tile -mamx-int8
 
 # SKIP: source patterns to leave out of a build (e.g. SKIP=src/tokenizer/%).
 SKIP ?=
-LIB_SRC := $(filter-out src/cli/% $(SKIP),$(wildcard src/*/*.c src/kernels/*/*.c))
+LIB_SRC := $(filter-out src/cli/% $(SKIP),$(wildcard src/*/*.c src/backend/*/*.c))
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TOOL_SRC := $(wildcard tools/*.c)
@@ -120,7 +120,7 @@ deps:
 	tools/install-deps.sh
 
 format:
-	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/kernels/*/*.[ch] tests/*.[ch] tools/*.c fuzz/*.c bench/*.c)
+	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/backend/*/*.[ch] tests/*.[ch] tools/*.c fuzz/*.c bench/*.c)
 
 clean:
 	rm -rf build

@@ -44,9 +44,9 @@
 #include "core/half.h"
 #include "core/pool.h"
 #include "core/rng.h"
-#include "kernels/cpu/kernels.h"
-#include "kernels/cpu/linear.h"
-#include "kernels/cpu/membw.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/membw.h"
 
 /* Per-thread CPU seconds spent inside timed work (padded to a cache line). */
 static struct {

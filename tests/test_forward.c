@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "core/json.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 #include "model/forward.h"
 #include "model/experts.h"
 #include "model/inspect.h"

@@ -13,7 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 5, 10, 50, 100};
 

@@ -25,11 +25,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/pool.h"
+#include "backend/backend.h"
 #include "model/model.h"
-
-/* Storage of cached keys and values (zero, the default, is f16). */
-enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
 
 /* Tokens per forward call unless told: the prefill chunk of run, serve and
  * bench, and what the planner counts buffers for. A chunk gives each routed
@@ -52,7 +49,8 @@ struct sp_ctx_params {
     int n_seq;             // sequences (0: 1)
     int64_t max_batch;     // tokens per forward call (0: SP_DEFAULT_BATCH)
     enum sp_kv_type kv_type;
-    int n_threads;         // 0: physical cores
+    enum sp_device device; // the backend that runs it (zero: the CPU)
+    int n_threads;         // CPU threads (0: physical cores)
     size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
 };
@@ -82,17 +80,6 @@ struct sp_step_times {
 /* A step's name in reports ("qkv", "experts", ...). */
 const char *sp_step_name(enum sp_step s);
 
-const char *sp_kv_type_name(enum sp_kv_type t);
-bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
-
-struct sp_batch {
-    int64_t n;
-    const int32_t *tokens;      // (n)
-    const int32_t *pos;         // (n)
-    const int32_t *seq;         // (n)
-    const bool *want_logits;    // (n) or NULL: logits for every token
-};
-
 struct sp_ctx;
 
 enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out);
@@ -100,21 +87,18 @@ void sp_ctx_free(struct sp_ctx *c);
 /* Runs a batch; logits of the tokens that want them, in batch order,
  * [count][vocab] floats. Bad tokens/positions/sequences are SP_ERR_ARG. */
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits);
+/* The parameters as the context took them (defaults filled in, the
+ * backend's thread count). */
 const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c);
-struct sp_pool *sp_ctx_pool(struct sp_ctx *c);
 /* Bytes of the KV cache. */
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c);
-/* Bytes of a KV cache of n_ctx positions for n_seq sequences. */
+/* Bytes of a CPU KV cache of n_ctx positions for n_seq sequences. */
 size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, enum sp_kv_type t);
-/* Floats of attention scratch each thread of a context holds, whatever its
- * context length (the planner counts them among the activations). */
-size_t sp_attention_scratch_floats(const struct sp_arch *a);
-/* Bytes of a context's per-expert tables (the MoE step's work items and
- * expert views; the planner counts them among the activations). */
-size_t sp_expert_tables_bytes(const struct sp_arch *a);
-/* Floats per token of the MLP buffers: the widest of the dense MLP, a
- * routed expert's gate and up side by side, and the shared experts. */
-int64_t sp_mlp_width(const struct sp_arch *a);
+/* Bytes a CPU context reserves for batches of max_batch tokens on
+ * n_threads threads besides its KV cache: its tensors, the backend's
+ * buffers and per-thread scratch, the routing tables (the planner counts
+ * them among the activations). */
+size_t sp_ctx_work_bytes(const struct sp_arch *a, int64_t max_batch, int n_threads);
 /* The expert store's counters; false when the context has no expert cache. */
 struct sp_expert_store_stats;
 bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);

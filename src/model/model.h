@@ -18,29 +18,12 @@
 #ifndef SP_MODEL_MODEL_H
 #define SP_MODEL_MODEL_H
 
+#include "backend/backend.h"
 #include "format/modeldir.h"
 #include "format/qconfig.h"
 #include "model/arch.h"
 #include "model/weights.h"
 #include "quant/qtype.h"
-
-/* A linear layer y = W x (+ b). */
-struct sp_linear {
-    struct sp_qmat w;  // (out, in); when transposed the stored matrix is (in, out)
-    bool transposed;
-    bool interleaved;  // fused gate_up whose outputs alternate gate, up
-    bool float_activations;  // products keep x in float (routers: a rounding must not change the experts chosen)
-    const void *bias;  // (out) or NULL
-    enum sp_dtype bias_dtype;
-    const struct sp_wslot *slot;  // where it came from (names for messages)
-};
-
-/* A 1-D parameter (norm weight, sinks, expert bias). */
-struct sp_vector {
-    const void *data;
-    enum sp_dtype dtype;  // F32, F16 or BF16
-    int64_t n;
-};
 
 struct sp_model {
     struct sp_model_files *files;

@@ -15,7 +15,7 @@
 #include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 #include "runtime/jsonv.h"
 #include "tokenizer/detok.h"
 

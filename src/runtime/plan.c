@@ -17,8 +17,8 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/pool.h"
-#include "kernels/cpu/kernels.h"
-#include "kernels/cpu/membw.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/membw.h"
 
 #define DEFAULT_RAM_GBS 10.0
 #define DEFAULT_DISK_GBS 1.0
@@ -137,18 +137,11 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
     return st;
 }
 
-/* Buffers sp_ctx_create and the engine reserve, from the same shapes. */
+/* Buffers sp_ctx_create and the engine reserve, from the same shapes: the
+ * context's, and the engine's logits (three rows of the vocabulary a
+ * sequence). */
 static size_t activation_estimate(const struct sp_arch *a, int parallel, int64_t batch, int threads) {
-    int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
-    int64_t ff = sp_mlp_width(a);
-    int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
-    int64_t maxc = d > qd ? d : qd;
-    if (ff > maxc) maxc = ff;
-    size_t floats = (size_t)(batch * (6 * d + qd + 2 * kv + qd + 2 * ff + E + 4 * K + a->rope.rot_dims)) +
-                    (size_t)threads * sp_attention_scratch_floats(a) + (size_t)(3 * parallel) * (size_t)a->vocab;
-    /* each thread's kernel scratch, sized for the widest rows */
-    struct sp_qmat widest = {.type = SP_QTYPE_AFFINE4, .group = 32, .rows = 1, .cols = maxc};
-    return floats * sizeof(float) + (size_t)threads * sp_kernels_scratch_bytes(&widest) + sp_expert_tables_bytes(a);
+    return sp_ctx_work_bytes(a, batch, threads) + (size_t)(3 * parallel) * (size_t)a->vocab * sizeof(float);
 }
 
 enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p) {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 struct cand {
     float logit;

@@ -1,6 +1,6 @@
 /* kernels.c - the portable kernel set (plain C, the structure SIMD sets
  * follow) and the run-time choice of a set (cpuid + SPARROW_KERNELS). */
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

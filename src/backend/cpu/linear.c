@@ -1,8 +1,8 @@
 /* linear.c - linear layers over the thread pool (the row products come
  * from the dispatched kernel set of kernels.h), RMSNorm, small vector ops. */
-#include "kernels/cpu/linear.h"
+#include "backend/cpu/linear.h"
 
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 #include "core/half.h"
 
@@ -54,17 +54,9 @@ void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
     for (; i < n; i++) out[i] = w ? w[i] * (x[i] * scale) : x[i] * scale;
 }
 
-void sp_vector_to_f32(const struct sp_vector *v, float *out) {
-    for (int64_t i = 0; i < v->n; i++) out[i] = sp_dtype_load_float(v->dtype, v->data, (size_t)i);
-}
-
 size_t sp_linear_scratch_bytes(const struct sp_linear *l) {
     if (l->transposed) return (size_t)l->w.rows * sizeof(float) + 64;
     return sp_kernels_scratch_bytes(&l->w);
-}
-
-double sp_linear_bytes(const struct sp_linear *l) {
-    return (double)sp_qtype_matrix_bytes(l->w.type, l->w.group, l->w.scale_dtype, l->w.rows, l->w.cols);
 }
 
 static float bias_at(const struct sp_linear *l, int64_t r) {

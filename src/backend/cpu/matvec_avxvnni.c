@@ -5,4 +5,4 @@
 #define KSET_INT16_ISA SP_KERNELS_AVXVNNI_INT16
 #define KSET_NAME "avxvnni"
 #define KSET_ENTRY sp_kernels_avxvnni_set
-#include "kernels/cpu/matvec_x86.h"
+#include "backend/cpu/matvec_x86.h"

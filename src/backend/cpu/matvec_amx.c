@@ -6,4 +6,4 @@
 #define KSET_INT16_ISA SP_KERNELS_AMX_INT16
 #define KSET_NAME "amx"
 #define KSET_ENTRY sp_kernels_amx_set
-#include "kernels/cpu/matvec_x86.h"
+#include "backend/cpu/matvec_x86.h"

@@ -64,7 +64,7 @@
  * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4) use the
  * portable product.
  */
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 #if defined(__x86_64__)
 

@@ -1,9 +1,9 @@
 /* membw.c - RAM read bandwidth by a pool's threads (see membw.h). */
-#include "kernels/cpu/membw.h"
+#include "backend/cpu/membw.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/cpu/kernels.h"
 
 #define MEMBW_MAX_THREADS 256
 

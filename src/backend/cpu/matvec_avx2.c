@@ -7,4 +7,4 @@
 #define KSET_FLOAT_ISA SP_KERNELS_AVX2F
 #define KSET_FLOAT_NAME "avx2f"
 #define KSET_ENTRY sp_kernels_avx2_set
-#include "kernels/cpu/matvec_x86.h"
+#include "backend/cpu/matvec_x86.h"

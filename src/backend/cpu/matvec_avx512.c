@@ -8,4 +8,4 @@
 #define KSET_INT16_ISA SP_KERNELS_AVX512_INT16
 #define KSET_NAME "avx512"
 #define KSET_ENTRY sp_kernels_avx512_set
-#include "kernels/cpu/matvec_x86.h"
+#include "backend/cpu/matvec_x86.h"

@@ -17,11 +17,9 @@
 #include <stdint.h>
 
 #include "core/pool.h"
-#include "model/model.h"
+#include "backend/backend.h"
 
 size_t sp_linear_scratch_bytes(const struct sp_linear *l);
-/* The bytes of l's weights (codes, scales and biases) that a product reads. */
-double sp_linear_bytes(const struct sp_linear *l);
 void sp_linear_apply(const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                      struct sp_pool *pool);
 /* Outputs [lo, hi) of the same for n tokens, on the calling thread: for
@@ -63,7 +61,5 @@ void sp_axpy_rows(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t na
                   int64_t n);
 /* out = x / rms(x) * w over n floats (w NULL: no weight). */
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-/* Converts a 1-D parameter to floats. */
-void sp_vector_to_f32(const struct sp_vector *v, float *out);
 
 #endif

@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "quant/qtype.h"
 
 enum sp_kernels_isa {
@@ -59,14 +60,6 @@ enum sp_kernels_isa {
     SP_KERNELS_AMX,          // avx512 with AMX tiles for the int8 product by tokens
     SP_KERNELS_AMX_INT16,    // avx512-int16 under the amx set's name
     SP_KERNELS_ISA_COUNT
-};
-
-/* A gated activation (the MLPs' SwiGLU): out = (u + u_offset) * g /
- * (1 + exp(-alpha * g)), g first clamped to <= limit and u to [-limit,
- * limit]. SiLU: alpha 1, limit infinity, u_offset 0; gpt-oss's clamped
- * SwiGLU: its alpha and limit, u_offset 1. */
-struct sp_glu {
-    float alpha, limit, u_offset;
 };
 
 struct sp_kernels {

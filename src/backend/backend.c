@@ -1,0 +1,80 @@
+/* backend.c - the backends this build has, and what every backend shares:
+ * names, the KV types, and facts about weights read from their headers. */
+#include "backend/backend.h"
+
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+double sp_linear_bytes(const struct sp_linear *l) {
+    return (double)sp_qtype_matrix_bytes(l->w.type, l->w.group, l->w.scale_dtype, l->w.rows, l->w.cols);
+}
+
+void sp_vector_to_f32(const struct sp_vector *v, float *out) {
+    for (int64_t i = 0; i < v->n; i++) out[i] = sp_dtype_load_float(v->dtype, v->data, (size_t)i);
+}
+
+const char *sp_kv_type_name(enum sp_kv_type t) {
+    static const char *const n[SP_KV_TYPE_COUNT] = {"f16", "bf16", "f32"};
+    return (unsigned)t < SP_KV_TYPE_COUNT ? n[t] : "?";
+}
+
+bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out) {
+    for (int i = 0; i < SP_KV_TYPE_COUNT; i++)
+        if (strcmp(name, sp_kv_type_name((enum sp_kv_type)i)) == 0) {
+            *out = (enum sp_kv_type)i;
+            return true;
+        }
+    return false;
+}
+
+enum sp_dtype sp_kv_dtype(enum sp_kv_type t) {
+    return t == SP_KV_F32 ? SP_DTYPE_F32 : t == SP_KV_BF16 ? SP_DTYPE_BF16 : SP_DTYPE_F16;
+}
+
+const char *sp_device_name(enum sp_device d) {
+    static const char *const n[SP_DEVICE_COUNT] = {"cpu", "cuda"};
+    return (unsigned)d < SP_DEVICE_COUNT ? n[d] : "?";
+}
+
+bool sp_device_from_name(const char *name, enum sp_device *out) {
+    for (int i = 0; i < SP_DEVICE_COUNT; i++)
+        if (strcmp(name, sp_device_name((enum sp_device)i)) == 0) {
+            *out = (enum sp_device)i;
+            return true;
+        }
+    return false;
+}
+
+const char *sp_op_name(enum sp_op op) {
+    static const char *const n[SP_OP_COUNT] = {"embed", "rmsnorm", "zero", "add", "linear", "attention",
+                                               "mlp", "gather", "scatter_add", "logits"};
+    return (unsigned)op < SP_OP_COUNT ? n[op] : "?";
+}
+
+const struct sp_backend_ops *sp_backend_ops(enum sp_device d) {
+    return d == SP_DEVICE_CPU ? &sp_cpu_backend_ops : NULL;
+}
+
+enum sp_status sp_backend_create(enum sp_device d, const struct sp_backend_params *p, struct sp_backend **out) {
+    *out = NULL;
+    if (!sp_backend_ops(d))
+        return sp_errorf(SP_ERR_ARG, "this build of sparrow has no %s backend (build with make CUDA=1 on a machine with nvcc)",
+                         sp_device_name(d));
+    if (p->max_batch <= 0 || p->n_ctx <= 0 || p->n_seq <= 0)
+        return sp_errorf(SP_ERR_ARG, "backend: %lld tokens a batch, %lld positions, %d sequences (each must be positive)",
+                         (long long)p->max_batch, (long long)p->n_ctx, p->n_seq);
+    return sp_cpu_backend_create(p, out);
+}
+
+void sp_backend_free(struct sp_backend *b) {
+    if (b) b->ops->destroy(b);
+}
+
+size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p) {
+    return d == SP_DEVICE_CPU ? sp_cpu_kv_bytes(p) : 0;
+}
+
+size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest) {
+    return d == SP_DEVICE_CPU ? sp_cpu_work_bytes(p, widest) : 0;
+}

@@ -1,0 +1,284 @@
+/*
+ * backend.h - the seam between the one forward pass (model/forward.c) and
+ * the hardware it runs on (DESIGN.md §2). A backend owns its memory (the
+ * batch buffers, the KV cache and its layout, float copies of small
+ * parameters), puts weights into the layout it computes on, and runs the
+ * steps of a forward pass: embedding, RMSNorm, residual adds, linear
+ * layers over a batch of tokens, attention with its prologue (q / k norms,
+ * RoPE, KV store), batches of gated MLPs (a MoE layer's experts in one
+ * call), the rows moved to and from experts, and the final norm with the
+ * lm_head. The forward pass keeps the layer loop and routing; it knows the
+ * backend only through this table, so a backend drops in without a fork.
+ *
+ *     struct sp_backend *be;
+ *     struct sp_backend_params p = {.shape = shape, .n_ctx = 4096, .n_seq = 1, .max_batch = 512};
+ *     sp_backend_create(SP_DEVICE_CPU, &p, &be);
+ *     struct sp_tensor x, h;
+ *     sp_backend_tensor(be, 512, shape.d_model, &x);   // lives as long as be
+ *     sp_backend_tensor(be, 512, shape.d_model, &h);
+ *     be->ops->embed(be, &embedding, &batch, x);
+ *     be->ops->rmsnorm(be, norm_w, eps, x, h);
+ *     ...
+ *     sp_backend_free(be);
+ *
+ * Tensors are rows of floats in the backend's memory (host memory for the
+ * CPU, device memory for a GPU): the forward pass makes views of them
+ * (sp_tensor_rows, sp_tensor_cols) but reads them only through
+ * ops->host. Index and weight arrays passed to ops (token ids, positions,
+ * the rows moved to experts) are host memory, valid for the call. Ops run
+ * in call order; a backend that queues work finishes it before ops->host
+ * returns and in ops->sync.
+ *
+ * Every op computes what the scalar reference computes (quant/qtype.h for
+ * products; tests/test_backend_ops.c holds each backend to it with named
+ * tolerances), and a token's result never depends on what else is in the
+ * batch.
+ */
+#ifndef SP_BACKEND_BACKEND_H
+#define SP_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "quant/qtype.h"
+
+/* ---- weights as the ops take them ---- */
+
+struct sp_wslot;  // the model's record of where a weight came from (model/weights.h)
+
+/* A linear layer y = W x (+ b). */
+struct sp_linear {
+    struct sp_qmat w;  // (out, in); when transposed the stored matrix is (in, out)
+    bool transposed;
+    bool interleaved;  // fused gate_up whose outputs alternate gate, up
+    bool float_activations;  // products keep x in float (routers: a rounding must not change the experts chosen)
+    const void *bias;  // (out) or NULL
+    enum sp_dtype bias_dtype;
+    const struct sp_wslot *slot;  // where it came from (names for messages); never read by a backend
+};
+
+/* A 1-D parameter (norm weight, sinks, expert bias). */
+struct sp_vector {
+    const void *data;
+    enum sp_dtype dtype;  // F32, F16 or BF16
+    int64_t n;
+};
+
+/* The bytes of l's weights (codes, scales and biases) that a product reads. */
+double sp_linear_bytes(const struct sp_linear *l);
+/* v's values as floats into out (v->n of them, exact). */
+void sp_vector_to_f32(const struct sp_vector *v, float *out);
+
+/* A gated activation (the MLPs' SwiGLU): out = (u + u_offset) * g /
+ * (1 + exp(-alpha * g)), g first clamped to <= limit and u to [-limit,
+ * limit]. SiLU: alpha 1, limit infinity, u_offset 0; gpt-oss's clamped
+ * SwiGLU: its alpha and limit, u_offset 1. */
+struct sp_glu {
+    float alpha, limit, u_offset;
+};
+
+/* ---- activations ---- */
+
+/* rows x cols floats, row r at data + r * ld, in the backend's memory. */
+struct sp_tensor {
+    float *data;
+    int64_t rows, cols, ld;
+};
+
+/* Rows [r0, r0 + n) of t. */
+static inline struct sp_tensor sp_tensor_rows(struct sp_tensor t, int64_t r0, int64_t n) {
+    return (struct sp_tensor){t.data + r0 * t.ld, n, t.cols, t.ld};
+}
+/* Columns [c0, c0 + n) of every row of t. */
+static inline struct sp_tensor sp_tensor_cols(struct sp_tensor t, int64_t c0, int64_t n) {
+    return (struct sp_tensor){t.data + c0, t.rows, n, t.ld};
+}
+
+/* Storage of cached keys and values (zero, the default, is f16). */
+enum sp_kv_type { SP_KV_F16, SP_KV_BF16, SP_KV_F32, SP_KV_TYPE_COUNT };
+const char *sp_kv_type_name(enum sp_kv_type t);
+bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
+enum sp_dtype sp_kv_dtype(enum sp_kv_type t);
+
+/* A batch of tokens from any of the context's sequences. Tokens of one
+ * sequence come in increasing position order. */
+struct sp_batch {
+    int64_t n;
+    const int32_t *tokens;      // (n)
+    const int32_t *pos;         // (n)
+    const int32_t *seq;         // (n)
+    const bool *want_logits;    // (n) or NULL: logits for every token
+};
+
+/* ---- what a backend is sized and set up for ---- */
+
+/* The model's shapes, as numbers (a backend knows no architecture). */
+struct sp_backend_shape {
+    int64_t n_layers, d_model, vocab;
+    int64_t n_heads, n_kv_heads, head_dim;
+    int64_t mlp_width;  // floats per token of the MLP buffers (the widest gate and up side by side)
+    int64_t n_experts;  // routed experts per MoE layer (0: none): the most MLPs one call takes, plus a shared one
+    /* RoPE: the first rot_dims of each head rotate (halves paired, as
+     * rotate_half) by position x inv_freq[i]; cos and sin are scaled by
+     * rope_scale (YaRN's attention factor). inv_freq: (rot_dims / 2),
+     * borrowed for sp_backend_create. */
+    int64_t rot_dims;
+    const float *inv_freq;
+    float rope_scale;
+};
+
+/* Devices a backend can run on (built in or not: sp_backend_ops). */
+enum sp_device { SP_DEVICE_CPU, SP_DEVICE_CUDA, SP_DEVICE_COUNT };
+const char *sp_device_name(enum sp_device d);
+bool sp_device_from_name(const char *name, enum sp_device *out);
+
+struct sp_backend_params {
+    struct sp_backend_shape shape;
+    int64_t n_ctx;      // positions per sequence of the KV cache
+    int n_seq;          // sequences of the KV cache
+    int64_t max_batch;  // tokens per forward call
+    enum sp_kv_type kv_type;
+    int n_threads;      // CPU threads (0: physical cores); the CPU backend writes back what it took
+};
+
+/* Ops, for supports(). */
+enum sp_op {
+    SP_OP_EMBED,
+    SP_OP_RMSNORM,
+    SP_OP_ZERO,
+    SP_OP_ADD,
+    SP_OP_LINEAR,
+    SP_OP_ATTENTION,
+    SP_OP_MLP,
+    SP_OP_GATHER,
+    SP_OP_SCATTER_ADD,
+    SP_OP_LOGITS,
+    SP_OP_COUNT
+};
+const char *sp_op_name(enum sp_op op);
+
+/* One layer's attention: its index (for the KV cache), the float copies
+ * of its parameters (ops->vector), and its window. */
+struct sp_attn_layer {
+    int64_t layer;
+    const float *q_norm, *k_norm;  // (head_dim) each, or NULL: no q / k norms
+    const float *sinks;            // (n_heads) or NULL: no sink logits
+    int64_t window;                // 0: every cached position; else the last `window` positions
+    float eps;                     // of the q / k norms
+};
+
+/* One gated MLP (a routed expert, a shared expert or a dense MLP) applied
+ * to the rows of x: down(act(gate x) * up x) into rows [row, row +
+ * x.rows) of the op's output. gate_up (outputs alternating gate, up)
+ * stands for gate and up where the model fuses them. */
+struct sp_mlp_item {
+    const struct sp_linear *gate, *up, *gate_up, *down;
+    struct sp_tensor x;
+    int64_t row;
+};
+
+/* Multiply-adds of a batch of gated MLPs with d outputs: gate, up and
+ * down of each. */
+static inline double sp_mlp_macs(const struct sp_mlp_item *items, int64_t n, int64_t d) {
+    double macs = 0;
+    for (int64_t i = 0; i < n; i++) macs += 3.0 * (double)items[i].x.rows * (double)items[i].down->w.cols * (double)d;
+    return macs;
+}
+
+struct sp_backend;
+
+struct sp_backend_ops {
+    const char *name;
+    void (*destroy)(struct sp_backend *b);
+    /* Whether op runs on weights of format fmt (ops without weights ignore fmt). */
+    bool (*supports)(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt);
+
+    /* ---- memory ---- */
+    /* A rows x cols tensor in the backend's memory, freed with the backend. */
+    enum sp_status (*tensor)(struct sp_backend *b, int64_t rows, int64_t cols, struct sp_tensor *out);
+    /* v as floats in the backend's memory (*out valid as long as b). */
+    enum sp_status (*vector)(struct sp_backend *b, const struct sp_vector *v, const float **out);
+    /* Makes l ready for the ops: into the backend's memory and layout
+     * where it keeps its own (l is rewritten to view it), and counted for
+     * the scratch its products need. Every linear an op will take,
+     * experts of an expert cache included (the same shapes as theirs),
+     * goes through here once. */
+    enum sp_status (*prepare)(struct sp_backend *b, struct sp_linear *l);
+    /* t = the host's rows src (t.rows x t.cols floats, rows t.cols apart). */
+    void (*write)(struct sp_backend *b, struct sp_tensor t, const float *src);
+    /* Rows of t readable by the host: t's own memory where the host can
+     * read it, else a copy in staging (t.rows x t.cols floats, rows
+     * t.cols apart; the caller may write them). */
+    float *(*host)(struct sp_backend *b, struct sp_tensor t, float *staging);
+    /* Waits for queued work. */
+    void (*sync)(struct sp_backend *b);
+
+    /* ---- KV cache ---- */
+    size_t (*kv_bytes)(const struct sp_backend *b);
+    /* Cached positions [0, n) of sequence src copied to sequence dst. */
+    void (*kv_copy_seq)(struct sp_backend *b, int src, int dst, int64_t n);
+
+    /* ---- ops ---- */
+    /* Rows of the embedding for the batch's tokens into x, and the RoPE
+     * angles of its positions for the attention ops that follow. */
+    void (*embed)(struct sp_backend *b, const struct sp_linear *embedding, const struct sp_batch *bt,
+                  struct sp_tensor x);
+    /* out = x / rms(x) * w, row by row (out may be x). */
+    void (*rmsnorm)(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor out);
+    /* t = 0. */
+    void (*zero)(struct sp_backend *b, struct sp_tensor t);
+    /* dst += src. */
+    void (*add)(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src);
+    /* y = l(x), row by row. */
+    void (*linear)(struct sp_backend *b, const struct sp_linear *l, struct sp_tensor x, struct sp_tensor y);
+    /* qkv holds each token's q heads, k heads and v heads side by side:
+     * the q and k heads are normed (where ly has norms) and rotated in
+     * place, each token's k and v are stored in the cache at its sequence
+     * and position, then att gets each query head's attention over the
+     * token's visible cached positions (its sink logit taking a share of
+     * the softmax's sum where ly has sinks). */
+    void (*attention)(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
+                      struct sp_tensor qkv, struct sp_tensor att);
+    /* items[0 .. n) (struct sp_mlp_item) with the activation act into out. */
+    void (*mlp)(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
+                struct sp_tensor out);
+    /* Row i of dst = row rows[i] of src, for i < dst.rows. */
+    void (*gather)(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src, const int32_t *rows);
+    /* Row rows[i] of out += w[i] x row i of src for i < src.rows, each row
+     * of out taking its additions in increasing i. */
+    void (*scatter_add)(struct sp_backend *b, struct sp_tensor out, struct sp_tensor src, const int32_t *rows,
+                        const float *w);
+    /* For the rows of x whose want is set (want NULL: all), in order:
+     * rmsnorm with norm, then head, into consecutive rows of vocab floats
+     * of the host's logits. Returns how many rows. */
+    int64_t (*logits)(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                      struct sp_tensor x, const bool *want, float *logits);
+};
+
+/* The instance every backend's state begins with. */
+struct sp_backend {
+    const struct sp_backend_ops *ops;
+    struct sp_backend_params p;  // as created (the CPU backend's n_threads as taken)
+};
+
+/* The ops of a device's backend, or NULL when this build has none. */
+const struct sp_backend_ops *sp_backend_ops(enum sp_device d);
+/* A backend on device d for p; a device this build lacks is an error that
+ * says so. */
+enum sp_status sp_backend_create(enum sp_device d, const struct sp_backend_params *p, struct sp_backend **out);
+void sp_backend_free(struct sp_backend *b);
+static inline enum sp_status sp_backend_tensor(struct sp_backend *b, int64_t rows, int64_t cols,
+                                               struct sp_tensor *out) {
+    return b->ops->tensor(b, rows, cols, out);
+}
+
+/* Memory a backend on device d would take for p, from shapes alone (the
+ * planner's figures): the KV cache, and everything else it reserves for
+ * batches (buffers, per-thread scratch for products of weights up to
+ * widest, tables). */
+size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p);
+size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest);
+
+#endif
