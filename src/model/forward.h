@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "core/pool.h"
+#include "model/experts.h"
 #include "model/model.h"
 
 /* Storage of cached keys and values (zero, the default, is f16). */
@@ -54,6 +55,7 @@ struct sp_ctx_params {
     enum sp_kv_type kv_type;
     int n_threads;         // 0: physical cores
     size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
+    struct sp_expert_store_params expert_params;  // how that cache reads and evicts
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
 };
 
