@@ -9,8 +9,9 @@
 # difference a set makes on one quantized model is what its activation
 # rounding costs; the difference between the float model and the
 # quantized one under avx2f is what the weight format costs. A bf16 copy is
-# scored with float activations (avx2f) and by avx512, which on CPUs with
-# AVX512-BF16 rounds them to bf16 (elsewhere the best set this CPU runs).
+# scored with float activations (avx2f) and by the best set this CPU runs
+# (set=best), which on CPUs with AVX512-BF16 (the avx512 and amx sets)
+# rounds them to bf16.
 #
 #     bench/act_precision.sh          # TEXTS=8 LEN=250 by default
 #
@@ -36,15 +37,16 @@ node tools/gguf_to_hf.mjs "$GGUF" "$tmp/f32"
 # texts: BOS + "Once upon a time" (ids of the stories260K vocabulary), then
 # LEN tokens sampled at temperature 1 with no truncation, one seed per text
 for s in $(seq "$TEXTS"); do
-    SPARROW_KERNELS=avx2f "$sp" run --model "$tmp/f32" --tokens 1,403,407,261,378 --max-tokens "$LEN" --temp 1 \
+    "$sp" run --kernels avx2f --model "$tmp/f32" --tokens 1,403,407,261,378 --max-tokens "$LEN" --temp 1 \
         --top-k 0 --top-p 1 --min-p 0 --ignore-eos --seed "$s" --threads 1 2>/dev/null |
         head -1 | tr ' ' ',' | sed 's/^/1,403,407,261,378,/' >"$tmp/text$s"
 done
 
-score() {  # model set
-    local total=0
+score() {  # model set ("best": the best this CPU runs)
+    local total=0 flags=(--kernels "$2")
+    [ "$2" = best ] && flags=(--precision fast)
     for s in $(seq "$TEXTS"); do
-        SPARROW_KERNELS="$2" "$sp" run --model "$tmp/$1" --tokens "$(cat "$tmp/text$s")" --dump-logits "$tmp/logits" \
+        "$sp" run "${flags[@]}" --model "$tmp/$1" --tokens "$(cat "$tmp/text$s")" --dump-logits "$tmp/logits" \
             --threads 2 >/dev/null 2>&1
         node tools/nll.mjs "$tmp/logits" "$(cat "$tmp/text$s")" >>"$tmp/nll-$1-$2"
     done
@@ -55,4 +57,4 @@ score f32 avx2f
 for m in affine4-g32 affine4-g64 mxfp4 affine8-g32; do
     for k in avx2f avx2-int16 avx2; do score "$m" "$k"; done
 done
-for k in avx2f avx512; do score bf16 "$k"; done
+for k in avx2f best; do score bf16 "$k"; done

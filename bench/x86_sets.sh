@@ -3,7 +3,7 @@
 # where the CPU has them, each with its -int16 twin, which rounds the
 # activations of 4-bit rows to int16 instead of int8): bench/kernels per
 # set on the 4-bit, 8-bit and mxfp4 formats, then `sparrow bench` on
-# synthetic models of real shapes with SPARROW_KERNELS naming each set in
+# synthetic models of real shapes with --kernels naming each set in
 # turn, sets alternating within each repetition so that a drift of the
 # machine touches every set alike. Ends
 # with a table of the best prefill and decode figures per model and set.
@@ -47,7 +47,7 @@ for c in $CONFIGS; do
             --prompt 1 --gen 1 --threads "$GEN_THREADS" >/dev/null || exit 1
         for ((r = 0; r < REPS; r++)); do
             for s in "${sets[@]}"; do
-                SPARROW_KERNELS="$s" "$BUILD/sparrow" bench --model "$m" --prompt "$PROMPT" --gen "$GEN" \
+                "$BUILD/sparrow" bench --kernels "$s" --model "$m" --prompt "$PROMPT" --gen "$GEN" \
                     --threads "$THREADS" | grep '^{' | sed "s/^{/{\"config\":\"$c\",/"
             done
         done

@@ -380,8 +380,8 @@ static void test_interleaved_weights(void **state) {
 /* Logits with the expert cache at any budget - one expert, a few, all of
  * them - are bit-identical to reading experts from the mapping, and the
  * counters add up: every miss reads one whole expert. */
-static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label, bool prefetch) {
-    setenv("SPARROW_PREFETCH", prefetch ? "1" : "0", 1);
+static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label, bool prefetch,
+                               enum sp_expert_policy policy) {
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     size_t unit = sp_expert_store_min_budget(m);
@@ -394,6 +394,7 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
     run_seq(c, r->b, r->nb, 64, 0, want, r->vocab);
     sp_ctx_free(c);
     size_t budgets[] = {unit, 3 * unit + unit / 2, (size_t)(m->arch.n_experts * m->arch.n_layers) * unit};
+    p.expert_params = (struct sp_expert_store_params){.policy = policy, .no_prefetch = !prefetch};
     for (size_t k = 0; k < 3; k++) {
         p.expert_cache = budgets[k];
         assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
@@ -401,6 +402,7 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
         if (memcmp(got, want, n * V * sizeof(float)) != 0) fail_msg("%s: expert cache of %zu bytes changed the logits", label, budgets[k]);
         struct sp_expert_store_stats st;
         assert_true(sp_ctx_expert_stats(c, &st));
+        assert_int_equal(st.policy, policy);
         assert_true(st.misses + st.prefetch_issued > 0);
         /* every read is one whole expert: a miss, or a read ahead (some may still be in flight) */
         assert_int_equal(st.bytes_read % ms.expert_bytes, 0);
@@ -438,17 +440,15 @@ static void test_expert_cache(void **state) {
         assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
         load_ref(moe_archs[i], &r);
-        check_expert_cache(m, &r, moe_archs[i], true);
-        check_expert_cache(m, &r, moe_archs[i], false);
+        check_expert_cache(m, &r, moe_archs[i], true, SP_EXPERT_POLICY_ARC);
+        check_expert_cache(m, &r, moe_archs[i], false, SP_EXPERT_POLICY_ARC);
         /* the other replacement policies (ARC is the default) */
-        const char *policies[] = {"lru", "clock"};
+        const enum sp_expert_policy policies[] = {SP_EXPERT_POLICY_LRU, SP_EXPERT_POLICY_CLOCK};
         for (size_t k = 0; k < 2; k++) {
             char label[64];
-            snprintf(label, sizeof label, "%s %s", moe_archs[i], policies[k]);
-            setenv("SPARROW_EXPERT_POLICY", policies[k], 1);
-            check_expert_cache(m, &r, label, true);
+            snprintf(label, sizeof label, "%s %s", moe_archs[i], sp_expert_policy_name(policies[k]));
+            check_expert_cache(m, &r, label, true, policies[k]);
         }
-        unsetenv("SPARROW_EXPERT_POLICY");
         const struct {
             enum sp_qtype t;
             int g;
@@ -462,7 +462,7 @@ static void test_expert_cache(void **state) {
             assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
             char label[64];
             snprintf(label, sizeof label, "%s %s", moe_archs[i], q[k].name);
-            check_expert_cache(qm, &r, label, true);
+            check_expert_cache(qm, &r, label, true, SP_EXPERT_POLICY_ARC);
             sp_model_close(qm);
             th_rmdir(qdir);
         }
@@ -500,16 +500,13 @@ static void test_expert_policy(void **state) {
     struct sp_model *m;
     assert_int_equal(sp_model_open("tests/fixtures/qwen3_moe", &m), SP_OK);
     assert_true(m->arch.layer_moe[0] && m->arch.n_experts >= 12);
-    setenv("SPARROW_PREFETCH", "0", 1);
-    const char *policies[] = {NULL, "arc", "lru"};
+    const struct sp_expert_store_params params[] = {{.no_prefetch = true},
+                                                    {.policy = SP_EXPERT_POLICY_ARC, .no_prefetch = true},
+                                                    {.policy = SP_EXPERT_POLICY_LRU, .no_prefetch = true}};
     for (int k = 0; k < 3; k++) {
-        if (policies[k])
-            setenv("SPARROW_EXPERT_POLICY", policies[k], 1);
-        else
-            unsetenv("SPARROW_EXPERT_POLICY");
-        bool lru = policies[k] && strcmp(policies[k], "lru") == 0;
+        bool lru = params[k].policy == SP_EXPERT_POLICY_LRU;
         struct sp_expert_store *s;
-        assert_int_equal(sp_expert_store_create(m, 4 * sp_expert_store_min_budget(m), &s), SP_OK);
+        assert_int_equal(sp_expert_store_create(m, 4 * sp_expert_store_min_budget(m), &params[k], &s), SP_OK);
         assert_false(lookup(m, s, 0));
         assert_true(lookup(m, s, 0));
         for (int64_t e = 1; e <= 8; e++) assert_false(lookup(m, s, e));
@@ -529,8 +526,6 @@ static void test_expert_policy(void **state) {
         assert_int_equal(st.prefetch_issued, 0);
         sp_expert_store_free(s);
     }
-    unsetenv("SPARROW_EXPERT_POLICY");
-    unsetenv("SPARROW_PREFETCH");
     sp_model_close(m);
 }
 

@@ -850,7 +850,7 @@ static void test_dispatch(void **state) {
     assert_int_equal(int16[2] != NULL, avx512 != NULL);
     assert_int_equal(int16[3] != NULL, amx != NULL);
     const struct sp_kernels *best = amx ? amx : avx512 ? avx512 : avxvnni ? avxvnni : avx2 ? avx2 : portable;
-    /* a set by name when this CPU runs it, else the best one */
+    /* a set by name when this CPU runs it, else none */
     const struct {
         const char *name;
         const struct sp_kernels *set;
@@ -859,13 +859,20 @@ static void test_dispatch(void **state) {
                  {"avxvnni-int16", int16[1]},      {"avx512-int16", int16[2]},
                  {"amx", amx},                     {"amx-int16", int16[3]}};
     for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
-        assert_ptr_equal(sp_kernels_select(named[i].name), named[i].set ? named[i].set : best);
+        assert_ptr_equal(sp_kernels_by_name(named[i].name), named[i].set);
         if (named[i].set) assert_string_equal(named[i].set->name, named[i].name);
     }
-    assert_ptr_equal(sp_kernels_select(NULL), best);
-    assert_ptr_equal(sp_kernels_select(""), best);
-    assert_ptr_equal(sp_kernels_select("sse9"), best);
-    assert_ptr_equal(sp_kernels(), sp_kernels_select(getenv("SPARROW_KERNELS")));
+    assert_null(sp_kernels_by_name(NULL));
+    assert_null(sp_kernels_by_name(""));
+    assert_null(sp_kernels_by_name("sse9"));
+    assert_ptr_equal(sp_kernels_best(), best);
+    assert_ptr_equal(sp_kernels_float(), avx2f ? avx2f : portable);
+    /* the best unless told otherwise, whatever the environment says */
+    assert_ptr_equal(sp_kernels(), best);
+    assert_ptr_equal(sp_kernels_use(portable), best);
+    assert_ptr_equal(sp_kernels(), portable);
+    assert_ptr_equal(sp_kernels_use(NULL), portable);
+    assert_ptr_equal(sp_kernels(), best);
     /* /proc/cpuinfo is an independent witness of what cpuid says */
     char line[8192];
     cpuinfo_flags(line, sizeof line);

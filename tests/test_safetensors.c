@@ -441,45 +441,41 @@ static void test_map_to_anon(void **state) {
 
 static void test_hf_cache(void **state) {
     char *root = th_tmpdir();
-    char path[1024];
+    char path[1024], hub[1024];
     snprintf(path, sizeof path, "%s/hub/models--org--name/snapshots/abc123", root);
     assert_int_equal(sp_mkdirs(path), SP_OK);
     snprintf(path, sizeof path, "%s/hub/models--org--name/refs", root);
     assert_int_equal(sp_mkdirs(path), SP_OK);
     th_write_str(path, "main", "abc123\n");
+    snprintf(hub, sizeof hub, "%s/hub", root);
     char *dir;
-    /* HF_HOME/hub */
-    unsetenv("HF_HUB_CACHE");
-    setenv("HF_HOME", root, 1);
-    assert_int_equal(sp_model_resolve("org/name", &dir), SP_OK);
+    /* refs/main names the snapshot */
+    assert_int_equal(sp_model_resolve("org/name", hub, &dir), SP_OK);
     snprintf(path, sizeof path, "%s/hub/models--org--name/snapshots/abc123", root);
     assert_string_equal(dir, path);
     sp_free(dir);
     /* a commit given directly */
-    assert_int_equal(sp_model_resolve("org/name@abc123", &dir), SP_OK);
+    assert_int_equal(sp_model_resolve("org/name@abc123", hub, &dir), SP_OK);
     sp_free(dir);
-    /* HF_HUB_CACHE wins over HF_HOME */
+    /* a folder is itself, whatever the cache */
+    assert_int_equal(sp_model_resolve(path, NULL, &dir), SP_OK);
+    assert_string_equal(dir, path);
+    sp_free(dir);
+    /* without a cache an id is not looked up */
+    assert_int_equal(sp_model_resolve("org/name", NULL, &dir), SP_ERR_NOT_FOUND);
+    assert_null(strstr(sp_error_msg(), "Hugging Face"));
+    /* another cache: says where it looked */
     snprintf(path, sizeof path, "%s/elsewhere", root);
-    setenv("HF_HUB_CACHE", path, 1);
-    assert_int_equal(sp_model_resolve("org/name", &dir), SP_ERR_NOT_FOUND);
+    assert_int_equal(sp_model_resolve("org/name", path, &dir), SP_ERR_NOT_FOUND);
     assert_non_null(strstr(sp_error_msg(), path));
     assert_non_null(strstr(sp_error_msg(), "no folder for this repository"));
-    unsetenv("HF_HUB_CACHE");
     /* refs pointing at a missing snapshot */
     snprintf(path, sizeof path, "%s/hub/models--org--name/refs", root);
     th_write_str(path, "main", "deadbeef");
-    assert_int_equal(sp_model_resolve("org/name", &dir), SP_ERR_NOT_FOUND);
+    assert_int_equal(sp_model_resolve("org/name", hub, &dir), SP_ERR_NOT_FOUND);
     assert_non_null(strstr(sp_error_msg(), "the snapshot that refs points to is missing"));
-    /* ~/.cache/huggingface/hub by default */
-    unsetenv("HF_HOME");
-    unsetenv("XDG_CACHE_HOME");
-    setenv("HOME", root, 1);
-    char *hub = sp_hf_hub_cache();
-    snprintf(path, sizeof path, "%s/.cache/huggingface/hub", root);
-    assert_string_equal(hub, path);
-    sp_free(hub);
     /* not an id and not a folder */
-    assert_int_equal(sp_model_resolve("no/such/thing", &dir), SP_ERR_NOT_FOUND);
+    assert_int_equal(sp_model_resolve("no/such/thing", hub, &dir), SP_ERR_NOT_FOUND);
     assert_non_null(strstr(sp_error_msg(), "not a Hugging Face id"));
     th_rmdir(root);
 }

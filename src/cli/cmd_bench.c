@@ -23,6 +23,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/file.h"
@@ -60,7 +61,8 @@ static const char usage[] =
     "  --steps           also time each step of the forward pass (products, attention, routing,\n"
     "                    experts, ...): its share of prefill and of decode, and the multiply-adds\n"
     "                    a second of the products, and how many tokens each routed expert took on\n"
-    "                    average; a line and a JSON line per phase\n";
+    "                    average; a line and a JSON line per phase\n"
+    SP_CLI_SETTINGS_USAGE;
 
 static void drop_cache(const struct sp_model *m) {
     for (int i = 0; i < m->files->n_shards; i++) posix_fadvise(m->files->shards[i]->map.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -323,6 +325,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         sp_jw_key(&w, "expert_cache_bytes"); sp_jw_uint(&w, r->es.budget);
         sp_jw_key(&w, "expert_misses"); sp_jw_uint(&w, r->es.misses);
         sp_jw_key(&w, "io"); sp_jw_str(&w, r->es.io_uring ? (r->es.direct_io ? "io_uring+O_DIRECT" : "io_uring") : "pread");
+        sp_jw_key(&w, "expert_policy"); sp_jw_str(&w, sp_expert_policy_name(r->es.policy));
         sp_jw_key(&w, "prefetch_issued"); sp_jw_uint(&w, r->es.prefetch_issued);
         sp_jw_key(&w, "prefetch_hits"); sp_jw_uint(&w, r->es.prefetch_hits);
         sp_jw_key(&w, "prefetch_waste"); sp_jw_uint(&w, r->es.prefetch_waste);
@@ -397,6 +400,7 @@ static void summarize(const struct run_stats *s, int64_t n) {
 struct synth {
     const char *config, *out;
     const char *quant;  // its name, as given
+    const char *tmp_dir;  // where temporary folders go
     enum sp_qtype type;
     int64_t layers;     // 0: the config's
     char *dir;          // the folder benchmarked (owned)
@@ -411,10 +415,9 @@ static const struct {
 } synth_formats[] = {
     {"affine4", SP_QTYPE_AFFINE4}, {"affine8", SP_QTYPE_AFFINE8}, {"mxfp4", SP_QTYPE_MXFP4}, {"bf16", SP_QTYPE_BF16}};
 
-/* A fresh folder $TMPDIR/sparrow-synth-XXXXXX (default /tmp); owned path. */
-static enum sp_status make_tmp_dir(char **out) {
-    const char *t = getenv("TMPDIR");
-    char *p = sp_path_join(t && *t ? t : "/tmp", "sparrow-synth-XXXXXX");
+/* A fresh folder sparrow-synth-XXXXXX in tmp_dir; owned path. */
+static enum sp_status make_tmp_dir(const char *tmp_dir, char **out) {
+    char *p = sp_path_join(tmp_dir, "sparrow-synth-XXXXXX");
     if (!p) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     if (!mkdtemp(p)) {
         enum sp_status st = sp_errorf(SP_ERR_IO, "%s: %s", p, strerror(errno));
@@ -449,7 +452,7 @@ static enum sp_status synth_build(struct synth *s) {
             st = sp_errorf(SP_ERR_NOMEM, "out of memory");
         s->remove_dir = !sp_path_is_dir(s->out);
     } else {
-        st = make_tmp_dir(&s->dir);
+        st = make_tmp_dir(s->tmp_dir, &s->dir);
         s->remove_dir = true;
     }
     if (st != SP_OK) {
@@ -469,7 +472,7 @@ static enum sp_status synth_build(struct synth *s) {
         st = sp_synth_write(cfg, s->dir, &so);
     } else if (st == SP_OK) {
         struct sp_model *m = NULL;
-        st = make_tmp_dir(&s->bf16);
+        st = make_tmp_dir(s->tmp_dir, &s->bf16);
         if (st == SP_OK) st = sp_synth_write(cfg, s->bf16, &so);
         if (st == SP_OK) st = sp_model_open(s->bf16, &m);
         // group: the format's (affine 64, mxfp4 32)
@@ -511,13 +514,14 @@ struct bench_opts {
     int64_t prompt, gen, batch, threads, repeat;
     bool cold, compare, steps;
     struct sp_plan_inputs pin;
+    struct sp_settings set;
     const char *synthetic;  // the config of a --synthetic model, for the JSON line
 };
 
 /* The runs on one model folder; the process exit code. */
 static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_model *m;
-    if (sp_model_open(model, &m) != SP_OK) return sp_cli_fail();
+    if (sp_cli_model_open(&o->set, model, &m) != SP_OK) return sp_cli_fail();
     int rc = 1;
     int64_t prompt = o->prompt, gen = o->gen, threads = o->threads;
     struct sp_plan_inputs pin = o->pin;
@@ -529,10 +533,12 @@ static int bench_model(const char *model, struct bench_opts *o) {
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
-                               .n_threads = (int)threads, .time_steps = o->steps};
+                               .n_threads = (int)threads, .time_steps = o->steps,
+                               .expert_params = sp_cli_expert_params(&o->set)};
     if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
-    double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m);
+    struct sp_plan_load_params lp = sp_cli_load_params(&o->set);
+    double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m, &lp);
     int nth = threads ? (int)threads : sp_physical_cores();
     bool ram_measured = false;
     double ram_gbs = 0;
@@ -573,11 +579,15 @@ int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
     struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1};
     struct synth syn = {0};
+    int rc = sp_cli_settings_init(&o.set);
+    if (rc) return rc;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
             fputs(usage, stdout);
             return 0;
+        } else if (sp_cli_settings_arg(argc, argv, &i, &o.set, &rc)) {
+            if (rc) return rc;
         } else if (sp_arg_flag(argv[i], "--cold")) {
             o.cold = true;
         } else if (sp_arg_flag(argv[i], "--compare-mmap")) {
@@ -615,6 +625,9 @@ int sp_cmd_bench(int argc, char **argv) {
             return sp_arg_unknown("bench", argv[i]);
         }
     }
+    if ((rc = sp_cli_kernels_use(&o.set))) return rc;
+    o.pin.cache_dir = o.set.cache_dir;
+    syn.tmp_dir = o.set.tmp_dir;
     if (model && syn.config) {
         fprintf(stderr, "error: bench: --model and --synthetic exclude each other: give one\n");
         return SP_EXIT_USAGE;
@@ -643,7 +656,6 @@ int sp_cmd_bench(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     syn.type = synth_formats[k].type;
-    int rc;
     if (synth_build(&syn) != SP_OK) {
         rc = sp_cli_fail();
     } else {

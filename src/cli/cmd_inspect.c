@@ -3,6 +3,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/buf.h"
 #include "model/inspect.h"
 
@@ -39,7 +40,7 @@ int sp_cmd_inspect(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     struct sp_model *m;
-    if (sp_model_open(model, &m) != SP_OK) return sp_cli_fail();
+    if (sp_cli_model_open(NULL, model, &m) != SP_OK) return sp_cli_fail();
     struct sp_model_stats s;
     sp_model_stats(m, &s);
     struct sp_buf out = SP_BUF_INIT;

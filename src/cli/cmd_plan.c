@@ -4,6 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/pool.h"
 #include "runtime/plan.h"
 
@@ -19,6 +20,10 @@ int sp_cmd_plan(int argc, char **argv) {
     const char *model = NULL;
     bool json = false, calibrate = false;
     struct sp_plan_inputs in = {0};
+    struct sp_settings set;
+    int rc = sp_cli_settings_init(&set);
+    if (rc) return rc;
+    in.cache_dir = set.cache_dir;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
@@ -60,11 +65,10 @@ int sp_cmd_plan(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     struct sp_model *m;
-    if (sp_model_open(model, &m) != SP_OK) return sp_cli_fail();
-    int rc = 0;
+    if (sp_cli_model_open(&set, model, &m) != SP_OK) return sp_cli_fail();
     if (calibrate) {
         struct sp_bandwidth bw;
-        if (sp_bandwidth_calibrate(m->files->shards[0]->path, &bw) != SP_OK) {
+        if (sp_bandwidth_calibrate(m->files->shards[0]->path, set.cache_dir, &bw) != SP_OK) {
             rc = sp_cli_fail();
             goto done;
         }

@@ -4,6 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "model/quantize.h"
 
 static const char usage[] =
@@ -77,7 +78,7 @@ int sp_cmd_quantize(int argc, char **argv) {
         }
     }
     struct sp_model *m;
-    if (sp_model_open(in, &m) != SP_OK) return sp_cli_fail();
+    if (sp_cli_model_open(NULL, in, &m) != SP_OK) return sp_cli_fail();
     enum sp_status st = sp_pool_create((int)threads, &o.pool);
     if (st == SP_OK) st = sp_quantize_model(m, out, &o);
     sp_pool_free(o.pool);

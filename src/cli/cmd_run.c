@@ -10,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/file.h"
@@ -38,7 +39,8 @@ static const char usage[] =
     "  --batch N              prefill chunk (default " SP_DEFAULT_BATCH_TEXT ")\n"
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
-    "  --expert-cache SIZE    routed-expert cache budget (default: from the plan)\n";
+    "  --expert-cache SIZE    routed-expert cache budget (default: from the plan)\n"
+    SP_CLI_SETTINGS_USAGE;
 
 #define MAX_STOPS 16
 
@@ -50,11 +52,14 @@ struct run_opts {
     struct sp_sampler_params sp;
     enum sp_kv_type kv;
     struct sp_plan_inputs plan;
+    struct sp_settings set;
 };
 
 static int parse(int argc, char **argv, struct run_opts *o) {
     o->sp = sp_sampler_defaults();
     o->max_tokens = -1;
+    int rc = sp_cli_settings_init(&o->set);
+    if (rc) return rc;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
@@ -64,6 +69,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
             fputs(usage, stdout);
             return -1;
+        } else if (sp_cli_settings_arg(argc, argv, &i, &o->set, &rc)) {
+            if (rc) return rc;
         } else if (sp_arg_flag(argv[i], "--chat")) {
             o->chat = true;
         } else if (sp_arg_flag(argv[i], "--ignore-eos")) {
@@ -139,7 +146,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
         return SP_EXIT_USAGE;
     }
     if (o->max_tokens < 0) o->max_tokens = o->dump ? 0 : 128;
-    return 0;
+    o->plan.cache_dir = o->set.cache_dir;
+    return sp_cli_kernels_use(&o->set);
 }
 
 static enum sp_status parse_ids(const char *s, struct sp_ids *ids) {
@@ -245,7 +253,7 @@ int sp_cmd_run(int argc, char **argv) {
     struct sp_buf gen = SP_BUF_INIT, delta = SP_BUF_INIT;
     FILE *dump = NULL;
     rc = 1;
-    if (sp_model_open(o.model, &m) != SP_OK) goto fail;
+    if (sp_cli_model_open(&o.set, o.model, &m) != SP_OK) goto fail;
     char *tj = sp_path_join(m->files->dir, "tokenizer.json");
     bool has_tok = tj && sp_path_is_file(tj);
     sp_free(tj);
@@ -269,7 +277,8 @@ int sp_cmd_run(int argc, char **argv) {
                                .n_seq = 1,
                                .max_batch = o.batch ? o.batch : SP_DEFAULT_BATCH,
                                .kv_type = o.kv,
-                               .n_threads = (int)o.threads};
+                               .n_threads = (int)o.threads,
+                               .expert_params = sp_cli_expert_params(&o.set)};
     if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
     if (n + o.max_tokens > cp.n_ctx) {
         sp_errorf(SP_ERR_ARG, "%lld prompt tokens + %lld to generate exceed the context of %lld", (long long)n,
@@ -287,7 +296,8 @@ int sp_cmd_run(int argc, char **argv) {
         fprintf(stderr, "plan: expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", (double)plan.expert_cache / 1048576.0,
                 (long long)plan.cached_experts, 100.0 * plan.hit_rate);
     }
-    sp_plan_load(&plan, m);
+    struct sp_plan_load_params lp = sp_cli_load_params(&o.set);
+    sp_plan_load(&plan, m, &lp);
     if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
     int64_t B = sp_ctx_params(c)->max_batch;
     logits = sp_malloc((size_t)(o.dump ? B : 1) * (size_t)V * sizeof(float), SP_MEM_ACT);

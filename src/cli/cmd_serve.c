@@ -11,10 +11,12 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "backend/cpu/kernels.h"
 #include "model/forward.h"
 #include "model/inspect.h"
 #include "runtime/engine.h"
@@ -40,13 +42,17 @@ static const char usage[] =
     "  --model-id NAME        the model name clients see (default: the folder name)\n"
     "  --max-body SIZE        largest request body (default 8M)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
-    "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n";
+    "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
+    SP_CLI_SETTINGS_USAGE;
 
 int sp_cmd_serve(int argc, char **argv) {
     struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
     struct sp_plan_inputs pin = {0};
+    struct sp_settings set;
+    int rc = sp_cli_settings_init(&set);
+    if (rc) return rc;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
@@ -55,6 +61,10 @@ int sp_cmd_serve(int argc, char **argv) {
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (sp_cli_settings_arg(argc, argv, &i, &set, &rc)) {
+            if (rc) return rc;
+            continue;
         }
 #define VAL(name) sp_arg_value(argc, argv, &i, name, &v)
 #define NEED() \
@@ -142,6 +152,9 @@ int sp_cmd_serve(int argc, char **argv) {
         fputs(usage, stderr);
         return SP_EXIT_USAGE;
     }
+    if ((rc = sp_cli_kernels_use(&set))) return rc;
+    ep.expert_params = sp_cli_expert_params(&set);
+    pin.cache_dir = set.cache_dir;
     /* Signals are taken synchronously by the main thread; every thread
      * started from here on inherits the blocked mask. */
     sigset_t sigs;
@@ -157,7 +170,7 @@ int sp_cmd_serve(int argc, char **argv) {
     struct sp_engine *eng = NULL;
     struct sp_server *srv = NULL;
     char id_buf[256];
-    int rc = 1;
+    rc = 1;
     if (!so.model_id) {
         const char *base = strrchr(model, '/');
         snprintf(id_buf, sizeof id_buf, "%s", base && base[1] ? base + 1 : model);
@@ -165,7 +178,7 @@ int sp_cmd_serve(int argc, char **argv) {
     }
     if (sp_server_start(&so, &srv) != SP_OK) goto fail;
     sp_log(SP_LOG_INFO, "listening on %s:%d; loading %s", so.host, sp_server_port(srv), model);
-    if (sp_model_open(model, &m) != SP_OK) goto fail;
+    if (sp_cli_model_open(&set, model, &m) != SP_OK) goto fail;
     if (sp_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
     if (sp_chat_template_load(m->files->dir, NULL, &ct) != SP_OK) {
         sp_log(SP_LOG_WARN, "no chat template (%s): /v1/chat/completions will answer 400", sp_error_msg());
@@ -182,7 +195,8 @@ int sp_cmd_serve(int argc, char **argv) {
     fputs(pl.data ? pl.data : "", stderr);
     sp_buf_free(&pl);
     if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
-    sp_plan_load(&plan, m);
+    struct sp_plan_load_params lp = sp_cli_load_params(&set);
+    sp_plan_load(&plan, m, &lp);
     struct sp_model_stats stats;
     sp_model_stats(m, &stats);
     struct sp_buf rep = SP_BUF_INIT;
@@ -217,6 +231,8 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_jw_int(&w, p->n_threads);
     sp_jw_key(&w, "kv_type");
     sp_jw_str(&w, sp_kv_type_name(p->kv_type));
+    sp_jw_key(&w, "kernels");
+    sp_jw_str(&w, sp_kernels()->name);
     sp_jw_key(&w, "plan");
     sp_plan_write_json(&plan, &w);
     sp_jw_key(&w, "memory");

@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/json.h"
@@ -117,7 +118,7 @@ int sp_cmd_template(int argc, char **argv) {
     }
     if (sp_path_is_dir(model)) {
         if (!(dir = sp_strdup(model, SP_MEM_MISC))) goto fail;
-    } else if (sp_model_resolve(model, &dir) != SP_OK) {
+    } else if (sp_cli_model_resolve(NULL, model, &dir) != SP_OK) {
         goto fail;
     }
     if (read_json(messages_path, "messages", &input) != SP_OK) goto fail;

@@ -7,6 +7,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/settings_args.h"
 #include "core/alloc.h"
 #include "core/buf.h"
 #include "core/file.h"
@@ -46,7 +47,7 @@ static enum sp_status read_stdin(struct sp_buf *b) {
 static enum sp_status load(const char *model, struct sp_tokenizer **out) {
     if (sp_path_is_dir(model) || sp_path_is_file(model)) return sp_tokenizer_load(model, out);
     char *dir = NULL;
-    enum sp_status st = sp_model_resolve(model, &dir);
+    enum sp_status st = sp_cli_model_resolve(NULL, model, &dir);
     if (st == SP_OK) st = sp_tokenizer_load(dir, out);
     sp_free(dir);
     return st;

@@ -1,7 +1,6 @@
 /* modeldir.c - model folders, the Hugging Face cache, sharded safetensors. */
 #include "format/modeldir.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -11,15 +10,6 @@
 
 #define MAX_CONFIG_BYTES ((size_t)16 << 20)
 #define MAX_INDEX_BYTES ((size_t)256 << 20)
-
-char *sp_hf_hub_cache(void) {
-    const char *v;
-    if ((v = getenv("HF_HUB_CACHE")) && *v) return sp_strdup(v, SP_MEM_MISC);
-    if ((v = getenv("HF_HOME")) && *v) return sp_path_join(v, "hub");
-    if ((v = getenv("XDG_CACHE_HOME")) && *v) return sp_path_join(v, "huggingface/hub");
-    const char *home = getenv("HOME");
-    return sp_path_join(home && *home ? home : "/", ".cache/huggingface/hub");
-}
 
 /* "org/name" with exactly one slash and no path tricks. */
 static bool looks_like_hf_id(const char *s) {
@@ -47,7 +37,7 @@ static char *read_ref(const char *repo_dir, const char *ref) {
     return text;
 }
 
-enum sp_status sp_model_resolve(const char *spec, char **dir) {
+enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir) {
     *dir = NULL;
     if (sp_path_is_dir(spec)) {
         *dir = sp_strdup(spec, SP_MEM_MISC);
@@ -61,17 +51,14 @@ enum sp_status sp_model_resolve(const char *spec, char **dir) {
         *at = 0;
         revision = at + 1;
     }
-    if (!looks_like_hf_id(id) || !*revision || strchr(revision, '/')) {
-        enum sp_status st = sp_errorf(SP_ERR_NOT_FOUND,
-                                      "model \"%s\" not found: no such folder, and it is not a Hugging Face id "
-                                      "of the form org/name",
-                                      spec);
+    if (!looks_like_hf_id(id) || !*revision || strchr(revision, '/') || !hub) {
+        enum sp_status st = sp_errorf(SP_ERR_NOT_FOUND, "model \"%s\" not found: no such folder%s", spec,
+                                      hub ? ", and it is not a Hugging Face id of the form org/name" : "");
         sp_free(id);
         return st;
     }
-    char *hub = sp_hf_hub_cache();
     struct sp_buf repo = SP_BUF_INIT, snap = SP_BUF_INIT;
-    sp_buf_printf(&repo, "%s/models--", hub ? hub : "");
+    sp_buf_printf(&repo, "%s/models--", hub);
     for (const char *c = id; *c; c++) {
         if (*c == '/')
             sp_buf_puts(&repo, "--");
@@ -90,20 +77,18 @@ enum sp_status sp_model_resolve(const char *spec, char **dir) {
         *dir = sp_buf_take(&snap);
         if (!*dir) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
     } else {
-        const char *hc = getenv("HF_HUB_CACHE"), *hh = getenv("HF_HOME");
         st = sp_errorf(SP_ERR_NOT_FOUND,
-                       "model \"%s\" not found: no folder \"%s\"; in the Hugging Face cache %s: %s "
-                       "(HF_HUB_CACHE=%s, HF_HOME=%s). Download it with `hf download %s`, or pass a folder",
-                       spec, spec, hub ? hub : "?",
+                       "model \"%s\" not found: no folder \"%s\"; in the Hugging Face cache %s: %s. "
+                       "Download it with `hf download %s`, or pass a folder",
+                       spec, spec, hub,
                        !sp_path_is_dir(repo.data) ? "no folder for this repository"
                        : rev                      ? "the snapshot that refs points to is missing"
                                                   : "no refs/ entry or snapshot for this revision",
-                       hc ? hc : "unset", hh ? hh : "unset", id);
+                       id);
     }
     sp_free(rev);
     sp_buf_free(&repo);
     sp_buf_free(&snap);
-    sp_free(hub);
     sp_free(id);
     return st;
 }
@@ -197,7 +182,7 @@ done:
     return st;
 }
 
-enum sp_status sp_model_files_open(const char *spec, struct sp_model_files **out) {
+enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out) {
     *out = NULL;
     struct sp_model_files *mf = sp_calloc(1, sizeof *mf, SP_MEM_MODEL);
     if (!mf) return sp_errorf(SP_ERR_NOMEM, "out of memory");
@@ -205,7 +190,7 @@ enum sp_status sp_model_files_open(const char *spec, struct sp_model_files **out
     char **names = NULL;
     size_t n_names = 0;
     char *path = NULL;
-    enum sp_status st = sp_model_resolve(spec, &mf->dir);
+    enum sp_status st = sp_model_resolve(dir, NULL, &mf->dir);
     if (st != SP_OK) goto fail;
 
     path = sp_path_join(mf->dir, "config.json");

@@ -1,11 +1,13 @@
 /*
  * modeldir.h - a model as users have it on disk: a folder with config.json
  * and safetensors (one file, or shards named by model.safetensors.index.json),
- * or a Hugging Face id "org/name" resolved in the Hugging Face cache the way
- * `hf download` lays it out.
+ * or a Hugging Face id "org/name" resolved to such a folder in the Hugging
+ * Face cache the way `hf download` lays it out.
  *
+ *     char *dir;
+ *     if (sp_model_resolve("Qwen/Qwen3-30B-A3B", settings.hf_hub_cache, &dir) != SP_OK) ...
  *     struct sp_model_files *mf;
- *     if (sp_model_files_open("Qwen/Qwen3-30B-A3B", &mf) != SP_OK) puts(sp_error_msg());
+ *     if (sp_model_files_open(dir, &mf) != SP_OK) puts(sp_error_msg());
  *     const struct sp_st_tensor *t = sp_model_files_find(mf, "lm_head.weight");
  *     sp_model_files_close(mf);
  *
@@ -31,14 +33,14 @@ struct sp_model_files {
     size_t total_bytes;  // sum of the shard file sizes
 };
 
-/* Turns a folder path or "org/name[@revision]" into a folder (owned). The
- * error for a missing model says every place that was looked at. */
-enum sp_status sp_model_resolve(const char *spec, char **dir);
-/* The Hugging Face hub cache folder: $HF_HUB_CACHE, else $HF_HOME/hub, else
- * $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub (owned). */
-char *sp_hf_hub_cache(void);
+/* Turns a folder path, or "org/name[@revision]" looked up in the Hugging
+ * Face hub cache folder `hub` (sp_settings.hf_hub_cache; NULL: folders
+ * only), into a folder (owned). The error for a missing model says every
+ * place that was looked at. */
+enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir);
 
-enum sp_status sp_model_files_open(const char *spec, struct sp_model_files **out);
+/* Opens the model folder dir (a Hugging Face id is resolved first: sp_model_resolve). */
+enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out);
 void sp_model_files_close(struct sp_model_files *mf);
 const struct sp_st_tensor *sp_model_files_find(const struct sp_model_files *mf, const char *name);
 

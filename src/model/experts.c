@@ -67,7 +67,7 @@ struct sp_expert_store {
     int32_t *where;  // (n_layers * n_experts): slot index or -1
     uint8_t *arena;
     uint64_t tick;
-    enum { POLICY_ARC, POLICY_LRU, POLICY_CLOCK } policy;
+    enum sp_expert_policy policy;
     int64_t hand;       // clock: where the sweep resumes
     int64_t arc_p;      // arc: the target number of slots in T1
     uint64_t out[2];    // arc: evictions from T1, from T2 so far
@@ -209,8 +209,12 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     sp_free(s);
 }
 
-enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, struct sp_expert_store **out) {
+enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
+                                      const struct sp_expert_store_params *params, struct sp_expert_store **out) {
     *out = NULL;
+    const struct sp_expert_store_params defaults = {0}, *p = params ? params : &defaults;
+    if ((unsigned)p->policy >= SP_EXPERT_POLICY_COUNT || (unsigned)p->io >= SP_IO_COUNT)
+        return sp_errorf(SP_ERR_ARG, "unknown expert cache policy or read method");
     size_t unit = sp_expert_store_min_budget(m);
     if (!unit) return sp_errorf(SP_ERR_ARG, "an expert cache needs a model with routed experts");
     if (budget < unit)
@@ -221,7 +225,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->m = m;
-    s->k = sp_model_row_order_forced() ? NULL : sp_kernels();
+    s->k = p->row_order ? NULL : sp_kernels();
     s->n_experts = m->arch.n_experts;
     s->n_layers = m->arch.n_layers;
     s->slot_bytes = unit;
@@ -243,12 +247,8 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
      * Prefetch off: skewed ARC 88.7% 266, LRU 88.2% 276, clock 88.3% 274;
      * uniform ARC 69.9% 909, LRU 62.8% 1124, clock 68.3% 956. Skewed at 80
      * MiB: ARC 98.3% 198, LRU 98.3% 205, clock 98.5% 195; uniform at 60 MiB:
-     * ARC 68.4% 3644, LRU and clock 68.0% 3864. SPARROW_EXPERT_POLICY=lru|clock
-     * selects the others. */
-    const char *pol = getenv("SPARROW_EXPERT_POLICY");
-    if (pol && *pol && strcmp(pol, "arc") && strcmp(pol, "lru") && strcmp(pol, "clock"))
-        fprintf(stderr, "sparrow: SPARROW_EXPERT_POLICY=%s is not arc, lru or clock; using arc\n", pol);
-    s->policy = pol && strcmp(pol, "lru") == 0 ? POLICY_LRU : pol && strcmp(pol, "clock") == 0 ? POLICY_CLOCK : POLICY_ARC;
+     * ARC 68.4% 3644, LRU and clock 68.0% 3864. */
+    s->policy = s->st.policy = p->policy;
     if (!s->slots || !s->where || !s->arena || !s->layer_hits || !s->layer_misses || !s->gone) {
         sp_expert_store_free(s);
         return sp_errorf(SP_ERR_NOMEM, "out of memory for a %zu-byte expert cache", budget);
@@ -261,10 +261,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
     s->st.budget = s->budget;
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
-    /* SPARROW_IO: "pread" (buffered, no ring), "buffered" (ring, no
-     * O_DIRECT); default: io_uring with O_DIRECT where the files allow it */
-    const char *io = getenv("SPARROW_IO");
-    bool uring = !(io && strcmp(io, "pread") == 0), odirect = uring && !(io && strcmp(io, "buffered") == 0);
+    bool uring = p->io != SP_IO_PREAD, odirect = p->io == SP_IO_AUTO;
     if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_demand, 0) == 0) s->io_demand.ring = &s->ring_demand;
     if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_ahead, 0) == 0) s->io_ahead.ring = &s->ring_ahead;
     s->st.io_uring = s->io_demand.ring != NULL;
@@ -287,8 +284,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, s
         }
         s->st.direct_io = any > 0;
     }
-    const char *pf = getenv("SPARROW_PREFETCH");
-    s->prefetch = s->n_slots >= 2 && !(pf && strcmp(pf, "0") == 0);
+    s->prefetch = s->n_slots >= 2 && !p->no_prefetch;
     if (s->prefetch) {
         s->jobs = sp_malloc((size_t)s->n_slots * sizeof *s->jobs, SP_MEM_MODEL);
         if (!s->jobs || pthread_create(&s->reader, NULL, reader_main, s) != 0) {
@@ -482,7 +478,7 @@ static void record_read(struct sp_expert_store *s, double dt, uint64_t reads, ui
 /* Empties a slot (under mu). */
 static void evict(struct sp_expert_store *s, struct slot *sl) {
     if (sl->key < 0) return;
-    if (s->policy == POLICY_ARC && !sl->prefetched) {
+    if (s->policy == SP_EXPERT_POLICY_ARC && !sl->prefetched) {
         /* remember the key in ghost list B1 or B2 (a read ahead never used was no access) */
         s->out[sl->t2]++;
         s->gone[sl->key] = s->out[sl->t2] << 1 | sl->t2;
@@ -557,7 +553,7 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
     for (int64_t i = 0; i < s->n_slots && victim < 0; i++)
         if (s->slots[i].key < 0) victim = i;
     if (victim >= 0) return victim;
-    if (s->policy == POLICY_ARC) {
+    if (s->policy == SP_EXPERT_POLICY_ARC) {
         /* the least recently used slot of T1 while T1 holds more than its
          * target, else of T2 (either where the other has none) */
         int64_t n1 = 0;
@@ -576,7 +572,7 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
         }
         return -1;
     }
-    if (s->policy == POLICY_CLOCK) {
+    if (s->policy == SP_EXPERT_POLICY_CLOCK) {
         /* sweep: a slot used since the hand last passed loses one count and
          * stays; the first slot at zero goes (two full turns at most) */
         for (int64_t step = 0; step < (CLOCK_MAX + 2) * s->n_slots; step++) {
@@ -617,12 +613,12 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         if (s->slots[w].prefetched) {
             s->slots[w].prefetched = false;
             s->st.prefetch_hits++;
-            s->slots[w].t2 = s->policy == POLICY_ARC && arc_seen(s, key);
+            s->slots[w].t2 = s->policy == SP_EXPERT_POLICY_ARC && arc_seen(s, key);
         } else {
             s->slots[w].t2 = true;
         }
     } else {
-        bool again = s->policy == POLICY_ARC && arc_seen(s, key);
+        bool again = s->policy == SP_EXPERT_POLICY_ARC && arc_seen(s, key);
         int64_t victim = choose_victim(s, L);
         while (victim < 0) {
             /* every slot is being read into or computed with: wait for a read to land */
@@ -684,7 +680,7 @@ void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_
         int64_t key = L * s->n_experts + experts[i];
         if (s->where[key] >= 0) {
             /* arc: an expert predicted for the next layer moves to the MRU end of its list */
-            if (s->policy == POLICY_ARC) s->slots[s->where[key]].last_use = ++s->tick;
+            if (s->policy == SP_EXPERT_POLICY_ARC) s->slots[s->where[key]].last_use = ++s->tick;
             continue;
         }
         int64_t victim = choose_victim(s, L);

@@ -6,15 +6,16 @@
  * gate, up and down) from the files into a cache slot. Eviction follows
  * ARC, keyed by (layer, expert): experts used once since they came in (T1)
  * and those used again (T2) are each kept in recency order, and the target
- * size of T1 adapts to misses on recently evicted experts
- * (SPARROW_EXPERT_POLICY=lru: least recently used; =clock: a generalized
- * clock where each hit adds a count, up to 3, and the sweeping hand takes one
+ * size of T1 adapts to misses on recently evicted experts (or, by
+ * params.policy, LRU: least recently used; clock: a generalized clock
+ * where each hit adds a count, up to 3, and the sweeping hand takes one
  * away). An expert being computed is never evicted. The views point into
  * the slot and hold exactly the bytes of the files, so every computed token
  * is identical whatever the budget.
  *
  *     struct sp_expert_store *s;
- *     sp_expert_store_create(model, 512 << 20, &s);   // a 512 MiB cache
+ *     struct sp_expert_store_params ep = {0};          // ARC, io_uring, prefetch on
+ *     sp_expert_store_create(model, 512 << 20, &ep, &s);   // a 512 MiB cache
  *     struct sp_expert_views v;
  *     sp_expert_store_get(s, &mapped_views, layer, e, &v);  // valid until put
  *     ... compute with v.gate, v.up, v.down (or v.gate_up) ...
@@ -32,7 +33,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/settings.h"
 #include "model/model.h"
+
+/* How a store reads and keeps experts; zero is the default of each. */
+struct sp_expert_store_params {
+    enum sp_expert_policy policy;  // replacement: ARC, LRU or clock
+    enum sp_io_method io;          // io_uring with O_DIRECT where the files allow it; buffered; pread
+    bool no_prefetch;              // no reader thread reading the next layer's experts ahead
+    bool row_order;                // matrices stay as the files lay them out (none interleaved for the kernels)
+};
 
 struct sp_expert_views {
     struct sp_linear gate, up, down, gate_up;  // gate_up instead of gate and up when fused
@@ -49,6 +59,7 @@ struct sp_expert_store_stats {
     double read_s;
     bool io_uring;  // reads go through io_uring (else pread)
     bool direct_io; // O_DIRECT reads (no page cache) where the files allow
+    enum sp_expert_policy policy;
     uint64_t lat_bucket[SP_EXPERT_LAT_BUCKETS];  // expert read latency: <= 0.1, 0.5, 1, 5, 10, 50, 100 ms, more
     const uint64_t *layer_hits, *layer_misses;   // (n_layers), borrowed from the store
 };
@@ -58,8 +69,9 @@ extern const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1];
 struct sp_expert_store;
 
 /* A cache of `budget` bytes; a budget smaller than one expert is an error
- * that names the minimum. */
-enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget, struct sp_expert_store **out);
+ * that names the minimum. params: NULL for the defaults. */
+enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
+                                      const struct sp_expert_store_params *params, struct sp_expert_store **out);
 void sp_expert_store_free(struct sp_expert_store *s);
 /* Bytes of the largest expert unit (the smallest usable budget). */
 size_t sp_expert_store_min_budget(const struct sp_model *m);
@@ -73,8 +85,8 @@ void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e);
  * into the files. A later get waits for a read still under way. */
 void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_t *experts,
                               const struct sp_expert_views *mapped, int64_t n);
-/* Whether prefetching is on (a cache of two or more slots, and
- * SPARROW_PREFETCH is not 0). */
+/* Whether prefetching is on (a cache of two or more slots, and not
+ * params.no_prefetch). */
 bool sp_expert_store_prefetching(const struct sp_expert_store *s);
 void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out);
 

@@ -346,7 +346,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if (st != SP_OK) goto fail;
     for (int64_t L = 0; L < a->n_layers; L++)
         if ((st = load_layer(c, L)) != SP_OK) goto fail;
-    if (c->p.expert_cache && (st = sp_expert_store_create(m, c->p.expert_cache, &c->experts)) != SP_OK) goto fail;
+    if (c->p.expert_cache &&
+        (st = sp_expert_store_create(m, c->p.expert_cache, &c->p.expert_params, &c->experts)) != SP_OK)
+        goto fail;
     if (c->experts && sp_expert_store_prefetching(c->experts)) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
         c->pf_views = sp_malloc((size_t)a->n_experts * sizeof *c->pf_views, SP_MEM_MODEL);

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "model/experts.h"
 #include "model/model.h"
 
 /* Tokens per forward call unless told: the prefill chunk of run, serve and
@@ -52,6 +53,7 @@ struct sp_ctx_params {
     enum sp_device device; // the backend that runs it (zero: the CPU)
     int n_threads;         // CPU threads (0: physical cores)
     size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
+    struct sp_expert_store_params expert_params;  // how that cache reads and evicts
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
 };
 

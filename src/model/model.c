@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/env.h"
 
 void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols) {
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
@@ -276,11 +275,11 @@ static enum sp_status validate(struct sp_model *m) {
     return SP_OK;
 }
 
-enum sp_status sp_model_open(const char *spec, struct sp_model **out) {
+enum sp_status sp_model_open(const char *dir, struct sp_model **out) {
     *out = NULL;
     struct sp_model *m = sp_calloc(1, sizeof *m, SP_MEM_MODEL);
     if (!m) return sp_errorf(SP_ERR_NOMEM, "out of memory");
-    enum sp_status st = sp_model_files_open(spec, &m->files);
+    enum sp_status st = sp_model_files_open(dir, &m->files);
     if (st == SP_OK) st = sp_arch_from_config(m->files->config, &m->arch);
     if (st == SP_OK) st = sp_qconfig_parse(m->files->config, &m->qcfg);
     if (st == SP_OK) st = sp_weights_build(m->files, m->arch.n_layers, &m->weights);
@@ -381,8 +380,6 @@ static bool file_to_interleave(const struct interleave *il, const struct sp_map 
     }
     return false;
 }
-
-bool sp_model_row_order_forced(void) { return sp_env_on("SPARROW_ROW_ORDER"); }
 
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
                                 struct sp_model_copy *out) {

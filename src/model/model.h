@@ -4,7 +4,7 @@
  * typed views of its weights.
  *
  *     struct sp_model *m;
- *     if (sp_model_open("path/or/org-name", &m) != SP_OK) puts(sp_error_msg());
+ *     if (sp_model_open("path/to/folder", &m) != SP_OK) puts(sp_error_msg());
  *     struct sp_linear q;
  *     sp_model_linear(m, 0, SP_ROLE_ATTN_Q, -1, &q);   // q.w is (out, in)
  *     struct sp_vector n;
@@ -35,7 +35,8 @@ struct sp_model {
     bool fused_gate_up;     // experts store gate and up as one matrix
 };
 
-enum sp_status sp_model_open(const char *spec, struct sp_model **out);
+/* Opens a model folder (a Hugging Face id is resolved to one first: sp_model_resolve). */
+enum sp_status sp_model_open(const char *dir, struct sp_model **out);
 void sp_model_close(struct sp_model *m);
 /* Maps every weight file into memory now (sp_map_populate), for a model the
  * plan keeps resident: its first forward pass then takes no page faults. */
@@ -58,10 +59,6 @@ struct sp_model_copy {
  * stay mapped and readable, in row order. */
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
                                 struct sp_model_copy *out);
-/* Whether SPARROW_ROW_ORDER (set, and not "0") keeps every weight matrix
- * in row order: the loader interleaves none (sp_plan_load) and the expert
- * cache reads experts as their files lay them out (sp_expert_store_create). */
-bool sp_model_row_order_forced(void);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */

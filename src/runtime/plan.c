@@ -12,7 +12,6 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "core/env.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -67,20 +66,9 @@ void sp_memory_limits(uint64_t *cgroup, uint64_t *available) {
     if (f) fclose(f);
 }
 
-static char *bandwidth_path(void) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    struct sp_buf b = SP_BUF_INIT;
-    if (xdg && *xdg)
-        sp_buf_printf(&b, "%s/sparrow", xdg);
-    else
-        sp_buf_printf(&b, "%s/.cache/sparrow", home && *home ? home : "/tmp");
-    return sp_buf_take(&b);
-}
-
-struct sp_bandwidth sp_bandwidth_load(void) {
+struct sp_bandwidth sp_bandwidth_load(const char *cache_dir) {
     struct sp_bandwidth bw = {DEFAULT_RAM_GBS, DEFAULT_DISK_GBS, false};
-    char *dir = bandwidth_path();
-    char *path = dir ? sp_path_join(dir, "bandwidth.json") : NULL;
+    char *path = cache_dir ? sp_path_join(cache_dir, "bandwidth.json") : NULL;
     cJSON *j = NULL;
     if (path && sp_path_is_file(path) && sp_json_parse_file(path, 4096, &j) == SP_OK) {
         double r, d;
@@ -94,11 +82,10 @@ struct sp_bandwidth sp_bandwidth_load(void) {
     sp_error_clear();
     cJSON_Delete(j);
     sp_free(path);
-    sp_free(dir);
     return bw;
 }
 
-enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out) {
+enum sp_status sp_bandwidth_calibrate(const char *file, const char *cache_dir, struct sp_bandwidth *out) {
     struct sp_pool *pool;
     enum sp_status st = sp_pool_create(sp_physical_cores(), &pool);
     if (st != SP_OK) return st;
@@ -123,9 +110,8 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
         return sp_errorf(SP_ERR_ARG, "calibration: %s holds %zu bytes; at least 64 MiB are needed to time the disk", file, total);
     out->disk_gbs = (double)total / dt / 1e9;
     out->measured = true;
-    char *dir = bandwidth_path();
-    char *path = dir ? sp_path_join(dir, "bandwidth.json") : NULL;
-    st = dir && path ? sp_mkdirs(dir) : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    char *path = sp_path_join(cache_dir, "bandwidth.json");
+    st = path ? sp_mkdirs(cache_dir) : sp_errorf(SP_ERR_NOMEM, "out of memory");
     if (st == SP_OK) {
         char text[256];
         int n = snprintf(text, sizeof text, "{\"ram_gbs\": %.3f, \"disk_gbs\": %.3f, \"measured_at\": %lld}\n",
@@ -133,7 +119,6 @@ enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out
         st = sp_write_file(path, text, (size_t)n);
     }
     sp_free(path);
-    sp_free(dir);
     return st;
 }
 
@@ -181,7 +166,7 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     if (p->user_limit) p->limit = p->user_limit, p->limit_source = "--mem-limit";
     if (!p->limit) return sp_errorf(SP_ERR_STATE, "cannot tell how much memory there is: give --mem-limit");
     p->usable = p->limit / 10 * 9;
-    p->bw = sp_bandwidth_load();
+    p->bw = sp_bandwidth_load(in->cache_dir);
     size_t runtime = p->kv_bytes + p->activation_bytes + p->overhead_bytes;
     size_t base = p->resident_weight_bytes + runtime;
     if (in->expert_cache_set && in->expert_cache < p->expert_bytes)
@@ -279,15 +264,13 @@ static bool thp_allowed(void) {
 /* sp_model_interleave_fn: the choice of the set in use */
 static bool interleave_for_kernels(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
 
-double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
+double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp_plan_load_params *lp) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
     double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
     /* anonymous 2 MiB pages stream faster than the page cache's pages, and
-     * interleaved rows faster than rows in order (README: Memory);
-     * SPARROW_MMAP=1 keeps the files' pages whatever their size and order,
-     * SPARROW_ROW_ORDER=1 the rows' order. */
-    bool keep = sp_env_on("SPARROW_MMAP");
-    sp_model_interleave_fn want = keep || sp_model_row_order_forced() ? NULL : interleave_for_kernels;
+     * interleaved rows faster than rows in order (README: Memory) */
+    bool keep = lp && lp->mmap;
+    sp_model_interleave_fn want = keep || (lp && lp->row_order) ? NULL : interleave_for_kernels;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     /* the copies first (read from the files, not through the map), then
@@ -302,7 +285,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m) {
         sp_log(SP_LOG_INFO, "weights: %lld matrices (%.1f MiB) in interleaved blocks of %d rows",
                (long long)copied.matrices, (double)copied.interleaved / 1048576.0, SP_QMAT_BLOCK_ROWS);
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
-    /* 4 KiB pages: THP is off, or SPARROW_MMAP kept files the page cache held in them */
+    /* 4 KiB pages: THP is off, or --mmap kept files the page cache held in them */
     sp_log(SP_LOG_INFO,
            "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of the page cache), "
            "%.1f MiB in 2 MiB pages",

@@ -18,7 +18,8 @@
  *
  * The expected speed assumes uniform routing (hit rate = the fraction of
  * experts the cache holds) and bandwidths that --calibrate measures and
- * stores in ~/.cache/sparrow/bandwidth.json; without it, conservative
+ * stores in bandwidth.json of sparrow's cache folder (cache_dir:
+ * ~/.cache/sparrow by the settings' convention); without it, conservative
  * defaults are used and the report says so.
  */
 #ifndef SP_RUNTIME_PLAN_H
@@ -41,6 +42,13 @@ struct sp_plan_inputs {
     uint64_t mem_limit;     // 0: from the cgroup and /proc/meminfo
     uint64_t expert_cache;  // 0: automatic
     bool expert_cache_set;  // --expert-cache was given (0 is then an error)
+    const char *cache_dir;  // the folder of bandwidth.json (NULL: the default bandwidths)
+};
+
+/* How sp_plan_load brings weights in; zero is the default of each. */
+struct sp_plan_load_params {
+    bool mmap;       // keep the files' pages: no copies into anonymous memory (nor interleaving)
+    bool row_order;  // copy, but keep every matrix in row order
 };
 
 enum sp_strategy { SP_STRATEGY_RESIDENT, SP_STRATEGY_EXPERT_CACHE };
@@ -86,22 +94,23 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
  * each of 2 MiB or more copied into anonymous 2 MiB pages where
  * transparent huge pages are on, and one holding matrices that the
  * kernels read faster interleaved (sp_kernels_interleave) copied with them
- * interleaved (sp_model_copy_in), unless SPARROW_MMAP is set to other than
- * 0 (no copies), or SPARROW_ROW_ORDER (no interleaving); under
- * "expert-cache" nothing (the cache fills as experts are used). A failure
- * is only logged (the weights stay readable through the mapping). Returns
- * the seconds it took. */
-double sp_plan_load(const struct sp_plan *p, struct sp_model *m);
+ * interleaved (sp_model_copy_in), unless lp says mmap (no copies) or
+ * row_order (no interleaving; lp NULL: neither); under "expert-cache"
+ * nothing (the cache fills as experts are used). A failure is only logged
+ * (the weights stay readable through the mapping). Returns the seconds it
+ * took. */
+double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp_plan_load_params *lp);
 /* Writes the plan as a JSON object value into an open writer. */
 void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w);
 const char *sp_strategy_name(enum sp_strategy s);
 
-/* Stored bandwidths, or conservative defaults (measured = false). */
-struct sp_bandwidth sp_bandwidth_load(void);
+/* The bandwidths stored in cache_dir, or conservative defaults (measured
+ * = false; also for cache_dir NULL). */
+struct sp_bandwidth sp_bandwidth_load(const char *cache_dir);
 /* Measures RAM read bandwidth (one thread per physical core, membw.h) and
  * the read bandwidth of `file` (page cache dropped first when possible)
- * and stores both. */
-enum sp_status sp_bandwidth_calibrate(const char *file, struct sp_bandwidth *out);
+ * and stores both in cache_dir (made if missing). */
+enum sp_status sp_bandwidth_calibrate(const char *file, const char *cache_dir, struct sp_bandwidth *out);
 /* The memory limit of this process: cgroup and MemAvailable (0: unknown). */
 void sp_memory_limits(uint64_t *cgroup, uint64_t *available);
 

@@ -1,5 +1,5 @@
 /* kernels.c - the portable kernel set (plain C, the structure SIMD sets
- * follow) and the run-time choice of a set (cpuid + SPARROW_KERNELS). */
+ * follow) and the run-time choice of a set (cpuid, or a set the caller names). */
 #include "backend/cpu/kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -257,18 +257,26 @@ const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa) {
 #endif
 }
 
-const struct sp_kernels *sp_kernels_select(const char *env_value) {
-    /* the set named, when this CPU runs it */
-    for (int i = 0; env_value && i < SP_KERNELS_ISA_COUNT; i++) {
+const struct sp_kernels *sp_kernels_by_name(const char *name) {
+    for (int i = 0; name && i < SP_KERNELS_ISA_COUNT; i++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)i);
-        if (k && strcmp(env_value, k->name) == 0) return k;
+        if (k && strcmp(name, k->name) == 0) return k;
     }
+    return NULL;
+}
+
+const struct sp_kernels *sp_kernels_best(void) {
     const enum sp_kernels_isa best_first[] = {SP_KERNELS_AMX, SP_KERNELS_AVX512, SP_KERNELS_AVXVNNI, SP_KERNELS_AVX2};
     for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++) {
         const struct sp_kernels *k = sp_kernels_of(best_first[i]);
         if (k) return k;
     }
     return &portable;
+}
+
+const struct sp_kernels *sp_kernels_float(void) {
+    const struct sp_kernels *k = sp_kernels_of(SP_KERNELS_AVX2F);
+    return k ? k : &portable;
 }
 
 /* The set in use; NULL until the first call chooses one. */
@@ -278,7 +286,7 @@ const struct sp_kernels *sp_kernels(void) {
     /* Racing first calls compute the same answer; the atomic keeps it defined. */
     const struct sp_kernels *k = atomic_load_explicit(&chosen, memory_order_acquire);
     if (!k) {
-        k = sp_kernels_select(getenv("SPARROW_KERNELS"));
+        k = sp_kernels_best();
         atomic_store_explicit(&chosen, k, memory_order_release);
     }
     return k;

@@ -11,10 +11,10 @@
  * bit-identical results; the VNNI ones take fewer instructions per
  * multiply-add, amx fewer still. Each has a twin "NAME-int16" that rounds
  * the activations of 4-bit rows to int16 instead of int8 (slower, closer to
- * float), and avx2 one with float activations, "avx2f". SPARROW_KERNELS in the environment
- * names a set to use instead (sp_kernels_select).
+ * float), and avx2 one with float activations, "avx2f". The CLI's
+ * --kernels and --precision make another set current (sp_kernels_use).
  *
- *     const struct sp_kernels *k = sp_kernels();      // chosen once per process
+ *     const struct sp_kernels *k = sp_kernels();      // the set in use
  *     // y[t * ldy + r] = (row r of w) . x[t * ldx ...] for r in [r0, r1), t < n
  *     k->matmul_rows(&w, r0, r1, x, ldx, n, y, ldy, scratch);
  *     float s = k->dot(a, b, 128);
@@ -128,22 +128,26 @@ struct sp_kernels {
     double (*softmax_chunk)(float *v, int64_t n, float *m);
 };
 
-/* The set this process uses: the best one the CPU supports, unless
- * SPARROW_KERNELS names another. Chosen on first call; thread-safe. */
+/* The set this process uses: the one sp_kernels_use made current, else
+ * the best the CPU runs (sp_kernels_best). Thread-safe. */
 const struct sp_kernels *sp_kernels(void);
-/* Makes k the set sp_kernels() returns from now on (NULL: the automatic
- * choice again, on the next call) and returns the one used before: for
- * tests and benchmarks that compare sets within one process, between
- * forward passes (never while one runs). */
+/* Makes k the set sp_kernels() returns from now on (NULL: the best again)
+ * and returns the one used before: once at startup (the CLI's --kernels
+ * and --precision), or in tests and benchmarks that compare sets within
+ * one process, between forward passes (never while one runs). */
 const struct sp_kernels *sp_kernels_use(const struct sp_kernels *k);
 /* The set of one instruction set, or NULL when this CPU cannot run it. */
 const struct sp_kernels *sp_kernels_of(enum sp_kernels_isa isa);
-/* What sp_kernels() picks for a given SPARROW_KERNELS value (NULL: unset):
- * the set of that name ("portable", "avx2", "avx2-int16", "avx2f",
- * "avxvnni", "avxvnni-int16", "avx512", "avx512-int16", "amx", "amx-int16")
- * when the CPU can run it; anything else, or a set this CPU lacks, means
- * automatic: amx, else avx512, else avxvnni, else avx2, else portable. */
-const struct sp_kernels *sp_kernels_select(const char *env_value);
+/* The set of that name ("portable", "avx2", "avx2-int16", "avx2f",
+ * "avxvnni", "avxvnni-int16", "avx512", "avx512-int16", "amx",
+ * "amx-int16"), or NULL when there is none or this CPU cannot run it. */
+const struct sp_kernels *sp_kernels_by_name(const char *name);
+/* The fastest set this CPU runs: amx, else avx512, else avxvnni, else
+ * avx2, else portable. */
+const struct sp_kernels *sp_kernels_best(void);
+/* The fastest set that keeps activations in float throughout: avx2f,
+ * else portable. */
+const struct sp_kernels *sp_kernels_float(void);
 /* The x86 blocked (prefill) float product dequantizes 4 rows x 512
  * columns at a time; up to SP_KERNELS_DECODE_MAX_TOKENS tokens go through
  * the fused float product instead. The int16- and int8-activation products

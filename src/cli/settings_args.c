@@ -1,0 +1,91 @@
+/* settings_args.c - the settings' flags, and their values handed to the library. */
+#include "cli/settings_args.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "core/alloc.h"
+#include "backend/cpu/kernels.h"
+
+int sp_cli_settings_init(struct sp_settings *s) {
+    if (sp_settings_from_env(s) == SP_OK) return 0;
+    sp_cli_fail();
+    return SP_EXIT_USAGE;
+}
+
+bool sp_cli_settings_arg(int argc, char **argv, int *i, struct sp_settings *s, int *rc) {
+    *rc = 0;
+    const char *arg = argv[*i], *eq = strchr(arg, '=');
+    char flag[64];
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (n >= sizeof flag) return false;
+    memcpy(flag, arg, n);
+    flag[n] = 0;
+    bool takes_value;
+    if (!sp_settings_is_flag(flag, &takes_value)) return false;
+    const char *value = eq ? eq + 1 : NULL;
+    if (takes_value && !eq) {
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "error: %s needs a value\n", flag);
+            *rc = SP_EXIT_USAGE;
+            return true;
+        }
+        value = argv[++*i];
+    }
+    if (sp_settings_set(s, flag, value) != SP_OK) {
+        sp_cli_fail();
+        *rc = SP_EXIT_USAGE;
+    }
+    return true;
+}
+
+int sp_cli_kernels_use(const struct sp_settings *s) {
+    const struct sp_kernels *k = NULL;  // the best this CPU runs
+    if (s->kernels[0]) {
+        if (!(k = sp_kernels_by_name(s->kernels))) {
+            fprintf(stderr, "error: %s%s: not a kernel set this CPU runs; it runs",
+                    s->kernels_from == SP_ORIGIN_FLAG ? "--kernels " : "SPARROW_KERNELS=", s->kernels);
+            for (int i = 0, first = 1; i < SP_KERNELS_ISA_COUNT; i++) {
+                const struct sp_kernels *o = sp_kernels_of((enum sp_kernels_isa)i);
+                if (o) fprintf(stderr, "%s %s", first ? "" : ",", o->name), first = 0;
+            }
+            fputc('\n', stderr);
+            return SP_EXIT_USAGE;
+        }
+    } else if (s->precision == SP_PRECISION_EXACT) {
+        k = sp_kernels_float();
+    }
+    sp_kernels_use(k);
+    return 0;
+}
+
+struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s) {
+    return (struct sp_expert_store_params){
+        .policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch, .row_order = s->row_order};
+}
+
+struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s) {
+    return (struct sp_plan_load_params){.mmap = s->mmap, .row_order = s->row_order};
+}
+
+enum sp_status sp_cli_model_resolve(const struct sp_settings *s, const char *spec, char **dir) {
+    *dir = NULL;
+    struct sp_settings env;
+    if (!s) {
+        enum sp_status st = sp_settings_from_env(&env);
+        if (st != SP_OK) return st;
+        s = &env;
+    }
+    return sp_model_resolve(spec, s->hf_hub_cache, dir);
+}
+
+enum sp_status sp_cli_model_open(const struct sp_settings *s, const char *spec, struct sp_model **out) {
+    *out = NULL;
+    char *dir;
+    enum sp_status st = sp_cli_model_resolve(s, spec, &dir);
+    if (st != SP_OK) return st;
+    st = sp_model_open(dir, out);
+    sp_free(dir);
+    return st;
+}

@@ -1,0 +1,62 @@
+/*
+ * settings_args.h - the settings (core/settings.h) on the command line:
+ * the environment read once per command, the settings' flags taken
+ * between a command's own, and the values handed to the library as the
+ * parameters it takes: the kernel set made current, the expert cache's and
+ * the loader's params, the folders a model id and a plan look in.
+ *
+ *     struct sp_settings s;
+ *     if ((rc = sp_cli_settings_init(&s))) return rc;        // SPARROW_* variables, folders
+ *     for (int i = 1; i < argc; i++) {
+ *         if (sp_cli_settings_arg(argc, argv, &i, &s, &rc)) { if (rc) return rc; continue; }
+ *         ...the command's own flags...
+ *     }
+ *     if ((rc = sp_cli_kernels_use(&s))) return rc;           // before weights are loaded
+ *     sp_cli_model_open(&s, spec, &m);
+ */
+#ifndef SP_CLI_SETTINGS_ARGS_H
+#define SP_CLI_SETTINGS_ARGS_H
+
+#include <stdbool.h>
+
+#include "core/settings.h"
+#include "model/experts.h"
+#include "model/model.h"
+#include "runtime/plan.h"
+
+/* The help lines of the settings' flags (serve, run, bench). */
+#define SP_CLI_SETTINGS_USAGE                                                                                   \
+    "  --kernels NAME         the kernel set: portable, avx2, avx2-int16, avx2f, avxvnni, avxvnni-int16,\n"    \
+    "                         avx512, avx512-int16, amx, amx-int16 (default: the fastest this CPU runs)\n"     \
+    "  --precision fast|exact fast: the fastest set (default); exact: the fastest that keeps activations\n"    \
+    "                         in float (avx2f, else portable). --kernels and --precision exclude each other\n" \
+    "  --io auto|buffered|pread  how the expert cache reads: io_uring with O_DIRECT where the files allow\n"   \
+    "                         (auto), io_uring through the page cache, or pread\n"                            \
+    "  --expert-policy arc|lru|clock  the expert cache's replacement (default arc)\n"                           \
+    "  --no-prefetch          do not read the next MoE layer's experts ahead\n"                                 \
+    "  --mmap                 keep resident weights in the files' pages (no copies, rows in order)\n"           \
+    "  --row-order            keep weight matrices in row order (none interleaved for the kernels)\n"           \
+    "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1; a flag overrides its variable.\n"
+
+/* Settings from this process's environment; 0, or the usage exit code
+ * with the error printed. */
+int sp_cli_settings_init(struct sp_settings *s);
+/* When argv[*i] is one of the settings' flags ("--io pread", "--io=pread",
+ * "--mmap"), applies it, moves *i past its value and returns true; *rc is
+ * 0, or the usage exit code with the error printed. */
+bool sp_cli_settings_arg(int argc, char **argv, int *i, struct sp_settings *s, int *rc);
+/* Makes the kernel set s chooses current (sp_kernels_use); 0, or the
+ * usage exit code with an error that lists the sets this CPU runs. */
+int sp_cli_kernels_use(const struct sp_settings *s);
+/* The parameters the library takes from s. */
+struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s);
+struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s);
+/* A model folder, or a Hugging Face id looked up in s->hf_hub_cache, as
+ * a folder (sp_model_resolve; owned); s NULL: the settings of this
+ * process's environment (commands without settings flags). */
+enum sp_status sp_cli_model_resolve(const struct sp_settings *s, const char *spec, char **dir);
+/* The model sp_cli_model_resolve finds, opened. */
+enum sp_status sp_cli_model_open(const struct sp_settings *s, const char *spec, struct sp_model **out);
+
+#endif
