@@ -13,7 +13,7 @@
 #include "core/json.h"
 #include "backend/cpu/kernels.h"
 #include "model/forward.h"
-#include "model/experts.h"
+#include "runtime/experts.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
 #include "runtime/sampler.h"
@@ -378,10 +378,11 @@ static void test_interleaved_weights(void **state) {
 }
 
 /* Logits with the expert cache at any budget - one expert, a few, all of
- * them - are bit-identical to reading experts from the mapping, and the
- * counters add up: every miss reads one whole expert. */
+ * them - and whatever reads the files are bit-identical to reading experts
+ * from the mapping, and the counters add up: every miss reads one whole
+ * expert. */
 static void check_expert_cache(struct sp_model *m, const struct ref *r, const char *label, bool prefetch,
-                               enum sp_expert_policy policy) {
+                               enum sp_expert_policy policy, enum sp_io_method io) {
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     size_t unit = sp_expert_store_min_budget(m);
@@ -394,14 +395,19 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
     run_seq(c, r->b, r->nb, 64, 0, want, r->vocab);
     sp_ctx_free(c);
     size_t budgets[] = {unit, 3 * unit + unit / 2, (size_t)(m->arch.n_experts * m->arch.n_layers) * unit};
-    p.expert_params = (struct sp_expert_store_params){.policy = policy, .no_prefetch = !prefetch};
+    struct sp_expert_store_params ep = {.policy = policy, .io = io, .no_prefetch = !prefetch,
+                                        .interleave = sp_ctx_interleave(SP_DEVICE_CPU)};
     for (size_t k = 0; k < 3; k++) {
-        p.expert_cache = budgets[k];
+        struct sp_expert_store *s;
+        assert_int_equal(sp_expert_store_create(m, budgets[k], &ep, &s), SP_OK);
+        struct sp_expert_source src = sp_expert_store_source(s);
+        p.experts = &src;
         assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
         run_seq(c, r->b, r->nb, 64, 0, got, r->vocab);
         if (memcmp(got, want, n * V * sizeof(float)) != 0) fail_msg("%s: expert cache of %zu bytes changed the logits", label, budgets[k]);
+        sp_ctx_free(c);
         struct sp_expert_store_stats st;
-        assert_true(sp_ctx_expert_stats(c, &st));
+        sp_expert_store_stats(s, &st);
         assert_int_equal(st.policy, policy);
         assert_true(st.misses + st.prefetch_issued > 0);
         /* every read is one whole expert: a miss, or a read ahead (some may still be in flight) */
@@ -422,10 +428,10 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
                       (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.prefetch_issued,
                       (unsigned long long)st.prefetch_hits, (unsigned long long)st.prefetch_waste,
                       (unsigned long long)st.bytes_read);
-        sp_ctx_free(c);
+        sp_expert_store_free(s);
     }
-    p.expert_cache = unit - 1;
-    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    struct sp_expert_store *s;
+    assert_int_equal(sp_expert_store_create(m, unit - 1, &ep, &s), SP_ERR_ARG);
     assert_non_null(strstr(sp_error_msg(), "the minimum is"));
     free(want);
     free(got);
@@ -440,14 +446,20 @@ static void test_expert_cache(void **state) {
         assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
         load_ref(moe_archs[i], &r);
-        check_expert_cache(m, &r, moe_archs[i], true, SP_EXPERT_POLICY_ARC);
-        check_expert_cache(m, &r, moe_archs[i], false, SP_EXPERT_POLICY_ARC);
+        check_expert_cache(m, &r, moe_archs[i], true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
+        check_expert_cache(m, &r, moe_archs[i], false, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
+        /* the other ways of reading the files (io_uring with O_DIRECT is the default) */
+        for (int io = SP_IO_BUFFERED; io < SP_IO_COUNT; io++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s %s", moe_archs[i], sp_io_method_name((enum sp_io_method)io));
+            check_expert_cache(m, &r, label, true, SP_EXPERT_POLICY_ARC, (enum sp_io_method)io);
+        }
         /* the other replacement policies (ARC is the default) */
         const enum sp_expert_policy policies[] = {SP_EXPERT_POLICY_LRU, SP_EXPERT_POLICY_CLOCK};
         for (size_t k = 0; k < 2; k++) {
             char label[64];
             snprintf(label, sizeof label, "%s %s", moe_archs[i], sp_expert_policy_name(policies[k]));
-            check_expert_cache(m, &r, label, true, policies[k]);
+            check_expert_cache(m, &r, label, true, policies[k], SP_IO_AUTO);
         }
         const struct {
             enum sp_qtype t;
@@ -462,7 +474,7 @@ static void test_expert_cache(void **state) {
             assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
             char label[64];
             snprintf(label, sizeof label, "%s %s", moe_archs[i], q[k].name);
-            check_expert_cache(qm, &r, label, true, SP_EXPERT_POLICY_ARC);
+            check_expert_cache(qm, &r, label, true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
             sp_model_close(qm);
             th_rmdir(qdir);
         }

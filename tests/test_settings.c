@@ -74,7 +74,7 @@ static void test_environment_errors(void **state) {
     struct sp_settings s;
     char *io[] = {"SPARROW_IO=uring", NULL};
     assert_int_equal(sp_settings_load(&s, io), SP_ERR_ARG);
-    assert_string_equal(sp_error_msg(), "SPARROW_IO: expected auto, buffered or pread, got \"uring\"");
+    assert_string_equal(sp_error_msg(), "SPARROW_IO: expected auto, buffered, pread or mapped, got \"uring\"");
     char *policy[] = {"SPARROW_EXPERT_POLICY=fifo", NULL};
     assert_int_equal(sp_settings_load(&s, policy), SP_ERR_ARG);
     assert_string_equal(sp_error_msg(), "SPARROW_EXPERT_POLICY: expected arc, lru or clock, got \"fifo\"");
@@ -164,7 +164,7 @@ static void test_flag_errors(void **state) {
     struct sp_settings s;
     load_ok(&s, NULL);
     assert_int_equal(sp_settings_set(&s, "--io", "direct"), SP_ERR_ARG);
-    assert_string_equal(sp_error_msg(), "--io: expected auto, buffered or pread, got \"direct\"");
+    assert_string_equal(sp_error_msg(), "--io: expected auto, buffered, pread or mapped, got \"direct\"");
     assert_int_equal(s.io, SP_IO_AUTO);
     assert_int_equal(sp_settings_set(&s, "--expert-policy", ""), SP_ERR_ARG);
     assert_string_equal(sp_error_msg(), "--expert-policy: expected arc, lru or clock, got \"\"");

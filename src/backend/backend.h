@@ -79,6 +79,11 @@ struct sp_glu {
     float alpha, limit, u_offset;
 };
 
+/* A backend's choice of the weight matrices it reads faster in
+ * interleaved blocks of rows (sp_qmat.interleaved): the loader and the
+ * expert cache lay those out so (NULL: none). */
+typedef bool (*sp_interleave_fn)(const struct sp_qmat *w);
+
 /* ---- activations ---- */
 
 /* rows x cols floats, row r at data + r * ld, in the backend's memory. */
@@ -191,6 +196,9 @@ struct sp_backend;
 
 struct sp_backend_ops {
     const char *name;
+    /* The matrices this backend reads faster interleaved (in row order
+     * where NULL); it takes every other matrix in row order. */
+    sp_interleave_fn interleave;
     void (*destroy)(struct sp_backend *b);
     /* Whether op runs on weights of format fmt (ops without weights ignore fmt). */
     bool (*supports)(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt);

@@ -31,7 +31,7 @@
 #include "core/rng.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/membw.h"
-#include "model/experts.h"
+#include "runtime/experts.h"
 #include "model/forward.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
@@ -112,13 +112,28 @@ static bool cpu_ticks(unsigned long long *steal, unsigned long long *total) {
     return true;
 }
 
-static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *cp, int64_t prompt, int64_t gen,
-                               bool cold, struct result *r) {
+/* One run on a fresh context, with a fresh expert cache of expert_cache
+ * bytes (0: none). */
+static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *params, size_t expert_cache,
+                               const struct sp_expert_store_params *ep, int64_t prompt, int64_t gen, bool cold,
+                               struct result *r) {
     memset(r, 0, sizeof *r);
     if (cold) drop_cache(m);
-    struct sp_ctx *c;
-    enum sp_status st = sp_ctx_create(m, cp, &c);
-    if (st != SP_OK) return st;
+    struct sp_ctx *c = NULL;
+    struct sp_expert_store *store = NULL;
+    struct sp_expert_source source;
+    struct sp_ctx_params with = *params;
+    const struct sp_ctx_params *cp = &with;
+    enum sp_status st = SP_OK;
+    if (expert_cache) {
+        if ((st = sp_expert_store_create(m, expert_cache, ep, &store)) != SP_OK) return st;
+        source = sp_expert_store_source(store);
+        with.experts = &source;
+    }
+    if ((st = sp_ctx_create(m, cp, &c)) != SP_OK) {
+        sp_expert_store_free(store);
+        return st;
+    }
     int64_t V = m->arch.vocab, B = cp->max_batch;
     int32_t *tok = sp_malloc((size_t)(prompt + gen) * sizeof(int32_t), SP_MEM_ACT);
     int32_t *pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_ACT), *seq = sp_calloc((size_t)B, sizeof(int32_t), SP_MEM_ACT);
@@ -159,7 +174,8 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     r->decode_s = t2 - t1;
     r->prompt = prompt;
     r->gen = gen;
-    r->has_experts = sp_ctx_expert_stats(c, &r->es);
+    r->has_experts = store != NULL;
+    if (store) sp_expert_store_stats(store, &r->es);
     rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
     r->weights_huge = sp_model_huge_bytes(m);
 done:
@@ -169,6 +185,7 @@ done:
     sp_free(want);
     sp_free(logits);
     sp_ctx_free(c);
+    sp_expert_store_free(store);
     return st;
 }
 
@@ -533,9 +550,9 @@ static int bench_model(const char *model, struct bench_opts *o) {
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
-                               .n_threads = (int)threads, .time_steps = o->steps,
-                               .expert_params = sp_cli_expert_params(&o->set)};
-    if (pl.strategy == SP_STRATEGY_EXPERT_CACHE) cp.expert_cache = pl.expert_cache;
+                               .n_threads = (int)threads, .time_steps = o->steps};
+    struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
+    size_t expert_cache = pl.strategy == SP_STRATEGY_EXPERT_CACHE ? pl.expert_cache : 0;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     struct sp_plan_load_params lp = sp_cli_load_params(&o->set);
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m, &lp);
@@ -549,22 +566,21 @@ static int bench_model(const char *model, struct bench_opts *o) {
     }
     for (int64_t i = 0; i < o->repeat; i++) {
         struct result r;
-        if (run_once(m, &cp, prompt, gen, o->cold, &r) != SP_OK) {
+        if (run_once(m, &cp, expert_cache, &ep, prompt, gen, o->cold, &r) != SP_OK) {
             sp_free(stats);
             goto done;
         }
         r.load_s = i == 0 ? load_s : 0.0;
         ram_gbs = machine_gbs(&pl, nth, &ram_measured);
-        stats[i] = report(m, &ms, &pl, cp.expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured,
+        stats[i] = report(m, &ms, &pl, expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured,
                           o->synthetic, &r);
     }
     if (o->repeat > 1) summarize(stats, o->repeat);
     double last_decode = stats[o->repeat - 1].v[RS_DECODE];
     sp_free(stats);
-    if (o->compare && cp.expert_cache) {
+    if (o->compare && expert_cache) {
         struct result base;
-        cp.expert_cache = 0;
-        if (run_once(m, &cp, prompt, gen, o->cold, &base) != SP_OK) goto done;
+        if (run_once(m, &cp, 0, &ep, prompt, gen, o->cold, &base) != SP_OK) goto done;
         double b = report(m, &ms, &pl, "mmap", nth, ram_gbs, ram_measured, o->synthetic, &base).v[RS_DECODE];
         printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? last_decode / b : 0.0);
     }

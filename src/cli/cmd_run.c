@@ -15,7 +15,7 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
-#include "model/experts.h"
+#include "runtime/experts.h"
 #include "model/forward.h"
 #include "runtime/engine.h"
 #include "runtime/plan.h"
@@ -246,6 +246,8 @@ int sp_cmd_run(int argc, char **argv) {
     struct sp_model *m = NULL;
     struct sp_tokenizer *tok = NULL;
     struct sp_ctx *c = NULL;
+    struct sp_expert_store *store = NULL;  // an expert cache, where the plan keeps one
+    struct sp_expert_source source;
     struct sp_sampler *smp = NULL;
     struct sp_detok *dt = NULL;
     struct sp_ids ids = {0};
@@ -277,8 +279,7 @@ int sp_cmd_run(int argc, char **argv) {
                                .n_seq = 1,
                                .max_batch = o.batch ? o.batch : SP_DEFAULT_BATCH,
                                .kv_type = o.kv,
-                               .n_threads = (int)o.threads,
-                               .expert_params = sp_cli_expert_params(&o.set)};
+                               .n_threads = (int)o.threads};
     if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
     if (n + o.max_tokens > cp.n_ctx) {
         sp_errorf(SP_ERR_ARG, "%lld prompt tokens + %lld to generate exceed the context of %lld", (long long)n,
@@ -292,7 +293,10 @@ int sp_cmd_run(int argc, char **argv) {
     struct sp_plan plan;
     if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;
     if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) {
-        cp.expert_cache = plan.expert_cache;
+        struct sp_expert_store_params ep = sp_cli_expert_params(&o.set);
+        if (sp_expert_store_create(m, plan.expert_cache, &ep, &store) != SP_OK) goto fail;
+        source = sp_expert_store_source(store);
+        cp.experts = &source;
         fprintf(stderr, "plan: expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", (double)plan.expert_cache / 1048576.0,
                 (long long)plan.cached_experts, 100.0 * plan.hit_rate);
     }
@@ -383,7 +387,8 @@ int sp_cmd_run(int argc, char **argv) {
             (long long)generated, t2 - t1, generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0, why,
             sp_ctx_params(c)->n_threads);
     struct sp_expert_store_stats es;
-    if (sp_ctx_expert_stats(c, &es))
+    if (store) sp_expert_store_stats(store, &es);
+    if (store)
         fprintf(stderr, "experts: %llu hits, %llu misses (%.1f%% hit rate), %.1f MiB read in %.3f s (%.1f MB/s)\n",
                 (unsigned long long)es.hits, (unsigned long long)es.misses,
                 es.hits + es.misses ? 100.0 * (double)es.hits / (double)(es.hits + es.misses) : 0.0,
@@ -399,6 +404,7 @@ fail:
     sp_free(logits);
     sp_ids_free(&ids);
     sp_ctx_free(c);
+    sp_expert_store_free(store);
     sp_tokenizer_free(tok);
     sp_model_close(m);
     return rc;

@@ -62,11 +62,12 @@ int sp_cli_kernels_use(const struct sp_settings *s) {
 
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s) {
     return (struct sp_expert_store_params){
-        .policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch, .row_order = s->row_order};
+        .policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch,
+        .interleave = s->row_order ? NULL : sp_ctx_interleave(SP_DEVICE_CPU)};
 }
 
 struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s) {
-    return (struct sp_plan_load_params){.mmap = s->mmap, .row_order = s->row_order};
+    return (struct sp_plan_load_params){.mmap = s->mmap, .interleave = s->row_order ? NULL : sp_ctx_interleave(SP_DEVICE_CPU)};
 }
 
 enum sp_status sp_cli_model_resolve(const struct sp_settings *s, const char *spec, char **dir) {

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 
 #include "core/settings.h"
-#include "model/experts.h"
+#include "runtime/experts.h"
 #include "model/model.h"
 #include "runtime/plan.h"
 
@@ -30,8 +30,9 @@
     "                         avx512, avx512-int16, amx, amx-int16 (default: the fastest this CPU runs)\n"     \
     "  --precision fast|exact fast: the fastest set (default); exact: the fastest that keeps activations\n"    \
     "                         in float (avx2f, else portable). --kernels and --precision exclude each other\n" \
-    "  --io auto|buffered|pread  how the expert cache reads: io_uring with O_DIRECT where the files allow\n"   \
-    "                         (auto), io_uring through the page cache, or pread\n"                            \
+    "  --io auto|buffered|pread|mapped  how the expert cache reads: io_uring with O_DIRECT where the\n"       \
+    "                         files allow (auto), io_uring through the page cache, pread, or copies out\n"   \
+    "                         of the files' mappings\n"                                                     \
     "  --expert-policy arc|lru|clock  the expert cache's replacement (default arc)\n"                           \
     "  --no-prefetch          do not read the next MoE layer's experts ahead\n"                                 \
     "  --mmap                 keep resident weights in the files' pages (no copies, rows in order)\n"           \

@@ -9,7 +9,7 @@
 #include "core/buf.h"
 
 static const char *const precision_names[] = {"fast", "exact", NULL};
-static const char *const io_names[] = {"auto", "buffered", "pread", NULL};
+static const char *const io_names[] = {"auto", "buffered", "pread", "mapped", NULL};
 static const char *const policy_names[] = {"arc", "lru", "clock", NULL};
 
 const char *sp_precision_name(enum sp_precision p) {
@@ -49,7 +49,7 @@ static const struct def *def_of_flag(const char *flag) {
     return NULL;
 }
 
-/* "auto, buffered or pread" */
+/* "auto, buffered, pread or mapped" */
 static void list_choices(struct sp_buf *b, const char *const *choices) {
     for (int i = 0; choices[i]; i++)
         sp_buf_printf(b, "%s%s", i == 0 ? "" : choices[i + 1] ? ", " : " or ", choices[i]);

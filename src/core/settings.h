@@ -17,7 +17,7 @@
  * Flag          variable               values
  * --kernels     SPARROW_KERNELS        a kernel set's name (checked by the CLI against the CPU)
  * --precision   SPARROW_PRECISION      fast | exact
- * --io          SPARROW_IO             auto | buffered | pread
+ * --io          SPARROW_IO             auto | buffered | pread | mapped
  * --expert-policy SPARROW_EXPERT_POLICY arc | lru | clock
  * --no-prefetch SPARROW_PREFETCH=0
  * --mmap        SPARROW_MMAP           on when set to other than "" or "0"
@@ -44,10 +44,11 @@
  * the fastest that keeps activations in float (avx2f, else portable). */
 enum sp_precision { SP_PRECISION_FAST, SP_PRECISION_EXACT, SP_PRECISION_COUNT };
 
-/* How the expert cache reads the files: io_uring with O_DIRECT where the
- * files allow it (auto), io_uring through the page cache (buffered), or
- * pread through the page cache. */
-enum sp_io_method { SP_IO_AUTO, SP_IO_BUFFERED, SP_IO_PREAD, SP_IO_COUNT };
+/* How the expert cache reads the files (runtime/storage.h): io_uring with
+ * O_DIRECT where the files allow it (auto), io_uring through the page
+ * cache (buffered), pread through the page cache, or copies out of the
+ * files' mappings (mapped). */
+enum sp_io_method { SP_IO_AUTO, SP_IO_BUFFERED, SP_IO_PREAD, SP_IO_MAPPED, SP_IO_COUNT };
 
 /* The expert cache's replacement policy (experts.h). */
 enum sp_expert_policy { SP_EXPERT_POLICY_ARC, SP_EXPERT_POLICY_LRU, SP_EXPERT_POLICY_CLOCK, SP_EXPERT_POLICY_COUNT };

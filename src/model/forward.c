@@ -11,7 +11,6 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "model/experts.h"
 
 /* Weight views (prepared by the backend) and the backend's float copies of
  * the small parameters of one layer. */
@@ -38,7 +37,7 @@ struct sp_ctx {
     struct sp_linear embed, lm_head;
     const float *out_norm;  // (d)
     struct sp_glu act;      // the MLPs' activation
-    struct sp_expert_store *experts;  // NULL: experts read through the mapping
+    const struct sp_expert_source *experts;  // NULL: experts read through the mapping
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
     /* batch tensors in the backend's memory, max_batch rows each */
@@ -299,7 +298,6 @@ void sp_ctx_free(struct sp_ctx *c) {
     void *host[] = {c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
                     c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
-    sp_expert_store_free(c->experts);
     sp_backend_free(c->be);
     sp_free(c);
 }
@@ -346,10 +344,8 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if (st != SP_OK) goto fail;
     for (int64_t L = 0; L < a->n_layers; L++)
         if ((st = load_layer(c, L)) != SP_OK) goto fail;
-    if (c->p.expert_cache &&
-        (st = sp_expert_store_create(m, c->p.expert_cache, &c->p.expert_params, &c->experts)) != SP_OK)
-        goto fail;
-    if (c->experts && sp_expert_store_prefetching(c->experts)) {
+    c->experts = c->p.experts;
+    if (c->experts && c->experts->prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
         c->pf_views = sp_malloc((size_t)a->n_experts * sizeof *c->pf_views, SP_MEM_MODEL);
         if (!c->pf_experts || !c->pf_views) goto nomem;
@@ -389,10 +385,9 @@ fail:
 
 const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c) { return &c->p; }
 
-bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out) {
-    if (!c->experts) return false;
-    sp_expert_store_stats(c->experts, out);
-    return true;
+sp_interleave_fn sp_ctx_interleave(enum sp_device d) {
+    const struct sp_backend_ops *ops = sp_backend_ops(d);
+    return ops ? ops->interleave : NULL;
 }
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->be->ops->kv_bytes(c->be); }
 
@@ -580,7 +575,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
             struct sp_expert_views v = mapped_expert(ly, e), *use = &c->eviews[m];
             if (!c->experts)
                 *use = v;
-            else if (sp_expert_store_get(c->experts, &v, ly - c->layers, e, use) != SP_OK)
+            else if (c->experts->get(c->experts->ctx, &v, ly - c->layers, e, use) != SP_OK)
                 return false;
             c->items[m] = (struct sp_mlp_item){use->fused ? NULL : &use->gate, use->fused ? NULL : &use->up,
                                                use->fused ? &use->gate_up : NULL, &use->down,
@@ -597,7 +592,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         STEP(c, SP_STEP_EXPERTS, sp_mlp_macs(c->items, m + shared_now, d),
              be->ops->mlp(be, c->items, m + shared_now, &c->act, c->gout));
         if (c->experts)
-            for (int64_t i = 0; i < m; i++) sp_expert_store_put(c->experts, ly - c->layers, c->item_expert[i]);
+            for (int64_t i = 0; i < m; i++) c->experts->put(c->experts->ctx, ly - c->layers, c->item_expert[i]);
         STEP(c, SP_STEP_MOVE, 0,
              be->ops->scatter_add(be, out, sp_tensor_rows(c->gout, 0, rows), c->etok + p0, c->ew + p0));
         if (shared_now) {
@@ -633,7 +628,7 @@ static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
             c->pf_experts[m++] = e;
         }
     }
-    sp_expert_store_prefetch(c->experts, L2, c->pf_experts, c->pf_views, m);
+    c->experts->prefetch(c->experts->ctx, L2, c->pf_experts, c->pf_views, m);
 }
 
 /* ---- the forward pass ---- */

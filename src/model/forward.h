@@ -26,7 +26,6 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/experts.h"
 #include "model/model.h"
 
 /* Tokens per forward call unless told: the prefill chunk of run, serve and
@@ -45,6 +44,26 @@
 #define SP_TEXT_OF(x) SP_TEXT_OF_(x)
 #define SP_TEXT_OF_(x) #x
 
+/* One routed expert's weights: gate, up and down, or gate_up (outputs
+ * alternating gate, up) and down where the model fuses them. */
+struct sp_expert_views {
+    struct sp_linear gate, up, down, gate_up;
+    bool fused;
+};
+
+/* Where the forward pass takes routed experts from when not through the
+ * model's mapping (an expert cache: runtime/experts.h). get: expert e of
+ * layer L, valid until put (`mapped`: its views into the files); one
+ * forward pass calls them at a time. prefetch (NULL: none): experts the
+ * next MoE layer L is predicted to take, asked for early. */
+struct sp_expert_source {
+    void *ctx;
+    enum sp_status (*get)(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
+                          struct sp_expert_views *out);
+    void (*put)(void *ctx, int64_t L, int64_t e);
+    void (*prefetch)(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped, int64_t n);
+};
+
 struct sp_ctx_params {
     int64_t n_ctx;         // positions per sequence (0: the model's, capped at 4096)
     int n_seq;             // sequences (0: 1)
@@ -52,8 +71,8 @@ struct sp_ctx_params {
     enum sp_kv_type kv_type;
     enum sp_device device; // the backend that runs it (zero: the CPU)
     int n_threads;         // CPU threads (0: physical cores)
-    size_t expert_cache;   // 0: routed experts read from the mapped files; else an expert cache of this many bytes
-    struct sp_expert_store_params expert_params;  // how that cache reads and evicts
+    const struct sp_expert_source *experts;  // NULL: routed experts read through the mapped files; else
+                                             // borrowed, valid while the context is
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
 };
 
@@ -101,9 +120,9 @@ size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, 
  * buffers and per-thread scratch, the routing tables (the planner counts
  * them among the activations). */
 size_t sp_ctx_work_bytes(const struct sp_arch *a, int64_t max_batch, int n_threads);
-/* The expert store's counters; false when the context has no expert cache. */
-struct sp_expert_store_stats;
-bool sp_ctx_expert_stats(const struct sp_ctx *c, struct sp_expert_store_stats *out);
+/* The backend's choice of weight layout for a device (sp_backend_ops:
+ * interleave): what the loader and an expert cache lay out for it. */
+sp_interleave_fn sp_ctx_interleave(enum sp_device d);
 /* Copies the cached positions [0, n) of sequence src to sequence dst. */
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
 /* The steps' times since the context was made or last reset (zero unless

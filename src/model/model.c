@@ -327,7 +327,7 @@ static bool in_map(const struct sp_map *f, const void *p, size_t n) {
 /* The matrices sp_model_copy_in interleaves in a file's copy */
 struct interleave {
     struct sp_model *m;
-    sp_model_interleave_fn want;
+    sp_interleave_fn want;
     size_t bytes, tmp_cap;
     int64_t matrices;
     void *tmp;
@@ -381,7 +381,7 @@ static bool file_to_interleave(const struct interleave *il, const struct sp_map 
     return false;
 }
 
-enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
+enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interleave_fn want,
                                 struct sp_model_copy *out) {
     memset(out, 0, sizeof *out);
     struct interleave il = {.m = m, .want = want};

@@ -41,9 +41,6 @@ void sp_model_close(struct sp_model *m);
 /* Maps every weight file into memory now (sp_map_populate), for a model the
  * plan keeps resident: its first forward pass then takes no page faults. */
 enum sp_status sp_model_populate(const struct sp_model *m);
-/* Whether sp_model_copy_in puts a weight matrix (row order, interleavable)
- * in interleaved blocks of rows: the kernels' choice (sp_kernels_interleave). */
-typedef bool (*sp_model_interleave_fn)(const struct sp_qmat *w);
 struct sp_model_copy {
     size_t copied;       // bytes of the files copied
     size_t interleaved;  // bytes of the matrices interleaved in the copies
@@ -57,7 +54,7 @@ struct sp_model_copy {
  * matrices it takes are interleaved in the copy (sp_qmat.interleaved; the
  * slots' row_blocks tell sp_model_linear). On failure the files not copied
  * stay mapped and readable, in row order. */
-enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_model_interleave_fn want,
+enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interleave_fn want,
                                 struct sp_model_copy *out);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);

@@ -57,6 +57,8 @@ struct sp_engine {
     const struct sp_tokenizer *tok;
     struct sp_engine_params p;
     struct sp_ctx *ctx;
+    struct sp_expert_store *experts;  // NULL: routed experts read through the mapping
+    struct sp_expert_source source;   // the store as the context's expert source
     int64_t vocab;
     struct slot *slots;
     int32_t eos[16];
@@ -215,6 +217,7 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->tok_text);
     sp_free(e->tok_off);
     sp_ctx_free(e->ctx);
+    sp_expert_store_free(e->experts);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     sp_free(e);
@@ -237,9 +240,14 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
     e->vocab = m->arch.vocab;
     struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
-                               .kv_type = e->p.kv_type, .n_threads = e->p.n_threads, .expert_cache = e->p.expert_cache,
-                               .expert_params = e->p.expert_params};
-    enum sp_status st = sp_ctx_create(m, &cp, &e->ctx);
+                               .kv_type = e->p.kv_type, .n_threads = e->p.n_threads};
+    enum sp_status st = SP_OK;
+    if (e->p.expert_cache) {
+        if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;
+        e->source = sp_expert_store_source(e->experts);
+        cp.experts = &e->source;
+    }
+    st = sp_ctx_create(m, &cp, &e->ctx);
     if (st != SP_OK) goto fail;
     e->p.n_threads = sp_ctx_params(e->ctx)->n_threads;
     int S = e->p.n_slots;
@@ -679,7 +687,8 @@ static bool step(struct sp_engine *e) {
     e->st.decode_s += dt * (double)n_decode / (double)n;
     e->st.prefill_s += dt * (double)n_prefill / (double)n;
     struct sp_expert_store_stats es;
-    if (sp_ctx_expert_stats(e->ctx, &es)) {
+    if (e->experts) {
+        sp_expert_store_stats(e->experts, &es);
         memcpy(e->layer_hits, es.layer_hits, (size_t)e->st.n_layers * sizeof(uint64_t));
         memcpy(e->layer_misses, es.layer_misses, (size_t)e->st.n_layers * sizeof(uint64_t));
         es.layer_hits = es.layer_misses = NULL;

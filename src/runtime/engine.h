@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
-#include "model/experts.h"
+#include "runtime/experts.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"

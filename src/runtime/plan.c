@@ -16,7 +16,6 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/pool.h"
-#include "backend/cpu/kernels.h"
 #include "backend/cpu/membw.h"
 
 #define DEFAULT_RAM_GBS 10.0
@@ -261,16 +260,13 @@ static bool thp_allowed(void) {
     return ok;
 }
 
-/* sp_model_interleave_fn: the choice of the set in use */
-static bool interleave_for_kernels(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
-
 double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp_plan_load_params *lp) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
     double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
     /* anonymous 2 MiB pages stream faster than the page cache's pages, and
      * interleaved rows faster than rows in order (README: Memory) */
     bool keep = lp && lp->mmap;
-    sp_model_interleave_fn want = keep || (lp && lp->row_order) ? NULL : interleave_for_kernels;
+    sp_interleave_fn want = keep || !lp ? NULL : lp->interleave;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     /* the copies first (read from the files, not through the map), then

@@ -48,7 +48,7 @@ struct sp_plan_inputs {
 /* How sp_plan_load brings weights in; zero is the default of each. */
 struct sp_plan_load_params {
     bool mmap;       // keep the files' pages: no copies into anonymous memory (nor interleaving)
-    bool row_order;  // copy, but keep every matrix in row order
+    sp_interleave_fn interleave;  // the backend's layout: matrices the copies interleave (NULL: every one in row order)
 };
 
 enum sp_strategy { SP_STRATEGY_RESIDENT, SP_STRATEGY_EXPERT_CACHE };
@@ -92,10 +92,10 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out);
 /* Brings in what the plan keeps in memory: under "resident", every weight
  * file (sp_model_populate), so that no page fault lands in a forward pass;
  * each of 2 MiB or more copied into anonymous 2 MiB pages where
- * transparent huge pages are on, and one holding matrices that the
- * kernels read faster interleaved (sp_kernels_interleave) copied with them
- * interleaved (sp_model_copy_in), unless lp says mmap (no copies) or
- * row_order (no interleaving; lp NULL: neither); under "expert-cache"
+ * transparent huge pages are on, and one holding matrices that
+ * lp->interleave takes (the backend's layout: sp_ctx_interleave) copied
+ * with them interleaved (sp_model_copy_in), unless lp says mmap (no
+ * copies; lp NULL: copies, rows in order); under "expert-cache"
  * nothing (the cache fills as experts are used). A failure is only logged
  * (the weights stay readable through the mapping). Returns the seconds it
  * took. */

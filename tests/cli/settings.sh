@@ -105,7 +105,7 @@ fi
 for cmd in "serve --model $TMP/bf16" "run --model $TMP/bf16 --tokens 1" "bench --model $TMP/bf16"; do
     name="${cmd%% *}"
     run "$name --io direct" 2 "$SPARROW" $cmd --io direct
-    expect "$name: says what --io takes" "$TMP/err" 'error: --io: expected auto, buffered or pread, got "direct"'
+    expect "$name: says what --io takes" "$TMP/err" 'error: --io: expected auto, buffered, pread or mapped, got "direct"'
     run "$name --expert-policy fifo" 2 "$SPARROW" $cmd --expert-policy fifo
     expect "$name: says what --expert-policy takes" "$TMP/err" 'error: --expert-policy: expected arc, lru or clock, got "fifo"'
     run "$name --precision float" 2 "$SPARROW" $cmd --precision float
@@ -116,7 +116,7 @@ for cmd in "serve --model $TMP/bf16" "run --model $TMP/bf16 --tokens 1" "bench -
     expect "$name: --help lists the settings" "$TMP/out" "--expert-policy arc|lru|clock"
 done
 run "SPARROW_IO=direct" 2 env SPARROW_IO=direct "$SPARROW" run --model "$TMP/bf16" --tokens 1
-expect "names the variable" "$TMP/err" 'error: SPARROW_IO: expected auto, buffered or pread, got "direct"'
+expect "names the variable" "$TMP/err" 'error: SPARROW_IO: expected auto, buffered, pread or mapped, got "direct"'
 run "SPARROW_EXPERT_POLICY=fifo" 2 env SPARROW_EXPERT_POLICY=fifo "$SPARROW" bench --model "$TMP/bf16"
 expect "names the variable" "$TMP/err" 'error: SPARROW_EXPERT_POLICY: expected arc, lru or clock, got "fifo"'
 

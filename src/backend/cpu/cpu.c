@@ -780,8 +780,12 @@ fail:
     return st;
 }
 
+/* sp_interleave_fn: the choice of the kernel set in use */
+static bool cpu_interleave(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
+
 const struct sp_backend_ops sp_cpu_backend_ops = {
     .name = "cpu",
+    .interleave = cpu_interleave,
     .destroy = cpu_destroy,
     .supports = cpu_supports,
     .tensor = cpu_tensor,

@@ -1,8 +1,7 @@
-/* experts.c - the expert cache (ARC, LRU or clock replacement) over io_uring or pread. */
-#include "model/experts.h"
+/* experts.c - the expert cache (ARC, LRU or clock replacement) over the
+ * model files, read through a storage implementation (storage.h). */
+#include "runtime/experts.h"
 
-#include <errno.h>
-#include <liburing.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,22 +12,11 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "backend/cpu/kernels.h"
+#include "runtime/storage.h"
 
 const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1] = {0.1, 0.5, 1, 5, 10, 50, 100};
 
-/* One contiguous byte range of an expert in a file, and where it goes in a slot. */
-struct part {
-    int fd, shard;
-    uint64_t file_off;
-    size_t len;
-    size_t slot_off;
-};
-
-#define DIO_ALIGN 4096
 #define CLOCK_MAX 3
-
-#define MAX_PARTS 16  // 4 matrices x (codes, scales, biases, bias)
 
 struct slot {
     int64_t key;  // L * n_experts + e, or -1
@@ -42,13 +30,11 @@ struct slot {
     uint8_t *mem;
 };
 
-/* How one thread reads experts: its io_uring (or NULL) and, for O_DIRECT,
- * an aligned bounce buffer with room for every part of an expert. */
+/* How one thread reads experts: its storage reader, and room for a block
+ * of rows to interleave (interleave_unit). */
 struct reader_io {
-    struct io_uring *ring;
-    uint8_t *bounce;
-    size_t bounce_bytes;
-    uint8_t *block;  // room for a block of rows to interleave (interleave_unit)
+    struct sp_storage_reader *rd;
+    uint8_t *block;
     size_t block_bytes;
 };
 
@@ -76,18 +62,17 @@ struct sp_expert_store {
     /* prefetch: one reader thread fed by a ring of jobs; mu guards every
      * field of the store that both threads touch */
     bool prefetch;
-    const struct sp_kernels *k;  // the set whose choice of matrices to interleave the slots hold (NULL: none)
+    sp_interleave_fn interleave;  // the backend's choice of matrices the slots hold interleaved (NULL: none)
     pthread_t reader;
     bool reader_started, stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct job *jobs;  // (n_slots) ring
     int64_t j_head, j_len;
-    /* io_uring for the demand reads (forward thread) and the reads ahead
-     * (reader thread); NULL where the kernel refuses io_uring */
-    struct io_uring ring_demand, ring_ahead;
+    /* the files, read by the demand reads (forward thread) and the reads
+     * ahead (reader thread) */
+    struct sp_storage *storage;
     struct reader_io io_demand, io_ahead;
-    int *dfd;  // (n_shards) O_DIRECT descriptors, -1 where refused
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
@@ -125,12 +110,11 @@ static bool view_used(const struct sp_expert_views *v, int i) {
 }
 
 /* Maps a pointer into the model's mappings to (fd, file offset). */
-static bool file_of(const struct sp_model *m, const void *p, int *fd, int *shard, uint64_t *off) {
+static bool file_of(const struct sp_model *m, const void *p, int *shard, uint64_t *off) {
     for (int i = 0; i < m->files->n_shards; i++) {
         const struct sp_map *mp = &m->files->shards[i]->map;
         const uint8_t *b = mp->data;
         if (b && (const uint8_t *)p >= b && (const uint8_t *)p < b + mp->size) {
-            *fd = mp->fd;
             *shard = i;
             *off = (uint64_t)((const uint8_t *)p - b);
             return true;
@@ -190,15 +174,11 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    if (s->io_demand.ring) io_uring_queue_exit(s->io_demand.ring);
-    if (s->io_ahead.ring) io_uring_queue_exit(s->io_ahead.ring);
-    sp_free_aligned(s->io_demand.bounce);
-    sp_free_aligned(s->io_ahead.bounce);
+    sp_storage_reader_close(s->io_demand.rd);
+    sp_storage_reader_close(s->io_ahead.rd);
+    sp_storage_close(s->storage);
     sp_free(s->io_demand.block);
     sp_free(s->io_ahead.block);
-    for (int i = 0; s->dfd && i < s->m->files->n_shards; i++)
-        if (s->dfd[i] >= 0) close(s->dfd[i]);
-    sp_free(s->dfd);
     sp_free(s->jobs);
     sp_free_aligned(s->arena);
     sp_free(s->slots);
@@ -225,7 +205,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->m = m;
-    s->k = p->row_order ? NULL : sp_kernels();
+    s->interleave = p->interleave;
     s->n_experts = m->arch.n_experts;
     s->n_layers = m->arch.n_layers;
     s->slot_bytes = unit;
@@ -261,29 +241,15 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
     s->st.budget = s->budget;
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
-    bool uring = p->io != SP_IO_PREAD, odirect = p->io == SP_IO_AUTO;
-    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_demand, 0) == 0) s->io_demand.ring = &s->ring_demand;
-    if (uring && io_uring_queue_init(MAX_PARTS, &s->ring_ahead, 0) == 0) s->io_ahead.ring = &s->ring_ahead;
-    s->st.io_uring = s->io_demand.ring != NULL;
-    if (odirect) {
-        int ns = m->files->n_shards;
-        s->dfd = sp_malloc((size_t)ns * sizeof *s->dfd, SP_MEM_MODEL);
-        for (int i = 0; s->dfd && i < ns; i++) s->dfd[i] = -1;
-        size_t bb = unit + (size_t)MAX_PARTS * 2 * DIO_ALIGN;
-        s->io_demand.bounce = sp_malloc_aligned(bb, DIO_ALIGN, SP_MEM_EXPERT_CACHE);
-        s->io_ahead.bounce = sp_malloc_aligned(bb, DIO_ALIGN, SP_MEM_EXPERT_CACHE);
-        s->io_demand.bounce_bytes = s->io_ahead.bounce_bytes = bb;
-        if (!s->dfd || !s->io_demand.bounce || !s->io_ahead.bounce) {
-            sp_expert_store_free(s);
-            return sp_errorf(SP_ERR_NOMEM, "out of memory for the expert reader buffers");
-        }
-        int any = 0;
-        for (int i = 0; i < ns; i++) {
-            s->dfd[i] = open(m->files->shards[i]->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-            any += s->dfd[i] >= 0;
-        }
-        s->st.direct_io = any > 0;
+    enum sp_status st = sp_storage_open(m->files, p->io, unit, &s->storage);
+    if (st == SP_OK) st = sp_storage_reader_open(s->storage, &s->io_demand.rd);
+    if (st == SP_OK) st = sp_storage_reader_open(s->storage, &s->io_ahead.rd);
+    if (st != SP_OK) {
+        sp_expert_store_free(s);
+        return st;
     }
+    s->st.io_uring = sp_storage_uring(s->storage);
+    s->st.direct_io = sp_storage_direct(s->storage);
     s->prefetch = s->n_slots >= 2 && !p->no_prefetch;
     if (s->prefetch) {
         s->jobs = sp_malloc((size_t)s->n_slots * sizeof *s->jobs, SP_MEM_MODEL);
@@ -301,7 +267,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
  * set the store was made with, so that it cannot change under them) */
 static bool slot_interleaved(const struct sp_expert_store *s, const struct sp_expert_views *mapped, int i) {
     const struct sp_linear *l = view_at(mapped, i);
-    return s->k && !l->transposed && sp_kernels_interleave(s->k, &l->w);
+    return s->interleave && !l->transposed && s->interleave(&l->w);
 }
 
 /* Copies `mapped` with every pointer moved into slot memory at the offsets
@@ -355,9 +321,10 @@ static enum sp_status interleave_unit(const struct sp_expert_store *s, struct re
     return SP_OK;
 }
 
-/* The file ranges of one expert and where each lands in a slot. */
-static int unit_parts(const struct sp_model *m, const struct sp_expert_views *mapped, struct part *parts,
-                      enum sp_status *st) {
+/* The file ranges of one expert, each landing in mem at 64-byte aligned
+ * offsets in the order rebase expects. */
+static int unit_parts(const struct sp_model *m, const struct sp_expert_views *mapped, uint8_t *mem,
+                      struct sp_storage_part *parts, enum sp_status *st) {
     int np = 0;
     size_t off = 0;
     *st = SP_OK;
@@ -367,13 +334,13 @@ static int unit_parts(const struct sp_model *m, const struct sp_expert_views *ma
         size_t len[4];
         int n = linear_parts(view_at(mapped, i), ptr, len);
         for (int k = 0; k < n; k++) {
-            SP_ASSERT(np < MAX_PARTS);
-            if (!file_of(m, ptr[k], &parts[np].fd, &parts[np].shard, &parts[np].file_off)) {
+            SP_ASSERT(np < SP_STORAGE_MAX_PARTS);
+            if (!file_of(m, ptr[k], &parts[np].shard, &parts[np].off)) {
                 *st = sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
                 return 0;
             }
             parts[np].len = len[k];
-            parts[np].slot_off = off;
+            parts[np].dst = mem + off;
             off += (len[k] + 63) & ~(size_t)63;
             np++;
         }
@@ -381,89 +348,16 @@ static int unit_parts(const struct sp_model *m, const struct sp_expert_views *ma
     return np;
 }
 
-static enum sp_status pread_full(int fd, uint8_t *dst, size_t len, uint64_t off) {
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r = pread(fd, dst + done, len - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return sp_errorf(SP_ERR_IO, "reading an expert from the model files: %s", r < 0 ? strerror(errno) : "unexpected end of file");
-        done += (size_t)r;
-    }
-    return SP_OK;
-}
-
-/* Reads one expert into mem (no lock needed: the slot is reserved). Each
- * part is read, where the store has an O_DIRECT descriptor for its file, as
- * the aligned span around it into the bounce buffer and copied out (no page
- * cache at all); otherwise buffered, after which the kernel's copy is
- * dropped. With a ring every part is submitted at once; anything that fails
- * (a refused O_DIRECT, a short read) is read again with plain pread. Adds
+/* Reads one expert into mem (no lock needed: the slot is reserved); adds
  * to *reads and *bytes. */
-static enum sp_status read_unit(const struct sp_model *m, const int *dfd, const struct reader_io *io,
+static enum sp_status read_unit(const struct sp_model *m, const struct reader_io *io,
                                 const struct sp_expert_views *mapped, uint8_t *mem, uint64_t *reads, uint64_t *bytes) {
-    struct part parts[MAX_PARTS];
+    struct sp_storage_part parts[SP_STORAGE_MAX_PARTS];
     enum sp_status st;
-    int np = unit_parts(m, mapped, parts, &st);
-    if (st != SP_OK) return st;
-    bool done[MAX_PARTS] = {false};
-    uint64_t a0[MAX_PARTS];
-    size_t span[MAX_PARTS], boff[MAX_PARTS];
-    bool direct[MAX_PARTS];
-    size_t used = 0;
-    for (int k = 0; k < np; k++) {
-        a0[k] = parts[k].file_off & ~(uint64_t)(DIO_ALIGN - 1);
-        span[k] = (size_t)(((parts[k].file_off + parts[k].len + DIO_ALIGN - 1) & ~(uint64_t)(DIO_ALIGN - 1)) - a0[k]);
-        direct[k] = dfd && dfd[parts[k].shard] >= 0 && io->bounce && used + span[k] <= io->bounce_bytes;
-        boff[k] = used;
-        if (direct[k]) used += span[k];
-    }
-    if (io->ring) {
-        int queued = 0;
-        for (int k = 0; k < np; k++) {
-            struct io_uring_sqe *sqe = io_uring_get_sqe(io->ring);
-            if (!sqe) break;
-            if (direct[k])
-                io_uring_prep_read(sqe, dfd[parts[k].shard], io->bounce + boff[k], (unsigned)span[k], a0[k]);
-            else
-                io_uring_prep_read(sqe, parts[k].fd, mem + parts[k].slot_off, (unsigned)parts[k].len, parts[k].file_off);
-            io_uring_sqe_set_data64(sqe, (uint64_t)k);
-            queued++;
-        }
-        if (queued && io_uring_submit_and_wait(io->ring, (unsigned)queued) >= 0) {
-            for (int c = 0; c < queued; c++) {
-                struct io_uring_cqe *cqe;
-                if (io_uring_wait_cqe(io->ring, &cqe) != 0) break;
-                int k = (int)io_uring_cqe_get_data64(cqe);
-                if (k >= 0 && k < np) {
-                    /* a direct read may stop at the end of the file, past the part */
-                    size_t need = direct[k] ? (size_t)(parts[k].file_off - a0[k]) + parts[k].len : parts[k].len;
-                    done[k] = cqe->res >= 0 && (size_t)cqe->res >= need;
-                }
-                io_uring_cqe_seen(io->ring, cqe);
-            }
-        }
-    } else {
-        for (int k = 0; k < np; k++) {
-            if (!direct[k]) continue;
-            ssize_t r = pread(dfd[parts[k].shard], io->bounce + boff[k], span[k], (off_t)a0[k]);
-            done[k] = r >= 0 && (size_t)r >= (size_t)(parts[k].file_off - a0[k]) + parts[k].len;
-        }
-    }
-    for (int k = 0; k < np; k++) {
-        if (done[k] && direct[k]) {
-            memcpy(mem + parts[k].slot_off, io->bounce + boff[k] + (parts[k].file_off - a0[k]), parts[k].len);
-        } else if (!done[k]) {
-            if ((st = pread_full(parts[k].fd, mem + parts[k].slot_off, parts[k].len, parts[k].file_off)) != SP_OK) return st;
-            direct[k] = false;
-        }
-        /* The cache holds its own copy: drop any the kernel kept, so memory
-         * holds each expert once and later misses really go to the disk. */
-        if (!direct[k]) posix_fadvise(parts[k].fd, (off_t)parts[k].file_off, (off_t)parts[k].len, POSIX_FADV_DONTNEED);
-        *bytes += parts[k].len;
-    }
-    *reads += (uint64_t)np;
-    return SP_OK;
+    int np = unit_parts(m, mapped, mem, parts, &st);
+    if (st == SP_OK) st = sp_storage_read(io->rd, parts, np, bytes);
+    if (st == SP_OK) *reads += (uint64_t)np;
+    return st;
 }
 
 static void record_read(struct sp_expert_store *s, double dt, uint64_t reads, uint64_t bytes) {
@@ -504,7 +398,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = sp_now_s();
-        enum sp_status st = read_unit(s->m, s->dfd, &s->io_ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, &s->io_ahead, &j.mapped, s->slots[j.slot].mem, &reads, &bytes);
         if (st == SP_OK) st = interleave_unit(s, &s->io_ahead, &j.mapped, s->slots[j.slot].mem);
         double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
@@ -646,7 +540,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = sp_now_s();
-        enum sp_status st = read_unit(s->m, s->dfd, &s->io_demand, mapped, sl->mem, &reads, &bytes);
+        enum sp_status st = read_unit(s->m, &s->io_demand, mapped, sl->mem, &reads, &bytes);
         if (st == SP_OK) st = interleave_unit(s, &s->io_demand, mapped, sl->mem);
         double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
@@ -719,4 +613,18 @@ void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_sto
     out->cached_bytes = (size_t)s->st.cached * s->slot_bytes;
     out->layer_hits = s->layer_hits;
     out->layer_misses = s->layer_misses;
+}
+
+static enum sp_status source_get(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
+                                 struct sp_expert_views *out) {
+    return sp_expert_store_get(ctx, mapped, L, e, out);
+}
+static void source_put(void *ctx, int64_t L, int64_t e) { sp_expert_store_put(ctx, L, e); }
+static void source_prefetch(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped,
+                            int64_t n) {
+    sp_expert_store_prefetch(ctx, L, experts, mapped, n);
+}
+
+struct sp_expert_source sp_expert_store_source(struct sp_expert_store *s) {
+    return (struct sp_expert_source){s, source_get, source_put, s->prefetch ? source_prefetch : NULL};
 }

@@ -26,14 +26,15 @@
  * asks for them early). The counters are what /metrics and the benchmarks
  * report.
  */
-#ifndef SP_MODEL_EXPERTS_H
-#define SP_MODEL_EXPERTS_H
+#ifndef SP_RUNTIME_EXPERTS_H
+#define SP_RUNTIME_EXPERTS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/settings.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 /* How a store reads and keeps experts; zero is the default of each. */
@@ -41,12 +42,7 @@ struct sp_expert_store_params {
     enum sp_expert_policy policy;  // replacement: ARC, LRU or clock
     enum sp_io_method io;          // io_uring with O_DIRECT where the files allow it; buffered; pread
     bool no_prefetch;              // no reader thread reading the next layer's experts ahead
-    bool row_order;                // matrices stay as the files lay them out (none interleaved for the kernels)
-};
-
-struct sp_expert_views {
-    struct sp_linear gate, up, down, gate_up;  // gate_up instead of gate and up when fused
-    bool fused;
+    sp_interleave_fn interleave;   // the backend's layout: matrices the slots hold interleaved (NULL: as the files lay them out)
 };
 
 #define SP_EXPERT_LAT_BUCKETS 8
@@ -67,6 +63,10 @@ struct sp_expert_store_stats {
 extern const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1];
 
 struct sp_expert_store;
+
+/* The store as the forward pass's expert source (sp_ctx_params.experts),
+ * valid as long as s; prefetch set where the store prefetches. */
+struct sp_expert_source sp_expert_store_source(struct sp_expert_store *s);
 
 /* A cache of `budget` bytes; a budget smaller than one expert is an error
  * that names the minimum. params: NULL for the defaults. */
