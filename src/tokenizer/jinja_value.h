@@ -29,7 +29,7 @@
 
 #include "core/buf.h"
 #include "core/status.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 
