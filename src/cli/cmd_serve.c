@@ -20,7 +20,7 @@
 #include "runtime/engine.h"
 #include "runtime/plan.h"
 #include "server/server.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
 static const char usage[] =

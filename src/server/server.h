@@ -26,7 +26,7 @@
 
 #include "model/model.h"
 #include "runtime/engine.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
 struct sp_server_opts {
