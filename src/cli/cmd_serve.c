@@ -191,7 +191,7 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_buf_free(&rep);
     if (sp_engine_create(m, tok, &ep, &eng) != SP_OK) goto fail;
     const struct sp_engine_params *p = sp_engine_params(eng);
-    sp_server_attach(srv, eng, tok, ct, m);
+    sp_server_attach(srv, eng, tok, ct);
 
     struct sp_buf ready = SP_BUF_INIT;
     struct sp_jw w;
