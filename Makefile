@@ -1,6 +1,6 @@
 # sparrow - one readable GNU Makefile, out-of-tree builds.
 #
-#   make              build/sparrow (release, -O2)
+#   make              build/sparrow and build/libsparrow.a, the library behind include/sparrow.h (release, -O2)
 #   make test         unit tests + CLI tests, closing with "N passed, N failed"
 #   make asan         the same tests under AddressSanitizer + UBSan (build/asan/)
 #   make fuzz         libFuzzer targets (clang) in build/fuzz/

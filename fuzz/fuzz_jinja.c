@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 static const char CONTEXT[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"

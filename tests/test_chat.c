@@ -23,7 +23,7 @@
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/json.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 
 #define DATA      "tests/data/templates"
 #define FIXED_NOW 1768435200 // 2026-01-15T00:00:00Z, the date the references were made with

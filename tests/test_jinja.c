@@ -18,7 +18,7 @@
 #include "core/buf.h"
 #include "core/file.h"
 #include "core/json.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #define DATA "tests/data/jinja"
 

@@ -11,9 +11,9 @@
 #include <cjson/cJSON.h>
 
 #include "core/json.h"
+#include "core/utf8.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/pretok.h"
-#include "tokenizer/utf8.h"
 
 /* ---- llama.cpp vectors ---- */
 

@@ -14,9 +14,9 @@
 #include "tok_util.h"
 
 #include "core/rng.h"
+#include "core/utf8.h"
 #include "tokenizer/detok.h"
 #include "tokenizer/pretok.h"
-#include "tokenizer/utf8.h"
 
 static const char *const PKGS[] = {"qwen3", "llama3", "llama2", "gptoss"};
 #define N_PKGS 4

@@ -13,7 +13,7 @@
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/json.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 3) {

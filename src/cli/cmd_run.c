@@ -20,7 +20,7 @@
 #include "runtime/engine.h"
 #include "runtime/plan.h"
 #include "runtime/sampler.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 #include "tokenizer/detok.h"
 #include "tokenizer/tokenizer.h"
 

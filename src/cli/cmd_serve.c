@@ -22,7 +22,7 @@
 #include "runtime/engine.h"
 #include "runtime/plan.h"
 #include "server/server.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
 static const char usage[] =
@@ -205,7 +205,7 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_buf_free(&rep);
     if (sp_engine_create(m, tok, &ep, &eng) != SP_OK) goto fail;
     const struct sp_engine_params *p = sp_engine_params(eng);
-    sp_server_attach(srv, eng, tok, ct, m);
+    sp_server_attach(srv, eng, tok, ct);
 
     struct sp_buf ready = SP_BUF_INIT;
     struct sp_jw w;

@@ -10,7 +10,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "format/modeldir.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 
 static const char usage[] =
     "usage: sparrow template --model MODEL --messages FILE.json [--tools FILE.json]\n"

@@ -16,6 +16,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "backend/cpu/kernels.h"
+#include "model/inspect.h"
 #include "runtime/jsonv.h"
 #include "tokenizer/detok.h"
 
@@ -741,4 +742,36 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
     }
     return NULL;
+}
+
+/* ---- what the model is, for the layers above ---- */
+
+_Static_assert(SP_CLASS_COUNT <= SP_ENGINE_MAX_CLASSES, "sp_engine_info holds every role class");
+_Static_assert(sizeof((struct sp_engine){0}.eos) <= sizeof((struct sp_engine_info){0}.eos), "sp_engine_info holds every eos id");
+
+void sp_engine_info(const struct sp_engine *e, struct sp_engine_info *out) {
+    const struct sp_model *m = e->m;
+    memset(out, 0, sizeof *out);
+    out->architecture = m->arch.model_type;
+    out->model_dir = m->files->dir;
+    out->vocab = m->arch.vocab;
+    out->n_ctx = e->p.n_ctx;
+    out->n_ctx_train = m->arch.max_pos;
+    out->n_layers = m->arch.n_layers;
+    out->layer_moe = m->arch.layer_moe;
+    out->n_eos = e->n_eos;
+    memcpy(out->eos, e->eos, (size_t)e->n_eos * sizeof *e->eos);
+    out->file_bytes = m->files->total_bytes;
+    struct sp_model_stats st;
+    sp_model_stats(m, &st);
+    out->tensor_bytes = st.total_bytes;
+    out->bytes_per_token = st.active_bytes;
+    for (int k = 0; k < SP_CLASS_COUNT; k++) {
+        if (!st.bytes[k]) continue;
+        // an expert cache given to the context serves every routed expert (sp_ctx_create)
+        bool cached = k == SP_CLASS_ROUTED_EXPERTS && e->p.expert_cache > 0;
+        out->classes[out->n_classes++] = (struct sp_engine_class_bytes){
+            .name = sp_role_class_name((enum sp_role_class)k), .bytes = st.bytes[k],
+            .placement = cached ? "expert_cache" : "mapped"};
+    }
 }

@@ -130,4 +130,38 @@ void sp_req_cancel(struct sp_req *r);
 int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap);
 void sp_req_release(struct sp_req *r);
 
+/* What the layers above the runtime (the server, the public API) may know
+ * about the model an engine runs, so that none of them reads struct
+ * sp_model or the architecture descriptor. Strings and arrays borrow from
+ * the engine's model: valid until sp_engine_free. */
+#define SP_ENGINE_MAX_EOS     16
+#define SP_ENGINE_MAX_CLASSES 16
+
+struct sp_engine_class_bytes {
+    const char *name;       // tensor role class: "embedding", "attention", ..., "routed_experts"
+    size_t bytes;           // tensor bytes of the class
+    const char *placement;  // "mapped", or "expert_cache" for routed experts an expert cache serves
+};
+
+struct sp_engine_info {
+    const char *architecture;  // config.json's model_type ("qwen3_moe", ...)
+    const char *model_dir;     // the folder the model was read from
+    int64_t vocab;             // logits per position; token ids are below it
+    int64_t n_ctx;             // positions per slot (sp_engine_params' n_ctx)
+    int64_t n_ctx_train;       // config.json's max_position_embeddings
+    int64_t n_layers;
+    const bool *layer_moe;     // (n_layers) the layer routes tokens to experts
+    int32_t eos[SP_ENGINE_MAX_EOS];  // ids that end a generation (sp_eos_ids)
+    int n_eos;
+    size_t file_bytes;         // the model's safetensors files
+    size_t tensor_bytes;       // the tensors in them (headers excluded)
+    size_t bytes_per_token;    // weight bytes a decoded token reads
+    struct sp_engine_class_bytes classes[SP_ENGINE_MAX_CLASSES];  // role classes holding any bytes, in table order
+    int n_classes;
+};
+
+/* Fills *out. Sums tensor headers: call it once (e.g. when the engine is
+ * attached to a server), not per request. Any thread. */
+void sp_engine_info(const struct sp_engine *e, struct sp_engine_info *out);
+
 #endif

@@ -22,7 +22,6 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "model/inspect.h"
 #include "server/chat_parse.h"
 
 #define POLL_MS 50
@@ -39,8 +38,7 @@ struct sp_server {
     struct sp_engine *engine;
     const struct sp_tokenizer *tok;
     const struct sp_chat_template *ct;
-    const struct sp_model *m;
-    struct sp_model_stats mstats;  // bytes by role class, for /metrics
+    struct sp_engine_info info;  // the model's facts, taken once at attach
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
@@ -892,7 +890,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         goto out;
     }
     /* How to split the output: the template says which format the model writes. */
-    j->popts.format = sp_chat_format_detect(s->ct->source, s->m ? s->m->arch.model_type : NULL);
+    j->popts.format = sp_chat_format_detect(s->ct->source, s->info.architecture);
     j->popts.in_reasoning = sp_chat_prompt_in_reasoning(j->popts.format, prompt, plen);
     j->popts.id_seed = j->gp.sampling.seed ^ atomic_fetch_add(&s->id_counter, 1);
     if (tools) j->popts.tools = j->tools = cJSON_Duplicate(tools, true);
@@ -1036,10 +1034,8 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, struct sp_server 
     sp_jw_str(&w, "sparrow");
     sp_jw_key(&w, "context_length");
     sp_jw_int(&w, sp_engine_params(s->engine)->n_ctx);
-    if (s->m) {
-        sp_jw_key(&w, "architecture");
-        sp_jw_str(&w, s->m->arch.model_type);
-    }
+    sp_jw_key(&w, "architecture");
+    sp_jw_str(&w, s->info.architecture);
     sp_jw_end(&w);
     sp_jw_end(&w);
     sp_jw_end(&w);
@@ -1135,23 +1131,20 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
             sp_engine_expert_layers(s->engine, lh, lh + st.n_layers);
             METRIC("expert_cache_layer_hits_total", "counter", "expert cache hits by layer");
             for (int64_t L = 0; L < st.n_layers; L++)
-                if (s->m->arch.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_hits_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[L]);
+                if (s->info.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_hits_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[L]);
             METRIC("expert_cache_layer_misses_total", "counter", "expert cache misses by layer");
             for (int64_t L = 0; L < st.n_layers; L++)
-                if (s->m->arch.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_misses_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[st.n_layers + L]);
+                if (s->info.layer_moe[L]) sp_buf_printf(&b, "sparrow_expert_cache_layer_misses_total{layer=\"%lld\"} %llu\n", (long long)L, (unsigned long long)lh[st.n_layers + L]);
             sp_free(lh);
         }
     }
-    if (s->m) {
-        /* routed experts are resident (mapped) unless an expert cache serves them */
+    if (atomic_load(&s->ready)) {
         METRIC("model_bytes", "gauge", "model tensor bytes by role class and where they are read from");
-        for (int k = 0; k < SP_CLASS_COUNT; k++) {
-            if (!s->mstats.bytes[k]) continue;
-            bool cached = k == SP_CLASS_ROUTED_EXPERTS && st.has_experts;
-            sp_buf_printf(&b, "sparrow_model_bytes{class=\"%s\",placement=\"%s\"} %zu\n",
-                          sp_role_class_name((enum sp_role_class)k), cached ? "expert_cache" : "mapped", s->mstats.bytes[k]);
-        }
-        METRIC_VALUE("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)", "%zu", s->m->files->total_bytes);
+        for (int k = 0; k < s->info.n_classes; k++)
+            sp_buf_printf(&b, "sparrow_model_bytes{class=\"%s\",placement=\"%s\"} %zu\n", s->info.classes[k].name,
+                          s->info.classes[k].placement, s->info.classes[k].bytes);
+        METRIC_VALUE("model_file_bytes", "gauge", "bytes of the model's safetensors files (mapped)", "%zu",
+                     s->info.file_bytes);
     }
 #undef METRIC
 #undef METRIC_VALUE
@@ -1285,12 +1278,11 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
 }
 
 void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
-                      const struct sp_chat_template *ct, const struct sp_model *m) {
+                      const struct sp_chat_template *ct) {
     s->engine = e;
     s->tok = tok;
     s->ct = ct;
-    s->m = m;
-    if (m) sp_model_stats(m, &s->mstats);
+    sp_engine_info(e, &s->info);
     atomic_store(&s->ready, true);
 }
 

@@ -9,7 +9,7 @@
  *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
  *     sp_server_start(&o, &srv);
  *     ... load ...
- *     sp_server_attach(srv, engine, tokenizer, chat_template, model);
+ *     sp_server_attach(srv, engine, tokenizer, chat_template);
  *     ... until a signal ...
  *     sp_server_stop(srv);
  *
@@ -24,9 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/model.h"
 #include "runtime/engine.h"
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
 struct sp_server_opts {
@@ -43,9 +42,11 @@ struct sp_server_opts {
 struct sp_server;
 
 enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server **out);
-/* Makes the model available; the objects must outlive the server. */
+/* Makes the model available; the objects must outlive the server. What
+ * the server reports about the model (architecture, bytes by role class,
+ * which layers have experts) it asks the engine for (sp_engine_info). */
 void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
-                      const struct sp_chat_template *ct, const struct sp_model *m);
+                      const struct sp_chat_template *ct);
 void sp_server_stop(struct sp_server *s);
 /* The port actually bound (useful with port 0). */
 int sp_server_port(const struct sp_server *s);

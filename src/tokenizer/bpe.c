@@ -7,8 +7,8 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/strmap.h"
+#include "core/utf8.h"
 #include "tokenizer/pretok.h"
-#include "tokenizer/utf8.h"
 
 #define CACHE_MAX_WORD 256
 #define CACHE_SLOTS (1u << 16)  // at most half of them used: 32k words

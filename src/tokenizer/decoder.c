@@ -5,8 +5,8 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
+#include "core/utf8.h"
 #include "tokenizer/tokjson.h"
-#include "tokenizer/utf8.h"
 
 enum dec_kind { D_BYTELEVEL, D_METASPACE, D_REPLACE, D_BYTEFALLBACK, D_FUSE, D_STRIP };
 

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/pretok.h"
-#include "tokenizer/utf8.h"
 
 struct sp_detok {
     const struct sp_tokenizer *t;

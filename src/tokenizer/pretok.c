@@ -7,8 +7,8 @@
 #include <utf8proc.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "tokenizer/tokjson.h"
-#include "tokenizer/utf8.h"
 
 /* ---- byte-level alphabet ---- */
 

@@ -10,11 +10,11 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/strmap.h"
+#include "core/utf8.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/pretok.h"
 #include "tokenizer/tokjson.h"
-#include "tokenizer/utf8.h"
 
 #define MAX_JSON_BYTES ((size_t)1 << 30)
 

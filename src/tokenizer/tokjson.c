@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 #define MAX_DEPTH 512
 

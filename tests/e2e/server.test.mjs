@@ -68,6 +68,7 @@ test('models lists the model with its context length', async () => {
   assert.equal(list.data[0].owned_by, 'sparrow');
   assert.equal(list.data[0].context_length, 512);
   assert.equal(main.ready.architecture, 'qwen3_moe');
+  assert.equal(list.data[0].architecture, 'qwen3_moe');
 });
 
 test('chat completion: message, usage, finish_reason length', async () => {
@@ -281,6 +282,8 @@ test('metrics are Prometheus text', async () => {
     assert.ok(text.includes(name), name);
   }
   assert.ok(Number(/^sparrow_generated_tokens_total (\d+)/m.exec(text)[1]) > 0);
+  assert.match(text, /^sparrow_model_bytes\{class="routed_experts",placement="mapped"\} [1-9]\d*$/m);
+  assert.match(text, /^sparrow_model_file_bytes [1-9]\d*$/m);
 });
 
 test('an expert cache smaller than the experts gives the same text, and its counters move', async () => {
@@ -295,6 +298,7 @@ test('an expert cache smaller than the experts gives the same text, and its coun
   assert.ok(num('sparrow_expert_read_bytes_total') > 0);
   assert.ok(num('sparrow_expert_cache_budget_bytes') <= 60 * 1024);
   assert.match(m, /^sparrow_expert_cache_layer_misses_total\{layer="0"\} \d+/m);
+  assert.match(m, /^sparrow_model_bytes\{class="routed_experts",placement="expert_cache"\} [1-9]\d*$/m);
   assert.equal(small.ready.plan.strategy, 'expert-cache');
 });
 

@@ -1,5 +1,5 @@
 /* utf8.c - UTF-8 decoding with WHATWG replacement of invalid bytes. */
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 /* The range the second byte of a sequence must lie in, per lead byte. */
 static void second_range(unsigned char lead, unsigned char *lo, unsigned char *hi) {

@@ -2,7 +2,7 @@
  * jinja_value.c - Jinja values: arena, construction from cJSON, comparison,
  * and the Python-compatible str() / repr() / json.dumps() text forms.
  */
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_value.h"
 
 #include <math.h>
 #include <stdalign.h>

@@ -14,14 +14,14 @@
  * Every node, and every string it points to, lives in the arena given to the
  * parser; text nodes may point into the source, which must outlive the tree.
  */
-#ifndef SP_TOKENIZER_JINJA_PARSE_H
-#define SP_TOKENIZER_JINJA_PARSE_H
+#ifndef SP_TEMPLATE_JINJA_PARSE_H
+#define SP_TEMPLATE_JINJA_PARSE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/status.h"
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_value.h"
 
 enum sp_jnode_kind {
     // statements

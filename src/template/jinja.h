@@ -30,8 +30,8 @@
  * is recorded with sp_errorf. A compiled template is immutable: several
  * threads may render it at once.
  */
-#ifndef SP_TOKENIZER_JINJA_H
-#define SP_TOKENIZER_JINJA_H
+#ifndef SP_TEMPLATE_JINJA_H
+#define SP_TEMPLATE_JINJA_H
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>

@@ -5,7 +5,7 @@
  * iterations, call and evaluation depth, output and memory size) so that no
  * template, however hostile, can hang or crash the caller.
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,8 +17,8 @@
 
 #include "core/alloc.h"
 #include "core/buf.h"
-#include "tokenizer/jinja_parse.h"
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_parse.h"
+#include "template/jinja_value.h"
 
 #define MAX_EVAL_DEPTH 1500
 

@@ -2,7 +2,7 @@
  * chat.c - locating a model's chat template and rendering conversations
  * with the variables transformers passes (see chat.h).
  */
-#include "tokenizer/chat.h"
+#include "template/chat.h"
 
 #include <string.h>
 

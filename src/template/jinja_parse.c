@@ -4,7 +4,7 @@
  * trim_blocks, lstrip_blocks) so the tree holds exactly the text to print;
  * the expression grammar and its precedence follow jinja2's parser.
  */
-#include "tokenizer/jinja_parse.h"
+#include "template/jinja_parse.h"
 
 #include <errno.h>
 #include <math.h>

@@ -29,16 +29,22 @@
  *
  * Strings in struct sp_chat_template are owned by it. The cJSON trees of a
  * request are borrowed for the call.
+ *
+ * This module lives with the Jinja engine, not with the tokenizer: it needs
+ * the special tokens only as text, which it reads from tokenizer_config.json
+ * itself, so it depends on template/jinja.h and core/ alone (DESIGN.md §2:
+ * tokenizer, template -> core). Turning the rendered text into ids is the
+ * caller's next step (sp_tokenizer_encode with SP_TOK_PARSE_SPECIAL).
  */
-#ifndef SP_TOKENIZER_CHAT_H
-#define SP_TOKENIZER_CHAT_H
+#ifndef SP_TEMPLATE_CHAT_H
+#define SP_TEMPLATE_CHAT_H
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "core/status.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 struct sp_chat_template {
     struct sp_jinja *tmpl;

@@ -19,8 +19,8 @@
  * are plain structs copied freely and never freed one by one. Lists and dicts
  * are immutable once built, except namespaces, whose attributes `set` writes.
  */
-#ifndef SP_TOKENIZER_JINJA_VALUE_H
-#define SP_TOKENIZER_JINJA_VALUE_H
+#ifndef SP_TEMPLATE_JINJA_VALUE_H
+#define SP_TEMPLATE_JINJA_VALUE_H
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -29,7 +29,7 @@
 
 #include "core/buf.h"
 #include "core/status.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 

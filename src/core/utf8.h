@@ -9,8 +9,8 @@
  *     size_t held = sp_utf8_incomplete_tail(b, n); // bytes that may still
  *                                                  // become a character
  */
-#ifndef SP_TOKENIZER_UTF8_H
-#define SP_TOKENIZER_UTF8_H
+#ifndef SP_CORE_UTF8_H
+#define SP_CORE_UTF8_H
 
 #include <stdbool.h>
 #include <stddef.h>
