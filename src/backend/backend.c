@@ -14,36 +14,34 @@ void sp_vector_to_f32(const struct sp_vector *v, float *out) {
     for (int64_t i = 0; i < v->n; i++) out[i] = sp_dtype_load_float(v->dtype, v->data, (size_t)i);
 }
 
-const char *sp_kv_type_name(enum sp_kv_type t) {
-    static const char *const n[SP_KV_TYPE_COUNT] = {"f16", "bf16", "f32"};
-    return (unsigned)t < SP_KV_TYPE_COUNT ? n[t] : "?";
+static const char *const kv_names[SP_KV_TYPE_COUNT] = {"f16", "bf16", "f32"};
+static const char *const device_names[SP_DEVICE_COUNT] = {"cpu", "cuda"};
+
+/* The index of name among names[0 .. n), or -1. */
+static int index_of(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
 }
 
+const char *sp_kv_type_name(enum sp_kv_type t) { return (unsigned)t < SP_KV_TYPE_COUNT ? kv_names[t] : "?"; }
+
 bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out) {
-    for (int i = 0; i < SP_KV_TYPE_COUNT; i++)
-        if (strcmp(name, sp_kv_type_name((enum sp_kv_type)i)) == 0) {
-            *out = (enum sp_kv_type)i;
-            return true;
-        }
-    return false;
+    int i = index_of(name, kv_names, SP_KV_TYPE_COUNT);
+    if (i >= 0) *out = (enum sp_kv_type)i;
+    return i >= 0;
 }
 
 enum sp_dtype sp_kv_dtype(enum sp_kv_type t) {
     return t == SP_KV_F32 ? SP_DTYPE_F32 : t == SP_KV_BF16 ? SP_DTYPE_BF16 : SP_DTYPE_F16;
 }
 
-const char *sp_device_name(enum sp_device d) {
-    static const char *const n[SP_DEVICE_COUNT] = {"cpu", "cuda"};
-    return (unsigned)d < SP_DEVICE_COUNT ? n[d] : "?";
-}
+const char *sp_device_name(enum sp_device d) { return (unsigned)d < SP_DEVICE_COUNT ? device_names[d] : "?"; }
 
 bool sp_device_from_name(const char *name, enum sp_device *out) {
-    for (int i = 0; i < SP_DEVICE_COUNT; i++)
-        if (strcmp(name, sp_device_name((enum sp_device)i)) == 0) {
-            *out = (enum sp_device)i;
-            return true;
-        }
-    return false;
+    int i = index_of(name, device_names, SP_DEVICE_COUNT);
+    if (i >= 0) *out = (enum sp_device)i;
+    return i >= 0;
 }
 
 const char *sp_op_name(enum sp_op op) {
