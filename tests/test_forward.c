@@ -20,8 +20,14 @@
 
 static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe"};
 
+/* At most: sequence a, sequence b (gpt-oss's: 224 tokens, 14 of its
+ * 16-token sliding windows) and the greedy continuation of a. */
+#define REF_A 16
+#define REF_B 256
+#define REF_GREEDY 32
+
 struct ref {
-    int32_t a[16], b[160], greedy[32];
+    int32_t a[REF_A], b[REF_B], greedy[REF_GREEDY];
     int64_t na, nb, ng, vocab;
     float *la, *lb;
 };
@@ -50,9 +56,9 @@ static void load_ref(const char *arch, struct ref *r) {
     snprintf(path, sizeof path, "tests/fixtures/%s/ref/ref.json", arch);
     cJSON *j;
     assert_int_equal(sp_json_parse_file(path, 1 << 20, &j), SP_OK);
-    read_ints(cJSON_GetObjectItem(j, "tokens_a"), r->a, &r->na, 16);
-    read_ints(cJSON_GetObjectItem(j, "tokens_b"), r->b, &r->nb, 160);
-    read_ints(cJSON_GetObjectItem(j, "greedy_a"), r->greedy, &r->ng, 32);
+    read_ints(cJSON_GetObjectItem(j, "tokens_a"), r->a, &r->na, REF_A);
+    read_ints(cJSON_GetObjectItem(j, "tokens_b"), r->b, &r->nb, REF_B);
+    read_ints(cJSON_GetObjectItem(j, "greedy_a"), r->greedy, &r->ng, REF_GREEDY);
     r->vocab = (int64_t)cJSON_GetObjectItem(j, "vocab")->valuedouble;
     cJSON_Delete(j);
     snprintf(path, sizeof path, "tests/fixtures/%s/ref/logits_a.f32", arch);

@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "backend/cpu/kernels.h"
 #include "runtime/experts.h"
 #include "model/forward.h"
 #include "runtime/engine.h"
@@ -28,6 +29,7 @@ static const char usage[] =
     "usage: sparrow run --model MODEL (--tokens IDS | --prompt TEXT | --prompt-file FILE) [options]\n"
     "  --chat                 wrap the prompt as one user message in the model's chat template\n"
     "  --dump-logits FILE     write float32 logits [prompt tokens, vocab] of every prompt position\n"
+    "                         (through the KV cache as --kv-type stores it: f32 to compare with float32 references)\n"
     "  --max-tokens N         tokens to generate (default 128; 0 with --dump-logits)\n"
     "  --temp T --top-k K --top-p P --min-p P   sampling (defaults 0.8, 40, 0.95, 0.05; --temp 0 is greedy)\n"
     "  --repeat-penalty R --presence-penalty P --frequency-penalty F   penalties (defaults off)\n"
@@ -383,9 +385,9 @@ int sp_cmd_run(int argc, char **argv) {
     if (o.max_tokens) putchar('\n');
     double t2 = sp_now_s();
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); "
-            "stop: %s; threads %d\n", (long long)n, t1 - t0, (double)n / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
+            "stop: %s; threads %d; kernels %s; kv %s\n", (long long)n, t1 - t0, (double)n / (t1 - t0 > 0 ? t1 - t0 : 1e-9),
             (long long)generated, t2 - t1, generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0, why,
-            sp_ctx_params(c)->n_threads);
+            sp_ctx_params(c)->n_threads, sp_kernels()->name, sp_kv_type_name(sp_ctx_params(c)->kv_type));
     struct sp_expert_store_stats es;
     if (store) sp_expert_store_stats(store, &es);
     if (store)
