@@ -401,8 +401,8 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
     run_seq(c, r->b, r->nb, 64, 0, want, r->vocab);
     sp_ctx_free(c);
     size_t budgets[] = {unit, 3 * unit + unit / 2, (size_t)(m->arch.n_experts * m->arch.n_layers) * unit};
-    struct sp_expert_store_params ep = {.policy = policy, .io = io, .no_prefetch = !prefetch,
-                                        .interleave = sp_ctx_interleave(SP_DEVICE_CPU)};
+    struct sp_expert_store_params ep = {.policy = policy, .io = io, .no_prefetch = !prefetch};
+    sp_expert_store_params_for(&ep, SP_DEVICE_CPU, false);
     for (size_t k = 0; k < 3; k++) {
         struct sp_expert_store *s;
         assert_int_equal(sp_expert_store_create(m, budgets[k], &ep, &s), SP_OK);

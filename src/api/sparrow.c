@@ -268,7 +268,7 @@ enum sparrow_status sparrow_context_create(struct sparrow_model *sm, const struc
     /* the CPU backend's layout for the copies and the expert cache */
     sp_interleave_fn layout = sp_ctx_interleave(SP_DEVICE_CPU);
     if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
-    ep.expert_params.interleave = layout;
+    sp_expert_store_params_for(&ep.expert_params, SP_DEVICE_CPU, false);
     struct sparrow_context *c = sp_calloc(1, sizeof *c, SP_MEM_MISC);
     if (!c) return api_error(sp_errorf(SP_ERR_NOMEM, "out of memory"));
     // the weights are brought in once per model, before any engine reads them

@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "quant/qtype.h"
 
@@ -199,6 +200,11 @@ struct sp_backend_ops {
     /* The matrices this backend reads faster interleaved (in row order
      * where NULL); it takes every other matrix in row order. */
     sp_interleave_fn interleave;
+    /* Host memory for weights the backend reads or copies in (an expert
+     * cache's slots), counted in class cls: where its copies to the device
+     * go fastest (pinned, for a GPU). Freed with host_free. */
+    void *(*host_alloc)(size_t bytes, enum sp_mem_class cls);
+    void (*host_free)(void *p);
     void (*destroy)(struct sp_backend *b);
     /* Whether op runs on weights of format fmt (ops without weights ignore fmt). */
     bool (*supports)(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt);

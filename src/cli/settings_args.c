@@ -61,9 +61,9 @@ int sp_cli_kernels_use(const struct sp_settings *s) {
 }
 
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s) {
-    return (struct sp_expert_store_params){
-        .policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch,
-        .interleave = s->row_order ? NULL : sp_ctx_interleave(SP_DEVICE_CPU)};
+    struct sp_expert_store_params p = {.policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch};
+    sp_expert_store_params_for(&p, SP_DEVICE_CPU, s->row_order);
+    return p;
 }
 
 struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s) {

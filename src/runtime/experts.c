@@ -5,10 +5,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -51,7 +49,8 @@ struct sp_expert_store {
     struct slot *slots;  // (n_slots)
     int64_t n_slots;
     int32_t *where;  // (n_layers * n_experts): slot index or -1
-    uint8_t *arena;
+    uint8_t *arena;  // the slots' memory, from slot_alloc
+    void (*arena_free)(void *p);
     uint64_t tick;
     enum sp_expert_policy policy;
     int64_t hand;       // clock: where the sweep resumes
@@ -180,7 +179,7 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     sp_free(s->io_demand.block);
     sp_free(s->io_ahead.block);
     sp_free(s->jobs);
-    sp_free_aligned(s->arena);
+    if (s->arena) s->arena_free(s->arena);
     sp_free(s->slots);
     sp_free(s->where);
     sp_free(s->layer_hits);
@@ -217,7 +216,9 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
     s->where = sp_malloc((size_t)all * sizeof *s->where, SP_MEM_MODEL);
     s->layer_hits = sp_calloc((size_t)s->n_layers, sizeof *s->layer_hits, SP_MEM_MODEL);
     s->layer_misses = sp_calloc((size_t)s->n_layers, sizeof *s->layer_misses, SP_MEM_MODEL);
-    s->arena = sp_malloc_huge(s->budget, SP_MEM_EXPERT_CACHE);
+    s->arena_free = p->slot_alloc && p->slot_free ? p->slot_free : sp_free_aligned;
+    s->arena = p->slot_alloc && p->slot_free ? p->slot_alloc(s->budget, SP_MEM_EXPERT_CACHE)
+                                             : sp_malloc_huge(s->budget, SP_MEM_EXPERT_CACHE);
     s->gone = sp_calloc((size_t)all, sizeof *s->gone, SP_MEM_MODEL);
     /* ARC by default. Measured on Ling-shaped bailing_moe models (8 layers,
      * 64 experts, top-8), 2 threads, prefetch on, hit rate and MiB read:
@@ -627,4 +628,11 @@ static void source_prefetch(void *ctx, int64_t L, const int64_t *experts, const 
 
 struct sp_expert_source sp_expert_store_source(struct sp_expert_store *s) {
     return (struct sp_expert_source){s, source_get, source_put, s->prefetch ? source_prefetch : NULL};
+}
+
+void sp_expert_store_params_for(struct sp_expert_store_params *p, enum sp_device d, bool row_order) {
+    const struct sp_backend_ops *ops = sp_backend_ops(d);
+    p->interleave = ops && !row_order ? ops->interleave : NULL;
+    p->slot_alloc = ops ? ops->host_alloc : NULL;
+    p->slot_free = ops ? ops->host_free : NULL;
 }

@@ -43,6 +43,10 @@ struct sp_expert_store_params {
     enum sp_io_method io;          // io_uring with O_DIRECT where the files allow it; buffered; pread
     bool no_prefetch;              // no reader thread reading the next layer's experts ahead
     sp_interleave_fn interleave;   // the backend's layout: matrices the slots hold interleaved (NULL: as the files lay them out)
+    /* the slots' memory, the backend's host memory (sp_backend_ops.host_alloc;
+     * NULL: the CPU's, 2 MiB pages) */
+    void *(*slot_alloc)(size_t bytes, enum sp_mem_class cls);
+    void (*slot_free)(void *p);
 };
 
 #define SP_EXPERT_LAT_BUCKETS 8
@@ -63,6 +67,10 @@ struct sp_expert_store_stats {
 extern const double sp_expert_lat_bounds_ms[SP_EXPERT_LAT_BUCKETS - 1];
 
 struct sp_expert_store;
+
+/* Sets p's layout and slot memory to those of the backend on device d
+ * (row_order: every matrix as the files lay it out). */
+void sp_expert_store_params_for(struct sp_expert_store_params *p, enum sp_device d, bool row_order);
 
 /* The store as the forward pass's expert source (sp_ctx_params.experts),
  * valid as long as s; prefetch set where the store prefetches. */

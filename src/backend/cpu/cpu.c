@@ -780,12 +780,17 @@ fail:
     return st;
 }
 
+/* In 2 MiB pages where it spans one or more, as the weights are. */
+static void *cpu_host_alloc(size_t bytes, enum sp_mem_class cls) { return sp_malloc_huge(bytes, cls); }
+
 /* sp_interleave_fn: the choice of the kernel set in use */
 static bool cpu_interleave(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
 
 const struct sp_backend_ops sp_cpu_backend_ops = {
     .name = "cpu",
     .interleave = cpu_interleave,
+    .host_alloc = cpu_host_alloc,
+    .host_free = sp_free_aligned,
     .destroy = cpu_destroy,
     .supports = cpu_supports,
     .tensor = cpu_tensor,
