@@ -697,5 +697,5 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
     STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
          m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
-    return SP_OK;
+    return be->ops->error ? be->ops->error(be) : SP_OK;
 }
