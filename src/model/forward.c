@@ -328,6 +328,12 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         st = sp_errorf(SP_ERR_ARG, "unknown KV cache type");
         goto fail;
     }
+    if (c->p.expert_cache && c->p.device != SP_DEVICE_CPU) {
+        /* the store hands out experts in host memory, which only the CPU computes on */
+        st = sp_errorf(SP_ERR_UNSUPPORTED, "an expert cache on the %s device (not yet: every weight must fit on it)",
+                       sp_device_name(c->p.device));
+        goto fail;
+    }
     struct sp_backend_params bp = backend_params(a, &c->p);
     inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
     if (!inv_freq) goto nomem;
