@@ -7,13 +7,22 @@
 #   make bench        benchmarks in bench/ (speed is asserted there, never in tests)
 #   make demo         generate a tiny model and run sparrow on it
 #   make deps         install missing Debian packages (needs root)
-#   make CUDA=1       also build the CUDA kernels (needs nvcc)
+#   make CUDA=1       also build the CUDA backend (needs nvcc), in build/cuda/
+#   make cuda-check   the CUDA build's library, CLI and GPU tests compiled where nvcc is
+#                     (they skip their GPU cases on a machine without one)
 
+CUDA ?= 0
+CUDA_HOME ?= /usr/local/cuda
+ifndef NVCC
+NVCC := $(shell command -v nvcc 2>/dev/null || echo $(CUDA_HOME)/bin/nvcc)
+endif
+# The CUDA build keeps its own objects: every file sees -DSP_CUDA=1.
+ifeq ($(CUDA),1)
+BUILD ?= build/cuda
+endif
 BUILD ?= build
 CC ?= cc
-CUDA ?= 0
 SAN ?= 0
-NVCC ?= nvcc
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 OPT ?= -O2 -g
@@ -27,12 +36,16 @@ CFLAGS := $(OPT) $(INSTR) -std=c11 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -p
 LDFLAGS += $(INSTR)
 LDLIBS := -lcjson -lpcre2-8 -lutf8proc -luring -lmicrohttpd -lm -lpthread
 
+# Hopper machine code plus PTX that newer GPUs compile at load.
+CUDA_ARCH ?= -gencode=arch=compute_90,code=[sm_90,compute_90]
 ifeq ($(CUDA),1)
-CFLAGS += -DSP_CUDA=1
-CUDA_HOME ?= /usr/local/cuda
-NVCCFLAGS ?= -O2 -std=c++17 -arch=sm_90 -Isrc -Iinclude
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CFLAGS += -DSP_CUDA=1 -isystem $(CUDA_HOME)/include
+NVCCFLAGS ?= -O2 -g -std=c++17 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings
+# the runtime linked in: the binaries need only the driver where they run
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_SRC := $(wildcard src/backend/cuda/*.cu)
+else
+CUDA_OFF := src/backend/cuda/%
 endif
 
 # SIMD kernel files carry their instruction set in their name and are the only
@@ -45,7 +58,7 @@ ISA_FLAGS_amx := $(ISA_FLAGS_avx512) -mamx-tile -mamx-int8
 
 # SKIP: source patterns to leave out of a build (e.g. SKIP=src/tokenizer/%).
 SKIP ?=
-LIB_SRC := $(filter-out src/cli/% $(SKIP),$(wildcard src/*/*.c src/backend/*/*.c))
+LIB_SRC := $(filter-out src/cli/% $(SKIP) $(CUDA_OFF),$(wildcard src/*/*.c src/backend/*/*.c))
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TOOL_SRC := $(wildcard tools/*.c)
@@ -60,7 +73,7 @@ TESTS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TOOLS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test asan fuzz bench demo deps clean format
+.PHONY: all test asan fuzz bench demo deps clean format cuda-check
 # Keep intermediate objects (test and tool mains) between builds.
 .SECONDARY:
 all: $(BIN) $(TOOLS)
@@ -71,7 +84,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -118,6 +131,11 @@ demo: $(BIN) $(TOOLS)
 
 deps:
 	tools/install-deps.sh
+
+cuda-check:
+	@if [ -x "$(NVCC)" ] || command -v "$(NVCC)" >/dev/null 2>&1; then \
+	  $(MAKE) CUDA=1 BUILD=build/cuda build/cuda/sparrow build/cuda/tests/test_backend_ops build/cuda/tests/test_forward; \
+	else echo "cuda-check: no nvcc here ($(NVCC)): the CUDA build was not compiled"; fi
 
 format:
 	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/backend/*/*.[ch] tests/*.[ch] tools/*.c fuzz/*.c bench/*.c)

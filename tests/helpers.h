@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "backend/backend.h"
 #include "core/alloc.h"
 #include "core/buf.h"
 #include "core/file.h"
@@ -79,6 +80,28 @@ static inline int th_run(const char *fmt, ...) {
     va_end(ap);
     int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Whether a backend on device d can be made here: the build has it and
+ * the machine has the device. When not, prints that tests on it were
+ * skipped and why ("no CUDA device: ..."). */
+static inline bool th_device_ready(enum sp_device d) {
+    if (!sp_backend_ops(d)) {
+        print_message("[ SKIPPED  ] %s backend: not in this build\n", sp_device_name(d));
+        return false;
+    }
+    float inv_freq[1] = {1.0f};
+    struct sp_backend_params p = {.shape = {.n_layers = 1, .d_model = 8, .vocab = 8, .n_heads = 1, .n_kv_heads = 1,
+                                            .head_dim = 8, .mlp_width = 8, .rot_dims = 2, .inv_freq = inv_freq,
+                                            .rope_scale = 1.0f},
+                                  .n_ctx = 1, .n_seq = 1, .max_batch = 1};
+    struct sp_backend *b;
+    if (sp_backend_create(d, &p, &b) != SP_OK) {
+        print_message("[ SKIPPED  ] %s backend: %s\n", sp_device_name(d), sp_error_msg());
+        return false;
+    }
+    sp_backend_free(b);
+    return true;
 }
 
 #endif

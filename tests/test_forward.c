@@ -26,6 +26,10 @@ static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "b
 #define REF_B 256
 #define REF_GREEDY 32
 
+/* The device the contexts of the checks below run on (the test_cuda_* tests
+ * switch it for their run). */
+static enum sp_device device = SP_DEVICE_CPU;
+
 struct ref {
     int32_t a[REF_A], b[REF_B], greedy[REF_GREEDY];
     int64_t na, nb, ng, vocab;
@@ -112,14 +116,15 @@ static void check_model(const char *label, struct sp_model *m, const struct ref 
                         enum sp_kv_type kv, double tol, bool greedy) {
     assert_int_equal(m->arch.vocab, r->vocab);
     struct sp_ctx *c;
-    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = kv, .n_threads = 2};
-    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 64, .kv_type = kv, .device = device, .n_threads = 2};
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s: %s", label, sp_error_msg());
     float *out = malloc((size_t)(r->nb * r->vocab) * sizeof(float));
     char what[160];
-    snprintf(what, sizeof what, "%s (kv %s) sequence a", label, sp_kv_type_name(kv));
+    const char *dev = device == SP_DEVICE_CPU ? "" : sp_device_name(device);
+    snprintf(what, sizeof what, "%s%s%s (kv %s) sequence a", dev, *dev ? " " : "", label, sp_kv_type_name(kv));
     run_seq(c, r->a, r->na, r->na, 0, out, r->vocab);
     compare(what, out, la, r->na, r->vocab, tol);
-    snprintf(what, sizeof what, "%s (kv %s) sequence b", label, sp_kv_type_name(kv));
+    snprintf(what, sizeof what, "%s%s%s (kv %s) sequence b", dev, *dev ? " " : "", label, sp_kv_type_name(kv));
     run_seq(c, r->b, r->nb, 64, 1, out, r->vocab);  // chunked prefill, longer than the sliding window
     compare(what, out, lb, r->nb, r->vocab, tol);
     if (greedy) {
@@ -129,7 +134,9 @@ static void check_model(const char *label, struct sp_model *m, const struct ref 
         run_seq(c, r->a, r->na, r->na, 0, out, r->vocab);
         int32_t tok = sp_argmax(out + (r->na - 1) * r->vocab, r->vocab);
         for (int64_t i = 0; i < r->ng; i++) {
-            if (tok != r->greedy[i]) fail_msg("%s: greedy token %lld is %d, reference %d", label, (long long)i, tok, r->greedy[i]);
+            if (tok != r->greedy[i])
+                fail_msg("%s%s%s: greedy token %lld is %d, reference %d", dev, *dev ? " " : "", label, (long long)i,
+                         tok, r->greedy[i]);
             pos = (int32_t)(r->na + i);
             struct sp_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
             assert_int_equal(sp_ctx_forward(c, &b, lg), SP_OK);
@@ -239,7 +246,7 @@ static void test_reference_logits_f16_kv(void **state) { check_reference_logits(
  * same for a sequence longer than a tile of attention. */
 static void check_batch_invariance(struct sp_model *m, const struct ref *r) {
     struct sp_ctx *c;
-    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .n_threads = 2};
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .device = device, .n_threads = 2};
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
     int64_t V = r->vocab, n = r->na;
     float *whole = malloc((size_t)(n * V) * sizeof(float)), *one = malloc((size_t)(n * V) * sizeof(float));
@@ -547,7 +554,43 @@ static void test_expert_policy(void **state) {
     sp_model_close(m);
 }
 
-int main(void) {
+/* ---- the same on the GPU, where this build and machine have one ----
+ *
+ * The CUDA backend keeps activations in float, so it is held to the exact
+ * path's tolerance, 1e-3 of the largest reference logit, and to the
+ * reference's greedy tokens (the CPU's: test_reference_logits holds it to
+ * them); its products sum each token alone, so batching changes no bit. */
+
+static bool use_cuda(void) {
+    if (!th_device_ready(SP_DEVICE_CUDA)) return false;
+    device = SP_DEVICE_CUDA;
+    return true;
+}
+
+static int back_to_cpu(void **state) {
+    device = SP_DEVICE_CPU;
+    return 0;
+}
+
+static void test_cuda_reference_logits(void **state) {
+    if (!use_cuda()) skip();
+    check_reference_logits(SP_KV_F32);
+    check_reference_logits(SP_KV_F16);
+}
+
+static void test_cuda_quantized_variants(void **state) {
+    if (!use_cuda()) skip();
+    test_quantized_variants(state);
+}
+
+static void test_cuda_batch_invariance(void **state) {
+    if (!use_cuda()) skip();
+    test_batch_invariance(state);
+}
+
+/* argv[1], when given, picks the tests to run by name ("test_cuda_*"). */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_logits_f32_kv),
         cmocka_unit_test(test_reference_logits_f16_kv),
@@ -556,6 +599,9 @@ int main(void) {
         cmocka_unit_test(test_interleaved_weights),
         cmocka_unit_test(test_expert_cache),
         cmocka_unit_test(test_expert_policy),
+        cmocka_unit_test_teardown(test_cuda_reference_logits, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_quantized_variants, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_batch_invariance, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#if SP_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 
 double sp_linear_bytes(const struct sp_linear *l) {
     return (double)sp_qtype_matrix_bytes(l->w.type, l->w.group, l->w.scale_dtype, l->w.rows, l->w.cols);
@@ -51,7 +54,11 @@ const char *sp_op_name(enum sp_op op) {
 }
 
 const struct sp_backend_ops *sp_backend_ops(enum sp_device d) {
-    return d == SP_DEVICE_CPU ? &sp_cpu_backend_ops : NULL;
+    if (d == SP_DEVICE_CPU) return &sp_cpu_backend_ops;
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return &sp_cuda_backend_ops;
+#endif
+    return NULL;
 }
 
 enum sp_status sp_backend_create(enum sp_device d, const struct sp_backend_params *p, struct sp_backend **out) {
@@ -62,6 +69,9 @@ enum sp_status sp_backend_create(enum sp_device d, const struct sp_backend_param
     if (p->max_batch <= 0 || p->n_ctx <= 0 || p->n_seq <= 0)
         return sp_errorf(SP_ERR_ARG, "backend: %lld tokens a batch, %lld positions, %d sequences (each must be positive)",
                          (long long)p->max_batch, (long long)p->n_ctx, p->n_seq);
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return sp_cuda_backend_create(p, out);
+#endif
     return sp_cpu_backend_create(p, out);
 }
 
@@ -70,9 +80,15 @@ void sp_backend_free(struct sp_backend *b) {
 }
 
 size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p) {
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return sp_cuda_kv_bytes(p);
+#endif
     return d == SP_DEVICE_CPU ? sp_cpu_kv_bytes(p) : 0;
 }
 
 size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest) {
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return sp_cuda_work_bytes(p);
+#endif
     return d == SP_DEVICE_CPU ? sp_cpu_work_bytes(p, widest) : 0;
 }

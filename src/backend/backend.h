@@ -228,6 +228,12 @@ struct sp_backend_ops {
     float *(*host)(struct sp_backend *b, struct sp_tensor t, float *staging);
     /* Waits for queued work. */
     void (*sync)(struct sp_backend *b);
+    /* The first failure of work that ops queued (a launch or a copy that
+     * failed: ops that return nothing keep it), SP_OK while there is none;
+     * the failure's message is set again for the caller (sp_errorf). Once
+     * one happened the ops do nothing, host gives zeros and logits zero
+     * rows. NULL: the backend's ops cannot fail so (the CPU). */
+    enum sp_status (*error)(struct sp_backend *b);
 
     /* ---- KV cache ---- */
     size_t (*kv_bytes)(const struct sp_backend *b);

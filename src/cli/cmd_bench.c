@@ -532,6 +532,7 @@ struct bench_opts {
     bool cold, compare, steps;
     struct sp_plan_inputs pin;
     struct sp_settings set;
+    enum sp_device device;
     const char *synthetic;  // the config of a --synthetic model, for the JSON line
 };
 
@@ -550,7 +551,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
-                               .n_threads = (int)threads, .time_steps = o->steps};
+                               .device = o->device, .n_threads = (int)threads, .time_steps = o->steps};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.strategy == SP_STRATEGY_EXPERT_CACHE ? pl.expert_cache : 0;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
@@ -641,7 +642,7 @@ int sp_cmd_bench(int argc, char **argv) {
             return sp_arg_unknown("bench", argv[i]);
         }
     }
-    if ((rc = sp_cli_kernels_use(&o.set))) return rc;
+    if ((rc = sp_cli_kernels_use(&o.set)) || (rc = sp_cli_device(&o.set, &o.device))) return rc;
     o.pin.cache_dir = o.set.cache_dir;
     syn.tmp_dir = o.set.tmp_dir;
     if (model && syn.config) {

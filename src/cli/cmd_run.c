@@ -53,6 +53,7 @@ struct run_opts {
     int64_t max_tokens, ctx, batch, threads;
     struct sp_sampler_params sp;
     enum sp_kv_type kv;
+    enum sp_device device;
     struct sp_plan_inputs plan;
     struct sp_settings set;
 };
@@ -149,7 +150,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
     }
     if (o->max_tokens < 0) o->max_tokens = o->dump ? 0 : 128;
     o->plan.cache_dir = o->set.cache_dir;
-    return sp_cli_kernels_use(&o->set);
+    if ((rc = sp_cli_kernels_use(&o->set))) return rc;
+    return sp_cli_device(&o->set, &o->device);
 }
 
 static enum sp_status parse_ids(const char *s, struct sp_ids *ids) {
@@ -281,6 +283,7 @@ int sp_cmd_run(int argc, char **argv) {
                                .n_seq = 1,
                                .max_batch = o.batch ? o.batch : SP_DEFAULT_BATCH,
                                .kv_type = o.kv,
+                               .device = o.device,
                                .n_threads = (int)o.threads};
     if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
     if (n + o.max_tokens > cp.n_ctx) {

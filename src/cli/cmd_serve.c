@@ -152,7 +152,7 @@ int sp_cmd_serve(int argc, char **argv) {
         fputs(usage, stderr);
         return SP_EXIT_USAGE;
     }
-    if ((rc = sp_cli_kernels_use(&set))) return rc;
+    if ((rc = sp_cli_kernels_use(&set)) || (rc = sp_cli_device(&set, &ep.device))) return rc;
     ep.expert_params = sp_cli_expert_params(&set);
     pin.cache_dir = set.cache_dir;
     /* Signals are taken synchronously by the main thread; every thread

@@ -60,14 +60,32 @@ int sp_cli_kernels_use(const struct sp_settings *s) {
     return 0;
 }
 
+int sp_cli_device(const struct sp_settings *s, enum sp_device *out) {
+    *out = SP_DEVICE_CPU;
+    const char *name = sp_settings_device_name(s->device);
+    enum sp_device d;
+    if (!sp_device_from_name(name, &d)) {
+        fprintf(stderr, "error: unknown device \"%s\"\n", name);
+        return SP_EXIT_USAGE;
+    }
+    if (!sp_backend_ops(d)) {
+        fprintf(stderr, "error: --device %s: this build of sparrow has no %s backend (build it with make CUDA=1 where "
+                        "nvcc is installed)\n", name, name);
+        return SP_EXIT_USAGE;
+    }
+    *out = d;
+    return 0;
+}
+
+/* The kernels of devices other than the CPU read rows in order */
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s) {
     struct sp_expert_store_params p = {.policy = s->expert_policy, .io = s->io, .no_prefetch = s->no_prefetch};
-    sp_expert_store_params_for(&p, SP_DEVICE_CPU, s->row_order);
+    sp_expert_store_params_for(&p, s->device, s->row_order);
     return p;
 }
 
 struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s) {
-    return (struct sp_plan_load_params){.mmap = s->mmap, .interleave = s->row_order ? NULL : sp_ctx_interleave(SP_DEVICE_CPU)};
+    return (struct sp_plan_load_params){.mmap = s->mmap, .interleave = s->row_order ? NULL : sp_ctx_interleave(s->device)};
 }
 
 enum sp_status sp_cli_model_resolve(const struct sp_settings *s, const char *spec, char **dir) {

@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 
+#include "backend/backend.h"
 #include "core/settings.h"
 #include "runtime/experts.h"
 #include "model/model.h"
@@ -37,8 +38,10 @@
     "  --no-prefetch          do not read the next MoE layer's experts ahead\n"                                 \
     "  --mmap                 keep resident weights in the files' pages (no copies, rows in order)\n"           \
     "  --row-order            keep weight matrices in row order (none interleaved for the kernels)\n"           \
+    "  --device cpu|cuda      where the forward pass runs (default cpu; cuda: every weight on the GPU, in\n"    \
+    "                         row order; needs a build with make CUDA=1)\n"                                      \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
-    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1; a flag overrides its variable.\n"
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE; a flag overrides its variable.\n"
 
 /* Settings from this process's environment; 0, or the usage exit code
  * with the error printed. */
@@ -50,7 +53,11 @@ bool sp_cli_settings_arg(int argc, char **argv, int *i, struct sp_settings *s, i
 /* Makes the kernel set s chooses current (sp_kernels_use); 0, or the
  * usage exit code with an error that lists the sets this CPU runs. */
 int sp_cli_kernels_use(const struct sp_settings *s);
-/* The parameters the library takes from s. */
+/* The device s chooses, when this build has its backend; else the usage
+ * exit code with an error that says how to get one. */
+int sp_cli_device(const struct sp_settings *s, enum sp_device *out);
+/* The parameters the library takes from s (a device other than the CPU
+ * loads every matrix in row order). */
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s);
 struct sp_plan_load_params sp_cli_load_params(const struct sp_settings *s);
 /* A model folder, or a Hugging Face id looked up in s->hf_hub_cache, as

@@ -11,6 +11,7 @@
 static const char *const precision_names[] = {"fast", "exact", NULL};
 static const char *const io_names[] = {"auto", "buffered", "pread", "mapped", NULL};
 static const char *const policy_names[] = {"arc", "lru", "clock", NULL};
+static const char *const device_names[] = {"cpu", "cuda", NULL};
 
 const char *sp_precision_name(enum sp_precision p) {
     return (unsigned)p < SP_PRECISION_COUNT ? precision_names[p] : "?";
@@ -19,8 +20,11 @@ const char *sp_io_method_name(enum sp_io_method m) { return (unsigned)m < SP_IO_
 const char *sp_expert_policy_name(enum sp_expert_policy p) {
     return (unsigned)p < SP_EXPERT_POLICY_COUNT ? policy_names[p] : "?";
 }
+const char *sp_settings_device_name(int device) {
+    return device >= 0 && device < (int)(sizeof device_names / sizeof *device_names) - 1 ? device_names[device] : "?";
+}
 
-enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, ID_COUNT };
+enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, ID_COUNT };
 
 /* NAME: any name (a value follows the flag); CHOICE: one of `choices`;
  * ON: the flag turns it on, the variable when set to other than "" or
@@ -40,6 +44,7 @@ static const struct def {
     {PREFETCH, "--no-prefetch", "SPARROW_PREFETCH", OFF, NULL},
     {MMAP, "--mmap", "SPARROW_MMAP", ON, NULL},
     {ROW_ORDER, "--row-order", "SPARROW_ROW_ORDER", ON, NULL},
+    {DEVICE, "--device", "SPARROW_DEVICE", CHOICE, device_names},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -75,6 +80,7 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case PREFETCH: s->no_prefetch = v; break;
     case MMAP: s->mmap = v; break;
     case ROW_ORDER: s->row_order = v; break;
+    case DEVICE: s->device = v; break;
     case ID_COUNT: break;
     }
     return SP_OK;

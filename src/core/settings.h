@@ -22,6 +22,7 @@
  * --no-prefetch SPARROW_PREFETCH=0
  * --mmap        SPARROW_MMAP           on when set to other than "" or "0"
  * --row-order   SPARROW_ROW_ORDER      on when set to other than "" or "0"
+ * --device      SPARROW_DEVICE         cpu | cuda (checked by the CLI against the build)
  *
  * --kernels and --precision both choose the kernel set: given together at
  * the same level (two flags, or two variables) they are an error; a flag
@@ -67,6 +68,7 @@ struct sp_settings {
     bool no_prefetch;  // the expert cache does not read the next layer's experts ahead
     bool mmap;         // weights stay in the files' pages: no copies into anonymous memory
     bool row_order;    // weight matrices stay in row order: none interleaved for the kernels
+    int device;        // where the forward pass runs: an index of sp_settings_device_name (backend.h's sp_device order)
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder
@@ -92,5 +94,7 @@ enum sp_status sp_settings_set(struct sp_settings *s, const char *flag, const ch
 const char *sp_precision_name(enum sp_precision p);
 const char *sp_io_method_name(enum sp_io_method m);
 const char *sp_expert_policy_name(enum sp_expert_policy p);
+/* The device names --device takes, in the order of backend.h's enum sp_device ("cpu", "cuda"); "?" past them. */
+const char *sp_settings_device_name(int device);
 
 #endif

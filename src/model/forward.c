@@ -326,6 +326,12 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         st = sp_errorf(SP_ERR_ARG, "unknown KV cache type");
         goto fail;
     }
+    if (c->p.experts && c->p.device != SP_DEVICE_CPU) {
+        /* the store hands out experts in host memory, which only the CPU computes on */
+        st = sp_errorf(SP_ERR_UNSUPPORTED, "an expert cache on the %s device (not yet: every weight must fit on it)",
+                       sp_device_name(c->p.device));
+        goto fail;
+    }
     struct sp_backend_params bp = backend_params(a, &c->p);
     inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
     if (!inv_freq) goto nomem;
@@ -692,5 +698,5 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
     STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
          m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
-    return SP_OK;
+    return be->ops->error ? be->ops->error(be) : SP_OK;
 }

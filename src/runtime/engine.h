@@ -39,6 +39,7 @@ struct sp_engine_params {
     int queue_max;          // requests waiting for a slot (0: 64)
     int n_threads;          // 0: physical cores
     enum sp_kv_type kv_type;
+    enum sp_device device;  // where the forward pass runs (zero: the CPU)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     struct sp_expert_store_params expert_params;  // how that cache reads and evicts
 };

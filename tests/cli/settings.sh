@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The settings' flags of serve, run and bench (--kernels, --precision, --io,
-# --expert-policy, --no-prefetch, --mmap, --row-order) and the SPARROW_*
+# --expert-policy, --no-prefetch, --mmap, --row-order, --device) and the SPARROW_*
 # variables they override: each reaches what it switches, as the JSON line
 # of bench (or serve's ready line) reports it, and a bad value is an error
 # that names the flag or the variable.
@@ -110,11 +110,29 @@ for cmd in "serve --model $TMP/bf16" "run --model $TMP/bf16 --tokens 1" "bench -
     expect "$name: says what --expert-policy takes" "$TMP/err" 'error: --expert-policy: expected arc, lru or clock, got "fifo"'
     run "$name --precision float" 2 "$SPARROW" $cmd --precision float
     expect "$name: says what --precision takes" "$TMP/err" 'error: --precision: expected fast or exact, got "float"'
+    run "$name --device tpu" 2 "$SPARROW" $cmd --device tpu
+    expect "$name: says what --device takes" "$TMP/err" 'error: --device: expected cpu or cuda, got "tpu"'
     run "$name --mmap=1" 2 "$SPARROW" $cmd --mmap=1
     expect "$name: --mmap takes no value" "$TMP/err" "error: --mmap takes no value"
     run "$name --help" 0 "$SPARROW" $name --help
     expect "$name: --help lists the settings" "$TMP/out" "--expert-policy arc|lru|clock"
 done
+run "--device cpu" 0 "$SPARROW" run --model "$TMP/bf16" --tokens 1,2,3 --max-tokens 2 --threads 1 --device cpu
+# --device cuda: runs where the build and the machine have the GPU; else an
+# error that says why (a build without the backend: how to get one)
+"$SPARROW" run --model "$TMP/bf16" --tokens 1,2,3 --max-tokens 2 --device cuda >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if grep -qF "error: --device cuda: this build of sparrow has no cuda backend (build it with make CUDA=1" "$TMP/err"; then
+    if [ "$rc" -eq 2 ]; then ok "--device cuda without the backend is a usage error"; else not_ok "--device cuda without the backend is a usage error (exit $rc)" "$TMP/err"; fi
+    run "SPARROW_DEVICE=cuda" 2 env SPARROW_DEVICE=cuda "$SPARROW" run --model "$TMP/bf16" --tokens 1
+    expect "names the device" "$TMP/err" "error: --device cuda: this build of sparrow has no cuda backend"
+elif [ "$rc" -eq 0 ]; then
+    ok "--device cuda runs"
+elif grep -q "no CUDA device" "$TMP/err"; then
+    ok "--device cuda # SKIP $(grep -m1 -o 'no CUDA device.*' "$TMP/err")"
+else
+    not_ok "--device cuda (exit $rc)" "$TMP/err"
+fi
 run "SPARROW_IO=direct" 2 env SPARROW_IO=direct "$SPARROW" run --model "$TMP/bf16" --tokens 1
 expect "names the variable" "$TMP/err" 'error: SPARROW_IO: expected auto, buffered, pread or mapped, got "direct"'
 run "SPARROW_EXPERT_POLICY=fifo" 2 env SPARROW_EXPERT_POLICY=fifo "$SPARROW" bench --model "$TMP/bf16"

@@ -1,0 +1,758 @@
+/*
+ * cuda.c - the CUDA backend: device memory (tensors, the KV cache, copies
+ * of the weights), the ops of backend.h queued on one stream through the
+ * launchers of kernels.h, and the first failure kept for ops->error. Built
+ * only with `make CUDA=1`.
+ */
+#include "backend/cuda/cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/kernels.h"
+#include "core/alloc.h"
+
+/* Weights are copied into slabs of device memory (one cudaMalloc per
+ * matrix would be tens of thousands for a MoE); a matrix of a quarter slab
+ * or more gets its own allocation. */
+#define SLAB_BYTES ((size_t)256 << 20)
+#define DEV_ALIGN 256
+/* Rows of logits computed per pass (a device buffer of that many x vocab). */
+#define LOGIT_ROWS 64
+/* Bytes compared at a time where a host pointer prepared before comes again. */
+#define COMPARE_BYTES ((size_t)64 << 20)
+
+/* A weight array copied to the device, found by its host address (a tied
+ * embedding is the lm_head too) or by its device address (a linear
+ * prepared twice). */
+struct wcopy {
+    const void *host;
+    size_t bytes;
+    void *dev;
+};
+
+/* Open addressing over the copies: slot values are index + 1, 0 empty. */
+struct wmap {
+    int64_t *slots;
+    size_t cap;  // a power of two
+};
+
+struct cuda {
+    struct sp_backend base;
+    struct sp_backend_shape shape;
+    cudaStream_t stream;
+    bool has_stream;
+    enum sp_status err;  // the first failure of queued work (ops->error)
+    char err_msg[384];
+    /* every cudaMalloc, freed with the backend */
+    void **allocs;
+    int64_t n_allocs, cap_allocs;
+    char *slab;  // the slab weights are placed in
+    size_t slab_used, slab_size;
+    struct wcopy *copies;
+    int64_t n_copies, cap_copies;
+    struct wmap by_host, by_dev;
+    /* KV cache: sp_cuda_kv's layout */
+    void *kv;
+    size_t kv_bytes;
+    enum sp_cuda_float kv_dt;
+    /* device buffers, max_batch rows unless said */
+    float *inv_freq;               // (rot / 2)
+    float *rope_cs;                // (B, rot)
+    float *ff_a, *ff_b;            // (B, mlp_width)
+    float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
+    int64_t logit_cap;             // rows of those
+    int32_t *d_tok, *d_pos, *d_seq;
+    int32_t *d_idx;                // gather rows, scatter offsets and lists, logits rows
+    float *d_w;                    // scatter weights
+    int64_t idx_cap, w_cap;
+    /* host staging for the index arrays built here */
+    int32_t *h_idx;
+    int64_t h_idx_cap;
+};
+
+static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
+
+/* ---- failures ---- */
+
+static enum sp_status status_of(cudaError_t e) {
+    return e == cudaErrorMemoryAllocation ? SP_ERR_NOMEM : SP_ERR_IO;
+}
+
+/* Keeps the first failure of queued work; whether e is success. */
+static bool check(struct cuda *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    if (c->err == SP_OK) {
+        c->err = status_of(e);
+        snprintf(c->err_msg, sizeof c->err_msg, "cuda: %s: %s", what, cudaGetErrorString(e));
+    }
+    return false;
+}
+
+/* A failure of the backend's own making (a weight it was not given, a
+ * batch past its buffers), kept the same way. */
+static void fail(struct cuda *c, enum sp_status st, const char *msg) {
+    if (c->err != SP_OK) return;
+    c->err = st;
+    snprintf(c->err_msg, sizeof c->err_msg, "%s", msg);
+}
+
+static enum sp_status cuda_error(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    /* a kernel that faulted shows in its stream's state (not ready: still running) */
+    cudaError_t q = c->err == SP_OK ? cudaStreamQuery(c->stream) : cudaSuccess;
+    if (q != cudaErrorNotReady) check(c, q, "queued work");
+    return c->err == SP_OK ? SP_OK : sp_errorf(c->err, "%s", c->err_msg);
+}
+
+/* ---- device memory ---- */
+
+static enum sp_status dev_alloc(struct cuda *c, size_t bytes, void **out) {
+    *out = NULL;
+    if (c->n_allocs == c->cap_allocs) {
+        int64_t cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        void **a = sp_realloc(c->allocs, (size_t)cap * sizeof *a);
+        if (!a) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        return sp_errorf(status_of(e), "cuda: %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    }
+    c->allocs[c->n_allocs++] = *out;
+    return SP_OK;
+}
+
+/* n zeroed floats of device memory (cleared in stream order, as every
+ * copy and memset here is: the stream does not wait for the default one). */
+static enum sp_status dev_floats(struct cuda *c, int64_t n, float **out) {
+    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
+    enum sp_status st = dev_alloc(c, bytes, (void **)out);
+    cudaError_t e = st == SP_OK ? cudaMemsetAsync(*out, 0, bytes, c->stream) : cudaSuccess;
+    if (e != cudaSuccess) st = sp_errorf(status_of(e), "cuda: clearing a buffer: %s", cudaGetErrorString(e));
+    return st;
+}
+
+/* Device room for a weight array. */
+static enum sp_status weight_alloc(struct cuda *c, size_t bytes, void **out) {
+    if (bytes >= SLAB_BYTES / 4) return dev_alloc(c, bytes, out);
+    size_t at = (c->slab_used + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+    if (!c->slab || at + bytes > c->slab_size) {
+        void *s;
+        enum sp_status st = dev_alloc(c, SLAB_BYTES, &s);
+        if (st != SP_OK) return st;
+        c->slab = s;
+        c->slab_size = SLAB_BYTES;
+        at = 0;
+    }
+    *out = c->slab + at;
+    c->slab_used = at + bytes;
+    return SP_OK;
+}
+
+/* Grows a device index buffer to n elements of size bytes (rarely: the
+ * buffers start at what a batch needs). */
+static bool dev_reserve(struct cuda *c, void **buf, int64_t *cap, int64_t n, size_t size) {
+    if (n <= *cap) return true;
+    /* what is queued may still read the old buffer, which stays allocated */
+    void *p;
+    enum sp_status st = dev_alloc(c, (size_t)n * size, &p);
+    if (st != SP_OK) {
+        fail(c, st, sp_error_msg());
+        return false;
+    }
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+/* bytes of host memory at src copied into dev in stream order (from pageable
+ * memory the copy is staged before the call returns: src may change after). */
+static bool upload(struct cuda *c, void *dev, const void *src, size_t bytes, const char *what) {
+    return bytes == 0 || check(c, cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
+}
+
+static bool host_reserve(struct cuda *c, int64_t n) {
+    if (n <= c->h_idx_cap) return true;
+    int32_t *p = sp_realloc(c->h_idx, (size_t)n * sizeof *p);
+    if (!p) {
+        fail(c, SP_ERR_NOMEM, "cuda: out of host memory for an index list");
+        return false;
+    }
+    c->h_idx = p;
+    c->h_idx_cap = n;
+    return true;
+}
+
+/* ---- the map of weight copies ---- */
+
+static size_t hash_ptr(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static const void *key_of(const struct cuda *c, const struct wmap *m, int64_t i) {
+    return m == &c->by_host ? c->copies[i].host : c->copies[i].dev;
+}
+
+/* The copy whose key (host or device address) is p, or -1. */
+static int64_t map_find(const struct cuda *c, const struct wmap *m, const void *p) {
+    if (!m->cap) return -1;
+    for (size_t h = hash_ptr(p) & (m->cap - 1);; h = (h + 1) & (m->cap - 1)) {
+        int64_t v = m->slots[h];
+        if (!v) return -1;
+        if (key_of(c, m, v - 1) == p) return v - 1;
+    }
+}
+
+static void map_put_slot(const struct cuda *c, struct wmap *m, int64_t i) {
+    const void *p = key_of(c, m, i);
+    size_t h = hash_ptr(p) & (m->cap - 1);
+    while (m->slots[h] && key_of(c, m, m->slots[h] - 1) != p) h = (h + 1) & (m->cap - 1);
+    m->slots[h] = i + 1;
+}
+
+/* Makes copy i findable by its key in m (replacing an entry of the same key). */
+static enum sp_status map_put(struct cuda *c, struct wmap *m, int64_t i) {
+    if ((size_t)(c->n_copies + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        int64_t *s = sp_calloc(cap, sizeof *s, SP_MEM_MODEL), *old = m->slots;
+        if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        size_t old_cap = m->cap;
+        m->slots = s;
+        m->cap = cap;
+        for (size_t k = 0; k < old_cap; k++)
+            if (old[k]) map_put_slot(c, m, old[k] - 1);
+        sp_free(old);
+    }
+    map_put_slot(c, m, i);
+    return SP_OK;
+}
+
+/* Whether dev holds the same bytes as host (read back in pieces). */
+static enum sp_status same_bytes(struct cuda *c, const void *host, const void *dev, size_t bytes, bool *same) {
+    *same = true;
+    size_t piece = bytes < COMPARE_BYTES ? bytes : COMPARE_BYTES;
+    char *buf = sp_malloc(piece ? piece : 1, SP_MEM_MISC);
+    if (!buf) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    enum sp_status st = SP_OK;
+    for (size_t at = 0; at < bytes && *same; at += piece) {
+        size_t n = bytes - at < piece ? bytes - at : piece;
+        /* to pageable memory: done when the call returns */
+        cudaError_t e = cudaMemcpyAsync(buf, (const char *)dev + at, n, cudaMemcpyDeviceToHost, c->stream);
+        if (e != cudaSuccess) {
+            st = sp_errorf(status_of(e), "cuda: reading back a weight: %s", cudaGetErrorString(e));
+            break;
+        }
+        *same = memcmp(buf, (const char *)host + at, n) == 0;
+    }
+    sp_free(buf);
+    return st;
+}
+
+/* The device copy of `bytes` at host (made now unless made before with the
+ * same bytes); host already a copy of ours is itself. */
+static enum sp_status device_copy(struct cuda *c, const void *host, size_t bytes, const void **out) {
+    *out = NULL;
+    if (!host) return SP_OK;
+    int64_t i = map_find(c, &c->by_dev, host);
+    if (i >= 0) {
+        *out = host;
+        return SP_OK;
+    }
+    enum sp_status st;
+    i = map_find(c, &c->by_host, host);
+    if (i >= 0 && c->copies[i].bytes == bytes) {
+        /* the same address may hold other bytes since (a freed matrix's memory reused) */
+        bool same;
+        if ((st = same_bytes(c, host, c->copies[i].dev, bytes, &same)) != SP_OK) return st;
+        if (same) {
+            *out = c->copies[i].dev;
+            return SP_OK;
+        }
+    }
+    void *dev;
+    if ((st = weight_alloc(c, bytes, &dev)) != SP_OK) return st;
+    /* from pageable memory: staged before the call returns */
+    cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess)
+        return sp_errorf(status_of(e), "cuda: copying a weight to the device: %s", cudaGetErrorString(e));
+    if (c->n_copies == c->cap_copies) {
+        int64_t cap = c->cap_copies ? 2 * c->cap_copies : 256;
+        struct wcopy *w = sp_realloc(c->copies, (size_t)cap * sizeof *w);
+        if (!w) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        c->copies = w;
+        c->cap_copies = cap;
+    }
+    int64_t k = c->n_copies++;
+    c->copies[k] = (struct wcopy){host, bytes, dev};
+    if ((st = map_put(c, &c->by_host, k)) != SP_OK || (st = map_put(c, &c->by_dev, k)) != SP_OK) return st;
+    *out = dev;
+    return SP_OK;
+}
+
+/* ---- weights as the kernels take them ---- */
+
+static bool float_of(enum sp_dtype d, enum sp_cuda_float *out) {
+    switch (d) {
+    case SP_DTYPE_F32: *out = SP_CUDA_F32; return true;
+    case SP_DTYPE_F16: *out = SP_CUDA_F16; return true;
+    case SP_DTYPE_BF16: *out = SP_CUDA_BF16; return true;
+    default: return false;
+    }
+}
+
+/* The scale type a format stores (its fixed one, else the matrix's). */
+static enum sp_dtype scale_dtype(const struct sp_qmat *w) {
+    enum sp_dtype fixed = sp_qtype_traits(w->type)->scale_dtype;
+    return fixed != SP_DTYPE_COUNT ? fixed : w->scale_dtype;
+}
+
+/* l as the kernels read it; false (a failure kept) when l's arrays are
+ * not copies of ours: a weight that was not prepared. */
+static bool weight_of(struct cuda *c, const struct sp_linear *l, struct sp_cuda_weight *w) {
+    const struct sp_qmat *m = &l->w;
+    *w = (struct sp_cuda_weight){.bits = sp_qtype_traits(m->type)->bits, .group = m->group, .transposed = l->transposed,
+                                 .rows = m->rows, .cols = m->cols, .codes = m->codes, .scales = m->scales,
+                                 .biases = m->biases, .bias = l->bias};
+    switch (m->type) {
+    case SP_QTYPE_F32: w->elem = SP_CUDA_F32; break;
+    case SP_QTYPE_F16: w->elem = SP_CUDA_F16; break;
+    case SP_QTYPE_BF16: w->elem = SP_CUDA_BF16; break;
+    case SP_QTYPE_MXFP4: w->fmt = SP_CUDA_FMT_MXFP4; break;
+    case SP_QTYPE_NVFP4: w->fmt = SP_CUDA_FMT_NVFP4; break;
+    case SP_QTYPE_MXFP8: w->fmt = SP_CUDA_FMT_MXFP8; break;
+    default:
+        w->fmt = SP_CUDA_FMT_AFFINE;
+        float_of(m->scale_dtype, &w->scale_dt);
+        break;
+    }
+    if (l->bias) float_of(l->bias_dtype, &w->bias_dt);
+    if (map_find(c, &c->by_dev, m->codes) < 0 || (m->scales && map_find(c, &c->by_dev, m->scales) < 0) ||
+        (l->bias && map_find(c, &c->by_dev, l->bias) < 0)) {
+        fail(c, SP_ERR_STATE, "cuda: a weight in host memory reached an op (every linear goes through ops->prepare)");
+        return false;
+    }
+    return true;
+}
+
+/* Copies l's arrays to the device once and points l at them. */
+static enum sp_status cuda_prepare(struct sp_backend *b, struct sp_linear *l) {
+    struct cuda *c = cuda_of(b);
+    struct sp_qmat *m = &l->w;
+    const struct sp_qtype_traits *tr = sp_qtype_traits(m->type);
+    const char *name = tr->name;
+    if (m->interleaved)
+        return sp_errorf(SP_ERR_UNSUPPORTED,
+                         "cuda: a %lld x %lld %s matrix is in the CPU kernels' interleaved blocks of rows; load the "
+                         "weights in row order (--row-order)",
+                         (long long)m->rows, (long long)m->cols, name);
+    if (l->transposed && tr->mode)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "cuda: a transposed %s matrix (only f32, f16 and bf16 can be)", name);
+    enum sp_status st = sp_qtype_check_shape(m->type, m->group, m->cols);
+    if (st != SP_OK) return st;
+    enum sp_cuda_float f;
+    if (tr->mode && tr->has_biases && (!float_of(m->scale_dtype, &f) || !m->biases))
+        return sp_errorf(SP_ERR_UNSUPPORTED, "cuda: %s scales of type %s", name, sp_dtype_name(m->scale_dtype));
+    if (l->bias && !float_of(l->bias_dtype, &f))
+        return sp_errorf(SP_ERR_UNSUPPORTED, "cuda: a bias of type %s", sp_dtype_name(l->bias_dtype));
+    size_t codes = (size_t)m->rows * sp_qtype_row_bytes(m->type, m->cols);
+    size_t groups = tr->mode ? (size_t)m->rows * (size_t)(m->cols / m->group) * sp_dtype_size(scale_dtype(m)) : 0;
+    const void *dc, *ds = NULL, *db = NULL, *dbias = NULL;
+    if ((st = device_copy(c, m->codes, codes, &dc)) != SP_OK ||
+        (tr->mode && (st = device_copy(c, m->scales, groups, &ds)) != SP_OK) ||
+        (tr->has_biases && (st = device_copy(c, m->biases, groups, &db)) != SP_OK) ||
+        (l->bias && (st = device_copy(c, l->bias, (size_t)m->rows * sp_dtype_size(l->bias_dtype), &dbias)) != SP_OK))
+        return st;
+    m->codes = dc;
+    m->scales = ds;
+    m->biases = db;
+    l->bias = dbias;
+    return SP_OK;
+}
+
+/* ---- memory ops ---- */
+
+static enum sp_status cuda_tensor(struct sp_backend *b, int64_t rows, int64_t cols, struct sp_tensor *out) {
+    float *p;
+    enum sp_status st = dev_floats(cuda_of(b), rows * cols, &p);
+    if (st != SP_OK) return st;
+    *out = (struct sp_tensor){p, rows, cols, cols};
+    return SP_OK;
+}
+
+static enum sp_status cuda_vector(struct sp_backend *b, const struct sp_vector *v, const float **out) {
+    struct cuda *c = cuda_of(b);
+    float *h = sp_malloc((size_t)(v->n > 0 ? v->n : 1) * sizeof *h, SP_MEM_MISC), *d;
+    if (!h) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    sp_vector_to_f32(v, h);
+    enum sp_status st = dev_floats(c, v->n, &d);
+    if (st == SP_OK) {
+        cudaError_t e = cudaMemcpyAsync(d, h, (size_t)v->n * sizeof *h, cudaMemcpyHostToDevice, c->stream);
+        if (e != cudaSuccess) st = sp_errorf(status_of(e), "cuda: copying a vector: %s", cudaGetErrorString(e));
+    }
+    sp_free(h);
+    if (st == SP_OK) *out = d;
+    return st;
+}
+
+static void cuda_write(struct sp_backend *b, struct sp_tensor t, const float *src) {
+    struct cuda *c = cuda_of(b);
+    if (c->err || t.rows <= 0 || t.cols <= 0) return;
+    check(c, cudaMemcpy2DAsync(t.data, (size_t)t.ld * sizeof(float), src, (size_t)t.cols * sizeof(float),
+                               (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyHostToDevice, c->stream),
+          "write");
+}
+
+static float *cuda_host(struct sp_backend *b, struct sp_tensor t, float *staging) {
+    struct cuda *c = cuda_of(b);
+    size_t bytes = (size_t)(t.rows * t.cols) * sizeof(float);
+    if (!c->err && t.rows > 0 && t.cols > 0) {
+        check(c, cudaMemcpy2DAsync(staging, (size_t)t.cols * sizeof(float), t.data, (size_t)t.ld * sizeof(float),
+                                   (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyDeviceToHost, c->stream),
+              "reading a tensor back");
+        check(c, cudaStreamSynchronize(c->stream), "queued work");
+    }
+    if (c->err && bytes) memset(staging, 0, bytes);
+    return staging;
+}
+
+static void cuda_sync(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    check(c, cudaStreamSynchronize(c->stream), "queued work");
+}
+
+static bool cuda_supports(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt) {
+    return (unsigned)op < SP_OP_COUNT && (unsigned)fmt < SP_QTYPE_COUNT;
+}
+
+/* ---- KV cache ---- */
+
+/* Bytes of one sequence's keys (or values) of one layer: n_ctx positions of
+ * every KV head. */
+static size_t kv_seq_bytes(const struct sp_backend_params *p) {
+    const struct sp_backend_shape *s = &p->shape;
+    return (size_t)p->n_ctx * (size_t)s->n_kv_heads * (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type));
+}
+
+size_t sp_cuda_kv_bytes(const struct sp_backend_params *p) {
+    return (size_t)p->shape.n_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p);
+}
+
+static size_t cuda_kv_bytes(const struct sp_backend *b) { return ((const struct cuda *)b)->kv_bytes; }
+
+/* Positions are the outer index of a sequence's block, so its first n are
+ * one run of bytes per layer and K / V. */
+static void cuda_kv_copy_seq(struct sp_backend *b, int src, int dst, int64_t n) {
+    struct cuda *c = cuda_of(b);
+    if (c->err || src == dst || n <= 0) return;
+    size_t per = kv_seq_bytes(&c->base.p), row = per / (size_t)c->base.p.n_ctx;
+    for (int64_t L = 0; L < c->shape.n_layers * 2; L++) {
+        char *base = (char *)c->kv + (size_t)L * (size_t)c->base.p.n_seq * per;
+        if (!check(c, cudaMemcpyAsync(base + (size_t)dst * per, base + (size_t)src * per, (size_t)n * row,
+                                      cudaMemcpyDeviceToDevice, c->stream),
+                   "copying a sequence's cache"))
+            return;
+    }
+}
+
+/* ---- ops ---- */
+
+/* The batch of bt fits the backend's buffers. */
+static bool batch_fits(struct cuda *c, int64_t n) {
+    if (n <= c->base.p.max_batch) return true;
+    char msg[128];
+    snprintf(msg, sizeof msg, "cuda: a batch of %lld rows (the backend was made for %lld)", (long long)n,
+             (long long)c->base.p.max_batch);
+    fail(c, SP_ERR_ARG, msg);
+    return false;
+}
+
+static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const struct sp_batch *bt, struct sp_tensor x) {
+    struct cuda *c = cuda_of(b);
+    struct sp_cuda_weight w;
+    int64_t n = bt->n;
+    if (c->err || n <= 0 || !batch_fits(c, n) || !weight_of(c, e, &w)) return;
+    if (!upload(c, c->d_tok, bt->tokens, (size_t)n * sizeof(int32_t), "tokens") ||
+        !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions"))
+        return;
+    if (!check(c, (cudaError_t)sp_cuda_embed(&w, c->d_tok, n, x.data, x.ld, c->stream), "embed")) return;
+    check(c, (cudaError_t)sp_cuda_rope_table(c->d_pos, n, c->inv_freq, c->shape.rot_dims, c->shape.rope_scale,
+                                             c->rope_cs, c->stream),
+          "RoPE angles");
+}
+
+static void cuda_rmsnorm(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, NULL, w, eps, out.data, out.ld, x.rows, x.cols, c->stream),
+          "rmsnorm");
+}
+
+static void cuda_zero(struct sp_backend *b, struct sp_tensor t) {
+    struct cuda *c = cuda_of(b);
+    if (c->err || t.rows <= 0 || t.cols <= 0) return;
+    check(c, cudaMemset2DAsync(t.data, (size_t)t.ld * sizeof(float), 0, (size_t)t.cols * sizeof(float), (size_t)t.rows,
+                               c->stream),
+          "zero");
+}
+
+static void cuda_add(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    check(c, (cudaError_t)sp_cuda_add(dst.data, dst.ld, src.data, src.ld, dst.rows, dst.cols, c->stream), "add");
+}
+
+/* y = l(x) on n rows of x (ld apart) into rows of y. */
+static bool product(struct cuda *c, const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy,
+                    int64_t n) {
+    struct sp_cuda_weight w;
+    if (!weight_of(c, l, &w)) return false;
+    return check(c, (cudaError_t)sp_cuda_linear(&w, x, ldx, y, ldy, n, c->stream), "linear");
+}
+
+static void cuda_linear(struct sp_backend *b, const struct sp_linear *l, struct sp_tensor x, struct sp_tensor y) {
+    struct cuda *c = cuda_of(b);
+    if (!c->err) product(c, l, x.data, x.ld, y.data, y.ld, x.rows);
+}
+
+static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
+                           struct sp_tensor qkv, struct sp_tensor att) {
+    struct cuda *c = cuda_of(b);
+    const struct sp_backend_shape *s = &c->shape;
+    int64_t n = bt->n;
+    if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    if (!upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
+        !upload(c, c->d_seq, bt->seq, (size_t)n * sizeof(int32_t), "sequences"))
+        return;
+    struct sp_cuda_attn a = {.layer = ly->layer, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
+                             .head_dim = s->head_dim, .rot = s->rot_dims, .q_norm = ly->q_norm, .k_norm = ly->k_norm,
+                             .sinks = ly->sinks, .window = ly->window, .eps = ly->eps, .rope_cs = c->rope_cs,
+                             .pos = c->d_pos, .seq = c->d_seq};
+    struct sp_cuda_kv kv = {c->kv, c->kv_dt, c->base.p.n_seq, c->base.p.n_ctx};
+    if (!check(c, (cudaError_t)sp_cuda_attn_prologue(&a, &kv, qkv.data, qkv.ld, n, c->stream), "attention prologue"))
+        return;
+    check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, c->stream), "attention");
+}
+
+/* Each item: gate and up (or gate_up) into its rows of ff_a / ff_b, the
+ * activation into ff_b, then down into its rows of out. */
+static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
+                     struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    int64_t ld = c->shape.mlp_width;
+    for (int64_t i = 0; i < n && !c->err; i++) {
+        const struct sp_mlp_item *it = &items[i];
+        int64_t cnt = it->x.rows, ff = it->down->w.cols;
+        if (cnt <= 0) continue;
+        if (!batch_fits(c, it->row + cnt)) return;
+        float *fa = c->ff_a + it->row * ld, *fb = c->ff_b + it->row * ld;
+        if (it->gate_up) {
+            if (!product(c, it->gate_up, it->x.data, it->x.ld, fa, ld, cnt) ||
+                !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, NULL, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
+                                                   c->stream),
+                       "activation"))
+                return;
+        } else {
+            if (!product(c, it->gate, it->x.data, it->x.ld, fa, ld, cnt) ||
+                !product(c, it->up, it->x.data, it->x.ld, fb, ld, cnt) ||
+                !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, fb, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
+                                                   c->stream),
+                       "activation"))
+                return;
+        }
+        product(c, it->down, fb, ld, out.data + it->row * out.ld, out.ld, cnt);
+    }
+}
+
+static void cuda_gather(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src, const int32_t *rows) {
+    struct cuda *c = cuda_of(b);
+    if (c->err || dst.rows <= 0) return;
+    if (!dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, dst.rows, sizeof(int32_t)) ||
+        !upload(c, c->d_idx, rows, (size_t)dst.rows * sizeof(int32_t), "gather rows"))
+        return;
+    check(c, (cudaError_t)sp_cuda_gather(dst.data, dst.ld, src.data, src.ld, c->d_idx, dst.rows, dst.cols, c->stream),
+          "gather");
+}
+
+/* The sources of each row of out listed by row, in increasing order of
+ * source (a counting sort), so each row takes its additions in order. */
+static void cuda_scatter_add(struct sp_backend *b, struct sp_tensor out, struct sp_tensor src, const int32_t *rows,
+                             const float *w) {
+    struct cuda *c = cuda_of(b);
+    int64_t m = src.rows, n = out.rows;
+    if (c->err || m <= 0 || n <= 0) return;
+    if (!host_reserve(c, n + 1 + m) || !dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, n + 1 + m, sizeof(int32_t)) ||
+        !dev_reserve(c, (void **)&c->d_w, &c->w_cap, m, sizeof(float)))
+        return;
+    int32_t *off = c->h_idx, *list = c->h_idx + n + 1;
+    memset(off, 0, (size_t)(n + 1) * sizeof *off);
+    for (int64_t i = 0; i < m; i++) {
+        if (rows[i] < 0 || rows[i] >= n) {
+            fail(c, SP_ERR_ARG, "cuda: scatter_add: a row outside the output");
+            return;
+        }
+        off[rows[i] + 1]++;
+    }
+    for (int64_t t = 0; t < n; t++) off[t + 1] += off[t];
+    for (int64_t i = 0; i < m; i++) list[off[rows[i]]++] = (int32_t)i;
+    for (int64_t t = n; t > 0; t--) off[t] = off[t - 1];  // back to where each row starts
+    off[0] = 0;
+    if (!upload(c, c->d_idx, c->h_idx, (size_t)(n + 1 + m) * sizeof(int32_t), "scatter rows") ||
+        !upload(c, c->d_w, w, (size_t)m * sizeof(float), "scatter weights"))
+        return;
+    check(c, (cudaError_t)sp_cuda_scatter_add(out.data, out.ld, src.data, src.ld, c->d_idx, c->d_idx + n + 1, c->d_w, n,
+                                              out.cols, c->stream),
+          "scatter_add");
+}
+
+/* The wanted rows LOGIT_ROWS at a time: normed into logit_rows, through
+ * the head, then to the host. */
+static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                           struct sp_tensor x, const bool *want, float *logits) {
+    struct cuda *c = cuda_of(b);
+    int64_t d = x.cols, V = head->w.rows, m = 0;
+    if (V > c->shape.vocab) {
+        fail(c, SP_ERR_ARG, "cuda: an lm_head wider than the vocabulary the backend was made for");
+        return 0;
+    }
+    if (!host_reserve(c, x.rows)) return 0;
+    for (int64_t t = 0; t < x.rows; t++)
+        if (!want || want[t]) c->h_idx[m++] = (int32_t)t;
+    if (!c->err && dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, m, sizeof(int32_t)))
+        upload(c, c->d_idx, c->h_idx, (size_t)m * sizeof(int32_t), "logits rows");
+    for (int64_t j0 = 0; j0 < m && !c->err; j0 += c->logit_cap) {
+        int64_t k = m - j0 < c->logit_cap ? m - j0 : c->logit_cap;
+        if (!check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, c->d_idx + j0, norm, eps, c->logit_rows, d, k, d,
+                                                   c->stream),
+                   "final norm") ||
+            !product(c, head, c->logit_rows, d, c->logit_out, V, k))
+            break;
+        check(c, cudaMemcpyAsync(logits + j0 * V, c->logit_out, (size_t)(k * V) * sizeof(float), cudaMemcpyDeviceToHost,
+                                 c->stream),
+              "reading logits back");
+    }
+    check(c, cudaStreamSynchronize(c->stream), "queued work");
+    if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
+    return m;
+}
+
+/* ---- the backend ---- */
+
+static void cuda_destroy(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    if (c->has_stream) {
+        cudaStreamSynchronize(c->stream);
+        cudaStreamDestroy(c->stream);
+    }
+    for (int64_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
+    sp_free(c->allocs);
+    sp_free(c->copies);
+    sp_free(c->by_host.slots);
+    sp_free(c->by_dev.slots);
+    sp_free(c->h_idx);
+    sp_free(c);
+}
+
+size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
+    const struct sp_backend_shape *s = &p->shape;
+    size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
+    size_t floats = (size_t)(s->rot_dims / 2 + 1) + B * (size_t)(s->rot_dims > 0 ? s->rot_dims : 1) +
+                    2 * B * (size_t)s->mlp_width + L * (size_t)(s->d_model + s->vocab) + B;
+    return floats * sizeof(float) + (5 * B + 2) * sizeof(int32_t);
+}
+
+enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct sp_backend **out) {
+    *out = NULL;
+    const struct sp_backend_shape *s = &p->shape;
+    int devices = 0;
+    cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "no CUDA device: %s",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "the driver lists none");
+    if (s->head_dim > SP_CUDA_MAX_HEAD_DIM || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads != 0)
+        return sp_errorf(SP_ERR_UNSUPPORTED,
+                         "cuda: %lld heads of %lld dimensions over %lld KV heads (at most %d dimensions, query heads a "
+                         "multiple of KV heads)",
+                         (long long)s->n_heads, (long long)s->head_dim, (long long)s->n_kv_heads, SP_CUDA_MAX_HEAD_DIM);
+    struct cuda *c = sp_calloc(1, sizeof *c, SP_MEM_MODEL);
+    if (!c) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    c->base.ops = &sp_cuda_backend_ops;
+    c->base.p = *p;
+    c->base.p.n_threads = 1;  // the host's share (routing, index lists) runs on the calling thread
+    c->shape = *s;
+    c->shape.inv_freq = NULL;
+    c->kv_dt = p->kv_type == SP_KV_F32 ? SP_CUDA_F32 : p->kv_type == SP_KV_BF16 ? SP_CUDA_BF16 : SP_CUDA_F16;
+    enum sp_status st = SP_OK;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        st = sp_errorf(status_of(e), "cuda: a stream: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    c->has_stream = true;
+    int64_t B = p->max_batch, half = s->rot_dims / 2;
+    c->kv_bytes = sp_cuda_kv_bytes(p);
+    if ((st = dev_alloc(c, c->kv_bytes, &c->kv)) != SP_OK) {
+        sp_error_prefix("the KV cache (%lld positions x %d sequences): ", (long long)p->n_ctx, p->n_seq);
+        goto fail;
+    }
+    if ((e = cudaMemsetAsync(c->kv, 0, c->kv_bytes ? c->kv_bytes : 1, c->stream)) != cudaSuccess) {
+        st = sp_errorf(status_of(e), "cuda: clearing the KV cache: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    c->logit_cap = B < LOGIT_ROWS ? B : LOGIT_ROWS;
+    c->idx_cap = 2 * B + 2;
+    c->w_cap = B;
+    if ((st = dev_floats(c, half, &c->inv_freq)) != SP_OK ||
+        (st = dev_floats(c, B * s->rot_dims, &c->rope_cs)) != SP_OK ||
+        (st = dev_floats(c, B * s->mlp_width, &c->ff_a)) != SP_OK ||
+        (st = dev_floats(c, B * s->mlp_width, &c->ff_b)) != SP_OK ||
+        (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||
+        (st = dev_floats(c, c->logit_cap * s->vocab, &c->logit_out)) != SP_OK ||
+        (st = dev_floats(c, c->w_cap, &c->d_w)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_tok)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_pos)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_seq)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)c->idx_cap * sizeof(int32_t), (void **)&c->d_idx)) != SP_OK)
+        goto fail;
+    if (half && (e = cudaMemcpyAsync(c->inv_freq, s->inv_freq, (size_t)half * sizeof(float), cudaMemcpyHostToDevice,
+                                     c->stream)) != cudaSuccess) {
+        st = sp_errorf(status_of(e), "cuda: RoPE frequencies: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    *out = &c->base;
+    return SP_OK;
+fail:
+    cuda_destroy(&c->base);
+    return st;
+}
+
+const struct sp_backend_ops sp_cuda_backend_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .supports = cuda_supports,
+    .tensor = cuda_tensor,
+    .vector = cuda_vector,
+    .prepare = cuda_prepare,
+    .write = cuda_write,
+    .host = cuda_host,
+    .sync = cuda_sync,
+    .error = cuda_error,
+    .kv_bytes = cuda_kv_bytes,
+    .kv_copy_seq = cuda_kv_copy_seq,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .zero = cuda_zero,
+    .add = cuda_add,
+    .linear = cuda_linear,
+    .attention = cuda_attention,
+    .mlp = cuda_mlp,
+    .gather = cuda_gather,
+    .scatter_add = cuda_scatter_add,
+    .logits = cuda_logits,
+};

@@ -1,0 +1,119 @@
+/*
+ * kernels.h - the CUDA backend's kernels (kernels.cu) as plain-C launchers:
+ * products of packed weights with a batch of float activations in every
+ * weight format, the embedding rows, RMSNorm, residual adds, the gated
+ * activation, rows moved to and from experts, and attention (its
+ * prologue, then an online softmax over the cached positions). cuda.c
+ * calls them; nothing here includes a CUDA header.
+ *
+ *     struct sp_cuda_weight w = {.fmt = SP_CUDA_FMT_AFFINE, .bits = 4, .group = 64, .rows = R, .cols = C,
+ *                                .codes = dev_codes, .scales = dev_s, .biases = dev_b, .scale_dt = SP_CUDA_BF16};
+ *     int err = sp_cuda_linear(&w, x, C, y, R, n, stream);   // y[t * R + r] = row r of w . x[t * C ..]
+ *
+ * Every pointer is device memory, except where a launcher says host.
+ * Launchers queue work on `stream` (a cudaStream_t) and return the CUDA
+ * error of the launch (0: none). Each token's outputs are computed in the
+ * same order whatever else the batch holds, so results do not depend on
+ * the batch.
+ */
+#ifndef SP_BACKEND_CUDA_KERNELS_H
+#define SP_BACKEND_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Float element types of weights, scales, biases and the KV cache. */
+enum sp_cuda_float { SP_CUDA_F32, SP_CUDA_F16, SP_CUDA_BF16, SP_CUDA_FLOAT_COUNT };
+
+/* Weight formats as the kernels tell them apart (quant/qtype.h). */
+enum sp_cuda_fmt {
+    SP_CUDA_FMT_FLOAT,   // plain f32 / f16 / bf16 (elem)
+    SP_CUDA_FMT_AFFINE,  // mlx affine, `bits` 2-8: w = scale * q + bias per group
+    SP_CUDA_FMT_MXFP4,   // E2M1 codes, E8M0 scale per 32
+    SP_CUDA_FMT_NVFP4,   // E2M1 codes, E4M3 scale per 16
+    SP_CUDA_FMT_MXFP8,   // E4M3 codes, E8M0 scale per 32
+    SP_CUDA_FMT_COUNT
+};
+
+/* A weight matrix of `rows` outputs by `cols` inputs in device memory:
+ * rows of codes (transposed: an (cols, rows) float matrix), a scale (and
+ * for affine a bias) per `group` elements of a row, and an optional
+ * output bias. */
+struct sp_cuda_weight {
+    enum sp_cuda_fmt fmt;
+    enum sp_cuda_float elem;      // FLOAT: the element type
+    enum sp_cuda_float scale_dt;  // AFFINE: the scales' and biases' type
+    int bits, group;
+    bool transposed;              // FLOAT only
+    int64_t rows, cols;
+    const void *codes, *scales, *biases;
+    const void *bias;             // (rows) of bias_dt, or NULL
+    enum sp_cuda_float bias_dt;
+};
+
+/* y[t * ldy + r] = row r of w . x[t * ldx ...] (+ bias[r]) for r < rows, t < n. */
+int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
+                   void *stream);
+/* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
+int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
+                  void *stream);
+/* cs[t * rot + i] = cos, cs[t * rot + rot / 2 + i] = sin of pos[t] * inv_freq[i], times scale. */
+int sp_cuda_rope_table(const int32_t *pos, int64_t n, const float *inv_freq, int64_t rot, float scale, float *cs,
+                       void *stream);
+/* out row i = x row (rows ? rows[i] : i) / rms * w (w NULL: none), for i < n rows of cols. */
+int sp_cuda_rmsnorm(const float *x, int64_t ldx, const int32_t *rows, const float *w, float eps, float *out,
+                    int64_t ldo, int64_t n, int64_t cols, void *stream);
+/* dst += src over n rows of cols. */
+int sp_cuda_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t n, int64_t cols, void *stream);
+/* out = (u + u_offset) * g / (1 + exp(-alpha g)), g clamped to <= limit, u to [-limit, limit]; g and u
+ * rows lds apart (u NULL: pairs g[2j], g[2j + 1]), n rows of w outputs. */
+int sp_cuda_glu(float *out, int64_t ldo, const float *g, const float *u, int64_t lds, int64_t n, int64_t w,
+                float alpha, float limit, float u_offset, void *stream);
+/* Row i of dst = row rows[i] of src, for i < n rows of cols. */
+int sp_cuda_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int64_t n,
+                   int64_t cols, void *stream);
+/* Row t of out += w[k] x row k of src for k in list[off[t] .. off[t + 1]) in that order, t < n. */
+int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
+                        const int32_t *list, const float *w, int64_t n, int64_t cols, void *stream);
+
+/* The KV cache as the attention kernels see it: element e of KV head h of
+ * position p of sequence s of layer L, keys (which 0) or values (1), at
+ * ((((L * 2 + which) * n_seq + s) * n_ctx + p) * n_kv_heads + h) * head_dim + e. */
+struct sp_cuda_kv {
+    void *data;
+    enum sp_cuda_float dt;
+    int64_t n_seq, n_ctx;
+};
+
+/* One attention call's shapes and parameters. */
+struct sp_cuda_attn {
+    int64_t layer, n_heads, n_kv_heads, head_dim, rot;
+    const float *q_norm, *k_norm;  // (head_dim) each, or NULL
+    const float *sinks;            // (n_heads) or NULL
+    int64_t window;                // 0: every cached position
+    float eps;
+    const float *rope_cs;          // (n, rot) of sp_cuda_rope_table
+    const int32_t *pos, *seq;      // (n)
+};
+
+/* Largest head_dim the attention kernels take. */
+#define SP_CUDA_MAX_HEAD_DIM 512
+
+/* q / k norms and RoPE of the q and k heads of qkv (in place), then each
+ * token's k and v heads into the cache. */
+int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, float *qkv, int64_t ldq,
+                          int64_t n, void *stream);
+/* att row t, head h = softmax over token t's visible cached positions of
+ * its q head's scores (with its sink logit's share) times the values. */
+int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv, int64_t ldq,
+                      float *att, int64_t lda, int64_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
