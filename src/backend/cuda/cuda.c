@@ -38,6 +38,14 @@ struct wmap {
     size_t cap;  // a power of two
 };
 
+/* Consecutive items of an MLP call whose gates (and ups) share a format
+ * and whose downs share one: one launch of each kernel. */
+struct mlp_run {
+    int64_t first, count, max_n, blocks_gate_up, blocks_down;
+    struct sp_cuda_weight gate, down;
+    bool fused, xvec;
+};
+
 struct cuda {
     struct sp_backend base;
     struct sp_backend_shape shape;
@@ -70,6 +78,10 @@ struct cuda {
     /* host staging for the index arrays built here */
     int32_t *h_idx;
     int64_t h_idx_cap;
+    /* an MLP call's items for the batched kernels: host staging, device copy, runs */
+    struct sp_cuda_mlp_item *h_items, *d_items;
+    struct mlp_run *runs;
+    int64_t items_cap;
 };
 
 static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
@@ -541,33 +553,109 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, c->stream), "attention");
 }
 
-/* Each item: gate and up (or gate_up) into its rows of ff_a / ff_b, the
- * activation into ff_b, then down into its rows of out. */
+/* Item it one kernel at a time: gate and up (or gate_up) into its rows of
+ * ff_a / ff_b, the activation into ff_b, then down into its rows of out. */
+static void mlp_item(struct cuda *c, const struct sp_mlp_item *it, const struct sp_glu *act, struct sp_tensor out) {
+    int64_t ld = c->shape.mlp_width, cnt = it->x.rows, ff = it->down->w.cols;
+    float *fa = c->ff_a + it->row * ld, *fb = c->ff_b + it->row * ld;
+    if (it->gate_up) {
+        if (!product(c, it->gate_up, it->x.data, it->x.ld, fa, ld, cnt) ||
+            !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, NULL, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
+                                               c->stream),
+                   "activation"))
+            return;
+    } else {
+        if (!product(c, it->gate, it->x.data, it->x.ld, fa, ld, cnt) ||
+            !product(c, it->up, it->x.data, it->x.ld, fb, ld, cnt) ||
+            !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, fb, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
+                                               c->stream),
+                   "activation"))
+            return;
+    }
+    product(c, it->down, fb, ld, out.data + it->row * out.ld, out.ld, cnt);
+}
+
+/* Whether a and b are read by the same instantiation of a kernel, with
+ * the same columns. */
+static bool same_format(const struct sp_cuda_weight *a, const struct sp_cuda_weight *b) {
+    return a->fmt == b->fmt && a->elem == b->elem && a->bits == b->bits && a->group == b->group &&
+           (a->fmt != SP_CUDA_FMT_AFFINE || a->scale_dt == b->scale_dt) && !a->bias == !b->bias &&
+           (!a->bias || a->bias_dt == b->bias_dt) && a->cols == b->cols;
+}
+
+/* it's gate (or gate_up), up and down into w; whether the batched MLP
+ * kernels take them. */
+static bool vec_item(struct cuda *c, const struct sp_mlp_item *it, struct sp_cuda_weight w[3]) {
+    if (it->gate_up) {
+        if (!weight_of(c, it->gate_up, &w[0])) return false;
+        w[1] = w[0];
+    } else if (!weight_of(c, it->gate, &w[0]) || !weight_of(c, it->up, &w[1])) {
+        return false;
+    }
+    if (!weight_of(c, it->down, &w[2])) return false;
+    int64_t ff = w[2].cols;
+    return sp_cuda_vec_ok(&w[0]) && sp_cuda_vec_ok(&w[1]) && sp_cuda_vec_ok(&w[2]) && same_format(&w[0], &w[1]) &&
+           w[0].rows == (it->gate_up ? 2 * ff : ff) && w[1].rows == w[0].rows;
+}
+
+/* The items the batched kernels take are listed (consecutive ones of the
+ * same formats in a run), uploaded in one copy, then each run is two
+ * launches: gate, up and the activation into ff_b, then down into out.
+ * Other items run one kernel at a time. */
 static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
                      struct sp_tensor out) {
     struct cuda *c = cuda_of(b);
-    int64_t ld = c->shape.mlp_width;
+    int64_t ld = c->shape.mlp_width, nv = 0, nr = 0;
     for (int64_t i = 0; i < n && !c->err; i++) {
         const struct sp_mlp_item *it = &items[i];
-        int64_t cnt = it->x.rows, ff = it->down->w.cols;
+        int64_t cnt = it->x.rows;
         if (cnt <= 0) continue;
         if (!batch_fits(c, it->row + cnt)) return;
-        float *fa = c->ff_a + it->row * ld, *fb = c->ff_b + it->row * ld;
-        if (it->gate_up) {
-            if (!product(c, it->gate_up, it->x.data, it->x.ld, fa, ld, cnt) ||
-                !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, NULL, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
-                                                   c->stream),
-                       "activation"))
-                return;
-        } else {
-            if (!product(c, it->gate, it->x.data, it->x.ld, fa, ld, cnt) ||
-                !product(c, it->up, it->x.data, it->x.ld, fb, ld, cnt) ||
-                !check(c, (cudaError_t)sp_cuda_glu(fb, ld, fa, fb, ld, cnt, ff, act->alpha, act->limit, act->u_offset,
-                                                   c->stream),
-                       "activation"))
-                return;
+        struct sp_cuda_weight w[3];
+        if (nv == c->items_cap || !vec_item(c, it, w)) {
+            if (!c->err) mlp_item(c, it, act, out);
+            continue;
         }
-        product(c, it->down, fb, ld, out.data + it->row * out.ld, out.ld, cnt);
+        struct mlp_run *r = nr ? &c->runs[nr - 1] : NULL;
+        bool fused = it->gate_up != NULL;
+        if (!r || r->fused != fused || !same_format(&r->gate, &w[0]) || !same_format(&r->down, &w[2]) ||
+            r->down.rows != w[2].rows) {
+            r = &c->runs[nr++];
+            *r = (struct mlp_run){.first = nv, .gate = w[0], .down = w[2], .fused = fused, .xvec = true};
+        }
+        r->count++;
+        r->max_n = cnt > r->max_n ? cnt : r->max_n;
+        r->xvec = r->xvec && ((uintptr_t)it->x.data & 15) == 0 && it->x.ld % 4 == 0;
+        c->h_items[nv++] = (struct sp_cuda_mlp_item){
+            .codes = {w[0].codes, fused ? NULL : w[1].codes, w[2].codes},
+            .scales = {w[0].scales, fused ? NULL : w[1].scales, w[2].scales},
+            .biases = {w[0].biases, fused ? NULL : w[1].biases, w[2].biases},
+            .bias = {w[0].bias, fused ? NULL : w[1].bias, w[2].bias},
+            .x = it->x.data, .ldx = it->x.ld, .n = cnt, .row = it->row, .ff = w[2].cols};
+    }
+    if (c->err || nv == 0) return;
+    for (int64_t k = 0; k < nr; k++) {
+        struct mlp_run *r = &c->runs[k];
+        int nt = sp_cuda_mlp_tokens(r->max_n);
+        for (int64_t i = r->first; i < r->first + r->count; i++) {
+            struct sp_cuda_mlp_item *d = &c->h_items[i];
+            d->blk_gate_up = r->blocks_gate_up;
+            d->blk_down = r->blocks_down;
+            r->blocks_gate_up += sp_cuda_mlp_blocks(false, d->ff, d->n, nt);
+            r->blocks_down += sp_cuda_mlp_blocks(true, r->down.rows, d->n, nt);
+        }
+    }
+    if (!upload(c, c->d_items, c->h_items, (size_t)nv * sizeof *c->h_items, "MLP items")) return;
+    for (int64_t k = 0; k < nr && !c->err; k++) {
+        struct mlp_run *r = &c->runs[k];
+        int nt = sp_cuda_mlp_tokens(r->max_n);
+        if (check(c, (cudaError_t)sp_cuda_mlp_gate_up(&r->gate, r->fused, c->d_items + r->first, (int)r->count,
+                                                       r->blocks_gate_up, nt, r->xvec, c->ff_b, ld, act->alpha,
+                                                       act->limit, act->u_offset, c->stream),
+                  "MLP gate and up"))
+            check(c, (cudaError_t)sp_cuda_mlp_down(&r->down, c->d_items + r->first, (int)r->count, r->blocks_down, nt,
+                                                   c->ff_b, ld, out.data, out.ld, c->stream),
+                  "MLP down");
     }
 }
 
@@ -657,6 +745,8 @@ static void cuda_destroy(struct sp_backend *b) {
     sp_free(c->by_host.slots);
     sp_free(c->by_dev.slots);
     sp_free(c->h_idx);
+    sp_free(c->h_items);
+    sp_free(c->runs);
     sp_free(c);
 }
 
@@ -665,7 +755,8 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
     size_t floats = (size_t)(s->rot_dims / 2 + 1) + B * (size_t)(s->rot_dims > 0 ? s->rot_dims : 1) +
                     2 * B * (size_t)s->mlp_width + L * (size_t)(s->d_model + s->vocab) + B;
-    return floats * sizeof(float) + (5 * B + 2) * sizeof(int32_t);
+    return floats * sizeof(float) + (5 * B + 2) * sizeof(int32_t) +
+           (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item);
 }
 
 enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct sp_backend **out) {
@@ -720,6 +811,14 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_seq)) != SP_OK ||
         (st = dev_alloc(c, (size_t)c->idx_cap * sizeof(int32_t), (void **)&c->d_idx)) != SP_OK)
         goto fail;
+    c->items_cap = s->n_experts + 2;
+    c->h_items = sp_calloc((size_t)c->items_cap, sizeof *c->h_items, SP_MEM_MISC);
+    c->runs = sp_calloc((size_t)c->items_cap, sizeof *c->runs, SP_MEM_MISC);
+    if (!c->h_items || !c->runs) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = dev_alloc(c, (size_t)c->items_cap * sizeof *c->d_items, (void **)&c->d_items)) != SP_OK) goto fail;
     if (half && (e = cudaMemcpyAsync(c->inv_freq, s->inv_freq, (size_t)half * sizeof(float), cudaMemcpyHostToDevice,
                                      c->stream)) != cudaSuccess) {
         st = sp_errorf(status_of(e), "cuda: RoPE frequencies: %s", cudaGetErrorString(e));

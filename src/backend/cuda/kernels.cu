@@ -3,7 +3,11 @@
  * weights 8 elements at a time (every format's groups are whole multiples
  * of 8 elements, and 8 b-bit codes fill b whole bytes): a warp takes a
  * row, its lanes take units of 8 columns in turn, and up to TOKENS tokens
- * of the batch share each decoded unit. Every sum is spelled out (fmaf,
+ * of the batch share each decoded unit. The common formats (affine 4- and
+ * 8-bit, mxfp4, f16, bf16) take a faster path: 16-byte loads of codes,
+ * several rows a warp sharing each load of the activations, and the
+ * batched MLP kernels (all of a call's gates and ups in one launch, the
+ * activation fused, then all its downs in one). Every sum is spelled out (fmaf,
  * __fadd_rn, __fmul_rn) so that the compiler's contractions cannot make
  * one instantiation round differently from another: a token's result is
  * the same in any batch. Decoding follows quant/qtype.c's reference
@@ -287,6 +291,370 @@ struct embed_launch {
     }
 };
 
+/* ---- products that read 16 bytes of codes at a time ----
+ * For affine 4- and 8-bit, mxfp4, f16 and bf16 matrices whose rows are
+ * whole 16-byte chunks (and whose groups are whole chunks): each lane of
+ * a warp loads one chunk of each of VR rows at a time, decodes it unit by
+ * unit and multiplies it with the tokens' activations, which VR rows then
+ * share. Every row's sums run over the lane's chunks, units and elements
+ * in that order for any token count: a token's result is the same in any
+ * batch. */
+
+constexpr int VR = 4;      // rows a warp computes together
+constexpr int VWARPS = 4;  // warps per block
+
+/* Elements of one 16-byte chunk of codes. */
+template <int K, int BITS>
+__host__ __device__ constexpr int vec_elems() {
+    return K == K_F16 || K == K_BF16 ? 8 : 128 / BITS;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+/* Unit u (elements 8u .. 8u + 7) of a chunk q, its group's scale s and bias b. */
+template <int K, int BITS>
+__device__ __forceinline__ void vdecode(const uint4 &q, int u, float s, float b, float *o) {
+    if constexpr (K == K_AFFINE && BITS == 4) {
+        uint32_t v = word_of(q, u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = __fadd_rn(__fmul_rn(s, (float)((v >> (4 * k)) & 15u)), b);
+    } else if constexpr (K == K_AFFINE) {
+        uint32_t lo = word_of(q, 2 * u), hi = word_of(q, 2 * u + 1);
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = __fadd_rn(__fmul_rn(s, (float)(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 255u)), b);
+    } else if constexpr (K == K_MXFP4) {
+        uint32_t v = word_of(q, u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) o[k] = __fmul_rn(e2m1((v >> (4 * k)) & 0xfu), s);
+    } else if constexpr (K == K_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = word_of(q, i);
+            o[2 * i] = __uint_as_float(v << 16);
+            o[2 * i + 1] = __uint_as_float(v & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t v = word_of(q, i);
+            o[2 * i] = __half2float(__ushort_as_half((unsigned short)(v & 0xffffu)));
+            o[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(v >> 16)));
+        }
+    }
+}
+
+/* Where one row's codes and group parameters start. */
+struct vrow {
+    const uint4 *q;
+    const char *s, *b;
+};
+
+template <int K, int SDT>
+__device__ __forceinline__ vrow vrow_of(const void *codes, const void *scales, const void *biases, int64_t r,
+                                        int64_t cols, int group, int64_t row_bytes) {
+    vrow v;
+    v.q = reinterpret_cast<const uint4 *>(static_cast<const char *>(codes) + r * row_bytes);
+    v.s = v.b = nullptr;
+    if constexpr (K == K_AFFINE) {
+        constexpr int64_t ss = SDT == SP_CUDA_F32 ? 4 : 2;
+        v.s = static_cast<const char *>(scales) + r * (cols / group) * ss;
+        v.b = static_cast<const char *>(biases) + r * (cols / group) * ss;
+    } else if constexpr (K == K_MXFP4) {
+        v.s = static_cast<const char *>(scales) + r * (cols / group);
+    }
+    return v;
+}
+
+/* acc[r][t] += row r . token t's activations over `chunks` chunks, the
+ * lane's share; cpg: chunks per group. x rows ldx apart, 16-byte aligned
+ * where xvec. */
+template <int K, int BITS, int SDT, int NT>
+__device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const float *x,
+                                     int64_t ldx, int nt, bool xvec, int lane, float (&acc)[VR][NT]) {
+    constexpr int EC = vec_elems<K, BITS>(), UPC = EC / 8;
+#pragma unroll 2
+    for (uint32_t c = lane; c < chunks; c += WARP) {
+        uint4 q[VR];
+        float s[VR], b[VR];
+#pragma unroll
+        for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            s[r] = b[r] = 0.0f;
+            if constexpr (K == K_AFFINE) {
+                uint32_t g = c / cpg;
+                s[r] = ldf<SDT>(rw[r].s, g);
+                b[r] = ldf<SDT>(rw[r].b, g);
+            } else if constexpr (K == K_MXFP4) {
+                s[r] = e8m0(static_cast<uint8_t>(rw[r].s[c / cpg]));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UPC; u++) {
+            float wv[VR][8];
+#pragma unroll
+            for (int r = 0; r < VR; r++) vdecode<K, BITS>(q[r], u, s[r], b[r], wv[r]);
+            const float *xp = x + (int64_t)c * EC + u * 8;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                float xv[8];
+                if (xvec) {
+                    float4 a = __ldg(reinterpret_cast<const float4 *>(xp + t * ldx));
+                    float4 d = __ldg(reinterpret_cast<const float4 *>(xp + t * ldx + 4));
+                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                    xv[4] = d.x, xv[5] = d.y, xv[6] = d.z, xv[7] = d.w;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) xv[k] = xp[t * ldx + k];
+                }
+#pragma unroll
+                for (int r = 0; r < VR; r++)
+#pragma unroll
+                    for (int k = 0; k < 8; k++) acc[r][t] = fmaf(wv[r][k], xv[k], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+/* Rows [r0, r0 + VR) of w by a warp, for tokens [t0, t0 + NT). */
+template <int K, int BITS, int SDT, int NT>
+__global__ void __launch_bounds__(VWARPS * WARP)
+    k_vrows(sp_cuda_weight w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n, bool xvec) {
+    constexpr int EC = vec_elems<K, BITS>();
+    int lane = threadIdx.x % WARP;
+    int64_t r0 = ((int64_t)blockIdx.x * VWARPS + threadIdx.x / WARP) * VR, t0 = (int64_t)blockIdx.y * NT;
+    if (r0 >= w.rows) return;
+    int nt = n - t0 < NT ? (int)(n - t0) : NT;
+    int64_t row_bytes = w.cols / EC * 16;
+    vrow rw[VR];
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+        rw[r] = vrow_of<K, SDT>(w.codes, w.scales, w.biases, r0 + r < w.rows ? r0 + r : w.rows - 1, w.cols, w.group,
+                                row_bytes);
+    float acc[VR][NT];
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, x + t0 * ldx, ldx, nt, xvec, lane, acc);
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (lane == r * NT + t && r0 + r < w.rows && t < nt) {
+                float s = acc[r][t];
+                y[(t0 + t) * ldy + r0 + r] = w.bias ? __fadd_rn(s, ldf_rt(w.bias_dt, w.bias, r0 + r)) : s;
+            }
+}
+
+/* The item whose blocks include block b: the last of items[0 .. n) with blk <= b. */
+__device__ __forceinline__ const sp_cuda_mlp_item &item_of(const sp_cuda_mlp_item *items, int n, int64_t b,
+                                                            bool down) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((down ? items[mid].blk_down : items[mid].blk_gate_up) <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return items[lo];
+}
+
+/* Gate and up of a batch of MLPs, the activation into h: a warp takes
+ * outputs j0 and j0 + 1 of an item (rows 2 j .. 2 j + 1 of a fused
+ * gate_up, or row j of gate and of up) for the tokens [t0, t0 + NT). w:
+ * the gate's (or gate_up's) format and columns. */
+template <int K, int BITS, int SDT, int NT>
+__global__ void __launch_bounds__(VWARPS * WARP)
+    k_mlp_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, bool xvec, float *h,
+                  int64_t ldh, float alpha, float limit, float u_offset) {
+    constexpr int EC = vec_elems<K, BITS>(), J = VR / 2;
+    const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
+    int lane = threadIdx.x % WARP;
+    int64_t ff = it.ff, b = (int64_t)blockIdx.x - it.blk_gate_up;
+    int64_t jblocks = (ff + J * VWARPS - 1) / (J * VWARPS);
+    int64_t j0 = ((b % jblocks) * VWARPS + threadIdx.x / WARP) * J, t0 = b / jblocks * NT;
+    if (j0 >= ff) return;
+    int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
+    int64_t row_bytes = w.cols / EC * 16;
+    /* row 2 jj + 0 is gate's output j0 + jj, row 2 jj + 1 up's */
+    vrow rw[VR];
+#pragma unroll
+    for (int jj = 0; jj < J; jj++) {
+        int64_t j = j0 + jj < ff ? j0 + jj : ff - 1;
+#pragma unroll
+        for (int side = 0; side < 2; side++) {
+            int m = fused ? 0 : side;
+            int64_t r = fused ? 2 * j + side : j;
+            rw[2 * jj + side] =
+                vrow_of<K, SDT>(it.codes[m], it.scales[m], it.biases[m], r, w.cols, w.group, row_bytes);
+        }
+    }
+    float acc[VR][NT];
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, it.x + t0 * it.ldx, it.ldx, nt, xvec, lane, acc);
+#pragma unroll
+    for (int jj = 0; jj < J; jj++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int64_t j = j0 + jj;
+            if (lane != jj * NT + t || j >= ff || t >= nt) continue;
+            float gi = acc[2 * jj][t], ui = acc[2 * jj + 1][t];
+            if (fused) {
+                if (it.bias[0]) {
+                    gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], 2 * j));
+                    ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[0], 2 * j + 1));
+                }
+            } else {
+                if (it.bias[0]) gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], j));
+                if (it.bias[1]) ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[1], j));
+            }
+            /* as k_glu */
+            gi = gi > limit ? limit : gi;
+            ui = ui > limit ? limit : ui < -limit ? -limit : ui;
+            float sig = __fdiv_rn(gi, __fadd_rn(1.0f, expf(__fmul_rn(-gi, alpha))));
+            h[(it.row + t0 + t) * ldh + j] = __fmul_rn(__fadd_rn(ui, u_offset), sig);
+        }
+}
+
+/* Down of a batch of MLPs: a warp takes rows [r0, r0 + VR) of an item's
+ * down for the tokens [t0, t0 + NT), reading the item's rows of h. w: the
+ * downs' format and rows (each item has its own columns, ff). */
+template <int K, int BITS, int SDT, int NT>
+__global__ void __launch_bounds__(VWARPS * WARP)
+    k_mlp_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool xvec, const float *h, int64_t ldh,
+               float *out, int64_t ldo) {
+    constexpr int EC = vec_elems<K, BITS>();
+    const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
+    int lane = threadIdx.x % WARP;
+    int64_t b = (int64_t)blockIdx.x - it.blk_down, rblocks = (w.rows + VR * VWARPS - 1) / (VR * VWARPS);
+    int64_t r0 = ((b % rblocks) * VWARPS + threadIdx.x / WARP) * VR, t0 = b / rblocks * NT;
+    if (r0 >= w.rows) return;
+    int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
+    int64_t cols = it.ff, row_bytes = cols / EC * 16;
+    vrow rw[VR];
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+        rw[r] = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], r0 + r < w.rows ? r0 + r : w.rows - 1, cols,
+                                w.group, row_bytes);
+    float acc[VR][NT];
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(cols / EC), cpg, h + (it.row + t0) * ldh, ldh, nt, xvec, lane, acc);
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (lane == r * NT + t && r0 + r < w.rows && t < nt) {
+                float s = acc[r][t];
+                out[(it.row + t0 + t) * ldo + r0 + r] =
+                    it.bias[2] ? __fadd_rn(s, ldf_rt(w.bias_dt, it.bias[2], r0 + r)) : s;
+            }
+}
+
+/* Calls l.template go<K, BITS, SDT, NT>() for w's format (one the vector
+ * kernels take) and a token count of nt (1, 2, 4 or 8). */
+template <int K, int BITS, int SDT, class L>
+int vdispatch_nt(int nt, const L &l) {
+    if (nt <= 1) return l.template go<K, BITS, SDT, 1>();
+    if (nt <= 2) return l.template go<K, BITS, SDT, 2>();
+    if (nt <= 4) return l.template go<K, BITS, SDT, 4>();
+    return l.template go<K, BITS, SDT, 8>();
+}
+
+template <class L>
+int vdispatch(const sp_cuda_weight &w, int nt, const L &l) {
+    switch (w.fmt) {
+    case SP_CUDA_FMT_FLOAT:
+        if (w.elem == SP_CUDA_F16) return vdispatch_nt<K_F16, 16, 0>(nt, l);
+        return vdispatch_nt<K_BF16, 16, 0>(nt, l);
+    case SP_CUDA_FMT_MXFP4: return vdispatch_nt<K_MXFP4, 4, 0>(nt, l);
+    default: break;
+    }
+#define SP_VEC_CASE(B)                                                                      \
+    if (w.bits == B) {                                                                      \
+        if (w.scale_dt == SP_CUDA_F32) return vdispatch_nt<K_AFFINE, B, SP_CUDA_F32>(nt, l); \
+        if (w.scale_dt == SP_CUDA_F16) return vdispatch_nt<K_AFFINE, B, SP_CUDA_F16>(nt, l); \
+        return vdispatch_nt<K_AFFINE, B, SP_CUDA_BF16>(nt, l);                              \
+    }
+    SP_VEC_CASE(4)
+    SP_VEC_CASE(8)
+#undef SP_VEC_CASE
+    return (int)cudaErrorInvalidValue;
+}
+
+/* Tokens per block for n tokens: the fewest of 1, 2, 4, 8 that hold them (8 past 8). */
+int vec_tokens(int64_t n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
+
+struct vrows_launch {
+    const sp_cuda_weight *w;
+    const float *x;
+    int64_t ldx;
+    float *y;
+    int64_t ldy, n;
+    bool xvec;
+    cudaStream_t s;
+    template <int K, int BITS, int SDT, int NT>
+    int go() const {
+        dim3 grid((unsigned)((w->rows + VR * VWARPS - 1) / (VR * VWARPS)), (unsigned)((n + NT - 1) / NT));
+        k_vrows<K, BITS, SDT, NT><<<grid, VWARPS * WARP, 0, s>>>(*w, x, ldx, y, ldy, n, xvec);
+        return (int)cudaGetLastError();
+    }
+};
+
+struct gate_up_launch {
+    const sp_cuda_weight *w;
+    const sp_cuda_mlp_item *items;
+    int n_items;
+    int64_t blocks;
+    bool fused, xvec;
+    float *h;
+    int64_t ldh;
+    float alpha, limit, u_offset;
+    cudaStream_t s;
+    template <int K, int BITS, int SDT, int NT>
+    int go() const {
+        k_mlp_gate_up<K, BITS, SDT, NT><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, fused, xvec, h,
+                                                                                   ldh, alpha, limit, u_offset);
+        return (int)cudaGetLastError();
+    }
+};
+
+struct down_launch {
+    const sp_cuda_weight *w;
+    const sp_cuda_mlp_item *items;
+    int n_items;
+    int64_t blocks;
+    bool xvec;
+    const float *h;
+    int64_t ldh;
+    float *out;
+    int64_t ldo;
+    cudaStream_t s;
+    template <int K, int BITS, int SDT, int NT>
+    int go() const {
+        k_mlp_down<K, BITS, SDT, NT><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, xvec, h, ldh, out,
+                                                                                ldo);
+        return (int)cudaGetLastError();
+    }
+};
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 /* ---- per-token steps ---- */
 
 __global__ void k_rope_table(const int32_t *pos, int64_t n, const float *inv_freq, int64_t half, float scale,
@@ -504,12 +872,53 @@ extern "C" int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, in
             else if (w->elem == SP_CUDA_F16) k_cols<SP_CUDA_F16><<<grid, COL_THREADS, 0, s>>>(*w, xs, ldx, ys, ldy, m);
             else k_cols<SP_CUDA_BF16><<<grid, COL_THREADS, 0, s>>>(*w, xs, ldx, ys, ldy, m);
             err = (int)cudaGetLastError();
+        } else if (sp_cuda_vec_ok(w)) {
+            int nt = vec_tokens(m);
+            bool xvec = aligned16(xs) && ldx % 4 == 0;
+            err = vdispatch(*w, nt, vrows_launch{w, xs, ldx, ys, ldy, m, xvec, s});
         } else {
             err = dispatch(*w, rows_launch{w, xs, ldx, ys, ldy, m, s});
         }
         if (err) return err;
     }
     return 0;
+}
+
+extern "C" bool sp_cuda_vec_ok(const struct sp_cuda_weight *w) {
+    if (w->transposed || !aligned16(w->codes)) return false;
+    switch (w->fmt) {
+    case SP_CUDA_FMT_FLOAT: return (w->elem == SP_CUDA_F16 || w->elem == SP_CUDA_BF16) && w->cols % 8 == 0;
+    case SP_CUDA_FMT_MXFP4: return w->group > 0 && w->group % 32 == 0 && w->cols % w->group == 0;
+    case SP_CUDA_FMT_AFFINE:
+        return (w->bits == 4 || w->bits == 8) && w->group > 0 && w->group % (128 / w->bits) == 0 &&
+               w->cols % w->group == 0;
+    default: return false;
+    }
+}
+
+extern "C" int sp_cuda_mlp_tokens(int64_t n) { return vec_tokens(n); }
+
+extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt) {
+    int64_t per = down ? VR * VWARPS : VR / 2 * VWARPS;
+    return (outputs + per - 1) / per * ((n + nt - 1) / nt);
+}
+
+extern "C" int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
+                                   int n_items, int64_t blocks, int nt, bool xvec, float *h, int64_t ldh, float alpha,
+                                   float limit, float u_offset, void *stream) {
+    if (n_items <= 0 || blocks <= 0) return 0;
+    return vdispatch(*w, nt,
+                     gate_up_launch{w, items, n_items, blocks, fused, xvec, h, ldh, alpha, limit, u_offset,
+                                    static_cast<cudaStream_t>(stream)});
+}
+
+extern "C" int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
+                                int64_t blocks, int nt, const float *h, int64_t ldh, float *out, int64_t ldo,
+                                void *stream) {
+    if (n_items <= 0 || blocks <= 0) return 0;
+    bool xvec = aligned16(h) && ldh % 4 == 0;
+    return vdispatch(*w, nt,
+                     down_launch{w, items, n_items, blocks, xvec, h, ldh, out, ldo, static_cast<cudaStream_t>(stream)});
 }
 
 extern "C" int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,

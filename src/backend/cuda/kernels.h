@@ -58,6 +58,42 @@ struct sp_cuda_weight {
 /* y[t * ldy + r] = row r of w . x[t * ldx ...] (+ bias[r]) for r < rows, t < n. */
 int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                    void *stream);
+/* Whether the products read w 16 bytes of codes at a time (affine 4- and
+ * 8-bit, mxfp4, f16 and bf16, rows in row order of whole 16-byte chunks,
+ * groups of whole chunks): sp_cuda_linear does so where it can, and the
+ * batched MLP launchers below take only such weights. */
+bool sp_cuda_vec_ok(const struct sp_cuda_weight *w);
+
+/* One gated MLP of a batch as the MLP launchers take it (an array of them
+ * in device memory): the arrays of gate (or of the fused gate_up, outputs
+ * alternating gate, up), up (unused when fused) and down, with their
+ * output biases (or NULL), applied to n rows of x; the activation goes to
+ * rows [row, row + n) of h and the result to those rows of out. */
+struct sp_cuda_mlp_item {
+    const void *codes[3], *scales[3], *biases[3];
+    const void *bias[3];
+    const float *x;
+    int64_t ldx, n, row;
+    int64_t ff;                      // outputs of gate (columns of down)
+    int64_t blk_gate_up, blk_down;   // the item's first block in each launch (sp_cuda_mlp_blocks)
+};
+/* Tokens per block (1, 2, 4 or 8) for items of at most n tokens. */
+int sp_cuda_mlp_tokens(int64_t n);
+/* Blocks of an item of n tokens with `outputs` outputs (gate's, or
+ * down's rows), nt tokens per block. */
+int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt);
+/* For items[0 .. n_items) (blocks in all, nt tokens per block): gate and
+ * up of each, then the activation into its rows of h (rows ldh apart);
+ * w gives the format, group, bias type and columns that every item's
+ * gate and up share. xvec: every item's x is 16-byte aligned with ldx a
+ * multiple of 4. */
+int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
+                        int n_items, int64_t blocks, int nt, bool xvec, float *h, int64_t ldh, float alpha,
+                        float limit, float u_offset, void *stream);
+/* Then down of each from its rows of h into its rows of out; w gives the
+ * downs' format, group, bias type and rows. */
+int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
+                     int64_t blocks, int nt, const float *h, int64_t ldh, float *out, int64_t ldo, void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
 int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
                   void *stream);
