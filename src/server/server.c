@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1202,6 +1203,44 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     return r;
 }
 
+/* The body-framing headers of a request, counted. */
+struct framing {
+    int n_length, n_encoding;
+    const char *length, *encoding;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_length++ == 0) f->length = value;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        if (f->n_encoding++ == 0) f->encoding = value;
+    }
+    return MHD_YES;
+}
+
+/* Whether the request says in exactly one way where its body ends. Two
+ * Content-Lengths, or a Content-Length beside a Transfer-Encoding, let a
+ * proxy in front and this server disagree about where the next request
+ * starts (request smuggling); libmicrohttpd would read the first or prefer
+ * the encoding, so they are refused before any body is read. An encoding
+ * other than plain chunked has no length at all. */
+static bool framing_ok(struct MHD_Connection *c, char *why, size_t cap) {
+    struct framing f = {0, 0, NULL, NULL};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.n_length > 1)
+        snprintf(why, cap, "the request has %d Content-Length headers; send exactly one", f.n_length);
+    else if (f.n_encoding > 1)
+        snprintf(why, cap, "the request has %d Transfer-Encoding headers; send at most one", f.n_encoding);
+    else if (f.n_encoding && f.n_length)
+        snprintf(why, cap, "the request has both Content-Length and Transfer-Encoding; send one of them");
+    else if (f.n_encoding && strcasecmp(f.encoding, "chunked") != 0)
+        snprintf(why, cap, "Transfer-Encoding '%.64s' is not supported; send Content-Length or 'chunked'", f.encoding);
+    else
+        return true;
+    return false;
+}
+
 static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                       const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct sp_server *s = cls;
@@ -1211,6 +1250,9 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         if (!cn) return MHD_NO;
         cn->srv = s;
         *con_cls = cn;
+        char why[160];
+        if (!framing_ok(c, why, sizeof why))
+            return send_error(c, s, 400, "invalid_request_error", NULL, "bad_framing", "%s", why);
         return MHD_YES;
     }
     if (*upload_size) {

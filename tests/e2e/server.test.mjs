@@ -6,6 +6,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -348,6 +349,70 @@ test('bad input: clear 4xx errors in OpenAI shape, and the server keeps serving'
   assert.equal((await fetch(`${main.url}/v1/nope`)).status, 404);
   assert.equal((await fetch(`${main.url}/v1/chat/completions`)).status, 405);
   assert.equal((await fetch(`${main.url}/health`)).status, 200);
+});
+
+// Sends raw bytes and collects everything the server writes until it closes
+// the connection (or 5 s pass): the responses, split at their status lines.
+function rawHttp(s, text) {
+  return new Promise((resolve) => {
+    const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+    let data = '';
+    const done = (closed) => {
+      clearTimeout(timer);
+      sock.destroy();
+      const responses = data.split(/(?=HTTP\/1\.[01] \d{3} )/).filter(Boolean).map((r) => {
+        const status = Number(r.slice(9, 12));
+        const body = r.slice(r.indexOf('\r\n\r\n') + 4);
+        let json = null;
+        try { json = JSON.parse(body); } catch { /* not JSON */ }
+        return { status, head: r.slice(0, r.indexOf('\r\n\r\n')), json };
+      });
+      resolve({ closed, responses });
+    };
+    const timer = setTimeout(() => done(false), 5000);
+    sock.on('data', (d) => { data += d; });
+    sock.on('end', () => done(true));
+    sock.on('error', () => done(true));
+    sock.write(text);
+  });
+}
+
+test('HTTP framing: duplicate Content-Length, or Transfer-Encoding with Content-Length, is a 400 and ends the connection', async () => {
+  const body = JSON.stringify({ prompt: 'hi', max_tokens: 2 });
+  const L = body.length;
+  // a second request hidden in the body: a server reading the other length would answer it too
+  const hidden = 'GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n';
+  const post = (headers, payload) => `POST /v1/completions HTTP/1.1\r\nHost: x\r\n${headers.map((h) => `${h}\r\n`).join('')}\r\n${payload}`;
+  const chunked = `${L.toString(16)}\r\n${body}\r\n0\r\n\r\n`;
+  const cases = [
+    [post([`Content-Length: ${L}`, `Content-Length: ${L + hidden.length}`], body + hidden), /2 Content-Length/],
+    [post([`Content-Length: ${L + hidden.length}`, `Content-Length: ${L}`], body + hidden), /2 Content-Length/],
+    [post([`Content-Length: ${L}`, `Content-Length: ${L}`], body), /2 Content-Length/],
+    [post([`Content-Length: ${L}`, 'Transfer-Encoding: chunked'], chunked), /both Content-Length and Transfer-Encoding/],
+    [post(['Transfer-Encoding: chunked', `Content-Length: ${chunked.length}`], chunked), /both Content-Length and Transfer-Encoding/],
+    [post(['Transfer-Encoding: chunked', 'Transfer-Encoding: chunked'], chunked), /2 Transfer-Encoding/],
+    [post(['Transfer-Encoding: gzip, chunked'], chunked), /not supported/],
+  ];
+  for (const [text, message] of cases) {
+    const r = await rawHttp(main, text);
+    const head = text.split('\r\n\r\n')[0];
+    assert.ok(r.closed, `the server closes the connection: ${head}`);
+    assert.equal(r.responses.length, 1, `one response, nothing smuggled: ${head}`);
+    assert.equal(r.responses[0].status, 400, head);
+    assert.equal(r.responses[0].json.error.type, 'invalid_request_error', head);
+    assert.equal(r.responses[0].json.error.code, 'bad_framing', head);
+    assert.match(r.responses[0].json.error.message, message);
+  }
+  // a Content-Length that is not one number: libmicrohttpd answers 400 itself
+  const list = await rawHttp(main, post([`Content-Length: ${L}, ${L}`], body));
+  assert.equal(list.responses[0].status, 400);
+  assert.ok(list.closed);
+  // well-framed requests, either way, still work
+  const ok1 = await rawHttp(main, post([`Content-Length: ${L}`, 'Connection: close'], body));
+  assert.equal(ok1.responses[0].status, 200);
+  const ok2 = await rawHttp(main, post(['Transfer-Encoding: chunked', 'Connection: close'], chunked));
+  assert.equal(ok2.responses[0].status, 200);
+  assert.equal(ok2.responses[0].json.usage.completion_tokens, 2);
 });
 
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
