@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "core/rng.h"
 #include "format/modeldir.h"
@@ -243,6 +244,25 @@ static void test_folder_errors(void **state) {
     struct sp_model_files *mf;
     assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_NOT_FOUND);
     assert_non_null(strstr(sp_error_msg(), "no config.json"));
+    /* something else where config.json should be says what it is; a FIFO is not opened (that would block) */
+    char *cfg = sp_path_join(dir, "config.json");
+    static const struct {
+        int kind;  // 0 directory, 1 FIFO, 2 symlink loop, 3 dangling symlink
+        const char *says;
+    } cases[] = {{0, "config.json is a directory, not a file"}, {1, "config.json is a FIFO (named pipe), not a file"},
+                 {2, "config.json is a symbolic link loop, not a file"}, {3, "config.json is a symbolic link to nothing"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        switch (cases[i].kind) {
+        case 0: assert_int_equal(mkdir(cfg, 0755), 0); break;
+        case 1: assert_int_equal(mkfifo(cfg, 0644), 0); break;
+        case 2: assert_int_equal(symlink("config.json", cfg), 0); break;
+        case 3: assert_int_equal(symlink("other.json", cfg), 0); break;
+        }
+        assert_int_not_equal(sp_model_files_open(dir, &mf), SP_OK);
+        if (!strstr(sp_error_msg(), cases[i].says)) fail_msg("got \"%s\", wanted \"%s\"", sp_error_msg(), cases[i].says);
+        assert_int_equal(cases[i].kind == 0 ? rmdir(cfg) : unlink(cfg), 0);
+    }
+    sp_free(cfg);
     th_write_str(dir, "config.json", "{\"model_type\": ");
     assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
     assert_non_null(strstr(sp_error_msg(), "config.json: invalid JSON at line 1"));

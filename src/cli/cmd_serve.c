@@ -35,7 +35,7 @@ static const char usage[] =
     "  --queue N              requests that may wait for a free sequence (default 64)\n"
     "  --api-key KEY          require Authorization: Bearer KEY\n"
     "  --cors ORIGIN          send Access-Control-Allow-Origin: ORIGIN\n"
-    "  --max-tokens N         default generation limit (default: until the context is full)\n"
+    "  --max-tokens N         tokens generated for a request that gives no max_tokens (default: up to the end of its context)\n"
     "  --temp T --top-p P --top-k K --min-p P   default sampling (0.8, 0.95, 40, 0.05)\n"
     "  --threads N            worker threads (default: physical cores)\n"
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"

@@ -259,6 +259,25 @@ bool sp_path_is_file(const char *path) {
     return stat(path, &s) == 0 && S_ISREG(s.st_mode);
 }
 
+const char *sp_path_not_file(const char *path) {
+    struct stat s, l;
+    if (stat(path, &s) != 0) {
+        switch (errno) {
+        case ELOOP: return "a symbolic link loop";
+        case ENOENT: return lstat(path, &l) == 0 ? "a symbolic link to nothing" : "missing";
+        case EACCES: return "not reachable (permission denied)";
+        case ENOTDIR: return "missing (a folder in its path is a file)";
+        default: return "not reachable";
+        }
+    }
+    if (S_ISREG(s.st_mode)) return NULL;
+    if (S_ISDIR(s.st_mode)) return "a directory";
+    if (S_ISFIFO(s.st_mode)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(s.st_mode)) return "a socket";
+    if (S_ISCHR(s.st_mode) || S_ISBLK(s.st_mode)) return "a device";
+    return "not a regular file";
+}
+
 char *sp_path_join(const char *dir, const char *name) {
     size_t dl = strlen(dir), nl = strlen(name);
     bool slash = dl > 0 && dir[dl - 1] != '/';

@@ -65,6 +65,10 @@ enum sp_status sp_write_buf(const char *dir, const char *name, const struct sp_b
 
 bool sp_path_is_dir(const char *path);
 bool sp_path_is_file(const char *path);
+/* What stands at path when it is not a regular file one can open, in words
+ * for a message ("missing", "a directory", "a FIFO", "a symbolic link
+ * loop", ...); NULL for a regular file. A static string. */
+const char *sp_path_not_file(const char *path);
 char *sp_path_join(const char *dir, const char *name);
 /* mkdir -p. */
 enum sp_status sp_mkdirs(const char *path);

@@ -195,8 +195,14 @@ enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out)
 
     path = sp_path_join(mf->dir, "config.json");
     if (!path) goto nomem;
-    if (!sp_path_is_file(path)) {
+    const char *what = sp_path_not_file(path);
+    if (what && !strcmp(what, "missing")) {
         st = sp_errorf(SP_ERR_NOT_FOUND, "%s: no config.json in the model folder", mf->dir);
+        goto fail;
+    }
+    /* opening a FIFO would block for ever; a loop or a directory is not "no file" */
+    if (what) {
+        st = sp_errorf(SP_ERR_FORMAT, "%s: config.json is %s, not a file", mf->dir, what);
         goto fail;
     }
     st = sp_json_parse_file(path, MAX_CONFIG_BYTES, &mf->config);

@@ -13,7 +13,6 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "core/json.h"
 #include "core/log.h"
 #include "backend/cpu/kernels.h"
 #include "model/inspect.h"
@@ -158,12 +157,7 @@ bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct s
 
 int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
     int n = 0;
-    int64_t v;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
-    if (sp_json_is_int(e, &v)) eos[n++] = (int32_t)v;
-    if (cJSON_IsArray(e))
-        for (const cJSON *x = e->child; x && n < cap; x = x->next)
-            if (sp_json_is_int(x, &v)) eos[n++] = (int32_t)v;
+    for (int i = 0; i < m->arch.n_eos && n < cap; i++) eos[n++] = m->arch.eos[i];
     if (tok && sp_tokenizer_eos(tok) >= 0 && n < cap) eos[n++] = sp_tokenizer_eos(tok);
     return n;
 }

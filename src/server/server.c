@@ -26,6 +26,10 @@
 #include "server/chat_parse.h"
 
 #define POLL_MS 50
+/* Retry-After of a 503: a full queue drains within a few decode steps; a
+ * model takes longer to load. */
+#define RETRY_BUSY_S "1"
+#define RETRY_LOADING_S "5"
 
 static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof *status_codes)
@@ -70,15 +74,22 @@ static void add_common_headers(struct sp_server *s, struct MHD_Response *r, cons
     }
 }
 
-static enum MHD_Result send_body(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
-                                 const char *body, size_t len) {
+/* retry_after: seconds for a Retry-After header, or NULL. */
+static enum MHD_Result respond(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
+                               const char *body, size_t len, const char *retry_after) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     add_common_headers(s, r, ctype);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     count_status(s, code);
     return ret;
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
+                                 const char *body, size_t len) {
+    return respond(c, s, code, ctype, body, len, NULL);
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, int code, const struct sp_buf *b) {
@@ -86,17 +97,43 @@ static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, 
     return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
 }
 
+static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                    const char *param, const char *ecode, const char *retry_after, const char *fmt,
+                                    va_list ap) __attribute__((format(printf, 8, 0)));
+
 static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
                                   const char *param, const char *ecode, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
 static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
                                   const char *param, const char *ecode, const char *fmt, ...) {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result r = send_error_v(c, s, code, type, param, ecode, NULL, fmt, ap);
     va_end(ap);
+    return r;
+}
+
+/* 503: the server cannot take the request now; Retry-After says when to
+ * ask again, so clients back off instead of hammering a full queue. */
+static enum MHD_Result send_unavailable(struct MHD_Connection *c, struct sp_server *s, const char *type,
+                                        const char *ecode, const char *retry_after, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+static enum MHD_Result send_unavailable(struct MHD_Connection *c, struct sp_server *s, const char *type,
+                                        const char *ecode, const char *retry_after, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result r = send_error_v(c, s, 503, type, NULL, ecode, retry_after, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                    const char *param, const char *ecode, const char *retry_after, const char *fmt,
+                                    va_list ap) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -116,7 +153,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s,
         sp_jw_int(&w, code);
     sp_jw_end(&w);
     sp_jw_end(&w);
-    enum MHD_Result r = send_json(c, s, code, &b);
+    enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
 }
@@ -773,7 +810,8 @@ static int conn_fd(struct MHD_Connection *c) {
 static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
     struct sp_server *s = j->srv;
     enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
-    if (st == SP_ERR_LIMIT) return send_error(c, s, 503, "server_error", NULL, "server_busy", "%s", sp_error_msg());
+    if (st == SP_ERR_LIMIT)
+        return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
     j->fd = conn_fd(c);
     j->created = (int64_t)time(NULL);
@@ -1171,7 +1209,7 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
-            return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+            return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
@@ -1180,7 +1218,7 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!authorized(c, s))
         return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
     if (!atomic_load(&s->ready))
-        return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+        return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
     if (!strcmp(url, "/v1/models")) {
         if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
         return handle_models(c, s);

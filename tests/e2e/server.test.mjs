@@ -415,6 +415,42 @@ test('HTTP framing: duplicate Content-Length, or Transfer-Encoding with Content-
   assert.equal(ok2.responses[0].json.usage.completion_tokens, 2);
 });
 
+test('--max-tokens bounds requests that give no max_tokens; a full queue is a 503 with Retry-After', async () => {
+  const s = await startServer(['--parallel', '1', '--queue', '1', '--max-tokens', '5']);
+  const c = await client(s).chat.completions.create({ model: 'x', messages: chat('no limit given'), temperature: 0 });
+  assert.ok(c.usage.completion_tokens <= 5, JSON.stringify(c.usage));
+  const t = await client(s).completions.create({ model: 'x', prompt: 'no limit given', temperature: 0 });
+  assert.ok(t.usage.completion_tokens <= 5, JSON.stringify(t.usage));
+  let streamed = 0;
+  for await (const ch of await client(s).completions.create({ model: 'x', prompt: 'no limit', stream: true })) {
+    if (ch.choices[0]?.text) streamed++;
+  }
+  assert.ok(streamed <= 5, `${streamed} chunks`);
+  const given = await client(s).completions.create({ model: 'x', prompt: 'a limit given', max_tokens: 9, temperature: 0 });
+  assert.ok(given.usage.completion_tokens > 5 || given.choices[0].finish_reason === 'stop', 'a request\'s own max_tokens wins');
+
+  // one generating (its first chunk is out), one waiting; the third finds the queue full
+  const ac = new AbortController();
+  const long = await client(s).completions.create({ model: 'x', prompt: 'long', max_tokens: 400, stream: true }, { signal: ac.signal });
+  const it = long[Symbol.asyncIterator]();
+  await it.next();
+  const waiting = client(s).completions.create({ model: 'x', prompt: 'waits', max_tokens: 2 });
+  let depth = 0;
+  for (let i = 0; i < 100 && depth < 1; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    depth = Number(/^sparrow_queue_depth (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  }
+  assert.equal(depth, 1);
+  const busy = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'third', max_tokens: 2 }) });
+  assert.equal(busy.status, 503);
+  assert.equal(busy.headers.get('retry-after'), '1');
+  assert.equal((await busy.json()).error.code, 'server_busy');
+  ac.abort();
+  await it.return?.().catch(() => {});
+  assert.equal((await waiting).usage.completion_tokens <= 2, true);
+});
+
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
     for (let k = 0; k < 3; k++) {
