@@ -2,7 +2,8 @@
  * cmd_serve.c - `sparrow serve`: the OpenAI-compatible server. Listens
  * first (/health says 503 while loading), loads the model, prints what it
  * holds and one JSON line {"event":"ready", ...}, then serves until SIGINT
- * or SIGTERM.
+ * or SIGTERM, and shuts down gracefully: no new requests, those in flight
+ * finish within --shutdown-timeout, the rest end with an error, exit 0.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/settings_args.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -41,6 +43,7 @@ static const char usage[] =
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --model-id NAME        the model name clients see (default: the folder name)\n"
     "  --max-body SIZE        largest request body (default 8M)\n"
+    "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds that requests in flight may take to finish (default 5)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
     SP_CLI_SETTINGS_USAGE;
@@ -49,6 +52,7 @@ int sp_cmd_serve(int argc, char **argv) {
     struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
+    double shutdown_timeout = 5;
     struct sp_plan_inputs pin = {0};
     struct sp_settings set;
     int rc = sp_cli_settings_init(&set);
@@ -109,6 +113,9 @@ int sp_cmd_serve(int argc, char **argv) {
         } else if (VAL("--max-tokens")) {
             NEED();
             if (!sp_arg_int("--max-tokens", v, 1, 1 << 30, &so.default_max_tokens)) return SP_EXIT_USAGE;
+        } else if (VAL("--shutdown-timeout")) {
+            NEED();
+            if (!sp_arg_range("--shutdown-timeout", v, 0, 86400, &shutdown_timeout)) return SP_EXIT_USAGE;
         } else if (VAL("--max-body")) {
             NEED();
             if (!sp_arg_size("--max-body", v, &sz)) return SP_EXIT_USAGE;
@@ -259,7 +266,21 @@ int sp_cmd_serve(int argc, char **argv) {
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    sp_log(SP_LOG_INFO, "signal %d: shutting down", sig);
+    /* graceful: no new work; what runs may finish until the timeout or a
+     * second signal; then sp_server_stop ends the rest with an error */
+    sp_server_drain(srv);
+    int busy = sp_server_in_flight(srv);
+    sp_log(SP_LOG_INFO, "%s: shutting down; %d request%s in flight, waiting up to %g s", strsignal(sig), busy,
+           busy == 1 ? "" : "s", shutdown_timeout);
+    double until = sp_now_s() + shutdown_timeout;
+    const struct timespec tick = {0, 50 * 1000 * 1000};
+    while ((busy = sp_server_in_flight(srv)) > 0 && sp_now_s() < until) {
+        if (sigtimedwait(&sigs, NULL, &tick) > 0) {
+            sp_log(SP_LOG_INFO, "second signal: not waiting any longer");
+            break;
+        }
+    }
+    if (busy > 0) sp_log(SP_LOG_INFO, "ending %d request%s still in flight", busy, busy == 1 ? "" : "s");
     rc = 0;
 fail:
     if (rc) sp_cli_fail();

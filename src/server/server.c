@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -30,6 +31,8 @@
  * model takes longer to load. */
 #define RETRY_BUSY_S "1"
 #define RETRY_LOADING_S "5"
+/* how long sp_server_stop waits for connections to write their endings */
+#define STOP_FLUSH_S 2.0
 
 static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof *status_codes)
@@ -47,6 +50,10 @@ struct sp_server {
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
+    /* shutdown: draining refuses new work; stopping ends what still runs */
+    atomic_bool draining, stopping;
+    atomic_int in_flight;  // submitted generations whose response is not yet complete
+    int quiesced_fd;       // the listening socket after sp_server_drain, closed after the daemon stops
 };
 
 /* Per-connection state, from the first call of the access handler to the
@@ -55,6 +62,7 @@ struct conn {
     struct sp_server *srv;
     struct sp_buf body;
     bool too_big;
+    bool counted;     // counted in srv->in_flight until the response completes
     struct job *job;  // a generation in flight (owned; freed at completion)
 };
 
@@ -81,6 +89,8 @@ static enum MHD_Result respond(struct MHD_Connection *c, struct sp_server *s, in
     if (!r) return MHD_NO;
     add_common_headers(s, r, ctype);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    /* while shutting down, no connection is kept for a next request */
+    if (atomic_load(&s->draining)) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     count_status(s, code);
@@ -616,6 +626,34 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
     if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
 }
 
+/* An error event in OpenAI's error shape (code: a string, or NULL for the
+ * HTTP-like number). */
+static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "error");
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "message");
+    sp_jw_str(&w, msg);
+    sp_jw_key(&w, "type");
+    sp_jw_str(&w, type);
+    sp_jw_key(&w, "param");
+    sp_jw_null(&w);
+    sp_jw_key(&w, "code");
+    if (code)
+        sp_jw_str(&w, code);
+    else
+        sp_jw_int(&w, 500);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    sp_buf_puts(&j->out, "data: ");
+    sp_buf_append(&j->out, b.data, b.len);
+    sp_buf_puts(&j->out, "\n\n");
+    sp_buf_free(&b);
+}
+
 static void sse_usage_and_done(struct job *j) {
     if (j->include_usage) {
         struct sp_buf b = SP_BUF_INIT;
@@ -665,15 +703,26 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             sp_req_cancel(j->req);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
+        /* stopping: take what is already generated, then end the stream */
+        bool stopping = atomic_load(&j->srv->stopping);
         struct sp_buf text = SP_BUF_INIT;
         int64_t tok_from = j->toks.n;
-        sp_req_poll(j->req, POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
         sse_text(j, text.data ? text.data : "", text.len, tok_from);
         sp_buf_free(&text);
-        if (j->prog.finished) {
+        if (!j->prog.finished && stopping) {
+            sp_req_cancel(j->req);
+            char msg[160];
+            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens",
+                     (long long)j->prog.completion_tokens);
+            sse_error(j, "server_error", "server_shutdown", msg);
+            sse_usage_and_done(j);
+            j->done = true;
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
+                   (long long)j->prog.completion_tokens);
+        } else if (j->prog.finished) {
             if (j->prog.finish == SP_FINISH_ERROR) {
-                sp_buf_printf(&j->out, "data: {\"error\":{\"message\":\"generation failed: ");
-                sp_buf_puts(&j->out, "internal error\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n");
+                sse_error(j, "server_error", NULL, "generation failed: internal error");
             } else {
                 bool calls = false;
                 if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
@@ -702,8 +751,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) {
     struct sp_server *s = j->srv;
     for (;;) {
-        sp_req_poll(j->req, POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        bool stopping = atomic_load(&s->stopping);
+        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
         if (j->prog.finished) break;
+        if (stopping) {
+            sp_req_cancel(j->req);
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
+                   (long long)j->prog.completion_tokens);
+            return send_unavailable(c, s, "server_error", "server_shutdown", NULL,
+                                    "the server is shutting down: the generation was stopped after %lld tokens",
+                                    (long long)j->prog.completion_tokens);
+        }
         if (client_gone(j->fd)) {
             sp_req_cancel(j->req);
             sp_log(SP_LOG_INFO, "srv  %s | client went away; generation cancelled", j->id);
@@ -813,6 +871,8 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
+    cn->counted = true;
+    atomic_fetch_add(&s->in_flight, 1);
     j->fd = conn_fd(c);
     j->created = (int64_t)time(NULL);
     if (!j->stream) return finish_blocking(c, j);
@@ -1207,6 +1267,8 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     struct sp_server *s = cn->srv;
     if (!strcmp(method, "OPTIONS")) return send_body(c, s, 200, "text/plain", "", 0);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (atomic_load(&s->draining) && strcmp(url, "/metrics") != 0)
+        return send_unavailable(c, s, "unavailable_error", "server_shutting_down", NULL, "the server is shutting down");
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
             return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
@@ -1308,6 +1370,7 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
     struct conn *cn = *con_cls;
     if (!cn) return;
+    if (cn->counted) atomic_fetch_sub(&cn->srv->in_flight, 1);
     job_free(cn->job);  // cancels a generation still running (client gone)
     sp_buf_free(&cn->body);
     sp_free(cn);
@@ -1319,12 +1382,14 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
     struct sp_server *s = sp_calloc(1, sizeof *s, SP_MEM_SERVER);
     if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     s->o = *o;
+    s->quiesced_fd = -1;
     if (!s->o.max_body) s->o.max_body = (size_t)8 << 20;
     if (!s->o.model_id) s->o.model_id = "sparrow";
     s->started = (int64_t)time(NULL);
     struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* ITC: MHD_quiesce_daemon needs it to stop accepting while connections go on */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     const char *host = o->host ? o->host : "127.0.0.1";
     if (strchr(host, ':')) {
         struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
@@ -1368,8 +1433,28 @@ void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_
 
 int sp_server_port(const struct sp_server *s) { return s->port; }
 
+void sp_server_drain(struct sp_server *s) {
+    if (!s || atomic_exchange(&s->draining, true)) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd == MHD_INVALID_SOCKET) return;
+    s->quiesced_fd = fd;
+    /* clients waiting in the backlog, and those that come now, are refused
+     * at once rather than left waiting for an accept that never comes */
+    shutdown(fd, SHUT_RDWR);
+}
+
+int sp_server_in_flight(const struct sp_server *s) { return s ? atomic_load(&s->in_flight) : 0; }
+
 void sp_server_stop(struct sp_server *s) {
     if (!s) return;
+    sp_server_drain(s);
+    atomic_store(&s->stopping, true);
+    /* each connection writes its ending (an error event and [DONE], or an
+     * error body) within a poll interval; a client that does not read it is
+     * cut when the daemon stops */
+    double until = sp_now_s() + STOP_FLUSH_S;
+    while (atomic_load(&s->in_flight) > 0 && sp_now_s() < until) usleep(10000);
     if (s->d) MHD_stop_daemon(s->d);
+    if (s->quiesced_fd >= 0) close(s->quiesced_fd);
     sp_free(s);
 }

@@ -11,7 +11,9 @@
  *     ... load ...
  *     sp_server_attach(srv, engine, tokenizer, chat_template);
  *     ... until a signal ...
- *     sp_server_stop(srv);
+ *     sp_server_drain(srv);                     // no new work
+ *     while (sp_server_in_flight(srv) && !timed_out) wait;
+ *     sp_server_stop(srv);                      // end the rest, close
  *
  * Errors are answered in OpenAI's shape {"error": {message, type, param,
  * code}} with 400 for bad requests, 401 for a missing or wrong key, 404,
@@ -49,6 +51,16 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
  * which layers have experts) it asks the engine for (sp_engine_info). */
 void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
                       const struct sp_chat_template *ct);
+/* Graceful shutdown, first step: stops accepting connections (new ones are
+ * refused), and answers requests that still arrive on open connections 503
+ * server_shutting_down; generations in flight go on. */
+void sp_server_drain(struct sp_server *s);
+/* Generations whose response is not complete yet. Any thread. */
+int sp_server_in_flight(const struct sp_server *s);
+/* Ends what still runs (a stream gets an error event server_shutdown and
+ * [DONE], a non-streaming request a 503 server_shutdown body), waits a
+ * moment for those endings to be written, closes every connection and
+ * frees the server. Drains first if sp_server_drain was not called. */
 void sp_server_stop(struct sp_server *s);
 /* The port actually bound (useful with port 0). */
 int sp_server_port(const struct sp_server *s);

@@ -451,6 +451,62 @@ test('--max-tokens bounds requests that give no max_tokens; a full queue is a 50
   assert.equal((await waiting).usage.completion_tokens <= 2, true);
 });
 
+// Reads an SSE response to its end; resolves with the text.
+async function readAll(res) {
+  const dec = new TextDecoder();
+  let text = '';
+  for await (const part of res.body) text += dec.decode(part, { stream: true });
+  return text;
+}
+
+test('SIGTERM: no new connections, short requests finish, long ones end with an error and [DONE], exit 0', async () => {
+  const s = await startServer(['--ctx', '4096', '--parallel', '3', '--shutdown-timeout', '1']);
+  const postJson = (body) => fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body) });
+  const active = async () => Number(/^sparrow_slots_active (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  const stream = await postJson({ prompt: 'a long stream', max_tokens: 3000, stream: true, stream_options: { include_usage: true } });
+  const streamText = readAll(stream);
+  const long = postJson({ prompt: 'a long answer', max_tokens: 3000 });
+  for (let i = 0; i < 200 && await active() < 2; i++) await new Promise((r) => setTimeout(r, 20));
+  assert.equal(await active(), 2);
+  let shortDone = false;
+  const short = postJson({ prompt: 'a short answer', max_tokens: 20 }).finally(() => { shortDone = true; });
+  for (let i = 0; i < 200 && !shortDone && await active() < 3; i++) await new Promise((r) => setTimeout(r, 10));
+  const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal, at: Date.now() })));
+  const t0 = Date.now();
+  s.proc.kill('SIGTERM');
+  await new Promise((r) => setTimeout(r, 300));
+  // (fetch would reuse a kept-alive connection: a fresh socket)
+  const connect = await new Promise((resolve) => {
+    const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+    sock.on('connect', () => { sock.destroy(); resolve('connected'); });
+    sock.on('error', (e) => resolve(e.code));
+  });
+  assert.equal(connect, 'ECONNREFUSED', 'a new connection is refused while draining');
+
+  const shortRes = await short;
+  assert.equal(shortRes.status, 200, 'a request that fits in --shutdown-timeout completes');
+  const shortBody = await shortRes.json();
+  assert.ok(shortBody.usage.completion_tokens > 0 && shortBody.usage.completion_tokens <= 20);
+  assert.notEqual(shortBody.choices[0].finish_reason, null);
+  const longRes = await long;
+  assert.equal(longRes.status, 503);
+  const longBody = await longRes.json();
+  assert.equal(longBody.error.code, 'server_shutdown');
+  assert.match(longBody.error.message, /shutting down/);
+  const text = await streamText;
+  assert.match(text, /^data: \{"error":\{"message":"the server is shutting down[^\n]*"code":"server_shutdown"\}\}$/m);
+  assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-200));
+  const usage = text.split('\n').filter((l) => l.startsWith('data: {"id"')).map((l) => JSON.parse(l.slice(6))).find((c) => c.usage);
+  assert.ok(usage && usage.usage.completion_tokens > 0, 'the usage chunk still comes');
+
+  const { code, signal, at } = await exited;
+  assert.equal(code, 0, `exit ${code} ${signal}: ${s.log().slice(-2000)}`);
+  assert.ok(at - t0 < 1000 + 4000, `exited ${at - t0} ms after SIGTERM`);
+  assert.match(s.log(), /shutting down; [23] requests in flight, waiting up to 1 s/);
+  assert.match(s.log(), /ending 2 requests still in flight/);
+});
+
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
     for (let k = 0; k < 3; k++) {
