@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,12 +45,16 @@ static const char usage[] =
     "  --model-id NAME        the model name clients see (default: the folder name)\n"
     "  --max-body SIZE        largest request body (default 8M)\n"
     "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds that requests in flight may take to finish (default 5)\n"
+    "  --max-connections N    open connections; more are closed at once (default 1024)\n"
+    "  --max-connections-per-ip N   open connections from one address (default 128; 0: no limit)\n"
+    "  --request-timeout S    seconds a connection has to send a whole request, then it is closed (default 10)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
     SP_CLI_SETTINGS_USAGE;
 
 int sp_cmd_serve(int argc, char **argv) {
-    struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
+    struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults(),
+                                .max_connections = 1024, .max_connections_per_ip = 128, .request_timeout = 10};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
     double shutdown_timeout = 5;
@@ -116,6 +121,17 @@ int sp_cmd_serve(int argc, char **argv) {
         } else if (VAL("--shutdown-timeout")) {
             NEED();
             if (!sp_arg_range("--shutdown-timeout", v, 0, 86400, &shutdown_timeout)) return SP_EXIT_USAGE;
+        } else if (VAL("--max-connections")) {
+            NEED();
+            if (!sp_arg_int("--max-connections", v, 1, 1 << 20, &n)) return SP_EXIT_USAGE;
+            so.max_connections = (int)n;
+        } else if (VAL("--max-connections-per-ip")) {
+            NEED();
+            if (!sp_arg_int("--max-connections-per-ip", v, 0, 1 << 20, &n)) return SP_EXIT_USAGE;
+            so.max_connections_per_ip = (int)n;
+        } else if (VAL("--request-timeout")) {
+            NEED();
+            if (!sp_arg_range("--request-timeout", v, 0.1, 86400, &so.request_timeout)) return SP_EXIT_USAGE;
         } else if (VAL("--max-body")) {
             NEED();
             if (!sp_arg_size("--max-body", v, &sz)) return SP_EXIT_USAGE;
@@ -170,6 +186,12 @@ int sp_cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* every connection is a descriptor: allow as many as the hard limit does */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
 
     struct sp_model *m = NULL;
     struct sp_tokenizer *tok = NULL;

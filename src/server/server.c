@@ -2,7 +2,11 @@
  * server.c - OpenAI routes over libmicrohttpd. Each connection has its own
  * thread (MHD_USE_THREAD_PER_CONNECTION), so a route may block waiting for
  * its request's tokens; a hung-up client is noticed by polling the socket
- * between waits and cancels its generation.
+ * between waits and cancels its generation. A thread per connection makes
+ * idle connections costly, so they are bounded three ways: a total and a
+ * per-address limit enforced at accept (closing, never queueing), and a
+ * watchdog that closes a connection still owing its request after
+ * request_timeout.
  */
 #include "server/server.h"
 
@@ -11,6 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +38,13 @@
 #define RETRY_LOADING_S "5"
 /* how long sp_server_stop waits for connections to write their endings */
 #define STOP_FLUSH_S 2.0
+/* Connections beyond the limit are refused by an accept policy, so the
+ * daemon's own limit (at which it stops accepting and new clients wait in
+ * the backlog) is set this much higher and never reached. */
+#define MHD_LIMIT_MARGIN 64
+/* file descriptors kept free of connections: model files, io_uring, logs */
+#define FD_RESERVE 128
+#define WATCHDOG_MS 100
 
 static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof *status_codes)
@@ -54,6 +66,26 @@ struct sp_server {
     atomic_bool draining, stopping;
     atomic_int in_flight;  // submitted generations whose response is not yet complete
     int quiesced_fd;       // the listening socket after sp_server_drain, closed after the daemon stops
+    /* connections: counted for the accept policy, and watched so that each
+     * sends its request within request_timeout */
+    int max_conns;
+    atomic_int n_conns;
+    pthread_mutex_t socks_mu;
+    pthread_cond_t socks_cv;
+    struct sock *socks;  // every open connection (guarded by socks_mu)
+    bool watchdog_started, watchdog_stop;
+    pthread_t watchdog;
+};
+
+/* One TCP connection, from accept to close (MHD's socket context). While
+ * `reading`, the connection owes a whole request: since `since` (its opening
+ * or its previous response's end) it has request_timeout to deliver it. */
+struct sock {
+    struct sock *prev, *next;
+    int fd;
+    atomic_bool reading;
+    _Atomic double since;
+    bool expired;  // shut down by the watchdog
 };
 
 /* Per-connection state, from the first call of the access handler to the
@@ -65,6 +97,91 @@ struct conn {
     bool counted;     // counted in srv->in_flight until the response completes
     struct job *job;  // a generation in flight (owned; freed at completion)
 };
+
+/* ---- connections ---- */
+
+static struct sock *conn_sock(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A request has arrived whole (reading false), or its response has ended
+ * and the connection may send the next (reading true, the clock restarts). */
+static void sock_reading(struct MHD_Connection *c, bool reading) {
+    struct sock *k = conn_sock(c);
+    if (!k) return;
+    if (reading) atomic_store(&k->since, sp_now_s());
+    atomic_store(&k->reading, reading);
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    struct sp_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&s->n_conns, 1);
+        struct sock *k = sp_calloc(1, sizeof *k, SP_MEM_SERVER);
+        *socket_context = k;
+        if (!k) return;  // not watched; still counted
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->fd = ci ? ci->connect_fd : -1;
+        atomic_store(&k->since, sp_now_s());
+        atomic_store(&k->reading, true);
+        pthread_mutex_lock(&s->socks_mu);
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->socks_mu);
+        return;
+    }
+    atomic_fetch_sub(&s->n_conns, 1);
+    struct sock *k = *socket_context;
+    if (!k) return;
+    /* unlinked before MHD closes the descriptor, so the watchdog never
+     * shuts down a number the kernel has given to another socket */
+    pthread_mutex_lock(&s->socks_mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->socks = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->socks_mu);
+    sp_free(k);
+    *socket_context = NULL;
+}
+
+/* Closes connections that owe a request past request_timeout: an idle
+ * keep-alive connection, or one sending its headers or body a byte at a
+ * time (libmicrohttpd's own timeout counts from the last byte, so a
+ * trickle never ends). shutdown() wakes the connection's thread, which
+ * sees the end of the stream and closes it. */
+static void *watchdog_main(void *arg) {
+    struct sp_server *s = arg;
+    pthread_mutex_lock(&s->socks_mu);
+    while (!s->watchdog_stop) {
+        double now = sp_now_s();
+        for (struct sock *k = s->socks; k; k = k->next) {
+            if (k->expired || k->fd < 0 || !atomic_load(&k->reading)) continue;
+            if (now - atomic_load(&k->since) < s->o.request_timeout) continue;
+            k->expired = true;
+            shutdown(k->fd, SHUT_RDWR);
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WATCHDOG_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->socks_cv, &s->socks_mu, &until);
+    }
+    pthread_mutex_unlock(&s->socks_mu);
+    return NULL;
+}
+
+/* Beyond max_conns a connection is closed at once: the client learns it
+ * cannot be served now instead of waiting in the listen backlog. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    struct sp_server *s = cls;
+    return atomic_load(&s->n_conns) < s->max_conns ? MHD_YES : MHD_NO;
+}
 
 /* ---- responses ---- */
 
@@ -1364,10 +1481,12 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_reading(c, false);
     return route(c, cn, url, method);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    sock_reading(c, true);
     struct conn *cn = *con_cls;
     if (!cn) return;
     if (cn->counted) atomic_fetch_sub(&cn->srv->in_flight, 1);
@@ -1377,6 +1496,12 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     *con_cls = NULL;
 }
 
+static void server_free(struct sp_server *s) {
+    pthread_cond_destroy(&s->socks_cv);
+    pthread_mutex_destroy(&s->socks_mu);
+    sp_free(s);
+}
+
 enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server **out) {
     *out = NULL;
     struct sp_server *s = sp_calloc(1, sizeof *s, SP_MEM_SERVER);
@@ -1384,6 +1509,22 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
     s->o = *o;
     s->quiesced_fd = -1;
     if (!s->o.max_body) s->o.max_body = (size_t)8 << 20;
+    if (!(s->o.request_timeout > 0)) s->o.request_timeout = 10;
+    s->max_conns = o->max_connections > 0 ? o->max_connections : 1024;
+    /* a connection is a descriptor: past the open-file limit accept() fails
+     * and libmicrohttpd stops accepting, which is the hang to avoid */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+        long room = (long)nofile.rlim_cur - FD_RESERVE - MHD_LIMIT_MARGIN;
+        if (room < s->max_conns) {
+            long want = s->max_conns;
+            s->max_conns = room > 16 ? (int)room : 16;
+            sp_log(SP_LOG_WARN, "at most %d connections: the open-file limit is %llu (%ld asked; raise it with ulimit -n)",
+                   s->max_conns, (unsigned long long)nofile.rlim_cur, want);
+        }
+    }
+    pthread_mutex_init(&s->socks_mu, NULL);
+    pthread_cond_init(&s->socks_cv, NULL);
     if (!s->o.model_id) s->o.model_id = "sparrow";
     s->started = (int64_t)time(NULL);
     struct sockaddr_storage addr;
@@ -1396,7 +1537,7 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)o->port);
         if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1) {
-            sp_free(s);
+            server_free(s);
             return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv6 address", host);
         }
         flags |= MHD_USE_IPv6;
@@ -1405,17 +1546,28 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)o->port);
         if (inet_pton(AF_INET, host, &a4->sin_addr) != 1) {
-            sp_free(s);
+            server_free(s);
             return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv4 address", host);
         }
     }
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, access_handler, s, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_LIMIT, 512u,
+    /* The daemon's timeout counts from the last byte moved: it ends
+     * responses a client stopped reading. Requests are bounded by the
+     * watchdog's request_timeout instead. */
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, accept_policy, s, access_handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->max_conns + MHD_LIMIT_MARGIN),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->max_connections_per_ip > 0 ? o->max_connections_per_ip : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
     if (!s->d) {
-        sp_free(s);
+        server_free(s);
         return sp_errorf(SP_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", host, o->port);
     }
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+        MHD_stop_daemon(s->d);
+        server_free(s);
+        return sp_errorf(SP_ERR_NOMEM, "cannot start the connection watchdog thread");
+    }
+    s->watchdog_started = true;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
     *out = s;
@@ -1454,7 +1606,14 @@ void sp_server_stop(struct sp_server *s) {
      * cut when the daemon stops */
     double until = sp_now_s() + STOP_FLUSH_S;
     while (atomic_load(&s->in_flight) > 0 && sp_now_s() < until) usleep(10000);
+    if (s->watchdog_started) {
+        pthread_mutex_lock(&s->socks_mu);
+        s->watchdog_stop = true;
+        pthread_cond_signal(&s->socks_cv);
+        pthread_mutex_unlock(&s->socks_mu);
+        pthread_join(s->watchdog, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     if (s->quiesced_fd >= 0) close(s->quiesced_fd);
-    sp_free(s);
+    server_free(s);
 }

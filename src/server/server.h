@@ -39,6 +39,10 @@ struct sp_server_opts {
     const char *cors;      // Access-Control-Allow-Origin value, or NULL
     const char *model_id;  // reported by /v1/models and in responses
     size_t max_body;       // bytes (0: 8 MiB)
+    int max_connections;   // open connections; more are closed at once (0: 1024; at most what the open-file limit allows)
+    int max_connections_per_ip;  // open connections from one address; more are closed at once (0: no limit)
+    double request_timeout;      // seconds a connection has to send a whole request, from its opening or
+                                 // its previous response's end; then it is closed (0: 10)
     int64_t default_max_tokens;  // when a request gives none (0: until the context is full)
     struct sp_sampler_params defaults;  // temperature, top_p, ... when a request gives none
 };

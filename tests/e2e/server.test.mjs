@@ -507,6 +507,92 @@ test('SIGTERM: no new connections, short requests finish, long ones end with an 
   assert.match(s.log(), /ending 2 requests still in flight/);
 });
 
+// Opens n TCP connections that send nothing, from the given local loopback
+// addresses in turn; resolves once each has connected or been closed. Each
+// entry records whether and when the server closed it.
+async function idleSockets(s, n, addrs) {
+  const port = Number(new URL(s.url).port);
+  const socks = await Promise.all(Array.from({ length: n }, (_, i) => new Promise((resolve) => {
+    const e = { closedAt: 0, sock: null };
+    e.sock = net.connect({ port, host: '127.0.0.1', localAddress: addrs[i % addrs.length] });
+    e.sock.on('close', () => { e.closedAt = Date.now(); resolve(e); });
+    e.sock.on('error', () => {});
+    e.sock.on('connect', () => resolve(e));
+    e.sock.setTimeout(20000, () => e.sock.destroy());
+  })));
+  return socks;
+}
+const closedCount = (socks) => socks.filter((e) => e.closedAt).length;
+const destroyAll = (socks) => { for (const e of socks) e.sock.destroy(); };
+const settle = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function timedHealth(s) {
+  const t0 = Date.now();
+  const res = await fetch(`${s.url}/health`, { signal: AbortSignal.timeout(5000) });
+  return { status: res.status, ms: Date.now() - t0 };
+}
+
+test('600 idle connections: /health still answers; one address is held to its limit; idle and trickling connections are closed', async () => {
+  const s = await startServer(['--max-connections-per-ip', '64', '--request-timeout', '3']);
+  // one address: 64 held, the rest closed at once, none left waiting
+  const one = await idleSockets(s, 600, ['127.0.0.2']);
+  await settle(500);
+  assert.equal(600 - closedCount(one), 64, 'connections from one address beyond its limit are closed');
+  let h = await timedHealth(s);
+  assert.equal(h.status, 200);
+  assert.ok(h.ms < 3000, `/health took ${h.ms} ms`);
+  destroyAll(one);
+  await settle(300);
+
+  // many addresses, 600 connections: all held, and /health and a completion still answer
+  const addrs = Array.from({ length: 30 }, (_, i) => `127.0.0.${10 + i}`);
+  const t0 = Date.now();
+  const many = await idleSockets(s, 600, addrs);
+  await settle(300);
+  assert.equal(closedCount(many), 0, 'under both limits, idle connections are kept for a while');
+  h = await timedHealth(s);
+  assert.equal(h.status, 200);
+  assert.ok(h.ms < 3000, `/health took ${h.ms} ms`);
+  const r = await client(s).completions.create({ model: 'x', prompt: 'still here', max_tokens: 2 });
+  assert.equal(r.usage.completion_tokens, 2);
+
+  // a client trickling its headers a byte at a time is cut at --request-timeout too
+  const port = Number(new URL(s.url).port);
+  const slow = net.connect({ port, host: '127.0.0.1', localAddress: '127.0.0.3' });
+  let slowClosed = 0;
+  slow.on('error', () => {});
+  slow.on('close', () => { slowClosed = Date.now(); });
+  const slowStart = Date.now();
+  slow.write('GET /health HTTP/1.1\r\nHost: x\r\n');
+  const drip = setInterval(() => { if (!slow.destroyed) slow.write('X'); }, 200);
+  for (let i = 0; i < 60 && (!slowClosed || closedCount(many) < 600); i++) await settle(100);
+  clearInterval(drip);
+  slow.destroy();
+  assert.ok(slowClosed && slowClosed - slowStart < 5000, 'a trickling request is closed');
+  assert.equal(closedCount(many), 600, 'idle connections are closed after --request-timeout');
+  const last = Math.max(...many.map((e) => e.closedAt));
+  assert.ok(last - t0 < 6000, `the last idle connection closed ${last - t0} ms after opening`);
+  destroyAll(many);
+  assert.equal((await timedHealth(s)).status, 200);
+});
+
+test('past --max-connections a new client is closed at once, never left waiting', async () => {
+  const s = await startServer(['--max-connections', '40', '--max-connections-per-ip', '0']);
+  const held = await idleSockets(s, 40, ['127.0.0.2']);
+  await settle(300);
+  assert.equal(closedCount(held), 0);
+  const extra = await idleSockets(s, 5, ['127.0.0.4']);
+  await settle(500);
+  assert.equal(closedCount(extra), 5, 'connections past the limit are closed');
+  const t0 = Date.now();
+  await assert.rejects(fetch(`${s.url}/health`, { signal: AbortSignal.timeout(5000) }), (e) => e.name !== 'TimeoutError');
+  assert.ok(Date.now() - t0 < 2000, 'refused, not left in the backlog');
+  destroyAll(held);
+  destroyAll(extra);
+  await settle(300);
+  assert.equal((await timedHealth(s)).status, 200);
+});
+
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
     for (let k = 0; k < 3; k++) {
