@@ -28,6 +28,10 @@
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
+#define MAX_API_KEYS 64
+#define SP_STR_(x) #x
+#define SP_STR(x) SP_STR_(x)
+
 static const char usage[] =
     "usage: sparrow serve --model MODEL [options]\n"
     "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
@@ -36,7 +40,8 @@ static const char usage[] =
     "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
     "  --batch N              tokens per forward step, prefill chunks included (default " SP_DEFAULT_BATCH_TEXT ")\n"
     "  --queue N              requests that may wait for a free sequence (default 64)\n"
-    "  --api-key KEY          require Authorization: Bearer KEY\n"
+    "  --api-key KEY          require Authorization: Bearer KEY; give it again to accept more keys\n"
+    "                         (each key has a prompt cache of its own)\n"
     "  --cors ORIGIN          send Access-Control-Allow-Origin: ORIGIN\n"
     "  --max-tokens N         tokens generated for a request that gives no max_tokens (default: up to the end of its context)\n"
     "  --temp T --top-p P --top-k K --min-p P   default sampling (0.8, 0.95, 40, 0.05)\n"
@@ -57,6 +62,8 @@ int sp_cmd_serve(int argc, char **argv) {
                                 .max_connections = 1024, .max_connections_per_ip = 128, .request_timeout = 10};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
+    const char *keys[MAX_API_KEYS];
+    int n_keys = 0;
     double shutdown_timeout = 5;
     struct sp_plan_inputs pin = {0};
     struct sp_settings set;
@@ -108,7 +115,13 @@ int sp_cmd_serve(int argc, char **argv) {
             ep.n_threads = (int)n;
         } else if (VAL("--api-key")) {
             NEED();
-            so.api_key = v;
+            if (!*v || n_keys == MAX_API_KEYS) {
+                fprintf(stderr, "error: --api-key: %s\n", *v ? "at most " SP_STR(MAX_API_KEYS) " keys" : "a key cannot be empty");
+                return SP_EXIT_USAGE;
+            }
+            keys[n_keys++] = v;
+            so.api_keys = keys;
+            so.n_api_keys = n_keys;
         } else if (VAL("--cors")) {
             NEED();
             so.cors = v;

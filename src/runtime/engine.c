@@ -26,6 +26,7 @@ struct sp_req {
     int64_t n_prompt;
     struct sp_gen_params gp;
     char *stops[SP_MAX_STOPS];  // owned copies
+    char *scope;                // owned copy of gp.cache_scope ("" when none)
     atomic_int refs;
     atomic_bool cancelled;
     pthread_mutex_t mu;
@@ -41,6 +42,7 @@ struct slot {
     struct sp_req *req;  // NULL: free
     int32_t *cache;      // (n_ctx) tokens whose KV this slot holds
     int64_t n_cache;
+    char scope[SP_MAX_CACHE_SCOPE];  // the cache scope those tokens were computed for ("": shared)
     int64_t prompt_pos;  // next prompt token to prefill
     bool decoding;
     int32_t pending;     // sampled, to be fed next step
@@ -117,6 +119,7 @@ static bool tok_list_push(struct sp_tok_list *l, const struct sp_tok_info *t) {
 
 static void req_free(struct sp_req *r) {
     sp_free(r->prompt);
+    sp_free(r->scope);
     for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(r->stops[i]);
     sp_buf_free(&r->text);
     sp_tok_list_free(&r->toks);
@@ -295,6 +298,8 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
                                 struct sp_req **out) {
     *out = NULL;
     if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
+    if (gp->cache_scope && strlen(gp->cache_scope) >= SP_MAX_CACHE_SCOPE)
+        return sp_errorf(SP_ERR_ARG, "the cache scope is longer than %d bytes", SP_MAX_CACHE_SCOPE - 1);
     if (n >= e->p.n_ctx)
         return sp_errorf(SP_ERR_ARG, "the prompt has %lld tokens; the context holds %lld", (long long)n,
                          (long long)e->p.n_ctx);
@@ -324,6 +329,11 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
         r->gp.stops[i] = r->stops[i];
     }
     if (r->gp.top_logprobs > SP_MAX_TOP_LOGPROBS) r->gp.top_logprobs = SP_MAX_TOP_LOGPROBS;
+    if (!(r->scope = sp_strdup(gp->cache_scope ? gp->cache_scope : "", SP_MEM_SERVER))) {
+        req_free(r);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    r->gp.cache_scope = r->scope;
     r->prog.prompt_tokens = n;
     r->t_submit = sp_now_s();
     pthread_mutex_lock(&e->mu);
@@ -364,7 +374,10 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
 }
 
 /* Moves queued requests into free slots, each into the slot whose cached
- * tokens share the longest prefix with its prompt (least recently used on ties). */
+ * tokens share the longest prefix with its prompt (least recently used on
+ * ties). Tokens cached for another scope count as no prefix at all: were
+ * they reused, cached_tokens and the time to the first token would tell a
+ * client how much of its prompt another client had sent. */
 static void admit(struct sp_engine *e) {
     pthread_mutex_lock(&e->mu);
     while (e->q_len) {
@@ -374,7 +387,7 @@ static void admit(struct sp_engine *e) {
         for (int i = 0; i < e->p.n_slots; i++) {
             struct slot *s = &e->slots[i];
             if (s->req) continue;
-            int64_t c = common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt);
+            int64_t c = !strcmp(s->scope, r->scope) ? common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt) : 0;
             if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
                 best = i;
                 best_common = c;
@@ -387,6 +400,7 @@ static void admit(struct sp_engine *e) {
         /* at least the last prompt token is computed again: its logits start generation */
         if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
         s->req = r;
+        memcpy(s->scope, r->scope, strlen(r->scope) + 1);
         s->n_cache = best_common;
         s->prompt_pos = best_common;
         s->decoding = false;

@@ -3,7 +3,8 @@
  * forward pass per step (continuous batching); new requests prefill in
  * chunks between steps; a bounded queue holds what does not fit yet; each
  * slot keeps the tokens whose KV it holds, so a request sharing a prefix
- * with an earlier one (the next turn of a chat) skips prefilling it.
+ * with an earlier one (the next turn of a chat) skips prefilling it, when
+ * both were submitted in the same cache scope (sp_gen_params.cache_scope).
  *
  *     struct sp_engine *e;
  *     struct sp_engine_params ep = {.n_slots = 4, .n_ctx = 4096};
@@ -44,6 +45,7 @@ struct sp_engine_params {
 };
 
 #define SP_MAX_STOPS 8
+#define SP_MAX_CACHE_SCOPE 320  // bytes of a cache scope, its terminating zero included
 #define SP_MAX_TOP_LOGPROBS 20
 
 struct sp_gen_params {
@@ -55,6 +57,9 @@ struct sp_gen_params {
     int top_logprobs;       // -1: no logprobs; 0..20: chosen token plus that many alternatives
     unsigned detok_flags;   // SP_TOK_SKIP_SPECIAL or 0 (formats that parse control tokens)
     bool json_object;       // constrain the output to one JSON object (response_format json_object)
+    const char *cache_scope;  // copied at submit: the prompt cache reuses only tokens cached under the
+                              // same scope, so cached_tokens and timing say nothing of other scopes'
+                              // prompts (NULL or "": the shared scope; shorter than SP_MAX_CACHE_SCOPE)
 };
 
 enum sp_finish { SP_FINISH_NONE, SP_FINISH_STOP, SP_FINISH_LENGTH, SP_FINISH_CANCELLED, SP_FINISH_ERROR };

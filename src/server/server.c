@@ -45,6 +45,8 @@
 /* file descriptors kept free of connections: model files, io_uring, logs */
 #define FD_RESERVE 128
 #define WATCHDOG_MS 100
+#define MAX_CACHE_SALT 256
+_Static_assert(MAX_CACHE_SALT + 16 < SP_MAX_CACHE_SCOPE, "a salted key scope fits a cache scope");
 
 static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof *status_codes)
@@ -95,6 +97,7 @@ struct conn {
     struct sp_buf body;
     bool too_big;
     bool counted;     // counted in srv->in_flight until the response completes
+    int key;          // the API key's index, or KEY_NONE
     struct job *job;  // a generation in flight (owned; freed at completion)
 };
 
@@ -342,6 +345,8 @@ static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
  * streaming state. */
 struct job {
     struct sp_server *srv;
+    int key;                         // the API key's index, or KEY_NONE
+    char scope[SP_MAX_CACHE_SCOPE];  // the prompt-cache scope (gp.cache_scope)
     bool chat, stream, include_usage, want_logprobs;
     int top_logprobs;
     struct sp_gen_params gp;
@@ -408,6 +413,27 @@ static bool parse_stop(const cJSON *body, struct job *j, struct perr *e) {
     return true;
 }
 
+/* The prompt-cache scope: the API key when keys are in use, within it the
+ * request's cache_salt when given (as vLLM takes it), else the salt alone,
+ * else the one shared scope. Key scopes and salt scopes cannot meet: "k" and
+ * "s" prefixes, the key as its index. */
+static bool parse_cache_salt(const cJSON *body, struct job *j, struct perr *e) {
+    const cJSON *salt = field(body, "cache_salt");
+    if (salt && (!cJSON_IsString(salt) || !*salt->valuestring))
+        return fail_param(e, "cache_salt", "'cache_salt' must be a non-empty string");
+    if (salt && strlen(salt->valuestring) > MAX_CACHE_SALT)
+        return fail_param(e, "cache_salt", "'cache_salt' may be at most %d bytes", MAX_CACHE_SALT);
+    const char *sv = salt ? salt->valuestring : NULL;
+    if (j->key >= 0)
+        snprintf(j->scope, sizeof j->scope, "k%d%s%s", j->key, sv ? "/" : "", sv ? sv : "");
+    else if (sv)
+        snprintf(j->scope, sizeof j->scope, "s/%s", sv);
+    else
+        j->scope[0] = 0;
+    j->gp.cache_scope = j->scope;
+    return true;
+}
+
 /* Sampling, length, stop, n, seed, logprobs: shared by both completion routes. */
 static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
     struct sp_server *s = j->srv;
@@ -459,7 +485,7 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
         if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
     }
     if (!parse_stop(body, j, e)) return false;
-    return true;
+    return parse_cache_salt(body, j, e);
 }
 
 /* Flattens OpenAI content (a string or a list of text parts) to a string
@@ -1004,11 +1030,12 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     return ret;
 }
 
-static struct job *job_new(struct sp_server *s, bool chat) {
+static struct job *job_new(struct sp_server *s, bool chat, int key) {
     struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
     if (!j) return NULL;
     j->srv = s;
     j->chat = chat;
+    j->key = key;
     j->fd = -1;
     gen_id(s, chat ? "chatcmpl-" : "cmpl-", j->id, sizeof j->id);
     return j;
@@ -1017,7 +1044,7 @@ static struct job *job_new(struct sp_server *s, bool chat) {
 static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = job_new(s, true);
+    struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
     cJSON *msgs = NULL, *kwargs = NULL;
     char *prompt = NULL;
@@ -1186,7 +1213,7 @@ out:
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = job_new(s, false);
+    struct job *j = job_new(s, false, cn->key);
     if (!j) return MHD_NO;
     enum MHD_Result ret;
     if (!parse_common(body, j, &e)) goto bad;
@@ -1369,15 +1396,28 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     return r;
 }
 
-static bool authorized(struct MHD_Connection *c, struct sp_server *s) {
-    if (!s->o.api_key || !*s->o.api_key) return true;
+#define KEY_NONE (-1)     // no keys are in use
+#define KEY_REFUSED (-2)  // keys are in use and the request has none of them
+
+/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
+ * Every key is compared in full, so the time taken says nothing of how
+ * close a guess came. */
+static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
+    if (s->o.n_api_keys <= 0) return KEY_NONE;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
-    const char *k = h + 7, *want = s->o.api_key;
-    size_t kl = strlen(k), wl = strlen(want);
-    unsigned diff = kl != wl;
-    for (size_t i = 0; i < wl; i++) diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
-    return diff == 0;
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return KEY_REFUSED;
+    const char *k = h + 7;
+    size_t kl = strlen(k);
+    int found = KEY_REFUSED;
+    for (int n = 0; n < s->o.n_api_keys; n++) {
+        const char *want = s->o.api_keys[n];
+        size_t wl = strlen(want);
+        unsigned diff = kl != wl;
+        for (size_t i = 0; i < wl; i++)
+            diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
+        if (diff == 0) found = n;
+    }
+    return found;
 }
 
 static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const char *url, const char *method) {
@@ -1394,7 +1434,8 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
     bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
-    if (!authorized(c, s))
+    cn->key = api_key_index(c, s);
+    if (cn->key == KEY_REFUSED)
         return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
     if (!atomic_load(&s->ready))
         return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");

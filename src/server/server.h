@@ -35,7 +35,9 @@
 struct sp_server_opts {
     const char *host;      // "127.0.0.1"; "0.0.0.0" or "::" to listen everywhere
     int port;
-    const char *api_key;   // NULL: no key required
+    const char *const *api_keys;  // accepted keys (borrowed; none: no key required); each key is a
+    int n_api_keys;               // prompt-cache scope of its own, so clients of one key never reuse,
+                                  // nor learn of, another key's cached prompts
     const char *cors;      // Access-Control-Allow-Origin value, or NULL
     const char *model_id;  // reported by /v1/models and in responses
     size_t max_body;       // bytes (0: 8 MiB)

@@ -593,6 +593,45 @@ test('past --max-connections a new client is closed at once, never left waiting'
   assert.equal((await timedHealth(s)).status, 200);
 });
 
+// The oracle of the issue: a client learning, from cached_tokens, how much of
+// its prompt matches what another client sent. Each API key is a cache scope.
+test('prompt cache: one API key never reuses, nor learns of, another key\'s prompt', async () => {
+  const s = await startServer(['--api-key', 'key-one', '--api-key', 'key-two', '--parallel', '1']);
+  const secret = 'Remember this: the vault code is 4821. Then write a poem about rivers and stones and rain.';
+  const ask = (key, content) => client(s, key).chat.completions.create({ model: 'x', messages: chat(content), max_tokens: 2, temperature: 0 });
+  await ask('key-one', secret);
+  const own = await ask('key-one', `${secret} And one more line.`);
+  assert.ok(own.usage.prompt_tokens_details.cached_tokens > 20, `the same key reuses its prefix: ${JSON.stringify(own.usage)}`);
+  for (const guess of ['4821', '1234']) {
+    const other = await ask('key-two', `Remember this: the vault code is ${guess}. Then write a poem about rivers and stones and rain.`);
+    assert.equal(other.usage.prompt_tokens_details.cached_tokens, 0, `another key's guess ${guess}`);
+    await ask('key-one', secret);  // the secret back in the cache for the next guess
+  }
+  await assert.rejects(ask('key-three', secret), (e) => e.status === 401);
+});
+
+test('prompt cache: cache_salt scopes it without keys; bad salts are 400', async () => {
+  const s = await startServer(['--parallel', '3']);
+  const base = 'A long shared beginning about lighthouses, tides and the keepers who watched them through the night.';
+  const ask = async (content, salt) => (await client(s).completions.create({ model: 'x', prompt: content, max_tokens: 2,
+    temperature: 0, ...(salt ? { cache_salt: salt } : {}) })).usage;
+  await ask(base, 'alpha-salt');
+  const again = await ask(`${base} More.`, 'alpha-salt');
+  assert.ok(again.prompt_tokens_details.cached_tokens > 10, JSON.stringify(again));
+  assert.equal((await ask(`${base} Other.`, 'beta-salt')).prompt_tokens_details.cached_tokens, 0, 'another salt');
+  assert.equal((await ask(`${base} Plain.`)).prompt_tokens_details.cached_tokens, 0, 'no salt');
+  const back = await ask(`${base} Back.`, 'alpha-salt');
+  assert.ok(back.prompt_tokens_details.cached_tokens > 10, `the first salt's cache is still there: ${JSON.stringify(back)}`);
+  const chatSalt = await client(s).chat.completions.create({ model: 'x', messages: chat(base), max_tokens: 1, cache_salt: 'c' });
+  assert.equal(chatSalt.usage.prompt_tokens_details.cached_tokens, 0);
+  for (const bad of [5, '', 'x'.repeat(257)]) {
+    const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: base, max_tokens: 1, cache_salt: bad }) });
+    assert.equal(res.status, 400);
+    assert.equal((await res.json()).error.param, 'cache_salt');
+  }
+});
+
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
     for (let k = 0; k < 3; k++) {
