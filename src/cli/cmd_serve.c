@@ -53,6 +53,7 @@ static const char usage[] =
     "  --max-connections N    open connections; more are closed at once (default 1024)\n"
     "  --max-connections-per-ip N   open connections from one address (default 128; 0: no limit)\n"
     "  --request-timeout S    seconds a connection has to send a whole request, then it is closed (default 10)\n"
+    "  --max-tokenizing N     prompts rendered and tokenized at once; more wait their turn (default 4)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
     SP_CLI_SETTINGS_USAGE;
@@ -142,6 +143,10 @@ int sp_cmd_serve(int argc, char **argv) {
             NEED();
             if (!sp_arg_int("--max-connections-per-ip", v, 0, 1 << 20, &n)) return SP_EXIT_USAGE;
             so.max_connections_per_ip = (int)n;
+        } else if (VAL("--max-tokenizing")) {
+            NEED();
+            if (!sp_arg_int("--max-tokenizing", v, 1, 1024, &n)) return SP_EXIT_USAGE;
+            so.max_tokenizing = (int)n;
         } else if (VAL("--request-timeout")) {
             NEED();
             if (!sp_arg_range("--request-timeout", v, 0.1, 86400, &so.request_timeout)) return SP_EXIT_USAGE;

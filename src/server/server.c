@@ -72,6 +72,11 @@ struct sp_server {
      * sends its request within request_timeout */
     int max_conns;
     atomic_int n_conns;
+    /* prompts being rendered and tokenized (at most max_tokenizing), and
+     * those waiting for their turn */
+    pthread_mutex_t tok_mu;
+    pthread_cond_t tok_cv;
+    int tok_active, tok_waiting;
     pthread_mutex_t socks_mu;
     pthread_cond_t socks_cv;
     struct sock *socks;  // every open connection (guarded by socks_mu)
@@ -338,6 +343,42 @@ static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
     if (!it) return true;
     if (!cJSON_IsBool(it)) return fail_param(e, k, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
     *out = cJSON_IsTrue(it);
+    return true;
+}
+
+/* ---- tokenizing ---- */
+
+/* Rendering and tokenizing a prompt near the body limit takes a second and
+ * some hundred MB; bounding how many run at once bounds that memory, and
+ * the rest wait their turn. */
+static void tok_enter(struct sp_server *s) {
+    pthread_mutex_lock(&s->tok_mu);
+    s->tok_waiting++;
+    while (s->tok_active >= s->o.max_tokenizing) pthread_cond_wait(&s->tok_cv, &s->tok_mu);
+    s->tok_waiting--;
+    s->tok_active++;
+    pthread_mutex_unlock(&s->tok_mu);
+}
+
+static void tok_leave(struct sp_server *s) {
+    pthread_mutex_lock(&s->tok_mu);
+    s->tok_active--;
+    pthread_cond_signal(&s->tok_cv);
+    pthread_mutex_unlock(&s->tok_mu);
+}
+
+/* The tokens a prompt may have: the engine needs one position to generate. */
+static int64_t prompt_room(struct sp_server *s) { return sp_engine_params(s->engine)->n_ctx - 1; }
+
+/* Appends text's ids to out, stopping once it cannot fit the context. */
+static bool encode_prompt(struct sp_server *s, const char *text, size_t len, unsigned flags, struct sp_ids *out,
+                          const char *param, struct perr *e) {
+    int64_t room = prompt_room(s) - out->n;
+    enum sp_status st = sp_tokenizer_encode_max(s->tok, text, len, flags, room > 0 ? room : 0, out);
+    if (st == SP_ERR_LIMIT)
+        return fail_param(e, param, "the prompt has more than %lld tokens; the context holds %lld",
+                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+    if (st != SP_OK) return fail_param(e, param, "%s", sp_error_msg());
     return true;
 }
 
@@ -1124,14 +1165,12 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
                                    .parse_tool_arguments = true, .null_content_as_empty = true,
                                    .flatten_content_parts = true};
     size_t plen;
-    if (sp_chat_render(s->ct, &creq, &prompt, &plen) != SP_OK) {
-        ret = BAD_REQUEST(c, s, "messages", "chat template: %s", sp_error_msg());
-        goto out;
-    }
-    if (sp_tokenizer_encode(s->tok, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
-        ret = BAD_REQUEST(c, s, "messages", "%s", sp_error_msg());
-        goto out;
-    }
+    tok_enter(s);
+    bool rendered = sp_chat_render(s->ct, &creq, &prompt, &plen) == SP_OK;
+    if (!rendered) fail_param(&e, "messages", "chat template: %s", sp_error_msg());
+    bool encoded = rendered && encode_prompt(s, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt, "messages", &e);
+    tok_leave(s);
+    if (!encoded) goto bad;
     /* How to split the output: the template says which format the model writes. */
     j->popts.format = sp_chat_format_detect(s->ct->source, s->info.architecture);
     j->popts.in_reasoning = sp_chat_prompt_in_reasoning(j->popts.format, prompt, plen);
@@ -1230,16 +1269,21 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
             fail_param(&e, "prompt", "this model has no tokenizer: give the prompt as token ids");
             goto bad;
         }
-        if (sp_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), SP_TOK_PARSE_SPECIAL | SP_TOK_ADD_SPECIAL,
-                                &j->prompt) != SP_OK) {
-            fail_param(&e, "prompt", "%s", sp_error_msg());
-            goto bad;
-        }
+        tok_enter(s);
+        bool encoded = encode_prompt(s, p->valuestring, strlen(p->valuestring), SP_TOK_PARSE_SPECIAL | SP_TOK_ADD_SPECIAL,
+                                     &j->prompt, "prompt", &e);
+        tok_leave(s);
+        if (!encoded) goto bad;
     } else if (cJSON_IsArray(p)) {
         for (const cJSON *x = p->child; x; x = x->next) {
             int64_t v;
             if (!sp_json_is_int(x, &v) || v < 0 || v > INT32_MAX) {
                 fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+                goto bad;
+            }
+            if (j->prompt.n == prompt_room(s)) {
+                fail_param(&e, "prompt", "the prompt has more than %lld tokens; the context holds %lld",
+                           (long long)prompt_room(s), (long long)prompt_room(s) + 1);
                 goto bad;
             }
             sp_ids_push(&j->prompt, (int32_t)v);
@@ -1339,6 +1383,11 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     METRIC("time_to_first_token_seconds", "histogram", "from request to first generated token");
     histogram(&b, "sparrow_time_to_first_token_seconds", sp_ttft_bounds, 1.0, st.ttft_bucket, 12, st.ttft_sum);
     METRIC_VALUE("queue_depth", "gauge", "requests waiting for a slot", "%d", st.queue_depth);
+    pthread_mutex_lock(&s->tok_mu);
+    int tok_active = s->tok_active, tok_waiting = s->tok_waiting;
+    pthread_mutex_unlock(&s->tok_mu);
+    METRIC_VALUE("tokenizing", "gauge", "prompts being rendered and tokenized", "%d", tok_active);
+    METRIC_VALUE("tokenizing_waiting", "gauge", "prompts waiting for their turn to be tokenized", "%d", tok_waiting);
     METRIC_VALUE("slots_active", "gauge", "slots generating", "%d", st.active_slots);
     METRIC_VALUE("slots", "gauge", "slots (parallel sequences)", "%d", st.n_slots);
     METRIC_VALUE("kv_cache_tokens", "gauge", "positions held in the KV cache, prompt cache included", "%lld", (long long)st.kv_tokens_used);
@@ -1538,6 +1587,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 }
 
 static void server_free(struct sp_server *s) {
+    pthread_cond_destroy(&s->tok_cv);
+    pthread_mutex_destroy(&s->tok_mu);
     pthread_cond_destroy(&s->socks_cv);
     pthread_mutex_destroy(&s->socks_mu);
     sp_free(s);
@@ -1564,8 +1615,11 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
                    s->max_conns, (unsigned long long)nofile.rlim_cur, want);
         }
     }
+    if (s->o.max_tokenizing <= 0) s->o.max_tokenizing = 4;
     pthread_mutex_init(&s->socks_mu, NULL);
     pthread_cond_init(&s->socks_cv, NULL);
+    pthread_mutex_init(&s->tok_mu, NULL);
+    pthread_cond_init(&s->tok_cv, NULL);
     if (!s->o.model_id) s->o.model_id = "sparrow";
     s->started = (int64_t)time(NULL);
     struct sockaddr_storage addr;

@@ -43,6 +43,7 @@ struct sp_server_opts {
     size_t max_body;       // bytes (0: 8 MiB)
     int max_connections;   // open connections; more are closed at once (0: 1024; at most what the open-file limit allows)
     int max_connections_per_ip;  // open connections from one address; more are closed at once (0: no limit)
+    int max_tokenizing;          // prompts rendered and tokenized at once; more wait (0: 4)
     double request_timeout;      // seconds a connection has to send a whole request, from its opening or
                                  // its previous response's end; then it is closed (0: 10)
     int64_t default_max_tokens;  // when a request gives none (0: until the context is full)

@@ -632,6 +632,39 @@ test('prompt cache: cache_salt scopes it without keys; bad salts are 400', async
   }
 });
 
+test('a prompt far past the context is refused early; tokenizations are bounded by --max-tokenizing', async () => {
+  const s = await startServer(['--max-tokenizing', '1']);
+  const huge = 'alpha beta gamma delta, epsilon.\n'.repeat(230000);  // 7.6 MB, some 1.4 M tokens
+  const send = (route, body) => fetch(`${s.url}/v1/${route}`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body) });
+  for (const [route, body] of [['completions', { prompt: huge, max_tokens: 1 }], ['chat/completions', { messages: chat(huge), max_tokens: 1 }]]) {
+    const res = await send(route, body);
+    assert.equal(res.status, 400);
+    const err = (await res.json()).error;
+    // the count stops at the context: no exact count of a prompt tokenized in full
+    assert.equal(err.message, 'the prompt has more than 511 tokens; the context holds 512');
+  }
+  let maxActive = 0, sampling = true;
+  const sampler = (async () => {
+    while (sampling) {
+      const m = await (await fetch(`${s.url}/metrics`)).text();
+      maxActive = Math.max(maxActive, Number(/^sparrow_tokenizing (\d+)/m.exec(m)[1]));
+      await settle(2);
+    }
+  })();
+  const results = await Promise.all(Array.from({ length: 8 }, (_, i) =>
+    send(i % 2 ? 'chat/completions' : 'completions', i % 2 ? { messages: chat(huge), max_tokens: 1 } : { prompt: huge, max_tokens: 1 })));
+  sampling = false;
+  await sampler;
+  assert.deepEqual(results.map((r) => r.status), Array(8).fill(400));
+  assert.ok(maxActive <= 1, `${maxActive} prompts tokenized at once`);
+  const m = await (await fetch(`${s.url}/metrics`)).text();
+  assert.match(m, /^sparrow_tokenizing 0$/m);
+  assert.match(m, /^sparrow_tokenizing_waiting 0$/m);
+  const ok = await client(s).completions.create({ model: 'x', prompt: 'fits', max_tokens: 2 });
+  assert.equal(ok.usage.completion_tokens, 2);
+});
+
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
     for (let k = 0; k < 3; k++) {
