@@ -4,6 +4,8 @@
  * holds and one JSON line {"event":"ready", ...}, then serves until SIGINT
  * or SIGTERM, and shuts down gracefully: no new requests, those in flight
  * finish within --shutdown-timeout, the rest end with an error, exit 0.
+ * If the model's files change under it, requests in flight fail with a
+ * message naming the file and the server stops the same way, exit 1.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -211,6 +213,9 @@ int sp_cmd_serve(int argc, char **argv) {
         setrlimit(RLIMIT_NOFILE, &nofile);
     }
 
+    /* a model file that shrinks under its map faults reads with SIGBUS:
+     * the guard turns that into a failed engine and a clean stop */
+    if (sp_map_guard_install() != SP_OK) return sp_cli_fail();
     struct sp_model *m = NULL;
     struct sp_tokenizer *tok = NULL;
     struct sp_chat_template *ct = NULL;
@@ -304,14 +309,21 @@ int sp_cmd_serve(int argc, char **argv) {
     fflush(stdout);
     sp_buf_free(&ready);
 
+    /* until a signal, or the model's files change under the engine (then
+     * the requests in flight have failed already, and a restart is what
+     * loads the files again) */
     int sig = 0;
-    sigwait(&sigs, &sig);
+    char why[512];
+    const struct timespec watch = {0, 250 * 1000 * 1000};
+    bool failed = false;
+    while ((sig = sigtimedwait(&sigs, NULL, &watch)) <= 0)
+        if ((failed = sp_engine_failed(eng, why, sizeof why))) break;
     /* graceful: no new work; what runs may finish until the timeout or a
      * second signal; then sp_server_stop ends the rest with an error */
     sp_server_drain(srv);
     int busy = sp_server_in_flight(srv);
-    sp_log(SP_LOG_INFO, "%s: shutting down; %d request%s in flight, waiting up to %g s", strsignal(sig), busy,
-           busy == 1 ? "" : "s", shutdown_timeout);
+    sp_log(SP_LOG_INFO, "%s: shutting down; %d request%s in flight, waiting up to %g s",
+           failed ? "model files changed" : strsignal(sig), busy, busy == 1 ? "" : "s", shutdown_timeout);
     double until = sp_now_s() + shutdown_timeout;
     const struct timespec tick = {0, 50 * 1000 * 1000};
     while ((busy = sp_server_in_flight(srv)) > 0 && sp_now_s() < until) {
@@ -322,6 +334,10 @@ int sp_cmd_serve(int argc, char **argv) {
     }
     if (busy > 0) sp_log(SP_LOG_INFO, "ending %d request%s still in flight", busy, busy == 1 ? "" : "s");
     rc = 0;
+    if (failed) {
+        sp_errorf(SP_ERR_STATE, "%s", why);
+        rc = 1;
+    }
 fail:
     if (rc) sp_cli_fail();
     sp_server_stop(srv);

@@ -237,6 +237,16 @@ fail:
     return st;
 }
 
+bool sp_model_files_changed(const struct sp_model_files *mf, char *why, size_t cap) {
+    char reason[160];
+    for (int i = 0; i < mf->n_shards; i++)
+        if (sp_map_changed(&mf->shards[i]->map, reason, sizeof reason)) {
+            snprintf(why, cap, "%s: %s", mf->shards[i]->path, reason);
+            return true;
+        }
+    return false;
+}
+
 const struct sp_st_tensor *sp_model_files_find(const struct sp_model_files *mf, const char *name) {
     int64_t v;
     if (!sp_strmap_get(&mf->by_name, name, strlen(name), &v)) return NULL;

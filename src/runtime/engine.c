@@ -13,6 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "backend/cpu/kernels.h"
 #include "model/inspect.h"
@@ -85,7 +86,14 @@ struct sp_engine {
     uint64_t *layer_hits, *layer_misses;  // (n_layers) snapshot of the expert cache's, under mu
     pthread_t thread;
     bool thread_started;
+    /* the model's files changed under it: every request fails from then on */
+    atomic_bool failed;
+    char fail_msg[512];  // written once, before failed is set
+    double next_check;   // when to look at the files again (scheduler thread)
 };
+
+/* How often the scheduler looks at the model's files between faults. */
+#define FILE_CHECK_S 0.25
 
 const char *sp_finish_name(enum sp_finish f) {
     switch (f) {
@@ -297,6 +305,7 @@ const struct sp_engine_params *sp_engine_params(const struct sp_engine *e) { ret
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out) {
     *out = NULL;
+    if (atomic_load(&e->failed)) return sp_errorf(SP_ERR_STATE, "%s", e->fail_msg);
     if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
     if (gp->cache_scope && strlen(gp->cache_scope) >= SP_MAX_CACHE_SCOPE)
         return sp_errorf(SP_ERR_ARG, "the cache scope is longer than %d bytes", SP_MAX_CACHE_SCOPE - 1);
@@ -641,6 +650,52 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
     s->decoding = true;
 }
 
+/* Ends every request, running or queued, with an error. */
+static void fail_all(struct sp_engine *e, const char *msg) {
+    for (int i = 0; i < e->p.n_slots; i++)
+        if (e->slots[i].req) {
+            e->slots[i].n_cache = 0;
+            finish(e, &e->slots[i], SP_FINISH_ERROR, false, msg);
+        }
+    pthread_mutex_lock(&e->mu);
+    while (e->q_len) {
+        struct sp_req *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->p.queue_max;
+        e->q_len--;
+        pthread_mutex_lock(&r->mu);
+        r->prog.finished = true;
+        r->prog.finish = SP_FINISH_ERROR;
+        snprintf(r->prog.error, sizeof r->prog.error, "%s", msg);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        sp_req_release(r);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether the model's files changed under the engine (a read past a
+ * truncated file's end, answered with zeros by the fault guard, or a size
+ * or time that moved). Then nothing computed from them can be trusted:
+ * every request fails, now and from now on, with a message naming the
+ * file, and sp_engine_failed tells the owner, who should stop or reload. */
+static bool check_files(struct sp_engine *e) {
+    if (atomic_load(&e->failed)) return true;
+    char why[400];
+    if (!sp_model_files_changed(e->m->files, why, sizeof why)) return false;
+    snprintf(e->fail_msg, sizeof e->fail_msg, "the model's files changed while in use (%s); restart to load them again",
+             why);
+    atomic_store(&e->failed, true);
+    sp_log(SP_LOG_ERROR, "%s", e->fail_msg);
+    fail_all(e, e->fail_msg);
+    return true;
+}
+
+bool sp_engine_failed(struct sp_engine *e, char *msg, size_t cap) {
+    if (!atomic_load(&e->failed)) return false;
+    if (msg && cap) snprintf(msg, cap, "%s", e->fail_msg);
+    return true;
+}
+
 /* One step: cancellations, admissions, a batch of decode tokens and prefill
  * chunks, one forward pass, sampling. Returns false when there was nothing to do. */
 static bool step(struct sp_engine *e) {
@@ -686,7 +741,10 @@ static bool step(struct sp_engine *e) {
     if (!n) return false;
     double t0 = sp_now_s();
     struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+    uint64_t faults = sp_map_faults();
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
+    /* a fault during the pass read zeros for weights: no token of it may go out */
+    if (sp_map_faults() != faults && check_files(e)) return true;
     double dt = sp_now_s() - t0;
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
@@ -730,7 +788,12 @@ static void *engine_main(void *arg) {
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        bool worked = step(e);
+        if (!atomic_load(&e->failed) && sp_now_s() >= e->next_check) {
+            check_files(e);
+            e->next_check = sp_now_s() + FILE_CHECK_S;
+        }
+        if (atomic_load(&e->failed)) fail_all(e, e->fail_msg);
+        bool worked = !atomic_load(&e->failed) && step(e);
         int active = 0;
         int64_t used = 0;
         for (int i = 0; i < e->p.n_slots; i++) {

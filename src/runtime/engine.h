@@ -117,10 +117,16 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
 void sp_engine_free(struct sp_engine *e);
 const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
 /* Queues a request. SP_ERR_LIMIT: the queue is full; SP_ERR_ARG: the prompt
- * is empty, has ids outside the vocabulary, or leaves no room in the context. */
+ * is empty, has ids outside the vocabulary, or leaves no room in the context;
+ * SP_ERR_STATE: the engine has failed (sp_engine_failed). */
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out);
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
+/* Whether the engine has stopped for good because the model's files
+ * changed while in use (see sp_map_guard_install): every request then
+ * fails, and submit says why (SP_ERR_STATE). msg (may be NULL) gets the
+ * reason, naming the file. Any thread. */
+bool sp_engine_failed(struct sp_engine *e, char *msg, size_t cap);
 /* Copies the expert cache's per-layer hits and misses (n_layers each). */
 void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses);
 

@@ -906,7 +906,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                    (long long)j->prog.completion_tokens);
         } else if (j->prog.finished) {
             if (j->prog.finish == SP_FINISH_ERROR) {
-                sse_error(j, "server_error", NULL, "generation failed: internal error");
+                char msg[320];
+                snprintf(msg, sizeof msg, "generation failed: %s", j->prog.error[0] ? j->prog.error : "internal error");
+                sse_error(j, "server_error", NULL, msg);
             } else {
                 bool calls = false;
                 if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
@@ -1054,6 +1056,7 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
+    if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
     if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
     cn->counted = true;
     atomic_fetch_add(&s->in_flight, 1);
@@ -1478,6 +1481,9 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
             return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+        char why[512];
+        if (sp_engine_failed(s->engine, why, sizeof why))
+            return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", why);
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);

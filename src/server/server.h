@@ -18,9 +18,11 @@
  * Errors are answered in OpenAI's shape {"error": {message, type, param,
  * code}} with 400 for bad requests, 401 for a missing or wrong key, 404,
  * 405, 413 for a body over max_body, 503 while loading or when the queue is
- * full (with Retry-After); bad input never yields 500. A request that frames its body
- * ambiguously (two Content-Lengths, Content-Length with Transfer-Encoding,
- * an encoding other than chunked) is answered 400 before its body is read.
+ * full (with Retry-After), or once the model's files changed under the
+ * engine (sp_engine_failed); bad input never yields 500. A request that
+ * frames its body ambiguously (two Content-Lengths, Content-Length with
+ * Transfer-Encoding, an encoding other than chunked) is answered 400
+ * before its body is read.
  */
 #ifndef SP_SERVER_SERVER_H
 #define SP_SERVER_SERVER_H

@@ -5,7 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, cpSync, statSync, truncateSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -664,6 +664,42 @@ test('a prompt far past the context is refused early; tokenizations are bounded 
   const ok = await client(s).completions.create({ model: 'x', prompt: 'fits', max_tokens: 2 });
   assert.equal(ok.usage.completion_tokens, 2);
 });
+
+// A model file that shrinks under a running server (truncate, or a copy
+// rewriting it in place): resident weights stay mapped with an expert cache,
+// and everything with --mmap. The fault guard turns the SIGBUS into a failed
+// request naming the file, then a clean stop, exit 1.
+for (const mode of [['--expert-cache', '60K'], ['--mmap']]) {
+  test(`a model file truncated under the server (${mode[0]}): an error naming the file, then a clean stop`, async () => {
+    const copy = mkdtempSync(path.join(tmpdir(), 'sparrow-e2e-trunc-'));
+    try {
+      cpSync(dir, copy, { recursive: true });
+      const s = await startServer(['--model', copy, '--ctx', '4096', ...mode]);
+      const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal })));
+      const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: 'a long stream', max_tokens: 3000, stream: true }) });
+      const reader = res.body.getReader();
+      const dec = new TextDecoder();
+      let text = dec.decode((await reader.read()).value);
+      const file = path.join(copy, 'model.safetensors');
+      truncateSync(file, Math.floor(statSync(file).size / 2));
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += dec.decode(value, { stream: true });
+      }
+      assert.match(text, /^data: \{"error":\{"message":"generation failed: the model's files changed while in use \([^)]*model\.safetensors[^"]*"/m);
+      assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-300));
+      const { code, signal } = await exited;
+      servers.splice(servers.findIndex((x) => x.proc === s.proc), 1);  // its exit code is checked here
+      assert.equal(signal, null, `killed by ${signal}: ${s.log().slice(-2000)}`);
+      assert.equal(code, 1, s.log().slice(-2000));
+      assert.match(s.log(), /error: the model's files changed while in use \(.*model\.safetensors: (a read went past its end|its size changed)/);
+    } finally {
+      rmSync(copy, { recursive: true, force: true });
+    }
+  });
+}
 
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
