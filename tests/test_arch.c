@@ -137,12 +137,41 @@ static void test_errors(void **state) {
     expect_error("{\"model_type\":\"gpt_oss\"," BASE ",\"num_local_experts\":4,\"num_experts_per_tok\":2,\"layer_types\":[\"full_attention\"]}", SP_ERR_FORMAT, "layer_types");
     expect_error("{\"model_type\":\"qwen3_moe\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":8,\"mlp_only_layers\":[5]}", SP_ERR_FORMAT, "mlp_only_layers");
     expect_error("{\"model_type\":\"llama\",\"num_hidden_layers\":-3}", SP_ERR_FORMAT, "num_hidden_layers");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"max_position_embeddings\":0}", SP_ERR_FORMAT, "\"max_position_embeddings\": 0 must be positive");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"max_position_embeddings\":-8}", SP_ERR_FORMAT, "\"max_position_embeddings\"");
+    /* cJSON reads an overflowing number as an infinity */
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"rope_theta\":-1e999}", SP_ERR_FORMAT, "\"rope_theta\": -inf must be positive and finite");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"rope_theta\":1e999}", SP_ERR_FORMAT, "\"rope_theta\": inf must be positive");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"rope_theta\":0}", SP_ERR_FORMAT, "\"rope_theta\": 0 must be positive");
+    expect_error("{\"model_type\":\"qwen3\"," BASE ",\"rope_parameters\":{\"rope_theta\":-5}}", SP_ERR_FORMAT, "\"rope_theta\": -5");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":1e999}}", SP_ERR_FORMAT, "finite");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"rms_norm_eps\":1e999}", SP_ERR_FORMAT, "\"rms_norm_eps\": inf");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":8}", SP_ERR_FORMAT, "\"eos_token_id\": 8 is outside the vocabulary (vocab_size 8)");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":[1,-1]}", SP_ERR_FORMAT, "\"eos_token_id\": -1 is outside the vocabulary");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":\"2\"}", SP_ERR_FORMAT, "\"eos_token_id\": expected a token id");
+    expect_error("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":[1.5]}", SP_ERR_FORMAT, "\"eos_token_id\": expected integer token ids");
+}
+
+static void test_eos(void **state) {
+    struct sp_arch a;
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":[7,0,3]}", &a), SP_OK);
+    assert_int_equal(a.n_eos, 3);
+    assert_int_equal(a.eos[0], 7);
+    assert_int_equal(a.eos[2], 3);
+    sp_arch_free(&a);
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":null}", &a), SP_OK);
+    assert_int_equal(a.n_eos, 0);
+    sp_arch_free(&a);
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"eos_token_id\":5}", &a), SP_OK);
+    assert_int_equal(a.n_eos, 1);
+    assert_int_equal(a.eos[0], 5);
+    sp_arch_free(&a);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bailing), cmocka_unit_test(test_qwen3_moe), cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_dense),   cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_dense),   cmocka_unit_test(test_errors), cmocka_unit_test(test_eos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

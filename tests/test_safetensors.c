@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "core/rng.h"
 #include "format/modeldir.h"
@@ -243,6 +244,25 @@ static void test_folder_errors(void **state) {
     struct sp_model_files *mf;
     assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_NOT_FOUND);
     assert_non_null(strstr(sp_error_msg(), "no config.json"));
+    /* something else where config.json should be says what it is; a FIFO is not opened (that would block) */
+    char *cfg = sp_path_join(dir, "config.json");
+    static const struct {
+        int kind;  // 0 directory, 1 FIFO, 2 symlink loop, 3 dangling symlink
+        const char *says;
+    } cases[] = {{0, "config.json is a directory, not a file"}, {1, "config.json is a FIFO (named pipe), not a file"},
+                 {2, "config.json is a symbolic link loop, not a file"}, {3, "config.json is a symbolic link to nothing"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        switch (cases[i].kind) {
+        case 0: assert_int_equal(mkdir(cfg, 0755), 0); break;
+        case 1: assert_int_equal(mkfifo(cfg, 0644), 0); break;
+        case 2: assert_int_equal(symlink("config.json", cfg), 0); break;
+        case 3: assert_int_equal(symlink("other.json", cfg), 0); break;
+        }
+        assert_int_not_equal(sp_model_files_open(dir, &mf), SP_OK);
+        if (!strstr(sp_error_msg(), cases[i].says)) fail_msg("got \"%s\", wanted \"%s\"", sp_error_msg(), cases[i].says);
+        assert_int_equal(cases[i].kind == 0 ? rmdir(cfg) : unlink(cfg), 0);
+    }
+    sp_free(cfg);
     th_write_str(dir, "config.json", "{\"model_type\": ");
     assert_int_equal(sp_model_files_open(dir, &mf), SP_ERR_FORMAT);
     assert_non_null(strstr(sp_error_msg(), "config.json: invalid JSON at line 1"));
@@ -389,6 +409,42 @@ static void flip_first(void *ctx, const struct sp_map *m, unsigned char *copy) {
 /* A map of 2 MiB or more starts on a 2 MiB boundary; sp_map_to_anon puts
  * the same bytes at the same address in anonymous memory (edited first
  * where asked), counted as weights until the map is closed. */
+/* A file that shrinks under its map: with the guard, reading past the new
+ * end gives zeros instead of SIGBUS, and the map says it changed. */
+static void test_map_guard(void **state) {
+    char *dir = th_tmpdir();
+    char *path = sp_path_join(dir, "shrinks.bin");
+    size_t size = 256 << 10;
+    unsigned char *bytes = malloc(size);
+    for (size_t i = 0; i < size; i++) bytes[i] = (unsigned char)(i * 7 + 1);
+    th_write(dir, "shrinks.bin", bytes, size);
+    assert_int_equal(sp_map_guard_install(), SP_OK);
+    struct sp_map m;
+    assert_int_equal(sp_map_open(path, &m), SP_OK);
+    char why[200];
+    assert_false(sp_map_changed(&m, why, sizeof why));
+    assert_int_equal(m.data[size - 1], bytes[size - 1]);
+    assert_int_equal(truncate(path, 8192), 0);
+    /* the size moved: said before any read faults */
+    assert_true(sp_map_changed(&m, why, sizeof why));
+    assert_non_null(strstr(why, "its size changed from 262144 to 8192 bytes"));
+    uint64_t faults = sp_map_faults();
+    unsigned sum = 0;
+    for (size_t i = 0; i < size; i += 4096) sum += m.data[i];
+    assert_int_equal(sp_map_faults(), faults + 1);  // one fault: the rest of the map became zeros at once
+    assert_int_equal(sum, bytes[0] + bytes[4096]);  // the two pages left in the file, then zeros
+    assert_true(sp_map_changed(&m, why, sizeof why));
+    assert_non_null(strstr(why, "a read went past its end"));
+    sp_map_close(&m);
+    /* a new map of the file is a new entry: not faulted, not changed */
+    assert_int_equal(sp_map_open(path, &m), SP_OK);
+    assert_false(sp_map_changed(&m, why, sizeof why));
+    sp_map_close(&m);
+    free(bytes);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 static void test_map_to_anon(void **state) {
     (void)state;
     char *dir = th_tmpdir();
@@ -489,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_folder), cmocka_unit_test(test_folder_errors),
         cmocka_unit_test(test_hf_cache),       cmocka_unit_test(test_map_populate),
         cmocka_unit_test(test_huge_pages),
+        cmocka_unit_test(test_map_guard),
         cmocka_unit_test(test_map_to_anon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

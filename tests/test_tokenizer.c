@@ -141,6 +141,63 @@ static void test_api_qwen3(void **state) {
     sp_tokenizer_free(t);
 }
 
+/* encode_max: the same ids while they fit; past the limit an error, after
+ * about the limit's worth of work rather than the whole text's. */
+static void test_encode_max(void **state) {
+    struct sp_tokenizer *t = tu_load_pkg("qwen3");
+    struct sp_buf text = SP_BUF_INIT;
+    for (int i = 0; i < 20000; i++) sp_buf_printf(&text, "word%d <|im_end|> and more, ", i);
+    struct sp_ids all = {0}, cut = {0};
+    assert_int_equal(sp_tokenizer_encode(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, &all), SP_OK);
+    assert_true(all.n > 100000);
+    assert_int_equal(sp_tokenizer_encode_max(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, all.n, &cut), SP_OK);
+    assert_int_equal(cut.n, all.n);
+    assert_memory_equal(cut.v, all.v, (size_t)all.n * sizeof *all.v);
+    cut.n = 0;
+    assert_int_equal(sp_tokenizer_encode_max(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, all.n - 1, &cut), SP_ERR_LIMIT);
+    assert_non_null(strstr(sp_error_msg(), "more than"));
+    /* stopped within a word of the limit, counting from what out held */
+    struct sp_ids some = {0};
+    sp_ids_push(&some, 7);
+    assert_int_equal(sp_tokenizer_encode_max(t, text.data, 2000, SP_TOK_PARSE_SPECIAL, 100, &some), SP_ERR_LIMIT);
+    assert_true(some.n > 101 && some.n <= 101 + 8);
+    /* a long text far past the limit is refused by its first window, before any id is appended */
+    some.n = 1;
+    assert_int_equal(sp_tokenizer_encode_max(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, 100, &some), SP_ERR_LIMIT);
+    assert_int_equal(some.n, 1);
+    assert_int_equal(sp_tokenizer_encode_max(t, "", 0, 0, 0, &cut), SP_OK);
+    sp_ids_free(&some);
+    sp_ids_free(&all);
+    sp_ids_free(&cut);
+    sp_buf_free(&text);
+    sp_tokenizer_free(t);
+}
+
+/* The windowed count of a long text never refuses one that fits: texts of
+ * every shape at exactly their length in ids, for a word-splitting
+ * tokenizer and one without (SentencePiece-style). */
+static void test_encode_max_fits(void **state) {
+    static const char *const names[] = {"qwen3", "llama2"};
+    static const char *const pieces[] = {"plain words, punctuation; and\nnewlines\n\n  double  spaces ",
+                                         "日本語のテキスト", "x", "<|im_start|>user\n", "  \t\r\n"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        struct sp_tokenizer *t = tu_load_pkg(names[k]);
+        for (size_t p = 0; p < sizeof pieces / sizeof *pieces; p++) {
+            struct sp_buf text = SP_BUF_INIT;
+            while (text.len < 300000) sp_buf_puts(&text, pieces[p]);
+            struct sp_ids all = {0}, cut = {0};
+            assert_int_equal(sp_tokenizer_encode(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, &all), SP_OK);
+            if (sp_tokenizer_encode_max(t, text.data, text.len, SP_TOK_PARSE_SPECIAL, all.n, &cut) != SP_OK || cut.n != all.n)
+                fail_msg("%s, \"%s\" x %zu: %lld ids, refused at that limit: %s", names[k], pieces[p],
+                         text.len / strlen(pieces[p]), (long long)all.n, sp_error_msg());
+            sp_ids_free(&all);
+            sp_ids_free(&cut);
+            sp_buf_free(&text);
+        }
+        sp_tokenizer_free(t);
+    }
+}
+
 /* ---- errors ---- */
 
 static void expect_load_error(const char *json, enum sp_status want, const char *needle) {
@@ -325,7 +382,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8),           cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bpe_options),
-        cmocka_unit_test(test_api_qwen3),      cmocka_unit_test(test_vectors_qwen2), cmocka_unit_test(test_vectors_llama_bpe),
+        cmocka_unit_test(test_api_qwen3),      cmocka_unit_test(test_encode_max),    cmocka_unit_test(test_vectors_qwen2),
+        cmocka_unit_test(test_encode_max_fits), cmocka_unit_test(test_vectors_llama_bpe),
         cmocka_unit_test(test_corpus_qwen3),   cmocka_unit_test(test_corpus_gptoss), cmocka_unit_test(test_corpus_llama3),
         cmocka_unit_test(test_corpus_mistral),
     };

@@ -58,6 +58,17 @@ bool sp_arg_num(const char *flag, const char *v, double *out) {
     return true;
 }
 
+bool sp_arg_range(const char *flag, const char *v, double lo, double hi, double *out) {
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "error: %s: expected a number from %g to %g, got \"%s\"\n", flag, lo, hi, v ? v : "");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
 bool sp_arg_size(const char *flag, const char *v, uint64_t *out) {
     char *end;
     double x = v ? strtod(v, &end) : -1;

@@ -23,6 +23,8 @@ int sp_arg_unknown(const char *cmd, const char *arg);
 /* Parses an integer / a number; prints an error naming the flag on failure. */
 bool sp_arg_int(const char *flag, const char *v, int64_t min, int64_t max, int64_t *out);
 bool sp_arg_num(const char *flag, const char *v, double *out);
+/* A number from lo to hi inclusive; the error names the flag and the range. */
+bool sp_arg_range(const char *flag, const char *v, double lo, double hi, double *out);
 /* "512M", "24G", "1.5G", "4096" (bytes); K/M/G/T are powers of 1024. */
 bool sp_arg_size(const char *flag, const char *v, uint64_t *out);
 /* Prints the message recorded by the library as "error: ...". */

@@ -32,7 +32,7 @@ static const char usage[] =
     "                         (through the KV cache as --kv-type stores it: f32 to compare with float32 references)\n"
     "  --max-tokens N         tokens to generate (default 128; 0 with --dump-logits)\n"
     "  --temp T --top-k K --top-p P --min-p P   sampling (defaults 0.8, 40, 0.95, 0.05; --temp 0 is greedy)\n"
-    "  --repeat-penalty R --presence-penalty P --frequency-penalty F   penalties (defaults off)\n"
+    "  --repeat-penalty R --presence-penalty P --frequency-penalty F   penalties (defaults off; R from 0.01 to 100, 1 is off)\n"
     "  --seed S               sampling seed (default 0)\n"
     "  --stop TEXT            stop when TEXT is generated (repeatable)\n"
     "  --ignore-eos           do not stop at the end-of-sequence token\n"
@@ -118,7 +118,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
             if (!sp_arg_num("--min-p", v, &x)) return SP_EXIT_USAGE;
             o->sp.min_p = (float)x;
         } else if (VAL("--repeat-penalty")) {
-            if (!sp_arg_num("--repeat-penalty", v, &x) || x <= 0) return SP_EXIT_USAGE;
+            /* the server's repetition_penalty range: 0 would divide logits by zero */
+            if (!sp_arg_range("--repeat-penalty", v, 0.01, 100, &x)) return SP_EXIT_USAGE;
             o->sp.repeat_penalty = (float)x;
         } else if (VAL("--presence-penalty")) {
             if (!sp_arg_num("--presence-penalty", v, &x)) return SP_EXIT_USAGE;

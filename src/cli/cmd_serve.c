@@ -2,10 +2,14 @@
  * cmd_serve.c - `sparrow serve`: the OpenAI-compatible server. Listens
  * first (/health says 503 while loading), loads the model, prints what it
  * holds and one JSON line {"event":"ready", ...}, then serves until SIGINT
- * or SIGTERM.
+ * or SIGTERM, and shuts down gracefully: no new requests, those in flight
+ * finish within --shutdown-timeout, the rest end with an error, exit 0.
+ * If the model's files change under it, requests in flight fail with a
+ * message naming the file and the server stops the same way, exit 1.
  */
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/settings_args.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -25,6 +30,10 @@
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
+#define MAX_API_KEYS 64
+#define SP_STR_(x) #x
+#define SP_STR(x) SP_STR_(x)
+
 static const char usage[] =
     "usage: sparrow serve --model MODEL [options]\n"
     "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
@@ -33,22 +42,32 @@ static const char usage[] =
     "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
     "  --batch N              tokens per forward step, prefill chunks included (default " SP_DEFAULT_BATCH_TEXT ")\n"
     "  --queue N              requests that may wait for a free sequence (default 64)\n"
-    "  --api-key KEY          require Authorization: Bearer KEY\n"
+    "  --api-key KEY          require Authorization: Bearer KEY; give it again to accept more keys\n"
+    "                         (each key has a prompt cache of its own)\n"
     "  --cors ORIGIN          send Access-Control-Allow-Origin: ORIGIN\n"
-    "  --max-tokens N         default generation limit (default: until the context is full)\n"
+    "  --max-tokens N         tokens generated for a request that gives no max_tokens (default: up to the end of its context)\n"
     "  --temp T --top-p P --top-k K --min-p P   default sampling (0.8, 0.95, 40, 0.05)\n"
     "  --threads N            worker threads (default: physical cores)\n"
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --model-id NAME        the model name clients see (default: the folder name)\n"
     "  --max-body SIZE        largest request body (default 8M)\n"
+    "  --shutdown-timeout S   on SIGTERM / SIGINT, seconds that requests in flight may take to finish (default 5)\n"
+    "  --max-connections N    open connections; more are closed at once (default 1024)\n"
+    "  --max-connections-per-ip N   open connections from one address (default 128; 0: no limit)\n"
+    "  --request-timeout S    seconds a connection has to send a whole request, then it is closed (default 10)\n"
+    "  --max-tokenizing N     prompts rendered and tokenized at once; more wait their turn (default 4)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
     SP_CLI_SETTINGS_USAGE;
 
 int sp_cmd_serve(int argc, char **argv) {
-    struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults()};
+    struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults(),
+                                .max_connections = 1024, .max_connections_per_ip = 128, .request_timeout = 10};
     struct sp_engine_params ep = {.n_slots = 1};
     const char *model = NULL;
+    const char *keys[MAX_API_KEYS];
+    int n_keys = 0;
+    double shutdown_timeout = 5;
     struct sp_plan_inputs pin = {0};
     struct sp_settings set;
     int rc = sp_cli_settings_init(&set);
@@ -99,7 +118,13 @@ int sp_cmd_serve(int argc, char **argv) {
             ep.n_threads = (int)n;
         } else if (VAL("--api-key")) {
             NEED();
-            so.api_key = v;
+            if (!*v || n_keys == MAX_API_KEYS) {
+                fprintf(stderr, "error: --api-key: %s\n", *v ? "at most " SP_STR(MAX_API_KEYS) " keys" : "a key cannot be empty");
+                return SP_EXIT_USAGE;
+            }
+            keys[n_keys++] = v;
+            so.api_keys = keys;
+            so.n_api_keys = n_keys;
         } else if (VAL("--cors")) {
             NEED();
             so.cors = v;
@@ -109,6 +134,24 @@ int sp_cmd_serve(int argc, char **argv) {
         } else if (VAL("--max-tokens")) {
             NEED();
             if (!sp_arg_int("--max-tokens", v, 1, 1 << 30, &so.default_max_tokens)) return SP_EXIT_USAGE;
+        } else if (VAL("--shutdown-timeout")) {
+            NEED();
+            if (!sp_arg_range("--shutdown-timeout", v, 0, 86400, &shutdown_timeout)) return SP_EXIT_USAGE;
+        } else if (VAL("--max-connections")) {
+            NEED();
+            if (!sp_arg_int("--max-connections", v, 1, 1 << 20, &n)) return SP_EXIT_USAGE;
+            so.max_connections = (int)n;
+        } else if (VAL("--max-connections-per-ip")) {
+            NEED();
+            if (!sp_arg_int("--max-connections-per-ip", v, 0, 1 << 20, &n)) return SP_EXIT_USAGE;
+            so.max_connections_per_ip = (int)n;
+        } else if (VAL("--max-tokenizing")) {
+            NEED();
+            if (!sp_arg_int("--max-tokenizing", v, 1, 1024, &n)) return SP_EXIT_USAGE;
+            so.max_tokenizing = (int)n;
+        } else if (VAL("--request-timeout")) {
+            NEED();
+            if (!sp_arg_range("--request-timeout", v, 0.1, 86400, &so.request_timeout)) return SP_EXIT_USAGE;
         } else if (VAL("--max-body")) {
             NEED();
             if (!sp_arg_size("--max-body", v, &sz)) return SP_EXIT_USAGE;
@@ -163,7 +206,16 @@ int sp_cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* every connection is a descriptor: allow as many as the hard limit does */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
 
+    /* a model file that shrinks under its map faults reads with SIGBUS:
+     * the guard turns that into a failed engine and a clean stop */
+    if (sp_map_guard_install() != SP_OK) return sp_cli_fail();
     struct sp_model *m = NULL;
     struct sp_tokenizer *tok = NULL;
     struct sp_chat_template *ct = NULL;
@@ -257,10 +309,35 @@ int sp_cmd_serve(int argc, char **argv) {
     fflush(stdout);
     sp_buf_free(&ready);
 
+    /* until a signal, or the model's files change under the engine (then
+     * the requests in flight have failed already, and a restart is what
+     * loads the files again) */
     int sig = 0;
-    sigwait(&sigs, &sig);
-    sp_log(SP_LOG_INFO, "signal %d: shutting down", sig);
+    char why[512];
+    const struct timespec watch = {0, 250 * 1000 * 1000};
+    bool failed = false;
+    while ((sig = sigtimedwait(&sigs, NULL, &watch)) <= 0)
+        if ((failed = sp_engine_failed(eng, why, sizeof why))) break;
+    /* graceful: no new work; what runs may finish until the timeout or a
+     * second signal; then sp_server_stop ends the rest with an error */
+    sp_server_drain(srv);
+    int busy = sp_server_in_flight(srv);
+    sp_log(SP_LOG_INFO, "%s: shutting down; %d request%s in flight, waiting up to %g s",
+           failed ? "model files changed" : strsignal(sig), busy, busy == 1 ? "" : "s", shutdown_timeout);
+    double until = sp_now_s() + shutdown_timeout;
+    const struct timespec tick = {0, 50 * 1000 * 1000};
+    while ((busy = sp_server_in_flight(srv)) > 0 && sp_now_s() < until) {
+        if (sigtimedwait(&sigs, NULL, &tick) > 0) {
+            sp_log(SP_LOG_INFO, "second signal: not waiting any longer");
+            break;
+        }
+    }
+    if (busy > 0) sp_log(SP_LOG_INFO, "ending %d request%s still in flight", busy, busy == 1 ? "" : "s");
     rc = 0;
+    if (failed) {
+        sp_errorf(SP_ERR_STATE, "%s", why);
+        rc = 1;
+    }
 fail:
     if (rc) sp_cli_fail();
     sp_server_stop(srv);

@@ -4,6 +4,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +50,105 @@ static void *map_aligned(int fd, size_t size) {
     return p;
 }
 
+/* ---- the fault guard ---- */
+
+/* Open maps, read by the signal handler without a lock: an entry is
+ * published by storing its end, then its start, and withdrawn start first. */
+#define GUARD_MAPS 4096
+static struct {
+    _Atomic uintptr_t start, end;
+    atomic_bool faulted;
+} guard_maps[GUARD_MAPS];
+static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_ullong guard_faults;
+static long guard_page;
+
+/* Returns the entry's number plus one, so that a zeroed map has none. */
+static int guard_add(const void *data, size_t size) {
+    if (!data) return 0;
+    pthread_mutex_lock(&guard_mu);
+    int slot = -1;
+    for (int i = 0; i < GUARD_MAPS && slot < 0; i++)
+        if (!atomic_load(&guard_maps[i].start)) slot = i;
+    if (slot >= 0) {
+        atomic_store(&guard_maps[slot].faulted, false);
+        atomic_store(&guard_maps[slot].end, (uintptr_t)data + size);
+        atomic_store(&guard_maps[slot].start, (uintptr_t)data);
+    }
+    pthread_mutex_unlock(&guard_mu);
+    return slot + 1;
+}
+
+static void guard_remove(int guard) {
+    if (guard <= 0) return;
+    int slot = guard - 1;
+    pthread_mutex_lock(&guard_mu);
+    atomic_store(&guard_maps[slot].start, 0);
+    atomic_store(&guard_maps[slot].end, 0);
+    pthread_mutex_unlock(&guard_mu);
+}
+
+/* Async-signal-safe: atomics, mmap and sigaction only. */
+static void on_sigbus(int sig, siginfo_t *si, void *uctx) {
+    (void)uctx;
+    uintptr_t a = (uintptr_t)si->si_addr, pg = (uintptr_t)guard_page;
+    for (int i = 0; i < GUARD_MAPS; i++) {
+        uintptr_t from = atomic_load(&guard_maps[i].start), to = atomic_load(&guard_maps[i].end);
+        if (!from || a < from || a >= to) continue;
+        /* the file ends before this page: everything from here to the end
+         * of the map is past it, so all of it becomes zeros at once */
+        uintptr_t lo = a & ~(pg - 1), hi = (to + pg - 1) & ~(pg - 1);
+        if (mmap((void *)lo, hi - lo, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) break;
+        atomic_store(&guard_maps[i].faulted, true);
+        atomic_fetch_add(&guard_faults, 1);
+        return;
+    }
+    /* not a map's: the default action, once this handler returns */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+}
+
+enum sp_status sp_map_guard_install(void) {
+    guard_page = sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, NULL) != 0) return sp_errorf(SP_ERR_IO, "cannot take SIGBUS: %s", strerror(errno));
+    return SP_OK;
+}
+
+uint64_t sp_map_faults(void) { return atomic_load(&guard_faults); }
+
+bool sp_map_changed(const struct sp_map *m, char *why, size_t cap) {
+    if (m->guard > 0 && atomic_load(&guard_maps[m->guard - 1].faulted)) {
+        snprintf(why, cap, "a read went past its end (the file was truncated while mapped)");
+        return true;
+    }
+    struct stat st;
+    if (m->anon || m->fd < 0 || fstat(m->fd, &st) != 0) return false;
+    if ((size_t)st.st_size != m->size) {
+        snprintf(why, cap, "its size changed from %zu to %lld bytes", m->size, (long long)st.st_size);
+        return true;
+    }
+    if ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != m->mtime_ns) {
+        snprintf(why, cap, "it was modified in place");
+        return true;
+    }
+    return false;
+}
+
+/* ---- maps ---- */
+
 enum sp_status sp_map_open(const char *path, struct sp_map *m) {
     m->data = NULL;
     m->size = 0;
     m->anon = false;
+    m->guard = 0;
     m->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (m->fd < 0) return sp_errorf(errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat stt;
@@ -61,10 +159,12 @@ enum sp_status sp_map_open(const char *path, struct sp_map *m) {
         return sp_errorf(SP_ERR_IO, "%s: not a regular file", path);
     }
     m->size = (size_t)stt.st_size;
+    m->mtime_ns = (int64_t)stt.st_mtim.tv_sec * 1000000000 + stt.st_mtim.tv_nsec;
     if (m->size == 0) return SP_OK;
     void *p = map_aligned(m->fd, m->size);
     if (!p) goto fail_errno;
     m->data = p;
+    m->guard = guard_add(p, m->size);
     return SP_OK;
 fail_errno:;
     int e = errno;
@@ -75,6 +175,8 @@ fail_errno:;
 
 void sp_map_close(struct sp_map *m) {
     if (!m) return;
+    guard_remove(m->guard);
+    m->guard = 0;
     if (m->data) munmap((void *)m->data, m->size);
     if (m->anon) sp_mem_account(SP_MEM_WEIGHTS, -(ptrdiff_t)m->size);
     m->anon = false;
@@ -257,6 +359,25 @@ bool sp_path_is_dir(const char *path) {
 bool sp_path_is_file(const char *path) {
     struct stat s;
     return stat(path, &s) == 0 && S_ISREG(s.st_mode);
+}
+
+const char *sp_path_not_file(const char *path) {
+    struct stat s, l;
+    if (stat(path, &s) != 0) {
+        switch (errno) {
+        case ELOOP: return "a symbolic link loop";
+        case ENOENT: return lstat(path, &l) == 0 ? "a symbolic link to nothing" : "missing";
+        case EACCES: return "not reachable (permission denied)";
+        case ENOTDIR: return "missing (a folder in its path is a file)";
+        default: return "not reachable";
+        }
+    }
+    if (S_ISREG(s.st_mode)) return NULL;
+    if (S_ISDIR(s.st_mode)) return "a directory";
+    if (S_ISFIFO(s.st_mode)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(s.st_mode)) return "a socket";
+    if (S_ISCHR(s.st_mode) || S_ISBLK(s.st_mode)) return "a device";
+    return "not a regular file";
 }
 
 char *sp_path_join(const char *dir, const char *name) {

@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/status.h"
 
@@ -24,6 +25,8 @@ struct sp_map {
     size_t size;
     bool anon;  // the bytes are an anonymous copy now (sp_map_to_anon)
     int fd;  // kept open for pread-based readers of the same file
+    int64_t mtime_ns;  // the file's modification time when mapped
+    int guard;         // its entry in the fault guard's table plus one, or 0
 };
 
 enum sp_status sp_map_open(const char *path, struct sp_map *m);
@@ -53,6 +56,24 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx);
  * does not say). */
 size_t sp_map_huge_bytes(const struct sp_map *m);
 
+/* The guard against files that change under their maps. A page of a map
+ * past the end of a file that shrank (truncate, or a copy rewriting it in
+ * place) faults with SIGBUS, which kills the process. Once the guard is
+ * installed (sp_map_guard_install, once per process; it takes SIGBUS), a
+ * fault inside an open map is answered by mapping zero pages over the rest
+ * of that map, so the read goes on, reading zeros, and is counted; a fault
+ * anywhere else gets the default action, as without the guard. Whoever
+ * computed from the map then learns of it from sp_map_faults() and
+ * sp_map_changed(), and must throw that work away. */
+enum sp_status sp_map_guard_install(void);
+/* Faults the guard has answered, over all maps. Any thread. */
+uint64_t sp_map_faults(void);
+/* Whether m's file is no longer what was mapped: a read of m faulted, or
+ * the file's size or modification time differ from when it was mapped (an
+ * anonymous copy changes only by a fault taken before it was made). why
+ * gets the reason, for a message. */
+bool sp_map_changed(const struct sp_map *m, char *why, size_t cap);
+
 /* Reads a whole file (at most max_bytes) into a NUL-terminated buffer. */
 enum sp_status sp_read_file(const char *path, size_t max_bytes, char **out, size_t *len);
 /* Writes a whole file through a temporary name and rename(), so readers never
@@ -65,6 +86,10 @@ enum sp_status sp_write_buf(const char *dir, const char *name, const struct sp_b
 
 bool sp_path_is_dir(const char *path);
 bool sp_path_is_file(const char *path);
+/* What stands at path when it is not a regular file one can open, in words
+ * for a message ("missing", "a directory", "a FIFO", "a symbolic link
+ * loop", ...); NULL for a regular file. A static string. */
+const char *sp_path_not_file(const char *path);
 char *sp_path_join(const char *dir, const char *name);
 /* mkdir -p. */
 enum sp_status sp_mkdirs(const char *path);

@@ -195,8 +195,14 @@ enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out)
 
     path = sp_path_join(mf->dir, "config.json");
     if (!path) goto nomem;
-    if (!sp_path_is_file(path)) {
+    const char *what = sp_path_not_file(path);
+    if (what && !strcmp(what, "missing")) {
         st = sp_errorf(SP_ERR_NOT_FOUND, "%s: no config.json in the model folder", mf->dir);
+        goto fail;
+    }
+    /* opening a FIFO would block for ever; a loop or a directory is not "no file" */
+    if (what) {
+        st = sp_errorf(SP_ERR_FORMAT, "%s: config.json is %s, not a file", mf->dir, what);
         goto fail;
     }
     st = sp_json_parse_file(path, MAX_CONFIG_BYTES, &mf->config);
@@ -229,6 +235,16 @@ fail:
     sp_free(path);
     sp_model_files_close(mf);
     return st;
+}
+
+bool sp_model_files_changed(const struct sp_model_files *mf, char *why, size_t cap) {
+    char reason[160];
+    for (int i = 0; i < mf->n_shards; i++)
+        if (sp_map_changed(&mf->shards[i]->map, reason, sizeof reason)) {
+            snprintf(why, cap, "%s: %s", mf->shards[i]->path, reason);
+            return true;
+        }
+    return false;
 }
 
 const struct sp_st_tensor *sp_model_files_find(const struct sp_model_files *mf, const char *name) {

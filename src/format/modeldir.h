@@ -33,6 +33,10 @@ struct sp_model_files {
     size_t total_bytes;  // sum of the shard file sizes
 };
 
+/* Whether a shard's file changed since it was mapped (sp_map_changed):
+ * why gets "<path>: <reason>" for the first that did. */
+bool sp_model_files_changed(const struct sp_model_files *mf, char *why, size_t cap);
+
 /* Turns a folder path, or "org/name[@revision]" looked up in the Hugging
  * Face hub cache folder `hub` (sp_settings.hf_hub_cache; NULL: folders
  * only), into a folder (owned). The error for a missing model says every

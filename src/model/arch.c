@@ -116,6 +116,10 @@ static enum sp_status read_rope(struct reader *r, struct sp_rope *rope, double d
         rope->theta = rd_num(&pr, "rope_theta", rope->theta);
         if (pr.st != SP_OK) return pr.st;
     }
+    if (r->st != SP_OK) return r->st;
+    /* inf arrives as a number too (cJSON reads 1e999); every frequency would be 0 or NaN */
+    if (!(rope->theta > 0 && isfinite(rope->theta)))
+        return sp_errorf(SP_ERR_FORMAT, "\"rope_theta\": %g must be positive and finite", rope->theta);
     rope->kind = SP_ROPE_NONE;
     rope->factor = 1.0;
     if (!src) return r->st;
@@ -145,7 +149,8 @@ static enum sp_status read_rope(struct reader *r, struct sp_rope *rope, double d
                          type);
     }
     if (sr.st != SP_OK) return sr.st;
-    if (!(rope->factor > 0)) return sp_errorf(SP_ERR_FORMAT, "rope scaling factor %g must be positive", rope->factor);
+    if (!(rope->factor > 0 && isfinite(rope->factor)))
+        return sp_errorf(SP_ERR_FORMAT, "rope scaling factor %g must be positive and finite", rope->factor);
     if (rope->kind == SP_ROPE_YARN && rope->orig_max_pos <= 0)
         rope->orig_max_pos = rd_int(r, "max_position_embeddings", 0);
     return r->st;
@@ -270,6 +275,30 @@ static enum sp_status read_dense(struct reader *r, struct sp_arch *a) {
     return r->st;
 }
 
+/* eos_token_id: absent, null, one id or a list of ids, each a row of the
+ * vocabulary (an id past it could never be sampled, so generation would run
+ * to the length limit every time). */
+static enum sp_status read_eos(struct reader *r, struct sp_arch *a) {
+    const cJSON *e = rd_item(r, "eos_token_id");
+    if (!e) return SP_OK;
+    if (!cJSON_IsArray(e) && !cJSON_IsNumber(e))
+        return sp_errorf(SP_ERR_FORMAT, "\"eos_token_id\": expected a token id or a list of them, got %s",
+                         sp_json_type_name(e));
+    const cJSON *first = cJSON_IsArray(e) ? e->child : e;
+    for (const cJSON *x = first; x; x = cJSON_IsArray(e) ? x->next : NULL) {
+        int64_t v;
+        if (!sp_json_is_int(x, &v))
+            return sp_errorf(SP_ERR_FORMAT, "\"eos_token_id\": expected integer token ids, got %s", sp_json_type_name(x));
+        if (v < 0 || v >= a->vocab)
+            return sp_errorf(SP_ERR_FORMAT, "\"eos_token_id\": %lld is outside the vocabulary (vocab_size %lld)",
+                             (long long)v, (long long)a->vocab);
+        if (a->n_eos == SP_ARCH_MAX_EOS)
+            return sp_errorf(SP_ERR_UNSUPPORTED, "\"eos_token_id\": more than %d ids", SP_ARCH_MAX_EOS);
+        a->eos[a->n_eos++] = (int32_t)v;
+    }
+    return SP_OK;
+}
+
 static enum sp_status validate(const struct sp_arch *a) {
 #define NEED_POS(v, key)                                                                                            \
     if ((v) <= 0) return sp_errorf(SP_ERR_FORMAT, "\"%s\": %lld must be positive", key, (long long)(v));
@@ -279,6 +308,7 @@ static enum sp_status validate(const struct sp_arch *a) {
     NEED_POS(a->n_heads, "num_attention_heads");
     NEED_POS(a->n_kv_heads, "num_key_value_heads");
     NEED_POS(a->head_dim, "head_dim");
+    NEED_POS(a->max_pos, "max_position_embeddings");
     if (a->n_heads % a->n_kv_heads != 0)
         return sp_errorf(SP_ERR_FORMAT, "num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
                          (long long)a->n_heads, (long long)a->n_kv_heads);
@@ -307,7 +337,8 @@ static enum sp_status validate(const struct sp_arch *a) {
         if (a->n_shared_experts < 0) return sp_errorf(SP_ERR_FORMAT, "\"num_shared_experts\" is negative");
     }
     if (a->sliding_window < 0) return sp_errorf(SP_ERR_FORMAT, "\"sliding_window\" is negative");
-    if (!(a->norm_eps > 0)) return sp_errorf(SP_ERR_FORMAT, "\"rms_norm_eps\" must be positive");
+    if (!(a->norm_eps > 0 && isfinite(a->norm_eps)))
+        return sp_errorf(SP_ERR_FORMAT, "\"rms_norm_eps\": %g must be positive and finite", a->norm_eps);
 #undef NEED_POS
     return SP_OK;
 }
@@ -371,6 +402,7 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
         }
     }
     if (st == SP_OK) st = validate(a);
+    if (st == SP_OK) st = read_eos(&r, a);
     if (st != SP_OK) {
         sp_error_prefix("config.json (%s): ", a->model_type);
         sp_arch_free(a);

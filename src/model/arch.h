@@ -62,6 +62,9 @@ struct sp_rope {
     int64_t rot_dims;                // rotated dims per head (partial rotary), even
 };
 
+/* config.json's eos_token_id list, at most; the tokenizer may add one more. */
+#define SP_ARCH_MAX_EOS 15
+
 struct sp_arch {
     enum sp_arch_id id;
     const char *model_type;  // static string
@@ -69,6 +72,8 @@ struct sp_arch {
     int64_t d_ff;  // dense MLP width (0 when no layer is dense)
     int64_t max_pos;
     double norm_eps;
+    int32_t eos[SP_ARCH_MAX_EOS];  // eos_token_id (a number or a list), each below vocab
+    int n_eos;
     struct sp_rope rope;
     bool qk_norm;       // per-head RMSNorm of q and k before RoPE
     bool fused_qkv;     // one query_key_value projection

@@ -13,7 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
-#include "core/json.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "backend/cpu/kernels.h"
 #include "model/inspect.h"
@@ -27,6 +27,7 @@ struct sp_req {
     int64_t n_prompt;
     struct sp_gen_params gp;
     char *stops[SP_MAX_STOPS];  // owned copies
+    char *scope;                // owned copy of gp.cache_scope ("" when none)
     atomic_int refs;
     atomic_bool cancelled;
     pthread_mutex_t mu;
@@ -42,6 +43,7 @@ struct slot {
     struct sp_req *req;  // NULL: free
     int32_t *cache;      // (n_ctx) tokens whose KV this slot holds
     int64_t n_cache;
+    char scope[SP_MAX_CACHE_SCOPE];  // the cache scope those tokens were computed for ("": shared)
     int64_t prompt_pos;  // next prompt token to prefill
     bool decoding;
     int32_t pending;     // sampled, to be fed next step
@@ -84,7 +86,14 @@ struct sp_engine {
     uint64_t *layer_hits, *layer_misses;  // (n_layers) snapshot of the expert cache's, under mu
     pthread_t thread;
     bool thread_started;
+    /* the model's files changed under it: every request fails from then on */
+    atomic_bool failed;
+    char fail_msg[512];  // written once, before failed is set
+    double next_check;   // when to look at the files again (scheduler thread)
 };
+
+/* How often the scheduler looks at the model's files between faults. */
+#define FILE_CHECK_S 0.25
 
 const char *sp_finish_name(enum sp_finish f) {
     switch (f) {
@@ -118,6 +127,7 @@ static bool tok_list_push(struct sp_tok_list *l, const struct sp_tok_info *t) {
 
 static void req_free(struct sp_req *r) {
     sp_free(r->prompt);
+    sp_free(r->scope);
     for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(r->stops[i]);
     sp_buf_free(&r->text);
     sp_tok_list_free(&r->toks);
@@ -158,12 +168,7 @@ bool sp_req_poll(struct sp_req *r, int timeout_ms, struct sp_buf *text, struct s
 
 int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t *eos, int cap) {
     int n = 0;
-    int64_t v;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(m->files->config, "eos_token_id");
-    if (sp_json_is_int(e, &v)) eos[n++] = (int32_t)v;
-    if (cJSON_IsArray(e))
-        for (const cJSON *x = e->child; x && n < cap; x = x->next)
-            if (sp_json_is_int(x, &v)) eos[n++] = (int32_t)v;
+    for (int i = 0; i < m->arch.n_eos && n < cap; i++) eos[n++] = m->arch.eos[i];
     if (tok && sp_tokenizer_eos(tok) >= 0 && n < cap) eos[n++] = sp_tokenizer_eos(tok);
     return n;
 }
@@ -300,7 +305,10 @@ const struct sp_engine_params *sp_engine_params(const struct sp_engine *e) { ret
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out) {
     *out = NULL;
+    if (atomic_load(&e->failed)) return sp_errorf(SP_ERR_STATE, "%s", e->fail_msg);
     if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
+    if (gp->cache_scope && strlen(gp->cache_scope) >= SP_MAX_CACHE_SCOPE)
+        return sp_errorf(SP_ERR_ARG, "the cache scope is longer than %d bytes", SP_MAX_CACHE_SCOPE - 1);
     if (n >= e->p.n_ctx)
         return sp_errorf(SP_ERR_ARG, "the prompt has %lld tokens; the context holds %lld", (long long)n,
                          (long long)e->p.n_ctx);
@@ -330,6 +338,11 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
         r->gp.stops[i] = r->stops[i];
     }
     if (r->gp.top_logprobs > SP_MAX_TOP_LOGPROBS) r->gp.top_logprobs = SP_MAX_TOP_LOGPROBS;
+    if (!(r->scope = sp_strdup(gp->cache_scope ? gp->cache_scope : "", SP_MEM_SERVER))) {
+        req_free(r);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    r->gp.cache_scope = r->scope;
     r->prog.prompt_tokens = n;
     r->t_submit = sp_now_s();
     pthread_mutex_lock(&e->mu);
@@ -370,7 +383,10 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
 }
 
 /* Moves queued requests into free slots, each into the slot whose cached
- * tokens share the longest prefix with its prompt (least recently used on ties). */
+ * tokens share the longest prefix with its prompt (least recently used on
+ * ties). Tokens cached for another scope count as no prefix at all: were
+ * they reused, cached_tokens and the time to the first token would tell a
+ * client how much of its prompt another client had sent. */
 static void admit(struct sp_engine *e) {
     pthread_mutex_lock(&e->mu);
     while (e->q_len) {
@@ -380,7 +396,7 @@ static void admit(struct sp_engine *e) {
         for (int i = 0; i < e->p.n_slots; i++) {
             struct slot *s = &e->slots[i];
             if (s->req) continue;
-            int64_t c = common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt);
+            int64_t c = !strcmp(s->scope, r->scope) ? common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt) : 0;
             if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
                 best = i;
                 best_common = c;
@@ -393,6 +409,7 @@ static void admit(struct sp_engine *e) {
         /* at least the last prompt token is computed again: its logits start generation */
         if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
         s->req = r;
+        memcpy(s->scope, r->scope, strlen(r->scope) + 1);
         s->n_cache = best_common;
         s->prompt_pos = best_common;
         s->decoding = false;
@@ -633,6 +650,52 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
     s->decoding = true;
 }
 
+/* Ends every request, running or queued, with an error. */
+static void fail_all(struct sp_engine *e, const char *msg) {
+    for (int i = 0; i < e->p.n_slots; i++)
+        if (e->slots[i].req) {
+            e->slots[i].n_cache = 0;
+            finish(e, &e->slots[i], SP_FINISH_ERROR, false, msg);
+        }
+    pthread_mutex_lock(&e->mu);
+    while (e->q_len) {
+        struct sp_req *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->p.queue_max;
+        e->q_len--;
+        pthread_mutex_lock(&r->mu);
+        r->prog.finished = true;
+        r->prog.finish = SP_FINISH_ERROR;
+        snprintf(r->prog.error, sizeof r->prog.error, "%s", msg);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        sp_req_release(r);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether the model's files changed under the engine (a read past a
+ * truncated file's end, answered with zeros by the fault guard, or a size
+ * or time that moved). Then nothing computed from them can be trusted:
+ * every request fails, now and from now on, with a message naming the
+ * file, and sp_engine_failed tells the owner, who should stop or reload. */
+static bool check_files(struct sp_engine *e) {
+    if (atomic_load(&e->failed)) return true;
+    char why[400];
+    if (!sp_model_files_changed(e->m->files, why, sizeof why)) return false;
+    snprintf(e->fail_msg, sizeof e->fail_msg, "the model's files changed while in use (%s); restart to load them again",
+             why);
+    atomic_store(&e->failed, true);
+    sp_log(SP_LOG_ERROR, "%s", e->fail_msg);
+    fail_all(e, e->fail_msg);
+    return true;
+}
+
+bool sp_engine_failed(struct sp_engine *e, char *msg, size_t cap) {
+    if (!atomic_load(&e->failed)) return false;
+    if (msg && cap) snprintf(msg, cap, "%s", e->fail_msg);
+    return true;
+}
+
 /* One step: cancellations, admissions, a batch of decode tokens and prefill
  * chunks, one forward pass, sampling. Returns false when there was nothing to do. */
 static bool step(struct sp_engine *e) {
@@ -678,7 +741,10 @@ static bool step(struct sp_engine *e) {
     if (!n) return false;
     double t0 = sp_now_s();
     struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+    uint64_t faults = sp_map_faults();
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
+    /* a fault during the pass read zeros for weights: no token of it may go out */
+    if (sp_map_faults() != faults && check_files(e)) return true;
     double dt = sp_now_s() - t0;
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
@@ -722,7 +788,12 @@ static void *engine_main(void *arg) {
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        bool worked = step(e);
+        if (!atomic_load(&e->failed) && sp_now_s() >= e->next_check) {
+            check_files(e);
+            e->next_check = sp_now_s() + FILE_CHECK_S;
+        }
+        if (atomic_load(&e->failed)) fail_all(e, e->fail_msg);
+        bool worked = !atomic_load(&e->failed) && step(e);
         int active = 0;
         int64_t used = 0;
         for (int i = 0; i < e->p.n_slots; i++) {

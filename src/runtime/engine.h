@@ -3,7 +3,8 @@
  * forward pass per step (continuous batching); new requests prefill in
  * chunks between steps; a bounded queue holds what does not fit yet; each
  * slot keeps the tokens whose KV it holds, so a request sharing a prefix
- * with an earlier one (the next turn of a chat) skips prefilling it.
+ * with an earlier one (the next turn of a chat) skips prefilling it, when
+ * both were submitted in the same cache scope (sp_gen_params.cache_scope).
  *
  *     struct sp_engine *e;
  *     struct sp_engine_params ep = {.n_slots = 4, .n_ctx = 4096};
@@ -45,6 +46,7 @@ struct sp_engine_params {
 };
 
 #define SP_MAX_STOPS 8
+#define SP_MAX_CACHE_SCOPE 320  // bytes of a cache scope, its terminating zero included
 #define SP_MAX_TOP_LOGPROBS 20
 
 struct sp_gen_params {
@@ -56,6 +58,9 @@ struct sp_gen_params {
     int top_logprobs;       // -1: no logprobs; 0..20: chosen token plus that many alternatives
     unsigned detok_flags;   // SP_TOK_SKIP_SPECIAL or 0 (formats that parse control tokens)
     bool json_object;       // constrain the output to one JSON object (response_format json_object)
+    const char *cache_scope;  // copied at submit: the prompt cache reuses only tokens cached under the
+                              // same scope, so cached_tokens and timing say nothing of other scopes'
+                              // prompts (NULL or "": the shared scope; shorter than SP_MAX_CACHE_SCOPE)
 };
 
 enum sp_finish { SP_FINISH_NONE, SP_FINISH_STOP, SP_FINISH_LENGTH, SP_FINISH_CANCELLED, SP_FINISH_ERROR };
@@ -113,10 +118,16 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
 void sp_engine_free(struct sp_engine *e);
 const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
 /* Queues a request. SP_ERR_LIMIT: the queue is full; SP_ERR_ARG: the prompt
- * is empty, has ids outside the vocabulary, or leaves no room in the context. */
+ * is empty, has ids outside the vocabulary, or leaves no room in the context;
+ * SP_ERR_STATE: the engine has failed (sp_engine_failed). */
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out);
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
+/* Whether the engine has stopped for good because the model's files
+ * changed while in use (see sp_map_guard_install): every request then
+ * fails, and submit says why (SP_ERR_STATE). msg (may be NULL) gets the
+ * reason, naming the file. Any thread. */
+bool sp_engine_failed(struct sp_engine *e, char *msg, size_t cap);
 /* Copies the expert cache's per-layer hits and misses (n_layers each). */
 void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses);
 

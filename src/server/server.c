@@ -2,7 +2,11 @@
  * server.c - OpenAI routes over libmicrohttpd. Each connection has its own
  * thread (MHD_USE_THREAD_PER_CONNECTION), so a route may block waiting for
  * its request's tokens; a hung-up client is noticed by polling the socket
- * between waits and cancels its generation.
+ * between waits and cancels its generation. A thread per connection makes
+ * idle connections costly, so they are bounded three ways: a total and a
+ * per-address limit enforced at accept (closing, never queueing), and a
+ * watchdog that closes a connection still owing its request after
+ * request_timeout.
  */
 #include "server/server.h"
 
@@ -11,20 +15,38 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "server/chat_parse.h"
 
 #define POLL_MS 50
+/* Retry-After of a 503: a full queue drains within a few decode steps; a
+ * model takes longer to load. */
+#define RETRY_BUSY_S "1"
+#define RETRY_LOADING_S "5"
+/* how long sp_server_stop waits for connections to write their endings */
+#define STOP_FLUSH_S 2.0
+/* Connections beyond the limit are refused by an accept policy, so the
+ * daemon's own limit (at which it stops accepting and new clients wait in
+ * the backlog) is set this much higher and never reached. */
+#define MHD_LIMIT_MARGIN 64
+/* file descriptors kept free of connections: model files, io_uring, logs */
+#define FD_RESERVE 128
+#define WATCHDOG_MS 100
+#define MAX_CACHE_SALT 256
+_Static_assert(MAX_CACHE_SALT + 16 < SP_MAX_CACHE_SCOPE, "a salted key scope fits a cache scope");
 
 static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS (sizeof status_codes / sizeof *status_codes)
@@ -42,6 +64,35 @@ struct sp_server {
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
+    /* shutdown: draining refuses new work; stopping ends what still runs */
+    atomic_bool draining, stopping;
+    atomic_int in_flight;  // submitted generations whose response is not yet complete
+    int quiesced_fd;       // the listening socket after sp_server_drain, closed after the daemon stops
+    /* connections: counted for the accept policy, and watched so that each
+     * sends its request within request_timeout */
+    int max_conns;
+    atomic_int n_conns;
+    /* prompts being rendered and tokenized (at most max_tokenizing), and
+     * those waiting for their turn */
+    pthread_mutex_t tok_mu;
+    pthread_cond_t tok_cv;
+    int tok_active, tok_waiting;
+    pthread_mutex_t socks_mu;
+    pthread_cond_t socks_cv;
+    struct sock *socks;  // every open connection (guarded by socks_mu)
+    bool watchdog_started, watchdog_stop;
+    pthread_t watchdog;
+};
+
+/* One TCP connection, from accept to close (MHD's socket context). While
+ * `reading`, the connection owes a whole request: since `since` (its opening
+ * or its previous response's end) it has request_timeout to deliver it. */
+struct sock {
+    struct sock *prev, *next;
+    int fd;
+    atomic_bool reading;
+    _Atomic double since;
+    bool expired;  // shut down by the watchdog
 };
 
 /* Per-connection state, from the first call of the access handler to the
@@ -50,8 +101,95 @@ struct conn {
     struct sp_server *srv;
     struct sp_buf body;
     bool too_big;
+    bool counted;     // counted in srv->in_flight until the response completes
+    int key;          // the API key's index, or KEY_NONE
     struct job *job;  // a generation in flight (owned; freed at completion)
 };
+
+/* ---- connections ---- */
+
+static struct sock *conn_sock(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A request has arrived whole (reading false), or its response has ended
+ * and the connection may send the next (reading true, the clock restarts). */
+static void sock_reading(struct MHD_Connection *c, bool reading) {
+    struct sock *k = conn_sock(c);
+    if (!k) return;
+    if (reading) atomic_store(&k->since, sp_now_s());
+    atomic_store(&k->reading, reading);
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    struct sp_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&s->n_conns, 1);
+        struct sock *k = sp_calloc(1, sizeof *k, SP_MEM_SERVER);
+        *socket_context = k;
+        if (!k) return;  // not watched; still counted
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->fd = ci ? ci->connect_fd : -1;
+        atomic_store(&k->since, sp_now_s());
+        atomic_store(&k->reading, true);
+        pthread_mutex_lock(&s->socks_mu);
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->socks_mu);
+        return;
+    }
+    atomic_fetch_sub(&s->n_conns, 1);
+    struct sock *k = *socket_context;
+    if (!k) return;
+    /* unlinked before MHD closes the descriptor, so the watchdog never
+     * shuts down a number the kernel has given to another socket */
+    pthread_mutex_lock(&s->socks_mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->socks = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->socks_mu);
+    sp_free(k);
+    *socket_context = NULL;
+}
+
+/* Closes connections that owe a request past request_timeout: an idle
+ * keep-alive connection, or one sending its headers or body a byte at a
+ * time (libmicrohttpd's own timeout counts from the last byte, so a
+ * trickle never ends). shutdown() wakes the connection's thread, which
+ * sees the end of the stream and closes it. */
+static void *watchdog_main(void *arg) {
+    struct sp_server *s = arg;
+    pthread_mutex_lock(&s->socks_mu);
+    while (!s->watchdog_stop) {
+        double now = sp_now_s();
+        for (struct sock *k = s->socks; k; k = k->next) {
+            if (k->expired || k->fd < 0 || !atomic_load(&k->reading)) continue;
+            if (now - atomic_load(&k->since) < s->o.request_timeout) continue;
+            k->expired = true;
+            shutdown(k->fd, SHUT_RDWR);
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WATCHDOG_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->socks_cv, &s->socks_mu, &until);
+    }
+    pthread_mutex_unlock(&s->socks_mu);
+    return NULL;
+}
+
+/* Beyond max_conns a connection is closed at once: the client learns it
+ * cannot be served now instead of waiting in the listen backlog. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    struct sp_server *s = cls;
+    return atomic_load(&s->n_conns) < s->max_conns ? MHD_YES : MHD_NO;
+}
 
 /* ---- responses ---- */
 
@@ -69,15 +207,24 @@ static void add_common_headers(struct sp_server *s, struct MHD_Response *r, cons
     }
 }
 
-static enum MHD_Result send_body(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
-                                 const char *body, size_t len) {
+/* retry_after: seconds for a Retry-After header, or NULL. */
+static enum MHD_Result respond(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
+                               const char *body, size_t len, const char *retry_after) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     add_common_headers(s, r, ctype);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    /* while shutting down, no connection is kept for a next request */
+    if (atomic_load(&s->draining)) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
     count_status(s, code);
     return ret;
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, struct sp_server *s, int code, const char *ctype,
+                                 const char *body, size_t len) {
+    return respond(c, s, code, ctype, body, len, NULL);
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, int code, const struct sp_buf *b) {
@@ -85,17 +232,43 @@ static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, 
     return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
 }
 
+static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                    const char *param, const char *ecode, const char *retry_after, const char *fmt,
+                                    va_list ap) __attribute__((format(printf, 8, 0)));
+
 static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
                                   const char *param, const char *ecode, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
 static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
                                   const char *param, const char *ecode, const char *fmt, ...) {
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result r = send_error_v(c, s, code, type, param, ecode, NULL, fmt, ap);
     va_end(ap);
+    return r;
+}
+
+/* 503: the server cannot take the request now; Retry-After says when to
+ * ask again, so clients back off instead of hammering a full queue. */
+static enum MHD_Result send_unavailable(struct MHD_Connection *c, struct sp_server *s, const char *type,
+                                        const char *ecode, const char *retry_after, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+static enum MHD_Result send_unavailable(struct MHD_Connection *c, struct sp_server *s, const char *type,
+                                        const char *ecode, const char *retry_after, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result r = send_error_v(c, s, 503, type, NULL, ecode, retry_after, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
+                                    const char *param, const char *ecode, const char *retry_after, const char *fmt,
+                                    va_list ap) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -115,7 +288,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, struct sp_server *s,
         sp_jw_int(&w, code);
     sp_jw_end(&w);
     sp_jw_end(&w);
-    enum MHD_Result r = send_json(c, s, code, &b);
+    enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
 }
@@ -173,10 +346,48 @@ static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
     return true;
 }
 
+/* ---- tokenizing ---- */
+
+/* Rendering and tokenizing a prompt near the body limit takes a second and
+ * some hundred MB; bounding how many run at once bounds that memory, and
+ * the rest wait their turn. */
+static void tok_enter(struct sp_server *s) {
+    pthread_mutex_lock(&s->tok_mu);
+    s->tok_waiting++;
+    while (s->tok_active >= s->o.max_tokenizing) pthread_cond_wait(&s->tok_cv, &s->tok_mu);
+    s->tok_waiting--;
+    s->tok_active++;
+    pthread_mutex_unlock(&s->tok_mu);
+}
+
+static void tok_leave(struct sp_server *s) {
+    pthread_mutex_lock(&s->tok_mu);
+    s->tok_active--;
+    pthread_cond_signal(&s->tok_cv);
+    pthread_mutex_unlock(&s->tok_mu);
+}
+
+/* The tokens a prompt may have: the engine needs one position to generate. */
+static int64_t prompt_room(struct sp_server *s) { return sp_engine_params(s->engine)->n_ctx - 1; }
+
+/* Appends text's ids to out, stopping once it cannot fit the context. */
+static bool encode_prompt(struct sp_server *s, const char *text, size_t len, unsigned flags, struct sp_ids *out,
+                          const char *param, struct perr *e) {
+    int64_t room = prompt_room(s) - out->n;
+    enum sp_status st = sp_tokenizer_encode_max(s->tok, text, len, flags, room > 0 ? room : 0, out);
+    if (st == SP_ERR_LIMIT)
+        return fail_param(e, param, "the prompt has more than %lld tokens; the context holds %lld",
+                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+    if (st != SP_OK) return fail_param(e, param, "%s", sp_error_msg());
+    return true;
+}
+
 /* A generation in flight: the parsed request, the engine request, and the
  * streaming state. */
 struct job {
     struct sp_server *srv;
+    int key;                         // the API key's index, or KEY_NONE
+    char scope[SP_MAX_CACHE_SCOPE];  // the prompt-cache scope (gp.cache_scope)
     bool chat, stream, include_usage, want_logprobs;
     int top_logprobs;
     struct sp_gen_params gp;
@@ -243,6 +454,27 @@ static bool parse_stop(const cJSON *body, struct job *j, struct perr *e) {
     return true;
 }
 
+/* The prompt-cache scope: the API key when keys are in use, within it the
+ * request's cache_salt when given (as vLLM takes it), else the salt alone,
+ * else the one shared scope. Key scopes and salt scopes cannot meet: "k" and
+ * "s" prefixes, the key as its index. */
+static bool parse_cache_salt(const cJSON *body, struct job *j, struct perr *e) {
+    const cJSON *salt = field(body, "cache_salt");
+    if (salt && (!cJSON_IsString(salt) || !*salt->valuestring))
+        return fail_param(e, "cache_salt", "'cache_salt' must be a non-empty string");
+    if (salt && strlen(salt->valuestring) > MAX_CACHE_SALT)
+        return fail_param(e, "cache_salt", "'cache_salt' may be at most %d bytes", MAX_CACHE_SALT);
+    const char *sv = salt ? salt->valuestring : NULL;
+    if (j->key >= 0)
+        snprintf(j->scope, sizeof j->scope, "k%d%s%s", j->key, sv ? "/" : "", sv ? sv : "");
+    else if (sv)
+        snprintf(j->scope, sizeof j->scope, "s/%s", sv);
+    else
+        j->scope[0] = 0;
+    j->gp.cache_scope = j->scope;
+    return true;
+}
+
 /* Sampling, length, stop, n, seed, logprobs: shared by both completion routes. */
 static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
     struct sp_server *s = j->srv;
@@ -294,7 +526,7 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
         if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
     }
     if (!parse_stop(body, j, e)) return false;
-    return true;
+    return parse_cache_salt(body, j, e);
 }
 
 /* Flattens OpenAI content (a string or a list of text parts) to a string
@@ -578,6 +810,34 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
     if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
 }
 
+/* An error event in OpenAI's error shape (code: a string, or NULL for the
+ * HTTP-like number). */
+static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
+    struct sp_buf b = SP_BUF_INIT;
+    struct sp_jw w;
+    sp_jw_init(&w, &b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "error");
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "message");
+    sp_jw_str(&w, msg);
+    sp_jw_key(&w, "type");
+    sp_jw_str(&w, type);
+    sp_jw_key(&w, "param");
+    sp_jw_null(&w);
+    sp_jw_key(&w, "code");
+    if (code)
+        sp_jw_str(&w, code);
+    else
+        sp_jw_int(&w, 500);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+    sp_buf_puts(&j->out, "data: ");
+    sp_buf_append(&j->out, b.data, b.len);
+    sp_buf_puts(&j->out, "\n\n");
+    sp_buf_free(&b);
+}
+
 static void sse_usage_and_done(struct job *j) {
     if (j->include_usage) {
         struct sp_buf b = SP_BUF_INIT;
@@ -627,15 +887,28 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             sp_req_cancel(j->req);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
+        /* stopping: take what is already generated, then end the stream */
+        bool stopping = atomic_load(&j->srv->stopping);
         struct sp_buf text = SP_BUF_INIT;
         int64_t tok_from = j->toks.n;
-        sp_req_poll(j->req, POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
         sse_text(j, text.data ? text.data : "", text.len, tok_from);
         sp_buf_free(&text);
-        if (j->prog.finished) {
+        if (!j->prog.finished && stopping) {
+            sp_req_cancel(j->req);
+            char msg[160];
+            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens",
+                     (long long)j->prog.completion_tokens);
+            sse_error(j, "server_error", "server_shutdown", msg);
+            sse_usage_and_done(j);
+            j->done = true;
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
+                   (long long)j->prog.completion_tokens);
+        } else if (j->prog.finished) {
             if (j->prog.finish == SP_FINISH_ERROR) {
-                sp_buf_printf(&j->out, "data: {\"error\":{\"message\":\"generation failed: ");
-                sp_buf_puts(&j->out, "internal error\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n");
+                char msg[320];
+                snprintf(msg, sizeof msg, "generation failed: %s", j->prog.error[0] ? j->prog.error : "internal error");
+                sse_error(j, "server_error", NULL, msg);
             } else {
                 bool calls = false;
                 if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
@@ -664,8 +937,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) {
     struct sp_server *s = j->srv;
     for (;;) {
-        sp_req_poll(j->req, POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
+        bool stopping = atomic_load(&s->stopping);
+        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
         if (j->prog.finished) break;
+        if (stopping) {
+            sp_req_cancel(j->req);
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
+                   (long long)j->prog.completion_tokens);
+            return send_unavailable(c, s, "server_error", "server_shutdown", NULL,
+                                    "the server is shutting down: the generation was stopped after %lld tokens",
+                                    (long long)j->prog.completion_tokens);
+        }
         if (client_gone(j->fd)) {
             sp_req_cancel(j->req);
             sp_log(SP_LOG_INFO, "srv  %s | client went away; generation cancelled", j->id);
@@ -772,8 +1054,12 @@ static int conn_fd(struct MHD_Connection *c) {
 static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
     struct sp_server *s = j->srv;
     enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
-    if (st == SP_ERR_LIMIT) return send_error(c, s, 503, "server_error", NULL, "server_busy", "%s", sp_error_msg());
+    if (st == SP_ERR_LIMIT)
+        return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
+    if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
     if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
+    cn->counted = true;
+    atomic_fetch_add(&s->in_flight, 1);
     j->fd = conn_fd(c);
     j->created = (int64_t)time(NULL);
     if (!j->stream) return finish_blocking(c, j);
@@ -788,11 +1074,12 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     return ret;
 }
 
-static struct job *job_new(struct sp_server *s, bool chat) {
+static struct job *job_new(struct sp_server *s, bool chat, int key) {
     struct job *j = sp_calloc(1, sizeof *j, SP_MEM_SERVER);
     if (!j) return NULL;
     j->srv = s;
     j->chat = chat;
+    j->key = key;
     j->fd = -1;
     gen_id(s, chat ? "chatcmpl-" : "cmpl-", j->id, sizeof j->id);
     return j;
@@ -801,7 +1088,7 @@ static struct job *job_new(struct sp_server *s, bool chat) {
 static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = job_new(s, true);
+    struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
     cJSON *msgs = NULL, *kwargs = NULL;
     char *prompt = NULL;
@@ -881,14 +1168,12 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
                                    .parse_tool_arguments = true, .null_content_as_empty = true,
                                    .flatten_content_parts = true};
     size_t plen;
-    if (sp_chat_render(s->ct, &creq, &prompt, &plen) != SP_OK) {
-        ret = BAD_REQUEST(c, s, "messages", "chat template: %s", sp_error_msg());
-        goto out;
-    }
-    if (sp_tokenizer_encode(s->tok, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
-        ret = BAD_REQUEST(c, s, "messages", "%s", sp_error_msg());
-        goto out;
-    }
+    tok_enter(s);
+    bool rendered = sp_chat_render(s->ct, &creq, &prompt, &plen) == SP_OK;
+    if (!rendered) fail_param(&e, "messages", "chat template: %s", sp_error_msg());
+    bool encoded = rendered && encode_prompt(s, prompt, plen, SP_TOK_PARSE_SPECIAL, &j->prompt, "messages", &e);
+    tok_leave(s);
+    if (!encoded) goto bad;
     /* How to split the output: the template says which format the model writes. */
     j->popts.format = sp_chat_format_detect(s->ct->source, s->info.architecture);
     j->popts.in_reasoning = sp_chat_prompt_in_reasoning(j->popts.format, prompt, plen);
@@ -970,7 +1255,7 @@ out:
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
-    struct job *j = job_new(s, false);
+    struct job *j = job_new(s, false, cn->key);
     if (!j) return MHD_NO;
     enum MHD_Result ret;
     if (!parse_common(body, j, &e)) goto bad;
@@ -987,16 +1272,21 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
             fail_param(&e, "prompt", "this model has no tokenizer: give the prompt as token ids");
             goto bad;
         }
-        if (sp_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), SP_TOK_PARSE_SPECIAL | SP_TOK_ADD_SPECIAL,
-                                &j->prompt) != SP_OK) {
-            fail_param(&e, "prompt", "%s", sp_error_msg());
-            goto bad;
-        }
+        tok_enter(s);
+        bool encoded = encode_prompt(s, p->valuestring, strlen(p->valuestring), SP_TOK_PARSE_SPECIAL | SP_TOK_ADD_SPECIAL,
+                                     &j->prompt, "prompt", &e);
+        tok_leave(s);
+        if (!encoded) goto bad;
     } else if (cJSON_IsArray(p)) {
         for (const cJSON *x = p->child; x; x = x->next) {
             int64_t v;
             if (!sp_json_is_int(x, &v) || v < 0 || v > INT32_MAX) {
                 fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+                goto bad;
+            }
+            if (j->prompt.n == prompt_room(s)) {
+                fail_param(&e, "prompt", "the prompt has more than %lld tokens; the context holds %lld",
+                           (long long)prompt_room(s), (long long)prompt_room(s) + 1);
                 goto bad;
             }
             sp_ids_push(&j->prompt, (int32_t)v);
@@ -1096,6 +1386,11 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     METRIC("time_to_first_token_seconds", "histogram", "from request to first generated token");
     histogram(&b, "sparrow_time_to_first_token_seconds", sp_ttft_bounds, 1.0, st.ttft_bucket, 12, st.ttft_sum);
     METRIC_VALUE("queue_depth", "gauge", "requests waiting for a slot", "%d", st.queue_depth);
+    pthread_mutex_lock(&s->tok_mu);
+    int tok_active = s->tok_active, tok_waiting = s->tok_waiting;
+    pthread_mutex_unlock(&s->tok_mu);
+    METRIC_VALUE("tokenizing", "gauge", "prompts being rendered and tokenized", "%d", tok_active);
+    METRIC_VALUE("tokenizing_waiting", "gauge", "prompts waiting for their turn to be tokenized", "%d", tok_waiting);
     METRIC_VALUE("slots_active", "gauge", "slots generating", "%d", st.active_slots);
     METRIC_VALUE("slots", "gauge", "slots (parallel sequences)", "%d", st.n_slots);
     METRIC_VALUE("kv_cache_tokens", "gauge", "positions held in the KV cache, prompt cache included", "%lld", (long long)st.kv_tokens_used);
@@ -1153,33 +1448,52 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     return r;
 }
 
-static bool authorized(struct MHD_Connection *c, struct sp_server *s) {
-    if (!s->o.api_key || !*s->o.api_key) return true;
+#define KEY_NONE (-1)     // no keys are in use
+#define KEY_REFUSED (-2)  // keys are in use and the request has none of them
+
+/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
+ * Every key is compared in full, so the time taken says nothing of how
+ * close a guess came. */
+static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
+    if (s->o.n_api_keys <= 0) return KEY_NONE;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
-    const char *k = h + 7, *want = s->o.api_key;
-    size_t kl = strlen(k), wl = strlen(want);
-    unsigned diff = kl != wl;
-    for (size_t i = 0; i < wl; i++) diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
-    return diff == 0;
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return KEY_REFUSED;
+    const char *k = h + 7;
+    size_t kl = strlen(k);
+    int found = KEY_REFUSED;
+    for (int n = 0; n < s->o.n_api_keys; n++) {
+        const char *want = s->o.api_keys[n];
+        size_t wl = strlen(want);
+        unsigned diff = kl != wl;
+        for (size_t i = 0; i < wl; i++)
+            diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
+        if (diff == 0) found = n;
+    }
+    return found;
 }
 
 static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const char *url, const char *method) {
     struct sp_server *s = cn->srv;
     if (!strcmp(method, "OPTIONS")) return send_body(c, s, 200, "text/plain", "", 0);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (atomic_load(&s->draining) && strcmp(url, "/metrics") != 0)
+        return send_unavailable(c, s, "unavailable_error", "server_shutting_down", NULL, "the server is shutting down");
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
-            return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+            return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+        char why[512];
+        if (sp_engine_failed(s->engine, why, sizeof why))
+            return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", why);
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
     bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
-    if (!authorized(c, s))
+    cn->key = api_key_index(c, s);
+    if (cn->key == KEY_REFUSED)
         return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
     if (!atomic_load(&s->ready))
-        return send_error(c, s, 503, "unavailable_error", NULL, "model_loading", "the model is loading");
+        return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
     if (!strcmp(url, "/v1/models")) {
         if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
         return handle_models(c, s);
@@ -1202,6 +1516,44 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     return r;
 }
 
+/* The body-framing headers of a request, counted. */
+struct framing {
+    int n_length, n_encoding;
+    const char *length, *encoding;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->n_length++ == 0) f->length = value;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        if (f->n_encoding++ == 0) f->encoding = value;
+    }
+    return MHD_YES;
+}
+
+/* Whether the request says in exactly one way where its body ends. Two
+ * Content-Lengths, or a Content-Length beside a Transfer-Encoding, let a
+ * proxy in front and this server disagree about where the next request
+ * starts (request smuggling); libmicrohttpd would read the first or prefer
+ * the encoding, so they are refused before any body is read. An encoding
+ * other than plain chunked has no length at all. */
+static bool framing_ok(struct MHD_Connection *c, char *why, size_t cap) {
+    struct framing f = {0, 0, NULL, NULL};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.n_length > 1)
+        snprintf(why, cap, "the request has %d Content-Length headers; send exactly one", f.n_length);
+    else if (f.n_encoding > 1)
+        snprintf(why, cap, "the request has %d Transfer-Encoding headers; send at most one", f.n_encoding);
+    else if (f.n_encoding && f.n_length)
+        snprintf(why, cap, "the request has both Content-Length and Transfer-Encoding; send one of them");
+    else if (f.n_encoding && strcasecmp(f.encoding, "chunked") != 0)
+        snprintf(why, cap, "Transfer-Encoding '%.64s' is not supported; send Content-Length or 'chunked'", f.encoding);
+    else
+        return true;
+    return false;
+}
+
 static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                       const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct sp_server *s = cls;
@@ -1211,6 +1563,9 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         if (!cn) return MHD_NO;
         cn->srv = s;
         *con_cls = cn;
+        char why[160];
+        if (!framing_ok(c, why, sizeof why))
+            return send_error(c, s, 400, "invalid_request_error", NULL, "bad_framing", "%s", why);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1222,16 +1577,27 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_reading(c, false);
     return route(c, cn, url, method);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    sock_reading(c, true);
     struct conn *cn = *con_cls;
     if (!cn) return;
+    if (cn->counted) atomic_fetch_sub(&cn->srv->in_flight, 1);
     job_free(cn->job);  // cancels a generation still running (client gone)
     sp_buf_free(&cn->body);
     sp_free(cn);
     *con_cls = NULL;
+}
+
+static void server_free(struct sp_server *s) {
+    pthread_cond_destroy(&s->tok_cv);
+    pthread_mutex_destroy(&s->tok_mu);
+    pthread_cond_destroy(&s->socks_cv);
+    pthread_mutex_destroy(&s->socks_mu);
+    sp_free(s);
 }
 
 enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server **out) {
@@ -1239,19 +1605,40 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
     struct sp_server *s = sp_calloc(1, sizeof *s, SP_MEM_SERVER);
     if (!s) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     s->o = *o;
+    s->quiesced_fd = -1;
     if (!s->o.max_body) s->o.max_body = (size_t)8 << 20;
+    if (!(s->o.request_timeout > 0)) s->o.request_timeout = 10;
+    s->max_conns = o->max_connections > 0 ? o->max_connections : 1024;
+    /* a connection is a descriptor: past the open-file limit accept() fails
+     * and libmicrohttpd stops accepting, which is the hang to avoid */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+        long room = (long)nofile.rlim_cur - FD_RESERVE - MHD_LIMIT_MARGIN;
+        if (room < s->max_conns) {
+            long want = s->max_conns;
+            s->max_conns = room > 16 ? (int)room : 16;
+            sp_log(SP_LOG_WARN, "at most %d connections: the open-file limit is %llu (%ld asked; raise it with ulimit -n)",
+                   s->max_conns, (unsigned long long)nofile.rlim_cur, want);
+        }
+    }
+    if (s->o.max_tokenizing <= 0) s->o.max_tokenizing = 4;
+    pthread_mutex_init(&s->socks_mu, NULL);
+    pthread_cond_init(&s->socks_cv, NULL);
+    pthread_mutex_init(&s->tok_mu, NULL);
+    pthread_cond_init(&s->tok_cv, NULL);
     if (!s->o.model_id) s->o.model_id = "sparrow";
     s->started = (int64_t)time(NULL);
     struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* ITC: MHD_quiesce_daemon needs it to stop accepting while connections go on */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     const char *host = o->host ? o->host : "127.0.0.1";
     if (strchr(host, ':')) {
         struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)o->port);
         if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1) {
-            sp_free(s);
+            server_free(s);
             return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv6 address", host);
         }
         flags |= MHD_USE_IPv6;
@@ -1260,17 +1647,28 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)o->port);
         if (inet_pton(AF_INET, host, &a4->sin_addr) != 1) {
-            sp_free(s);
+            server_free(s);
             return sp_errorf(SP_ERR_ARG, "--host %s is not an IPv4 address", host);
         }
     }
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, access_handler, s, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_LIMIT, 512u,
+    /* The daemon's timeout counts from the last byte moved: it ends
+     * responses a client stopped reading. Requests are bounded by the
+     * watchdog's request_timeout instead. */
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, accept_policy, s, access_handler, s, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->max_conns + MHD_LIMIT_MARGIN),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(o->max_connections_per_ip > 0 ? o->max_connections_per_ip : 0),
                             MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
     if (!s->d) {
-        sp_free(s);
+        server_free(s);
         return sp_errorf(SP_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", host, o->port);
     }
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+        MHD_stop_daemon(s->d);
+        server_free(s);
+        return sp_errorf(SP_ERR_NOMEM, "cannot start the connection watchdog thread");
+    }
+    s->watchdog_started = true;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
     *out = s;
@@ -1288,8 +1686,35 @@ void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_
 
 int sp_server_port(const struct sp_server *s) { return s->port; }
 
+void sp_server_drain(struct sp_server *s) {
+    if (!s || atomic_exchange(&s->draining, true)) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd == MHD_INVALID_SOCKET) return;
+    s->quiesced_fd = fd;
+    /* clients waiting in the backlog, and those that come now, are refused
+     * at once rather than left waiting for an accept that never comes */
+    shutdown(fd, SHUT_RDWR);
+}
+
+int sp_server_in_flight(const struct sp_server *s) { return s ? atomic_load(&s->in_flight) : 0; }
+
 void sp_server_stop(struct sp_server *s) {
     if (!s) return;
+    sp_server_drain(s);
+    atomic_store(&s->stopping, true);
+    /* each connection writes its ending (an error event and [DONE], or an
+     * error body) within a poll interval; a client that does not read it is
+     * cut when the daemon stops */
+    double until = sp_now_s() + STOP_FLUSH_S;
+    while (atomic_load(&s->in_flight) > 0 && sp_now_s() < until) usleep(10000);
+    if (s->watchdog_started) {
+        pthread_mutex_lock(&s->socks_mu);
+        s->watchdog_stop = true;
+        pthread_cond_signal(&s->socks_cv);
+        pthread_mutex_unlock(&s->socks_mu);
+        pthread_join(s->watchdog, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
-    sp_free(s);
+    if (s->quiesced_fd >= 0) close(s->quiesced_fd);
+    server_free(s);
 }

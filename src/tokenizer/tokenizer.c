@@ -540,7 +540,16 @@ struct enc {
     struct sp_bpe_scratch bs;
     struct sp_buf seg;
     struct sp_splits w, tmp;
+    int64_t limit;    // out may hold at most this many ids, or -1
+    int64_t max_new;  // the caller's limit, for the message
 };
+
+/* Stops an encoding that has gone past its limit: a prompt that cannot fit
+ * the context is refused after its first limit tokens, not all of them. */
+static enum sp_status over_limit(const struct enc *e, const struct sp_ids *out) {
+    if (e->limit < 0 || out->n <= e->limit) return SP_OK;
+    return sp_errorf(SP_ERR_LIMIT, "the text has more than %lld tokens", (long long)e->max_new);
+}
 
 static bool is_word_char(const unsigned char *s, size_t n) {
     uint32_t cp;
@@ -613,13 +622,15 @@ static enum sp_status encode_section(struct enc *e, const struct trie *normt, co
     int32_t k;
     while ((k = find_added(e->t, normt, b->data, b->len, seg, seg, &start, &end)) >= 0) {
         if (start > seg && (st = encode_words(e, b->data + seg, start - seg, origin && seg == 0, out)) != SP_OK) return st;
-        if ((st = sp_ids_push(out, e->t->added[k].id)) != SP_OK) return st;
+        if ((st = sp_ids_push(out, e->t->added[k].id)) != SP_OK || (st = over_limit(e, out)) != SP_OK) return st;
         seg = end;
     }
     return encode_words(e, b->data + seg, b->len - seg, origin && seg == 0, out);
 }
 
-static enum sp_status encode_text(struct enc *e, bool parse_special, const char *s, size_t n, struct sp_ids *out) {
+/* origin: s starts the whole text (pre-tokenizers that mark the first word). */
+static enum sp_status encode_text(struct enc *e, bool parse_special, const char *s, size_t n, bool origin,
+                                  struct sp_ids *out) {
     enum sp_status st;
     const struct sp_tokenizer *t = e->t;
     const struct trie *raw = parse_special ? &t->raw_all : &t->raw_plain;
@@ -627,11 +638,12 @@ static enum sp_status encode_text(struct enc *e, bool parse_special, const char 
     size_t seg = 0, start, end;
     int32_t k;
     while ((k = find_added(t, raw, s, n, seg, seg, &start, &end)) >= 0) {
-        if (start > seg && (st = encode_section(e, normt, s + seg, start - seg, seg == 0, out)) != SP_OK) return st;
-        if ((st = sp_ids_push(out, t->added[k].id)) != SP_OK) return st;
+        if (start > seg && (st = encode_section(e, normt, s + seg, start - seg, origin && seg == 0, out)) != SP_OK)
+            return st;
+        if ((st = sp_ids_push(out, t->added[k].id)) != SP_OK || (st = over_limit(e, out)) != SP_OK) return st;
         seg = end;
     }
-    if (n > seg) return encode_section(e, normt, s + seg, n - seg, seg == 0, out);
+    if (n > seg) return encode_section(e, normt, s + seg, n - seg, origin && seg == 0, out);
     return SP_OK;
 }
 
@@ -644,15 +656,65 @@ static enum sp_status encode_words(struct enc *e, const char *s, size_t n, bool 
     for (int64_t i = 0; i < e->w.n; i++) {
         const struct sp_range *r = &e->w.r[i];
         if ((st = sp_bpe_encode_word(e->t->bpe, e->w.text.data + r->off, r->len, &e->bs, out)) != SP_OK) return st;
+        if ((st = over_limit(e, out)) != SP_OK) return st;
     }
     return SP_OK;
 }
 
 enum sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *text, size_t len, unsigned flags,
                                    struct sp_ids *out) {
+    return sp_tokenizer_encode_max(t, text, len, flags, -1, out);
+}
+
+/* A long text with a limit is first counted a window at a time: one far
+ * past the limit (a prompt of megabytes for a context of thousands of
+ * tokens) is then refused after about the limit's worth of text, in the
+ * memory of one window, instead of after normalizing and pre-tokenizing all
+ * of it. A window ends before a space that follows a non-space, which is a
+ * word boundary for the pre-tokenizers here, so the windows' counts add up
+ * to the whole's; PROBE_SLACK per window covers a cut that is not (no such
+ * space in reach, or a tokenizer without word splitting), and the text is
+ * refused only past the limit plus that slack: never one that fits. */
+#define PROBE_WINDOW ((size_t)64 << 10)
+#define PROBE_SLACK 8
+
+static size_t window_end(const char *s, size_t n, size_t want) {
+    if (want >= n) return n;
+    for (size_t i = want; i > want - PROBE_WINDOW / 2; i--)
+        if (s[i] == ' ' && s[i - 1] != ' ' && s[i - 1] != '\t' && s[i - 1] != '\n' && s[i - 1] != '\r') return i;
+    while (want > 0 && ((unsigned char)s[want] & 0xc0) == 0x80) want--;
+    return want;
+}
+
+static enum sp_status probe(struct enc *e, bool parse_special, const char *s, size_t n) {
+    struct sp_ids ids = {0};
+    struct enc pe = {.t = e->t, .limit = -1, .max_new = -1};
+    enum sp_status st = sp_rx_init(&pe.rx);
+    int64_t count = 0, slack = 0;
+    for (size_t at = 0; st == SP_OK && at < n;) {
+        size_t end = window_end(s, n, at + PROBE_WINDOW);
+        ids.n = 0;
+        if ((st = encode_text(&pe, parse_special, s + at, end - at, at == 0, &ids)) != SP_OK) break;
+        count += ids.n;
+        slack += PROBE_SLACK;
+        if (count > e->max_new + slack)
+            st = sp_errorf(SP_ERR_LIMIT, "the text has more than %lld tokens", (long long)e->max_new);
+        at = end;
+    }
+    sp_ids_free(&ids);
+    sp_rx_free(&pe.rx);
+    sp_bpe_scratch_free(&pe.bs);
+    sp_buf_free(&pe.seg);
+    sp_splits_free(&pe.w);
+    sp_splits_free(&pe.tmp);
+    return st;
+}
+
+enum sp_status sp_tokenizer_encode_max(const struct sp_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                       int64_t max_new, struct sp_ids *out) {
     enum sp_status st;
     if (!text && len) return sp_errorf(SP_ERR_ARG, "tokenizer: NULL text");
-    struct enc e = {.t = t};
+    struct enc e = {.t = t, .limit = max_new >= 0 ? out->n + max_new : -1, .max_new = max_new};
     struct sp_buf clean = SP_BUF_INIT;
     if ((st = sp_rx_init(&e.rx)) != SP_OK) return st;
     if (flags & SP_TOK_ADD_SPECIAL && (st = sp_ids_append(out, t->post_prefix.v, t->post_prefix.n)) != SP_OK) goto done;
@@ -662,8 +724,10 @@ enum sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *tex
         s = clean.data;
         len = clean.len;
     }
-    st = encode_text(&e, flags & SP_TOK_PARSE_SPECIAL, s, len, out);
+    if (max_new >= 0 && len > PROBE_WINDOW && (st = probe(&e, flags & SP_TOK_PARSE_SPECIAL, s, len)) != SP_OK) goto done;
+    st = encode_text(&e, flags & SP_TOK_PARSE_SPECIAL, s, len, true, out);
     if (st == SP_OK && flags & SP_TOK_ADD_SPECIAL) st = sp_ids_append(out, t->post_suffix.v, t->post_suffix.n);
+    if (st == SP_OK) st = over_limit(&e, out);
 done:
     sp_buf_free(&clean);
     sp_rx_free(&e.rx);

@@ -80,6 +80,10 @@ void sp_tokenizer_free(struct sp_tokenizer *t);
 /* Appends the ids of text[0..len) to out. */
 enum sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *text, size_t len, unsigned flags,
                                    struct sp_ids *out);
+/* The same, stopping with SP_ERR_LIMIT as soon as more than max_new ids
+ * would be appended (max_new < 0: no limit); out then holds some of them. */
+enum sp_status sp_tokenizer_encode_max(const struct sp_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                       int64_t max_new, struct sp_ids *out);
 /* Appends the text of ids to out (valid UTF-8). Ids outside the vocabulary
  * are an error (SP_ERR_ARG). */
 enum sp_status sp_tokenizer_decode(const struct sp_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The model-folder commands from the outside: synth -> inspect / quantize,
-# Hugging Face cache ids, and clear errors (exit 1, no crash) for bad models.
+# Hugging Face cache ids, and clear errors (exit 1, no crash) for bad models
+# and bad flags (exit 2).
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
@@ -77,6 +78,36 @@ expect "lists the supported types" "$TMP/err" "supported: bailing_moe, qwen3_moe
 echo '{"model_type": "qwen3_next"}' >"$bad/config.json"
 run "recognised, unsupported model type" 1 "$SPARROW" inspect "$bad"
 expect "says it is recognised" "$TMP/err" "recognised but not supported yet"
+# something other than a file where config.json should be: said what it is
+# (a FIFO is never opened: that would wait for a writer for ever)
+rm -f "$bad/config.json"
+mkdir "$bad/config.json"
+run "config.json a directory" 1 timeout 20 "$SPARROW" inspect "$bad"
+expect "says it is a directory" "$TMP/err" "config.json is a directory, not a file"
+rmdir "$bad/config.json"
+mkfifo "$bad/config.json"
+run "config.json a FIFO" 1 timeout 20 "$SPARROW" inspect "$bad"
+expect "says it is a FIFO" "$TMP/err" "config.json is a FIFO (named pipe), not a file"
+rm "$bad/config.json"
+ln -s config.json "$bad/config.json"
+run "config.json a symlink loop" 1 timeout 20 "$SPARROW" inspect "$bad"
+expect "says it is a loop" "$TMP/err" "config.json is a symbolic link loop, not a file"
+rm "$bad/config.json"
+# values no model can run with: the error names the key
+bad_value() {  # NAME KEY VALUE MESSAGE: llama's config with KEY set to VALUE
+    node -e 'const fs = require("fs"); const c = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+        c[process.argv[3]] = JSON.parse(process.argv[4]);
+        fs.writeFileSync(process.argv[2], JSON.stringify(c).replace("\"@INF@\"", "-1e999"));' \
+        "$TMP/llama/config.json" "$bad/config.json" "$2" "$3"
+    run "$1" 1 "$SPARROW" inspect "$bad"
+    expect "$1: names the key" "$TMP/err" "$4"
+}
+bad_value "max_position_embeddings 0" max_position_embeddings 0 '"max_position_embeddings": 0 must be positive'
+bad_value "rope_theta -inf" rope_theta '"@INF@"' '"rope_theta": -inf must be positive and finite'
+bad_value "rope_theta 0" rope_theta 0 '"rope_theta": 0 must be positive'
+bad_value "eos_token_id past the vocabulary" eos_token_id 512 '"eos_token_id": 512 is outside the vocabulary (vocab_size 512)'
+bad_value "eos_token_id list with a negative id" eos_token_id '[2, -1]' '"eos_token_id": -1 is outside the vocabulary'
+cp "$TMP/llama/config.json" "$bad/"
 printf 'garbage that is not safetensors' >"$bad/model.safetensors"
 cp "$TMP/llama/config.json" "$bad/"
 run "not a safetensors file" 1 "$SPARROW" inspect "$bad"
@@ -85,4 +116,6 @@ run "missing folder" 1 "$SPARROW" inspect "$TMP/nowhere"
 run "quantize with a bad mode" 2 "$SPARROW" quantize "$TMP/llama" "$TMP/x" --mode int4
 run "quantize with bad bits" 1 "$SPARROW" quantize "$TMP/llama" "$TMP/x" --mode affine --bits 7
 run "unknown command" 2 "$SPARROW" frobnicate
+run "run --repeat-penalty 0" 2 "$SPARROW" run --model "$TMP/llama" --tokens 1,2 --repeat-penalty 0
+expect "names the flag and what it takes" "$TMP/err" "error: --repeat-penalty: expected a number from 0.01 to 100, got \"0\""
 run "help" 0 "$SPARROW" --help

@@ -5,7 +5,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, cpSync, statSync, truncateSync } from 'node:fs';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -349,6 +350,356 @@ test('bad input: clear 4xx errors in OpenAI shape, and the server keeps serving'
   assert.equal((await fetch(`${main.url}/v1/chat/completions`)).status, 405);
   assert.equal((await fetch(`${main.url}/health`)).status, 200);
 });
+
+// Sends raw bytes and collects everything the server writes until it closes
+// the connection (or 5 s pass): the responses, split at their status lines.
+function rawHttp(s, text) {
+  return new Promise((resolve) => {
+    const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+    let data = '';
+    const done = (closed) => {
+      clearTimeout(timer);
+      sock.destroy();
+      const responses = data.split(/(?=HTTP\/1\.[01] \d{3} )/).filter(Boolean).map((r) => {
+        const status = Number(r.slice(9, 12));
+        const body = r.slice(r.indexOf('\r\n\r\n') + 4);
+        let json = null;
+        try { json = JSON.parse(body); } catch { /* not JSON */ }
+        return { status, head: r.slice(0, r.indexOf('\r\n\r\n')), json };
+      });
+      resolve({ closed, responses });
+    };
+    const timer = setTimeout(() => done(false), 5000);
+    sock.on('data', (d) => { data += d; });
+    sock.on('end', () => done(true));
+    sock.on('error', () => done(true));
+    sock.write(text);
+  });
+}
+
+test('HTTP framing: duplicate Content-Length, or Transfer-Encoding with Content-Length, is a 400 and ends the connection', async () => {
+  const body = JSON.stringify({ prompt: 'hi', max_tokens: 2 });
+  const L = body.length;
+  // a second request hidden in the body: a server reading the other length would answer it too
+  const hidden = 'GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n';
+  const post = (headers, payload) => `POST /v1/completions HTTP/1.1\r\nHost: x\r\n${headers.map((h) => `${h}\r\n`).join('')}\r\n${payload}`;
+  const chunked = `${L.toString(16)}\r\n${body}\r\n0\r\n\r\n`;
+  const cases = [
+    [post([`Content-Length: ${L}`, `Content-Length: ${L + hidden.length}`], body + hidden), /2 Content-Length/],
+    [post([`Content-Length: ${L + hidden.length}`, `Content-Length: ${L}`], body + hidden), /2 Content-Length/],
+    [post([`Content-Length: ${L}`, `Content-Length: ${L}`], body), /2 Content-Length/],
+    [post([`Content-Length: ${L}`, 'Transfer-Encoding: chunked'], chunked), /both Content-Length and Transfer-Encoding/],
+    [post(['Transfer-Encoding: chunked', `Content-Length: ${chunked.length}`], chunked), /both Content-Length and Transfer-Encoding/],
+    [post(['Transfer-Encoding: chunked', 'Transfer-Encoding: chunked'], chunked), /2 Transfer-Encoding/],
+    [post(['Transfer-Encoding: gzip, chunked'], chunked), /not supported/],
+  ];
+  for (const [text, message] of cases) {
+    const r = await rawHttp(main, text);
+    const head = text.split('\r\n\r\n')[0];
+    assert.ok(r.closed, `the server closes the connection: ${head}`);
+    assert.equal(r.responses.length, 1, `one response, nothing smuggled: ${head}`);
+    assert.equal(r.responses[0].status, 400, head);
+    assert.equal(r.responses[0].json.error.type, 'invalid_request_error', head);
+    assert.equal(r.responses[0].json.error.code, 'bad_framing', head);
+    assert.match(r.responses[0].json.error.message, message);
+  }
+  // a Content-Length that is not one number: libmicrohttpd answers 400 itself
+  const list = await rawHttp(main, post([`Content-Length: ${L}, ${L}`], body));
+  assert.equal(list.responses[0].status, 400);
+  assert.ok(list.closed);
+  // well-framed requests, either way, still work
+  const ok1 = await rawHttp(main, post([`Content-Length: ${L}`, 'Connection: close'], body));
+  assert.equal(ok1.responses[0].status, 200);
+  const ok2 = await rawHttp(main, post(['Transfer-Encoding: chunked', 'Connection: close'], chunked));
+  assert.equal(ok2.responses[0].status, 200);
+  assert.equal(ok2.responses[0].json.usage.completion_tokens, 2);
+});
+
+test('--max-tokens bounds requests that give no max_tokens; a full queue is a 503 with Retry-After', async () => {
+  const s = await startServer(['--parallel', '1', '--queue', '1', '--max-tokens', '5']);
+  const c = await client(s).chat.completions.create({ model: 'x', messages: chat('no limit given'), temperature: 0 });
+  assert.ok(c.usage.completion_tokens <= 5, JSON.stringify(c.usage));
+  const t = await client(s).completions.create({ model: 'x', prompt: 'no limit given', temperature: 0 });
+  assert.ok(t.usage.completion_tokens <= 5, JSON.stringify(t.usage));
+  let streamed = 0;
+  for await (const ch of await client(s).completions.create({ model: 'x', prompt: 'no limit', stream: true })) {
+    if (ch.choices[0]?.text) streamed++;
+  }
+  assert.ok(streamed <= 5, `${streamed} chunks`);
+  const given = await client(s).completions.create({ model: 'x', prompt: 'a limit given', max_tokens: 9, temperature: 0 });
+  assert.ok(given.usage.completion_tokens > 5 || given.choices[0].finish_reason === 'stop', 'a request\'s own max_tokens wins');
+
+  // one generating (its first chunk is out), one waiting; the third finds the queue full
+  const ac = new AbortController();
+  const long = await client(s).completions.create({ model: 'x', prompt: 'long', max_tokens: 400, stream: true }, { signal: ac.signal });
+  const it = long[Symbol.asyncIterator]();
+  await it.next();
+  const waiting = client(s).completions.create({ model: 'x', prompt: 'waits', max_tokens: 2 });
+  let depth = 0;
+  for (let i = 0; i < 100 && depth < 1; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    depth = Number(/^sparrow_queue_depth (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  }
+  assert.equal(depth, 1);
+  const busy = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'third', max_tokens: 2 }) });
+  assert.equal(busy.status, 503);
+  assert.equal(busy.headers.get('retry-after'), '1');
+  assert.equal((await busy.json()).error.code, 'server_busy');
+  ac.abort();
+  await it.return?.().catch(() => {});
+  assert.equal((await waiting).usage.completion_tokens <= 2, true);
+});
+
+// Reads an SSE response to its end; resolves with the text.
+async function readAll(res) {
+  const dec = new TextDecoder();
+  let text = '';
+  for await (const part of res.body) text += dec.decode(part, { stream: true });
+  return text;
+}
+
+test('SIGTERM: no new connections, short requests finish, long ones end with an error and [DONE], exit 0', async () => {
+  const s = await startServer(['--ctx', '4096', '--parallel', '3', '--shutdown-timeout', '1']);
+  const postJson = (body) => fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body) });
+  const active = async () => Number(/^sparrow_slots_active (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  const stream = await postJson({ prompt: 'a long stream', max_tokens: 3000, stream: true, stream_options: { include_usage: true } });
+  const streamText = readAll(stream);
+  const long = postJson({ prompt: 'a long answer', max_tokens: 3000 });
+  for (let i = 0; i < 200 && await active() < 2; i++) await new Promise((r) => setTimeout(r, 20));
+  assert.equal(await active(), 2);
+  let shortDone = false;
+  const short = postJson({ prompt: 'a short answer', max_tokens: 20 }).finally(() => { shortDone = true; });
+  for (let i = 0; i < 200 && !shortDone && await active() < 3; i++) await new Promise((r) => setTimeout(r, 10));
+  const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal, at: Date.now() })));
+  const t0 = Date.now();
+  s.proc.kill('SIGTERM');
+  await new Promise((r) => setTimeout(r, 300));
+  // (fetch would reuse a kept-alive connection: a fresh socket)
+  const connect = await new Promise((resolve) => {
+    const sock = net.connect(Number(new URL(s.url).port), '127.0.0.1');
+    sock.on('connect', () => { sock.destroy(); resolve('connected'); });
+    sock.on('error', (e) => resolve(e.code));
+  });
+  assert.equal(connect, 'ECONNREFUSED', 'a new connection is refused while draining');
+
+  const shortRes = await short;
+  assert.equal(shortRes.status, 200, 'a request that fits in --shutdown-timeout completes');
+  const shortBody = await shortRes.json();
+  assert.ok(shortBody.usage.completion_tokens > 0 && shortBody.usage.completion_tokens <= 20);
+  assert.notEqual(shortBody.choices[0].finish_reason, null);
+  const longRes = await long;
+  assert.equal(longRes.status, 503);
+  const longBody = await longRes.json();
+  assert.equal(longBody.error.code, 'server_shutdown');
+  assert.match(longBody.error.message, /shutting down/);
+  const text = await streamText;
+  assert.match(text, /^data: \{"error":\{"message":"the server is shutting down[^\n]*"code":"server_shutdown"\}\}$/m);
+  assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-200));
+  const usage = text.split('\n').filter((l) => l.startsWith('data: {"id"')).map((l) => JSON.parse(l.slice(6))).find((c) => c.usage);
+  assert.ok(usage && usage.usage.completion_tokens > 0, 'the usage chunk still comes');
+
+  const { code, signal, at } = await exited;
+  assert.equal(code, 0, `exit ${code} ${signal}: ${s.log().slice(-2000)}`);
+  assert.ok(at - t0 < 1000 + 4000, `exited ${at - t0} ms after SIGTERM`);
+  assert.match(s.log(), /shutting down; [23] requests in flight, waiting up to 1 s/);
+  assert.match(s.log(), /ending 2 requests still in flight/);
+});
+
+// Opens n TCP connections that send nothing, from the given local loopback
+// addresses in turn; resolves once each has connected or been closed. Each
+// entry records whether and when the server closed it.
+async function idleSockets(s, n, addrs) {
+  const port = Number(new URL(s.url).port);
+  const socks = await Promise.all(Array.from({ length: n }, (_, i) => new Promise((resolve) => {
+    const e = { closedAt: 0, sock: null };
+    e.sock = net.connect({ port, host: '127.0.0.1', localAddress: addrs[i % addrs.length] });
+    e.sock.on('close', () => { e.closedAt = Date.now(); resolve(e); });
+    e.sock.on('error', () => {});
+    e.sock.on('connect', () => resolve(e));
+    e.sock.setTimeout(20000, () => e.sock.destroy());
+  })));
+  return socks;
+}
+const closedCount = (socks) => socks.filter((e) => e.closedAt).length;
+const destroyAll = (socks) => { for (const e of socks) e.sock.destroy(); };
+const settle = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function timedHealth(s) {
+  const t0 = Date.now();
+  const res = await fetch(`${s.url}/health`, { signal: AbortSignal.timeout(5000) });
+  return { status: res.status, ms: Date.now() - t0 };
+}
+
+test('600 idle connections: /health still answers; one address is held to its limit; idle and trickling connections are closed', async () => {
+  const s = await startServer(['--max-connections-per-ip', '64', '--request-timeout', '3']);
+  // one address: 64 held, the rest closed at once, none left waiting
+  const one = await idleSockets(s, 600, ['127.0.0.2']);
+  await settle(500);
+  assert.equal(600 - closedCount(one), 64, 'connections from one address beyond its limit are closed');
+  let h = await timedHealth(s);
+  assert.equal(h.status, 200);
+  assert.ok(h.ms < 3000, `/health took ${h.ms} ms`);
+  destroyAll(one);
+  await settle(300);
+
+  // many addresses, 600 connections: all held, and /health and a completion still answer
+  const addrs = Array.from({ length: 30 }, (_, i) => `127.0.0.${10 + i}`);
+  const t0 = Date.now();
+  const many = await idleSockets(s, 600, addrs);
+  await settle(300);
+  assert.equal(closedCount(many), 0, 'under both limits, idle connections are kept for a while');
+  h = await timedHealth(s);
+  assert.equal(h.status, 200);
+  assert.ok(h.ms < 3000, `/health took ${h.ms} ms`);
+  const r = await client(s).completions.create({ model: 'x', prompt: 'still here', max_tokens: 2 });
+  assert.equal(r.usage.completion_tokens, 2);
+
+  // a client trickling its headers a byte at a time is cut at --request-timeout too
+  const port = Number(new URL(s.url).port);
+  const slow = net.connect({ port, host: '127.0.0.1', localAddress: '127.0.0.3' });
+  let slowClosed = 0;
+  slow.on('error', () => {});
+  slow.on('close', () => { slowClosed = Date.now(); });
+  const slowStart = Date.now();
+  slow.write('GET /health HTTP/1.1\r\nHost: x\r\n');
+  const drip = setInterval(() => { if (!slow.destroyed) slow.write('X'); }, 200);
+  for (let i = 0; i < 60 && (!slowClosed || closedCount(many) < 600); i++) await settle(100);
+  clearInterval(drip);
+  slow.destroy();
+  assert.ok(slowClosed && slowClosed - slowStart < 5000, 'a trickling request is closed');
+  assert.equal(closedCount(many), 600, 'idle connections are closed after --request-timeout');
+  const last = Math.max(...many.map((e) => e.closedAt));
+  assert.ok(last - t0 < 6000, `the last idle connection closed ${last - t0} ms after opening`);
+  destroyAll(many);
+  assert.equal((await timedHealth(s)).status, 200);
+});
+
+test('past --max-connections a new client is closed at once, never left waiting', async () => {
+  const s = await startServer(['--max-connections', '40', '--max-connections-per-ip', '0']);
+  const held = await idleSockets(s, 40, ['127.0.0.2']);
+  await settle(300);
+  assert.equal(closedCount(held), 0);
+  const extra = await idleSockets(s, 5, ['127.0.0.4']);
+  await settle(500);
+  assert.equal(closedCount(extra), 5, 'connections past the limit are closed');
+  const t0 = Date.now();
+  await assert.rejects(fetch(`${s.url}/health`, { signal: AbortSignal.timeout(5000) }), (e) => e.name !== 'TimeoutError');
+  assert.ok(Date.now() - t0 < 2000, 'refused, not left in the backlog');
+  destroyAll(held);
+  destroyAll(extra);
+  await settle(300);
+  assert.equal((await timedHealth(s)).status, 200);
+});
+
+// The oracle of the issue: a client learning, from cached_tokens, how much of
+// its prompt matches what another client sent. Each API key is a cache scope.
+test('prompt cache: one API key never reuses, nor learns of, another key\'s prompt', async () => {
+  const s = await startServer(['--api-key', 'key-one', '--api-key', 'key-two', '--parallel', '1']);
+  const secret = 'Remember this: the vault code is 4821. Then write a poem about rivers and stones and rain.';
+  const ask = (key, content) => client(s, key).chat.completions.create({ model: 'x', messages: chat(content), max_tokens: 2, temperature: 0 });
+  await ask('key-one', secret);
+  const own = await ask('key-one', `${secret} And one more line.`);
+  assert.ok(own.usage.prompt_tokens_details.cached_tokens > 20, `the same key reuses its prefix: ${JSON.stringify(own.usage)}`);
+  for (const guess of ['4821', '1234']) {
+    const other = await ask('key-two', `Remember this: the vault code is ${guess}. Then write a poem about rivers and stones and rain.`);
+    assert.equal(other.usage.prompt_tokens_details.cached_tokens, 0, `another key's guess ${guess}`);
+    await ask('key-one', secret);  // the secret back in the cache for the next guess
+  }
+  await assert.rejects(ask('key-three', secret), (e) => e.status === 401);
+});
+
+test('prompt cache: cache_salt scopes it without keys; bad salts are 400', async () => {
+  const s = await startServer(['--parallel', '3']);
+  const base = 'A long shared beginning about lighthouses, tides and the keepers who watched them through the night.';
+  const ask = async (content, salt) => (await client(s).completions.create({ model: 'x', prompt: content, max_tokens: 2,
+    temperature: 0, ...(salt ? { cache_salt: salt } : {}) })).usage;
+  await ask(base, 'alpha-salt');
+  const again = await ask(`${base} More.`, 'alpha-salt');
+  assert.ok(again.prompt_tokens_details.cached_tokens > 10, JSON.stringify(again));
+  assert.equal((await ask(`${base} Other.`, 'beta-salt')).prompt_tokens_details.cached_tokens, 0, 'another salt');
+  assert.equal((await ask(`${base} Plain.`)).prompt_tokens_details.cached_tokens, 0, 'no salt');
+  const back = await ask(`${base} Back.`, 'alpha-salt');
+  assert.ok(back.prompt_tokens_details.cached_tokens > 10, `the first salt's cache is still there: ${JSON.stringify(back)}`);
+  const chatSalt = await client(s).chat.completions.create({ model: 'x', messages: chat(base), max_tokens: 1, cache_salt: 'c' });
+  assert.equal(chatSalt.usage.prompt_tokens_details.cached_tokens, 0);
+  for (const bad of [5, '', 'x'.repeat(257)]) {
+    const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: base, max_tokens: 1, cache_salt: bad }) });
+    assert.equal(res.status, 400);
+    assert.equal((await res.json()).error.param, 'cache_salt');
+  }
+});
+
+test('a prompt far past the context is refused early; tokenizations are bounded by --max-tokenizing', async () => {
+  const s = await startServer(['--max-tokenizing', '1']);
+  const huge = 'alpha beta gamma delta, epsilon.\n'.repeat(230000);  // 7.6 MB, some 1.4 M tokens
+  const send = (route, body) => fetch(`${s.url}/v1/${route}`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body) });
+  for (const [route, body] of [['completions', { prompt: huge, max_tokens: 1 }], ['chat/completions', { messages: chat(huge), max_tokens: 1 }]]) {
+    const res = await send(route, body);
+    assert.equal(res.status, 400);
+    const err = (await res.json()).error;
+    // the count stops at the context: no exact count of a prompt tokenized in full
+    assert.equal(err.message, 'the prompt has more than 511 tokens; the context holds 512');
+  }
+  let maxActive = 0, sampling = true;
+  const sampler = (async () => {
+    while (sampling) {
+      const m = await (await fetch(`${s.url}/metrics`)).text();
+      maxActive = Math.max(maxActive, Number(/^sparrow_tokenizing (\d+)/m.exec(m)[1]));
+      await settle(2);
+    }
+  })();
+  const results = await Promise.all(Array.from({ length: 8 }, (_, i) =>
+    send(i % 2 ? 'chat/completions' : 'completions', i % 2 ? { messages: chat(huge), max_tokens: 1 } : { prompt: huge, max_tokens: 1 })));
+  sampling = false;
+  await sampler;
+  assert.deepEqual(results.map((r) => r.status), Array(8).fill(400));
+  assert.ok(maxActive <= 1, `${maxActive} prompts tokenized at once`);
+  const m = await (await fetch(`${s.url}/metrics`)).text();
+  assert.match(m, /^sparrow_tokenizing 0$/m);
+  assert.match(m, /^sparrow_tokenizing_waiting 0$/m);
+  const ok = await client(s).completions.create({ model: 'x', prompt: 'fits', max_tokens: 2 });
+  assert.equal(ok.usage.completion_tokens, 2);
+});
+
+// A model file that shrinks under a running server (truncate, or a copy
+// rewriting it in place): resident weights stay mapped with an expert cache,
+// and everything with --mmap. The fault guard turns the SIGBUS into a failed
+// request naming the file, then a clean stop, exit 1.
+for (const mode of [['--expert-cache', '60K'], ['--mmap']]) {
+  test(`a model file truncated under the server (${mode[0]}): an error naming the file, then a clean stop`, async () => {
+    const copy = mkdtempSync(path.join(tmpdir(), 'sparrow-e2e-trunc-'));
+    try {
+      cpSync(dir, copy, { recursive: true });
+      const s = await startServer(['--model', copy, '--ctx', '4096', ...mode]);
+      const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal })));
+      const res = await fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: 'a long stream', max_tokens: 3000, stream: true }) });
+      const reader = res.body.getReader();
+      const dec = new TextDecoder();
+      let text = dec.decode((await reader.read()).value);
+      const file = path.join(copy, 'model.safetensors');
+      truncateSync(file, Math.floor(statSync(file).size / 2));
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += dec.decode(value, { stream: true });
+      }
+      assert.match(text, /^data: \{"error":\{"message":"generation failed: the model's files changed while in use \([^)]*model\.safetensors[^"]*"/m);
+      assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-300));
+      const { code, signal } = await exited;
+      servers.splice(servers.findIndex((x) => x.proc === s.proc), 1);  // its exit code is checked here
+      assert.equal(signal, null, `killed by ${signal}: ${s.log().slice(-2000)}`);
+      assert.equal(code, 1, s.log().slice(-2000));
+      assert.match(s.log(), /error: the model's files changed while in use \(.*model\.safetensors: (a read went past its end|its size changed)/);
+    } finally {
+      rmSync(copy, { recursive: true, force: true });
+    }
+  });
+}
 
 test('load: 32 concurrent streaming clients, 3 requests each, all complete', async () => {
   const one = async (i) => {
