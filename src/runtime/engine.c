@@ -764,6 +764,9 @@ static bool step(struct sp_engine *e) {
     }
     pthread_mutex_unlock(&e->mu);
     if (st != SP_OK) {
+        /* an expert read that ran into the end of a truncated file: the
+         * change is what to report, and it fails the engine for good */
+        if (check_files(e)) return true;
         char msg[256];
         snprintf(msg, sizeof msg, "%s", sp_error_msg());
         sp_log(SP_LOG_ERROR, "forward pass failed: %s", msg);
