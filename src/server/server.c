@@ -232,6 +232,31 @@ static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, 
     return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
 }
 
+/* {"error": {message, type, param, code}} in OpenAI's shape into b: code
+ * the string ecode, or the number code where ecode is NULL; param NULL is
+ * null. */
+static void error_json(struct sp_buf *b, const char *msg, const char *type, const char *param, const char *ecode,
+                       int code) {
+    struct sp_jw w;
+    sp_jw_init(&w, b, 0);
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "error");
+    sp_jw_obj(&w);
+    sp_jw_key(&w, "message");
+    sp_jw_str(&w, msg);
+    sp_jw_key(&w, "type");
+    sp_jw_str(&w, type);
+    sp_jw_key(&w, "param");
+    sp_jw_str(&w, param);
+    sp_jw_key(&w, "code");
+    if (ecode)
+        sp_jw_str(&w, ecode);
+    else
+        sp_jw_int(&w, code);
+    sp_jw_end(&w);
+    sp_jw_end(&w);
+}
+
 static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *s, int code, const char *type,
                                     const char *param, const char *ecode, const char *retry_after, const char *fmt,
                                     va_list ap) __attribute__((format(printf, 8, 0)));
@@ -270,24 +295,7 @@ static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
-    struct sp_jw w;
-    sp_jw_init(&w, &b, 0);
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "error");
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "message");
-    sp_jw_str(&w, msg);
-    sp_jw_key(&w, "type");
-    sp_jw_str(&w, type);
-    sp_jw_key(&w, "param");
-    sp_jw_str(&w, param);
-    sp_jw_key(&w, "code");
-    if (ecode)
-        sp_jw_str(&w, ecode);
-    else
-        sp_jw_int(&w, code);
-    sp_jw_end(&w);
-    sp_jw_end(&w);
+    error_json(&b, msg, type, param, ecode, code);
     enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
@@ -814,24 +822,7 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
  * HTTP-like number). */
 static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
     struct sp_buf b = SP_BUF_INIT;
-    struct sp_jw w;
-    sp_jw_init(&w, &b, 0);
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "error");
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "message");
-    sp_jw_str(&w, msg);
-    sp_jw_key(&w, "type");
-    sp_jw_str(&w, type);
-    sp_jw_key(&w, "param");
-    sp_jw_null(&w);
-    sp_jw_key(&w, "code");
-    if (code)
-        sp_jw_str(&w, code);
-    else
-        sp_jw_int(&w, 500);
-    sp_jw_end(&w);
-    sp_jw_end(&w);
+    error_json(&b, msg, type, NULL, code, 500);
     sp_buf_puts(&j->out, "data: ");
     sp_buf_append(&j->out, b.data, b.len);
     sp_buf_puts(&j->out, "\n\n");
