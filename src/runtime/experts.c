@@ -564,8 +564,6 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
     return SP_OK;
 }
 
-bool sp_expert_store_prefetching(const struct sp_expert_store *s) { return s->prefetch; }
-
 void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_t *experts,
                               const struct sp_expert_views *mapped, int64_t n) {
     if (!s->prefetch) return;

@@ -73,7 +73,8 @@ struct sp_expert_store;
 void sp_expert_store_params_for(struct sp_expert_store_params *p, enum sp_device d, bool row_order);
 
 /* The store as the forward pass's expert source (sp_ctx_params.experts),
- * valid as long as s; prefetch set where the store prefetches. */
+ * valid as long as s; prefetch set where the store prefetches (a cache of
+ * two or more slots, and not params.no_prefetch). */
 struct sp_expert_source sp_expert_store_source(struct sp_expert_store *s);
 
 /* A cache of `budget` bytes; a budget smaller than one expert is an error
@@ -93,9 +94,6 @@ void sp_expert_store_put(struct sp_expert_store *s, int64_t L, int64_t e);
  * into the files. A later get waits for a read still under way. */
 void sp_expert_store_prefetch(struct sp_expert_store *s, int64_t L, const int64_t *experts,
                               const struct sp_expert_views *mapped, int64_t n);
-/* Whether prefetching is on (a cache of two or more slots, and not
- * params.no_prefetch). */
-bool sp_expert_store_prefetching(const struct sp_expert_store *s);
 void sp_expert_store_stats(const struct sp_expert_store *s, struct sp_expert_store_stats *out);
 
 #endif
