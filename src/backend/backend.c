@@ -79,6 +79,14 @@ void sp_backend_free(struct sp_backend *b) {
     if (b) b->ops->destroy(b);
 }
 
+enum sp_status sp_backend_copy_gbs(enum sp_device d, size_t bytes, double *gbs) {
+    *gbs = 0;
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return sp_cuda_copy_gbs(bytes, gbs);
+#endif
+    return sp_errorf(SP_ERR_UNSUPPORTED, "no copy bandwidth measure for the %s device", sp_device_name(d));
+}
+
 size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p) {
 #if SP_CUDA
     if (d == SP_DEVICE_CUDA) return sp_cuda_kv_bytes(p);

@@ -126,6 +126,7 @@ struct sp_backend_shape {
     int64_t n_heads, n_kv_heads, head_dim;
     int64_t mlp_width;  // floats per token of the MLP buffers (the widest gate and up side by side)
     int64_t n_experts;  // routed experts per MoE layer (0: none): the most MLPs one call takes, plus a shared one
+    int64_t n_experts_used, expert_ff;  // experts a token takes, and each one's gate outputs (ops->moe's buffers)
     /* RoPE: the first rot_dims of each head rotate (halves paired, as
      * rotate_half) by position x inv_freq[i]; cos and sin are scaled by
      * rope_scale (YaRN's attention factor). inv_freq: (rot_dims / 2),
@@ -193,6 +194,30 @@ static inline double sp_mlp_macs(const struct sp_mlp_item *items, int64_t n, int
     return macs;
 }
 
+/* How a MoE layer's router chooses k experts from a token's router logits
+ * (what model/forward.c's route() computes on the host):
+ * SOFTMAX_TOPK: the k largest softmax probabilities, renormalized where
+ *   norm_topk; TOPK_SOFTMAX: the k largest logits, softmax over those;
+ * *_GROUP_TOPK: sigmoid or softmax scores, plus the bias to choose (the
+ *   best topk_group of n_group groups by their two best, then the k best
+ *   in those), weights the chosen scores over their sum (k > 1) times
+ *   routed_scale. The k largest: ties to the lower expert. */
+enum sp_route { SP_ROUTE_SOFTMAX_TOPK, SP_ROUTE_TOPK_SOFTMAX, SP_ROUTE_SIGMOID_GROUP_TOPK, SP_ROUTE_SOFTMAX_GROUP_TOPK };
+
+/* A MoE layer's routed experts, for backends that route on their own
+ * (ops->moe). */
+struct sp_moe {
+    int64_t layer;
+    const struct sp_linear *router;  // (n_experts, d)
+    enum sp_route route;
+    int64_t n_experts, k, n_group, topk_group;
+    bool norm_topk;
+    float routed_scale;
+    const float *bias;  // (n_experts) in the backend's memory (ops->vector), or NULL
+    /* (n_experts) each: gate and up, or gate_up (outputs alternating gate, up) with gate and up NULL */
+    const struct sp_linear *gate, *up, *gate_up, *down;
+};
+
 struct sp_backend;
 
 struct sp_backend_ops {
@@ -235,14 +260,23 @@ struct sp_backend_ops {
      * rows. NULL: the backend's ops cannot fail so (the CPU). */
     enum sp_status (*error)(struct sp_backend *b);
 
+    /* Optional, for step times without a wait after each step: mark
+     * records the queue's position and returns its number (-1: no room
+     * left); once the work is done (sync), mark_seconds gives the device's
+     * seconds from mark `from` to mark `to`; marks_clear forgets them. */
+    int (*mark)(struct sp_backend *b);
+    double (*mark_seconds)(struct sp_backend *b, int from, int to);
+    void (*marks_clear)(struct sp_backend *b);
+
     /* ---- KV cache ---- */
     size_t (*kv_bytes)(const struct sp_backend *b);
     /* Cached positions [0, n) of sequence src copied to sequence dst. */
     void (*kv_copy_seq)(struct sp_backend *b, int src, int dst, int64_t n);
 
     /* ---- ops ---- */
-    /* Rows of the embedding for the batch's tokens into x, and the RoPE
-     * angles of its positions for the attention ops that follow. */
+    /* Rows of the embedding for the batch's tokens into x; the batch's
+     * positions and sequences (and the RoPE angles of its positions) are
+     * kept for the attention ops that follow, which take the same batch. */
     void (*embed)(struct sp_backend *b, const struct sp_linear *embedding, const struct sp_batch *bt,
                   struct sp_tensor x);
     /* out = x / rms(x) * w, row by row (out may be x). */
@@ -270,6 +304,14 @@ struct sp_backend_ops {
      * of out taking its additions in increasing i. */
     void (*scatter_add)(struct sp_backend *b, struct sp_tensor out, struct sp_tensor src, const int32_t *rows,
                         const float *w);
+    /* Optional (NULL: the forward pass routes on the host, then gathers,
+     * runs mlp and scatter_adds): m's routed experts for the rows of h,
+     * routing included, added into out, each row taking its experts in
+     * increasing expert order as scatter_add would. False, with nothing
+     * done, where the backend does not run m so (the host's way then):
+     * that answer depends on m alone, never on the batch. */
+    bool (*moe)(struct sp_backend *b, const struct sp_moe *m, struct sp_tensor h, const struct sp_glu *act,
+                struct sp_tensor out);
     /* For the rows of x whose want is set (want NULL: all), in order:
      * rmsnorm with norm, then head, into consecutive rows of vocab floats
      * of the host's logits. Returns how many rows. */
@@ -299,6 +341,10 @@ static inline enum sp_status sp_backend_tensor(struct sp_backend *b, int64_t row
  * batches (buffers, per-thread scratch for products of weights up to
  * widest, tables). */
 size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p);
+/* The memory bandwidth of a GPU device d now: bytes copied within it, each
+ * read once and written once, counted both ways (the bound a product
+ * streaming its weights works against). The CPU's is backend/cpu/membw.h's. */
+enum sp_status sp_backend_copy_gbs(enum sp_device d, size_t bytes, double *gbs);
 size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest);
 
 #endif

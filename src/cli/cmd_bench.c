@@ -200,10 +200,15 @@ static const char *main_format(const struct sp_model_stats *s) {
  * 256 MiB buffer: 8x the largest last-level caches, small enough to fit
  * beside a model under a memory limit); the stored or default figure if
  * that cannot be measured. */
-static double machine_gbs(const struct sp_plan *pl, int nth, bool *measured) {
+static double machine_gbs(const struct sp_plan *pl, int nth, enum sp_device dev, bool *measured) {
     struct sp_pool *pool;
     struct sp_membw bw = {0};
     *measured = false;
+    if (dev != SP_DEVICE_CPU) {  /* the device's own memory, 1 GiB copied within it */
+        double gbs = 0;
+        *measured = sp_backend_copy_gbs(dev, (size_t)1 << 30, &gbs) == SP_OK && gbs > 0;
+        return gbs;
+    }
     if (sp_pool_create(nth, &pool) != SP_OK) return pl->bw.ram_gbs;
     *measured = sp_membw_measure(pool, nth, (size_t)256 << 20, &bw) == SP_OK && bw.gbs > 0;
     sp_pool_free(pool);
@@ -275,20 +280,28 @@ static void report_steps(const struct result *r) {
 
 /* One human and one JSON line for a run; its figures, for a summary. */
 static struct run_stats report(const struct sp_model *m, const struct sp_model_stats *ms, const struct sp_plan *pl,
-                               const char *mode, int threads, double ram_gbs, bool ram_measured, const char *synthetic,
-                               const struct result *r) {
+                               const char *mode, int threads, enum sp_device dev, double ram_gbs, bool ram_measured,
+                               const char *synthetic, const struct result *r) {
     struct run_stats st = run_stats_of(ms, r, ram_gbs);
     double pre = st.v[RS_PREFILL], dec = st.v[RS_DECODE], gbs = st.v[RS_DECODE_GBS], eff = st.v[RS_EFFICIENCY];
     double hit = r->has_experts && r->es.hits + r->es.misses ? (double)r->es.hits / (double)(r->es.hits + r->es.misses) : 1.0;
     double disk = r->has_experts && r->es.read_s > 0 ? (double)r->es.bytes_read / r->es.read_s / 1e6 : 0;
     const struct sp_arch *a = &m->arch;
-    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %d threads (%s kernels): load %.2f s, prefill %lld tokens "
+    char where[64];
+    if (dev == SP_DEVICE_CPU)
+        snprintf(where, sizeof where, "%d threads (%s kernels)", threads, sp_kernels()->name);
+    else
+        snprintf(where, sizeof where, "device %s", sp_device_name(dev));
+    printf("%s: %s %lldL d%lld %lldx top-%lld %s, %s: load %.2f s, prefill %lld tokens "
            "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; weights %.0f%% in "
            "2 MiB pages",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
-           (long long)a->n_experts_used, main_format(ms), threads, sp_kernels()->name, r->load_s, (long long)r->prompt,
-           pre, dec, (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
-           ram_measured ? " (measured now)" : pl->bw.measured ? " (calibrated)" : " (default)",
+           (long long)a->n_experts_used, main_format(ms), where, r->load_s, (long long)r->prompt, pre, dec,
+           (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
+           dev != SP_DEVICE_CPU ? (ram_measured ? " (device copy, measured now)" : " (device copy not measured)")
+           : ram_measured      ? " (measured now)"
+           : pl->bw.measured   ? " (calibrated)"
+                               : " (default)",
            m->files->total_bytes ? 100.0 * (double)r->weights_huge / (double)m->files->total_bytes : 0.0);
     if (r->has_experts)
         printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
@@ -312,8 +325,9 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "experts"); sp_jw_int(&w, a->n_experts);
     sp_jw_key(&w, "experts_per_token"); sp_jw_int(&w, a->n_experts_used);
     sp_jw_key(&w, "format"); sp_jw_str(&w, main_format(ms));
+    sp_jw_key(&w, "device"); sp_jw_str(&w, sp_device_name(dev));
     sp_jw_key(&w, "threads"); sp_jw_int(&w, threads);
-    sp_jw_key(&w, "kernels"); sp_jw_str(&w, sp_kernels()->name);
+    sp_jw_key(&w, "kernels"); sp_jw_str(&w, dev == SP_DEVICE_CPU ? sp_kernels()->name : sp_device_name(dev));
     sp_jw_key(&w, "load_s"); sp_jw_num(&w, r->load_s);
     sp_jw_key(&w, "prompt_tokens"); sp_jw_int(&w, r->prompt);
     sp_jw_key(&w, "prefill_tok_s"); sp_jw_num(&w, pre);
@@ -572,8 +586,8 @@ static int bench_model(const char *model, struct bench_opts *o) {
             goto done;
         }
         r.load_s = i == 0 ? load_s : 0.0;
-        ram_gbs = machine_gbs(&pl, nth, &ram_measured);
-        stats[i] = report(m, &ms, &pl, expert_cache ? "expert-cache" : "resident", nth, ram_gbs, ram_measured,
+        ram_gbs = machine_gbs(&pl, nth, o->device, &ram_measured);
+        stats[i] = report(m, &ms, &pl, expert_cache ? "expert-cache" : "resident", nth, o->device, ram_gbs, ram_measured,
                           o->synthetic, &r);
     }
     if (o->repeat > 1) summarize(stats, o->repeat);
@@ -582,7 +596,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     if (o->compare && expert_cache) {
         struct result base;
         if (run_once(m, &cp, 0, &ep, prompt, gen, o->cold, &base) != SP_OK) goto done;
-        double b = report(m, &ms, &pl, "mmap", nth, ram_gbs, ram_measured, o->synthetic, &base).v[RS_DECODE];
+        double b = report(m, &ms, &pl, "mmap", nth, o->device, ram_gbs, ram_measured, o->synthetic, &base).v[RS_DECODE];
         printf("{\"bench\":\"ratio\",\"decode_expert_cache_over_mmap\":%.3f}\n", b > 0 ? last_decode / b : 0.0);
     }
     rc = 0;

@@ -23,8 +23,9 @@ struct layer {
     bool has_mlp;
     /* MoE */
     struct sp_linear router;
-    float *expert_bias;  // (E) or NULL; host memory (routing runs on the host)
+    float *expert_bias;  // (E) or NULL; host memory (routing on the host)
     struct sp_linear *egate, *eup, *edown, *egate_up;  // (E) each; egate_up when fused
+    struct sp_moe moe;   // the same for a backend that routes on its own (ops->moe)
 };
 
 struct sp_ctx {
@@ -32,6 +33,8 @@ struct sp_ctx {
     const struct sp_arch *a;
     struct sp_ctx_params p;
     struct sp_step_times steps;  // p.time_steps: what each step took so far
+    struct step_mark *marks;     // (STEP_MARKS) steps timed by the backend's marks in this pass
+    int n_marks;
     struct sp_backend *be;
     struct layer *layers;  // (n_layers)
     struct sp_linear embed, lm_head;
@@ -58,18 +61,47 @@ struct sp_ctx {
     int64_t *item_expert;             // (E) and the experts' numbers
 };
 
+/* A step timed by backend marks, its seconds read once the pass is done. */
+struct step_mark {
+    int step, from, to;
+};
+#define STEP_MARKS 4096
+
 /* Runs the statement after m, adding its time and m multiply-adds to step
- * s of c when c keeps step times (m is not evaluated otherwise). */
-#define STEP(c, s, m, ...)                                   \
-    do {                                                     \
-        double step_t0_ = (c)->p.time_steps ? sp_now_s() : 0; \
-        __VA_ARGS__;                                         \
-        if ((c)->p.time_steps) {                             \
-            (c)->be->ops->sync((c)->be);                     \
-            (c)->steps.seconds[s] += sp_now_s() - step_t0_;  \
-            (c)->steps.macs[s] += (m);                       \
-        }                                                    \
+ * s of c when c keeps step times (m is not evaluated otherwise): the
+ * device's time between marks where the backend has them, else the host's
+ * time to run the step and wait for it. */
+#define STEP(c, s, m, ...)                                                     \
+    do {                                                                       \
+        if (!(c)->p.time_steps) {                                              \
+            __VA_ARGS__;                                                       \
+            break;                                                             \
+        }                                                                      \
+        struct sp_backend *step_be_ = (c)->be;                                 \
+        bool step_marks_ = step_be_->ops->mark && (c)->n_marks < STEP_MARKS;   \
+        int step_m0_ = step_marks_ ? step_be_->ops->mark(step_be_) : -1;       \
+        double step_t0_ = sp_now_s();                                          \
+        __VA_ARGS__;                                                           \
+        int step_m1_ = step_m0_ >= 0 ? step_be_->ops->mark(step_be_) : -1;     \
+        if (step_m1_ >= 0) {                                                   \
+            (c)->marks[(c)->n_marks++] = (struct step_mark){s, step_m0_, step_m1_}; \
+        } else {                                                               \
+            step_be_->ops->sync(step_be_);                                     \
+            (c)->steps.seconds[s] += sp_now_s() - step_t0_;                    \
+        }                                                                      \
+        (c)->steps.macs[s] += (m);                                             \
     } while (0)
+
+/* The marked steps' device times, once the pass's work is done. */
+static void read_marks(struct sp_ctx *c) {
+    struct sp_backend *be = c->be;
+    if (!c->n_marks) return;
+    be->ops->sync(be);
+    for (int i = 0; i < c->n_marks; i++)
+        c->steps.seconds[c->marks[i].step] += be->ops->mark_seconds(be, c->marks[i].from, c->marks[i].to);
+    c->n_marks = 0;
+    be->ops->marks_clear(be);
+}
 
 const char *sp_step_name(enum sp_step s) {
     static const char *const names[SP_STEP_COUNT] = {"embed", "norms", "qkv", "attention", "o", "router",
@@ -96,7 +128,8 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
     struct sp_backend_params bp = {
         .shape = {.n_layers = a->n_layers, .d_model = a->d_model, .vocab = a->vocab, .n_heads = a->n_heads,
                   .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .mlp_width = mlp_width(a),
-                  .n_experts = a->n_experts, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f},
+                  .n_experts = a->n_experts, .n_experts_used = a->n_experts > 0 ? a->n_experts_used : 0,
+                  .expert_ff = a->n_experts > 0 ? a->d_expert : 0, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f},
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
         .n_threads = p->n_threads};
     return bp;
@@ -220,6 +253,15 @@ static enum sp_status lin(struct sp_ctx *c, int64_t L, enum sp_role r, int64_t e
     return st == SP_OK ? c->be->ops->prepare(c->be, out) : st;
 }
 
+static enum sp_route route_kind(enum sp_router_kind k) {
+    switch (k) {
+    case SP_ROUTER_TOPK_SOFTMAX: return SP_ROUTE_TOPK_SOFTMAX;
+    case SP_ROUTER_SIGMOID_GROUP_TOPK: return SP_ROUTE_SIGMOID_GROUP_TOPK;
+    case SP_ROUTER_SOFTMAX_GROUP_TOPK: return SP_ROUTE_SOFTMAX_GROUP_TOPK;
+    default: return SP_ROUTE_SOFTMAX_TOPK;
+    }
+}
+
 static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
     const struct sp_model *m = c->m;
     const struct sp_arch *a = c->a;
@@ -279,7 +321,15 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
         }
         if ((st = lin(c, L, SP_ROLE_EXP_DOWN, e, &ly->edown[e])) != SP_OK) return st;
     }
-    return SP_OK;
+    if (c->be->ops->moe) {
+        ly->moe = (struct sp_moe){.layer = L, .router = &ly->router, .route = route_kind(a->router),
+                                  .n_experts = a->n_experts, .k = a->n_experts_used, .n_group = a->n_group,
+                                  .topk_group = a->topk_group, .norm_topk = a->norm_topk_prob,
+                                  .routed_scale = (float)a->routed_scale, .gate = ly->egate, .up = ly->eup,
+                                  .gate_up = ly->egate_up, .down = ly->edown};
+        if (ly->expert_bias) ly->moe.bias = vec(c, L, SP_ROLE_EXPERT_BIAS, &st);
+    }
+    return st;
 }
 
 void sp_ctx_free(struct sp_ctx *c) {
@@ -295,7 +345,7 @@ void sp_ctx_free(struct sp_ctx *c) {
         }
     }
     sp_free(c->layers);
-    void *host[] = {c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
+    void *host[] = {c->marks, c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
                     c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
     sp_backend_free(c->be);
@@ -338,6 +388,8 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     bp.shape.rope_scale = rope_init(&a->rope, inv_freq);
     bp.shape.inv_freq = inv_freq;
     if ((st = sp_backend_create(c->p.device, &bp, &c->be)) != SP_OK) goto fail;
+    if (c->p.time_steps && c->be->ops->mark && !(c->marks = sp_malloc(STEP_MARKS * sizeof *c->marks, SP_MEM_MODEL)))
+        goto nomem;
     c->p.n_threads = c->be->p.n_threads;
     c->act = (struct sp_glu){1.0f, INFINITY, 0.0f};
     if (a->act == SP_ACT_SWIGLU_CLAMP) c->act = (struct sp_glu){(float)a->swiglu_alpha, (float)a->swiglu_limit, 1.0f};
@@ -557,6 +609,16 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t E = a->n_experts, d = a->d_model;
+    if (!c->experts && be->ops->moe) {
+        /* the backend routes on its own: no round trip through the host */
+        bool done = false;
+        double macs = 3.0 * (double)n * (double)a->n_experts_used * (double)d * (double)a->d_expert;
+        STEP(c, SP_STEP_EXPERTS, macs, done = be->ops->moe(be, &ly->moe, sp_tensor_rows(c->h, 0, n), &c->act, out));
+        if (done) {
+            if (ly->has_mlp) layer_mlp_add(c, ly, n, out);
+            return true;
+        }
+    }
     float *logits = NULL;
     STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E, logits = router_logits(c, ly, n));
     int64_t *off = c->ecount;
@@ -675,6 +737,10 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     int64_t n = b->n, d = a->d_model, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
     float eps = (float)a->norm_eps;
     struct sp_tensor x = sp_tensor_rows(c->x, 0, n), h = sp_tensor_rows(c->h, 0, n), tmp = sp_tensor_rows(c->tmp, 0, n);
+    if (c->n_marks) {  // a pass that failed left its marks
+        c->n_marks = 0;
+        be->ops->marks_clear(be);
+    }
     STEP(c, SP_STEP_EMBED, 0, be->ops->embed(be, &c->embed, b, x));
 
     for (int64_t L = 0; L < a->n_layers; L++) {
@@ -698,5 +764,6 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
     STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
          m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
+    if (c->p.time_steps) read_marks(c);
     return be->ops->error ? be->ops->error(be) : SP_OK;
 }

@@ -13,6 +13,12 @@
 #include "backend/cuda/kernels.h"
 #include "core/alloc.h"
 
+_Static_assert((int)SP_CUDA_ROUTE_SOFTMAX_TOPK == (int)SP_ROUTE_SOFTMAX_TOPK &&
+                   (int)SP_CUDA_ROUTE_TOPK_SOFTMAX == (int)SP_ROUTE_TOPK_SOFTMAX &&
+                   (int)SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK == (int)SP_ROUTE_SIGMOID_GROUP_TOPK &&
+                   (int)SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK == (int)SP_ROUTE_SOFTMAX_GROUP_TOPK,
+               "the kernels' routing kinds are backend.h's");
+
 /* Weights are copied into slabs of device memory (one cudaMalloc per
  * matrix would be tens of thousands for a MoE); a matrix of a quarter slab
  * or more gets its own allocation. */
@@ -46,6 +52,16 @@ struct mlp_run {
     bool fused, xvec;
 };
 
+/* A MoE layer's experts as the batched MLP kernels take them (ops->moe):
+ * an item a expert, weights and ff filled in, in device memory; built at
+ * the layer's first call. */
+struct moe_table {
+    bool built, ok;  // ok: every expert's gate (or gate_up), up and down are read by the batched kernels
+    bool fused;
+    struct sp_cuda_weight gate, down;  // the formats every expert shares
+    struct sp_cuda_mlp_item *d;        // (n_experts)
+};
+
 struct cuda {
     struct sp_backend base;
     struct sp_backend_shape shape;
@@ -68,8 +84,11 @@ struct cuda {
     /* device buffers, max_batch rows unless said */
     float *inv_freq;               // (rot / 2)
     float *rope_cs;                // (B, rot)
+    float *att_part;               // (att_part_floats): attention's chunks
+    int64_t att_part_floats;
     float *ff_a, *ff_b;            // (B, mlp_width)
     float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
+    float *logit_host;             // (LOGIT_ROWS, vocab), pinned host memory
     int64_t logit_cap;             // rows of those
     int32_t *d_tok, *d_pos, *d_seq;
     int32_t *d_idx;                // gather rows, scatter offsets and lists, logits rows
@@ -82,6 +101,19 @@ struct cuda {
     struct sp_cuda_mlp_item *h_items, *d_items;
     struct mlp_run *runs;
     int64_t items_cap;
+    /* ops->moe: its tables (a MoE layer each), then its buffers for P =
+     * moe_pairs routed pairs (token, expert) at a time */
+    struct moe_table *moe;         // (n_layers)
+    int64_t moe_pairs;
+    float *moe_logits;             // (P, n_experts)
+    int32_t *moe_sel, *moe_rows, *moe_toff, *moe_tlist;  // (P), (P), (P + 1), (P)
+    float *moe_w, *moe_ew;         // (P) each
+    float *moe_x, *moe_y;          // (P, d): the pairs' rows in, the experts' results out
+    float *moe_h;                  // (P, expert_ff): the experts' activations
+    struct sp_cuda_mlp_item *moe_items;  // (n_experts)
+    /* ops->mark: events recorded on the stream, created as needed */
+    cudaEvent_t *marks;
+    int n_marks, cap_marks, made_marks;
 };
 
 static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
@@ -492,7 +524,8 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n) || !weight_of(c, e, &w)) return;
     if (!upload(c, c->d_tok, bt->tokens, (size_t)n * sizeof(int32_t), "tokens") ||
-        !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions"))
+        !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
+        !upload(c, c->d_seq, bt->seq, (size_t)n * sizeof(int32_t), "sequences"))
         return;
     if (!check(c, (cudaError_t)sp_cuda_embed(&w, c->d_tok, n, x.data, x.ld, c->stream), "embed")) return;
     check(c, (cudaError_t)sp_cuda_rope_table(c->d_pos, n, c->inv_freq, c->shape.rot_dims, c->shape.rope_scale,
@@ -540,9 +573,7 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
-    if (!upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
-        !upload(c, c->d_seq, bt->seq, (size_t)n * sizeof(int32_t), "sequences"))
-        return;
+    /* the batch's positions and sequences came with ops->embed */
     struct sp_cuda_attn a = {.layer = ly->layer, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
                              .head_dim = s->head_dim, .rot = s->rot_dims, .q_norm = ly->q_norm, .k_norm = ly->k_norm,
                              .sinks = ly->sinks, .window = ly->window, .eps = ly->eps, .rope_cs = c->rope_cs,
@@ -550,7 +581,15 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     struct sp_cuda_kv kv = {c->kv, c->kv_dt, c->base.p.n_seq, c->base.p.n_ctx};
     if (!check(c, (cudaError_t)sp_cuda_attn_prologue(&a, &kv, qkv.data, qkv.ld, n, c->stream), "attention prologue"))
         return;
-    check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, c->stream), "attention");
+    int64_t visible = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t v = bt->pos[t] + 1;
+        if (ly->window > 0 && v > ly->window) v = ly->window;
+        if (v > visible) visible = v;
+    }
+    check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
+                                            c->att_part_floats, c->stream),
+          "attention");
 }
 
 /* Item it one kernel at a time: gate and up (or gate_up) into its rows of
@@ -669,6 +708,91 @@ static void cuda_gather(struct sp_backend *b, struct sp_tensor dst, struct sp_te
           "gather");
 }
 
+/* m's experts as items of the batched kernels, uploaded once; false (and
+ * the table marked so) where some expert's weights are not all read by
+ * those kernels or do not share the first expert's formats. */
+static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
+    struct moe_table *t = &c->moe[m->layer];
+    if (t->built) return t->ok ? t : NULL;
+    t->built = true;
+    int64_t E = m->n_experts;
+    struct sp_cuda_mlp_item *h = sp_calloc((size_t)E, sizeof *h, SP_MEM_MISC);
+    if (!h) return NULL;
+    t->fused = m->gate_up != NULL;
+    bool ok = true;
+    for (int64_t e = 0; e < E && ok; e++) {
+        struct sp_mlp_item it = {t->fused ? NULL : &m->gate[e], t->fused ? NULL : &m->up[e],
+                                 t->fused ? &m->gate_up[e] : NULL, &m->down[e], {0}, 0};
+        struct sp_cuda_weight w[3];
+        ok = vec_item(c, &it, w);
+        if (ok && e == 0) t->gate = w[0], t->down = w[2];
+        ok = ok && same_format(&t->gate, &w[0]) && same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
+             !t->gate.bias == !w[1].bias;
+        h[e] = (struct sp_cuda_mlp_item){
+            .codes = {w[0].codes, t->fused ? NULL : w[1].codes, w[2].codes},
+            .scales = {w[0].scales, t->fused ? NULL : w[1].scales, w[2].scales},
+            .biases = {w[0].biases, t->fused ? NULL : w[1].biases, w[2].biases},
+            .bias = {w[0].bias, t->fused ? NULL : w[1].bias, w[2].bias},
+            .ff = w[2].cols};
+    }
+    if (ok && dev_alloc(c, (size_t)E * sizeof *h, (void **)&t->d) != SP_OK) ok = false;
+    if (ok) ok = upload(c, t->d, h, (size_t)E * sizeof *h, "expert table");
+    sp_free(h);
+    t->ok = ok;
+    return ok ? t : NULL;
+}
+
+/* Routing and the routed experts without the host: the router's product,
+ * k_route, the pairs grouped by expert (k_moe_group), their rows gathered,
+ * the batched MLP kernels over a grid sized for the most items there can
+ * be, then each token's results added in expert order; moe_pairs pairs
+ * (whole tokens) at a time. */
+static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_tensor h, const struct sp_glu *act,
+                     struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    int64_t n = h.rows, d = h.cols, E = m->n_experts, K = m->k;
+    bool group = m->route == SP_ROUTE_SIGMOID_GROUP_TOPK || m->route == SP_ROUTE_SOFTMAX_GROUP_TOPK;
+    if (E > SP_CUDA_ROUTE_MAX_EXPERTS || E > c->shape.n_experts || K <= 0 || K > SP_CUDA_ROUTE_MAX_K || K > E ||
+        K > c->moe_pairs || d != c->shape.d_model || m->router->w.rows != E || m->layer < 0 ||
+        m->layer >= c->shape.n_layers ||
+        (group && m->n_group > 1 && (E % m->n_group || m->topk_group * (E / m->n_group) < K)))
+        return false;
+    struct moe_table *t = moe_table(c, m);
+    if (!t || t->down.cols > c->shape.expert_ff) return false;
+    struct sp_cuda_route r = {.kind = (enum sp_cuda_route_kind)m->route, .n_experts = E, .k = K,
+                              .n_group = m->n_group, .topk_group = m->topk_group, .norm_topk = m->norm_topk,
+                              .routed_scale = m->routed_scale, .bias = m->bias};
+    int64_t ff = t->down.cols, slice = c->moe_pairs / K;
+    int64_t jblocks = sp_cuda_mlp_blocks(false, ff, 1, 1), rblocks = sp_cuda_mlp_blocks(true, t->down.rows, 1, 1);
+    for (int64_t t0 = 0; t0 < n && !c->err; t0 += slice) {
+        int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K;
+        const float *x = h.data + t0 * h.ld;
+        int nt = sp_cuda_mlp_tokens((nk + E - 1) / E);
+        int64_t items = nk < E ? nk : E, token_blocks = items + (nk + nt - 1) / nt;
+        if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
+            !check(c, (cudaError_t)sp_cuda_route(&r, c->moe_logits, E, nt0, c->moe_sel, c->moe_w, c->stream),
+                   "routing") ||
+            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, c->moe_x, d, nt, jblocks,
+                                                      rblocks, items, c->moe_items, c->moe_rows, c->moe_ew,
+                                                      c->moe_toff, c->moe_tlist, c->stream),
+                   "grouping by expert") ||
+            !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, nk, d, c->stream),
+                   "rows to experts") ||
+            !check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
+                                                        jblocks * token_blocks, nt, d % 4 == 0, c->moe_h, ff,
+                                                        act->alpha, act->limit, act->u_offset, c->stream),
+                   "experts' gate and up") ||
+            !check(c, (cudaError_t)sp_cuda_mlp_down(&t->down, c->moe_items, (int)items, rblocks * token_blocks, nt,
+                                                     c->moe_h, ff, c->moe_y, d, c->stream),
+                   "experts' down"))
+            break;
+        check(c, (cudaError_t)sp_cuda_scatter_add(out.data + t0 * out.ld, out.ld, c->moe_y, d, c->moe_toff,
+                                                  c->moe_tlist, c->moe_ew, nt0, d, c->stream),
+              "experts' results");
+    }
+    return true;
+}
+
 /* The sources of each row of out listed by row, in increasing order of
  * source (a counting sort), so each row takes its additions in order. */
 static void cuda_scatter_add(struct sp_backend *b, struct sp_tensor out, struct sp_tensor src, const int32_t *rows,
@@ -722,14 +846,71 @@ static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, c
                    "final norm") ||
             !product(c, head, c->logit_rows, d, c->logit_out, V, k))
             break;
-        check(c, cudaMemcpyAsync(logits + j0 * V, c->logit_out, (size_t)(k * V) * sizeof(float), cudaMemcpyDeviceToHost,
-                                 c->stream),
-              "reading logits back");
+        /* through pinned memory: a copy to pageable memory runs at a fraction of the link's speed */
+        if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, c->stream),
+                  "reading logits back") &&
+            check(c, cudaStreamSynchronize(c->stream), "queued work"))
+            memcpy(logits + j0 * V, c->logit_host, (size_t)(k * V) * sizeof(float));
     }
     check(c, cudaStreamSynchronize(c->stream), "queued work");
     if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
     return m;
 }
+
+/* ---- bandwidth ---- */
+
+/* The best of five device-to-device copies of bytes (after one to warm up). */
+enum sp_status sp_cuda_copy_gbs(size_t bytes, double *gbs) {
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    float best = 0;
+    for (int i = 0; i < 6 && e == cudaSuccess; i++) {
+        float ms = 0;
+        if ((e = cudaEventRecord(e0, 0)) != cudaSuccess || (e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0)) != cudaSuccess ||
+            (e = cudaEventRecord(e1, 0)) != cudaSuccess || (e = cudaEventSynchronize(e1)) != cudaSuccess ||
+            (e = cudaEventElapsedTime(&ms, e0, e1)) != cudaSuccess)
+            break;
+        if (i > 0 && (best == 0 || ms < best)) best = ms;
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    if (e != cudaSuccess) return sp_errorf(status_of(e), "cuda: measuring the copy bandwidth: %s", cudaGetErrorString(e));
+    *gbs = best > 0 ? 2.0 * (double)bytes / (best / 1e3) / 1e9 : 0;
+    return SP_OK;
+}
+
+/* ---- marks ---- */
+
+#define MARKS 8192
+
+static int cuda_mark(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    if (c->n_marks == MARKS) return -1;
+    if (!c->marks && !(c->marks = sp_calloc(MARKS, sizeof *c->marks, SP_MEM_MISC))) return -1;
+    if (c->n_marks == c->made_marks) {
+        if (cudaEventCreate(&c->marks[c->n_marks]) != cudaSuccess) return -1;
+        c->made_marks++;
+    }
+    if (cudaEventRecord(c->marks[c->n_marks], c->stream) != cudaSuccess) return -1;
+    return c->n_marks++;
+}
+
+static double cuda_mark_seconds(struct sp_backend *b, int from, int to) {
+    struct cuda *c = cuda_of(b);
+    float ms = 0;
+    if (from < 0 || to >= c->n_marks || cudaEventElapsedTime(&ms, c->marks[from], c->marks[to]) != cudaSuccess)
+        return 0;
+    return ms / 1e3;
+}
+
+static void cuda_marks_clear(struct sp_backend *b) { cuda_of(b)->n_marks = 0; }
 
 /* ---- the backend ---- */
 
@@ -740,6 +921,9 @@ static void cuda_destroy(struct sp_backend *b) {
         cudaStreamDestroy(c->stream);
     }
     for (int64_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
+    if (c->logit_host) cudaFreeHost(c->logit_host);
+    for (int i = 0; i < c->made_marks; i++) cudaEventDestroy(c->marks[i]);
+    sp_free(c->marks);
     sp_free(c->allocs);
     sp_free(c->copies);
     sp_free(c->by_host.slots);
@@ -747,16 +931,37 @@ static void cuda_destroy(struct sp_backend *b) {
     sp_free(c->h_idx);
     sp_free(c->h_items);
     sp_free(c->runs);
+    sp_free(c->moe);
     sp_free(c);
+}
+
+/* Routed pairs ops->moe takes at a time: a whole batch's, up to what the
+ * grouping kernel takes. */
+static int64_t moe_pairs(const struct sp_backend_params *p) {
+    int64_t k = p->shape.n_experts_used > 0 ? p->shape.n_experts_used : 1, pairs = p->max_batch * k;
+    return pairs < SP_CUDA_MOE_MAX_PAIRS ? pairs : SP_CUDA_MOE_MAX_PAIRS;
+}
+
+/* Attention's scratch: ATT_PART_FLOATS, or one token's chunks at the
+ * whole context where that is more. */
+#define ATT_PART_FLOATS ((int64_t)8 << 20)
+static int64_t att_part_floats(const struct sp_backend_params *p) {
+    int64_t one = p->shape.n_heads * sp_cuda_attn_chunks(p->n_ctx) * (p->shape.head_dim + 2);
+    return one > ATT_PART_FLOATS ? one : ATT_PART_FLOATS;
 }
 
 size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     const struct sp_backend_shape *s = &p->shape;
     size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
     size_t floats = (size_t)(s->rot_dims / 2 + 1) + B * (size_t)(s->rot_dims > 0 ? s->rot_dims : 1) +
+                    (size_t)att_part_floats(p) +
                     2 * B * (size_t)s->mlp_width + L * (size_t)(s->d_model + s->vocab) + B;
+    size_t moe = 0, P = (size_t)moe_pairs(p);
+    if (s->n_experts > 0)  /* ops->moe's buffers and tables */
+        moe = P * (size_t)(s->n_experts + 2 + 2 * s->d_model + s->expert_ff) * sizeof(float) +
+              (4 * P + 1) * sizeof(int32_t) + (size_t)(s->n_layers + 1) * (size_t)s->n_experts * sizeof(struct sp_cuda_mlp_item);
     return floats * sizeof(float) + (5 * B + 2) * sizeof(int32_t) +
-           (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item);
+           (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item) + moe;
 }
 
 enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct sp_backend **out) {
@@ -797,10 +1002,12 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         goto fail;
     }
     c->logit_cap = B < LOGIT_ROWS ? B : LOGIT_ROWS;
+    c->att_part_floats = att_part_floats(p);
     c->idx_cap = 2 * B + 2;
     c->w_cap = B;
     if ((st = dev_floats(c, half, &c->inv_freq)) != SP_OK ||
         (st = dev_floats(c, B * s->rot_dims, &c->rope_cs)) != SP_OK ||
+        (st = dev_floats(c, c->att_part_floats, &c->att_part)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_a)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_b)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||
@@ -811,6 +1018,31 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_seq)) != SP_OK ||
         (st = dev_alloc(c, (size_t)c->idx_cap * sizeof(int32_t), (void **)&c->d_idx)) != SP_OK)
         goto fail;
+    if (s->n_experts > 0) {
+        int64_t E = s->n_experts, P = c->moe_pairs = moe_pairs(p);
+        c->moe = sp_calloc((size_t)s->n_layers, sizeof *c->moe, SP_MEM_MISC);
+        if (!c->moe) {
+            st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        if ((st = dev_floats(c, P * E, &c->moe_logits)) != SP_OK || (st = dev_floats(c, P, &c->moe_w)) != SP_OK ||
+            (st = dev_floats(c, P, &c->moe_ew)) != SP_OK || (st = dev_floats(c, P * s->d_model, &c->moe_x)) != SP_OK ||
+            (st = dev_floats(c, P * s->d_model, &c->moe_y)) != SP_OK ||
+            (st = dev_floats(c, P * s->expert_ff, &c->moe_h)) != SP_OK ||
+            (st = dev_alloc(c, (size_t)(4 * P + 1) * sizeof(int32_t), (void **)&c->moe_sel)) != SP_OK ||
+            (st = dev_alloc(c, (size_t)E * sizeof *c->moe_items, (void **)&c->moe_items)) != SP_OK)
+            goto fail;
+        c->moe_rows = c->moe_sel + P;
+        c->moe_tlist = c->moe_rows + P;
+        c->moe_toff = c->moe_tlist + P;
+    }
+    if ((e = cudaMallocHost((void **)&c->logit_host, (size_t)(c->logit_cap * s->vocab) * sizeof(float))) !=
+        cudaSuccess) {
+        c->logit_host = NULL;
+        st = sp_errorf(status_of(e), "cuda: %lld bytes of pinned memory for logits: %s",
+                       (long long)(c->logit_cap * s->vocab * (int64_t)sizeof(float)), cudaGetErrorString(e));
+        goto fail;
+    }
     c->items_cap = s->n_experts + 2;
     c->h_items = sp_calloc((size_t)c->items_cap, sizeof *c->h_items, SP_MEM_MISC);
     c->runs = sp_calloc((size_t)c->items_cap, sizeof *c->runs, SP_MEM_MISC);
@@ -842,6 +1074,9 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .host = cuda_host,
     .sync = cuda_sync,
     .error = cuda_error,
+    .mark = cuda_mark,
+    .mark_seconds = cuda_mark_seconds,
+    .marks_clear = cuda_marks_clear,
     .kv_bytes = cuda_kv_bytes,
     .kv_copy_seq = cuda_kv_copy_seq,
     .embed = cuda_embed,
@@ -853,5 +1088,6 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .mlp = cuda_mlp,
     .gather = cuda_gather,
     .scatter_add = cuda_scatter_add,
+    .moe = cuda_moe,
     .logits = cuda_logits,
 };

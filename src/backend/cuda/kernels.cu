@@ -19,6 +19,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
+
+#include <cub/block/block_scan.cuh>
 
 namespace {
 
@@ -26,9 +29,10 @@ constexpr int WARP = 32;
 constexpr int TOKENS = 8;     // tokens sharing each decoded unit of a product
 constexpr int ROW_WARPS = 4;  // rows (a warp each) per block of a product
 constexpr int COL_THREADS = 128;
-constexpr int ATT_THREADS = 128;  // cached positions scored at a time by an attention block
-constexpr int ATT_DIMS = SP_CUDA_MAX_HEAD_DIM / ATT_THREADS;
+constexpr int ATT_WARPS = 4;  // warps of an attention block, a cached position each at a time
+constexpr int ATT_LANE_DIMS = SP_CUDA_MAX_HEAD_DIM / WARP;
 constexpr int MAX_GRID_Y = 65535;
+constexpr int ATT_CHUNK = 64;  // cached positions a block of attention takes
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
@@ -481,7 +485,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     int64_t ff = it.ff, b = (int64_t)blockIdx.x - it.blk_gate_up;
     int64_t jblocks = (ff + J * VWARPS - 1) / (J * VWARPS);
     int64_t j0 = ((b % jblocks) * VWARPS + threadIdx.x / WARP) * J, t0 = b / jblocks * NT;
-    if (j0 >= ff) return;
+    if (j0 >= ff || t0 >= it.n) return;  // past the item's blocks: a grid sized for the most items could be
     int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
     int64_t row_bytes = w.cols / EC * 16;
     /* row 2 jj + 0 is gate's output j0 + jj, row 2 jj + 1 up's */
@@ -540,7 +544,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     int lane = threadIdx.x % WARP;
     int64_t b = (int64_t)blockIdx.x - it.blk_down, rblocks = (w.rows + VR * VWARPS - 1) / (VR * VWARPS);
     int64_t r0 = ((b % rblocks) * VWARPS + threadIdx.x / WARP) * VR, t0 = b / rblocks * NT;
-    if (r0 >= w.rows) return;
+    if (r0 >= w.rows || t0 >= it.n) return;
     int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
     int64_t cols = it.ff, row_bytes = cols / EC * 16;
     vrow rw[VR];
@@ -729,6 +733,193 @@ __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t
     }
 }
 
+/* ---- routing ---- */
+
+/* The largest of v[0 .. n) not taken (and kept, where keep): ties to the
+ * lower index, -1 where none is left; lane 0's answer for every lane. */
+__device__ int warp_argmax(const float *v, int n, const bool *taken, const bool *keep) {
+    int lane = threadIdx.x % WARP, bi = -1;
+    float bv = 0.0f;
+    for (int i = lane; i < n; i += WARP) {
+        if (taken[i] || (keep && !keep[i])) continue;
+        if (bi < 0 || v[i] > bv) bi = i, bv = v[i];
+    }
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bi = oi, bv = ov;
+    }
+    return __shfl_sync(0xffffffffu, bi, 0);
+}
+
+/* v[0 .. n) = softmax(v) as the host computes it: exps against the max,
+ * their sum in double. */
+__device__ void warp_softmax(float *v, int n) {
+    int lane = threadIdx.x % WARP;
+    float mx = -INFINITY;
+    for (int i = lane; i < n; i += WARP) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    double s = 0;
+    for (int i = lane; i < n; i += WARP) s += (double)(v[i] = expf(__fsub_rn(v[i], mx)));
+    s = warp_sum_d(s);
+    for (int i = lane; i < n; i += WARP) v[i] = (float)((double)v[i] / s);
+    __syncwarp();
+}
+
+/* A warp a token: scores, the groups kept, the k chosen by repeated
+ * arg max, then their weights on lane 0 (the host's sums, in its order). */
+__global__ void __launch_bounds__(WARP) k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int32_t *sel,
+                                                float *wout) {
+    __shared__ float sc[SP_CUDA_ROUTE_MAX_EXPERTS], bz[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ bool taken[SP_CUDA_ROUTE_MAX_EXPERTS], keep[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ int32_t chosen[SP_CUDA_ROUTE_MAX_K];
+    int lane = threadIdx.x, E = (int)r.n_experts, K = (int)r.k;
+    const float *lg = logits + (int64_t)blockIdx.x * ldl;
+    bool group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
+    for (int i = lane; i < E; i += WARP) sc[i] = lg[i], taken[i] = false, keep[i] = true;
+    __syncwarp();
+    if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) warp_softmax(sc, E);
+    if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK)
+        for (int i = lane; i < E; i += WARP) sc[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-sc[i])));
+    const float *by = sc;
+    if (group) {
+        for (int i = lane; i < E; i += WARP) bz[i] = __fadd_rn(sc[i], r.bias ? r.bias[i] : 0.0f);
+        by = bz;
+        __syncwarp();
+        int G = (int)r.n_group, per = E / (G > 0 ? G : 1);
+        if (G > 1) {
+            /* a group's score, the sum of its two best, into taken's place for the groups */
+            __shared__ float gs[SP_CUDA_ROUTE_MAX_EXPERTS];
+            __shared__ bool gtaken[SP_CUDA_ROUTE_MAX_EXPERTS];
+            for (int g = lane; g < G; g += WARP) {
+                float m1 = -INFINITY, m2 = -INFINITY;
+                for (int i = g * per; i < (g + 1) * per; i++) {
+                    if (bz[i] > m1) m2 = m1, m1 = bz[i];
+                    else if (bz[i] > m2) m2 = bz[i];
+                }
+                gs[g] = per >= 2 ? __fadd_rn(m1, m2) : m1;
+                gtaken[g] = false;
+            }
+            __syncwarp();
+            for (int j = 0; j < r.topk_group; j++) {
+                int g = warp_argmax(gs, G, gtaken, nullptr);
+                if (lane == 0 && g >= 0) gtaken[g] = true;
+                __syncwarp();
+            }
+            for (int i = lane; i < E; i += WARP) keep[i] = gtaken[i / per];
+            __syncwarp();
+        }
+    }
+    for (int j = 0; j < K; j++) {
+        int e = warp_argmax(by, E, taken, group ? keep : nullptr);
+        if (lane == 0) chosen[j] = e < 0 ? 0 : e, taken[e < 0 ? 0 : e] = true;
+        __syncwarp();
+    }
+    if (lane != 0) return;
+    int32_t *so = sel + (int64_t)blockIdx.x * K;
+    float *wo = wout + (int64_t)blockIdx.x * K;
+    double s = 0;
+    for (int j = 0; j < K; j++) so[j] = chosen[j];
+    if (r.kind == SP_CUDA_ROUTE_TOPK_SOFTMAX) {
+        float mx = -INFINITY, v[SP_CUDA_ROUTE_MAX_K];
+        for (int j = 0; j < K; j++) mx = fmaxf(mx, sc[chosen[j]]);
+        for (int j = 0; j < K; j++) s += (double)(v[j] = expf(__fsub_rn(sc[chosen[j]], mx)));
+        for (int j = 0; j < K; j++) wo[j] = (float)((double)v[j] / s);
+        return;
+    }
+    for (int j = 0; j < K; j++) s += sc[chosen[j]];
+    for (int j = 0; j < K; j++) {
+        float p = sc[chosen[j]];
+        if (!group) wo[j] = r.norm_topk ? (float)((double)p / s) : p;
+        else wo[j] = __fmul_rn(K > 1 ? (float)((double)p / (s + 1e-20)) : p, r.routed_scale);
+    }
+}
+
+constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROUP_THREADS;
+
+/* One block: experts' counts, then their offsets, item numbers and first
+ * blocks by scans over the experts; each pair's place in its expert's
+ * list (token order) by a warp an expert at a time, counting the earlier
+ * pairs that chose it 32 at a time; then each token's pairs sorted by
+ * expert. */
+__global__ void __launch_bounds__(GROUP_THREADS)
+    k_moe_group(const int32_t *sel, const float *w, int n, int K, int E, const sp_cuda_mlp_item *table,
+                const float *gath, int64_t ldx, int nt, int64_t jblocks, int64_t rblocks, int max_items,
+                sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
+    using scan = cub::BlockScan<int, GROUP_THREADS>;
+    __shared__ typename scan::TempStorage tmp;
+    __shared__ int cnt[SP_CUDA_ROUTE_MAX_EXPERTS], off[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ int n_items;
+    int tid = threadIdx.x, lane = tid % WARP, nk = n * K;
+    for (int e = tid; e < SP_CUDA_ROUTE_MAX_EXPERTS; e += GROUP_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < nk; i += GROUP_THREADS) atomicAdd(&cnt[sel[i]], 1);
+    __syncthreads();
+    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total;
+#pragma unroll
+    for (int j = 0; j < GROUP_PER; j++) {
+        int e = tid * GROUP_PER + j;
+        c[j] = e < E ? cnt[e] : 0;
+        used[j] = c[j] > 0;
+        tb[j] = (c[j] + nt - 1) / nt;
+    }
+    scan(tmp).ExclusiveSum(c, o);
+    __syncthreads();
+    scan(tmp).ExclusiveSum(used, io, total);
+    __syncthreads();
+    scan(tmp).ExclusiveSum(tb, to);
+    if (tid == 0) n_items = total;
+#pragma unroll
+    for (int j = 0; j < GROUP_PER; j++) {
+        int e = tid * GROUP_PER + j;
+        if (e >= E) break;
+        off[e] = o[j];
+        if (!c[j]) continue;
+        sp_cuda_mlp_item it = table[e];
+        it.x = gath + (int64_t)o[j] * ldx;
+        it.ldx = ldx;
+        it.n = c[j];
+        it.row = o[j];
+        it.blk_gate_up = (int64_t)to[j] * jblocks;
+        it.blk_down = (int64_t)to[j] * rblocks;
+        items[io[j]] = it;
+    }
+    __syncthreads();
+    for (int m = n_items + tid; m < max_items; m += GROUP_THREADS) {
+        items[m].n = 0;
+        items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
+    }
+    for (int e = tid / WARP; e < E; e += GROUP_THREADS / WARP) {
+        if (!cnt[e]) continue;
+        int at = off[e];
+        for (int i0 = 0; i0 < nk; i0 += WARP) {
+            int i = i0 + lane;
+            bool mine = i < nk && sel[i] == e;
+            unsigned ball = __ballot_sync(0xffffffffu, mine);
+            if (mine) {
+                int g = at + __popc(ball & ((1u << lane) - 1u));
+                rows[g] = i / K;
+                ew[g] = w[i];
+                tlist[i] = g;
+            }
+            at += __popc(ball);
+        }
+    }
+    __syncthreads();
+    for (int t = tid; t < n; t += GROUP_THREADS) {
+        int ex[SP_CUDA_ROUTE_MAX_K], gp[SP_CUDA_ROUTE_MAX_K];
+        for (int j = 0; j < K; j++) {
+            int e = sel[t * K + j], g = tlist[t * K + j], at = j;
+            for (; at > 0 && ex[at - 1] > e; at--) ex[at] = ex[at - 1], gp[at] = gp[at - 1];
+            ex[at] = e, gp[at] = g;
+        }
+        for (int j = 0; j < K; j++) tlist[t * K + j] = gp[j];
+        toff[t] = t * K;
+    }
+    if (tid == 0) toff[n] = nk;
+}
+
 /* ---- attention ---- */
 
 /* Element 0 of KV head h of position p of sequence s, keys or values. */
@@ -775,81 +966,89 @@ __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, s
     }
 }
 
-/* The block's max and sum (ATT_THREADS threads) in a fixed order; every
- * thread gets them. red: ATT_THREADS / WARP floats, free on entry. */
-__device__ float att_block_max(float v, float *red) {
-    v = warp_max(v);
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int i = 1; i < ATT_THREADS / WARP; i++) m = fmaxf(m, red[i]);
-    __syncthreads();
-    return m;
-}
-
-__device__ float att_block_sum(float v, float *red) {
-    v = warp_sum(v);
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
-    __syncthreads();
-    float s = red[0];
-    for (int i = 1; i < ATT_THREADS / WARP; i++) s = __fadd_rn(s, red[i]);
-    __syncthreads();
-    return s;
-}
-
-/* A block a (token, query head): ATT_THREADS cached positions scored at a
- * time (a thread each), their exps against the running max (the sums so far
- * rescaled where it grew), then each thread adds its dimensions of the
- * values weighted by them. */
+/* A block a (token, query head, chunk of ATT_CHUNK of its visible
+ * positions): each warp scores one cached position at a time (its lanes
+ * over the dimensions, keys and values read in whole rows) with a running
+ * softmax of its own; the warps are merged in order into the chunk's max,
+ * sum and weighted values in part (zmax chunks a row). Chunks are fixed
+ * spans of the token's own positions, so what a token gets does not depend
+ * on the batch; they keep a decode step's few rows from walking the whole
+ * cache in a handful of blocks. */
 template <int DT>
-__global__ void __launch_bounds__(ATT_THREADS)
-    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *att, int64_t lda) {
-    __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
-    __shared__ float pe[ATT_THREADS];
-    __shared__ float red[ATT_THREADS / WARP];
-    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, tid = threadIdx.x;
+__global__ void __launch_bounds__(ATT_WARPS * WARP)
+    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *part) {
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][SP_CUDA_MAX_HEAD_DIM];
+    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
     int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    for (int64_t i = tid; i < hd; i += ATT_THREADS) q[i] = qkv[t * ldq + h * hd + i];
-    __syncthreads();
+    int64_t p0 = lo + (int64_t)blockIdx.z * ATT_CHUNK, p1 = p0 + ATT_CHUNK < pos + 1 ? p0 + ATT_CHUNK : pos + 1;
+    if (p0 > pos) return;  // past the token's positions: k_attn_merge reads no such chunk
+    float q[ATT_LANE_DIMS], acc[ATT_LANE_DIMS];
+#pragma unroll
+    for (int i = 0; i < ATT_LANE_DIMS; i++) {
+        int64_t d = lane + i * WARP;
+        q[i] = d < hd ? qkv[t * ldq + h * hd + d] : 0.0f;
+        acc[i] = 0.0f;
+    }
     const float scale = 1.0f / sqrtf((float)hd);
-    float m = -INFINITY, l = 0.0f, acc[ATT_DIMS];
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t p = p0 + wid; p < p1; p += ATT_WARPS) {
+        int64_t ko = kv_at(kv, a, 0, s, p, kvh) + lane, vo = kv_at(kv, a, 1, s, p, kvh) + lane;
+        float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < ATT_DIMS; j++) acc[j] = 0.0f;
-    for (int64_t c0 = lo; c0 <= pos; c0 += ATT_THREADS) {
-        int64_t p = c0 + tid;
-        float sc = -INFINITY;
-        if (p <= pos) {
-            int64_t ko = kv_at(kv, a, 0, s, p, kvh);
-            float d = 0.0f;
-            for (int64_t e = 0; e < hd; e++) d = fmaf(q[e], ldf<DT>(kv.data, ko + e), d);
-            sc = __fmul_rn(d, scale);
+        for (int i = 0; i < ATT_LANE_DIMS; i++) {
+            if (i * WARP >= hd) break;
+            if (lane + i * WARP < hd) dot = fmaf(q[i], ldf<DT>(kv.data, ko + i * WARP), dot);
         }
-        float mn = fmaxf(m, att_block_max(sc, red));
-        float e = p <= pos ? expf(__fsub_rn(sc, mn)) : 0.0f;
-        pe[tid] = e;
-        float sum = att_block_sum(e, red);  // its barriers publish pe
-        float f = expf(__fsub_rn(m, mn));  // 0 on the first chunk
-        l = __fadd_rn(__fmul_rn(l, f), sum);
-        int64_t cnt = pos - c0 + 1 < ATT_THREADS ? pos - c0 + 1 : ATT_THREADS;
-        int64_t vo = kv_at(kv, a, 1, s, c0, kvh), vstep = a.n_kv_heads * hd;
+        float sc = __fmul_rn(warp_sum(dot), scale);
+        float mn = fmaxf(m, sc);
+        float f = expf(__fsub_rn(m, mn)), e = expf(__fsub_rn(sc, mn));  // f: 0 at the first position
+        l = __fadd_rn(__fmul_rn(l, f), e);
 #pragma unroll
-        for (int j = 0; j < ATT_DIMS; j++) {
-            int64_t d = tid + j * ATT_THREADS;
-            if (d >= hd) break;
-            float v = __fmul_rn(acc[j], f);
-            for (int64_t k = 0; k < cnt; k++) v = fmaf(pe[k], ldf<DT>(kv.data, vo + k * vstep + d), v);
-            acc[j] = v;
+        for (int i = 0; i < ATT_LANE_DIMS; i++) {
+            if (i * WARP >= hd) break;
+            if (lane + i * WARP < hd) acc[i] = fmaf(e, ldf<DT>(kv.data, vo + i * WARP), __fmul_rn(acc[i], f));
         }
         m = mn;
-        __syncthreads();  // pe is rewritten by the next chunk
     }
-    double total = (double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0);
-    float inv = (float)(1.0 / total);
+    if (lane == 0) wm[wid] = m, wl[wid] = l;
 #pragma unroll
-    for (int j = 0; j < ATT_DIMS; j++) {
-        int64_t d = tid + j * ATT_THREADS;
-        if (d < hd) att[t * lda + h * hd + d] = __fmul_rn(acc[j], inv);
+    for (int i = 0; i < ATT_LANE_DIMS; i++)
+        if (lane + i * WARP < hd) wacc[wid][lane + i * WARP] = acc[i];
+    __syncthreads();
+    float bm = wm[0], bl = 0.0f, wf[ATT_WARPS];
+    for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, wm[w]);
+    for (int w = 0; w < ATT_WARPS; w++) {
+        wf[w] = wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(wm[w], bm));  // a warp that saw no position adds nothing
+        bl = __fadd_rn(bl, __fmul_rn(wl[w], wf[w]));
+    }
+    float *out = part + ((t * a.n_heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
+    if (threadIdx.x == 0) out[0] = bm, out[1] = bl;
+    for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
+        float v = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++) v = fmaf(wacc[w][d], wf[w], v);
+        out[2 + d] = v;
+    }
+}
+
+/* A block a (token, query head): its chunks' parts merged in order, then
+ * divided by the softmax's sum (with the sink logit's share). */
+__global__ void __launch_bounds__(ATT_WARPS * WARP)
+    k_attn_merge(sp_cuda_attn a, const float *part, int64_t zmax, float *att, int64_t lda) {
+    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, pos = a.pos[t];
+    int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    int64_t S = (pos - lo + ATT_CHUNK) / ATT_CHUNK;
+    const float *pp = part + (t * a.n_heads + h) * zmax * (hd + 2);
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t i = 0; i < S; i++) m = fmaxf(m, pp[i * (hd + 2)]);
+    for (int64_t i = 0; i < S; i++) l = __fadd_rn(l, __fmul_rn(pp[i * (hd + 2) + 1], expf(__fsub_rn(pp[i * (hd + 2)], m))));
+    float inv = (float)(1.0 / ((double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0)));
+    for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
+        float v = 0.0f;
+        for (int64_t i = 0; i < S; i++) v = fmaf(pp[i * (hd + 2) + 2 + d], expf(__fsub_rn(pp[i * (hd + 2)], m)), v);
+        att[t * lda + h * hd + d] = __fmul_rn(v, inv);
     }
 }
 
@@ -996,14 +1195,52 @@ extern "C" int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct 
     return (int)cudaGetLastError();
 }
 
-extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
-                                 int64_t ldq, float *att, int64_t lda, int64_t n, void *stream) {
+extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int64_t n, int32_t *sel,
+                             float *w, void *stream) {
     if (n <= 0) return 0;
-    if (a->head_dim > SP_CUDA_MAX_HEAD_DIM) return (int)cudaErrorInvalidValue;
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    dim3 grid((unsigned)n, (unsigned)a->n_heads);
-    if (kv->dt == SP_CUDA_F32) k_attn<SP_CUDA_F32><<<grid, ATT_THREADS, 0, s>>>(*a, *kv, qkv, ldq, att, lda);
-    else if (kv->dt == SP_CUDA_F16) k_attn<SP_CUDA_F16><<<grid, ATT_THREADS, 0, s>>>(*a, *kv, qkv, ldq, att, lda);
-    else k_attn<SP_CUDA_BF16><<<grid, ATT_THREADS, 0, s>>>(*a, *kv, qkv, ldq, att, lda);
+    if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts)
+        return (int)cudaErrorInvalidValue;
+    k_route<<<(unsigned)n, WARP, 0, static_cast<cudaStream_t>(stream)>>>(*r, logits, ldl, sel, w);
     return (int)cudaGetLastError();
+}
+
+extern "C" int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
+                                 const struct sp_cuda_mlp_item *table, const float *gath, int64_t ldx, int nt,
+                                 int64_t jblocks, int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items,
+                                 int32_t *rows, float *ew, int32_t *toff, int32_t *tlist, void *stream) {
+    if (n <= 0) return 0;
+    if (n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || k > SP_CUDA_ROUTE_MAX_K || n * k > SP_CUDA_MOE_MAX_PAIRS)
+        return (int)cudaErrorInvalidValue;
+    k_moe_group<<<1, GROUP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+        sel, w, (int)n, (int)k, (int)n_experts, table, gath, ldx, nt, jblocks, rblocks, (int)max_items, items, rows, ew,
+        toff, tlist);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }
+
+extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
+                                 int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
+                                 int64_t part_floats, void *stream) {
+    if (n <= 0) return 0;
+    int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
+    if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats)
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int64_t slice = part_floats / row;  // tokens whose chunks fit part at once
+    for (int64_t t0 = 0; t0 < n; t0 += slice) {
+        int64_t m = n - t0 < slice ? n - t0 : slice;
+        sp_cuda_attn as = *a;
+        as.pos += t0, as.seq += t0;
+        const float *q = qkv + t0 * ldq;
+        dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
+        if (kv->dt == SP_CUDA_F32) k_attn<SP_CUDA_F32><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        else if (kv->dt == SP_CUDA_F16) k_attn<SP_CUDA_F16><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        else k_attn<SP_CUDA_BF16><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        k_attn_merge<<<dim3((unsigned)m, (unsigned)a->n_heads), ATT_WARPS * WARP, 0, s>>>(as, part, zmax,
+                                                                                       att + t0 * lda, lda);
+        int err = (int)cudaGetLastError();
+        if (err) return err;
+    }
+    return 0;
 }

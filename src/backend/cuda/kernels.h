@@ -94,6 +94,42 @@ int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct
  * downs' format, group, bias type and rows. */
 int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
                      int64_t blocks, int nt, const float *h, int64_t ldh, float *out, int64_t ldo, void *stream);
+/* Routing on the device (backend.h's enum sp_route, in the same order). */
+enum sp_cuda_route_kind {
+    SP_CUDA_ROUTE_SOFTMAX_TOPK,
+    SP_CUDA_ROUTE_TOPK_SOFTMAX,
+    SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK,
+    SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK
+};
+/* Most experts, and most chosen a token, that the routing kernels take. */
+#define SP_CUDA_ROUTE_MAX_EXPERTS 1024
+#define SP_CUDA_ROUTE_MAX_K 32
+struct sp_cuda_route {
+    enum sp_cuda_route_kind kind;
+    int64_t n_experts, k, n_group, topk_group;
+    bool norm_topk;
+    float routed_scale;
+    const float *bias;  // (n_experts) or NULL
+};
+/* Token t's k experts (sel, best first) and weights (w), rows of k, from
+ * its router logits (logits + t * ldl), for t < n. */
+int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *w,
+                  void *stream);
+/* The n x k routed pairs of sel and w listed by expert for the batched MLP
+ * kernels: items[0 ..) one an expert chosen, in increasing order, from
+ * table[e] (its weights and ff) with n its pairs' tokens, x its first row
+ * of gath (rows ldx apart), row that row, and its blocks for nt tokens a
+ * block (jblocks and rblocks: gate_up's and down's blocks a token block);
+ * items up to max_items past those are never a block's. rows[i] is the
+ * token of pair i in that order (sp_cuda_gather's rows), ew[i] its weight;
+ * toff (n + 1) and tlist (n x k) list each token's pairs in increasing
+ * expert order (sp_cuda_scatter_add's off and list). Each token's k
+ * experts are distinct; n x k at most SP_CUDA_MOE_MAX_PAIRS. */
+#define SP_CUDA_MOE_MAX_PAIRS 4096
+int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
+                      const struct sp_cuda_mlp_item *table, const float *gath, int64_t ldx, int nt, int64_t jblocks,
+                      int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items, int32_t *rows, float *ew,
+                      int32_t *toff, int32_t *tlist, void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
 int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
                   void *stream);
@@ -143,10 +179,18 @@ struct sp_cuda_attn {
  * token's k and v heads into the cache. */
 int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, float *qkv, int64_t ldq,
                           int64_t n, void *stream);
+/* Chunks of cached positions that attention scores apart (and merges in
+ * order) for a token seeing `positions` of them: each takes head_dim + 2
+ * floats of the scratch for each query head. */
+int64_t sp_cuda_attn_chunks(int64_t positions);
 /* att row t, head h = softmax over token t's visible cached positions of
- * its q head's scores (with its sink logit's share) times the values. */
+ * its q head's scores (with its sink logit's share) times the values;
+ * max_visible: the most positions a token of the n sees. part: scratch of
+ * part_floats floats, at least n_heads x sp_cuda_attn_chunks(max_visible)
+ * x (head_dim + 2) (tokens go in slices that fit). */
 int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv, int64_t ldq,
-                      float *att, int64_t lda, int64_t n, void *stream);
+                      float *att, int64_t lda, int64_t n, int64_t max_visible, float *part, int64_t part_floats,
+                      void *stream);
 
 #ifdef __cplusplus
 }
