@@ -12,6 +12,11 @@
 # THREADS (2), SERVE_ARGS (more serve flags), SOAK_ARGS (more soak.mjs flags),
 # SOAK_DIR (where the server's logs and the summary go; default a new
 # temporary folder, kept). Exits 0 only if every check passed.
+# Memory figures: take them from the release binary. Under ASan resident
+# memory climbs by about the size of its quarantine (256 MB by default) and
+# keeps creeping in its allocator; the heap sparrow counts (/metrics) is in
+# the summary for both. SERVE_ARGS="--queue 8" makes the 503 backpressure
+# path run too (32 clients never fill the default queue of 64).
 set -u
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: tools/soak.sh SPARROW MODEL_DIR [SECONDS] [CLIENTS]" >&2; exit 2; }
