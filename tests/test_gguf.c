@@ -1,0 +1,582 @@
+/* test_gguf.c - strict GGUF parsing: the real stories260K model, typed
+ * metadata getters, the ggml type table, every malformed-file rule on files
+ * written here, truncation at every byte and random mutations. */
+#include "helpers.h"
+
+#include "core/rng.h"
+#include "format/gguf.h"
+
+/* ---- a small GGUF writer ---- */
+
+static void w_uint(struct sp_buf *b, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) assert_int_equal(sp_buf_putc(b, (char)(v >> (8 * i))), SP_OK);
+}
+static void w_u32(struct sp_buf *b, uint32_t v) { w_uint(b, v, 4); }
+static void w_u64(struct sp_buf *b, uint64_t v) { w_uint(b, v, 8); }
+static void w_strn(struct sp_buf *b, const char *s, size_t n) {
+    w_u64(b, n);
+    assert_int_equal(sp_buf_append(b, s, n), SP_OK);
+}
+static void w_str(struct sp_buf *b, const char *s) { w_strn(b, s, strlen(s)); }
+
+static void w_header(struct sp_buf *b, uint32_t version, uint64_t n_tensors, uint64_t n_kvs) {
+    assert_int_equal(sp_buf_append(b, "GGUF", 4), SP_OK);
+    w_u32(b, version);
+    w_u64(b, n_tensors);
+    w_u64(b, n_kvs);
+}
+
+/* A key and the type of its value; the caller writes the value. */
+static void w_key(struct sp_buf *b, const char *key, enum sp_gguf_vtype t) {
+    w_str(b, key);
+    w_u32(b, t);
+}
+static void w_kv_u32(struct sp_buf *b, const char *key, uint32_t v) {
+    w_key(b, key, SP_GGUF_VTYPE_UINT32);
+    w_u32(b, v);
+}
+static void w_kv_str(struct sp_buf *b, const char *key, const char *v) {
+    w_key(b, key, SP_GGUF_VTYPE_STRING);
+    w_str(b, v);
+}
+static void w_arr(struct sp_buf *b, const char *key, enum sp_gguf_vtype elem, uint64_t n) {
+    w_key(b, key, SP_GGUF_VTYPE_ARRAY);
+    w_u32(b, elem);
+    w_u64(b, n);
+}
+
+static void w_tensor(struct sp_buf *b, const char *name, int nd, const int64_t *dims, uint32_t type, uint64_t off) {
+    w_str(b, name);
+    w_u32(b, (uint32_t)nd);
+    for (int i = 0; i < nd; i++) w_u64(b, (uint64_t)dims[i]);
+    w_u32(b, type);
+    w_u64(b, off);
+}
+
+/* Pads to align, then appends n data bytes (value i & 0xff). */
+static void w_data(struct sp_buf *b, size_t align, size_t n) {
+    while (b->len % align) w_uint(b, 0, 1);
+    for (size_t i = 0; i < n; i++) w_uint(b, i & 0xff, 1);
+}
+
+/* A file with a value of every kind and three tensors (F32, Q8_0, MXFP4). */
+static struct sp_buf small_file(void) {
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 3, 9);
+    w_kv_str(&b, "general.architecture", "llama");
+    w_kv_u32(&b, "llama.block_count", 5);
+    w_key(&b, "i8", SP_GGUF_VTYPE_INT8);
+    w_uint(&b, (uint8_t)-5, 1);
+    w_key(&b, "big", SP_GGUF_VTYPE_UINT64);
+    w_u64(&b, (1ull << 63) + 1);
+    w_key(&b, "eps", SP_GGUF_VTYPE_FLOAT32);
+    w_u32(&b, 0x3f800000);  // 1.0f
+    w_key(&b, "flag", SP_GGUF_VTYPE_BOOL);
+    w_uint(&b, 1, 1);
+    w_arr(&b, "tokens", SP_GGUF_VTYPE_STRING, 3);
+    w_str(&b, "<s>");
+    w_str(&b, "");
+    w_str(&b, "hello");
+    w_arr(&b, "types", SP_GGUF_VTYPE_INT16, 2);
+    w_uint(&b, (uint16_t)-3, 2);
+    w_uint(&b, 7, 2);
+    w_arr(&b, "scores", SP_GGUF_VTYPE_FLOAT64, 1);
+    w_u64(&b, 0xc000000000000000ull);  // -2.0
+    w_tensor(&b, "a", 2, (int64_t[]){4, 2}, SP_GGUF_TYPE_F32, 0);
+    w_tensor(&b, "b", 1, (int64_t[]){64}, SP_GGUF_TYPE_Q8_0, 32);
+    w_tensor(&b, "c", 3, (int64_t[]){32, 1, 2}, SP_GGUF_TYPE_MXFP4, 128);
+    w_data(&b, 32, 128 + 34);
+    return b;
+}
+
+/* Parses b's image (copied to a block of its exact size, for ASan). */
+static enum sp_status parse_buf(const struct sp_buf *b, size_t len, struct sp_gguf_file **f, unsigned char **copy) {
+    *copy = malloc(len ? len : 1);
+    assert_non_null(*copy);
+    if (len) memcpy(*copy, b->data, len);
+    return sp_gguf_parse(*copy, len, "x.gguf", f);
+}
+
+/* Expects b's image to fail with want and a message holding needle; frees b. */
+static void expect_fail(struct sp_buf *b, enum sp_status want, const char *needle) {
+    struct sp_gguf_file *f = (void *)1;
+    unsigned char *copy;
+    enum sp_status st = parse_buf(b, b->len, &f, &copy);
+    if (st != want || !strstr(sp_error_msg(), needle))
+        fail_msg("got status %d message \"%s\", wanted %d with \"%s\"", st, sp_error_msg(), want, needle);
+    assert_null(f);
+    free(copy);
+    sp_buf_free(b);
+}
+
+/* ---- the real model ---- */
+
+static void expect_int(const struct sp_gguf_file *f, const char *key, int64_t want) {
+    int64_t v = -1;
+    assert_int_equal(sp_gguf_get_int(f, key, 0, INT64_MAX, &v), SP_OK);
+    assert_int_equal(v, want);
+}
+
+static void expect_shape(const struct sp_gguf_file *f, const char *name, int64_t d0, int64_t d1) {
+    const struct sp_gguf_tensor *t = sp_gguf_find(f, name);
+    if (!t) fail_msg("tensor %s missing", name);
+    assert_int_equal(t->type, SP_GGUF_TYPE_F32);
+    assert_int_equal(t->n_dims, d1 ? 2 : 1);
+    assert_int_equal(t->dims[0], d0);
+    assert_int_equal(t->dims[1], d1 ? d1 : 1);
+    assert_int_equal(t->nbytes, (size_t)sp_gguf_numel(t) * 4);
+}
+
+static void test_stories(void **state) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", th_shared());
+    struct sp_gguf_file *f;
+    if (sp_gguf_open(path, &f) != SP_OK) fail_msg("%s", sp_error_msg());
+    assert_int_equal(f->version, 3);
+    assert_int_equal(f->alignment, 32);
+    struct sp_gguf_str s;
+    assert_int_equal(sp_gguf_get_str(f, "general.architecture", &s), SP_OK);
+    assert_true(s.len == 5 && memcmp(s.data, "llama", 5) == 0);
+    expect_int(f, "llama.context_length", 2048);
+    expect_int(f, "llama.embedding_length", 64);
+    expect_int(f, "llama.feed_forward_length", 172);
+    expect_int(f, "llama.attention.head_count", 8);
+    expect_int(f, "llama.attention.head_count_kv", 4);
+    expect_int(f, "llama.block_count", 5);
+    expect_int(f, "tokenizer.ggml.bos_token_id", 1);
+    double eps;
+    assert_int_equal(sp_gguf_get_float(f, "llama.attention.layer_norm_rms_epsilon", &eps), SP_OK);
+    assert_true(eps > 0.99e-5 && eps < 1.01e-5);
+    /* uint32 -1 stands for "none": in range for a uint32, not for an int32 */
+    expect_int(f, "tokenizer.ggml.padding_token_id", 4294967295);
+    int64_t v;
+    assert_int_equal(sp_gguf_get_int(f, "tokenizer.ggml.padding_token_id", 0, INT32_MAX, &v), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "tokenizer.ggml.padding_token_id is 4294967295, out of range"));
+
+    const struct sp_gguf_kv *tok, *scores, *types;
+    assert_int_equal(sp_gguf_get_arr(f, "tokenizer.ggml.tokens", SP_GGUF_VTYPE_STRING, &tok), SP_OK);
+    assert_int_equal(sp_gguf_get_arr(f, "tokenizer.ggml.scores", SP_GGUF_VTYPE_FLOAT32, &scores), SP_OK);
+    assert_int_equal(sp_gguf_get_arr(f, "tokenizer.ggml.token_type", SP_GGUF_VTYPE_INT32, &types), SP_OK);
+    assert_int_equal(tok->count, 512);
+    assert_int_equal(scores->count, 512);
+    assert_int_equal(types->count, 512);
+    s = sp_gguf_arr_str(tok, 1);
+    assert_true(s.len == 3 && memcmp(s.data, "<s>", 3) == 0);
+    s = sp_gguf_arr_str(tok, 3);
+    assert_true(s.len == 6 && memcmp(s.data, "<0x00>", 6) == 0);
+    assert_true(sp_gguf_arr_int(types, 0, &v) && v == 2);  // unknown
+    assert_true(sp_gguf_arr_int(types, 3, &v) && v == 6);  // byte
+
+    assert_int_equal(f->n_tensors, 2 + 1 + 5 * 9);
+    expect_shape(f, "token_embd.weight", 64, 512);
+    expect_shape(f, "output.weight", 64, 512);
+    expect_shape(f, "output_norm.weight", 64, 0);
+    for (int l = 0; l < 5; l++) {
+        static const struct {
+            const char *name;
+            int64_t d0, d1;
+        } per_layer[] = {{"attn_q", 64, 64},       {"attn_k", 64, 32},     {"attn_v", 64, 32},
+                         {"attn_output", 64, 64},  {"attn_norm", 64, 0},   {"ffn_gate", 64, 172},
+                         {"ffn_down", 172, 64},    {"ffn_up", 64, 172},    {"ffn_norm", 64, 0}};
+        for (size_t k = 0; k < sizeof per_layer / sizeof *per_layer; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, per_layer[k].name);
+            expect_shape(f, name, per_layer[k].d0, per_layer[k].d1);
+        }
+    }
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        const struct sp_gguf_tensor *t = &f->tensors[i];
+        assert_true(t->offset >= f->data_offset && t->offset % 32 == 0);
+        assert_true(t->offset + t->nbytes <= f->map.size);
+        assert_ptr_equal(t->data, f->map.data + t->offset);
+    }
+    float x;
+    memcpy(&x, sp_gguf_find(f, "output_norm.weight")->data, 4);
+    assert_true(x > 0.0f && x < 100.0f);  // an RMSNorm weight
+    assert_null(sp_gguf_find(f, "blk.5.attn_q.weight"));
+    sp_gguf_close(f);
+}
+
+static void test_open_errors(void **state) {
+    struct sp_gguf_file *f = (void *)1;
+    assert_int_equal(sp_gguf_open("/nonexistent/model.gguf", &f), SP_ERR_NOT_FOUND);
+    assert_null(f);
+    char *dir = th_tmpdir();
+    th_write(dir, "empty.gguf", "", 0);
+    char *p = sp_path_join(dir, "empty.gguf");
+    assert_int_equal(sp_gguf_open(p, &f), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "empty.gguf: not a GGUF file"));
+    sp_free(p);
+    th_rmdir(dir);
+    sp_gguf_close(NULL);
+}
+
+/* ---- files written here ---- */
+
+static void test_small_valid(void **state) {
+    struct sp_buf b = small_file();
+    struct sp_gguf_file *f;
+    unsigned char *img;
+    assert_int_equal(parse_buf(&b, b.len, &f, &img), SP_OK);
+    assert_int_equal(f->n_kvs, 9);
+    assert_string_equal(f->kvs[0].key, "general.architecture");
+    assert_string_equal(f->kvs[8].key, "scores");
+    assert_string_equal(f->path, "x.gguf");
+    int64_t v;
+    assert_int_equal(sp_gguf_get_int(f, "llama.block_count", 1, 100, &v), SP_OK);
+    assert_int_equal(v, 5);
+    assert_int_equal(sp_gguf_get_int(f, "i8", -10, 0, &v), SP_OK);
+    assert_int_equal(v, -5);
+    assert_int_equal(sp_gguf_get_int(f, "i8", 0, 10, &v), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "x.gguf: key i8 is -5, out of range [0, 10]"));
+    assert_int_equal(sp_gguf_get_int(f, "big", 0, INT64_MAX, &v), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "key big is 9223372036854775809, out of range"));
+    assert_int_equal(sp_gguf_get_int(f, "missing", 0, 1, &v), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "x.gguf: metadata key missing missing"));
+    assert_int_equal(sp_gguf_get_int(f, "general.architecture", 0, 1, &v), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "key general.architecture is string, expected an integer"));
+    double d;
+    assert_int_equal(sp_gguf_get_float(f, "eps", &d), SP_OK);
+    assert_true(d == 1.0);
+    assert_int_equal(sp_gguf_get_float(f, "llama.block_count", &d), SP_ERR_FORMAT);
+    bool flag = false;
+    assert_int_equal(sp_gguf_get_bool(f, "flag", &flag), SP_OK);
+    assert_true(flag);
+    struct sp_gguf_str s;
+    assert_int_equal(sp_gguf_get_str(f, "tokens", &s), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "key tokens is an array of string, expected a string"));
+
+    const struct sp_gguf_kv *kv;
+    assert_int_equal(sp_gguf_get_arr(f, "tokens", SP_GGUF_VTYPE_STRING, &kv), SP_OK);
+    assert_int_equal(kv->count, 3);
+    s = sp_gguf_arr_str(kv, 1);
+    assert_int_equal(s.len, 0);
+    s = sp_gguf_arr_str(kv, 2);
+    assert_true(s.len == 5 && memcmp(s.data, "hello", 5) == 0);
+    /* any integer kind takes an int16 array; a float kind does not */
+    assert_int_equal(sp_gguf_get_arr(f, "types", SP_GGUF_VTYPE_UINT32, &kv), SP_OK);
+    assert_true(sp_gguf_arr_int(kv, 0, &v) && v == -3);
+    assert_true(sp_gguf_arr_int(kv, 1, &v) && v == 7);
+    assert_int_equal(sp_gguf_get_arr(f, "types", SP_GGUF_VTYPE_FLOAT32, &kv), SP_ERR_FORMAT);
+    assert_null(kv);
+    assert_non_null(strstr(sp_error_msg(), "key types is an array of int16, expected an array of floats"));
+    assert_int_equal(sp_gguf_get_arr(f, "scores", SP_GGUF_VTYPE_FLOAT32, &kv), SP_OK);
+    assert_true(sp_gguf_arr_float(kv, 0) == -2.0);
+    assert_int_equal(sp_gguf_get_arr(f, "eps", SP_GGUF_VTYPE_FLOAT32, &kv), SP_ERR_FORMAT);
+    assert_non_null(strstr(sp_error_msg(), "key eps is float32, expected an array of floats"));
+
+    assert_int_equal(f->n_tensors, 3);
+    assert_int_equal(f->data_offset % 32, 0);
+    const struct sp_gguf_tensor *a = sp_gguf_find(f, "a"), *bt = sp_gguf_find(f, "b"), *c = sp_gguf_find(f, "c");
+    assert_true(a && bt && c);
+    assert_int_equal(a->nbytes, 32);
+    assert_int_equal(bt->nbytes, 68);
+    assert_int_equal(c->nbytes, 34);
+    assert_int_equal(c->n_dims, 3);
+    assert_int_equal(c->dims[3], 1);
+    assert_int_equal(sp_gguf_numel(c), 64);
+    assert_ptr_equal(bt->data, img + f->data_offset + 32);
+    assert_int_equal(((const unsigned char *)bt->data)[0], 32);
+    assert_null(sp_gguf_find(f, "d"));
+    assert_string_equal(sp_gguf_type_name(c->type), "MXFP4");
+    sp_gguf_close(f);
+    free(img);
+    sp_buf_free(&b);
+}
+
+/* One tensor of type id and dims (3 blocks, 2), alone in a file. */
+static struct sp_buf one_tensor(uint32_t id, int64_t d0) {
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 1, 0);
+    w_tensor(&b, "w", 2, (int64_t[]){d0, 2}, id, 0);
+    const struct sp_gguf_type_traits *t = sp_gguf_type_traits(id);
+    w_data(&b, 32, t ? (size_t)(d0 / t->block) * t->block_bytes * 2 : 64);
+    return b;
+}
+
+static void test_types(void **state) {
+    /* the formats sparrow is to read, with the block sizes ggml documents */
+    static const struct {
+        uint32_t id;
+        const char *name;
+        int block;
+        size_t bytes;
+    } want[] = {{0, "F32", 1, 4},       {1, "F16", 1, 2},       {30, "BF16", 1, 2},     {2, "Q4_0", 32, 18},
+                {3, "Q4_1", 32, 20},    {6, "Q5_0", 32, 22},    {7, "Q5_1", 32, 24},    {8, "Q8_0", 32, 34},
+                {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
+                {14, "Q6_K", 256, 210}, {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136}, {39, "MXFP4", 32, 17}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const struct sp_gguf_type_traits *t = sp_gguf_type_traits(want[i].id);
+        assert_non_null(t);
+        assert_string_equal(t->name, want[i].name);
+        assert_int_equal(t->block, want[i].block);
+        assert_int_equal(t->block_bytes, want[i].bytes);
+    }
+    int known = 0;
+    for (uint32_t id = 0; id < 64; id++) {
+        const struct sp_gguf_type_traits *t = sp_gguf_type_traits(id);
+        struct sp_buf b = one_tensor(id, t ? 3 * t->block : 32);
+        struct sp_gguf_file *f;
+        unsigned char *img;
+        enum sp_status st = parse_buf(&b, b.len, &f, &img);
+        if (t) {
+            known++;
+            assert_int_equal(st, SP_OK);
+            assert_int_equal(f->tensors[0].nbytes, 6 * t->block_bytes);
+            sp_gguf_close(f);
+        } else {
+            char msg[64];
+            snprintf(msg, sizeof msg, "x.gguf: tensor w has unknown ggml type %u", id);
+            assert_int_equal(st, SP_ERR_UNSUPPORTED);
+            assert_non_null(strstr(sp_error_msg(), msg));
+            assert_string_equal(sp_gguf_type_name(id), "?");
+        }
+        free(img);
+        sp_buf_free(&b);
+    }
+    assert_int_equal(known, 33);
+    assert_null(sp_gguf_type_traits(UINT32_MAX));
+}
+
+static void test_bad_header(void **state) {
+    struct sp_buf b = SP_BUF_INIT;
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: not a GGUF file");
+    assert_int_equal(sp_buf_append(&b, "GGUX", 4), SP_OK);
+    w_u32(&b, 3);
+    expect_fail(&b, SP_ERR_FORMAT, "not a GGUF file");
+    w_header(&b, 1, 0, 0);
+    expect_fail(&b, SP_ERR_UNSUPPORTED, "x.gguf: GGUF version 1 is not supported");
+    w_header(&b, 4, 0, 0);
+    expect_fail(&b, SP_ERR_UNSUPPORTED, "GGUF version 4 is not supported (2 and 3 are)");
+    w_header(&b, 0x03000000, 0, 0);
+    expect_fail(&b, SP_ERR_UNSUPPORTED, "big-endian");
+    assert_int_equal(sp_buf_append(&b, "GGUF", 4), SP_OK);
+    w_u32(&b, 3);
+    w_u32(&b, 0);
+    expect_fail(&b, SP_ERR_FORMAT, "the tensor count needs 8 bytes at offset 8 but the file ends at 12");
+    /* counts far beyond what the bytes left could hold fail before any allocation */
+    w_header(&b, 3, 0, UINT64_MAX);
+    expect_fail(&b, SP_ERR_FORMAT, "18446744073709551615 metadata entries and 0 tensors cannot fit in the 0 bytes");
+    w_header(&b, 3, 1ull << 62, 1);
+    w_kv_u32(&b, "a", 1);
+    expect_fail(&b, SP_ERR_FORMAT, "cannot fit");
+    /* version 2 reads like 3 */
+    w_header(&b, 2, 0, 1);
+    w_kv_u32(&b, "a", 1);
+    struct sp_gguf_file *f;
+    unsigned char *img;
+    assert_int_equal(parse_buf(&b, b.len, &f, &img), SP_OK);
+    assert_int_equal(f->version, 2);
+    assert_int_equal(f->data_size, 0);
+    sp_gguf_close(f);
+    free(img);
+    sp_buf_free(&b);
+}
+
+static void test_bad_metadata(void **state) {
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 0, 2);
+    w_kv_u32(&b, "general.alignment", 32);
+    w_kv_u32(&b, "general.alignment", 32);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: key general.alignment appears twice");
+    w_header(&b, 3, 0, 1);
+    w_key(&b, "k", 13);
+    w_u32(&b, 0);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: key k has unknown value type 13");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "k", 13, 0);
+    expect_fail(&b, SP_ERR_FORMAT, "key k has unknown value type 13");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "nested", SP_GGUF_VTYPE_ARRAY, 1);
+    w_u32(&b, SP_GGUF_VTYPE_UINT8);
+    w_u64(&b, 0);
+    expect_fail(&b, SP_ERR_UNSUPPORTED, "key nested is an array of arrays (not supported)");
+    w_header(&b, 3, 0, 1);
+    w_key(&b, "flag", SP_GGUF_VTYPE_BOOL);
+    w_uint(&b, 2, 1);
+    expect_fail(&b, SP_ERR_FORMAT, "key flag: bool 0 is 2, not 0 or 1");
+    w_header(&b, 3, 0, 1);
+    w_key(&b, "s", SP_GGUF_VTYPE_STRING);
+    w_u64(&b, UINT64_MAX);
+    expect_fail(&b, SP_ERR_FORMAT, "key s: string 0 runs past the end of the file");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "u8s", SP_GGUF_VTYPE_UINT8, 1ull << 60);
+    expect_fail(&b, SP_ERR_FORMAT, "key u8s holds 1152921504606846976 uint8 values but only 0 bytes are left");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "strs", SP_GGUF_VTYPE_STRING, 1ull << 40);
+    w_str(&b, "x");
+    expect_fail(&b, SP_ERR_FORMAT, "key strs holds 1099511627776 strings but only 9 bytes are left");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "strs", SP_GGUF_VTYPE_STRING, 2);
+    w_str(&b, "x");
+    w_u64(&b, 5);
+    expect_fail(&b, SP_ERR_FORMAT, "key strs: string 1 runs past the end");
+    w_header(&b, 3, 0, 1);
+    w_key(&b, "", SP_GGUF_VTYPE_UINT64);
+    w_u64(&b, 0);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: key 0 is empty");
+    w_header(&b, 3, 0, 1);
+    w_strn(&b, "a\0b", 3);
+    w_u32(&b, SP_GGUF_VTYPE_UINT8);
+    w_uint(&b, 0, 1);
+    expect_fail(&b, SP_ERR_FORMAT, "key 0 \"a\" holds a NUL byte");
+    w_header(&b, 3, 0, 1);
+    w_u64(&b, SP_GGUF_MAX_KEY + 1);
+    for (int i = 0; i <= SP_GGUF_MAX_KEY; i++) w_uint(&b, 'k', 1);
+    w_u32(&b, SP_GGUF_VTYPE_UINT8);
+    w_uint(&b, 0, 1);
+    expect_fail(&b, SP_ERR_FORMAT, "key 0 is 65536 bytes long (at most 65535)");
+}
+
+static void test_alignment(void **state) {
+    /* 64: the data section and every offset move to multiples of 64 */
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 2, 1);
+    w_kv_u32(&b, "general.alignment", 64);
+    w_tensor(&b, "a", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 0);
+    w_tensor(&b, "b", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 64);
+    w_data(&b, 64, 80);
+    struct sp_gguf_file *f;
+    unsigned char *img;
+    assert_int_equal(parse_buf(&b, b.len, &f, &img), SP_OK);
+    assert_int_equal(f->alignment, 64);
+    assert_int_equal(f->data_offset % 64, 0);
+    assert_int_equal(sp_gguf_find(f, "b")->offset, f->data_offset + 64);
+    sp_gguf_close(f);
+    free(img);
+    sp_buf_free(&b);
+
+    static const uint32_t bad[] = {0, 3, 48, 0x80000001u};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        w_header(&b, 3, 0, 1);
+        w_kv_u32(&b, "general.alignment", bad[i]);
+        expect_fail(&b, SP_ERR_FORMAT, "x.gguf: key general.alignment is");
+        assert_non_null(strstr(sp_error_msg(), "not a power of two"));
+    }
+    w_header(&b, 3, 0, 1);
+    w_key(&b, "general.alignment", SP_GGUF_VTYPE_INT32);
+    w_u32(&b, 32);
+    expect_fail(&b, SP_ERR_FORMAT, "key general.alignment is int32, must be uint32");
+    w_header(&b, 3, 0, 1);
+    w_arr(&b, "general.alignment", SP_GGUF_VTYPE_UINT32, 0);
+    expect_fail(&b, SP_ERR_FORMAT, "key general.alignment is an array of uint32, must be uint32");
+    /* the default 32 applies to offsets */
+    w_header(&b, 3, 1, 0);
+    w_tensor(&b, "a", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 16);
+    w_data(&b, 32, 64);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: tensor a: offset 16 is not a multiple of the alignment 32");
+}
+
+/* A file of one tensor "t" with the given fields and data_len data bytes. */
+static void one_bad_tensor(const char *name, int nd, const int64_t *dims, uint32_t type, uint64_t off,
+                           size_t data_len, enum sp_status want, const char *needle) {
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 1, 0);
+    w_tensor(&b, name, nd, dims, type, off);
+    w_data(&b, 32, data_len);
+    expect_fail(&b, want, needle);
+}
+
+static void test_bad_tensors(void **state) {
+    const int64_t d4[] = {4, 1, 1, 1, 1};
+    one_bad_tensor("t", 0, d4, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "x.gguf: tensor t has 0 dimensions (1 to 4");
+    one_bad_tensor("t", 5, d4, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "tensor t has 5 dimensions");
+    one_bad_tensor("t", 2, (int64_t[]){4, 0}, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "tensor t: dims[1] is 0");
+    one_bad_tensor("t", 1, (int64_t[]){-1}, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT,
+                   "tensor t: dims[0] is 18446744073709551615");
+    one_bad_tensor("t", 2, (int64_t[]){100, 2}, SP_GGUF_TYPE_Q4_K, 0, 512, SP_ERR_FORMAT,
+                   "x.gguf: tensor t: dims[0] is 100, not a multiple of Q4_K's block of 256");
+    one_bad_tensor("t", 3, (int64_t[]){1ll << 40, 1ll << 20, 1ll << 10}, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT,
+                   "tensor t: 1099511627776x1048576x1024x1 F32 is too large");
+    one_bad_tensor("t", 1, (int64_t[]){INT64_MAX}, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "is too large");
+    one_bad_tensor("t", 1, (int64_t[]){8}, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT,
+                   "x.gguf: tensor t: data [0, 32) runs past the data section's 16 bytes (truncated?)");
+    one_bad_tensor("t", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 1ull << 63, 16, SP_ERR_FORMAT,
+                   "tensor t: data [9223372036854775808, 9223372036854775824) runs past");
+    one_bad_tensor("", 1, d4, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "x.gguf: tensor 0 is empty");
+    char longname[SP_GGUF_MAX_NAME + 2];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    one_bad_tensor(longname, 1, d4, SP_GGUF_TYPE_F32, 0, 16, SP_ERR_FORMAT, "tensor 0 is 65 bytes long (at most 64)");
+    longname[SP_GGUF_MAX_NAME] = 0;  // 64 bytes: allowed
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 1, 0);
+    w_tensor(&b, longname, 1, d4, SP_GGUF_TYPE_F32, 0);
+    w_data(&b, 32, 16);
+    struct sp_gguf_file *f;
+    unsigned char *img;
+    assert_int_equal(parse_buf(&b, b.len, &f, &img), SP_OK);
+    assert_non_null(sp_gguf_find(f, longname));
+    sp_gguf_close(f);
+    free(img);
+    sp_buf_free(&b);
+
+    w_header(&b, 3, 2, 0);
+    w_tensor(&b, "a", 1, (int64_t[]){16}, SP_GGUF_TYPE_F32, 0);
+    w_tensor(&b, "b", 1, (int64_t[]){16}, SP_GGUF_TYPE_F32, 32);
+    w_data(&b, 32, 96);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: tensor b overlaps tensor a");
+    w_header(&b, 3, 2, 0);
+    w_tensor(&b, "a", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 0);
+    w_tensor(&b, "a", 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 32);
+    w_data(&b, 32, 48);
+    expect_fail(&b, SP_ERR_FORMAT, "x.gguf: tensor a appears twice");
+}
+
+/* Every proper prefix of a valid file fails cleanly; the whole file parses. */
+static void test_truncated(void **state) {
+    struct sp_buf b = small_file();
+    for (size_t len = 0; len < b.len; len++) {
+        struct sp_gguf_file *f = (void *)1;
+        unsigned char *img;
+        enum sp_status st = parse_buf(&b, len, &f, &img);
+        if (st != SP_ERR_FORMAT) fail_msg("prefix of %zu bytes: status %d (%s)", len, st, sp_error_msg());
+        assert_null(f);
+        assert_non_null(strstr(sp_error_msg(), "x.gguf: "));
+        free(img);
+    }
+    struct sp_gguf_file *f;
+    unsigned char *img;
+    assert_int_equal(parse_buf(&b, b.len, &f, &img), SP_OK);
+    sp_gguf_close(f);
+    free(img);
+    sp_buf_free(&b);
+}
+
+static void test_mutations(void **state) {
+    struct sp_buf b = small_file();
+    unsigned char *m = malloc(b.len);
+    assert_non_null(m);
+    struct sp_rng r;
+    sp_rng_seed(&r, 47);
+    int accepted = 0;
+    for (int it = 0; it < 5000; it++) {
+        memcpy(m, b.data, b.len);
+        int flips = 1 + (int)(sp_rng_next(&r) % 4);
+        for (int k = 0; k < flips; k++) m[sp_rng_next(&r) % b.len] = (unsigned char)sp_rng_next(&r);
+        struct sp_gguf_file *f = NULL;
+        if (sp_gguf_parse(m, b.len, "m", &f) != SP_OK) {
+            assert_null(f);
+            continue;
+        }
+        accepted++;
+        for (int64_t i = 0; i < f->n_tensors; i++)
+            assert_true(f->tensors[i].offset + f->tensors[i].nbytes <= b.len);
+        for (int64_t i = 0; i < f->n_kvs; i++)
+            assert_ptr_equal(sp_gguf_find_kv(f, f->kvs[i].key), &f->kvs[i]);
+        sp_gguf_close(f);
+    }
+    assert_true(accepted > 0);  // flips in tensor data leave the file valid
+    free(m);
+    sp_buf_free(&b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories),      cmocka_unit_test(test_open_errors), cmocka_unit_test(test_small_valid),
+        cmocka_unit_test(test_types),        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_mutations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
