@@ -1,6 +1,7 @@
 /* test_gguf.c - strict GGUF parsing: the real stories260K model, typed
  * metadata getters, the ggml type table, every malformed-file rule on files
- * written here, truncation at every byte and random mutations. */
+ * written here, truncation at every byte, random mutations, and split
+ * models written as two shards. */
 #include "helpers.h"
 
 #include "core/rng.h"
@@ -209,6 +210,7 @@ static void test_open_errors(void **state) {
     sp_free(p);
     th_rmdir(dir);
     sp_gguf_close(NULL);
+    sp_gguf_split_close(NULL);
 }
 
 /* ---- files written here ---- */
@@ -571,12 +573,103 @@ static void test_mutations(void **state) {
     sp_buf_free(&b);
 }
 
+/* ---- split models ---- */
+
+/* Shard no (0-based) of count holding tensors named names[0..n) of 4 floats. */
+static void write_shard(const char *dir, const char *file, int no, int count, int64_t total, const char **names,
+                        int n) {
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, (uint64_t)n, no == 0 ? 4 : 2);
+    if (no == 0) w_kv_str(&b, "general.architecture", "llama");
+    w_key(&b, "split.no", SP_GGUF_VTYPE_UINT16);
+    w_uint(&b, (uint64_t)no, 2);
+    w_key(&b, "split.count", SP_GGUF_VTYPE_UINT16);
+    w_uint(&b, (uint64_t)count, 2);
+    if (no == 0) {
+        w_key(&b, "split.tensors.count", SP_GGUF_VTYPE_INT32);
+        w_u32(&b, (uint32_t)total);
+    }
+    for (int i = 0; i < n; i++) w_tensor(&b, names[i], 1, (int64_t[]){4}, SP_GGUF_TYPE_F32, 32 * (uint64_t)i);
+    w_data(&b, 32, 32 * (size_t)n);
+    th_write(dir, file, b.data, b.len);
+    sp_buf_free(&b);
+}
+
+static enum sp_status open_split(const char *dir, const char *file, struct sp_gguf_split **s) {
+    char *p = sp_path_join(dir, file);
+    enum sp_status st = sp_gguf_split_open(p, s);
+    sp_free(p);
+    return st;
+}
+
+static void expect_split_fail(const char *dir, const char *file, enum sp_status want, const char *needle) {
+    struct sp_gguf_split *s = (void *)1;
+    enum sp_status st = open_split(dir, file, &s);
+    if (st != want || !strstr(sp_error_msg(), needle))
+        fail_msg("%s: got status %d message \"%s\", wanted %d with \"%s\"", file, st, sp_error_msg(), want, needle);
+    assert_null(s);
+}
+
+static void test_split(void **state) {
+    char *dir = th_tmpdir();
+    const char *first[] = {"token_embd.weight", "output.weight"}, *second[] = {"blk.0.attn_q.weight"};
+    write_shard(dir, "m-00001-of-00002.gguf", 0, 2, 3, first, 2);
+    write_shard(dir, "m-00002-of-00002.gguf", 1, 2, 3, second, 1);
+    struct sp_gguf_split *s;
+    if (open_split(dir, "m-00001-of-00002.gguf", &s) != SP_OK) fail_msg("%s", sp_error_msg());
+    assert_int_equal(s->n_shards, 2);
+    assert_int_equal(s->n_tensors, 3);
+    int shard = -1;
+    const struct sp_gguf_tensor *t = sp_gguf_split_find(s, "blk.0.attn_q.weight", &shard);
+    assert_non_null(t);
+    assert_int_equal(shard, 1);
+    assert_ptr_equal(t->data, s->shards[1]->map.data + t->offset);
+    assert_ptr_equal(sp_gguf_split_find(s, "output.weight", NULL), sp_gguf_find(s->shards[0], "output.weight"));
+    assert_null(sp_gguf_split_find(s, "nope", &shard));
+    struct sp_gguf_str arch;
+    assert_int_equal(sp_gguf_get_str(s->shards[0], "general.architecture", &arch), SP_OK);
+    sp_gguf_split_close(s);
+
+    expect_split_fail(dir, "m-00002-of-00002.gguf", SP_ERR_ARG, "is shard 2 of 2: open the first");
+    assert_non_null(strstr(sp_error_msg(), "m-00001-of-00002.gguf"));
+    /* a shard alone, under another name, says it is one of two */
+    char *p = sp_path_join(dir, "m-00001-of-00002.gguf"), *q = sp_path_join(dir, "alone.gguf");
+    assert_int_equal(sp_copy_file(p, q), SP_OK);
+    expect_split_fail(dir, "alone.gguf", SP_ERR_FORMAT, "split.count is 2 but the file name has no -00001-of-NNNNN");
+    sp_free(p);
+    sp_free(q);
+    /* a file that is not split opens as a set of one */
+    write_shard(dir, "single.gguf", 0, 1, 1, second, 1);
+    assert_int_equal(open_split(dir, "single.gguf", &s), SP_OK);
+    assert_int_equal(s->n_shards, 1);
+    sp_gguf_split_close(s);
+
+    write_shard(dir, "w-00001-of-00002.gguf", 0, 2, 3, first, 2);
+    write_shard(dir, "w-00002-of-00002.gguf", 0, 2, 3, second, 1);
+    expect_split_fail(dir, "w-00001-of-00002.gguf", SP_ERR_FORMAT,
+                      "w-00002-of-00002.gguf: split.no is 0 but the file name says shard 2");
+    write_shard(dir, "c-00001-of-00002.gguf", 0, 2, 3, first, 2);
+    write_shard(dir, "c-00002-of-00002.gguf", 1, 3, 3, second, 1);
+    expect_split_fail(dir, "c-00001-of-00002.gguf", SP_ERR_FORMAT, "c-00002-of-00002.gguf: split.count is 3");
+    write_shard(dir, "n-00001-of-00002.gguf", 0, 2, 4, first, 2);
+    write_shard(dir, "n-00002-of-00002.gguf", 1, 2, 4, second, 1);
+    expect_split_fail(dir, "n-00001-of-00002.gguf", SP_ERR_FORMAT, "split.tensors.count is 4 but the 2 shards hold 3");
+    write_shard(dir, "d-00001-of-00002.gguf", 0, 2, 3, first, 2);
+    write_shard(dir, "d-00002-of-00002.gguf", 1, 2, 3, first + 1, 1);
+    expect_split_fail(dir, "d-00001-of-00002.gguf", SP_ERR_FORMAT,
+                      "d-00002-of-00002.gguf: tensor output.weight is also in");
+    write_shard(dir, "x-00001-of-00003.gguf", 0, 3, 3, first, 2);
+    expect_split_fail(dir, "x-00001-of-00003.gguf", SP_ERR_NOT_FOUND, "shard 2 of 3: ");
+    assert_non_null(strstr(sp_error_msg(), "x-00002-of-00003.gguf"));
+    th_rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories),      cmocka_unit_test(test_open_errors), cmocka_unit_test(test_small_valid),
         cmocka_unit_test(test_types),        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

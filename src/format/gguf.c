@@ -1,4 +1,4 @@
-/* gguf.c - strict GGUF parsing and typed metadata lookups. */
+/* gguf.c - strict GGUF parsing, typed metadata lookups and split models. */
 #include "format/gguf.h"
 
 #include <stdlib.h>
@@ -561,3 +561,138 @@ bool sp_gguf_arr_int(const struct sp_gguf_kv *kv, int64_t i, int64_t *out) {
     return true;
 }
 
+/* ---- split models ---- */
+
+#define SPLIT_SUFFIX_LEN 20  // strlen("-00001-of-00003.gguf")
+
+static bool digits5(const char *s, int *v) {
+    *v = 0;
+    for (int i = 0; i < 5; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        *v = *v * 10 + (s[i] - '0');
+    }
+    return true;
+}
+
+/* The 1-based shard number and the count of a name ending in -NNNNN-of-MMMMM.gguf (llama.cpp's %05d). */
+static bool split_name(const char *path, int *no, int *count) {
+    size_t n = strlen(path);
+    if (n < SPLIT_SUFFIX_LEN) return false;
+    const char *s = path + n - SPLIT_SUFFIX_LEN;
+    return s[0] == '-' && digits5(s + 1, no) && memcmp(s + 6, "-of-", 4) == 0 && digits5(s + 10, count) &&
+           strcmp(s + 15, ".gguf") == 0 && *no >= 1 && *no <= *count;
+}
+
+/* The path of shard i (0-based) of count beside first. Owned by the caller. */
+static char *shard_path(const char *first, int i, int count) {
+    size_t prefix = strlen(first) - SPLIT_SUFFIX_LEN;
+    char *p = sp_malloc(prefix + SPLIT_SUFFIX_LEN + 1, SP_MEM_MODEL);
+    if (p) snprintf(p, prefix + SPLIT_SUFFIX_LEN + 1, "%.*s-%05d-of-%05d.gguf", (int)prefix, first, i + 1, count);
+    return p;
+}
+
+/* split.count and split.no of shard i (0-based) of count; optional in a file that is not split. */
+static enum sp_status check_shard(const struct sp_gguf_file *f, int i, int count, bool named) {
+    int64_t v;
+    if (!named && !sp_gguf_find_kv(f, "split.count")) return SP_OK;
+    enum sp_status st = sp_gguf_get_int(f, "split.count", 1, 65535, &v);
+    if (st != SP_OK) return st;
+    if (v != count)
+        return sp_errorf(SP_ERR_FORMAT, "%s: split.count is %lld but the file name %s", f->path, (long long)v,
+                         named ? "says otherwise" : "has no -00001-of-NNNNN.gguf");
+    if ((st = sp_gguf_get_int(f, "split.no", 0, 65535, &v)) != SP_OK) return st;
+    if (v != i)
+        return sp_errorf(SP_ERR_FORMAT, "%s: split.no is %lld but the file name says shard %d (split.no %d)", f->path,
+                         (long long)v, i + 1, i);
+    return SP_OK;
+}
+
+static enum sp_status open_shard(struct sp_gguf_split *s, const char *first, int i, int count, bool named) {
+    char *p = i ? shard_path(first, i, count) : NULL;
+    if (i && !p) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", first);
+    enum sp_status st = sp_gguf_open(p ? p : first, &s->shards[i]);
+    sp_free(p);
+    if (st != SP_OK) {
+        if (count > 1) sp_error_prefix("shard %d of %d: ", i + 1, count);
+        return st;
+    }
+    s->n_shards = i + 1;
+    return check_shard(s->shards[i], i, count, named);
+}
+
+/* Indexes every shard's tensors by name, refusing a name held twice. */
+static enum sp_status index_tensors(struct sp_gguf_split *s) {
+    int64_t n = 0;
+    for (int i = 0; i < s->n_shards; i++) n += s->shards[i]->n_tensors;
+    s->tensors = sp_malloc((size_t)(n ? n : 1) * sizeof *s->tensors, SP_MEM_MODEL);
+    s->shard_of = sp_malloc((size_t)(n ? n : 1) * sizeof *s->shard_of, SP_MEM_MODEL);
+    if (!s->tensors || !s->shard_of) return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", s->shards[0]->path);
+    for (int i = 0; i < s->n_shards; i++) {
+        for (int64_t j = 0; j < s->shards[i]->n_tensors; j++) {
+            const struct sp_gguf_tensor *t = &s->shards[i]->tensors[j];
+            int64_t k;
+            if (sp_strmap_get(&s->by_name, t->name, strlen(t->name), &k))
+                return sp_errorf(SP_ERR_FORMAT, "%s: tensor %s is also in %s", s->shards[i]->path, t->name,
+                                 s->shards[s->shard_of[k]]->path);
+            if (sp_strmap_put(&s->by_name, t->name, strlen(t->name), s->n_tensors) != SP_OK)
+                return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", s->shards[i]->path);
+            s->tensors[s->n_tensors] = t;
+            s->shard_of[s->n_tensors++] = i;
+        }
+    }
+    return SP_OK;
+}
+
+static enum sp_status check_tensor_count(const struct sp_gguf_split *s) {
+    const struct sp_gguf_file *f = s->shards[0];
+    int64_t v;
+    if (!sp_gguf_find_kv(f, "split.tensors.count")) return SP_OK;
+    enum sp_status st = sp_gguf_get_int(f, "split.tensors.count", 0, INT64_MAX, &v);
+    if (st == SP_OK && v != s->n_tensors)
+        st = sp_errorf(SP_ERR_FORMAT, "%s: split.tensors.count is %lld but the %d shards hold %lld tensors", f->path,
+                       (long long)v, s->n_shards, (long long)s->n_tensors);
+    return st;
+}
+
+enum sp_status sp_gguf_split_open(const char *path, struct sp_gguf_split **out) {
+    *out = NULL;
+    int no = 1, count = 1;
+    bool named = split_name(path, &no, &count);
+    if (named && no != 1)
+        return sp_errorf(SP_ERR_ARG, "%s is shard %d of %d: open the first, %.*s-00001-of-%05d.gguf", path, no, count,
+                         (int)(strlen(path) - SPLIT_SUFFIX_LEN), path, count);
+    struct sp_gguf_split *s = sp_calloc(1, sizeof *s, SP_MEM_MODEL);
+    if (s) s->shards = sp_calloc((size_t)count, sizeof *s->shards, SP_MEM_MODEL);
+    if (!s || !s->shards) {
+        sp_free(s);
+        return sp_errorf(SP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    sp_strmap_init(&s->by_name, SP_MEM_MODEL);
+    enum sp_status st = SP_OK;
+    for (int i = 0; i < count && st == SP_OK; i++) st = open_shard(s, path, i, count, named);
+    if (st == SP_OK) st = index_tensors(s);
+    if (st == SP_OK) st = check_tensor_count(s);
+    if (st != SP_OK) {
+        sp_gguf_split_close(s);
+        return st;
+    }
+    *out = s;
+    return SP_OK;
+}
+
+void sp_gguf_split_close(struct sp_gguf_split *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_shards; i++) sp_gguf_close(s->shards[i]);
+    sp_free(s->shards);
+    sp_free(s->tensors);
+    sp_free(s->shard_of);
+    sp_strmap_free(&s->by_name);
+    sp_free(s);
+}
+
+const struct sp_gguf_tensor *sp_gguf_split_find(const struct sp_gguf_split *s, const char *name, int *shard) {
+    int64_t i;
+    if (!sp_strmap_get(&s->by_name, name, strlen(name), &i)) return NULL;
+    if (shard) *shard = s->shard_of[i];
+    return s->tensors[i];
+}

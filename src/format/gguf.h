@@ -1,7 +1,8 @@
 /*
  * gguf.h - one GGUF file (v2 or v3, little-endian), as llama.cpp and Ollama
  * write them: typed metadata and tensor infos parsed with strict
- * validation, tensor data mapped read-only.
+ * validation, tensor data mapped read-only. Split models
+ * (name-00001-of-0000N.gguf) open as one set of shards.
  *
  *     struct sp_gguf_file *f;
  *     if (sp_gguf_open("model.gguf", &f) != SP_OK) puts(sp_error_msg());
@@ -204,5 +205,26 @@ double sp_gguf_arr_float(const struct sp_gguf_kv *kv, int64_t i);
 bool sp_gguf_arr_bool(const struct sp_gguf_kv *kv, int64_t i);
 /* False for a uint64 beyond INT64_MAX. */
 bool sp_gguf_arr_int(const struct sp_gguf_kv *kv, int64_t i, int64_t *out);
+
+/* A model in one file or split over shards name-00001-of-0000N.gguf. */
+struct sp_gguf_split {
+    struct sp_gguf_file **shards;  // (n_shards), owned; shards[0] holds the model's metadata
+    int n_shards;
+    const struct sp_gguf_tensor **tensors;  // (n_tensors) over all shards in shard order; borrowed from them
+    int *shard_of;  // (n_tensors): the shard holding each tensor
+    int64_t n_tensors;
+    struct sp_strmap by_name;  // name -> index in tensors
+};
+
+/* Opens path and, where its name ends in -00001-of-0000N.gguf, the other
+ * N - 1 shards beside it. Each shard's split.no (0-based) and split.count
+ * must match its name, split.tensors.count (where given) the total, and
+ * tensor names be unique over the set. A file with another name is a set of
+ * one (and must not say split.count > 1). *out is owned (sp_gguf_split_close). */
+enum sp_status sp_gguf_split_open(const char *path, struct sp_gguf_split **out);
+void sp_gguf_split_close(struct sp_gguf_split *s);
+/* The tensor called name over all shards, or NULL; *shard (may be NULL)
+ * gets the shard holding it. Borrowed from s. */
+const struct sp_gguf_tensor *sp_gguf_split_find(const struct sp_gguf_split *s, const char *name, int *shard);
 
 #endif
