@@ -29,10 +29,9 @@ constexpr int WARP = 32;
 constexpr int TOKENS = 8;     // tokens sharing each decoded unit of a product
 constexpr int ROW_WARPS = 4;  // rows (a warp each) per block of a product
 constexpr int COL_THREADS = 128;
-constexpr int ATT_WARPS = 4;  // warps of an attention block, a cached position each at a time
-constexpr int ATT_LANE_DIMS = SP_CUDA_MAX_HEAD_DIM / WARP;
+constexpr int ATT_WARPS = 4;  // warps of an attention block, 32 cached positions each
 constexpr int MAX_GRID_Y = 65535;
-constexpr int ATT_CHUNK = 64;  // cached positions a block of attention takes
+constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (32 a warp)
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
@@ -317,6 +316,24 @@ __device__ __forceinline__ uint32_t word_of(const uint4 &q, int i) {
     return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
+/* Twice the E2M1 values of the 8 codes of v, exactly (whole numbers from
+ * -12 to 12), in three byte permutes and two float ops for four: table
+ * bytes 12 + 2|value| and 12 - 2|value| chosen by each code's magnitude,
+ * one of the two by its sign, then each byte placed under 2^23's exponent
+ * and the bias taken off. */
+__device__ __forceinline__ void mx2_unit(uint32_t v, float *o) {
+    constexpr uint32_t POS0 = 0x0f0e0d0cu, POS1 = 0x18141210u;  // 12 + {0, 1, 2, 3}, 12 + {4, 6, 8, 12}
+    constexpr uint32_t NEG0 = 0x090a0b0cu, NEG1 = 0x00040608u;  // 12 - the same
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t c = v >> (16 * h), mag = c & 0x7777u, side = 0x3210u | ((c & 0x8888u) >> 1);
+        uint32_t bytes = __byte_perm(__byte_perm(POS0, POS1, mag), __byte_perm(NEG0, NEG1, mag), side);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            o[4 * h + k] = __fsub_rn(__uint_as_float(__byte_perm(bytes, 0x4b000000u, 0x7650u | (uint32_t)k)), 8388620.0f);
+    }
+}
+
 /* Unit u (elements 8u .. 8u + 7) of a chunk q, its group's scale s and bias b. */
 template <int K, int BITS>
 __device__ __forceinline__ void vdecode(const uint4 &q, int u, float s, float b, float *o) {
@@ -395,11 +412,25 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
                 s[r] = e8m0(static_cast<uint8_t>(rw[r].s[c / cpg]));
             }
         }
+        /* mxfp4: twice each code's value, a whole number, by byte permutes
+         * (mx2_unit); the chunk (in one group) summed apart, then scaled by
+         * its power of two, halved */
+        constexpr bool MX = K == K_MXFP4;
+        float part[MX ? VR : 1][MX ? NT : 1];
+        if constexpr (MX) {
+#pragma unroll
+            for (int r = 0; r < VR; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) part[r][t] = 0.0f;
+        }
 #pragma unroll
         for (int u = 0; u < UPC; u++) {
             float wv[VR][8];
 #pragma unroll
-            for (int r = 0; r < VR; r++) vdecode<K, BITS>(q[r], u, s[r], b[r], wv[r]);
+            for (int r = 0; r < VR; r++) {
+                if constexpr (MX) mx2_unit(word_of(q[r], u), wv[r]);
+                else vdecode<K, BITS>(q[r], u, s[r], b[r], wv[r]);
+            }
             const float *xp = x + (int64_t)c * EC + u * 8;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
@@ -417,8 +448,17 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
 #pragma unroll
                 for (int r = 0; r < VR; r++)
 #pragma unroll
-                    for (int k = 0; k < 8; k++) acc[r][t] = fmaf(wv[r][k], xv[k], acc[r][t]);
+                    for (int k = 0; k < 8; k++) {
+                        if constexpr (MX) part[r][t] = fmaf(wv[r][k], xv[k], part[r][t]);
+                        else acc[r][t] = fmaf(wv[r][k], xv[k], acc[r][t]);
+                    }
             }
+        }
+        if constexpr (MX) {
+#pragma unroll
+            for (int r = 0; r < VR; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) acc[r][t] = fmaf(part[r][t], __fmul_rn(0.5f, s[r]), acc[r][t]);
         }
     }
 #pragma unroll
@@ -671,7 +711,7 @@ __global__ void k_rope_table(const int32_t *pos, int64_t n, const float *inv_fre
     cs[t * 2 * half + half + i] = __fmul_rn((float)sin((double)ang), scale);
 }
 
-constexpr int NORM_THREADS = 256;
+constexpr int NORM_THREADS = 1024;
 
 /* Sum over the block (NORM_THREADS) in a fixed order; every thread gets it. */
 __device__ double block_sum_d(double v, double *red) {
@@ -715,22 +755,23 @@ __global__ void k_glu(float *out, int64_t ldo, const float *g, const float *u, i
     out[t * ldo + j] = __fmul_rn(__fadd_rn(ui, u_offset), sig);
 }
 
+/* A block a (row, MOVE_THREADS columns): a column a thread. */
+constexpr int MOVE_THREADS = 256;
+
 __global__ void k_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int64_t cols) {
-    const float *s = src + (int64_t)rows[blockIdx.x] * lds;
-    float *d = dst + (int64_t)blockIdx.x * ldd;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+    int64_t c = (int64_t)blockIdx.y * MOVE_THREADS + threadIdx.x;
+    if (c < cols) dst[(int64_t)blockIdx.x * ldd + c] = src[(int64_t)rows[blockIdx.x] * lds + c];
 }
 
 __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
                               const int32_t *list, const float *w, int64_t cols) {
     int32_t a = off[blockIdx.x], b = off[blockIdx.x + 1];
-    if (a == b) return;
-    float *o = out + (int64_t)blockIdx.x * ldo;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = o[c];
-        for (int32_t k = a; k < b; k++) v = fmaf(w[list[k]], src[(int64_t)list[k] * lds + c], v);
-        o[c] = v;
-    }
+    int64_t c = (int64_t)blockIdx.y * MOVE_THREADS + threadIdx.x;
+    if (a == b || c >= cols) return;
+    float *o = out + (int64_t)blockIdx.x * ldo + c;
+    float v = *o;
+    for (int32_t k = a; k < b; k++) v = fmaf(w[list[k]], src[(int64_t)list[k] * lds + c], v);
+    *o = v;
 }
 
 /* ---- routing ---- */
@@ -930,15 +971,17 @@ __device__ __forceinline__ int64_t kv_at(const sp_cuda_kv &kv, const sp_cuda_att
 
 constexpr int PRO_WARPS = 4;
 
-/* A block a token, a warp a head: norm, then rotate (each lane a pair of
- * elements, once the norm's writes are seen: __syncwarp), then store. */
+/* A block a (token, PRO_WARPS heads), a warp a head: norm, then rotate
+ * (each lane a pair of elements, once the norm's writes are seen:
+ * __syncwarp), then store. */
 template <int DT>
 __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
     int64_t t = blockIdx.x, hd = a.head_dim, half = a.rot / 2;
     int lane = threadIdx.x % WARP;
     float *row = qkv + t * ldq;
     const float *cs = a.rope_cs + t * a.rot;
-    for (int64_t h = threadIdx.x / WARP; h < a.n_heads + a.n_kv_heads; h += PRO_WARPS) {
+    int64_t h = (int64_t)blockIdx.y * PRO_WARPS + threadIdx.x / WARP;
+    if (h < a.n_heads + a.n_kv_heads) {
         float *v = row + h * hd;
         if (a.q_norm) {
             const float *nw = h < a.n_heads ? a.q_norm : a.k_norm;
@@ -955,7 +998,7 @@ __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, s
             v[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
         }
         __syncwarp();
-        if (h < a.n_heads) continue;
+        if (h < a.n_heads) return;
         int64_t kvh = h - a.n_heads, s = a.seq[t], p = a.pos[t];
         const float *vv = row + (a.n_heads + a.n_kv_heads + kvh) * hd;
         int64_t ko = kv_at(kv, a, 0, s, p, kvh), vo = kv_at(kv, a, 1, s, p, kvh);
@@ -966,57 +1009,86 @@ __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, s
     }
 }
 
+/* Elements [e, e + 8) of the cache from element offset o (o and e whole
+ * eights: 16-byte aligned rows). */
+template <int DT>
+__device__ __forceinline__ void kv_load8(const void *p, int64_t o, float *v) {
+    if constexpr (DT == SP_CUDA_F32) {
+        float4 a = __ldg(reinterpret_cast<const float4 *>(static_cast<const float *>(p) + o));
+        float4 b = __ldg(reinterpret_cast<const float4 *>(static_cast<const float *>(p) + o + 4));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        uint4 q = __ldg(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + o));
+        uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (DT == SP_CUDA_BF16) {
+                v[2 * i] = __uint_as_float(w[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+                v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+            }
+        }
+    }
+}
+
 /* A block a (token, query head, chunk of ATT_CHUNK of its visible
- * positions): each warp scores one cached position at a time (its lanes
- * over the dimensions, keys and values read in whole rows) with a running
- * softmax of its own; the warps are merged in order into the chunk's max,
- * sum and weighted values in part (zmax chunks a row). Chunks are fixed
- * spans of the token's own positions, so what a token gets does not depend
- * on the batch; they keep a decode step's few rows from walking the whole
- * cache in a handful of blocks. */
+ * positions), a warp 32 of them: each lane scores one position (its key
+ * row read whole, 16 bytes at a time, every lane's reads in flight at
+ * once), the warp takes their softmax against its max, then its lanes
+ * (over the dimensions) add the values weighted so in position order; the
+ * warps are merged in order into the chunk's max, sum and weighted values
+ * in part (zmax chunks a row). Chunks are fixed spans of the token's own
+ * positions, so what a token gets does not depend on the batch. */
 template <int DT>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
     k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *part) {
+    __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][SP_CUDA_MAX_HEAD_DIM];
     int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
     int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    int64_t p0 = lo + (int64_t)blockIdx.z * ATT_CHUNK, p1 = p0 + ATT_CHUNK < pos + 1 ? p0 + ATT_CHUNK : pos + 1;
-    if (p0 > pos) return;  // past the token's positions: k_attn_merge reads no such chunk
-    float q[ATT_LANE_DIMS], acc[ATT_LANE_DIMS];
-#pragma unroll
-    for (int i = 0; i < ATT_LANE_DIMS; i++) {
-        int64_t d = lane + i * WARP;
-        q[i] = d < hd ? qkv[t * ldq + h * hd + d] : 0.0f;
-        acc[i] = 0.0f;
-    }
+    int64_t c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
+    if (c0 > pos) return;  // past the token's positions: k_attn_merge reads no such chunk
+    for (int64_t i = threadIdx.x; i < hd; i += ATT_WARPS * WARP) q[i] = qkv[t * ldq + h * hd + i];
+    __syncthreads();
+    int64_t p0 = c0 + wid * WARP, p = p0 + lane;
     const float scale = 1.0f / sqrtf((float)hd);
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t p = p0 + wid; p < p1; p += ATT_WARPS) {
-        int64_t ko = kv_at(kv, a, 0, s, p, kvh) + lane, vo = kv_at(kv, a, 1, s, p, kvh) + lane;
+    float sc = -INFINITY;
+    if (p <= pos) {
+        int64_t ko = kv_at(kv, a, 0, s, p, kvh);
         float dot = 0.0f;
+        if (hd % 8 == 0) {
+            for (int64_t e = 0; e < hd; e += 8) {
+                float k8[8];
+                kv_load8<DT>(kv.data, ko + e, k8);
 #pragma unroll
-        for (int i = 0; i < ATT_LANE_DIMS; i++) {
-            if (i * WARP >= hd) break;
-            if (lane + i * WARP < hd) dot = fmaf(q[i], ldf<DT>(kv.data, ko + i * WARP), dot);
+                for (int j = 0; j < 8; j++) dot = fmaf(q[e + j], k8[j], dot);
+            }
+        } else {
+            for (int64_t e = 0; e < hd; e++) dot = fmaf(q[e], ldf<DT>(kv.data, ko + e), dot);
         }
-        float sc = __fmul_rn(warp_sum(dot), scale);
-        float mn = fmaxf(m, sc);
-        float f = expf(__fsub_rn(m, mn)), e = expf(__fsub_rn(sc, mn));  // f: 0 at the first position
-        l = __fadd_rn(__fmul_rn(l, f), e);
-#pragma unroll
-        for (int i = 0; i < ATT_LANE_DIMS; i++) {
-            if (i * WARP >= hd) break;
-            if (lane + i * WARP < hd) acc[i] = fmaf(e, ldf<DT>(kv.data, vo + i * WARP), __fmul_rn(acc[i], f));
+        sc = __fmul_rn(dot, scale);
+    }
+    float m = warp_max(sc);  // -inf where the warp has no position
+    float e = p <= pos ? expf(__fsub_rn(sc, m)) : 0.0f;
+    float l = warp_sum(e);
+    int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;  // the warp's positions (<= 0: none)
+    int64_t vo = kv_at(kv, a, 1, s, p0 > pos ? pos : p0, kvh), vstep = a.n_kv_heads * hd;
+    for (int64_t d0 = 0; d0 < hd; d0 += WARP) {  // every lane in every pass: the shuffles take the whole warp
+        int64_t d = d0 + lane;
+        float v = 0.0f;
+#pragma unroll 8
+        for (int j = 0; j < WARP; j++) {
+            float ej = __shfl_sync(0xffffffffu, e, j);
+            if (j < cnt && d < hd) v = fmaf(ej, ldf<DT>(kv.data, vo + j * vstep + d), v);
         }
-        m = mn;
+        if (d < hd) wacc[wid][d] = v;
     }
     if (lane == 0) wm[wid] = m, wl[wid] = l;
-#pragma unroll
-    for (int i = 0; i < ATT_LANE_DIMS; i++)
-        if (lane + i * WARP < hd) wacc[wid][lane + i * WARP] = acc[i];
     __syncthreads();
     float bm = wm[0], bl = 0.0f, wf[ATT_WARPS];
     for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, wm[w]);
@@ -1174,14 +1246,18 @@ extern "C" int sp_cuda_glu(float *out, int64_t ldo, const float *g, const float 
 extern "C" int sp_cuda_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int64_t n,
                               int64_t cols, void *stream) {
     if (n <= 0) return 0;
-    k_gather<<<(unsigned)n, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, ldd, src, lds, rows, cols);
+    if (cols <= 0) return 0;
+    dim3 grid((unsigned)n, (unsigned)((cols + MOVE_THREADS - 1) / MOVE_THREADS));
+    k_gather<<<grid, MOVE_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(dst, ldd, src, lds, rows, cols);
     return (int)cudaGetLastError();
 }
 
 extern "C" int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
                                    const int32_t *list, const float *w, int64_t n, int64_t cols, void *stream) {
     if (n <= 0) return 0;
-    k_scatter_add<<<(unsigned)n, 256, 0, static_cast<cudaStream_t>(stream)>>>(out, ldo, src, lds, off, list, w, cols);
+    if (cols <= 0) return 0;
+    dim3 grid((unsigned)n, (unsigned)((cols + MOVE_THREADS - 1) / MOVE_THREADS));
+    k_scatter_add<<<grid, MOVE_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(out, ldo, src, lds, off, list, w, cols);
     return (int)cudaGetLastError();
 }
 
@@ -1189,9 +1265,10 @@ extern "C" int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct 
                                      int64_t ldq, int64_t n, void *stream) {
     if (n <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (kv->dt == SP_CUDA_F32) k_prologue<SP_CUDA_F32><<<(unsigned)n, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
-    else if (kv->dt == SP_CUDA_F16) k_prologue<SP_CUDA_F16><<<(unsigned)n, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
-    else k_prologue<SP_CUDA_BF16><<<(unsigned)n, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
+    dim3 grid((unsigned)n, (unsigned)((a->n_heads + a->n_kv_heads + PRO_WARPS - 1) / PRO_WARPS));
+    if (kv->dt == SP_CUDA_F32) k_prologue<SP_CUDA_F32><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
+    else if (kv->dt == SP_CUDA_F16) k_prologue<SP_CUDA_F16><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
+    else k_prologue<SP_CUDA_BF16><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
     return (int)cudaGetLastError();
 }
 
