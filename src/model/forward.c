@@ -67,29 +67,37 @@ struct step_mark {
 };
 #define STEP_MARKS 4096
 
+/* Where a timed step begins: a backend mark (-1: none, or no room). */
+static int step_begin(struct sp_ctx *c) {
+    struct sp_backend *be = c->be;
+    return be->ops->mark && c->n_marks < STEP_MARKS ? be->ops->mark(be) : -1;
+}
+
+/* Where step s, begun at mark m0 and host time t0, ends: its marks kept
+ * for read_marks, or else the host's time to run it and wait for it. */
+static void step_end(struct sp_ctx *c, enum sp_step s, int m0, double t0, double macs) {
+    struct sp_backend *be = c->be;
+    int m1 = m0 >= 0 ? be->ops->mark(be) : -1;
+    if (m1 >= 0) {
+        c->marks[c->n_marks++] = (struct step_mark){s, m0, m1};
+    } else {
+        be->ops->sync(be);
+        c->steps.seconds[s] += sp_now_s() - t0;
+    }
+    c->steps.macs[s] += macs;
+}
+
 /* Runs the statement after m, adding its time and m multiply-adds to step
  * s of c when c keeps step times (m is not evaluated otherwise): the
  * device's time between marks where the backend has them, else the host's
  * time to run the step and wait for it. */
-#define STEP(c, s, m, ...)                                                     \
-    do {                                                                       \
-        if (!(c)->p.time_steps) {                                              \
-            __VA_ARGS__;                                                       \
-            break;                                                             \
-        }                                                                      \
-        struct sp_backend *step_be_ = (c)->be;                                 \
-        bool step_marks_ = step_be_->ops->mark && (c)->n_marks < STEP_MARKS;   \
-        int step_m0_ = step_marks_ ? step_be_->ops->mark(step_be_) : -1;       \
-        double step_t0_ = sp_now_s();                                          \
-        __VA_ARGS__;                                                           \
-        int step_m1_ = step_m0_ >= 0 ? step_be_->ops->mark(step_be_) : -1;     \
-        if (step_m1_ >= 0) {                                                   \
-            (c)->marks[(c)->n_marks++] = (struct step_mark){s, step_m0_, step_m1_}; \
-        } else {                                                               \
-            step_be_->ops->sync(step_be_);                                     \
-            (c)->steps.seconds[s] += sp_now_s() - step_t0_;                    \
-        }                                                                      \
-        (c)->steps.macs[s] += (m);                                             \
+#define STEP(c, s, m, ...)                                                    \
+    do {                                                                      \
+        bool step_timed_ = (c)->p.time_steps;                                 \
+        int step_m0_ = step_timed_ ? step_begin(c) : -1;                      \
+        double step_t0_ = step_timed_ ? sp_now_s() : 0;                       \
+        __VA_ARGS__;                                                          \
+        if (step_timed_) step_end((c), (s), step_m0_, step_t0_, (m));         \
     } while (0)
 
 /* The marked steps' device times, once the pass's work is done. */

@@ -637,6 +637,16 @@ static bool vec_item(struct cuda *c, const struct sp_mlp_item *it, struct sp_cud
            w[0].rows == (it->gate_up ? 2 * ff : ff) && w[1].rows == w[0].rows;
 }
 
+/* The weights of an item of the batched kernels (w as vec_item fills it),
+ * its rows still to set. */
+static struct sp_cuda_mlp_item item_weights(const struct sp_cuda_weight w[3], bool fused) {
+    return (struct sp_cuda_mlp_item){.codes = {w[0].codes, fused ? NULL : w[1].codes, w[2].codes},
+                                     .scales = {w[0].scales, fused ? NULL : w[1].scales, w[2].scales},
+                                     .biases = {w[0].biases, fused ? NULL : w[1].biases, w[2].biases},
+                                     .bias = {w[0].bias, fused ? NULL : w[1].bias, w[2].bias},
+                                     .ff = w[2].cols};
+}
+
 /* The items the batched kernels take are listed (consecutive ones of the
  * same formats in a run), uploaded in one copy, then each run is two
  * launches: gate, up and the activation into ff_b, then down into out.
@@ -665,12 +675,9 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         r->count++;
         r->max_n = cnt > r->max_n ? cnt : r->max_n;
         r->xvec = r->xvec && ((uintptr_t)it->x.data & 15) == 0 && it->x.ld % 4 == 0;
-        c->h_items[nv++] = (struct sp_cuda_mlp_item){
-            .codes = {w[0].codes, fused ? NULL : w[1].codes, w[2].codes},
-            .scales = {w[0].scales, fused ? NULL : w[1].scales, w[2].scales},
-            .biases = {w[0].biases, fused ? NULL : w[1].biases, w[2].biases},
-            .bias = {w[0].bias, fused ? NULL : w[1].bias, w[2].bias},
-            .x = it->x.data, .ldx = it->x.ld, .n = cnt, .row = it->row, .ff = w[2].cols};
+        struct sp_cuda_mlp_item *d = &c->h_items[nv++];
+        *d = item_weights(w, fused);
+        d->x = it->x.data, d->ldx = it->x.ld, d->n = cnt, d->row = it->row;
     }
     if (c->err || nv == 0) return;
     for (int64_t k = 0; k < nr; k++) {
@@ -728,12 +735,7 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
         if (ok && e == 0) t->gate = w[0], t->down = w[2];
         ok = ok && same_format(&t->gate, &w[0]) && same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
              !t->gate.bias == !w[1].bias;
-        h[e] = (struct sp_cuda_mlp_item){
-            .codes = {w[0].codes, t->fused ? NULL : w[1].codes, w[2].codes},
-            .scales = {w[0].scales, t->fused ? NULL : w[1].scales, w[2].scales},
-            .biases = {w[0].biases, t->fused ? NULL : w[1].biases, w[2].biases},
-            .bias = {w[0].bias, t->fused ? NULL : w[1].bias, w[2].bias},
-            .ff = w[2].cols};
+        h[e] = item_weights(w, t->fused);
     }
     if (ok && dev_alloc(c, (size_t)E * sizeof *h, (void **)&t->d) != SP_OK) ok = false;
     if (ok) ok = upload(c, t->d, h, (size_t)E * sizeof *h, "expert table");
