@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "backend/cpu/kernels.h"
 #include "model/inspect.h"
-#include "runtime/jsonv.h"
+#include "runtime/grammar.h"
 #include "tokenizer/detok.h"
 
 const double sp_ttft_bounds[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
@@ -52,7 +52,7 @@ struct slot {
     struct sp_detok *dt;  // created per request (flags differ)
     struct sp_buf held;   // detokenized text held back for stop strings
     uint64_t last_used;
-    struct sp_jsonv jv;   // JSON-constrained requests: the output so far
+    struct sp_gmatch *gm; // constrained requests: the grammar matcher, made on first use
 };
 
 struct sp_engine {
@@ -73,8 +73,10 @@ struct sp_engine {
     float *logits;       // (n_slots, vocab)
     float *scratch;      // (vocab) for logprobs
     float *scratch2;     // (vocab) for constrained sampling
-    char *tok_text;      // every token's text back to back (JSON constraint), built on first use
+    char *tok_text;      // every token's text back to back (constraints), built on first use
     int64_t *tok_off;    // (vocab + 1) offsets into tok_text
+    struct sp_gtrie *trie;  // the token texts as a trie, with tok_text
+    uint8_t *allowed;    // (vocab) tokens a constraint allows
     /* queue and stats, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -126,6 +128,7 @@ static bool tok_list_push(struct sp_tok_list *l, const struct sp_tok_info *t) {
 /* ---- requests ---- */
 
 static void req_free(struct sp_req *r) {
+    sp_grammar_free(r->gp.grammar);
     sp_free(r->prompt);
     sp_free(r->scope);
     for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(r->stops[i]);
@@ -206,6 +209,7 @@ void sp_engine_free(struct sp_engine *e) {
         sp_free(s->cache);
         sp_sampler_free(s->smp);
         sp_detok_free(s->dt);
+        sp_gmatch_free(s->gm);
         sp_buf_free(&s->held);
     }
     sp_free(e->slots);
@@ -222,6 +226,8 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->layer_misses);
     sp_free(e->tok_text);
     sp_free(e->tok_off);
+    sp_gtrie_free(e->trie);
+    sp_free(e->allowed);
     sp_ctx_free(e->ctx);
     sp_expert_store_free(e->experts);
     pthread_mutex_destroy(&e->mu);
@@ -302,9 +308,8 @@ fail:
 
 const struct sp_engine_params *sp_engine_params(const struct sp_engine *e) { return &e->p; }
 
-enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
-                                struct sp_req **out) {
-    *out = NULL;
+static enum sp_status submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
+                             struct sp_req **out) {
     if (atomic_load(&e->failed)) return sp_errorf(SP_ERR_STATE, "%s", e->fail_msg);
     if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
     if (gp->cache_scope && strlen(gp->cache_scope) >= SP_MAX_CACHE_SCOPE)
@@ -328,6 +333,7 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
     memcpy(r->prompt, prompt, (size_t)n * sizeof(int32_t));
     r->n_prompt = n;
     r->gp = *gp;
+    r->gp.grammar = NULL;  // the request owns it once queued
     if (r->gp.n_stops > SP_MAX_STOPS) r->gp.n_stops = SP_MAX_STOPS;
     for (int i = 0; i < r->gp.n_stops; i++) {
         r->stops[i] = sp_strdup(gp->stops[i], SP_MEM_SERVER);
@@ -351,6 +357,7 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
         req_free(r);
         return sp_errorf(SP_ERR_LIMIT, "the server is busy: %d requests are already waiting", e->p.queue_max);
     }
+    r->gp.grammar = gp->grammar;
     e->queue[(e->q_head + e->q_len) % e->p.queue_max] = r;
     e->q_len++;
     e->st.requests++;
@@ -358,6 +365,14 @@ enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int6
     pthread_mutex_unlock(&e->mu);
     *out = r;
     return SP_OK;
+}
+
+enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
+                                struct sp_req **out) {
+    *out = NULL;
+    enum sp_status st = submit(e, prompt, n, gp, out);
+    if (st != SP_OK) sp_grammar_free(gp->grammar);
+    return st;
 }
 
 void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses) {
@@ -420,7 +435,8 @@ static void admit(struct sp_engine *e) {
         sp_detok_free(s->dt);
         s->dt = NULL;
         if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
-        sp_jsonv_init_sampling(&s->jv);
+        sp_gmatch_free(s->gm);
+        s->gm = NULL;
         e->st.prompt_tokens += (uint64_t)r->n_prompt;
         e->st.cached_tokens += (uint64_t)best_common;
         pthread_mutex_lock(&r->mu);
@@ -444,6 +460,8 @@ static void finish(struct sp_engine *e, struct slot *s, enum sp_finish why, bool
     pthread_mutex_unlock(&r->mu);
     s->req = NULL;
     s->last_used = ++e->tick;
+    sp_gmatch_free(s->gm);  // it points into the request's grammar
+    s->gm = NULL;
     sp_req_release(r);
 }
 
@@ -540,30 +558,49 @@ static bool is_eos(const struct sp_engine *e, int32_t tok) {
     return false;
 }
 
-/* Samples a token that keeps the output a valid JSON prefix (the end of
- * sequence only once the object is complete): draw, and if the draw breaks
- * the JSON, mask it and draw again; after a few misses take the most likely
- * token that fits. Returns -1 when no token fits. */
-static int32_t sample_json(struct sp_engine *e, struct slot *s, float *row) {
-    const char *txt = e->tok_text;
-    for (int attempt = 0; attempt < 16; attempt++) {
+/* Whether a constrained request may take token t next: the end of
+ * sequence once the text is a sentence of its grammar; special tokens only
+ * where their text is kept in the output. */
+static bool constraint_allows(struct sp_engine *e, const struct slot *s, int32_t t) {
+    if (is_eos(e, t)) return sp_gmatch_accepting(s->gm);
+    if (e->tok_off[t + 1] == e->tok_off[t]) return false;
+    if ((s->req->gp.detok_flags & SP_TOK_SKIP_SPECIAL) && sp_tokenizer_is_special(e->tok, t)) return false;
+    return sp_gmatch_try(s->gm, e->tok_text + e->tok_off[t], (size_t)(e->tok_off[t + 1] - e->tok_off[t]));
+}
+
+/* Samples a token the request's grammar allows: draw, and if the draw does
+ * not fit, mask it and draw again (one check per token for a model that
+ * follows the format); after a few misses, mask every token that does not
+ * fit at once (a walk of the token trie) and draw from what is left.
+ * Returns -1 when no token fits. */
+static int32_t sample_constrained(struct sp_engine *e, struct slot *s, float *row) {
+    for (int attempt = 0; attempt < 8; attempt++) {
         memcpy(e->scratch2, row, (size_t)e->vocab * sizeof(float));
         int32_t t = sp_sampler_sample(s->smp, e->scratch2);
-        struct sp_jsonv c = s->jv;
-        bool ok = is_eos(e, t) ? sp_jsonv_complete(&s->jv)
-                               : e->tok_off[t + 1] > e->tok_off[t] && sp_jsonv_feed(&c, txt + e->tok_off[t], (size_t)(e->tok_off[t + 1] - e->tok_off[t]));
-        if (ok) return t;
+        if (t < 0 || t >= e->vocab) break;
+        if (constraint_allows(e, s, t)) return t;
         row[t] = -INFINITY;
     }
-    int32_t best = -1;
+    sp_gmatch_allowed(s->gm, e->trie, e->allowed);
+    bool skip_special = s->req->gp.detok_flags & SP_TOK_SKIP_SPECIAL, any = false;
     for (int64_t i = 0; i < e->vocab; i++) {
-        if (row[i] == -INFINITY || (best >= 0 && row[i] <= row[best])) continue;
-        struct sp_jsonv c = s->jv;
-        bool ok = is_eos(e, (int32_t)i) ? sp_jsonv_complete(&s->jv)
-                                        : e->tok_off[i + 1] > e->tok_off[i] && sp_jsonv_feed(&c, txt + e->tok_off[i], (size_t)(e->tok_off[i + 1] - e->tok_off[i]));
-        if (ok) best = (int32_t)i;
+        bool ok = is_eos(e, (int32_t)i) ? sp_gmatch_accepting(s->gm)
+                                         : e->allowed[i] && !(skip_special && sp_tokenizer_is_special(e->tok, (int32_t)i));
+        if (!ok) row[i] = -INFINITY;
+        any |= ok && row[i] > -INFINITY;
     }
-    return best;
+    if (!any) return -1;
+    int32_t t = sp_sampler_sample(s->smp, row);
+    return t >= 0 && t < e->vocab && constraint_allows(e, s, t) ? t : -1;
+}
+
+/* The matcher and token tables a constrained request needs; false when they
+ * cannot be made. */
+static bool constraint_ready(struct sp_engine *e, struct slot *s) {
+    if (!ensure_token_texts(e)) return false;
+    if (!e->trie && sp_gtrie_new(e->tok_text, e->tok_off, e->vocab, &e->trie) != SP_OK) return false;
+    if (!e->allowed && !(e->allowed = sp_malloc((size_t)e->vocab, SP_MEM_SERVER))) return false;
+    return s->gm || sp_gmatch_new(s->req->gp.grammar, &s->gm) == SP_OK;
 }
 
 /* After a forward pass: sample the next token of a slot from its logits row. */
@@ -573,18 +610,17 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
     bool want_info = r->gp.top_logprobs >= 0;
     if (want_info) memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
     int32_t tok;
-    if (r->gp.json_object) {
-        if (!ensure_token_texts(e)) {
-            finish(e, s, SP_FINISH_ERROR, false, "the JSON constraint needs the tokenizer's token texts");
+    if (r->gp.grammar) {
+        if (!constraint_ready(e, s)) {
+            finish(e, s, SP_FINISH_ERROR, false, "the output constraint needs the tokenizer's token texts and memory");
             return;
         }
-        tok = sample_json(e, s, row);
+        tok = sample_constrained(e, s, row);
         if (tok < 0) {
             finish(e, s, SP_FINISH_STOP, false, NULL);
             return;
         }
-        if (!is_eos(e, tok))
-            sp_jsonv_feed(&s->jv, e->tok_text + e->tok_off[tok], (size_t)(e->tok_off[tok + 1] - e->tok_off[tok]));
+        if (!is_eos(e, tok)) sp_gmatch_feed(s->gm, e->tok_text + e->tok_off[tok], (size_t)(e->tok_off[tok + 1] - e->tok_off[tok]));
     } else {
         tok = sp_sampler_sample(s->smp, row);
     }
@@ -634,15 +670,15 @@ static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
         return;
     }
     bool full = s->n_cache + 1 >= e->p.n_ctx;
-    bool json_done = r->gp.json_object && sp_jsonv_complete(&s->jv);
-    if ((r->gp.max_tokens > 0 && s->n_gen >= r->gp.max_tokens) || full || json_done) {
+    bool constraint_done = r->gp.grammar && sp_gmatch_done(s->gm);
+    if ((r->gp.max_tokens > 0 && s->n_gen >= r->gp.max_tokens) || full || constraint_done) {
         if (s->dt) {
             struct sp_buf tail = SP_BUF_INIT;
             sp_detok_flush(s->dt, &tail);
             sp_buf_append(&s->held, tail.data, tail.len);
             sp_buf_free(&tail);
         }
-        bool stop = release_text(s, true) || json_done;
+        bool stop = release_text(s, true) || constraint_done;
         finish(e, s, stop ? SP_FINISH_STOP : SP_FINISH_LENGTH, false, NULL);
         return;
     }

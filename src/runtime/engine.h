@@ -29,6 +29,7 @@
 
 #include "core/buf.h"
 #include "runtime/experts.h"
+#include "runtime/grammar.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -57,7 +58,8 @@ struct sp_gen_params {
     bool ignore_eos;
     int top_logprobs;       // -1: no logprobs; 0..20: chosen token plus that many alternatives
     unsigned detok_flags;   // SP_TOK_SKIP_SPECIAL or 0 (formats that parse control tokens)
-    bool json_object;       // constrain the output to one JSON object (response_format json_object)
+    struct sp_grammar *grammar;  // NULL, or the output must be a sentence of it (runtime/grammar.h):
+                                 // sp_engine_submit takes it, and frees it with the request
     const char *cache_scope;  // copied at submit: the prompt cache reuses only tokens cached under the
                               // same scope, so cached_tokens and timing say nothing of other scopes'
                               // prompts (NULL or "": the shared scope; shorter than SP_MAX_CACHE_SCOPE)

@@ -30,6 +30,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "server/chat_parse.h"
+#include "server/constrain.h"
 
 #define POLL_MS 50
 /* Retry-After of a 503: a full queue drains within a few decode steps; a
@@ -434,6 +435,7 @@ static void job_free(struct job *j) {
     sp_buf_free(&j->text);
     sp_tok_list_free(&j->toks);
     sp_chat_parser_free(j->parser);
+    sp_grammar_free(j->gp.grammar);
     cJSON_Delete(j->tools);
     sp_free(j->forced);
     sp_free(j);
@@ -1045,6 +1047,7 @@ static int conn_fd(struct MHD_Connection *c) {
 static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
     struct sp_server *s = j->srv;
     enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
+    j->gp.grammar = NULL;  // the engine took it
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
@@ -1128,13 +1131,10 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         }
     }
     const cJSON *rf = field(body, "response_format");
-    if (rf) {
-        const cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(type) || (strcmp(type->valuestring, "text") && strcmp(type->valuestring, "json_object"))) {
-            fail_param(&e, "response_format", "'response_format.type' must be \"text\" or \"json_object\"");
-            goto bad;
-        }
-        j->gp.json_object = !strcmp(type->valuestring, "json_object");
+    char why[320];
+    if (rf && !sp_response_format_grammar(rf, &j->gp.grammar, why, sizeof why)) {
+        fail_param(&e, "response_format", "%s", why);
+        goto bad;
     }
     const cJSON *ck = field(body, "chat_template_kwargs");
     if (ck && !cJSON_IsObject(ck)) {
@@ -1175,38 +1175,44 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (j->popts.format == SP_CHAT_FORMAT_HARMONY || j->popts.format == SP_CHAT_FORMAT_DEEPSEEK_V3) j->gp.detok_flags = 0;
     if (force_call) {
         /* tool_choice required / named: the reply starts as the model's own
-         * format starts a call, so the model can only fill it in */
+         * format starts a call; the model then writes a declared function's
+         * name (unless named) and arguments held to its schema, and the
+         * format's closing text ends the call */
         struct sp_buf pre = SP_BUF_INIT;
         if (j->popts.in_reasoning) sp_buf_puts(&pre, "</think>\n\n");
         switch (j->popts.format) {
         case SP_CHAT_FORMAT_HERMES:
-            if (force_name) {
-                /* the arguments are sampled as one JSON object, then the call is closed */
+            if (force_name)
                 sp_buf_printf(&pre, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", force_name);
-                j->gp.json_object = true;
-                j->forced_end = "}\n</tool_call>";
-            } else {
+            else
                 sp_buf_puts(&pre, "<tool_call>\n{\"name\": \"");
-            }
+            j->forced_end = "}\n</tool_call>";
             break;
         case SP_CHAT_FORMAT_QWEN3_CODER:
             if (force_name)
                 sp_buf_printf(&pre, "<tool_call>\n<function=%s>\n", force_name);
             else
                 sp_buf_puts(&pre, "<tool_call>\n<function=");
+            j->forced_end = "</function>\n</tool_call>";
             break;
         case SP_CHAT_FORMAT_HARMONY:
-            if (force_name) {
+            if (force_name)
                 sp_buf_printf(&pre, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", force_name);
-                j->gp.json_object = true;
-                j->forced_end = "<|call|>";
-            } else
+            else
                 sp_buf_puts(&pre, "<|channel|>commentary to=functions.");
+            j->forced_end = "<|call|>";
             break;
         default:
             sp_buf_free(&pre);
             ret = BAD_REQUEST(c, s, "tool_choice", "this model's chat format (%s) has no way to force a tool call",
                               sp_chat_format_name(j->popts.format));
+            goto out;
+        }
+        sp_grammar_free(j->gp.grammar);  // the call's form replaces any response_format
+        j->gp.grammar = NULL;
+        if (!sp_tool_call_grammar(j->popts.format, tools, force_name, &j->gp.grammar, why, sizeof why)) {
+            sp_buf_free(&pre);
+            ret = BAD_REQUEST(c, s, "tools", "%s", why);
             goto out;
         }
         if (pre.failed || sp_tokenizer_encode(s->tok, pre.data, pre.len, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
