@@ -196,7 +196,8 @@ bool sp_pool_take(atomic_llong *next, int64_t n, int64_t chunk, int64_t *lo, int
 }
 
 bool sp_pool_take_guided(atomic_llong *next, const int64_t *ends, int64_t n, int nth, int64_t *lo, int64_t *hi) {
-    int64_t total = n > 0 ? ends[n - 1] : 0, at = atomic_load_explicit(next, memory_order_relaxed);
+    int64_t total = n > 0 ? ends[n - 1] : 0;
+    long long at = atomic_load_explicit(next, memory_order_relaxed);
     if (nth < 1) nth = 1;
     for (;;) {
         if (at >= total) return false;

@@ -75,6 +75,7 @@ struct sp_engine {
     float *scratch2;     // (vocab) for constrained sampling
     char *tok_text;      // every token's text back to back (constraints), built on first use
     int64_t *tok_off;    // (vocab + 1) offsets into tok_text
+    uint8_t *tok_special; // (vocab) 1: a special token, with tok_text
     struct sp_gtrie *trie;  // the token texts as a trie, with tok_text
     uint8_t *allowed;    // (vocab) tokens a constraint allows
     /* queue and stats, under mu */
@@ -226,6 +227,7 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->layer_misses);
     sp_free(e->tok_text);
     sp_free(e->tok_off);
+    sp_free(e->tok_special);
     sp_gtrie_free(e->trie);
     sp_free(e->allowed);
     sp_ctx_free(e->ctx);
@@ -564,7 +566,7 @@ static bool is_eos(const struct sp_engine *e, int32_t tok) {
 static bool constraint_allows(struct sp_engine *e, const struct slot *s, int32_t t) {
     if (is_eos(e, t)) return sp_gmatch_accepting(s->gm);
     if (e->tok_off[t + 1] == e->tok_off[t]) return false;
-    if ((s->req->gp.detok_flags & SP_TOK_SKIP_SPECIAL) && sp_tokenizer_is_special(e->tok, t)) return false;
+    if ((s->req->gp.detok_flags & SP_TOK_SKIP_SPECIAL) && e->tok_special[t]) return false;
     return sp_gmatch_try(s->gm, e->tok_text + e->tok_off[t], (size_t)(e->tok_off[t + 1] - e->tok_off[t]));
 }
 
@@ -582,12 +584,17 @@ static int32_t sample_constrained(struct sp_engine *e, struct slot *s, float *ro
         row[t] = -INFINITY;
     }
     sp_gmatch_allowed(s->gm, e->trie, e->allowed);
+    float eos_logit[16];
+    for (int k = 0; k < e->n_eos; k++) eos_logit[k] = row[e->eos[k]];
     bool skip_special = s->req->gp.detok_flags & SP_TOK_SKIP_SPECIAL, any = false;
     for (int64_t i = 0; i < e->vocab; i++) {
-        bool ok = is_eos(e, (int32_t)i) ? sp_gmatch_accepting(s->gm)
-                                         : e->allowed[i] && !(skip_special && sp_tokenizer_is_special(e->tok, (int32_t)i));
-        if (!ok) row[i] = -INFINITY;
-        any |= ok && row[i] > -INFINITY;
+        if (!e->allowed[i] || (skip_special && e->tok_special[i])) row[i] = -INFINITY;
+        any |= row[i] > -INFINITY;
+    }
+    bool accepting = sp_gmatch_accepting(s->gm);
+    for (int k = 0; k < e->n_eos; k++) {
+        row[e->eos[k]] = accepting ? eos_logit[k] : -INFINITY;
+        any |= accepting && eos_logit[k] > -INFINITY;
     }
     if (!any) return -1;
     int32_t t = sp_sampler_sample(s->smp, row);
@@ -600,6 +607,10 @@ static bool constraint_ready(struct sp_engine *e, struct slot *s) {
     if (!ensure_token_texts(e)) return false;
     if (!e->trie && sp_gtrie_new(e->tok_text, e->tok_off, e->vocab, &e->trie) != SP_OK) return false;
     if (!e->allowed && !(e->allowed = sp_malloc((size_t)e->vocab, SP_MEM_SERVER))) return false;
+    if (!e->tok_special) {
+        if (!(e->tok_special = sp_malloc((size_t)e->vocab, SP_MEM_SERVER))) return false;
+        for (int64_t i = 0; i < e->vocab; i++) e->tok_special[i] = sp_tokenizer_is_special(e->tok, (int32_t)i);
+    }
     return s->gm || sp_gmatch_new(s->req->gp.grammar, &s->gm) == SP_OK;
 }
 

@@ -23,6 +23,7 @@
 #define SYM_ARG(x) ((x) & ((1u << 30) - 1))
 #define MAX_OPEN 64           // alternatives open at once in a builder
 #define MAX_STATES 4096       // interned configurations before the memo is flushed
+#define MASKS 4               // token masks remembered, by configuration
 #define UNKNOWN (-2)
 #define DEAD (-1)
 
@@ -375,6 +376,15 @@ struct sp_gmatch {
     /* depth-first walk of the trie */
     struct { int32_t child, state; } *frames;
     int cap_frames;
+    /* the last masks made, by configuration: inside a string or a run of
+     * whitespace the configuration repeats from token to token */
+    struct {
+        int32_t state;  // -1: empty
+        int64_t count;
+        uint8_t *ok;
+    } masks[MASKS];
+    const struct sp_gtrie *mask_trie;
+    int next_mask;
 };
 
 static uint32_t hash_words(const uint32_t *w, size_t n) {
@@ -567,6 +577,7 @@ static bool flush(struct sp_gmatch *m) {
         if (!vec_push(&m->key, m->words.v[m->st_off[m->cur] + i])) return false;
     m->words.n = 0;
     m->n_states = 0;
+    for (int i = 0; i < MASKS; i++) m->masks[i].state = -1;
     memset(m->hash, 0, m->hcap * sizeof *m->hash);
     m->cur = intern(m);
     return m->cur >= 0;
@@ -584,6 +595,7 @@ void sp_gmatch_free(struct sp_gmatch *m) {
     sp_free(m->found_at);
     sp_free(m->cur_stack);
     sp_free(m->frames);
+    for (int i = 0; i < MASKS; i++) sp_free(m->masks[i].ok);
     sp_free(m);
 }
 
@@ -592,6 +604,7 @@ enum sp_status sp_gmatch_new(const struct sp_grammar *g, struct sp_gmatch **out)
     struct sp_gmatch *m = sp_calloc(1, sizeof *m, SP_MEM_SERVER);
     if (!m) return SP_ERR_NOMEM;
     m->g = g;
+    for (int i = 0; i < MASKS; i++) m->masks[i].state = -1;
     m->cap_states = 64;
     m->hcap = 256;
     m->st_off = sp_malloc((size_t)m->cap_states * sizeof *m->st_off, SP_MEM_SERVER);
@@ -610,6 +623,12 @@ enum sp_status sp_gmatch_new(const struct sp_grammar *g, struct sp_gmatch **out)
     }
     *out = m;
     return SP_OK;
+}
+
+enum sp_status sp_gmatch_reset(struct sp_gmatch *m) {
+    if (m->n_states >= MAX_STATES && !flush(m)) return SP_ERR_NOMEM;
+    m->cur = initial_state(m);
+    return m->cur < 0 ? SP_ERR_NOMEM : SP_OK;
 }
 
 /* The configuration after the bytes, from the current one (DEAD: refused). */
@@ -638,9 +657,20 @@ bool sp_gmatch_done(const struct sp_gmatch *m) {
 }
 
 int64_t sp_gmatch_allowed(struct sp_gmatch *m, const struct sp_gtrie *t, uint8_t *ok) {
+    if (m->cur < 0 || (m->n_states >= MAX_STATES && !flush(m))) {
+        memset(ok, 0, (size_t)t->n_tokens);
+        return 0;
+    }
+    if (m->mask_trie != t) {
+        for (int i = 0; i < MASKS; i++) m->masks[i].state = -1;
+        m->mask_trie = t;
+    }
+    for (int i = 0; i < MASKS; i++)
+        if (m->masks[i].state == m->cur) {
+            memcpy(ok, m->masks[i].ok, (size_t)t->n_tokens);
+            return m->masks[i].count;
+        }
     memset(ok, 0, (size_t)t->n_tokens);
-    if (m->cur < 0) return 0;
-    if (m->n_states >= MAX_STATES && !flush(m)) return 0;
     if (m->cap_frames < t->max_len + 1) {
         void *f = sp_realloc(m->frames, ((size_t)t->max_len + 1) * sizeof *m->frames);
         if (!f) return 0;
@@ -670,6 +700,15 @@ int64_t sp_gmatch_allowed(struct sp_gmatch *m, const struct sp_gtrie *t, uint8_t
             m->frames[top].child = nd->child;
             m->frames[top].state = s;
         }
+    }
+    /* remember it (a failed allocation only loses the memo) */
+    int slot = m->next_mask;
+    if (!m->masks[slot].ok) m->masks[slot].ok = sp_malloc((size_t)t->n_tokens, SP_MEM_SERVER);
+    if (m->masks[slot].ok) {
+        memcpy(m->masks[slot].ok, ok, (size_t)t->n_tokens);
+        m->masks[slot].state = m->cur;
+        m->masks[slot].count = count;
+        m->next_mask = (slot + 1) % MASKS;
     }
     return count;
 }

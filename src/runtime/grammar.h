@@ -98,6 +98,8 @@ struct sp_gmatch;
 /* A matcher at the start of `g` (which must outlive it). */
 enum sp_status sp_gmatch_new(const struct sp_grammar *g, struct sp_gmatch **out);
 void sp_gmatch_free(struct sp_gmatch *m);
+/* Back to the start, keeping what the memo learned. */
+enum sp_status sp_gmatch_reset(struct sp_gmatch *m);
 /* Whether the bytes would be accepted next; the matcher does not change. */
 bool sp_gmatch_try(struct sp_gmatch *m, const void *bytes, size_t n);
 /* Takes the bytes if they are accepted next (true); else changes nothing. */
