@@ -1116,6 +1116,13 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
             fail_param(&e, "tool_choice", "'tool_choice' asks for a tool call but the request has no 'tools'");
             goto bad;
         }
+        /* "required" with a single tool can only call that one: naming it
+         * constrains its arguments to JSON as well */
+        if (force_call && !force_name && cJSON_GetArraySize(tools) == 1) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(tools->child, "function");
+            const cJSON *n = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+            if (cJSON_IsString(n) && *n->valuestring) force_name = n->valuestring;
+        }
         bool known = !force_name;
         for (const cJSON *t = tools ? tools->child : NULL; t && !known; t = t->next) {
             const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
