@@ -202,7 +202,8 @@ static void add_common_headers(struct sp_server *s, struct MHD_Response *r, cons
     MHD_add_response_header(r, "Content-Type", ctype);
     if (s->o.cors) {
         MHD_add_response_header(r, "Access-Control-Allow-Origin", s->o.cors);
-        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, x-api-key, anthropic-version");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     }
 }
@@ -1449,14 +1450,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
 #define KEY_NONE (-1)     // no keys are in use
 #define KEY_REFUSED (-2)  // keys are in use and the request has none of them
 
-/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
- * Every key is compared in full, so the time taken says nothing of how
- * close a guess came. */
-static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
-    if (s->o.n_api_keys <= 0) return KEY_NONE;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return KEY_REFUSED;
-    const char *k = h + 7;
+/* The index of the API key k, or KEY_REFUSED. Every key is compared in
+ * full, so the time taken says nothing of how close a guess came. */
+static int key_lookup(struct sp_server *s, const char *k) {
     size_t kl = strlen(k);
     int found = KEY_REFUSED;
     for (int n = 0; n < s->o.n_api_keys; n++) {
@@ -1467,6 +1463,18 @@ static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
             diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
         if (diff == 0) found = n;
     }
+    return found;
+}
+
+/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
+ * OpenAI clients send "Authorization: Bearer KEY", Anthropic's "x-api-key:
+ * KEY"; either is accepted. */
+static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
+    if (s->o.n_api_keys <= 0) return KEY_NONE;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    int found = h && strncmp(h, "Bearer ", 7) == 0 ? key_lookup(s, h + 7) : KEY_REFUSED;
+    if (found == KEY_REFUSED && x) found = key_lookup(s, x);
     return found;
 }
 

@@ -37,7 +37,8 @@
 struct sp_server_opts {
     const char *host;      // "127.0.0.1"; "0.0.0.0" or "::" to listen everywhere
     int port;
-    const char *const *api_keys;  // accepted keys (borrowed; none: no key required); each key is a
+    const char *const *api_keys;  // accepted keys, sent as "Authorization: Bearer KEY" or "x-api-key: KEY"
+                                  // (borrowed; none: no key required); each key is a
     int n_api_keys;               // prompt-cache scope of its own, so clients of one key never reuse,
                                   // nor learn of, another key's cached prompts
     const char *cors;      // Access-Control-Allow-Origin value, or NULL
