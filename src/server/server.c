@@ -29,6 +29,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "server/api.h"
 #include "server/chat_parse.h"
 
 #define POLL_MS 50
@@ -92,7 +93,8 @@ struct sock {
     int fd;
     atomic_bool reading;
     _Atomic double since;
-    bool expired;  // shut down by the watchdog
+    bool expired;    // shut down by the watchdog
+    bool anthropic;  // the request being served is an Anthropic route: errors in Anthropic's shape
 };
 
 /* Per-connection state, from the first call of the access handler to the
@@ -296,7 +298,11 @@ static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
-    error_json(&b, msg, type, param, ecode, code);
+    struct sock *k = conn_sock(c);
+    if (k && k->anthropic)
+        sp_api_anthropic_error(&b, code, msg);
+    else
+        error_json(&b, msg, type, param, ecode, code);
     enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
@@ -421,6 +427,7 @@ struct job {
     cJSON *tools;                   // the request's tools (the parser borrows them)
     char *forced;                   // tool_choice: the start of the reply written for the model, or NULL
     const char *forced_end;         // and its end, once the constrained arguments are complete
+    struct sp_api_out *ao;          // Responses / Anthropic requests: their output (NULL: chat completions)
 };
 
 static void job_free(struct job *j) {
@@ -437,6 +444,7 @@ static void job_free(struct job *j) {
     sp_chat_parser_free(j->parser);
     cJSON_Delete(j->tools);
     sp_free(j->forced);
+    sp_api_out_free(j->ao);
     sp_free(j);
 }
 
@@ -801,6 +809,14 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
  * or as is. Token logprobs ride on the first chunk written (or an empty one). */
 static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
     bool wrote = false;
+    if (j->ao) {
+        size_t n;
+        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+            sp_api_out_events(j->ao, ev, n, &j->out);
+        }
+        return;
+    }
     if (j->chat && j->parser) {
         size_t n = 0;
         /* events belong to the last push: read them only after one */
@@ -822,6 +838,10 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
 /* An error event in OpenAI's error shape (code: a string, or NULL for the
  * HTTP-like number). */
 static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
+    if (j->ao) {
+        sp_api_out_fail(j->ao, code, msg, &j->prog, &j->out);
+        return;
+    }
     struct sp_buf b = SP_BUF_INIT;
     error_json(&b, msg, type, NULL, code, 500);
     sp_buf_puts(&j->out, "data: ");
@@ -831,6 +851,7 @@ static void sse_error(struct job *j, const char *type, const char *code, const c
 }
 
 static void sse_usage_and_done(struct job *j) {
+    if (j->ao) return;  // their streams end with their own last event
     if (j->include_usage) {
         struct sp_buf b = SP_BUF_INIT;
         struct sp_jw w;
@@ -908,11 +929,18 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                     sp_chat_parser_finish(j->parser);
                     size_t n;
                     const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
-                    for (size_t i = 0; i < n; i++)
-                        sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, j->toks.n);
+                    if (j->ao)
+                        sp_api_out_events(j->ao, ev, n, &j->out);
+                    else
+                        for (size_t i = 0; i < n; i++)
+                            sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
+                                      j->toks.n);
                     calls = sp_chat_parser_tool_calls(j->parser) > 0;
                 }
-                sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
+                if (j->ao)
+                    sp_api_out_end(j->ao, &j->prog, &j->out);
+                else
+                    sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
             }
             sse_usage_and_done(j);
             j->done = true;
@@ -923,6 +951,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     memcpy(buf, j->out.data + j->out_pos, n);
     j->out_pos += n;
     return (ssize_t)n;
+}
+
+/* The whole body of a Responses or Anthropic request. */
+static enum MHD_Result send_api_body(struct MHD_Connection *c, struct job *j) {
+    if (sp_api_out_parse(j->ao, &j->popts, j->text.data ? j->text.data : "", j->text.len) != SP_OK)
+        return send_error(c, j->srv, 500, "server_error", NULL, NULL, "out of memory");
+    struct sp_buf b = SP_BUF_INIT;
+    sp_api_out_body(j->ao, &j->prog, &b);
+    enum MHD_Result r = send_json(c, j->srv, 200, &b);
+    sp_buf_free(&b);
+    return r;
 }
 
 /* The whole response of a non-streaming request. */
@@ -950,6 +989,7 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     if (j->prog.finish == SP_FINISH_ERROR)
         return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
     if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
+    if (j->ao) return send_api_body(c, j);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -1077,11 +1117,34 @@ static struct job *job_new(struct sp_server *s, bool chat, int key) {
     return j;
 }
 
-static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
+/* A Responses or Anthropic request translated into a chat body: the API
+ * that answers, its own body (what the answer echoes), and whether only
+ * the prompt's tokens are counted (count_tokens). */
+struct api_req {
+    enum sp_api api;
+    const cJSON *body;
+    bool count_only;
+};
+
+/* The output writer of an API request, and the events that open its
+ * stream; false when out of memory. */
+static bool api_start(struct job *j, const struct api_req *api) {
+    struct sp_api_out_info oi = {.api = api->api, .request = api->body, .id = j->id, .model = j->srv->o.model_id,
+                                 .created = (int64_t)time(NULL), .prompt_tokens = j->prompt.n, .tok = j->srv->tok};
+    if (sp_api_out_new(&oi, &j->ao) != SP_OK) return false;
+    if (j->stream) sp_api_out_begin(j->ao, &j->out);
+    return !j->out.failed;
+}
+
+/* Chat completions; api: a Responses or Anthropic request translated into
+ * a chat body (NULL for /v1/chat/completions). */
+static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body,
+                                   const struct api_req *api) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
     struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
+    if (api) gen_id(s, sp_api_id_prefix(api->api), j->id, sizeof j->id);
     cJSON *msgs = NULL, *kwargs = NULL;
     char *prompt = NULL;
     enum MHD_Result ret;
@@ -1224,7 +1287,14 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         }
         j->forced = sp_buf_take(&pre);
     }
-    if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
+    if (api && api->count_only) {
+        struct sp_buf b = SP_BUF_INIT;
+        sp_api_anthropic_count(&b, j->prompt.n);
+        ret = send_json(c, s, 200, &b);
+        sp_buf_free(&b);
+        goto out;
+    }
+    if ((j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) || (api && !api_start(j, api))) {
         ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
@@ -1242,13 +1312,30 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, api ? sp_api_param(api->api, e.param) : e.param, "%s", e.msg);
 out:
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
     sp_free(prompt);
     job_free(j);
     return ret;
+}
+
+/* POST /v1/responses, /v1/messages and /v1/messages/count_tokens: the
+ * request as a chat body, answered by the chat path in the API's shape. */
+static enum MHD_Result handle_api(struct MHD_Connection *c, struct conn *cn, const cJSON *body, const char *url) {
+    struct sp_server *s = cn->srv;
+    struct api_req a = {.api = !strcmp(url, "/v1/responses") ? SP_API_RESPONSES : SP_API_ANTHROPIC, .body = body,
+                        .count_only = !strcmp(url, "/v1/messages/count_tokens")};
+    const char *tsrc = s->ct ? s->ct->source : NULL;
+    struct sp_api_err e;
+    cJSON *chat;
+    bool ok = a.api == SP_API_RESPONSES ? sp_api_responses_to_chat(body, tsrc, &chat, &e)
+                                        : sp_api_anthropic_to_chat(body, tsrc, a.count_only, &chat, &e);
+    if (!ok) return BAD_REQUEST(c, s, e.param[0] ? e.param : NULL, "%s", e.msg);
+    enum MHD_Result r = handle_chat(c, cn, chat, &a);
+    cJSON_Delete(chat);
+    return r;
 }
 
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
@@ -1493,7 +1580,8 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
-    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
+    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
+                 !strcmp(url, "/v1/responses") || !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
     cn->key = api_key_index(c, s);
     if (cn->key == KEY_REFUSED)
@@ -1515,9 +1603,11 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!cJSON_IsObject(body))
         r = BAD_REQUEST(c, s, NULL, "the request body must be a JSON object");
     else if (!strcmp(url, "/v1/chat/completions"))
-        r = handle_chat(c, cn, body);
-    else
+        r = handle_chat(c, cn, body, NULL);
+    else if (!strcmp(url, "/v1/completions"))
         r = handle_completion(c, cn, body);
+    else
+        r = handle_api(c, cn, body, url);
     cJSON_Delete(body);
     return r;
 }
@@ -1569,6 +1659,8 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         if (!cn) return MHD_NO;
         cn->srv = s;
         *con_cls = cn;
+        struct sock *k = conn_sock(c);
+        if (k) k->anthropic = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
         char why[160];
         if (!framing_ok(c, why, sizeof why))
             return send_error(c, s, 400, "invalid_request_error", NULL, "bad_framing", "%s", why);
