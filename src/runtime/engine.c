@@ -51,6 +51,7 @@ struct slot {
     struct sp_sampler *smp;
     struct sp_detok *dt;  // created per request (flags differ)
     struct sp_buf held;   // detokenized text held back for stop strings
+    int stop_hit;         // the stop string release_text last found, or -1
     uint64_t last_used;
     struct sp_gmatch *gm; // constrained requests: the grammar matcher, made on first use
 };
@@ -431,6 +432,7 @@ static void admit(struct sp_engine *e) {
         s->prompt_pos = best_common;
         s->decoding = false;
         s->n_gen = 0;
+        s->stop_hit = -1;
         sp_buf_clear(&s->held);
         sp_sampler_configure(s->smp, &r->gp.sampling);
         for (int64_t i = 0; i < r->n_prompt; i++) sp_sampler_accept(s->smp, r->prompt[i]);
@@ -456,6 +458,7 @@ static void finish(struct sp_engine *e, struct slot *s, enum sp_finish why, bool
     r->prog.finished = true;
     r->prog.finish = why;
     r->prog.stopped_by_eos = by_eos;
+    r->prog.stop_index = why == SP_FINISH_STOP ? s->stop_hit : -1;
     r->prog.completion_tokens = s->n_gen;
     if (err) snprintf(r->prog.error, sizeof r->prog.error, "%s", err);
     pthread_cond_broadcast(&r->cv);
@@ -473,11 +476,13 @@ static bool release_text(struct slot *s, bool final) {
     struct sp_req *r = s->req;
     size_t upto = s->held.len;
     bool stop = false;
+    s->stop_hit = -1;
     for (int i = 0; i < r->gp.n_stops; i++) {
         const char *hit = memmem(s->held.data ? s->held.data : "", s->held.len, r->stops[i], strlen(r->stops[i]));
         if (hit && (size_t)(hit - s->held.data) < upto) {
             upto = (size_t)(hit - s->held.data);
             stop = true;
+            s->stop_hit = i;
         }
     }
     if (!stop && !final) {

@@ -87,6 +87,7 @@ struct sp_req_progress {
     bool finished;
     enum sp_finish finish;
     bool stopped_by_eos;  // finish STOP because of an end-of-sequence token (not a stop string)
+    int stop_index;       // once finished: the stop string that ended it (index into gp.stops), or -1
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     double queue_s, ttft_s;  // waiting for a slot; submit to first token
     double prefill_s, decode_s;

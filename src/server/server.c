@@ -29,6 +29,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "server/api.h"
 #include "server/chat_parse.h"
 #include "server/constrain.h"
 
@@ -93,7 +94,8 @@ struct sock {
     int fd;
     atomic_bool reading;
     _Atomic double since;
-    bool expired;  // shut down by the watchdog
+    bool expired;    // shut down by the watchdog
+    bool anthropic;  // the request being served is an Anthropic route: errors in Anthropic's shape
 };
 
 /* Per-connection state, from the first call of the access handler to the
@@ -203,7 +205,8 @@ static void add_common_headers(struct sp_server *s, struct MHD_Response *r, cons
     MHD_add_response_header(r, "Content-Type", ctype);
     if (s->o.cors) {
         MHD_add_response_header(r, "Access-Control-Allow-Origin", s->o.cors);
-        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, x-api-key, anthropic-version");
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     }
 }
@@ -296,7 +299,11 @@ static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
-    error_json(&b, msg, type, param, ecode, code);
+    struct sock *k = conn_sock(c);
+    if (k && k->anthropic)
+        sp_api_anthropic_error(&b, code, msg);
+    else
+        error_json(&b, msg, type, param, ecode, code);
     enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
@@ -421,6 +428,7 @@ struct job {
     cJSON *tools;                   // the request's tools (the parser borrows them)
     char *forced;                   // tool_choice: the start of the reply written for the model, or NULL
     const char *forced_end;         // and its end, once the constrained arguments are complete
+    struct sp_api_out *ao;          // Responses / Anthropic requests: their output (NULL: chat completions)
 };
 
 static void job_free(struct job *j) {
@@ -438,6 +446,7 @@ static void job_free(struct job *j) {
     sp_grammar_free(j->gp.grammar);
     cJSON_Delete(j->tools);
     sp_free(j->forced);
+    sp_api_out_free(j->ao);
     sp_free(j);
 }
 
@@ -802,6 +811,14 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
  * or as is. Token logprobs ride on the first chunk written (or an empty one). */
 static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
     bool wrote = false;
+    if (j->ao) {
+        size_t n;
+        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+            sp_api_out_events(j->ao, ev, n, &j->out);
+        }
+        return;
+    }
     if (j->chat && j->parser) {
         size_t n = 0;
         /* events belong to the last push: read them only after one */
@@ -823,6 +840,10 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
 /* An error event in OpenAI's error shape (code: a string, or NULL for the
  * HTTP-like number). */
 static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
+    if (j->ao) {
+        sp_api_out_fail(j->ao, code, msg, &j->prog, &j->out);
+        return;
+    }
     struct sp_buf b = SP_BUF_INIT;
     error_json(&b, msg, type, NULL, code, 500);
     sp_buf_puts(&j->out, "data: ");
@@ -832,6 +853,7 @@ static void sse_error(struct job *j, const char *type, const char *code, const c
 }
 
 static void sse_usage_and_done(struct job *j) {
+    if (j->ao) return;  // their streams end with their own last event
     if (j->include_usage) {
         struct sp_buf b = SP_BUF_INIT;
         struct sp_jw w;
@@ -909,11 +931,18 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                     sp_chat_parser_finish(j->parser);
                     size_t n;
                     const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
-                    for (size_t i = 0; i < n; i++)
-                        sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, j->toks.n);
+                    if (j->ao)
+                        sp_api_out_events(j->ao, ev, n, &j->out);
+                    else
+                        for (size_t i = 0; i < n; i++)
+                            sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
+                                      j->toks.n);
                     calls = sp_chat_parser_tool_calls(j->parser) > 0;
                 }
-                sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
+                if (j->ao)
+                    sp_api_out_end(j->ao, &j->prog, &j->out);
+                else
+                    sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
             }
             sse_usage_and_done(j);
             j->done = true;
@@ -924,6 +953,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     memcpy(buf, j->out.data + j->out_pos, n);
     j->out_pos += n;
     return (ssize_t)n;
+}
+
+/* The whole body of a Responses or Anthropic request. */
+static enum MHD_Result send_api_body(struct MHD_Connection *c, struct job *j) {
+    if (sp_api_out_parse(j->ao, &j->popts, j->text.data ? j->text.data : "", j->text.len) != SP_OK)
+        return send_error(c, j->srv, 500, "server_error", NULL, NULL, "out of memory");
+    struct sp_buf b = SP_BUF_INIT;
+    sp_api_out_body(j->ao, &j->prog, &b);
+    enum MHD_Result r = send_json(c, j->srv, 200, &b);
+    sp_buf_free(&b);
+    return r;
 }
 
 /* The whole response of a non-streaming request. */
@@ -951,6 +991,7 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     if (j->prog.finish == SP_FINISH_ERROR)
         return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
     if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
+    if (j->ao) return send_api_body(c, j);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -1079,11 +1120,34 @@ static struct job *job_new(struct sp_server *s, bool chat, int key) {
     return j;
 }
 
-static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
+/* A Responses or Anthropic request translated into a chat body: the API
+ * that answers, its own body (what the answer echoes), and whether only
+ * the prompt's tokens are counted (count_tokens). */
+struct api_req {
+    enum sp_api api;
+    const cJSON *body;
+    bool count_only;
+};
+
+/* The output writer of an API request, and the events that open its
+ * stream; false when out of memory. */
+static bool api_start(struct job *j, const struct api_req *api) {
+    struct sp_api_out_info oi = {.api = api->api, .request = api->body, .id = j->id, .model = j->srv->o.model_id,
+                                 .created = (int64_t)time(NULL), .prompt_tokens = j->prompt.n, .tok = j->srv->tok};
+    if (sp_api_out_new(&oi, &j->ao) != SP_OK) return false;
+    if (j->stream) sp_api_out_begin(j->ao, &j->out);
+    return !j->out.failed;
+}
+
+/* Chat completions; api: a Responses or Anthropic request translated into
+ * a chat body (NULL for /v1/chat/completions). */
+static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body,
+                                   const struct api_req *api) {
     struct sp_server *s = cn->srv;
     struct perr e = {{0}, NULL};
     struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
+    if (api) gen_id(s, sp_api_id_prefix(api->api), j->id, sizeof j->id);
     cJSON *msgs = NULL, *kwargs = NULL;
     char *prompt = NULL;
     enum MHD_Result ret;
@@ -1118,6 +1182,13 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         if (force_call && !tools) {
             fail_param(&e, "tool_choice", "'tool_choice' asks for a tool call but the request has no 'tools'");
             goto bad;
+        }
+        /* "required" with a single tool can only call that one: naming it
+         * constrains its arguments to JSON as well */
+        if (force_call && !force_name && cJSON_GetArraySize(tools) == 1) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(tools->child, "function");
+            const cJSON *n = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+            if (cJSON_IsString(n) && *n->valuestring) force_name = n->valuestring;
         }
         bool known = !force_name;
         for (const cJSON *t = tools ? tools->child : NULL; t && !known; t = t->next) {
@@ -1222,7 +1293,14 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         }
         j->forced = sp_buf_take(&pre);
     }
-    if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
+    if (api && api->count_only) {
+        struct sp_buf b = SP_BUF_INIT;
+        sp_api_anthropic_count(&b, j->prompt.n);
+        ret = send_json(c, s, 200, &b);
+        sp_buf_free(&b);
+        goto out;
+    }
+    if ((j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) || (api && !api_start(j, api))) {
         ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
@@ -1240,13 +1318,30 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, api ? sp_api_param(api->api, e.param) : e.param, "%s", e.msg);
 out:
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
     sp_free(prompt);
     job_free(j);
     return ret;
+}
+
+/* POST /v1/responses, /v1/messages and /v1/messages/count_tokens: the
+ * request as a chat body, answered by the chat path in the API's shape. */
+static enum MHD_Result handle_api(struct MHD_Connection *c, struct conn *cn, const cJSON *body, const char *url) {
+    struct sp_server *s = cn->srv;
+    struct api_req a = {.api = !strcmp(url, "/v1/responses") ? SP_API_RESPONSES : SP_API_ANTHROPIC, .body = body,
+                        .count_only = !strcmp(url, "/v1/messages/count_tokens")};
+    const char *tsrc = s->ct ? s->ct->source : NULL;
+    struct sp_api_err e;
+    cJSON *chat;
+    bool ok = a.api == SP_API_RESPONSES ? sp_api_responses_to_chat(body, tsrc, &chat, &e)
+                                        : sp_api_anthropic_to_chat(body, tsrc, a.count_only, &chat, &e);
+    if (!ok) return BAD_REQUEST(c, s, e.param[0] ? e.param : NULL, "%s", e.msg);
+    enum MHD_Result r = handle_chat(c, cn, chat, &a);
+    cJSON_Delete(chat);
+    return r;
 }
 
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
@@ -1448,14 +1543,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
 #define KEY_NONE (-1)     // no keys are in use
 #define KEY_REFUSED (-2)  // keys are in use and the request has none of them
 
-/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
- * Every key is compared in full, so the time taken says nothing of how
- * close a guess came. */
-static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
-    if (s->o.n_api_keys <= 0) return KEY_NONE;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return KEY_REFUSED;
-    const char *k = h + 7;
+/* The index of the API key k, or KEY_REFUSED. Every key is compared in
+ * full, so the time taken says nothing of how close a guess came. */
+static int key_lookup(struct sp_server *s, const char *k) {
     size_t kl = strlen(k);
     int found = KEY_REFUSED;
     for (int n = 0; n < s->o.n_api_keys; n++) {
@@ -1466,6 +1556,18 @@ static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
             diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(i < kl ? (unsigned char)k[i] : 0);
         if (diff == 0) found = n;
     }
+    return found;
+}
+
+/* Which API key the request carries: its index, KEY_NONE or KEY_REFUSED.
+ * OpenAI clients send "Authorization: Bearer KEY", Anthropic's "x-api-key:
+ * KEY"; either is accepted. */
+static int api_key_index(struct MHD_Connection *c, struct sp_server *s) {
+    if (s->o.n_api_keys <= 0) return KEY_NONE;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    int found = h && strncmp(h, "Bearer ", 7) == 0 ? key_lookup(s, h + 7) : KEY_REFUSED;
+    if (found == KEY_REFUSED && x) found = key_lookup(s, x);
     return found;
 }
 
@@ -1484,7 +1586,8 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
-    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
+    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
+                 !strcmp(url, "/v1/responses") || !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
     cn->key = api_key_index(c, s);
     if (cn->key == KEY_REFUSED)
@@ -1506,9 +1609,11 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!cJSON_IsObject(body))
         r = BAD_REQUEST(c, s, NULL, "the request body must be a JSON object");
     else if (!strcmp(url, "/v1/chat/completions"))
-        r = handle_chat(c, cn, body);
-    else
+        r = handle_chat(c, cn, body, NULL);
+    else if (!strcmp(url, "/v1/completions"))
         r = handle_completion(c, cn, body);
+    else
+        r = handle_api(c, cn, body, url);
     cJSON_Delete(body);
     return r;
 }
@@ -1560,6 +1665,8 @@ static enum MHD_Result access_handler(void *cls, struct MHD_Connection *c, const
         if (!cn) return MHD_NO;
         cn->srv = s;
         *con_cls = cn;
+        struct sock *k = conn_sock(c);
+        if (k) k->anthropic = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
         char why[160];
         if (!framing_ok(c, why, sizeof why))
             return send_error(c, s, 400, "invalid_request_error", NULL, "bad_framing", "%s", why);

@@ -1,9 +1,11 @@
 /*
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd, a thread per
  * connection): /v1/chat/completions, /v1/completions (both with SSE
- * streaming), /v1/models, /health, /metrics. It listens before the model is
- * loaded (/health answers 503 until sp_server_attach), so load progress can
- * be watched.
+ * streaming), /v1/models, /health, /metrics, and over the chat path the
+ * OpenAI Responses API (/v1/responses) and the Anthropic Messages API
+ * (/v1/messages, /v1/messages/count_tokens; server/api.h). It listens
+ * before the model is loaded (/health answers 503 until sp_server_attach),
+ * so load progress can be watched.
  *
  *     struct sp_server *srv;
  *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
@@ -16,10 +18,11 @@
  *     sp_server_stop(srv);                      // end the rest, close
  *
  * Errors are answered in OpenAI's shape {"error": {message, type, param,
- * code}} with 400 for bad requests, 401 for a missing or wrong key, 404,
- * 405, 413 for a body over max_body, 503 while loading or when the queue is
- * full (with Retry-After), or once the model's files changed under the
- * engine (sp_engine_failed); bad input never yields 500. A request that
+ * code}} (on the Anthropic routes in Anthropic's, {"type": "error",
+ * "error": {type, message}}) with 400 for bad requests, 401 for a missing
+ * or wrong key, 404, 405, 413 for a body over max_body, 503 while loading
+ * or when the queue is full (with Retry-After), or once the model's files
+ * changed under the engine (sp_engine_failed); bad input never yields 500. A request that
  * frames its body ambiguously (two Content-Lengths, Content-Length with
  * Transfer-Encoding, an encoding other than chunked) is answered 400
  * before its body is read.
@@ -37,7 +40,8 @@
 struct sp_server_opts {
     const char *host;      // "127.0.0.1"; "0.0.0.0" or "::" to listen everywhere
     int port;
-    const char *const *api_keys;  // accepted keys (borrowed; none: no key required); each key is a
+    const char *const *api_keys;  // accepted keys, sent as "Authorization: Bearer KEY" or "x-api-key: KEY"
+                                  // (borrowed; none: no key required); each key is a
     int n_api_keys;               // prompt-cache scope of its own, so clients of one key never reuse,
                                   // nor learn of, another key's cached prompts
     const char *cors;      // Access-Control-Allow-Origin value, or NULL
