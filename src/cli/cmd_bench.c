@@ -52,6 +52,8 @@ static const char usage[] =
     "                    folder in $TMPDIR, deleted afterwards\n"
     "  --prompt N        prompt tokens to prefill (default 512; random ids, fixed seed)\n"
     "  --gen N           tokens to decode greedily (default 64)\n"
+    "  --seqs N          decode N sequences together, each with its own prompt (default 1); decode\n"
+    "                    tok/s counts every sequence's tokens; bandwidth is computed for N = 1 only\n"
     "  --batch N         prefill chunk, in tokens (default " SP_DEFAULT_BATCH_TEXT ", as run and serve)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
@@ -71,7 +73,8 @@ static void drop_cache(const struct sp_model *m) {
 struct result {
     double load_s;  // bringing resident weights into memory, before the run (sp_plan_load)
     double prefill_s, decode_s;
-    int64_t prompt, gen;
+    int64_t prompt, gen;  // tokens over all sequences
+    int seqs;
     bool has_experts;
     struct sp_expert_store_stats es;
     size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
@@ -117,6 +120,7 @@ static bool cpu_ticks(unsigned long long *steal, unsigned long long *total) {
 static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_params *params, size_t expert_cache,
                                const struct sp_expert_store_params *ep, int64_t prompt, int64_t gen, bool cold,
                                struct result *r) {
+    int ns = params->n_seq > 0 ? params->n_seq : 1;
     memset(r, 0, sizeof *r);
     if (cold) drop_cache(m);
     struct sp_ctx *c = NULL;
@@ -135,35 +139,47 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
         return st;
     }
     int64_t V = m->arch.vocab, B = cp->max_batch;
-    int32_t *tok = sp_malloc((size_t)(prompt + gen) * sizeof(int32_t), SP_MEM_ACT);
-    int32_t *pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_ACT), *seq = sp_calloc((size_t)B, sizeof(int32_t), SP_MEM_ACT);
-    bool *want = sp_calloc((size_t)B, sizeof(bool), SP_MEM_ACT);
-    float *logits = sp_malloc((size_t)V * sizeof(float), SP_MEM_ACT);
+    int64_t B2 = B > ns ? B : ns;
+    int32_t *tok = sp_malloc((size_t)(prompt * ns + ns) * sizeof(int32_t), SP_MEM_ACT);
+    int32_t *pos = sp_malloc((size_t)B2 * sizeof(int32_t), SP_MEM_ACT), *seq = sp_calloc((size_t)B2, sizeof(int32_t), SP_MEM_ACT);
+    bool *want = sp_calloc((size_t)B2, sizeof(bool), SP_MEM_ACT);
+    float *logits = sp_malloc((size_t)V * (size_t)ns * sizeof(float), SP_MEM_ACT);
     if (!tok || !pos || !seq || !want || !logits) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory");
         goto done;
     }
     struct sp_rng rng;
     sp_rng_seed(&rng, 1234);
-    for (int64_t i = 0; i < prompt; i++) tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)V);
+    for (int64_t i = 0; i < prompt * ns; i++) tok[i] = (int32_t)(sp_rng_next(&rng) % (uint64_t)V);
     unsigned long long steal0, total0, steal1, total1;
     bool ticks = cpu_ticks(&steal0, &total0);
     double t0 = sp_now_s();
-    for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
-        int64_t k = prompt - s < B ? prompt - s : B;
-        for (int64_t i = 0; i < k; i++) {
-            pos[i] = (int32_t)(s + i);
-            want[i] = s + i == prompt - 1;
+    /* each sequence's prompt in chunks; its last token's logits to its row */
+    for (int q = 0; q < ns && st == SP_OK; q++)
+        for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
+            int64_t k = prompt - s < B ? prompt - s : B;
+            for (int64_t i = 0; i < k; i++) {
+                pos[i] = (int32_t)(s + i);
+                seq[i] = q;
+                want[i] = s + i == prompt - 1;
+            }
+            struct sp_batch b = {.n = k, .tokens = tok + q * prompt + s, .pos = pos, .seq = seq, .want_logits = want};
+            st = sp_ctx_forward(c, &b, logits + (size_t)q * (size_t)V);
         }
-        struct sp_batch b = {.n = k, .tokens = tok + s, .pos = pos, .seq = seq, .want_logits = want};
-        st = sp_ctx_forward(c, &b, logits);
-    }
     double t1 = sp_now_s();
     r->has_steps = cp->time_steps;
     sp_ctx_step_times(c, &r->steps[0], true);
+    int32_t *next = tok + prompt * ns;
+    for (int q = 0; q < ns; q++) {
+        seq[q] = q;
+        want[q] = true;
+    }
     for (int64_t i = 0; i < gen && st == SP_OK; i++) {
-        int32_t next = sp_argmax(logits, V), p = (int32_t)(prompt + i), sq = 0;
-        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
+        for (int q = 0; q < ns; q++) {
+            next[q] = sp_argmax(logits + (size_t)q * (size_t)V, V);
+            pos[q] = (int32_t)(prompt + i);
+        }
+        struct sp_batch b = {.n = ns, .tokens = next, .pos = pos, .seq = seq, .want_logits = want};
         st = sp_ctx_forward(c, &b, logits);
     }
     double t2 = sp_now_s();
@@ -172,8 +188,9 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     sp_ctx_step_times(c, &r->steps[1], true);
     r->prefill_s = t1 - t0;
     r->decode_s = t2 - t1;
-    r->prompt = prompt;
-    r->gen = gen;
+    r->prompt = prompt * ns;
+    r->gen = gen * ns;
+    r->seqs = ns;
     r->has_experts = store != NULL;
     if (store) sp_expert_store_stats(store, &r->es);
     rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
@@ -231,7 +248,8 @@ static struct run_stats run_stats_of(const struct sp_model_stats *ms, const stru
     s.v[RS_PREFILL] = r->prefill_s > 0 ? (double)r->prompt / r->prefill_s : 0;
     s.v[RS_DECODE] = r->decode_s > 0 ? (double)r->gen / r->decode_s : 0;
     s.v[RS_MACHINE_GBS] = ram_gbs;
-    s.v[RS_DECODE_GBS] = (double)ms->active_bytes * s.v[RS_DECODE] / 1e9;
+    /* one sequence: every decoded token reads the active bytes; more share some of them */
+    s.v[RS_DECODE_GBS] = r->seqs > 1 ? 0 : (double)ms->active_bytes * s.v[RS_DECODE] / 1e9;
     s.v[RS_EFFICIENCY] = ram_gbs > 0 ? 100.0 * s.v[RS_DECODE_GBS] / ram_gbs : 0;
     s.v[RS_STEAL] = r->steal_pct;
     return s;
@@ -292,11 +310,13 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         snprintf(where, sizeof where, "%d threads (%s kernels)", threads, sp_kernels()->name);
     else
         snprintf(where, sizeof where, "device %s", sp_device_name(dev));
+    char seqs[48] = "";
+    if (r->seqs > 1) snprintf(seqs, sizeof seqs, " (%d sequences)", r->seqs);
     printf("%s: %s %lldL d%lld %lldx top-%lld %s, %s: load %.2f s, prefill %lld tokens "
-           "%.1f tok/s, decode %.2f tok/s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; weights %.0f%% in "
+           "%.1f tok/s, decode %.2f tok/s%s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; weights %.0f%% in "
            "2 MiB pages",
            mode, a->model_type, (long long)a->n_layers, (long long)a->d_model, (long long)a->n_experts,
-           (long long)a->n_experts_used, main_format(ms), where, r->load_s, (long long)r->prompt, pre, dec,
+           (long long)a->n_experts_used, main_format(ms), where, r->load_s, (long long)r->prompt, pre, dec, seqs,
            (double)ms->active_bytes / 1048576.0, gbs, eff, ram_gbs,
            dev != SP_DEVICE_CPU ? (ram_measured ? " (device copy, measured now)" : " (device copy not measured)")
            : ram_measured      ? " (measured now)"
@@ -331,6 +351,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "load_s"); sp_jw_num(&w, r->load_s);
     sp_jw_key(&w, "prompt_tokens"); sp_jw_int(&w, r->prompt);
     sp_jw_key(&w, "prefill_tok_s"); sp_jw_num(&w, pre);
+    sp_jw_key(&w, "sequences"); sp_jw_int(&w, r->seqs);
     sp_jw_key(&w, "decode_tokens"); sp_jw_int(&w, r->gen);
     sp_jw_key(&w, "decode_tok_s"); sp_jw_num(&w, dec);
     sp_jw_key(&w, "bytes_per_token"); sp_jw_uint(&w, ms->active_bytes);
@@ -542,7 +563,7 @@ static bool synth_cleanup(struct synth *s) {
 }
 
 struct bench_opts {
-    int64_t prompt, gen, batch, threads, repeat;
+    int64_t prompt, gen, batch, threads, repeat, seqs;
     bool cold, compare, steps;
     struct sp_plan_inputs pin;
     struct sp_settings set;
@@ -558,13 +579,13 @@ static int bench_model(const char *model, struct bench_opts *o) {
     int64_t prompt = o->prompt, gen = o->gen, threads = o->threads;
     struct sp_plan_inputs pin = o->pin;
     pin.ctx = prompt + gen;
-    pin.parallel = 1;
+    pin.parallel = (int)o->seqs;
     pin.batch = o->batch;
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
-    struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = 1, .max_batch = o->batch, .kv_type = pin.kv_type,
+    struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.strategy == SP_STRATEGY_EXPERT_CACHE ? pl.expert_cache : 0;
@@ -608,7 +629,7 @@ done:
 
 int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1, .seqs = 1};
     struct synth syn = {0};
     int rc = sp_cli_settings_init(&o.set);
     if (rc) return rc;
@@ -639,6 +660,8 @@ int sp_cmd_bench(int argc, char **argv) {
             if (!v || !sp_arg_int("--prompt", v, 1, 1 << 20, &o.prompt)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--gen", &v)) {
             if (!v || !sp_arg_int("--gen", v, 1, 1 << 20, &o.gen)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--seqs", &v)) {
+            if (!v || !sp_arg_int("--seqs", v, 1, 256, &o.seqs)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--batch", &v)) {
             if (!v || !sp_arg_int("--batch", v, 1, 1 << 16, &o.batch)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--repeat", &v)) {

@@ -23,6 +23,13 @@ run "the JSON line names the config" 0 node -e '
         process.exit(1);' "$TMP/r.json" "$CFG"
 if left; then not_ok "no sparrow-synth-* folder left in TMPDIR"; else ok "no sparrow-synth-* folder left in TMPDIR"; fi
 
+run "--seqs 3" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --seqs 3 "${SMALL[@]}"
+expect "decodes three sequences together" "$TMP/out" "tok/s (3 sequences)"
+grep '^{"bench":"resident"' "$TMP/out" >"$TMP/q.json"
+run "every sequence's tokens are counted" 0 node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    if (r.sequences !== 3 || r.decode_tokens !== 12 || r.prompt_tokens !== 24 || r.achieved_gbs !== 0) process.exit(1);' "$TMP/q.json"
+
 run "--repeat 3" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 3 "${SMALL[@]}"
 [ "$(grep -c '^{"bench":"resident"' "$TMP/out")" = 3 ] && ok "three runs, a JSON line each" || not_ok "three runs, a JSON line each" "$TMP/out"
 expect "then a summary" "$TMP/out" "summary of 3 runs: prefill "
