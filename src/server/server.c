@@ -30,6 +30,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "server/chat_parse.h"
+#include "server/info.h"
 
 #define POLL_MS 50
 /* Retry-After of a 503: a full queue drains within a few decode steps; a
@@ -61,6 +62,10 @@ struct sp_server {
     const struct sp_tokenizer *tok;
     const struct sp_chat_template *ct;
     struct sp_engine_info info;  // the model's facts, taken once at attach
+    /* for /v1/sparrow/info, set once by sp_server_set_plan */
+    struct sp_plan plan;
+    bool has_plan;
+    const char *device, *kernels;
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
@@ -1325,6 +1330,16 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, struct sp_server 
     return r;
 }
 
+static enum MHD_Result handle_info(struct MHD_Connection *c, struct sp_server *s) {
+    struct sp_info_src src = {.model_id = s->o.model_id, .engine = s->engine, .info = &s->info,
+                              .plan = s->has_plan ? &s->plan : NULL, .device = s->device, .kernels = s->kernels};
+    struct sp_buf b = SP_BUF_INIT;
+    sp_info_json(&src, &b);
+    enum MHD_Result r = send_json(c, s, 200, &b);
+    sp_buf_free(&b);
+    return r;
+}
+
 /* Resident memory of the process from /proc/self/status, in bytes. */
 static void proc_memory(size_t *rss, size_t *anon, size_t *file) {
     *rss = *anon = *file = 0;
@@ -1478,7 +1493,9 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
-    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
+    bool info = !strcmp(url, "/v1/sparrow/info");
+    bool known = info || !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") ||
+                 !strcmp(url, "/v1/completions");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
     cn->key = api_key_index(c, s);
     if (cn->key == KEY_REFUSED)
@@ -1488,6 +1505,10 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(url, "/v1/models")) {
         if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
         return handle_models(c, s);
+    }
+    if (info) {
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        return handle_info(c, s);
     }
     if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use POST %s", url);
     if (cn->too_big)
@@ -1673,6 +1694,13 @@ void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_
     s->ct = ct;
     sp_engine_info(e, &s->info);
     atomic_store(&s->ready, true);
+}
+
+void sp_server_set_plan(struct sp_server *s, const struct sp_plan *plan, const char *device, const char *kernels) {
+    if (plan) s->plan = *plan;
+    s->has_plan = plan != NULL;
+    s->device = device;
+    s->kernels = kernels;
 }
 
 int sp_server_port(const struct sp_server *s) { return s->port; }

@@ -1,14 +1,16 @@
 /*
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd, a thread per
  * connection): /v1/chat/completions, /v1/completions (both with SSE
- * streaming), /v1/models, /health, /metrics. It listens before the model is
- * loaded (/health answers 503 until sp_server_attach), so load progress can
- * be watched.
+ * streaming), /v1/models, /v1/sparrow/info (the model and its memory plan,
+ * server/info.h), /health, /metrics. It listens before the model is loaded
+ * (/health answers 503 until sp_server_attach), so load progress can be
+ * watched.
  *
  *     struct sp_server *srv;
  *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
  *     sp_server_start(&o, &srv);
- *     ... load ...
+ *     ... plan, load ...
+ *     sp_server_set_plan(srv, &plan, "cpu", "avx2");   // optional
  *     sp_server_attach(srv, engine, tokenizer, chat_template);
  *     ... until a signal ...
  *     sp_server_drain(srv);                     // no new work
@@ -31,6 +33,7 @@
 #include <stdint.h>
 
 #include "runtime/engine.h"
+#include "runtime/plan.h"
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -60,6 +63,11 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
  * which layers have experts) it asks the engine for (sp_engine_info). */
 void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
                       const struct sp_chat_template *ct);
+/* What /v1/sparrow/info reports about how the model is held: the memory
+ * plan it was loaded with (copied; its strings must outlive the server),
+ * the device the forward pass runs on and the kernel set (borrowed for the
+ * server's life; NULL: reported as null). Call before sp_server_attach. */
+void sp_server_set_plan(struct sp_server *s, const struct sp_plan *plan, const char *device, const char *kernels);
 /* Graceful shutdown, first step: stops accepting connections (new ones are
  * refused), and answers requests that still arrive on open connections 503
  * server_shutting_down; generations in flight go on. */
