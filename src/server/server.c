@@ -31,6 +31,7 @@
 #include "core/rng.h"
 #include "server/chat_parse.h"
 #include "server/info.h"
+#include "server/webui.h"
 
 #define POLL_MS 50
 /* Retry-After of a 503: a full queue drains within a few decode steps; a
@@ -1330,6 +1331,30 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, struct sp_server 
     return r;
 }
 
+/* The built-in chat page. It asks for nothing but this server: the policy
+ * keeps its requests here and refuses frames and form posts elsewhere
+ * (its script and style are inline: one file, no build step). */
+static enum MHD_Result handle_page(struct MHD_Connection *c, struct sp_server *s, const char *method) {
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET /");
+    size_t len;
+    const char *html = sp_webui_page(&len);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)html, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    add_common_headers(s, r, "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                            "frame-ancestors 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_status(s, 200);
+    return ret;
+}
+
 static enum MHD_Result handle_info(struct MHD_Connection *c, struct sp_server *s) {
     struct sp_info_src src = {.model_id = s->o.model_id, .engine = s->engine, .info = &s->info,
                               .plan = s->has_plan ? &s->plan : NULL, .device = s->device, .kernels = s->kernels};
@@ -1493,6 +1518,7 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return handle_page(c, s, method);
     bool info = !strcmp(url, "/v1/sparrow/info");
     bool known = info || !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") ||
                  !strcmp(url, "/v1/completions");

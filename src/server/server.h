@@ -2,9 +2,10 @@
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd, a thread per
  * connection): /v1/chat/completions, /v1/completions (both with SSE
  * streaming), /v1/models, /v1/sparrow/info (the model and its memory plan,
- * server/info.h), /health, /metrics. It listens before the model is loaded
- * (/health answers 503 until sp_server_attach), so load progress can be
- * watched.
+ * server/info.h), /health, /metrics, and a chat page at / (server/webui.h;
+ * it needs no key, the API calls it makes do). It listens before the model
+ * is loaded (/health answers 503 until sp_server_attach), so load progress
+ * can be watched.
  *
  *     struct sp_server *srv;
  *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
