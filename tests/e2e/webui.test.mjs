@@ -333,11 +333,14 @@ test('a streamed reply with reasoning and hostile HTML: reasoning apart, HTML as
     chunk({ content: 'Answer: <script>window.pwned=2</script>' }) +
     chunk({ content: ' <img src=x onerror="window.pwned=3"> **done**' }) +
     `data: ${JSON.stringify({ id: 'chatcmpl-x', object: 'chat.completion.chunk', created: 1, model: 'm',
+      choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\n` +
+    `data: ${JSON.stringify({ id: 'chatcmpl-x', object: 'chat.completion.chunk', created: 1, model: 'm',
       choices: [], usage: { prompt_tokens: 7, completion_tokens: 5, total_tokens: 12, prompt_tokens_details: { cached_tokens: 3 } } })}\n\n` +
     'data: [DONE]\n\n';
   await page.route('**/v1/chat/completions', (route) => route.fulfill({
     status: 200, headers: { 'Content-Type': 'text/event-stream' }, body }));
   const u = await turn(page, 'Think first');
+  assert.equal(u.done, 'stop');
   assert.equal(u.cachedTokens, '3');
   assert.equal(u.completionTokens, '5');
   const view = await page.evaluate(async () => {
