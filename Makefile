@@ -82,6 +82,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(foreach isa,avx2 avxvnni avx512 amx,$(if $(findstring _$(isa).c,$<),$(ISA_FLAGS_$(isa)))) -c $< -o $@
 
+# webui.c embeds the page with .incbin, which the compiler's dependency
+# files do not list: editing the HTML rebuilds it through this line.
+$(BUILD)/obj/src/server/webui.o: src/server/webui.html
+
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@

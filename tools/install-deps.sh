@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 packages=(
     gcc make pkg-config clang libclang-rt-14-dev
     libcjson-dev libpcre2-dev libutf8proc-dev liburing-dev libmicrohttpd-dev libcmocka-dev
+    chromium  # headless, for the web page's end-to-end test (tests/e2e/webui.test.mjs)
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

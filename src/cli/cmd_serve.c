@@ -21,6 +21,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "model/forward.h"
 #include "model/inspect.h"
@@ -257,6 +258,7 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_buf_free(&rep);
     if (sp_engine_create(m, tok, &ep, &eng) != SP_OK) goto fail;
     const struct sp_engine_params *p = sp_engine_params(eng);
+    sp_server_set_plan(srv, &plan, sp_device_name(p->device), sp_kernels()->name);
     sp_server_attach(srv, eng, tok, ct);
 
     struct sp_buf ready = SP_BUF_INIT;

@@ -32,6 +32,8 @@
 #include "server/api.h"
 #include "server/chat_parse.h"
 #include "server/constrain.h"
+#include "server/info.h"
+#include "server/webui.h"
 
 #define POLL_MS 50
 /* Retry-After of a 503: a full queue drains within a few decode steps; a
@@ -63,6 +65,10 @@ struct sp_server {
     const struct sp_tokenizer *tok;
     const struct sp_chat_template *ct;
     struct sp_engine_info info;  // the model's facts, taken once at attach
+    /* for /v1/sparrow/info, set once by sp_server_set_plan */
+    struct sp_plan plan;
+    bool has_plan;
+    const char *device, *kernels;
     atomic_ullong status_count[N_STATUS];
     atomic_ullong id_counter;
     int64_t started;
@@ -1426,6 +1432,40 @@ static enum MHD_Result handle_models(struct MHD_Connection *c, struct sp_server 
     return r;
 }
 
+/* The built-in chat page. It asks for nothing but this server: the policy
+ * keeps its requests here and refuses frames and form posts elsewhere
+ * (its script and style are inline: one file, no build step). */
+static enum MHD_Result handle_page(struct MHD_Connection *c, struct sp_server *s, const char *method) {
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET /");
+    size_t len;
+    const char *html = sp_webui_page(&len);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)html, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    add_common_headers(s, r, "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+                            "frame-ancestors 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    count_status(s, 200);
+    return ret;
+}
+
+static enum MHD_Result handle_info(struct MHD_Connection *c, struct sp_server *s) {
+    struct sp_info_src src = {.model_id = s->o.model_id, .engine = s->engine, .info = &s->info,
+                              .plan = s->has_plan ? &s->plan : NULL, .device = s->device, .kernels = s->kernels};
+    struct sp_buf b = SP_BUF_INIT;
+    sp_info_json(&src, &b);
+    enum MHD_Result r = send_json(c, s, 200, &b);
+    sp_buf_free(&b);
+    return r;
+}
+
 /* Resident memory of the process from /proc/self/status, in bytes. */
 static void proc_memory(size_t *rss, size_t *anon, size_t *file) {
     *rss = *anon = *file = 0;
@@ -1586,8 +1626,11 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
         return send_body(c, s, 200, "application/json", "{\"status\":\"ok\"}", 15);
     }
     if (!strcmp(url, "/metrics")) return handle_metrics(c, s);
-    bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") ||
-                 !strcmp(url, "/v1/responses") || !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return handle_page(c, s, method);
+    bool info = !strcmp(url, "/v1/sparrow/info");
+    bool known = info || !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") ||
+                 !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") || !strcmp(url, "/v1/messages") ||
+                 !strcmp(url, "/v1/messages/count_tokens");
     if (!known) return send_error(c, s, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
     cn->key = api_key_index(c, s);
     if (cn->key == KEY_REFUSED)
@@ -1597,6 +1640,10 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(url, "/v1/models")) {
         if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
         return handle_models(c, s);
+    }
+    if (info) {
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        return handle_info(c, s);
     }
     if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use POST %s", url);
     if (cn->too_big)
@@ -1786,6 +1833,13 @@ void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_
     s->ct = ct;
     sp_engine_info(e, &s->info);
     atomic_store(&s->ready, true);
+}
+
+void sp_server_set_plan(struct sp_server *s, const struct sp_plan *plan, const char *device, const char *kernels) {
+    if (plan) s->plan = *plan;
+    s->has_plan = plan != NULL;
+    s->device = device;
+    s->kernels = kernels;
 }
 
 int sp_server_port(const struct sp_server *s) { return s->port; }

@@ -1,7 +1,9 @@
 /*
  * server.h - the OpenAI-compatible HTTP server (libmicrohttpd, a thread per
  * connection): /v1/chat/completions, /v1/completions (both with SSE
- * streaming), /v1/models, /health, /metrics, and over the chat path the
+ * streaming), /v1/models, /v1/sparrow/info (the model and its memory plan,
+ * server/info.h), /health, /metrics, a chat page at / (server/webui.h; it
+ * needs no key, the API calls it makes do), and over the chat path the
  * OpenAI Responses API (/v1/responses) and the Anthropic Messages API
  * (/v1/messages, /v1/messages/count_tokens; server/api.h). It listens
  * before the model is loaded (/health answers 503 until sp_server_attach),
@@ -10,7 +12,8 @@
  *     struct sp_server *srv;
  *     struct sp_server_opts o = {.host = "127.0.0.1", .port = 5413, .model_id = "tiny"};
  *     sp_server_start(&o, &srv);
- *     ... load ...
+ *     ... plan, load ...
+ *     sp_server_set_plan(srv, &plan, "cpu", "avx2");   // optional
  *     sp_server_attach(srv, engine, tokenizer, chat_template);
  *     ... until a signal ...
  *     sp_server_drain(srv);                     // no new work
@@ -34,6 +37,7 @@
 #include <stdint.h>
 
 #include "runtime/engine.h"
+#include "runtime/plan.h"
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -64,6 +68,11 @@ enum sp_status sp_server_start(const struct sp_server_opts *o, struct sp_server 
  * which layers have experts) it asks the engine for (sp_engine_info). */
 void sp_server_attach(struct sp_server *s, struct sp_engine *e, const struct sp_tokenizer *tok,
                       const struct sp_chat_template *ct);
+/* What /v1/sparrow/info reports about how the model is held: the memory
+ * plan it was loaded with (copied; its strings must outlive the server),
+ * the device the forward pass runs on and the kernel set (borrowed for the
+ * server's life; NULL: reported as null). Call before sp_server_attach. */
+void sp_server_set_plan(struct sp_server *s, const struct sp_plan *plan, const char *device, const char *kernels);
 /* Graceful shutdown, first step: stops accepting connections (new ones are
  * refused), and answers requests that still arrive on open connections 503
  * server_shutting_down; generations in flight go on. */
