@@ -232,11 +232,12 @@ static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, 
     return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
 }
 
-/* {"error": {message, type, param, code}} in OpenAI's shape into b: code
- * the string ecode, or the number code where ecode is NULL; param NULL is
- * null. */
-static void error_json(struct sp_buf *b, const char *msg, const char *type, const char *param, const char *ecode,
-                       int code) {
+/* {"error": {message, type, param, code}} in OpenAI's shape into b. type is
+ * OpenAI's class of error ("invalid_request_error", "server_error"); ecode
+ * says which error it is ("invalid_value", "context_length_exceeded",
+ * "server_busy", ...); param names the offending request field. A NULL
+ * param or ecode is written as null. */
+static void error_json(struct sp_buf *b, const char *msg, const char *type, const char *param, const char *ecode) {
     struct sp_jw w;
     sp_jw_init(&w, b, 0);
     sp_jw_obj(&w);
@@ -249,10 +250,7 @@ static void error_json(struct sp_buf *b, const char *msg, const char *type, cons
     sp_jw_key(&w, "param");
     sp_jw_str(&w, param);
     sp_jw_key(&w, "code");
-    if (ecode)
-        sp_jw_str(&w, ecode);
-    else
-        sp_jw_int(&w, code);
+    sp_jw_str(&w, ecode);
     sp_jw_end(&w);
     sp_jw_end(&w);
 }
@@ -295,29 +293,59 @@ static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     struct sp_buf b = SP_BUF_INIT;
-    error_json(&b, msg, type, param, ecode, code);
+    error_json(&b, msg, type, param, ecode);
     enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
 }
 
-#define BAD_REQUEST(c, s, param, ...) send_error(c, s, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+/* 400 invalid_request_error: param names the offending field (or NULL),
+ * ecode says what is wrong with it (ERR_* below, or NULL). */
+#define BAD_REQUEST(c, s, param, ecode, ...) send_error(c, s, 400, "invalid_request_error", param, ecode, __VA_ARGS__)
 
 /* ---- request parameters ---- */
 
-/* A parameter problem: the message and the offending field. */
+/* The codes of 400s, as OpenAI names them. */
+#define ERR_INVALID_VALUE "invalid_value"           // a field of the right type holds a value it may not
+#define ERR_INVALID_TYPE "invalid_type"             // a field of the wrong JSON type
+#define ERR_MISSING "missing_required_parameter"    // a required field is absent
+#define ERR_UNSUPPORTED "unsupported_value"         // a valid value this server or model does not do
+#define ERR_CONTEXT "context_length_exceeded"       // the prompt does not fit the context
+
+/* A parameter problem: the message, the offending field and the error code. */
 struct perr {
     char msg[512];
     const char *param;
+    const char *code;
 };
 
+static bool fail_code_v(struct perr *e, const char *param, const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static bool fail_code_v(struct perr *e, const char *param, const char *code, const char *fmt, va_list ap) {
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    e->param = param;
+    e->code = code;
+    return false;
+}
+
+/* Fails with a value the field may not hold (ERR_INVALID_VALUE). */
 static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    fail_code_v(e, param, ERR_INVALID_VALUE, fmt, ap);
     va_end(ap);
-    e->param = param;
+    return false;
+}
+
+/* Fails with the given error code. */
+static bool fail_code(struct perr *e, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool fail_code(struct perr *e, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fail_code_v(e, param, code, fmt, ap);
+    va_end(ap);
     return false;
 }
 
@@ -329,7 +357,8 @@ static const cJSON *field(const cJSON *o, const char *k) {
 static bool get_number(const cJSON *o, const char *k, double lo, double hi, double *out, struct perr *e) {
     const cJSON *it = field(o, k);
     if (!it) return true;
-    if (!cJSON_IsNumber(it)) return fail_param(e, k, "'%s' must be a number, not %s", k, sp_json_type_name(it));
+    if (!cJSON_IsNumber(it))
+        return fail_code(e, k, ERR_INVALID_TYPE, "'%s' must be a number, not %s", k, sp_json_type_name(it));
     if (!(it->valuedouble >= lo && it->valuedouble <= hi))
         return fail_param(e, k, "'%s' must be between %g and %g, got %g", k, lo, hi, it->valuedouble);
     *out = it->valuedouble;
@@ -340,7 +369,9 @@ static bool get_integer(const cJSON *o, const char *k, int64_t lo, int64_t hi, i
     const cJSON *it = field(o, k);
     int64_t v;
     if (!it) return true;
-    if (!sp_json_is_int(it, &v)) return fail_param(e, k, "'%s' must be an integer, not %s", k, sp_json_type_name(it));
+    if (!sp_json_is_int(it, &v))
+        return fail_code(e, k, cJSON_IsNumber(it) ? ERR_INVALID_VALUE : ERR_INVALID_TYPE, "'%s' must be an integer, not %s",
+                         k, sp_json_type_name(it));
     if (v < lo || v > hi) return fail_param(e, k, "'%s' must be between %lld and %lld, got %lld", k, (long long)lo, (long long)hi, (long long)v);
     *out = v;
     return true;
@@ -349,7 +380,8 @@ static bool get_integer(const cJSON *o, const char *k, int64_t lo, int64_t hi, i
 static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
     const cJSON *it = field(o, k);
     if (!it) return true;
-    if (!cJSON_IsBool(it)) return fail_param(e, k, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
+    if (!cJSON_IsBool(it))
+        return fail_code(e, k, ERR_INVALID_TYPE, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
     *out = cJSON_IsTrue(it);
     return true;
 }
@@ -384,8 +416,8 @@ static bool encode_prompt(struct sp_server *s, const char *text, size_t len, uns
     int64_t room = prompt_room(s) - out->n;
     enum sp_status st = sp_tokenizer_encode_max(s->tok, text, len, flags, room > 0 ? room : 0, out);
     if (st == SP_ERR_LIMIT)
-        return fail_param(e, param, "the prompt has more than %lld tokens; the context holds %lld",
-                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+        return fail_code(e, param, ERR_CONTEXT, "the prompt has more than %lld tokens; the context holds %lld",
+                         (long long)prompt_room(s), (long long)prompt_room(s) + 1);
     if (st != SP_OK) return fail_param(e, param, "%s", sp_error_msg());
     return true;
 }
@@ -409,6 +441,7 @@ struct job {
     struct sp_buf out;  // SSE bytes not yet handed to MHD
     size_t out_pos;
     bool sent_role, done;
+    bool gone_logged;  // the client's hang-up has been logged
     size_t text_sent;  // text completions: bytes of text streamed so far (for text_offset)
     /* collected */
     struct sp_buf text;
@@ -449,11 +482,11 @@ static bool parse_stop(const cJSON *body, struct job *j, struct perr *e) {
         j->gp.n_stops = 1;
         return true;
     }
-    if (!cJSON_IsArray(st)) return fail_param(e, "stop", "'stop' must be a string or an array of strings");
+    if (!cJSON_IsArray(st)) return fail_code(e, "stop", ERR_INVALID_TYPE, "'stop' must be a string or an array of strings");
     if (cJSON_GetArraySize(st) > SP_MAX_STOPS)
         return fail_param(e, "stop", "'stop' may hold at most %d strings", SP_MAX_STOPS);
     for (const cJSON *x = st->child; x; x = x->next) {
-        if (!cJSON_IsString(x)) return fail_param(e, "stop", "'stop' must hold only strings");
+        if (!cJSON_IsString(x)) return fail_code(e, "stop", ERR_INVALID_TYPE, "'stop' must hold only strings");
         if (!*x->valuestring) continue;
         j->stop_store[j->gp.n_stops] = sp_strdup(x->valuestring, SP_MEM_SERVER);
         j->gp.stops[j->gp.n_stops] = j->stop_store[j->gp.n_stops];
@@ -530,7 +563,8 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
     if (!get_bool(body, "stream", &j->stream, e)) return false;
     const cJSON *so = field(body, "stream_options");
     if (so) {
-        if (!cJSON_IsObject(so)) return fail_param(e, "stream_options", "'stream_options' must be an object");
+        if (!cJSON_IsObject(so))
+            return fail_code(e, "stream_options", ERR_INVALID_TYPE, "'stream_options' must be an object");
         if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
     }
     if (!parse_stop(body, j, e)) return false;
@@ -540,16 +574,17 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
 /* Flattens OpenAI content (a string or a list of text parts) to a string
  * inside a copy of the messages, which templates expect. */
 static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return fail_param(e, "messages", "'messages' must be a non-empty array");
+    if (!msgs) return fail_code(e, "messages", ERR_MISSING, "'messages' is required: a non-empty array");
+    if (!cJSON_IsArray(msgs)) return fail_code(e, "messages", ERR_INVALID_TYPE, "'messages' must be a non-empty array");
+    if (cJSON_GetArraySize(msgs) == 0) return fail_param(e, "messages", "'messages' must be a non-empty array");
     cJSON *copy = cJSON_Duplicate(msgs, true);
-    if (!copy) return fail_param(e, "messages", "out of memory");
+    if (!copy) return fail_code(e, "messages", "out_of_memory", "out of memory");
     int i = 0;
     for (cJSON *m = copy->child; m; m = m->next, i++) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
             cJSON_Delete(copy);
-            return fail_param(e, "messages", "messages[%d] must be an object with a string 'role'", i);
+            return fail_code(e, "messages", ERR_INVALID_TYPE, "messages[%d] must be an object with a string 'role'", i);
         }
         cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (content && cJSON_IsArray(content)) {
@@ -562,7 +597,7 @@ static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
                     !cJSON_IsString(text)) {
                     sp_buf_free(&t);
                     cJSON_Delete(copy);
-                    return fail_param(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
+                    return fail_code(e, "messages", ERR_UNSUPPORTED, "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
                 }
                 if (t.len) sp_buf_putc(&t, '\n');
                 sp_buf_puts(&t, text->valuestring);
@@ -571,7 +606,7 @@ static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
             sp_buf_free(&t);
         } else if (content && !cJSON_IsString(content) && !cJSON_IsNull(content)) {
             cJSON_Delete(copy);
-            return fail_param(e, "messages", "messages[%d].content must be a string or an array of text parts", i);
+            return fail_code(e, "messages", ERR_INVALID_TYPE, "messages[%d].content must be a string or an array of text parts", i);
         }
     }
     *out = copy;
@@ -818,11 +853,10 @@ static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_fr
     if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
 }
 
-/* An error event in OpenAI's error shape (code: a string, or NULL for the
- * HTTP-like number). */
+/* An error event in OpenAI's error shape (code NULL: null). */
 static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
     struct sp_buf b = SP_BUF_INIT;
-    error_json(&b, msg, type, NULL, code, 500);
+    error_json(&b, msg, type, NULL, code);
     sp_buf_puts(&j->out, "data: ");
     sp_buf_append(&j->out, b.data, b.len);
     sp_buf_puts(&j->out, "\n\n");
@@ -848,6 +882,12 @@ static void sse_usage_and_done(struct job *j) {
     sp_buf_puts(&j->out, "data: [DONE]\n\n");
 }
 
+/* The code of a generation that failed: the model's files changed under the
+ * engine (which then fails every request), or the forward pass failed. */
+static const char *gen_fail_code(struct sp_server *s) {
+    return sp_engine_failed(s->engine, NULL, 0) ? "model_files_changed" : "generation_failed";
+}
+
 static bool client_gone(int fd) {
     if (fd < 0) return false;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
@@ -867,6 +907,17 @@ static void log_done(struct job *j) {
            (double)sp_mem_used_total() / 1048576.0);
 }
 
+/* A client that hung up before its response was complete: the generation is
+ * cancelled, and that is logged once, whichever path noticed it first (the
+ * poll of the socket, or the connection ending under a stream). */
+static void client_went_away(struct job *j) {
+    if (j->req) sp_req_cancel(j->req);
+    if (j->gone_logged) return;
+    j->gone_logged = true;
+    sp_log(SP_LOG_INFO, "srv  %s | client went away after %lld tokens; generation cancelled", j->id,
+           (long long)j->prog.completion_tokens);
+}
+
 /* MHD pulls the SSE stream through here; waits for the next tokens. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     struct job *j = cls;
@@ -875,7 +926,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         j->out_pos = 0;
         if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(j->fd)) {
-            sp_req_cancel(j->req);
+            client_went_away(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         /* stopping: take what is already generated, then end the stream */
@@ -899,7 +950,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             if (j->prog.finish == SP_FINISH_ERROR) {
                 char msg[320];
                 snprintf(msg, sizeof msg, "generation failed: %s", j->prog.error[0] ? j->prog.error : "internal error");
-                sse_error(j, "server_error", NULL, msg);
+                sse_error(j, "server_error", gen_fail_code(j->srv), msg);
             } else {
                 bool calls = false;
                 if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
@@ -940,14 +991,13 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
                                     (long long)j->prog.completion_tokens);
         }
         if (client_gone(j->fd)) {
-            sp_req_cancel(j->req);
-            sp_log(SP_LOG_INFO, "srv  %s | client went away; generation cancelled", j->id);
+            client_went_away(j);
             return MHD_NO;
         }
     }
     log_done(j);
     if (j->prog.finish == SP_FINISH_ERROR)
-        return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
+        return send_error(c, s, 500, "server_error", NULL, gen_fail_code(s), "generation failed: %s", j->prog.error);
     if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
@@ -1048,7 +1098,10 @@ static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
-    if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
+    if (st == SP_ERR_NOMEM) return send_error(c, s, 500, "server_error", NULL, "out_of_memory", "%s", sp_error_msg());
+    if (st != SP_OK)
+        return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", j->prompt.n > prompt_room(s) ? ERR_CONTEXT : ERR_INVALID_VALUE,
+                           "%s", sp_error_msg());
     cn->counted = true;
     atomic_fetch_add(&s->in_flight, 1);
     j->fd = conn_fd(c);
@@ -1078,7 +1131,7 @@ static struct job *job_new(struct sp_server *s, bool chat, int key) {
 
 static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
-    struct perr e = {{0}, NULL};
+    struct perr e = {{0}, NULL, NULL};
     struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
     cJSON *msgs = NULL, *kwargs = NULL;
@@ -1092,7 +1145,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (!normalise_messages(field(body, "messages"), &msgs, &e)) goto bad;
     const cJSON *tools = field(body, "tools");
     if (tools && !cJSON_IsArray(tools)) {
-        fail_param(&e, "tools", "'tools' must be an array");
+        fail_code(&e, "tools", ERR_INVALID_TYPE, "'tools' must be an array");
         goto bad;
     }
     const cJSON *tc = field(body, "tool_choice");
@@ -1138,21 +1191,21 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     }
     const cJSON *ck = field(body, "chat_template_kwargs");
     if (ck && !cJSON_IsObject(ck)) {
-        fail_param(&e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        fail_code(&e, "chat_template_kwargs", ERR_INVALID_TYPE, "'chat_template_kwargs' must be an object");
         goto bad;
     }
     kwargs = ck ? cJSON_Duplicate(ck, true) : cJSON_CreateObject();
     const cJSON *effort = field(body, "reasoning_effort");
     if (effort) {
         if (!cJSON_IsString(effort)) {
-            fail_param(&e, "reasoning_effort", "'reasoning_effort' must be a string");
+            fail_code(&e, "reasoning_effort", ERR_INVALID_TYPE, "'reasoning_effort' must be a string");
             goto bad;
         }
         cJSON_DeleteItemFromObjectCaseSensitive(kwargs, "reasoning_effort");
         cJSON_AddStringToObject(kwargs, "reasoning_effort", effort->valuestring);
     }
     if (!s->ct) {
-        ret = BAD_REQUEST(c, s, "messages", "this model has no chat template; use /v1/completions");
+        ret = BAD_REQUEST(c, s, "messages", ERR_UNSUPPORTED, "this model has no chat template; use /v1/completions");
         goto out;
     }
     struct sp_chat_request creq = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs,
@@ -1205,19 +1258,19 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
             break;
         default:
             sp_buf_free(&pre);
-            ret = BAD_REQUEST(c, s, "tool_choice", "this model's chat format (%s) has no way to force a tool call",
+            ret = BAD_REQUEST(c, s, "tool_choice", ERR_UNSUPPORTED, "this model's chat format (%s) has no way to force a tool call",
                               sp_chat_format_name(j->popts.format));
             goto out;
         }
         if (pre.failed || sp_tokenizer_encode(s->tok, pre.data, pre.len, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
             sp_buf_free(&pre);
-            ret = send_error(c, s, 500, "server_error", NULL, NULL, "could not encode the forced tool call");
+            ret = send_error(c, s, 500, "server_error", NULL, "internal_error", "could not encode the forced tool call");
             goto out;
         }
         j->forced = sp_buf_take(&pre);
     }
     if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
-        ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
+        ret = send_error(c, s, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
     }
     /* the forced start is part of the reply the parser reads */
@@ -1234,7 +1287,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, e.param, e.code, "%s", e.msg);
 out:
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
@@ -1245,7 +1298,7 @@ out:
 
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
-    struct perr e = {{0}, NULL};
+    struct perr e = {{0}, NULL, NULL};
     struct job *j = job_new(s, false, cn->key);
     if (!j) return MHD_NO;
     enum MHD_Result ret;
@@ -1260,7 +1313,7 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
     if (cJSON_IsString(p)) {
         if (!s->tok) {
-            fail_param(&e, "prompt", "this model has no tokenizer: give the prompt as token ids");
+            fail_code(&e, "prompt", ERR_UNSUPPORTED, "this model has no tokenizer: give the prompt as token ids");
             goto bad;
         }
         tok_enter(s);
@@ -1272,25 +1325,26 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
         for (const cJSON *x = p->child; x; x = x->next) {
             int64_t v;
             if (!sp_json_is_int(x, &v) || v < 0 || v > INT32_MAX) {
-                fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+                fail_code(&e, "prompt", sp_json_is_int(x, &v) ? ERR_INVALID_VALUE : ERR_INVALID_TYPE,
+                          "'prompt' must be a string or an array of token ids");
                 goto bad;
             }
             if (j->prompt.n == prompt_room(s)) {
-                fail_param(&e, "prompt", "the prompt has more than %lld tokens; the context holds %lld",
-                           (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+                fail_code(&e, "prompt", ERR_CONTEXT, "the prompt has more than %lld tokens; the context holds %lld",
+                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
                 goto bad;
             }
             sp_ids_push(&j->prompt, (int32_t)v);
         }
     } else {
-        fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+        fail_code(&e, "prompt", p ? ERR_INVALID_TYPE : ERR_MISSING, "'prompt' must be a string or an array of token ids");
         goto bad;
     }
     ret = run_job(c, cn, j);
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, e.param, e.code, "%s", e.msg);
     job_free(j);
     return ret;
 }
@@ -1468,10 +1522,10 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(method, "OPTIONS")) return send_body(c, s, 200, "text/plain", "", 0);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (atomic_load(&s->draining) && strcmp(url, "/metrics") != 0)
-        return send_unavailable(c, s, "unavailable_error", "server_shutting_down", NULL, "the server is shutting down");
+        return send_unavailable(c, s, "server_error", "server_shutting_down", NULL, "the server is shutting down");
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
-            return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+            return send_unavailable(c, s, "server_error", "model_loading", RETRY_LOADING_S, "the model is loading");
         char why[512];
         if (sp_engine_failed(s->engine, why, sizeof why))
             return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", why);
@@ -1484,21 +1538,21 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (cn->key == KEY_REFUSED)
         return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
     if (!atomic_load(&s->ready))
-        return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+        return send_unavailable(c, s, "server_error", "model_loading", RETRY_LOADING_S, "the model is loading");
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, "method_not_allowed", "use GET %s", url);
         return handle_models(c, s);
     }
-    if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use POST %s", url);
+    if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, "method_not_allowed", "use POST %s", url);
     if (cn->too_big)
         return send_error(c, s, 413, "invalid_request_error", NULL, "request_too_large",
                           "the request body exceeds %zu bytes", s->o.max_body);
     cJSON *body;
     if (sp_json_parse(cn->body.data ? cn->body.data : "", cn->body.len, "request body", &body) != SP_OK)
-        return BAD_REQUEST(c, s, NULL, "%s", sp_error_msg());
+        return BAD_REQUEST(c, s, NULL, "invalid_json", "%s", sp_error_msg());
     enum MHD_Result r;
     if (!cJSON_IsObject(body))
-        r = BAD_REQUEST(c, s, NULL, "the request body must be a JSON object");
+        r = BAD_REQUEST(c, s, NULL, ERR_INVALID_TYPE, "the request body must be a JSON object");
     else if (!strcmp(url, "/v1/chat/completions"))
         r = handle_chat(c, cn, body);
     else
@@ -1577,7 +1631,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     struct conn *cn = *con_cls;
     if (!cn) return;
     if (cn->counted) atomic_fetch_sub(&cn->srv->in_flight, 1);
-    job_free(cn->job);  // cancels a generation still running (client gone)
+    if (cn->job && !cn->job->done) client_went_away(cn->job);  // a stream cut short by the client
+    job_free(cn->job);
     sp_buf_free(&cn->body);
     sp_free(cn);
     *con_cls = NULL;

@@ -308,7 +308,10 @@ test('API key: missing or wrong is 401, right is 200', async () => {
   await assert.rejects(client(keyed, 'wrong').models.list(), (e) => e.status === 401);
   const res = await fetch(`${keyed.url}/v1/models`);
   assert.equal(res.status, 401);
-  assert.equal((await res.json()).error.code, 'invalid_api_key');
+  assert.deepEqual((await res.json()).error, { message: 'missing or incorrect API key', type: 'invalid_request_error',
+    param: null, code: 'invalid_api_key' });
+  await assert.rejects(client(keyed, 'wrong').chat.completions.create({ model: 'x', messages: chat('x') }), (e) =>
+    e instanceof OpenAI.AuthenticationError && e.code === 'invalid_api_key' && e.type === 'invalid_request_error' && e.param === null);
   const ok = await client(keyed, 'sekrit').models.list();
   assert.equal(ok.data.length, 1);
   assert.equal((await fetch(`${keyed.url}/health`)).status, 200);
@@ -320,35 +323,88 @@ async function post(route, body, headers = {}) {
 }
 
 test('bad input: clear 4xx errors in OpenAI shape, and the server keeps serving', async () => {
+  // [body, status, param, code]: code is a string (or null), never the HTTP status
   const cases = [
-    ['{not json', 400],
-    ['[1,2]', 400],
-    [JSON.stringify({ messages: 'hi' }), 400],
-    [JSON.stringify({ messages: chat('x'), temperature: 'hot' }), 400],
-    [JSON.stringify({ messages: chat('x'), max_tokens: -5 }), 400],
-    [JSON.stringify({ messages: chat('x'), n: 3 }), 400],
-    [JSON.stringify({ messages: chat('x'), stop: [1, 2] }), 400],
-    [JSON.stringify({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400],
-    [JSON.stringify({ messages: chat('x'), response_format: { type: 'yaml' } }), 400],
-    ['['.repeat(5000) + ']'.repeat(5000), 400],
-    [JSON.stringify({ messages: chat('word '.repeat(2000)) }), 400],
+    ['{not json', 400, null, 'invalid_json'],
+    ['[1,2]', 400, null, 'invalid_type'],
+    [JSON.stringify({ max_tokens: 2 }), 400, 'messages', 'missing_required_parameter'],
+    [JSON.stringify({ messages: 'hi' }), 400, 'messages', 'invalid_type'],
+    [JSON.stringify({ messages: [] }), 400, 'messages', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), temperature: 'hot' }), 400, 'temperature', 'invalid_type'],
+    [JSON.stringify({ messages: chat('x'), temperature: 7 }), 400, 'temperature', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), max_tokens: -5 }), 400, 'max_tokens', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), max_tokens: 2.5 }), 400, 'max_tokens', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), stream: 'yes' }), 400, 'stream', 'invalid_type'],
+    [JSON.stringify({ messages: chat('x'), stop: [1, 2] }), 400, 'stop', 'invalid_type'],
+    [JSON.stringify({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400, 'messages', 'unsupported_value'],
+    [JSON.stringify({ messages: chat('x'), response_format: { type: 'yaml' } }), 400, 'response_format', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), tools: {} }), 400, 'tools', 'invalid_type'],
+    ['['.repeat(5000) + ']'.repeat(5000), 400, null, 'invalid_json'],
+    [JSON.stringify({ messages: chat('word '.repeat(2000)) }), 400, 'messages', 'context_length_exceeded'],
   ];
-  for (const [body, status] of cases) {
+  for (const [body, status, param, code] of cases) {
     const r = await post('/v1/chat/completions', body);
     assert.equal(r.status, status, body.slice(0, 80));
+    assert.deepEqual(Object.keys(r.json.error).sort(), ['code', 'message', 'param', 'type']);
     assert.equal(typeof r.json.error.message, 'string');
-    assert.ok('type' in r.json.error && 'param' in r.json.error && 'code' in r.json.error);
+    assert.equal(r.json.error.type, 'invalid_request_error', body.slice(0, 80));
+    assert.equal(r.json.error.param, param, body.slice(0, 80));
+    assert.equal(r.json.error.code, code, body.slice(0, 80));
+  }
+  const textCases = [
+    [{ max_tokens: 2 }, 'missing_required_parameter'],
+    [{ prompt: 5 }, 'invalid_type'],
+    [{ prompt: [1, -2] }, 'invalid_value'],
+    [{ prompt: [1, 'a'] }, 'invalid_type'],
+    [{ prompt: [1, 2, 1e9] }, 'invalid_value'],
+    [{ prompt: Array(600).fill(1) }, 'context_length_exceeded'],
+    [{ prompt: 'word '.repeat(2000) }, 'context_length_exceeded'],
+  ];
+  for (const [body, code] of textCases) {
+    const r = await post('/v1/completions', JSON.stringify(body));
+    assert.equal(r.status, 400, JSON.stringify(body).slice(0, 80));
+    assert.equal(r.json.error.param, 'prompt');
+    assert.equal(r.json.error.code, code, JSON.stringify(body).slice(0, 80));
   }
   const big = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'.repeat(9 << 20)) }));
   assert.equal(big.status, 413);
+  assert.equal(big.json.error.code, 'request_too_large');
   const bad = await fetch(`${main.url}/v1/chat/completions`, { method: 'POST',
     body: Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}],"max_tokens":2}')]) });
   assert.ok(bad.status === 200 || bad.status === 400, `invalid UTF-8 gave ${bad.status}`);
   const unknown = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'), max_tokens: 2, frobnicate: true }));
   assert.equal(unknown.status, 200, 'unknown fields are ignored');
-  assert.equal((await fetch(`${main.url}/v1/nope`)).status, 404);
-  assert.equal((await fetch(`${main.url}/v1/chat/completions`)).status, 405);
+  const nope = await fetch(`${main.url}/v1/nope`);
+  assert.equal(nope.status, 404);
+  assert.deepEqual((await nope.json()).error, { message: 'no route GET /v1/nope', type: 'invalid_request_error', param: null, code: 'not_found' });
+  const get = await fetch(`${main.url}/v1/chat/completions`);
+  assert.equal(get.status, 405);
+  assert.equal((await get.json()).error.code, 'method_not_allowed');
   assert.equal((await fetch(`${main.url}/health`)).status, 200);
+});
+
+// The official client reads the error object: APIError's code, param and type.
+test('errors through the openai client: code, param and type', async () => {
+  const expectError = (promise, status, fields) => assert.rejects(promise, (e) => {
+    assert.ok(e instanceof OpenAI.APIError, String(e));
+    assert.equal(e.status, status);
+    for (const [k, v] of Object.entries(fields)) assert.equal(e[k], v, `${k} of ${e.message}`);
+    return true;
+  });
+  const c = client(main);
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), temperature: 'hot' }), 400,
+    { type: 'invalid_request_error', param: 'temperature', code: 'invalid_type' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), top_p: 3 }), 400,
+    { type: 'invalid_request_error', param: 'top_p', code: 'invalid_value' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('word '.repeat(2000)) }), 400,
+    { type: 'invalid_request_error', param: 'messages', code: 'context_length_exceeded' });
+  await expectError(c.completions.create({ model: 'x', prompt: 'hi', stream: true, logprobs: 99 }), 400,
+    { type: 'invalid_request_error', param: 'logprobs', code: 'invalid_value' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), tool_choice: 'required' }), 400,
+    { type: 'invalid_request_error', param: 'tool_choice', code: 'invalid_value' });
+  const e400 = await c.chat.completions.create({ model: 'x', messages: chat('x'), max_tokens: 0 }).catch((e) => e);
+  assert.ok(e400 instanceof OpenAI.BadRequestError);
+  assert.equal(e400.error.message, "'max_tokens' must be between 1 and 1073741824, got 0");
 });
 
 // Sends raw bytes and collects everything the server writes until it closes
@@ -445,7 +501,8 @@ test('--max-tokens bounds requests that give no max_tokens; a full queue is a 50
     body: JSON.stringify({ prompt: 'third', max_tokens: 2 }) });
   assert.equal(busy.status, 503);
   assert.equal(busy.headers.get('retry-after'), '1');
-  assert.equal((await busy.json()).error.code, 'server_busy');
+  assert.deepEqual((await busy.json()).error, { message: 'the server is busy: 1 requests are already waiting',
+    type: 'server_error', param: null, code: 'server_busy' });
   ac.abort();
   await it.return?.().catch(() => {});
   assert.equal((await waiting).usage.completion_tokens <= 2, true);
@@ -505,6 +562,68 @@ test('SIGTERM: no new connections, short requests finish, long ones end with an 
   assert.ok(at - t0 < 1000 + 4000, `exited ${at - t0} ms after SIGTERM`);
   assert.match(s.log(), /shutting down; [23] requests in flight, waiting up to 1 s/);
   assert.match(s.log(), /ending 2 requests still in flight/);
+});
+
+// A stream that fails after its first chunks ends with an error event in
+// OpenAI's shape, which the official client throws as an APIError.
+test('a streamed error: the openai client throws it with code, param and type', async () => {
+  const s = await startServer(['--ctx', '4096', '--shutdown-timeout', '0']);
+  const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const stream = await client(s).chat.completions.create({ model: 'x', messages: chat('a long stream'), max_tokens: 3000,
+    stream: true });
+  let chunks = 0;
+  const caught = await (async () => {
+    for await (const ch of stream) {
+      assert.equal(ch.object, 'chat.completion.chunk');
+      if (chunks++ === 0) s.proc.kill('SIGTERM');
+    }
+    return null;
+  })().catch((e) => e);
+  assert.ok(chunks > 0);
+  assert.ok(caught instanceof OpenAI.APIError, `the stream ended without an error: ${caught}`);
+  assert.equal(caught.type, 'server_error');
+  assert.equal(caught.code, 'server_shutdown');
+  assert.equal(caught.param, null);
+  assert.match(caught.message, /the server is shutting down: the generation was stopped after \d+ tokens/);
+  const { code, signal } = await exited;
+  assert.equal(code, 0, `exit ${code} ${signal}: ${s.log().slice(-2000)}`);
+});
+
+// A client that closes its connection before the response is complete
+// cancels the generation; the log says so in exactly one line per request.
+test('a client that hangs up mid-generation: cancelled, and logged once', async () => {
+  const s = await startServer(['--ctx', '4096', '--parallel', '2']);
+  const active = async () => Number(/^sparrow_slots_active (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  const gone = () => s.log().split('\n').filter((l) => /client went away/.test(l));
+  // streamed: hang up after the first chunk
+  const ac = new AbortController();
+  const stream = await client(s).chat.completions.create({ model: 'x', messages: chat('hang up on me'), max_tokens: 3000,
+    stream: true }, { signal: ac.signal });
+  let id = null;
+  for await (const ch of stream) {
+    id = ch.id;
+    ac.abort();
+    break;
+  }
+  assert.match(id, /^chatcmpl-/);
+  // not streamed: hang up while it generates
+  const ac2 = new AbortController();
+  const blocking = fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'hang up on me too', max_tokens: 3000 }), signal: ac2.signal }).catch((e) => e);
+  for (let i = 0; i < 200 && await active() < 1; i++) await settle(10);
+  ac2.abort();
+  assert.equal((await blocking).name, 'AbortError');
+  for (let i = 0; i < 100 && (gone().length < 2 || await active() > 0); i++) await settle(50);
+  await settle(300);  // time for a second line, were there one
+  assert.equal(await active(), 0, 'both generations were cancelled');
+  const lines = gone();
+  assert.equal(lines.length, 2, s.log().slice(-3000));
+  for (const l of lines) assert.match(l, /srv {2}(chatcmpl|cmpl)-[0-9a-f]+ \| client went away after \d+ tokens; generation cancelled$/);
+  const ofStream = s.log().split('\n').filter((l) => l.includes(id));
+  assert.equal(ofStream.length, 1, ofStream.join('\n'));
+  assert.match(ofStream[0], /client went away/);
+  const m = await (await fetch(`${s.url}/metrics`)).text();
+  assert.ok(Number(/^sparrow_generated_tokens_total (\d+)/m.exec(m)[1]) < 2 * 3000, 'neither ran to its max_tokens');
 });
 
 // Opens n TCP connections that send nothing, from the given local loopback
@@ -690,6 +809,7 @@ for (const mode of [['--expert-cache', '60K'], ['--mmap']]) {
         text += dec.decode(value, { stream: true });
       }
       assert.match(text, /^data: \{"error":\{"message":"generation failed: the model's files changed while in use \([^)]*model\.safetensors[^"]*"/m);
+      assert.match(text, /^data: \{"error":\{"message":"generation failed: [^\n]*","type":"server_error","param":null,"code":"model_files_changed"\}\}$/m);
       assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-300));
       const { code, signal } = await exited;
       assert.equal(signal, null, `killed by ${signal}: ${s.log().slice(-2000)}`);
