@@ -422,7 +422,19 @@ static bool encode_prompt(struct sp_server *s, const char *text, size_t len, uns
     return true;
 }
 
-/* A generation in flight: the parsed request, the engine request, and the
+/* One choice of a request (n asks for several): its engine request, and
+ * what it has generated so far. */
+struct choice {
+    struct sp_req *req;
+    struct sp_req_progress prog;
+    struct sp_buf text;             // collected (not streamed)
+    struct sp_tok_list toks;        // token records, for logprobs
+    struct sp_chat_parser *parser;  // streamed chat: its output split into content, reasoning and tool calls
+    bool sent_role;                 // streamed chat: its first delta (with the role) is out
+    size_t text_sent;               // streamed text completions: bytes of text so far (for text_offset)
+};
+
+/* A generation in flight: the parsed request, its choices, and the
  * streaming state. */
 struct job {
     struct sp_server *srv;
@@ -435,38 +447,37 @@ struct job {
     struct sp_ids prompt;
     char id[48];
     int64_t created;
-    struct sp_req *req;
+    int n;              // choices asked for (n)
+    struct choice *ch;  // (n)
     int fd;
     /* streaming */
     struct sp_buf out;  // SSE bytes not yet handed to MHD
     size_t out_pos;
-    bool sent_role, done;
+    bool done;
     bool gone_logged;  // the client's hang-up has been logged
-    size_t text_sent;  // text completions: bytes of text streamed so far (for text_offset)
-    /* collected */
-    struct sp_buf text;
-    struct sp_tok_list toks;
-    struct sp_req_progress prog;
     /* chat: splitting the output into content, reasoning and tool calls */
     struct sp_chat_parse_opts popts;
-    struct sp_chat_parser *parser;  // streaming
-    cJSON *tools;                   // the request's tools (the parser borrows them)
+    cJSON *tools;                   // the request's tools (the parsers borrow them)
     char *forced;                   // tool_choice: the start of the reply written for the model, or NULL
     const char *forced_end;         // and its end, once the constrained arguments are complete
 };
 
 static void job_free(struct job *j) {
     if (!j) return;
-    if (j->req) {
-        sp_req_cancel(j->req);
-        sp_req_release(j->req);
+    for (int i = 0; j->ch && i < j->n; i++) {
+        struct choice *c = &j->ch[i];
+        if (c->req) {
+            sp_req_cancel(c->req);
+            sp_req_release(c->req);
+        }
+        sp_buf_free(&c->text);
+        sp_tok_list_free(&c->toks);
+        sp_chat_parser_free(c->parser);
     }
+    sp_free(j->ch);
     for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(j->stop_store[i]);
     sp_ids_free(&j->prompt);
     sp_buf_free(&j->out);
-    sp_buf_free(&j->text);
-    sp_tok_list_free(&j->toks);
-    sp_chat_parser_free(j->parser);
     cJSON_Delete(j->tools);
     sp_free(j->forced);
     sp_free(j);
@@ -559,7 +570,14 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
     j->gp.max_tokens = v;
     v = 1;
     if (!get_integer(body, "n", INT64_MIN / 2, INT64_MAX / 2, &v, e)) return false;
-    if (v != 1) return fail_param(e, "n", "only n = 1 is supported, got %lld", (long long)v);
+    /* the choices decode together, one slot each */
+    int parallel = sp_engine_params(s->engine)->n_slots;
+    if (v < 1 || v > parallel)
+        return fail_param(e, "n", "'n' must be between 1 and %d (the server's --parallel), got %lld", parallel,
+                          (long long)v);
+    j->n = (int)v;
+    if (!(j->ch = sp_calloc((size_t)j->n, sizeof *j->ch, SP_MEM_SERVER)))
+        return fail_code(e, NULL, "out_of_memory", "out of memory");
     if (!get_bool(body, "stream", &j->stream, e)) return false;
     const cJSON *so = field(body, "stream_options");
     if (so) {
@@ -750,12 +768,14 @@ static void chunk_begin(struct job *j, struct sp_jw *w) {
     sp_jw_str(w, "sparrow");
 }
 
-/* One SSE chunk. Chat: a delta of `kind` (content, reasoning_content, a
- * tool call's start or arguments) or, with kind < 0, an empty delta; text
- * completions: the text. Carries the finish reason when given and the
- * logprobs of tokens [tok_from, n) when asked for. */
-static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int tool_index, const char *tool_id,
-                      const char *finish, int64_t tok_from) {
+/* One SSE chunk of choice ci. Chat: a delta of `kind` (content,
+ * reasoning_content, a tool call's start or arguments) or, with kind < 0,
+ * an empty delta; text completions: the text. Carries the finish reason
+ * when given and the logprobs of the choice's tokens [tok_from, n) when
+ * asked for. */
+static void sse_chunk(struct job *j, int ci, int kind, const char *text, size_t len, int tool_index,
+                      const char *tool_id, const char *finish, int64_t tok_from) {
+    struct choice *c = &j->ch[ci];
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -764,14 +784,14 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     sp_jw_arr(&w);
     sp_jw_obj(&w);
     sp_jw_key(&w, "index");
-    sp_jw_int(&w, 0);
+    sp_jw_int(&w, ci);
     if (j->chat) {
         sp_jw_key(&w, "delta");
         sp_jw_obj(&w);
-        if (!j->sent_role) {
+        if (!c->sent_role) {
             sp_jw_key(&w, "role");
             sp_jw_str(&w, "assistant");
-            j->sent_role = true;
+            c->sent_role = true;
         }
         if (kind == SP_CHAT_EV_CONTENT || kind == SP_CHAT_EV_REASONING) {
             sp_jw_key(&w, kind == SP_CHAT_EV_CONTENT ? "content" : "reasoning_content");
@@ -804,7 +824,7 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
             sp_jw_end(&w);
         }
         sp_jw_end(&w);
-        if (j->want_logprobs && tok_from < j->toks.n) write_chat_logprobs(&w, j->srv->tok, &j->toks, tok_from);
+        if (j->want_logprobs && tok_from < c->toks.n) write_chat_logprobs(&w, j->srv->tok, &c->toks, tok_from);
         else {
             sp_jw_key(&w, "logprobs");
             sp_jw_null(&w);
@@ -812,13 +832,13 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     } else {
         sp_jw_key(&w, "text");
         sp_jw_strn(&w, text, len);
-        if (j->want_logprobs && tok_from < j->toks.n) {
-            write_text_logprobs(&w, j->srv->tok, &j->toks, tok_from, (int64_t)j->text_sent);
+        if (j->want_logprobs && tok_from < c->toks.n) {
+            write_text_logprobs(&w, j->srv->tok, &c->toks, tok_from, (int64_t)c->text_sent);
         } else {
             sp_jw_key(&w, "logprobs");
             sp_jw_null(&w);
         }
-        j->text_sent += len;
+        c->text_sent += len;
     }
     sp_jw_key(&w, "finish_reason");
     sp_jw_str(&w, finish);
@@ -831,26 +851,45 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     sp_buf_free(&b);
 }
 
-/* Streams a piece of generated text: through the chat parser as its events,
- * or as is. Token logprobs ride on the first chunk written (or an empty one). */
-static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
+/* Streams a piece of choice ci's text: through its chat parser as its
+ * events, or as is. Token logprobs ride on the first chunk written (or an
+ * empty one). */
+static void sse_text(struct job *j, int ci, const char *text, size_t len, int64_t tok_from) {
+    struct choice *c = &j->ch[ci];
     bool wrote = false;
-    if (j->chat && j->parser) {
+    if (j->chat && c->parser) {
         size_t n = 0;
         /* events belong to the last push: read them only after one */
-        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
-            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+        if (len && sp_chat_parser_push(c->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(c->parser, &n);
             for (size_t i = 0; i < n; i++) {
-                sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
-                          wrote ? j->toks.n : tok_from);
+                sse_chunk(j, ci, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
+                          wrote ? c->toks.n : tok_from);
                 wrote = true;
             }
         }
     } else if (len) {
-        sse_chunk(j, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
+        sse_chunk(j, ci, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
         wrote = true;
     }
-    if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
+    if (!wrote && j->want_logprobs && tok_from < c->toks.n) sse_chunk(j, ci, -1, "", 0, 0, NULL, NULL, tok_from);
+}
+
+/* The last chunks of a choice that finished: the forced call's end, what
+ * its parser still holds, and the chunk with its finish reason. */
+static void sse_choice_end(struct job *j, int ci) {
+    struct choice *c = &j->ch[ci];
+    bool calls = false;
+    if (j->forced_end && c->prog.finish == SP_FINISH_STOP) sse_text(j, ci, j->forced_end, strlen(j->forced_end), c->toks.n);
+    if (c->parser) {
+        sp_chat_parser_finish(c->parser);
+        size_t n;
+        const struct sp_chat_event *ev = sp_chat_parser_events(c->parser, &n);
+        for (size_t i = 0; i < n; i++)
+            sse_chunk(j, ci, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, c->toks.n);
+        calls = sp_chat_parser_tool_calls(c->parser) > 0;
+    }
+    sse_chunk(j, ci, -1, "", 0, 0, NULL, finish_reason(&c->prog, calls), c->toks.n);
 }
 
 /* An error event in OpenAI's error shape (code NULL: null). */
@@ -863,6 +902,15 @@ static void sse_error(struct job *j, const char *type, const char *code, const c
     sp_buf_free(&b);
 }
 
+/* The request's usage over its choices: the prompt once (it is prefilled
+ * once), the completion tokens of every choice. */
+static struct sp_req_progress usage_of(const struct job *j) {
+    struct sp_req_progress u = j->ch[0].prog;
+    u.completion_tokens = 0;
+    for (int i = 0; i < j->n; i++) u.completion_tokens += j->ch[i].prog.completion_tokens;
+    return u;
+}
+
 static void sse_usage_and_done(struct job *j) {
     if (j->include_usage) {
         struct sp_buf b = SP_BUF_INIT;
@@ -872,7 +920,8 @@ static void sse_usage_and_done(struct job *j) {
         sp_jw_key(&w, "choices");
         sp_jw_arr(&w);
         sp_jw_end(&w);
-        write_usage(&w, &j->prog);
+        struct sp_req_progress u = usage_of(j);
+        write_usage(&w, &u);
         sp_jw_end(&w);
         sp_buf_puts(&j->out, "data: ");
         sp_buf_append(&j->out, b.data, b.len);
@@ -895,27 +944,68 @@ static bool client_gone(int fd) {
 }
 
 static void log_done(struct job *j) {
-    const struct sp_req_progress *p = &j->prog;
+    struct sp_req_progress p = usage_of(j);
+    double decode_s = 0;
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].prog.decode_s > decode_s) decode_s = j->ch[i].prog.decode_s;
+    char n[24] = "";
+    if (j->n > 1) snprintf(n, sizeof n, " | n %d", j->n);
     sp_log(SP_LOG_INFO,
            "srv  %s | prompt %lld tokens (%lld cached), prefill %.1f tok/s | decode %lld tokens, %.1f tok/s | "
-           "ttft %.3f s | finish %s | mem %.1f MiB",
-           j->id, (long long)p->prompt_tokens, (long long)p->cached_tokens,
-           p->prefill_s > 0 ? (double)(p->prompt_tokens - p->cached_tokens) / p->prefill_s : 0.0,
-           (long long)p->completion_tokens,
-           p->decode_s > 0 && p->completion_tokens > 1 ? (double)(p->completion_tokens - 1) / p->decode_s : 0.0,
-           p->ttft_s, p->finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(p, false),
+           "ttft %.3f s | finish %s%s | mem %.1f MiB",
+           j->id, (long long)p.prompt_tokens, (long long)p.cached_tokens,
+           p.prefill_s > 0 ? (double)(p.prompt_tokens - p.cached_tokens) / p.prefill_s : 0.0,
+           (long long)p.completion_tokens,
+           decode_s > 0 && p.completion_tokens > j->n ? (double)(p.completion_tokens - j->n) / decode_s : 0.0,
+           p.ttft_s, p.finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(&p, false), n,
            (double)sp_mem_used_total() / 1048576.0);
+}
+
+static void cancel_all(struct job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].req) sp_req_cancel(j->ch[i].req);
 }
 
 /* A client that hung up before its response was complete: the generation is
  * cancelled, and that is logged once, whichever path noticed it first (the
  * poll of the socket, or the connection ending under a stream). */
 static void client_went_away(struct job *j) {
-    if (j->req) sp_req_cancel(j->req);
+    cancel_all(j);
     if (j->gone_logged) return;
     j->gone_logged = true;
     sp_log(SP_LOG_INFO, "srv  %s | client went away after %lld tokens; generation cancelled", j->id,
-           (long long)j->prog.completion_tokens);
+           (long long)usage_of(j).completion_tokens);
+}
+
+/* Takes what every choice still generating has produced: waits up to
+ * wait_ms on the first of them (the choices decode in the same steps, so
+ * their tokens come together), then takes the others' without waiting.
+ * Streamed, the new text goes out as chunks and a choice that finished gets
+ * its last chunk; collected, it is appended to the choice's text. Returns
+ * the choice that failed, or -1. */
+static int poll_choices(struct job *j, int wait_ms) {
+    int failed = -1;
+    bool waited = false;
+    for (int i = 0; i < j->n; i++) {
+        struct choice *c = &j->ch[i];
+        if (c->prog.finished) continue;
+        struct sp_buf text = SP_BUF_INIT;
+        int64_t tok_from = c->toks.n;
+        sp_req_poll(c->req, waited ? 0 : wait_ms, j->stream ? &text : &c->text, j->want_logprobs ? &c->toks : NULL,
+                    &c->prog);
+        waited = true;
+        if (j->stream) sse_text(j, i, text.data ? text.data : "", text.len, tok_from);
+        sp_buf_free(&text);
+        if (c->prog.finished && c->prog.finish == SP_FINISH_ERROR && failed < 0) failed = i;
+        else if (c->prog.finished && j->stream) sse_choice_end(j, i);
+    }
+    return failed;
+}
+
+static bool all_finished(const struct job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (!j->ch[i].prog.finished) return false;
+    return true;
 }
 
 /* MHD pulls the SSE stream through here; waits for the next tokens. */
@@ -931,39 +1021,26 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         /* stopping: take what is already generated, then end the stream */
         bool stopping = atomic_load(&j->srv->stopping);
-        struct sp_buf text = SP_BUF_INIT;
-        int64_t tok_from = j->toks.n;
-        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
-        sse_text(j, text.data ? text.data : "", text.len, tok_from);
-        sp_buf_free(&text);
-        if (!j->prog.finished && stopping) {
-            sp_req_cancel(j->req);
+        int failed = poll_choices(j, stopping ? 0 : POLL_MS);
+        if (failed >= 0) {
+            cancel_all(j);
+            const struct sp_req_progress *p = &j->ch[failed].prog;
+            char msg[320];
+            snprintf(msg, sizeof msg, "generation failed: %s", p->error[0] ? p->error : "internal error");
+            sse_error(j, "server_error", gen_fail_code(j->srv), msg);
+            sse_usage_and_done(j);
+            j->done = true;
+            log_done(j);
+        } else if (!all_finished(j) && stopping) {
+            cancel_all(j);
             char msg[160];
-            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens",
-                     (long long)j->prog.completion_tokens);
+            long long done = (long long)usage_of(j).completion_tokens;
+            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens", done);
             sse_error(j, "server_error", "server_shutdown", msg);
             sse_usage_and_done(j);
             j->done = true;
-            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
-                   (long long)j->prog.completion_tokens);
-        } else if (j->prog.finished) {
-            if (j->prog.finish == SP_FINISH_ERROR) {
-                char msg[320];
-                snprintf(msg, sizeof msg, "generation failed: %s", j->prog.error[0] ? j->prog.error : "internal error");
-                sse_error(j, "server_error", gen_fail_code(j->srv), msg);
-            } else {
-                bool calls = false;
-                if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
-                if (j->parser) {
-                    sp_chat_parser_finish(j->parser);
-                    size_t n;
-                    const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
-                    for (size_t i = 0; i < n; i++)
-                        sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, j->toks.n);
-                    calls = sp_chat_parser_tool_calls(j->parser) > 0;
-                }
-                sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
-            }
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id, done);
+        } else if (all_finished(j)) {
             sse_usage_and_done(j);
             j->done = true;
             log_done(j);
@@ -975,30 +1052,103 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* One choice of a non-streamed response, into the open choices array. */
+static void write_choice(struct job *j, int ci, struct sp_jw *w) {
+    struct sp_server *s = j->srv;
+    struct choice *c = &j->ch[ci];
+    if (j->forced_end && c->prog.finish == SP_FINISH_STOP) sp_buf_puts(&c->text, j->forced_end);
+    sp_jw_obj(w);
+    sp_jw_key(w, "index");
+    sp_jw_int(w, ci);
+    bool calls = false;
+    if (j->chat) {
+        struct sp_chat_result pr;
+        memset(&pr, 0, sizeof pr);
+        struct sp_chat_parse_opts po = j->popts;
+        po.id_seed ^= (uint64_t)ci * 0x9e3779b97f4a7c15ull;  // tool call ids differ between choices
+        sp_chat_parse(&po, c->text.data ? c->text.data : "", c->text.len, &pr);
+        calls = pr.n_tool_calls > 0;
+        sp_jw_key(w, "message");
+        sp_jw_obj(w);
+        sp_jw_key(w, "role");
+        sp_jw_str(w, "assistant");
+        sp_jw_key(w, "content");
+        if (pr.content.data || !calls)
+            sp_jw_strn(w, pr.content.data ? pr.content.data : "", pr.content.len);
+        else
+            sp_jw_null(w);
+        if (pr.reasoning.data) {
+            sp_jw_key(w, "reasoning_content");
+            sp_jw_strn(w, pr.reasoning.data, pr.reasoning.len);
+        }
+        if (calls) {
+            sp_jw_key(w, "tool_calls");
+            sp_jw_arr(w);
+            for (size_t i = 0; i < pr.n_tool_calls; i++) {
+                sp_jw_obj(w);
+                sp_jw_key(w, "id");
+                sp_jw_str(w, pr.tool_calls[i].id);
+                sp_jw_key(w, "type");
+                sp_jw_str(w, "function");
+                sp_jw_key(w, "function");
+                sp_jw_obj(w);
+                sp_jw_key(w, "name");
+                sp_jw_str(w, pr.tool_calls[i].name ? pr.tool_calls[i].name : "");
+                sp_jw_key(w, "arguments");
+                sp_jw_strn(w, pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.data : "{}",
+                           pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.len : 2);
+                sp_jw_end(w);
+                sp_jw_end(w);
+            }
+            sp_jw_end(w);
+        }
+        sp_jw_end(w);
+        sp_chat_result_free(&pr);
+        if (j->want_logprobs) write_chat_logprobs(w, s->tok, &c->toks, 0);
+        else {
+            sp_jw_key(w, "logprobs");
+            sp_jw_null(w);
+        }
+    } else {
+        sp_jw_key(w, "text");
+        sp_jw_strn(w, c->text.data ? c->text.data : "", c->text.len);
+        if (j->want_logprobs) {
+            write_text_logprobs(w, s->tok, &c->toks, 0, 0);
+        } else {
+            sp_jw_key(w, "logprobs");
+            sp_jw_null(w);
+        }
+    }
+    sp_jw_key(w, "finish_reason");
+    sp_jw_str(w, finish_reason(&c->prog, calls));
+    sp_jw_end(w);
+}
+
 /* The whole response of a non-streaming request. */
 static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) {
     struct sp_server *s = j->srv;
+    int failed = -1;
     for (;;) {
         bool stopping = atomic_load(&s->stopping);
-        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
-        if (j->prog.finished) break;
+        failed = poll_choices(j, stopping ? 0 : POLL_MS);
+        if (failed >= 0 || all_finished(j)) break;
         if (stopping) {
-            sp_req_cancel(j->req);
-            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
-                   (long long)j->prog.completion_tokens);
+            cancel_all(j);
+            long long done = (long long)usage_of(j).completion_tokens;
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id, done);
             return send_unavailable(c, s, "server_error", "server_shutdown", NULL,
-                                    "the server is shutting down: the generation was stopped after %lld tokens",
-                                    (long long)j->prog.completion_tokens);
+                                    "the server is shutting down: the generation was stopped after %lld tokens", done);
         }
         if (client_gone(j->fd)) {
             client_went_away(j);
             return MHD_NO;
         }
     }
+    if (failed >= 0) cancel_all(j);
     log_done(j);
-    if (j->prog.finish == SP_FINISH_ERROR)
-        return send_error(c, s, 500, "server_error", NULL, gen_fail_code(s), "generation failed: %s", j->prog.error);
-    if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
+    if (failed >= 0)
+        return send_error(c, s, 500, "server_error", NULL, gen_fail_code(s), "generation failed: %s",
+                          j->ch[failed].prog.error);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -1015,71 +1165,10 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     sp_jw_str(&w, "sparrow");
     sp_jw_key(&w, "choices");
     sp_jw_arr(&w);
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "index");
-    sp_jw_int(&w, 0);
-    bool calls = false;
-    if (j->chat) {
-        struct sp_chat_result pr;
-        memset(&pr, 0, sizeof pr);
-        sp_chat_parse(&j->popts, j->text.data ? j->text.data : "", j->text.len, &pr);
-        calls = pr.n_tool_calls > 0;
-        sp_jw_key(&w, "message");
-        sp_jw_obj(&w);
-        sp_jw_key(&w, "role");
-        sp_jw_str(&w, "assistant");
-        sp_jw_key(&w, "content");
-        if (pr.content.data || !calls)
-            sp_jw_strn(&w, pr.content.data ? pr.content.data : "", pr.content.len);
-        else
-            sp_jw_null(&w);
-        if (pr.reasoning.data) {
-            sp_jw_key(&w, "reasoning_content");
-            sp_jw_strn(&w, pr.reasoning.data, pr.reasoning.len);
-        }
-        if (calls) {
-            sp_jw_key(&w, "tool_calls");
-            sp_jw_arr(&w);
-            for (size_t i = 0; i < pr.n_tool_calls; i++) {
-                sp_jw_obj(&w);
-                sp_jw_key(&w, "id");
-                sp_jw_str(&w, pr.tool_calls[i].id);
-                sp_jw_key(&w, "type");
-                sp_jw_str(&w, "function");
-                sp_jw_key(&w, "function");
-                sp_jw_obj(&w);
-                sp_jw_key(&w, "name");
-                sp_jw_str(&w, pr.tool_calls[i].name ? pr.tool_calls[i].name : "");
-                sp_jw_key(&w, "arguments");
-                sp_jw_strn(&w, pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.data : "{}",
-                           pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.len : 2);
-                sp_jw_end(&w);
-                sp_jw_end(&w);
-            }
-            sp_jw_end(&w);
-        }
-        sp_jw_end(&w);
-        sp_chat_result_free(&pr);
-        if (j->want_logprobs) write_chat_logprobs(&w, s->tok, &j->toks, 0);
-        else {
-            sp_jw_key(&w, "logprobs");
-            sp_jw_null(&w);
-        }
-    } else {
-        sp_jw_key(&w, "text");
-        sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
-        if (j->want_logprobs) {
-            write_text_logprobs(&w, s->tok, &j->toks, 0, 0);
-        } else {
-            sp_jw_key(&w, "logprobs");
-            sp_jw_null(&w);
-        }
-    }
-    sp_jw_key(&w, "finish_reason");
-    sp_jw_str(&w, finish_reason(&j->prog, calls));
+    for (int i = 0; i < j->n; i++) write_choice(j, i, &w);
     sp_jw_end(&w);
-    sp_jw_end(&w);
-    write_usage(&w, &j->prog);
+    struct sp_req_progress u = usage_of(j);
+    write_usage(&w, &u);
     sp_jw_end(&w);
     enum MHD_Result r = send_json(c, s, 200, &b);
     sp_buf_free(&b);
@@ -1091,10 +1180,30 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-/* Submits the job and answers: SSE stream or one JSON body. */
+/* The seed of choice i: the request's own for the first (n = 1 and the
+ * first of n give the same text), one derived from it for the others, so
+ * that a seeded request is reproducible and its choices differ. */
+static uint64_t choice_seed(uint64_t seed, int i) {
+    if (i == 0) return seed;
+    uint64_t x = seed ^ ((uint64_t)i << 32);
+    return sp_splitmix64(&x);
+}
+
+/* Submits the job's choices (a group sharing the prompt's prefill) and
+ * answers: SSE stream or one JSON body. */
 static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
     struct sp_server *s = j->srv;
-    enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
+    struct sp_gen_params *gps = sp_malloc((size_t)j->n * sizeof *gps, SP_MEM_SERVER);
+    struct sp_req **reqs = sp_calloc((size_t)j->n, sizeof *reqs, SP_MEM_SERVER);
+    enum sp_status st = gps && reqs ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == SP_OK && i < j->n; i++) {
+        gps[i] = j->gp;
+        gps[i].sampling.seed = choice_seed(j->gp.sampling.seed, i);
+    }
+    if (st == SP_OK) st = sp_engine_submit_group(s->engine, j->prompt.v, j->prompt.n, gps, j->n, reqs);
+    for (int i = 0; st == SP_OK && i < j->n; i++) j->ch[i].req = reqs[i];
+    sp_free(gps);
+    sp_free(reqs);
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
@@ -1269,16 +1378,20 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         }
         j->forced = sp_buf_take(&pre);
     }
-    if (j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) {
-        ret = send_error(c, s, 500, "server_error", NULL, "out_of_memory", "out of memory");
-        goto out;
+    for (int i = 0; j->stream && i < j->n; i++) {
+        struct sp_chat_parse_opts po = j->popts;
+        po.id_seed ^= (uint64_t)i * 0x9e3779b97f4a7c15ull;  // tool call ids differ between choices
+        if (sp_chat_parser_new(&po, &j->ch[i].parser) != SP_OK) {
+            ret = send_error(c, s, 500, "server_error", NULL, "out_of_memory", "out of memory");
+            goto out;
+        }
     }
-    /* the forced start is part of the reply the parser reads */
-    if (j->forced) {
+    /* the forced start is part of each choice's reply the parser reads */
+    for (int i = 0; j->forced && i < j->n; i++) {
         if (j->stream)
-            sse_text(j, j->forced, strlen(j->forced), 0);  // its deltas (a call's name) go out first
+            sse_text(j, i, j->forced, strlen(j->forced), 0);  // its deltas (a call's name) go out first
         else
-            sp_buf_puts(&j->text, j->forced);
+            sp_buf_puts(&j->ch[i].text, j->forced);
     }
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
@@ -1425,6 +1538,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     METRIC_VALUE("generation_requests_total", "counter", "requests given to the scheduler", "%llu", (unsigned long long)st.requests);
     METRIC_VALUE("prompt_tokens_total", "counter", "prompt tokens of all requests", "%llu", (unsigned long long)st.prompt_tokens);
     METRIC_VALUE("prompt_tokens_cached_total", "counter", "prompt tokens reused from the prompt cache", "%llu", (unsigned long long)st.cached_tokens);
+    METRIC_VALUE("prefill_tokens_total", "counter", "prompt tokens computed by forward passes (not reused)", "%llu", (unsigned long long)st.prefill_tokens);
     METRIC_VALUE("generated_tokens_total", "counter", "tokens generated", "%llu", (unsigned long long)st.generated_tokens);
     METRIC_VALUE("prefill_tokens_per_second", "gauge", "prompt tokens computed per second of prefill (since start)", "%.3f", st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0);
     METRIC_VALUE("decode_tokens_per_second", "gauge", "tokens decoded per second of decode steps (since start)", "%.3f", st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0);

@@ -269,6 +269,98 @@ test('aborting a stream cancels the generation and frees the slot', async () => 
   assert.equal(gen2, gen, 'nothing is generated after the abort');
 });
 
+// n > 1: n choices sampled independently (choice i with a seed derived
+// from the request's), their prompt prefilled once and shared.
+test('n = 3: three choices with their indices, usage over all of them, reproducible with a seed', async () => {
+  const req = { model: 'x', messages: chat('Three ways to say it'), max_tokens: 10, temperature: 1.0, top_p: 1, seed: 21, n: 3 };
+  const a = await client(main).chat.completions.create(req);
+  assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+  for (const c of a.choices) {
+    assert.equal(c.message.role, 'assistant');
+    assert.equal(typeof c.message.content, 'string');
+    assert.equal(c.finish_reason, 'length');
+  }
+  const one = await client(main).chat.completions.create({ ...req, n: 1 });
+  assert.equal(a.usage.prompt_tokens, one.usage.prompt_tokens, 'the prompt counts once');
+  assert.equal(a.usage.completion_tokens, 30);
+  assert.equal(a.usage.total_tokens, a.usage.prompt_tokens + 30);
+  assert.equal(a.choices[0].message.content, one.choices[0].message.content, 'choice 0 uses the seed itself');
+  const texts = a.choices.map((c) => c.message.content);
+  assert.equal(new Set(texts).size, 3, `the choices differ: ${JSON.stringify(texts)}`);
+  const b = await client(main).chat.completions.create(req);
+  assert.deepEqual(b.choices.map((c) => c.message.content), texts, 'the same seed gives the same choices');
+  const other = await client(main).chat.completions.create({ ...req, seed: 22 });
+  assert.notDeepEqual(other.choices.map((c) => c.message.content), texts);
+
+  // text completions: the same, with logprobs per choice
+  const t = await client(main).completions.create({ model: 'x', prompt: 'Once upon a time', max_tokens: 6, temperature: 1,
+    seed: 4, n: 2, logprobs: 1 });
+  assert.deepEqual(t.choices.map((c) => c.index), [0, 1]);
+  for (const c of t.choices) assert.equal(c.logprobs.tokens.join(''), c.text);
+  assert.equal(t.usage.completion_tokens, 12);
+});
+
+test('n = 3 streamed: each chunk carries its choice\'s index, each choice its own finish chunk', async () => {
+  const req = { model: 'x', messages: chat('Three streams'), max_tokens: 12, temperature: 1.0, top_p: 1, seed: 8, n: 3 };
+  const whole = await client(main).chat.completions.create(req);
+  const stream = await client(main).chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  const text = ['', '', ''], finish = [[], [], []], roles = [0, 0, 0];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      assert.equal(chunk.choices.length, 1);
+      if (c.delta.role) roles[c.index]++;
+      text[c.index] += c.delta.content ?? '';
+      if (c.finish_reason) finish[c.index].push(c.finish_reason);
+    }
+  }
+  assert.deepEqual(roles, [1, 1, 1], 'each choice starts with the role once');
+  assert.deepEqual(finish, [['length'], ['length'], ['length']]);
+  assert.deepEqual(text, whole.choices.map((c) => c.message.content));
+  assert.equal(usage.completion_tokens, 36);
+  assert.equal(usage.prompt_tokens, whole.usage.prompt_tokens);
+
+  const s = await client(main).completions.create({ model: 'x', prompt: 'Two streams', max_tokens: 5, temperature: 1, seed: 3,
+    n: 2, stream: true });
+  const parts = ['', ''];
+  const ends = [0, 0];
+  for await (const chunk of s) for (const c of chunk.choices) { parts[c.index] += c.text; if (c.finish_reason) ends[c.index]++; }
+  const t = await client(main).completions.create({ model: 'x', prompt: 'Two streams', max_tokens: 5, temperature: 1, seed: 3, n: 2 });
+  assert.deepEqual(parts, t.choices.map((c) => c.text));
+  assert.deepEqual(ends, [1, 1]);
+});
+
+test('n = 4 prefills the prompt once: the other choices copy its KV and compute its last token', async () => {
+  const prefilled = async () => Number(/^sparrow_prefill_tokens_total (\d+)$/m.exec(await (await fetch(`${main.url}/metrics`)).text())[1]);
+  const ask = (n, salt) => client(main).chat.completions.create({ model: 'x', n, max_tokens: 3, seed: 1, cache_salt: salt,
+    messages: chat('A prompt long enough to matter: about lighthouses, tides, keepers, storms and the long nights they watched.') });
+  let before = await prefilled();
+  const one = await ask(1, `one-${Date.now()}`);
+  const P = one.usage.prompt_tokens;
+  assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(await prefilled() - before, P);
+  before = await prefilled();
+  const four = await ask(4, `four-${Date.now()}`);
+  assert.equal(four.choices.length, 4);
+  assert.equal(four.usage.prompt_tokens, P);
+  assert.equal(four.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(await prefilled() - before, P + 3, 'the prompt once, plus its last token for each other choice');
+  assert.match(main.log(), new RegExp(`srv  ${four.id} \\| prompt ${P} tokens .*\\| n 4 \\|`));
+});
+
+test('n out of range is a 400 naming n', async () => {
+  for (const n of [5, 0, -1]) {
+    await assert.rejects(client(main).chat.completions.create({ model: 'x', messages: chat('x'), n }), (e) =>
+      e instanceof OpenAI.BadRequestError && e.param === 'n' && e.code === 'invalid_value' &&
+      e.error.message === `'n' must be between 1 and 4 (the server's --parallel), got ${n}`);
+  }
+  await assert.rejects(client(main).completions.create({ model: 'x', prompt: 'x', n: 'two' }), (e) =>
+    e.status === 400 && e.param === 'n' && e.code === 'invalid_type');
+  await assert.rejects(client(cold).completions.create({ model: 'x', prompt: 'x', n: 2 }), (e) =>
+    e.status === 400 && e.param === 'n' && /between 1 and 1/.test(e.error.message));
+});
+
 test('metrics are Prometheus text', async () => {
   const res = await fetch(`${main.url}/metrics`);
   assert.equal(res.status, 200);
