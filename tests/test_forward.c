@@ -358,7 +358,7 @@ static void test_interleaved_weights(void **state) {
             assert_int_equal(sp_model_open(qdir, &rows), SP_OK);
             assert_int_equal(sp_model_open(qdir, &il), SP_OK);
             struct sp_model_copy copy;
-            assert_int_equal(sp_model_copy_in(il, false, any_interleavable, &copy), SP_OK);
+            assert_int_equal(sp_model_copy_in(il, false, any_interleavable, &copy, NULL), SP_OK);
             int64_t flagged = 0, seen = 0;
             for (int64_t s = 0; s < il->weights.n_slots; s++) {
                 const struct sp_wslot *slot = &il->weights.slots[s];

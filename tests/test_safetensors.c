@@ -300,7 +300,7 @@ static void test_map_populate(void **state) {
     assert_int_equal(sp_map_open(path, &plain), SP_OK);
     long before = faults_reading(&plain);
     assert_int_equal(sp_map_open(path, &populated), SP_OK);
-    assert_int_equal(sp_map_populate(&populated), SP_OK);
+    assert_int_equal(sp_map_populate(&populated, NULL), SP_OK);
     long after = faults_reading(&populated);
     print_message("faults reading 8 MiB: %ld plain, %ld populated\n", before, after);
     /* the difference: under AddressSanitizer both reads also fault in the
@@ -312,7 +312,7 @@ static void test_map_populate(void **state) {
     th_write(dir, "empty.bin", "", 0);
     char *epath = sp_path_join(dir, "empty.bin");
     assert_int_equal(sp_map_open(epath, &empty), SP_OK);
-    assert_int_equal(sp_map_populate(&empty), SP_OK);
+    assert_int_equal(sp_map_populate(&empty, NULL), SP_OK);
     sp_map_close(&empty);
     sp_free(epath);
     sp_free(path);
@@ -367,7 +367,7 @@ static void test_huge_pages(void **state) {
     (void)madvise((void *)probe.data, probe.size, MADV_HUGEPAGE);
     for (size_t o = 0; o < probe.size; o += 4096) assert_int_equal(probe.data[o], 1);
     assert_int_equal(sp_map_open(path, &m), SP_OK);
-    assert_int_equal(sp_map_populate(&m), SP_OK);
+    assert_int_equal(sp_map_populate(&m, NULL), SP_OK);
     size_t kernel_gives = smaps_field(probe.data, "FilePmdMapped:"), got = smaps_field(m.data, "FilePmdMapped:");
     print_message("8 MiB files read afresh: %zu bytes in 2 MiB pages advised by hand, %zu populated\n", kernel_gives, got);
     if (kernel_gives) assert_true(got >= (size_t)4 << 20);  // all but a partial first and last 2 MiB
@@ -460,7 +460,7 @@ static void test_map_to_anon(void **state) {
     assert_true((uintptr_t)m.data % ((uintptr_t)2 << 20) == 0);
     const unsigned char *at = m.data;
     size_t before = sp_mem_used(SP_MEM_WEIGHTS);
-    assert_int_equal(sp_map_to_anon(&m, NULL, NULL), SP_OK);
+    assert_int_equal(sp_map_to_anon(&m, NULL, NULL, NULL), SP_OK);
     assert_true(m.anon);
     assert_ptr_equal(m.data, at);
     assert_int_equal(m.size, size);
@@ -470,7 +470,7 @@ static void test_map_to_anon(void **state) {
     size_t huge = sp_map_huge_bytes(&m);
     print_message("5 MiB copied: %zu bytes in 2 MiB pages\n", huge);
     assert_int_equal(huge, smaps_field(m.data, "AnonHugePages:"));
-    assert_int_equal(sp_map_to_anon(&m, NULL, NULL), SP_OK);  // a copy already: nothing to do
+    assert_int_equal(sp_map_to_anon(&m, NULL, NULL, NULL), SP_OK);  // a copy already: nothing to do
     assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + size);
     sp_map_close(&m);
     assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
@@ -479,7 +479,7 @@ static void test_map_to_anon(void **state) {
     assert_int_equal(sp_map_open(small_path, &small), SP_OK);
     at = small.data;
     struct edit_seen seen = {0};
-    assert_int_equal(sp_map_to_anon(&small, flip_first, &seen), SP_OK);
+    assert_int_equal(sp_map_to_anon(&small, flip_first, &seen, NULL), SP_OK);
     assert_true(small.anon);
     assert_ptr_equal(small.data, at);
     assert_ptr_equal(seen.map, &small);

@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "core/alloc.h"
+#include "core/log.h"
 #include "backend/cpu/kernels.h"
 
 int sp_cli_settings_init(struct sp_settings *s) {
@@ -17,6 +18,10 @@ int sp_cli_settings_init(struct sp_settings *s) {
 bool sp_cli_settings_arg(int argc, char **argv, int *i, struct sp_settings *s, int *rc) {
     *rc = 0;
     const char *arg = argv[*i], *eq = strchr(arg, '=');
+    if (!strcmp(arg, "--quiet")) {
+        sp_log_set_level(SP_LOG_WARN);  // no info lines, no load progress
+        return true;
+    }
     char flag[64];
     size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
     if (n >= sizeof flag) return false;

@@ -41,14 +41,16 @@
     "  --device cpu|cuda      where the forward pass runs (default cpu; cuda: every weight on the GPU, in\n"    \
     "                         row order; needs a build with make CUDA=1)\n"                                      \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
-    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE; a flag overrides its variable.\n"
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE; a flag overrides its variable.\n" \
+    "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code
  * with the error printed. */
 int sp_cli_settings_init(struct sp_settings *s);
 /* When argv[*i] is one of the settings' flags ("--io pread", "--io=pread",
  * "--mmap"), applies it, moves *i past its value and returns true; *rc is
- * 0, or the usage exit code with the error printed. */
+ * 0, or the usage exit code with the error printed. --quiet, taken here
+ * too, lowers the log level to warnings (sp_log_set_level). */
 bool sp_cli_settings_arg(int argc, char **argv, int *i, struct sp_settings *s, int *rc);
 /* Makes the kernel set s chooses current (sp_kernels_use); 0, or the
  * usage exit code with an error that lists the sets this CPU runs. */

@@ -17,6 +17,7 @@
 
 #include "core/alloc.h"
 #include "core/buf.h"
+#include "core/progress.h"
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
@@ -186,7 +187,11 @@ void sp_map_close(struct sp_map *m) {
     m->fd = -1;
 }
 
-enum sp_status sp_map_populate(const struct sp_map *m) {
+/* Bytes sp_map_populate and sp_map_to_anon bring in at a time: the
+ * granularity of their progress. */
+#define LOAD_CHUNK ((size_t)64 << 20)
+
+enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr) {
     if (!m->data) return SP_OK;
 #ifdef MADV_HUGEPAGE
     /* What the kernel reads for the map from here on goes into 2 MiB pages
@@ -194,20 +199,32 @@ enum sp_status sp_map_populate(const struct sp_map *m) {
      * holds in 4 KiB pieces stay so (sp_map_huge_bytes tells which). */
     (void)madvise((void *)m->data, m->size, MADV_HUGEPAGE);
 #endif
+    size_t off = 0;
 #ifdef MADV_POPULATE_READ
-    if (madvise((void *)m->data, m->size, MADV_POPULATE_READ) == 0) return SP_OK;
-    if (errno != EINVAL) return sp_errorf(SP_ERR_IO, "mapping %zu bytes into memory: %s", m->size, strerror(errno));
+    for (; off < m->size; off += LOAD_CHUNK) {
+        size_t n = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
+        if (madvise((void *)(m->data + off), n, MADV_POPULATE_READ) != 0) {
+            if (errno == EINVAL && off == 0) break;  // a kernel without it: the way below
+            return sp_errorf(SP_ERR_IO, "mapping %zu bytes into memory: %s", m->size, strerror(errno));
+        }
+        if (pr) sp_progress_add(pr, n);
+    }
+    if (off >= m->size) return SP_OK;
 #endif
     /* kernels before 5.14: ask for read-ahead, then touch a byte per page */
     (void)madvise((void *)m->data, m->size, MADV_WILLNEED);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     unsigned char acc = 0;
-    for (size_t o = 0; o < m->size; o += page) acc ^= ((const volatile unsigned char *)m->data)[o];
+    for (off = 0; off < m->size; off += LOAD_CHUNK) {
+        size_t n = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
+        for (size_t o = off; o < off + n; o += page) acc ^= ((const volatile unsigned char *)m->data)[o];
+        if (pr) sp_progress_add(pr, n);
+    }
     (void)acc;
     return SP_OK;
 }
 
-enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx) {
+enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx, struct sp_progress *pr) {
     if (!m->data || m->anon) return SP_OK;
     size_t n = (m->size + 4095) & ~(size_t)4095;
     /* 2 MiB pages where the map has whole ones at 2 MiB boundaries */
@@ -226,7 +243,7 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx) 
 #endif
     /* read the file (from the page cache where it is there) into the copy */
     for (size_t off = 0; off < m->size;) {
-        size_t want = m->size - off < ((size_t)64 << 20) ? m->size - off : ((size_t)64 << 20);
+        size_t want = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
         ssize_t got = pread(m->fd, b + off, want, (off_t)off);
         if (got <= 0) {
             int e = got < 0 ? errno : EIO;
@@ -235,6 +252,7 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx) 
                              got < 0 ? strerror(e) : "file shrank");
         }
         off += (size_t)got;
+        if (pr) sp_progress_add(pr, (size_t)got);
     }
     if (edit) edit(ctx, m, (unsigned char *)b);
     if (mprotect(b, n, PROT_READ) != 0 ||

@@ -20,6 +20,8 @@
 
 #include "core/status.h"
 
+struct sp_progress;
+
 struct sp_map {
     const unsigned char *data;  // NULL for an empty file
     size_t size;
@@ -36,8 +38,9 @@ void sp_map_close(struct sp_map *m);
  * to stay resident: a first touch costs a fault per 64 KiB or so, paid in
  * the middle of a forward pass otherwise). Pages read from disk for it go
  * into 2 MiB pages where the kernel allows (MADV_HUGEPAGE): a one-token
- * product streams its weights ~9% faster with a TLB miss per 2 MiB. */
-enum sp_status sp_map_populate(const struct sp_map *m);
+ * product streams its weights ~9% faster with a TLB miss per 2 MiB.
+ * pr, where not NULL, counts the bytes as they come in (core/progress.h). */
+enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr);
 /* Changes a copy of m's bytes (at copy, m->size of them) before they
  * replace m's pages (sp_map_to_anon). */
 typedef void (*sp_map_edit_fn)(void *ctx, const struct sp_map *m, unsigned char *copy);
@@ -49,8 +52,8 @@ typedef void (*sp_map_edit_fn)(void *ctx, const struct sp_map *m, unsigned char 
  * first; the copy is read-only after. The copy is counted as weights
  * memory (SP_MEM_WEIGHTS) and freed by sp_map_close. A map that is a copy
  * already is left as it is (edit not called); on failure the map is left
- * as it was. */
-enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx);
+ * as it was. pr, where not NULL, counts the bytes as they are read. */
+enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx, struct sp_progress *pr);
 /* Bytes of m held in 2 MiB pages now (its page-cache folios mapped whole,
  * or its anonymous copy's huge pages; /proc/self/smaps, 0 where the kernel
  * does not say). */

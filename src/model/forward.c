@@ -7,10 +7,13 @@
 #include "model/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/progress.h"
+#include "model/inspect.h"
 
 /* Weight views (prepared by the backend) and the backend's float copies of
  * the small parameters of one layer. */
@@ -59,6 +62,7 @@ struct sp_ctx {
     struct sp_mlp_item *items;        // (E + 1) gated MLPs run together
     struct sp_expert_views *eviews;   // (E) the views of their experts
     int64_t *item_expert;             // (E) and the experts' numbers
+    struct sp_progress *load;         // sp_ctx_create on a device: the weights' copies to it, counted
 };
 
 /* A step timed by backend marks, its seconds read once the pass is done. */
@@ -258,7 +262,10 @@ static float *host_vec(const struct sp_model *m, int64_t layer, enum sp_role rol
 /* The linear of (L, r, e), made ready by the backend. */
 static enum sp_status lin(struct sp_ctx *c, int64_t L, enum sp_role r, int64_t e, struct sp_linear *out) {
     enum sp_status st = sp_model_linear(c->m, L, r, e, out);
-    return st == SP_OK ? c->be->ops->prepare(c->be, out) : st;
+    if (st != SP_OK) return st;
+    double bytes = sp_linear_bytes(out);
+    if ((st = c->be->ops->prepare(c->be, out)) == SP_OK && c->load) sp_progress_add(c->load, (uint64_t)bytes);
+    return st;
 }
 
 static enum sp_route route_kind(enum sp_router_kind k) {
@@ -404,12 +411,29 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
 
     c->layers = sp_calloc((size_t)a->n_layers, sizeof *c->layers, SP_MEM_MODEL);
     if (!c->layers) goto nomem;
+    /* a device other than the CPU copies every weight into its memory as
+     * it prepares it: that is the load to show (the CPU computes on the
+     * host's copies, prepared in no time) */
+    struct sp_progress load;
+    if (c->p.device != SP_DEVICE_CPU) {
+        struct sp_model_stats ms;
+        sp_model_stats(m, &ms);
+        char what[48];
+        snprintf(what, sizeof what, "weights to %s", sp_device_name(c->p.device));
+        sp_progress_begin(&load, what, ms.total_bytes, NULL);
+        c->load = &load;
+    }
     if ((st = lin(c, -1, SP_ROLE_EMBED, -1, &c->embed)) != SP_OK) goto fail;
     if ((st = lin(c, -1, m->has_lm_head ? SP_ROLE_LM_HEAD : SP_ROLE_EMBED, -1, &c->lm_head)) != SP_OK) goto fail;
     c->out_norm = vec(c, -1, SP_ROLE_OUT_NORM, &st);
     if (st != SP_OK) goto fail;
     for (int64_t L = 0; L < a->n_layers; L++)
         if ((st = load_layer(c, L)) != SP_OK) goto fail;
+    if (c->load) {
+        c->be->ops->sync(c->be);  // the copies are done, not just queued
+        sp_progress_end(c->load, false);
+        c->load = NULL;
+    }
     c->experts = c->p.experts;
     if (c->experts && c->experts->prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
@@ -444,6 +468,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
 nomem:
     st = sp_errorf(SP_ERR_NOMEM, "out of memory");
 fail:
+    if (c->load) sp_progress_end(c->load, false);  // clears a line left on a terminal
     sp_free(inv_freq);
     sp_ctx_free(c);
     return st;

@@ -293,10 +293,10 @@ enum sp_status sp_model_open(const char *dir, struct sp_model **out) {
     return SP_OK;
 }
 
-enum sp_status sp_model_populate(const struct sp_model *m) {
+enum sp_status sp_model_populate(const struct sp_model *m, struct sp_progress *pr) {
     for (int i = 0; i < m->files->n_shards; i++) {
         const struct sp_st_file *f = m->files->shards[i];
-        enum sp_status st = sp_map_populate(&f->map);
+        enum sp_status st = sp_map_populate(&f->map, f->map.anon ? NULL : pr);
         if (st != SP_OK) {
             sp_error_prefix("%s: ", f->path);
             return st;
@@ -382,7 +382,7 @@ static bool file_to_interleave(const struct interleave *il, const struct sp_map 
 }
 
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interleave_fn want,
-                                struct sp_model_copy *out) {
+                                struct sp_model_copy *out, struct sp_progress *pr) {
     memset(out, 0, sizeof *out);
     struct interleave il = {.m = m, .want = want};
     enum sp_status st = SP_OK;
@@ -393,7 +393,7 @@ enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interlea
         bool pages = huge_pages && f->map.size >= ((size_t)2 << 20);
         bool edit = want && file_to_interleave(&il, &f->map);
         if (f->map.anon || !(pages || edit)) continue;
-        st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il);
+        st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il, pr);
         if (st != SP_OK)
             sp_error_prefix("%s: ", f->path);
         else

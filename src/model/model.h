@@ -25,6 +25,8 @@
 #include "model/weights.h"
 #include "quant/qtype.h"
 
+struct sp_progress;
+
 struct sp_model {
     struct sp_model_files *files;
     struct sp_arch arch;
@@ -39,8 +41,10 @@ struct sp_model {
 enum sp_status sp_model_open(const char *dir, struct sp_model **out);
 void sp_model_close(struct sp_model *m);
 /* Maps every weight file into memory now (sp_map_populate), for a model the
- * plan keeps resident: its first forward pass then takes no page faults. */
-enum sp_status sp_model_populate(const struct sp_model *m);
+ * plan keeps resident: its first forward pass then takes no page faults.
+ * pr (may be NULL) counts the bytes of the files that are not copies
+ * already (sp_model_copy_in counted those). */
+enum sp_status sp_model_populate(const struct sp_model *m, struct sp_progress *pr);
 struct sp_model_copy {
     size_t copied;       // bytes of the files copied
     size_t interleaved;  // bytes of the matrices interleaved in the copies
@@ -53,9 +57,10 @@ struct sp_model_copy {
  * NULL) takes one of its matrices, whose arrays all lie in the file: the
  * matrices it takes are interleaved in the copy (sp_qmat.interleaved; the
  * slots' row_blocks tell sp_model_linear). On failure the files not copied
- * stay mapped and readable, in row order. */
+ * stay mapped and readable, in row order. pr (may be NULL) counts the
+ * bytes copied. */
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interleave_fn want,
-                                struct sp_model_copy *out);
+                                struct sp_model_copy *out, struct sp_progress *pr);
 /* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */

@@ -28,6 +28,8 @@ struct sp_req {
     struct sp_gen_params gp;
     char *stops[SP_MAX_STOPS];  // owned copies
     char *scope;                // owned copy of gp.cache_scope ("" when none)
+    uint64_t group;             // the requests of one sp_engine_submit_group share it (0: submitted alone)
+    int group_size;             // how many (1: alone); the first of them prefills the prompt for all
     atomic_int refs;
     atomic_bool cancelled;
     pthread_mutex_t mu;
@@ -54,6 +56,7 @@ struct slot {
     int stop_hit;         // the stop string release_text last found, or -1
     uint64_t last_used;
     struct sp_gmatch *gm; // constrained requests: the grammar matcher, made on first use
+    int lead;             // >= 0: a group's follower, waiting for slot `lead` to prefill the shared prompt
 };
 
 struct sp_engine {
@@ -82,8 +85,10 @@ struct sp_engine {
     /* queue and stats, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct sp_req **queue;
-    int q_head, q_len;
+    struct sp_req **queue;  // (q_cap) a ring; a group's requests one after another
+    int q_head, q_len, q_cap;
+    int q_subs;             // submissions waiting (a group is one): at most queue_max
+    uint64_t next_group;
     bool stop;
     struct sp_engine_stats st;
     uint64_t tick;
@@ -190,7 +195,7 @@ void sp_engine_free(struct sp_engine *e) {
         pthread_join(e->thread, NULL);
     }
     for (int i = 0; e->queue && i < e->q_len; i++) {
-        struct sp_req *r = e->queue[(e->q_head + i) % e->p.queue_max];
+        struct sp_req *r = e->queue[(e->q_head + i) % e->q_cap];
         pthread_mutex_lock(&r->mu);
         r->prog.finished = true;
         r->prog.finish = SP_FINISH_CANCELLED;
@@ -268,7 +273,8 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     int S = e->p.n_slots;
     int64_t B = e->p.batch_tokens;
     e->slots = sp_calloc((size_t)S, sizeof *e->slots, SP_MEM_SERVER);
-    e->queue = sp_calloc((size_t)e->p.queue_max, sizeof *e->queue, SP_MEM_SERVER);
+    e->q_cap = e->p.queue_max * e->p.n_slots;  // every waiting submission a group of n_slots
+    e->queue = sp_calloc((size_t)e->q_cap, sizeof *e->queue, SP_MEM_SERVER);
     e->b_tok = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
     e->b_pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
     e->b_seq = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
@@ -287,6 +293,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     struct sp_sampler_params sp = sp_sampler_defaults();
     sp.penalty_last_n = 4096;
     for (int i = 0; i < S; i++) {
+        e->slots[i].lead = -1;
         e->slots[i].cache = sp_malloc((size_t)e->p.n_ctx * sizeof(int32_t), SP_MEM_SERVER);
         if (!e->slots[i].cache) goto nomem;
         if ((st = sp_sampler_create(&sp, e->vocab, &e->slots[i].smp)) != SP_OK) goto fail;
@@ -311,23 +318,15 @@ fail:
 
 const struct sp_engine_params *sp_engine_params(const struct sp_engine *e) { return &e->p; }
 
-static enum sp_status submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
-                             struct sp_req **out) {
-    if (atomic_load(&e->failed)) return sp_errorf(SP_ERR_STATE, "%s", e->fail_msg);
-    if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
-    if (gp->cache_scope && strlen(gp->cache_scope) >= SP_MAX_CACHE_SCOPE)
-        return sp_errorf(SP_ERR_ARG, "the cache scope is longer than %d bytes", SP_MAX_CACHE_SCOPE - 1);
-    if (n >= e->p.n_ctx)
-        return sp_errorf(SP_ERR_ARG, "the prompt has %lld tokens; the context holds %lld", (long long)n,
-                         (long long)e->p.n_ctx);
-    for (int64_t i = 0; i < n; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->vocab)
-            return sp_errorf(SP_ERR_ARG, "token %d is outside the vocabulary of %lld", prompt[i], (long long)e->vocab);
+/* A request for prompt[0 .. n) with gp, not queued yet (the prompt checked by the caller). */
+static enum sp_status req_new(const int32_t *prompt, int64_t n, const struct sp_gen_params *gp, struct sp_req **out) {
+    *out = NULL;
     struct sp_req *r = sp_calloc(1, sizeof *r, SP_MEM_SERVER);
     if (!r) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->refs, 2);  // the submitter's and the engine's
+    r->group_size = 1;
     r->prompt = sp_malloc((size_t)n * sizeof(int32_t), SP_MEM_SERVER);
     if (!r->prompt) {
         req_free(r);
@@ -354,28 +353,68 @@ static enum sp_status submit(struct sp_engine *e, const int32_t *prompt, int64_t
     r->gp.cache_scope = r->scope;
     r->prog.prompt_tokens = n;
     r->t_submit = sp_now_s();
-    pthread_mutex_lock(&e->mu);
-    if (e->q_len == e->p.queue_max) {
-        pthread_mutex_unlock(&e->mu);
-        req_free(r);
-        return sp_errorf(SP_ERR_LIMIT, "the server is busy: %d requests are already waiting", e->p.queue_max);
-    }
-    r->gp.grammar = gp->grammar;
-    e->queue[(e->q_head + e->q_len) % e->p.queue_max] = r;
-    e->q_len++;
-    e->st.requests++;
-    pthread_cond_signal(&e->cv);
-    pthread_mutex_unlock(&e->mu);
     *out = r;
     return SP_OK;
 }
 
+static enum sp_status submit_group(struct sp_engine *e, const int32_t *prompt, int64_t n,
+                                   const struct sp_gen_params *gps, int n_seq, struct sp_req **out) {
+    if (atomic_load(&e->failed)) return sp_errorf(SP_ERR_STATE, "%s", e->fail_msg);
+    if (n_seq < 1 || n_seq > e->p.n_slots)
+        return sp_errorf(SP_ERR_ARG, "a group of %d sequences (the engine decodes at most %d together)", n_seq,
+                         e->p.n_slots);
+    if (n <= 0) return sp_errorf(SP_ERR_ARG, "the prompt is empty");
+    for (int i = 0; i < n_seq; i++)
+        if (gps[i].cache_scope && strlen(gps[i].cache_scope) >= SP_MAX_CACHE_SCOPE)
+            return sp_errorf(SP_ERR_ARG, "the cache scope is longer than %d bytes", SP_MAX_CACHE_SCOPE - 1);
+    if (n >= e->p.n_ctx)
+        return sp_errorf(SP_ERR_ARG, "the prompt has %lld tokens; the context holds %lld", (long long)n,
+                         (long long)e->p.n_ctx);
+    for (int64_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return sp_errorf(SP_ERR_ARG, "token %d is outside the vocabulary of %lld", prompt[i], (long long)e->vocab);
+    enum sp_status st = SP_OK;
+    for (int i = 0; i < n_seq && st == SP_OK; i++) {
+        st = req_new(prompt, n, &gps[i], &out[i]);
+        if (st == SP_OK) out[i]->group_size = n_seq;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (st == SP_OK && e->q_subs == e->p.queue_max)
+        st = sp_errorf(SP_ERR_LIMIT, "the server is busy: %d requests are already waiting", e->p.queue_max);
+    if (st != SP_OK) {
+        pthread_mutex_unlock(&e->mu);
+        for (int i = 0; i < n_seq; i++) {
+            if (out[i]) req_free(out[i]);
+            out[i] = NULL;
+        }
+        return st;
+    }
+    uint64_t group = n_seq > 1 ? ++e->next_group : 0;
+    for (int i = 0; i < n_seq; i++) {
+        out[i]->group = group;
+        out[i]->gp.grammar = gps[i].grammar;  // the request owns it from here
+        e->queue[(e->q_head + e->q_len) % e->q_cap] = out[i];
+        e->q_len++;
+    }
+    e->q_subs++;
+    e->st.requests += (uint64_t)n_seq;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return SP_OK;
+}
+
+enum sp_status sp_engine_submit_group(struct sp_engine *e, const int32_t *prompt, int64_t n,
+                                      const struct sp_gen_params *gps, int n_seq, struct sp_req **out) {
+    for (int i = 0; i < n_seq; i++) out[i] = NULL;
+    enum sp_status st = submit_group(e, prompt, n, gps, n_seq, out);
+    if (st != SP_OK)
+        for (int i = 0; i < n_seq; i++) sp_grammar_free(gps[i].grammar);
+    return st;
+}
+
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out) {
-    *out = NULL;
-    enum sp_status st = submit(e, prompt, n, gp, out);
-    if (st != SP_OK) sp_grammar_free(gp->grammar);
-    return st;
+    return sp_engine_submit_group(e, prompt, n, gp, 1, out);
 }
 
 void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses) {
@@ -388,7 +427,7 @@ void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *miss
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s) {
     pthread_mutex_lock(&e->mu);
     *s = e->st;
-    s->queue_depth = e->q_len;
+    s->queue_depth = e->q_subs;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -404,52 +443,97 @@ static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int
  * tokens share the longest prefix with its prompt (least recently used on
  * ties). Tokens cached for another scope count as no prefix at all: were
  * they reused, cached_tokens and the time to the first token would tell a
- * client how much of its prompt another client had sent. */
+ * client how much of its prompt another client had sent. A group's
+ * requests are admitted together, once as many slots are free: the first
+ * prefills the prompt, the others wait for it (slot.lead) and then copy its
+ * KV (start_followers). */
 static void admit(struct sp_engine *e) {
     pthread_mutex_lock(&e->mu);
     while (e->q_len) {
-        int best = -1;
-        int64_t best_common = -1;
-        struct sp_req *r = e->queue[e->q_head];
-        for (int i = 0; i < e->p.n_slots; i++) {
-            struct slot *s = &e->slots[i];
-            if (s->req) continue;
-            int64_t c = !strcmp(s->scope, r->scope) ? common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt) : 0;
-            if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
-                best = i;
-                best_common = c;
+        int k = e->queue[e->q_head]->group_size, n_free = 0;
+        for (int i = 0; i < e->p.n_slots; i++) n_free += !e->slots[i].req;
+        if (n_free < k) break;
+        int lead = -1;
+        for (int g = 0; g < k; g++) {
+            int best = -1;
+            int64_t best_common = -1;
+            struct sp_req *r = e->queue[e->q_head];
+            for (int i = 0; i < e->p.n_slots; i++) {
+                struct slot *s = &e->slots[i];
+                if (s->req) continue;
+                int64_t c = !strcmp(s->scope, r->scope) ? common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt) : 0;
+                if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
+                    best = i;
+                    best_common = c;
+                }
             }
+            SP_ASSERT(best >= 0);
+            e->q_head = (e->q_head + 1) % e->q_cap;
+            e->q_len--;
+            struct slot *s = &e->slots[best];
+            /* at least the last prompt token is computed again: its logits start generation */
+            if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
+            s->req = r;
+            s->lead = lead;
+            if (g == 0) lead = best;
+            memcpy(s->scope, r->scope, strlen(r->scope) + 1);
+            s->n_cache = best_common;
+            s->prompt_pos = best_common;
+            s->decoding = false;
+            s->n_gen = 0;
+            s->stop_hit = -1;
+            sp_buf_clear(&s->held);
+            sp_sampler_configure(s->smp, &r->gp.sampling);
+            for (int64_t i = 0; i < r->n_prompt; i++) sp_sampler_accept(s->smp, r->prompt[i]);
+            sp_detok_free(s->dt);
+            s->dt = NULL;
+            if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
+            sp_gmatch_free(s->gm);
+            s->gm = NULL;
+            e->st.prompt_tokens += (uint64_t)r->n_prompt;
+            if (s->lead < 0) e->st.cached_tokens += (uint64_t)best_common;  // a follower's: when it starts
+            pthread_mutex_lock(&r->mu);
+            r->prog.cached_tokens = best_common;
+            r->t_start = sp_now_s();
+            r->prog.queue_s = r->t_start - r->t_submit;
+            pthread_mutex_unlock(&r->mu);
         }
-        if (best < 0) break;
-        e->q_head = (e->q_head + 1) % e->p.queue_max;
-        e->q_len--;
-        struct slot *s = &e->slots[best];
-        /* at least the last prompt token is computed again: its logits start generation */
-        if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
-        s->req = r;
-        memcpy(s->scope, r->scope, strlen(r->scope) + 1);
-        s->n_cache = best_common;
-        s->prompt_pos = best_common;
-        s->decoding = false;
-        s->n_gen = 0;
-        s->stop_hit = -1;
-        sp_buf_clear(&s->held);
-        sp_sampler_configure(s->smp, &r->gp.sampling);
-        for (int64_t i = 0; i < r->n_prompt; i++) sp_sampler_accept(s->smp, r->prompt[i]);
-        sp_detok_free(s->dt);
-        s->dt = NULL;
-        if (e->tok && sp_detok_new(e->tok, r->gp.detok_flags, &s->dt) != SP_OK) s->dt = NULL;
-        sp_gmatch_free(s->gm);
-        s->gm = NULL;
-        e->st.prompt_tokens += (uint64_t)r->n_prompt;
-        e->st.cached_tokens += (uint64_t)best_common;
-        pthread_mutex_lock(&r->mu);
-        r->prog.cached_tokens = best_common;
-        r->t_start = sp_now_s();
-        r->prog.queue_s = r->t_start - r->t_submit;
-        pthread_mutex_unlock(&r->mu);
+        e->q_subs--;
     }
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Starts a group's followers once their leader has prefilled the prompt:
+ * each copies the KV of the prompt's positions but the last from the
+ * leader's sequence and computes only that last token (its logits start
+ * its own generation). A leader that ended before its prefill did (a
+ * cancellation) leaves what it computed, and the followers prefill the rest
+ * themselves. The leader's slot is read as it is now: its cached tokens
+ * (in its scope) are what its KV holds, whoever holds the slot since. */
+static void start_followers(struct sp_engine *e) {
+    for (int i = 0; i < e->p.n_slots; i++) {
+        struct slot *f = &e->slots[i];
+        if (!f->req || f->lead < 0) continue;
+        struct sp_req *r = f->req;
+        const struct slot *l = &e->slots[f->lead];
+        int64_t want = r->n_prompt - 1;
+        int64_t c = !strcmp(l->scope, f->scope) ? common_prefix(l->cache, l->n_cache, r->prompt, want) : 0;
+        bool prefilling = l->req && l->req->group == r->group && !l->decoding && l->prompt_pos < l->req->n_prompt;
+        if (c < want && prefilling) continue;
+        if (c > f->n_cache) {
+            sp_ctx_copy_seq(e->ctx, f->lead, i, c);
+            memcpy(f->cache, r->prompt, (size_t)c * sizeof *f->cache);
+            f->n_cache = c;
+        }
+        f->prompt_pos = f->n_cache;
+        f->lead = -1;
+        pthread_mutex_lock(&e->mu);
+        e->st.cached_tokens += (uint64_t)f->n_cache;
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&r->mu);
+        r->prog.cached_tokens = f->n_cache;
+        pthread_mutex_unlock(&r->mu);
+    }
 }
 
 static void finish(struct sp_engine *e, struct slot *s, enum sp_finish why, bool by_eos, const char *err) {
@@ -464,6 +548,7 @@ static void finish(struct sp_engine *e, struct slot *s, enum sp_finish why, bool
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     s->req = NULL;
+    s->lead = -1;
     s->last_used = ++e->tick;
     sp_gmatch_free(s->gm);  // it points into the request's grammar
     s->gm = NULL;
@@ -712,7 +797,7 @@ static void fail_all(struct sp_engine *e, const char *msg) {
     pthread_mutex_lock(&e->mu);
     while (e->q_len) {
         struct sp_req *r = e->queue[e->q_head];
-        e->q_head = (e->q_head + 1) % e->p.queue_max;
+        e->q_head = (e->q_head + 1) % e->q_cap;
         e->q_len--;
         pthread_mutex_lock(&r->mu);
         r->prog.finished = true;
@@ -722,6 +807,7 @@ static void fail_all(struct sp_engine *e, const char *msg) {
         pthread_mutex_unlock(&r->mu);
         sp_req_release(r);
     }
+    e->q_subs = 0;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -756,6 +842,7 @@ static bool step(struct sp_engine *e) {
         if (s->req && atomic_load(&s->req->cancelled)) finish(e, s, SP_FINISH_CANCELLED, false, NULL);
     }
     admit(e);
+    start_followers(e);
     int64_t n = 0, B = e->p.batch_tokens, n_decode = 0, n_prefill = 0;
     int rows = 0;
     /* decoding slots first: one token each keeps every stream moving */
@@ -774,7 +861,7 @@ static bool step(struct sp_engine *e) {
     /* then prefill chunks, oldest requests first, in what is left of the budget */
     for (int i = 0; i < e->p.n_slots && n < B; i++) {
         struct slot *s = &e->slots[i];
-        if (!s->req || s->decoding) continue;
+        if (!s->req || s->decoding || s->lead >= 0) continue;
         struct sp_req *r = s->req;
         int64_t k = r->n_prompt - s->prompt_pos;
         if (k > B - n) k = B - n;

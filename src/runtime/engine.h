@@ -5,6 +5,8 @@
  * slot keeps the tokens whose KV it holds, so a request sharing a prefix
  * with an earlier one (the next turn of a chat) skips prefilling it, when
  * both were submitted in the same cache scope (sp_gen_params.cache_scope).
+ * Requests submitted as a group (sp_engine_submit_group: n choices of one
+ * prompt) prefill their prompt once.
  *
  *     struct sp_engine *e;
  *     struct sp_engine_params ep = {.n_slots = 4, .n_ctx = 4096};
@@ -95,7 +97,7 @@ struct sp_req_progress {
 };
 
 struct sp_engine_stats {
-    int n_slots, active_slots, queue_depth;
+    int n_slots, active_slots, queue_depth;  // queue_depth: submissions waiting (a group is one)
     int64_t n_ctx, kv_tokens_used;   // positions held over all slots (prompt cache included)
     size_t kv_bytes;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens;
@@ -125,6 +127,19 @@ const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
  * SP_ERR_STATE: the engine has failed (sp_engine_failed). */
 enum sp_status sp_engine_submit(struct sp_engine *e, const int32_t *prompt, int64_t n, const struct sp_gen_params *gp,
                                 struct sp_req **out);
+/* Queues n_seq requests for one prompt (the choices of a request with n >
+ * 1), request i with gps[i], into out[0 .. n_seq): one submission for the
+ * queue's bound, admitted together once n_seq slots are free. The prompt
+ * is prefilled once, by the first: the others copy its KV (sp_ctx_copy_seq)
+ * for every prompt position but the last, which each computes for its own
+ * logits, so they count the rest as cached_tokens. Each request is then on
+ * its own (sampling, stops, cancellation, release). The statuses of
+ * sp_engine_submit, and SP_ERR_ARG for n_seq outside 1 .. n_slots; on
+ * failure no request is queued and out[] is NULL. Each gps[i].grammar is
+ * taken as sp_engine_submit takes it (a shared one needs a reference per
+ * request: sp_grammar_ref). */
+enum sp_status sp_engine_submit_group(struct sp_engine *e, const int32_t *prompt, int64_t n,
+                                      const struct sp_gen_params *gps, int n_seq, struct sp_req **out);
 void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
 /* Whether the engine has stopped for good because the model's files
  * changed while in use (see sp_map_guard_install): every request then

@@ -12,6 +12,7 @@
  */
 #include "runtime/grammar.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,7 @@
 #define DEAD (-1)
 
 struct sp_grammar {
+    atomic_int refs;
     uint32_t *el;          // symbols; el[0] = start rule reference, el[1] = 0
     uint32_t *alt_start;   // alternatives' first positions, grouped by rule
     uint32_t *rule_first;  // (n_rules + 1) offsets into alt_start
@@ -182,8 +184,13 @@ void sp_gb_end(struct sp_gbuild *b, int rule) {
 
 size_t sp_gb_size(const struct sp_gbuild *b) { return b ? b->done.n + b->n_alts : 0; }
 
+struct sp_grammar *sp_grammar_ref(struct sp_grammar *g) {
+    if (g) atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
 void sp_grammar_free(struct sp_grammar *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
     sp_free(g->el);
     sp_free(g->alt_start);
     sp_free(g->rule_first);
@@ -206,6 +213,7 @@ enum sp_status sp_gb_finish(struct sp_gbuild *b, int start, struct sp_grammar **
     struct sp_grammar *g = st == SP_OK ? sp_calloc(1, sizeof *g, SP_MEM_SERVER) : NULL;
     if (st == SP_OK && !g) st = SP_ERR_NOMEM;
     if (st == SP_OK) {
+        atomic_init(&g->refs, 1);
         g->n_rules = b->n_rules;
         g->n_sets = b->n_sets;
         g->n_el = b->done.n + b->n_alts + 2;

@@ -86,6 +86,9 @@ size_t sp_gb_size(const struct sp_gbuild *b);
 enum sp_status sp_gb_finish(struct sp_gbuild *b, int start, struct sp_grammar **out);
 void sp_gb_free(struct sp_gbuild *b);
 
+/* One more owner of g (it is shared, read-only, by the requests of a group);
+ * returns g. sp_grammar_free drops one, and frees it with the last. */
+struct sp_grammar *sp_grammar_ref(struct sp_grammar *g);
 void sp_grammar_free(struct sp_grammar *g);
 
 /* The token texts as a trie, for sp_gmatch_allowed: text[off[i] .. off[i+1])

@@ -16,6 +16,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/pool.h"
+#include "core/progress.h"
 #include "backend/cpu/membw.h"
 
 #define DEFAULT_RAM_GBS 10.0
@@ -269,23 +270,25 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp
     sp_interleave_fn want = keep || !lp ? NULL : lp->interleave;
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
+    struct sp_progress pr;
+    sp_progress_begin(&pr, "weights in memory", p->file_bytes, NULL);
     /* the copies first (read from the files, not through the map), then
      * every page of what stays mapped */
-    if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied) != SP_OK)
+    if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied, &pr) != SP_OK)
         sp_log(SP_LOG_WARN, "weights: copying stopped, the rest stay in the page cache's pages: %s", sp_error_msg());
-    if (sp_model_populate(m) != SP_OK) {
+    if (sp_model_populate(m, &pr) != SP_OK) {
+        sp_progress_end(&pr, false);
         sp_log(SP_LOG_WARN, "weights stay paged in on first use: %s", sp_error_msg());
         return sp_now_s() - t0;
     }
+    sp_progress_end(&pr, true);
     if (copied.matrices)
         sp_log(SP_LOG_INFO, "weights: %lld matrices (%.1f MiB) in interleaved blocks of %d rows",
                (long long)copied.matrices, (double)copied.interleaved / 1048576.0, SP_QMAT_BLOCK_ROWS);
     double dt = sp_now_s() - t0, huge = (double)sp_model_huge_bytes(m) / 1048576.0;
     /* 4 KiB pages: THP is off, or --mmap kept files the page cache held in them */
-    sp_log(SP_LOG_INFO,
-           "weights: %.1f MiB in memory (%.2f s; %.1f MiB of it copied out of the page cache), "
-           "%.1f MiB in 2 MiB pages",
-           mib, dt, (double)copied.copied / 1048576.0, huge);
+    sp_log(SP_LOG_INFO, "weights: %.1f MiB of them copied out of the page cache, %.1f MiB in 2 MiB pages",
+           (double)copied.copied / 1048576.0, huge);
     return dt;
 }
 

@@ -242,11 +242,12 @@ static enum MHD_Result send_json(struct MHD_Connection *c, struct sp_server *s, 
     return send_body(c, s, code, "application/json", b->data ? b->data : "", b->len);
 }
 
-/* {"error": {message, type, param, code}} in OpenAI's shape into b: code
- * the string ecode, or the number code where ecode is NULL; param NULL is
- * null. */
-static void error_json(struct sp_buf *b, const char *msg, const char *type, const char *param, const char *ecode,
-                       int code) {
+/* {"error": {message, type, param, code}} in OpenAI's shape into b. type is
+ * OpenAI's class of error ("invalid_request_error", "server_error"); ecode
+ * says which error it is ("invalid_value", "context_length_exceeded",
+ * "server_busy", ...); param names the offending request field. A NULL
+ * param or ecode is written as null. */
+static void error_json(struct sp_buf *b, const char *msg, const char *type, const char *param, const char *ecode) {
     struct sp_jw w;
     sp_jw_init(&w, b, 0);
     sp_jw_obj(&w);
@@ -259,10 +260,7 @@ static void error_json(struct sp_buf *b, const char *msg, const char *type, cons
     sp_jw_key(&w, "param");
     sp_jw_str(&w, param);
     sp_jw_key(&w, "code");
-    if (ecode)
-        sp_jw_str(&w, ecode);
-    else
-        sp_jw_int(&w, code);
+    sp_jw_str(&w, ecode);
     sp_jw_end(&w);
     sp_jw_end(&w);
 }
@@ -309,29 +307,59 @@ static enum MHD_Result send_error_v(struct MHD_Connection *c, struct sp_server *
     if (k && k->anthropic)
         sp_api_anthropic_error(&b, code, msg);
     else
-        error_json(&b, msg, type, param, ecode, code);
+        error_json(&b, msg, type, param, ecode);
     enum MHD_Result r = b.failed ? MHD_NO : respond(c, s, code, "application/json", b.data, b.len, retry_after);
     sp_buf_free(&b);
     return r;
 }
 
-#define BAD_REQUEST(c, s, param, ...) send_error(c, s, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+/* 400 invalid_request_error: param names the offending field (or NULL),
+ * ecode says what is wrong with it (ERR_* below, or NULL). */
+#define BAD_REQUEST(c, s, param, ecode, ...) send_error(c, s, 400, "invalid_request_error", param, ecode, __VA_ARGS__)
 
 /* ---- request parameters ---- */
 
-/* A parameter problem: the message and the offending field. */
+/* The codes of 400s, as OpenAI names them. */
+#define ERR_INVALID_VALUE "invalid_value"           // a field of the right type holds a value it may not
+#define ERR_INVALID_TYPE "invalid_type"             // a field of the wrong JSON type
+#define ERR_MISSING "missing_required_parameter"    // a required field is absent
+#define ERR_UNSUPPORTED "unsupported_value"         // a valid value this server or model does not do
+#define ERR_CONTEXT "context_length_exceeded"       // the prompt does not fit the context
+
+/* A parameter problem: the message, the offending field and the error code. */
 struct perr {
     char msg[512];
     const char *param;
+    const char *code;
 };
 
+static bool fail_code_v(struct perr *e, const char *param, const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+static bool fail_code_v(struct perr *e, const char *param, const char *code, const char *fmt, va_list ap) {
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    e->param = param;
+    e->code = code;
+    return false;
+}
+
+/* Fails with a value the field may not hold (ERR_INVALID_VALUE). */
 static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool fail_param(struct perr *e, const char *param, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    fail_code_v(e, param, ERR_INVALID_VALUE, fmt, ap);
     va_end(ap);
-    e->param = param;
+    return false;
+}
+
+/* Fails with the given error code. */
+static bool fail_code(struct perr *e, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool fail_code(struct perr *e, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fail_code_v(e, param, code, fmt, ap);
+    va_end(ap);
     return false;
 }
 
@@ -343,7 +371,8 @@ static const cJSON *field(const cJSON *o, const char *k) {
 static bool get_number(const cJSON *o, const char *k, double lo, double hi, double *out, struct perr *e) {
     const cJSON *it = field(o, k);
     if (!it) return true;
-    if (!cJSON_IsNumber(it)) return fail_param(e, k, "'%s' must be a number, not %s", k, sp_json_type_name(it));
+    if (!cJSON_IsNumber(it))
+        return fail_code(e, k, ERR_INVALID_TYPE, "'%s' must be a number, not %s", k, sp_json_type_name(it));
     if (!(it->valuedouble >= lo && it->valuedouble <= hi))
         return fail_param(e, k, "'%s' must be between %g and %g, got %g", k, lo, hi, it->valuedouble);
     *out = it->valuedouble;
@@ -354,7 +383,9 @@ static bool get_integer(const cJSON *o, const char *k, int64_t lo, int64_t hi, i
     const cJSON *it = field(o, k);
     int64_t v;
     if (!it) return true;
-    if (!sp_json_is_int(it, &v)) return fail_param(e, k, "'%s' must be an integer, not %s", k, sp_json_type_name(it));
+    if (!sp_json_is_int(it, &v))
+        return fail_code(e, k, cJSON_IsNumber(it) ? ERR_INVALID_VALUE : ERR_INVALID_TYPE, "'%s' must be an integer, not %s",
+                         k, sp_json_type_name(it));
     if (v < lo || v > hi) return fail_param(e, k, "'%s' must be between %lld and %lld, got %lld", k, (long long)lo, (long long)hi, (long long)v);
     *out = v;
     return true;
@@ -363,7 +394,8 @@ static bool get_integer(const cJSON *o, const char *k, int64_t lo, int64_t hi, i
 static bool get_bool(const cJSON *o, const char *k, bool *out, struct perr *e) {
     const cJSON *it = field(o, k);
     if (!it) return true;
-    if (!cJSON_IsBool(it)) return fail_param(e, k, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
+    if (!cJSON_IsBool(it))
+        return fail_code(e, k, ERR_INVALID_TYPE, "'%s' must be a boolean, not %s", k, sp_json_type_name(it));
     *out = cJSON_IsTrue(it);
     return true;
 }
@@ -398,13 +430,25 @@ static bool encode_prompt(struct sp_server *s, const char *text, size_t len, uns
     int64_t room = prompt_room(s) - out->n;
     enum sp_status st = sp_tokenizer_encode_max(s->tok, text, len, flags, room > 0 ? room : 0, out);
     if (st == SP_ERR_LIMIT)
-        return fail_param(e, param, "the prompt has more than %lld tokens; the context holds %lld",
-                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+        return fail_code(e, param, ERR_CONTEXT, "the prompt has more than %lld tokens; the context holds %lld",
+                         (long long)prompt_room(s), (long long)prompt_room(s) + 1);
     if (st != SP_OK) return fail_param(e, param, "%s", sp_error_msg());
     return true;
 }
 
-/* A generation in flight: the parsed request, the engine request, and the
+/* One choice of a request (n asks for several): its engine request, and
+ * what it has generated so far. */
+struct choice {
+    struct sp_req *req;
+    struct sp_req_progress prog;
+    struct sp_buf text;             // collected (not streamed)
+    struct sp_tok_list toks;        // token records, for logprobs
+    struct sp_chat_parser *parser;  // streamed chat: its output split into content, reasoning and tool calls
+    bool sent_role;                 // streamed chat: its first delta (with the role) is out
+    size_t text_sent;               // streamed text completions: bytes of text so far (for text_offset)
+};
+
+/* A generation in flight: the parsed request, its choices, and the
  * streaming state. */
 struct job {
     struct sp_server *srv;
@@ -417,21 +461,17 @@ struct job {
     struct sp_ids prompt;
     char id[48];
     int64_t created;
-    struct sp_req *req;
+    int n;              // choices asked for (n)
+    struct choice *ch;  // (n)
     int fd;
     /* streaming */
     struct sp_buf out;  // SSE bytes not yet handed to MHD
     size_t out_pos;
-    bool sent_role, done;
-    size_t text_sent;  // text completions: bytes of text streamed so far (for text_offset)
-    /* collected */
-    struct sp_buf text;
-    struct sp_tok_list toks;
-    struct sp_req_progress prog;
+    bool done;
+    bool gone_logged;  // the client's hang-up has been logged
     /* chat: splitting the output into content, reasoning and tool calls */
     struct sp_chat_parse_opts popts;
-    struct sp_chat_parser *parser;  // streaming
-    cJSON *tools;                   // the request's tools (the parser borrows them)
+    cJSON *tools;                   // the request's tools (the parsers borrow them)
     char *forced;                   // tool_choice: the start of the reply written for the model, or NULL
     const char *forced_end;         // and its end, once the constrained arguments are complete
     struct sp_api_out *ao;          // Responses / Anthropic requests: their output (NULL: chat completions)
@@ -439,16 +479,20 @@ struct job {
 
 static void job_free(struct job *j) {
     if (!j) return;
-    if (j->req) {
-        sp_req_cancel(j->req);
-        sp_req_release(j->req);
+    for (int i = 0; j->ch && i < j->n; i++) {
+        struct choice *c = &j->ch[i];
+        if (c->req) {
+            sp_req_cancel(c->req);
+            sp_req_release(c->req);
+        }
+        sp_buf_free(&c->text);
+        sp_tok_list_free(&c->toks);
+        sp_chat_parser_free(c->parser);
     }
+    sp_free(j->ch);
     for (int i = 0; i < SP_MAX_STOPS; i++) sp_free(j->stop_store[i]);
     sp_ids_free(&j->prompt);
     sp_buf_free(&j->out);
-    sp_buf_free(&j->text);
-    sp_tok_list_free(&j->toks);
-    sp_chat_parser_free(j->parser);
     sp_grammar_free(j->gp.grammar);
     cJSON_Delete(j->tools);
     sp_free(j->forced);
@@ -466,11 +510,11 @@ static bool parse_stop(const cJSON *body, struct job *j, struct perr *e) {
         j->gp.n_stops = 1;
         return true;
     }
-    if (!cJSON_IsArray(st)) return fail_param(e, "stop", "'stop' must be a string or an array of strings");
+    if (!cJSON_IsArray(st)) return fail_code(e, "stop", ERR_INVALID_TYPE, "'stop' must be a string or an array of strings");
     if (cJSON_GetArraySize(st) > SP_MAX_STOPS)
         return fail_param(e, "stop", "'stop' may hold at most %d strings", SP_MAX_STOPS);
     for (const cJSON *x = st->child; x; x = x->next) {
-        if (!cJSON_IsString(x)) return fail_param(e, "stop", "'stop' must hold only strings");
+        if (!cJSON_IsString(x)) return fail_code(e, "stop", ERR_INVALID_TYPE, "'stop' must hold only strings");
         if (!*x->valuestring) continue;
         j->stop_store[j->gp.n_stops] = sp_strdup(x->valuestring, SP_MEM_SERVER);
         j->gp.stops[j->gp.n_stops] = j->stop_store[j->gp.n_stops];
@@ -543,11 +587,19 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
     j->gp.max_tokens = v;
     v = 1;
     if (!get_integer(body, "n", INT64_MIN / 2, INT64_MAX / 2, &v, e)) return false;
-    if (v != 1) return fail_param(e, "n", "only n = 1 is supported, got %lld", (long long)v);
+    /* the choices decode together, one slot each */
+    int parallel = sp_engine_params(s->engine)->n_slots;
+    if (v < 1 || v > parallel)
+        return fail_param(e, "n", "'n' must be between 1 and %d (the server's --parallel), got %lld", parallel,
+                          (long long)v);
+    j->n = (int)v;
+    if (!(j->ch = sp_calloc((size_t)j->n, sizeof *j->ch, SP_MEM_SERVER)))
+        return fail_code(e, NULL, "out_of_memory", "out of memory");
     if (!get_bool(body, "stream", &j->stream, e)) return false;
     const cJSON *so = field(body, "stream_options");
     if (so) {
-        if (!cJSON_IsObject(so)) return fail_param(e, "stream_options", "'stream_options' must be an object");
+        if (!cJSON_IsObject(so))
+            return fail_code(e, "stream_options", ERR_INVALID_TYPE, "'stream_options' must be an object");
         if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
     }
     if (!parse_stop(body, j, e)) return false;
@@ -557,16 +609,17 @@ static bool parse_common(const cJSON *body, struct job *j, struct perr *e) {
 /* Flattens OpenAI content (a string or a list of text parts) to a string
  * inside a copy of the messages, which templates expect. */
 static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return fail_param(e, "messages", "'messages' must be a non-empty array");
+    if (!msgs) return fail_code(e, "messages", ERR_MISSING, "'messages' is required: a non-empty array");
+    if (!cJSON_IsArray(msgs)) return fail_code(e, "messages", ERR_INVALID_TYPE, "'messages' must be a non-empty array");
+    if (cJSON_GetArraySize(msgs) == 0) return fail_param(e, "messages", "'messages' must be a non-empty array");
     cJSON *copy = cJSON_Duplicate(msgs, true);
-    if (!copy) return fail_param(e, "messages", "out of memory");
+    if (!copy) return fail_code(e, "messages", "out_of_memory", "out of memory");
     int i = 0;
     for (cJSON *m = copy->child; m; m = m->next, i++) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
             cJSON_Delete(copy);
-            return fail_param(e, "messages", "messages[%d] must be an object with a string 'role'", i);
+            return fail_code(e, "messages", ERR_INVALID_TYPE, "messages[%d] must be an object with a string 'role'", i);
         }
         cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (content && cJSON_IsArray(content)) {
@@ -579,7 +632,7 @@ static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
                     !cJSON_IsString(text)) {
                     sp_buf_free(&t);
                     cJSON_Delete(copy);
-                    return fail_param(e, "messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
+                    return fail_code(e, "messages", ERR_UNSUPPORTED, "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, k);
                 }
                 if (t.len) sp_buf_putc(&t, '\n');
                 sp_buf_puts(&t, text->valuestring);
@@ -588,7 +641,7 @@ static bool normalise_messages(const cJSON *msgs, cJSON **out, struct perr *e) {
             sp_buf_free(&t);
         } else if (content && !cJSON_IsString(content) && !cJSON_IsNull(content)) {
             cJSON_Delete(copy);
-            return fail_param(e, "messages", "messages[%d].content must be a string or an array of text parts", i);
+            return fail_code(e, "messages", ERR_INVALID_TYPE, "messages[%d].content must be a string or an array of text parts", i);
         }
     }
     *out = copy;
@@ -732,12 +785,14 @@ static void chunk_begin(struct job *j, struct sp_jw *w) {
     sp_jw_str(w, "sparrow");
 }
 
-/* One SSE chunk. Chat: a delta of `kind` (content, reasoning_content, a
- * tool call's start or arguments) or, with kind < 0, an empty delta; text
- * completions: the text. Carries the finish reason when given and the
- * logprobs of tokens [tok_from, n) when asked for. */
-static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int tool_index, const char *tool_id,
-                      const char *finish, int64_t tok_from) {
+/* One SSE chunk of choice ci. Chat: a delta of `kind` (content,
+ * reasoning_content, a tool call's start or arguments) or, with kind < 0,
+ * an empty delta; text completions: the text. Carries the finish reason
+ * when given and the logprobs of the choice's tokens [tok_from, n) when
+ * asked for. */
+static void sse_chunk(struct job *j, int ci, int kind, const char *text, size_t len, int tool_index,
+                      const char *tool_id, const char *finish, int64_t tok_from) {
+    struct choice *c = &j->ch[ci];
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
     sp_jw_init(&w, &b, 0);
@@ -746,14 +801,14 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     sp_jw_arr(&w);
     sp_jw_obj(&w);
     sp_jw_key(&w, "index");
-    sp_jw_int(&w, 0);
+    sp_jw_int(&w, ci);
     if (j->chat) {
         sp_jw_key(&w, "delta");
         sp_jw_obj(&w);
-        if (!j->sent_role) {
+        if (!c->sent_role) {
             sp_jw_key(&w, "role");
             sp_jw_str(&w, "assistant");
-            j->sent_role = true;
+            c->sent_role = true;
         }
         if (kind == SP_CHAT_EV_CONTENT || kind == SP_CHAT_EV_REASONING) {
             sp_jw_key(&w, kind == SP_CHAT_EV_CONTENT ? "content" : "reasoning_content");
@@ -786,7 +841,7 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
             sp_jw_end(&w);
         }
         sp_jw_end(&w);
-        if (j->want_logprobs && tok_from < j->toks.n) write_chat_logprobs(&w, j->srv->tok, &j->toks, tok_from);
+        if (j->want_logprobs && tok_from < c->toks.n) write_chat_logprobs(&w, j->srv->tok, &c->toks, tok_from);
         else {
             sp_jw_key(&w, "logprobs");
             sp_jw_null(&w);
@@ -794,13 +849,13 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     } else {
         sp_jw_key(&w, "text");
         sp_jw_strn(&w, text, len);
-        if (j->want_logprobs && tok_from < j->toks.n) {
-            write_text_logprobs(&w, j->srv->tok, &j->toks, tok_from, (int64_t)j->text_sent);
+        if (j->want_logprobs && tok_from < c->toks.n) {
+            write_text_logprobs(&w, j->srv->tok, &c->toks, tok_from, (int64_t)c->text_sent);
         } else {
             sp_jw_key(&w, "logprobs");
             sp_jw_null(&w);
         }
-        j->text_sent += len;
+        c->text_sent += len;
     }
     sp_jw_key(&w, "finish_reason");
     sp_jw_str(&w, finish);
@@ -813,49 +868,82 @@ static void sse_chunk(struct job *j, int kind, const char *text, size_t len, int
     sp_buf_free(&b);
 }
 
-/* Streams a piece of generated text: through the chat parser as its events,
- * or as is. Token logprobs ride on the first chunk written (or an empty one). */
-static void sse_text(struct job *j, const char *text, size_t len, int64_t tok_from) {
+/* Streams a piece of choice ci's text: through its chat parser as its
+ * events, or as is. Token logprobs ride on the first chunk written (or an
+ * empty one). */
+static void sse_text(struct job *j, int ci, const char *text, size_t len, int64_t tok_from) {
+    struct choice *c = &j->ch[ci];
     bool wrote = false;
-    if (j->ao) {
+    if (j->ao) {  // Responses / Anthropic: one choice
         size_t n;
-        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
-            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+        if (len && sp_chat_parser_push(c->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(c->parser, &n);
             sp_api_out_events(j->ao, ev, n, &j->out);
         }
         return;
     }
-    if (j->chat && j->parser) {
+    if (j->chat && c->parser) {
         size_t n = 0;
         /* events belong to the last push: read them only after one */
-        if (len && sp_chat_parser_push(j->parser, text, len) == SP_OK) {
-            const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
+        if (len && sp_chat_parser_push(c->parser, text, len) == SP_OK) {
+            const struct sp_chat_event *ev = sp_chat_parser_events(c->parser, &n);
             for (size_t i = 0; i < n; i++) {
-                sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
-                          wrote ? j->toks.n : tok_from);
+                sse_chunk(j, ci, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
+                          wrote ? c->toks.n : tok_from);
                 wrote = true;
             }
         }
     } else if (len) {
-        sse_chunk(j, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
+        sse_chunk(j, ci, SP_CHAT_EV_CONTENT, text, len, 0, NULL, NULL, tok_from);
         wrote = true;
     }
-    if (!wrote && j->want_logprobs && tok_from < j->toks.n) sse_chunk(j, -1, "", 0, 0, NULL, NULL, tok_from);
+    if (!wrote && j->want_logprobs && tok_from < c->toks.n) sse_chunk(j, ci, -1, "", 0, 0, NULL, NULL, tok_from);
 }
 
-/* An error event in OpenAI's error shape (code: a string, or NULL for the
- * HTTP-like number). */
+/* The last chunks of a choice that finished: the forced call's end, what
+ * its parser still holds, and the chunk with its finish reason. */
+static void sse_choice_end(struct job *j, int ci) {
+    struct choice *c = &j->ch[ci];
+    bool calls = false;
+    if (j->forced_end && c->prog.finish == SP_FINISH_STOP) sse_text(j, ci, j->forced_end, strlen(j->forced_end), c->toks.n);
+    if (c->parser) {
+        sp_chat_parser_finish(c->parser);
+        size_t n;
+        const struct sp_chat_event *ev = sp_chat_parser_events(c->parser, &n);
+        if (j->ao)
+            sp_api_out_events(j->ao, ev, n, &j->out);
+        else
+            for (size_t i = 0; i < n; i++)
+                sse_chunk(j, ci, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL, c->toks.n);
+        calls = sp_chat_parser_tool_calls(c->parser) > 0;
+    }
+    if (j->ao)
+        sp_api_out_end(j->ao, &c->prog, &j->out);
+    else
+        sse_chunk(j, ci, -1, "", 0, 0, NULL, finish_reason(&c->prog, calls), c->toks.n);
+}
+
+/* An error event in OpenAI's error shape (code NULL: null). */
 static void sse_error(struct job *j, const char *type, const char *code, const char *msg) {
     if (j->ao) {
-        sp_api_out_fail(j->ao, code, msg, &j->prog, &j->out);
+        sp_api_out_fail(j->ao, code, msg, &j->ch[0].prog, &j->out);
         return;
     }
     struct sp_buf b = SP_BUF_INIT;
-    error_json(&b, msg, type, NULL, code, 500);
+    error_json(&b, msg, type, NULL, code);
     sp_buf_puts(&j->out, "data: ");
     sp_buf_append(&j->out, b.data, b.len);
     sp_buf_puts(&j->out, "\n\n");
     sp_buf_free(&b);
+}
+
+/* The request's usage over its choices: the prompt once (it is prefilled
+ * once), the completion tokens of every choice. */
+static struct sp_req_progress usage_of(const struct job *j) {
+    struct sp_req_progress u = j->ch[0].prog;
+    u.completion_tokens = 0;
+    for (int i = 0; i < j->n; i++) u.completion_tokens += j->ch[i].prog.completion_tokens;
+    return u;
 }
 
 static void sse_usage_and_done(struct job *j) {
@@ -868,7 +956,8 @@ static void sse_usage_and_done(struct job *j) {
         sp_jw_key(&w, "choices");
         sp_jw_arr(&w);
         sp_jw_end(&w);
-        write_usage(&w, &j->prog);
+        struct sp_req_progress u = usage_of(j);
+        write_usage(&w, &u);
         sp_jw_end(&w);
         sp_buf_puts(&j->out, "data: ");
         sp_buf_append(&j->out, b.data, b.len);
@@ -878,6 +967,12 @@ static void sse_usage_and_done(struct job *j) {
     sp_buf_puts(&j->out, "data: [DONE]\n\n");
 }
 
+/* The code of a generation that failed: the model's files changed under the
+ * engine (which then fails every request), or the forward pass failed. */
+static const char *gen_fail_code(struct sp_server *s) {
+    return sp_engine_failed(s->engine, NULL, 0) ? "model_files_changed" : "generation_failed";
+}
+
 static bool client_gone(int fd) {
     if (fd < 0) return false;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
@@ -885,16 +980,68 @@ static bool client_gone(int fd) {
 }
 
 static void log_done(struct job *j) {
-    const struct sp_req_progress *p = &j->prog;
+    struct sp_req_progress p = usage_of(j);
+    double decode_s = 0;
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].prog.decode_s > decode_s) decode_s = j->ch[i].prog.decode_s;
+    char n[24] = "";
+    if (j->n > 1) snprintf(n, sizeof n, " | n %d", j->n);
     sp_log(SP_LOG_INFO,
            "srv  %s | prompt %lld tokens (%lld cached), prefill %.1f tok/s | decode %lld tokens, %.1f tok/s | "
-           "ttft %.3f s | finish %s | mem %.1f MiB",
-           j->id, (long long)p->prompt_tokens, (long long)p->cached_tokens,
-           p->prefill_s > 0 ? (double)(p->prompt_tokens - p->cached_tokens) / p->prefill_s : 0.0,
-           (long long)p->completion_tokens,
-           p->decode_s > 0 && p->completion_tokens > 1 ? (double)(p->completion_tokens - 1) / p->decode_s : 0.0,
-           p->ttft_s, p->finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(p, false),
+           "ttft %.3f s | finish %s%s | mem %.1f MiB",
+           j->id, (long long)p.prompt_tokens, (long long)p.cached_tokens,
+           p.prefill_s > 0 ? (double)(p.prompt_tokens - p.cached_tokens) / p.prefill_s : 0.0,
+           (long long)p.completion_tokens,
+           decode_s > 0 && p.completion_tokens > j->n ? (double)(p.completion_tokens - j->n) / decode_s : 0.0,
+           p.ttft_s, p.finish == SP_FINISH_CANCELLED ? "cancelled" : finish_reason(&p, false), n,
            (double)sp_mem_used_total() / 1048576.0);
+}
+
+static void cancel_all(struct job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].req) sp_req_cancel(j->ch[i].req);
+}
+
+/* A client that hung up before its response was complete: the generation is
+ * cancelled, and that is logged once, whichever path noticed it first (the
+ * poll of the socket, or the connection ending under a stream). */
+static void client_went_away(struct job *j) {
+    cancel_all(j);
+    if (j->gone_logged) return;
+    j->gone_logged = true;
+    sp_log(SP_LOG_INFO, "srv  %s | client went away after %lld tokens; generation cancelled", j->id,
+           (long long)usage_of(j).completion_tokens);
+}
+
+/* Takes what every choice still generating has produced: waits up to
+ * wait_ms on the first of them (the choices decode in the same steps, so
+ * their tokens come together), then takes the others' without waiting.
+ * Streamed, the new text goes out as chunks and a choice that finished gets
+ * its last chunk; collected, it is appended to the choice's text. Returns
+ * the choice that failed, or -1. */
+static int poll_choices(struct job *j, int wait_ms) {
+    int failed = -1;
+    bool waited = false;
+    for (int i = 0; i < j->n; i++) {
+        struct choice *c = &j->ch[i];
+        if (c->prog.finished) continue;
+        struct sp_buf text = SP_BUF_INIT;
+        int64_t tok_from = c->toks.n;
+        sp_req_poll(c->req, waited ? 0 : wait_ms, j->stream ? &text : &c->text, j->want_logprobs ? &c->toks : NULL,
+                    &c->prog);
+        waited = true;
+        if (j->stream) sse_text(j, i, text.data ? text.data : "", text.len, tok_from);
+        sp_buf_free(&text);
+        if (c->prog.finished && c->prog.finish == SP_FINISH_ERROR && failed < 0) failed = i;
+        else if (c->prog.finished && j->stream) sse_choice_end(j, i);
+    }
+    return failed;
+}
+
+static bool all_finished(const struct job *j) {
+    for (int i = 0; i < j->n; i++)
+        if (!j->ch[i].prog.finished) return false;
+    return true;
 }
 
 /* MHD pulls the SSE stream through here; waits for the next tokens. */
@@ -905,51 +1052,31 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         j->out_pos = 0;
         if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (client_gone(j->fd)) {
-            sp_req_cancel(j->req);
+            client_went_away(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         /* stopping: take what is already generated, then end the stream */
         bool stopping = atomic_load(&j->srv->stopping);
-        struct sp_buf text = SP_BUF_INIT;
-        int64_t tok_from = j->toks.n;
-        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &text, j->want_logprobs ? &j->toks : NULL, &j->prog);
-        sse_text(j, text.data ? text.data : "", text.len, tok_from);
-        sp_buf_free(&text);
-        if (!j->prog.finished && stopping) {
-            sp_req_cancel(j->req);
+        int failed = poll_choices(j, stopping ? 0 : POLL_MS);
+        if (failed >= 0) {
+            cancel_all(j);
+            const struct sp_req_progress *p = &j->ch[failed].prog;
+            char msg[320];
+            snprintf(msg, sizeof msg, "generation failed: %s", p->error[0] ? p->error : "internal error");
+            sse_error(j, "server_error", gen_fail_code(j->srv), msg);
+            sse_usage_and_done(j);
+            j->done = true;
+            log_done(j);
+        } else if (!all_finished(j) && stopping) {
+            cancel_all(j);
             char msg[160];
-            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens",
-                     (long long)j->prog.completion_tokens);
+            long long done = (long long)usage_of(j).completion_tokens;
+            snprintf(msg, sizeof msg, "the server is shutting down: the generation was stopped after %lld tokens", done);
             sse_error(j, "server_error", "server_shutdown", msg);
             sse_usage_and_done(j);
             j->done = true;
-            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
-                   (long long)j->prog.completion_tokens);
-        } else if (j->prog.finished) {
-            if (j->prog.finish == SP_FINISH_ERROR) {
-                char msg[320];
-                snprintf(msg, sizeof msg, "generation failed: %s", j->prog.error[0] ? j->prog.error : "internal error");
-                sse_error(j, "server_error", NULL, msg);
-            } else {
-                bool calls = false;
-                if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sse_text(j, j->forced_end, strlen(j->forced_end), j->toks.n);
-                if (j->parser) {
-                    sp_chat_parser_finish(j->parser);
-                    size_t n;
-                    const struct sp_chat_event *ev = sp_chat_parser_events(j->parser, &n);
-                    if (j->ao)
-                        sp_api_out_events(j->ao, ev, n, &j->out);
-                    else
-                        for (size_t i = 0; i < n; i++)
-                            sse_chunk(j, (int)ev[i].kind, ev[i].text, ev[i].len, ev[i].tool_index, ev[i].id, NULL,
-                                      j->toks.n);
-                    calls = sp_chat_parser_tool_calls(j->parser) > 0;
-                }
-                if (j->ao)
-                    sp_api_out_end(j->ao, &j->prog, &j->out);
-                else
-                    sse_chunk(j, -1, "", 0, 0, NULL, finish_reason(&j->prog, calls), j->toks.n);
-            }
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id, done);
+        } else if (all_finished(j)) {
             sse_usage_and_done(j);
             j->done = true;
             log_done(j);
@@ -963,40 +1090,114 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 /* The whole body of a Responses or Anthropic request. */
 static enum MHD_Result send_api_body(struct MHD_Connection *c, struct job *j) {
-    if (sp_api_out_parse(j->ao, &j->popts, j->text.data ? j->text.data : "", j->text.len) != SP_OK)
+    struct choice *ch = &j->ch[0];  // these APIs ask for one choice
+    if (j->forced_end && ch->prog.finish == SP_FINISH_STOP) sp_buf_puts(&ch->text, j->forced_end);
+    if (sp_api_out_parse(j->ao, &j->popts, ch->text.data ? ch->text.data : "", ch->text.len) != SP_OK)
         return send_error(c, j->srv, 500, "server_error", NULL, NULL, "out of memory");
     struct sp_buf b = SP_BUF_INIT;
-    sp_api_out_body(j->ao, &j->prog, &b);
+    sp_api_out_body(j->ao, &ch->prog, &b);
     enum MHD_Result r = send_json(c, j->srv, 200, &b);
     sp_buf_free(&b);
     return r;
 }
 
+/* One choice of a non-streamed response, into the open choices array. */
+static void write_choice(struct job *j, int ci, struct sp_jw *w) {
+    struct sp_server *s = j->srv;
+    struct choice *c = &j->ch[ci];
+    if (j->forced_end && c->prog.finish == SP_FINISH_STOP) sp_buf_puts(&c->text, j->forced_end);
+    sp_jw_obj(w);
+    sp_jw_key(w, "index");
+    sp_jw_int(w, ci);
+    bool calls = false;
+    if (j->chat) {
+        struct sp_chat_result pr;
+        memset(&pr, 0, sizeof pr);
+        struct sp_chat_parse_opts po = j->popts;
+        po.id_seed ^= (uint64_t)ci * 0x9e3779b97f4a7c15ull;  // tool call ids differ between choices
+        sp_chat_parse(&po, c->text.data ? c->text.data : "", c->text.len, &pr);
+        calls = pr.n_tool_calls > 0;
+        sp_jw_key(w, "message");
+        sp_jw_obj(w);
+        sp_jw_key(w, "role");
+        sp_jw_str(w, "assistant");
+        sp_jw_key(w, "content");
+        if (pr.content.data || !calls)
+            sp_jw_strn(w, pr.content.data ? pr.content.data : "", pr.content.len);
+        else
+            sp_jw_null(w);
+        if (pr.reasoning.data) {
+            sp_jw_key(w, "reasoning_content");
+            sp_jw_strn(w, pr.reasoning.data, pr.reasoning.len);
+        }
+        if (calls) {
+            sp_jw_key(w, "tool_calls");
+            sp_jw_arr(w);
+            for (size_t i = 0; i < pr.n_tool_calls; i++) {
+                sp_jw_obj(w);
+                sp_jw_key(w, "id");
+                sp_jw_str(w, pr.tool_calls[i].id);
+                sp_jw_key(w, "type");
+                sp_jw_str(w, "function");
+                sp_jw_key(w, "function");
+                sp_jw_obj(w);
+                sp_jw_key(w, "name");
+                sp_jw_str(w, pr.tool_calls[i].name ? pr.tool_calls[i].name : "");
+                sp_jw_key(w, "arguments");
+                sp_jw_strn(w, pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.data : "{}",
+                           pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.len : 2);
+                sp_jw_end(w);
+                sp_jw_end(w);
+            }
+            sp_jw_end(w);
+        }
+        sp_jw_end(w);
+        sp_chat_result_free(&pr);
+        if (j->want_logprobs) write_chat_logprobs(w, s->tok, &c->toks, 0);
+        else {
+            sp_jw_key(w, "logprobs");
+            sp_jw_null(w);
+        }
+    } else {
+        sp_jw_key(w, "text");
+        sp_jw_strn(w, c->text.data ? c->text.data : "", c->text.len);
+        if (j->want_logprobs) {
+            write_text_logprobs(w, s->tok, &c->toks, 0, 0);
+        } else {
+            sp_jw_key(w, "logprobs");
+            sp_jw_null(w);
+        }
+    }
+    sp_jw_key(w, "finish_reason");
+    sp_jw_str(w, finish_reason(&c->prog, calls));
+    sp_jw_end(w);
+}
+
 /* The whole response of a non-streaming request. */
 static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) {
     struct sp_server *s = j->srv;
+    int failed = -1;
     for (;;) {
         bool stopping = atomic_load(&s->stopping);
-        sp_req_poll(j->req, stopping ? 0 : POLL_MS, &j->text, j->want_logprobs ? &j->toks : NULL, &j->prog);
-        if (j->prog.finished) break;
+        failed = poll_choices(j, stopping ? 0 : POLL_MS);
+        if (failed >= 0 || all_finished(j)) break;
         if (stopping) {
-            sp_req_cancel(j->req);
-            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id,
-                   (long long)j->prog.completion_tokens);
+            cancel_all(j);
+            long long done = (long long)usage_of(j).completion_tokens;
+            sp_log(SP_LOG_INFO, "srv  %s | stopped by the shutdown after %lld tokens", j->id, done);
             return send_unavailable(c, s, "server_error", "server_shutdown", NULL,
-                                    "the server is shutting down: the generation was stopped after %lld tokens",
-                                    (long long)j->prog.completion_tokens);
+                                    "the server is shutting down: the generation was stopped after %lld tokens", done);
         }
         if (client_gone(j->fd)) {
-            sp_req_cancel(j->req);
-            sp_log(SP_LOG_INFO, "srv  %s | client went away; generation cancelled", j->id);
+            client_went_away(j);
             return MHD_NO;
         }
     }
+    if (failed >= 0) cancel_all(j);
     log_done(j);
-    if (j->prog.finish == SP_FINISH_ERROR)
-        return send_error(c, s, 500, "server_error", NULL, NULL, "generation failed: %s", j->prog.error);
-    if (j->forced_end && j->prog.finish == SP_FINISH_STOP) sp_buf_puts(&j->text, j->forced_end);
+    if (failed >= 0)
+        return send_error(c, s, 500, "server_error", NULL, gen_fail_code(s), "generation failed: %s",
+                          j->ch[failed].prog.error);
     if (j->ao) return send_api_body(c, j);
     struct sp_buf b = SP_BUF_INIT;
     struct sp_jw w;
@@ -1014,71 +1215,10 @@ static enum MHD_Result finish_blocking(struct MHD_Connection *c, struct job *j) 
     sp_jw_str(&w, "sparrow");
     sp_jw_key(&w, "choices");
     sp_jw_arr(&w);
-    sp_jw_obj(&w);
-    sp_jw_key(&w, "index");
-    sp_jw_int(&w, 0);
-    bool calls = false;
-    if (j->chat) {
-        struct sp_chat_result pr;
-        memset(&pr, 0, sizeof pr);
-        sp_chat_parse(&j->popts, j->text.data ? j->text.data : "", j->text.len, &pr);
-        calls = pr.n_tool_calls > 0;
-        sp_jw_key(&w, "message");
-        sp_jw_obj(&w);
-        sp_jw_key(&w, "role");
-        sp_jw_str(&w, "assistant");
-        sp_jw_key(&w, "content");
-        if (pr.content.data || !calls)
-            sp_jw_strn(&w, pr.content.data ? pr.content.data : "", pr.content.len);
-        else
-            sp_jw_null(&w);
-        if (pr.reasoning.data) {
-            sp_jw_key(&w, "reasoning_content");
-            sp_jw_strn(&w, pr.reasoning.data, pr.reasoning.len);
-        }
-        if (calls) {
-            sp_jw_key(&w, "tool_calls");
-            sp_jw_arr(&w);
-            for (size_t i = 0; i < pr.n_tool_calls; i++) {
-                sp_jw_obj(&w);
-                sp_jw_key(&w, "id");
-                sp_jw_str(&w, pr.tool_calls[i].id);
-                sp_jw_key(&w, "type");
-                sp_jw_str(&w, "function");
-                sp_jw_key(&w, "function");
-                sp_jw_obj(&w);
-                sp_jw_key(&w, "name");
-                sp_jw_str(&w, pr.tool_calls[i].name ? pr.tool_calls[i].name : "");
-                sp_jw_key(&w, "arguments");
-                sp_jw_strn(&w, pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.data : "{}",
-                           pr.tool_calls[i].arguments.data ? pr.tool_calls[i].arguments.len : 2);
-                sp_jw_end(&w);
-                sp_jw_end(&w);
-            }
-            sp_jw_end(&w);
-        }
-        sp_jw_end(&w);
-        sp_chat_result_free(&pr);
-        if (j->want_logprobs) write_chat_logprobs(&w, s->tok, &j->toks, 0);
-        else {
-            sp_jw_key(&w, "logprobs");
-            sp_jw_null(&w);
-        }
-    } else {
-        sp_jw_key(&w, "text");
-        sp_jw_strn(&w, j->text.data ? j->text.data : "", j->text.len);
-        if (j->want_logprobs) {
-            write_text_logprobs(&w, s->tok, &j->toks, 0, 0);
-        } else {
-            sp_jw_key(&w, "logprobs");
-            sp_jw_null(&w);
-        }
-    }
-    sp_jw_key(&w, "finish_reason");
-    sp_jw_str(&w, finish_reason(&j->prog, calls));
+    for (int i = 0; i < j->n; i++) write_choice(j, i, &w);
     sp_jw_end(&w);
-    sp_jw_end(&w);
-    write_usage(&w, &j->prog);
+    struct sp_req_progress u = usage_of(j);
+    write_usage(&w, &u);
     sp_jw_end(&w);
     enum MHD_Result r = send_json(c, s, 200, &b);
     sp_buf_free(&b);
@@ -1090,15 +1230,41 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-/* Submits the job and answers: SSE stream or one JSON body. */
+/* The seed of choice i: the request's own for the first (n = 1 and the
+ * first of n give the same text), one derived from it for the others, so
+ * that a seeded request is reproducible and its choices differ. */
+static uint64_t choice_seed(uint64_t seed, int i) {
+    if (i == 0) return seed;
+    uint64_t x = seed ^ ((uint64_t)i << 32);
+    return sp_splitmix64(&x);
+}
+
+/* Submits the job's choices (a group sharing the prompt's prefill) and
+ * answers: SSE stream or one JSON body. */
 static enum MHD_Result run_job(struct MHD_Connection *c, struct conn *cn, struct job *j) {
     struct sp_server *s = j->srv;
-    enum sp_status st = sp_engine_submit(s->engine, j->prompt.v, j->prompt.n, &j->gp, &j->req);
-    j->gp.grammar = NULL;  // the engine took it
+    struct sp_gen_params *gps = sp_malloc((size_t)j->n * sizeof *gps, SP_MEM_SERVER);
+    struct sp_req **reqs = sp_calloc((size_t)j->n, sizeof *reqs, SP_MEM_SERVER);
+    enum sp_status st = gps && reqs ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == SP_OK && i < j->n; i++) {
+        gps[i] = j->gp;
+        gps[i].sampling.seed = choice_seed(j->gp.sampling.seed, i);
+        if (i) sp_grammar_ref(gps[i].grammar);  // a reference a choice
+    }
+    if (st == SP_OK) {
+        st = sp_engine_submit_group(s->engine, j->prompt.v, j->prompt.n, gps, j->n, reqs);
+        j->gp.grammar = NULL;  // the engine took it, whatever the status
+    }
+    for (int i = 0; st == SP_OK && i < j->n; i++) j->ch[i].req = reqs[i];
+    sp_free(gps);
+    sp_free(reqs);
     if (st == SP_ERR_LIMIT)
         return send_unavailable(c, s, "server_error", "server_busy", RETRY_BUSY_S, "%s", sp_error_msg());
     if (st == SP_ERR_STATE) return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", sp_error_msg());
-    if (st != SP_OK) return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", "%s", sp_error_msg());
+    if (st == SP_ERR_NOMEM) return send_error(c, s, 500, "server_error", NULL, "out_of_memory", "%s", sp_error_msg());
+    if (st != SP_OK)
+        return BAD_REQUEST(c, s, j->chat ? "messages" : "prompt", j->prompt.n > prompt_room(s) ? ERR_CONTEXT : ERR_INVALID_VALUE,
+                           "%s", sp_error_msg());
     cn->counted = true;
     atomic_fetch_add(&s->in_flight, 1);
     j->fd = conn_fd(c);
@@ -1150,7 +1316,7 @@ static bool api_start(struct job *j, const struct api_req *api) {
 static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, const cJSON *body,
                                    const struct api_req *api) {
     struct sp_server *s = cn->srv;
-    struct perr e = {{0}, NULL};
+    struct perr e = {{0}, NULL, NULL};
     struct job *j = job_new(s, true, cn->key);
     if (!j) return MHD_NO;
     if (api) gen_id(s, sp_api_id_prefix(api->api), j->id, sizeof j->id);
@@ -1165,7 +1331,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (!normalise_messages(field(body, "messages"), &msgs, &e)) goto bad;
     const cJSON *tools = field(body, "tools");
     if (tools && !cJSON_IsArray(tools)) {
-        fail_param(&e, "tools", "'tools' must be an array");
+        fail_code(&e, "tools", ERR_INVALID_TYPE, "'tools' must be an array");
         goto bad;
     }
     const cJSON *tc = field(body, "tool_choice");
@@ -1215,21 +1381,21 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     }
     const cJSON *ck = field(body, "chat_template_kwargs");
     if (ck && !cJSON_IsObject(ck)) {
-        fail_param(&e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        fail_code(&e, "chat_template_kwargs", ERR_INVALID_TYPE, "'chat_template_kwargs' must be an object");
         goto bad;
     }
     kwargs = ck ? cJSON_Duplicate(ck, true) : cJSON_CreateObject();
     const cJSON *effort = field(body, "reasoning_effort");
     if (effort) {
         if (!cJSON_IsString(effort)) {
-            fail_param(&e, "reasoning_effort", "'reasoning_effort' must be a string");
+            fail_code(&e, "reasoning_effort", ERR_INVALID_TYPE, "'reasoning_effort' must be a string");
             goto bad;
         }
         cJSON_DeleteItemFromObjectCaseSensitive(kwargs, "reasoning_effort");
         cJSON_AddStringToObject(kwargs, "reasoning_effort", effort->valuestring);
     }
     if (!s->ct) {
-        ret = BAD_REQUEST(c, s, "messages", "this model has no chat template; use /v1/completions");
+        ret = BAD_REQUEST(c, s, "messages", ERR_UNSUPPORTED, "this model has no chat template; use /v1/completions");
         goto out;
     }
     struct sp_chat_request creq = {.messages = msgs, .tools = tools, .add_generation_prompt = true, .kwargs = kwargs,
@@ -1281,7 +1447,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
             break;
         default:
             sp_buf_free(&pre);
-            ret = BAD_REQUEST(c, s, "tool_choice", "this model's chat format (%s) has no way to force a tool call",
+            ret = BAD_REQUEST(c, s, "tool_choice", ERR_UNSUPPORTED, "this model's chat format (%s) has no way to force a tool call",
                               sp_chat_format_name(j->popts.format));
             goto out;
         }
@@ -1294,7 +1460,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         }
         if (pre.failed || sp_tokenizer_encode(s->tok, pre.data, pre.len, SP_TOK_PARSE_SPECIAL, &j->prompt) != SP_OK) {
             sp_buf_free(&pre);
-            ret = send_error(c, s, 500, "server_error", NULL, NULL, "could not encode the forced tool call");
+            ret = send_error(c, s, 500, "server_error", NULL, "internal_error", "could not encode the forced tool call");
             goto out;
         }
         j->forced = sp_buf_take(&pre);
@@ -1306,16 +1472,24 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
         sp_buf_free(&b);
         goto out;
     }
-    if ((j->stream && sp_chat_parser_new(&j->popts, &j->parser) != SP_OK) || (api && !api_start(j, api))) {
-        ret = send_error(c, s, 500, "server_error", NULL, NULL, "out of memory");
+    for (int i = 0; j->stream && i < j->n; i++) {
+        struct sp_chat_parse_opts po = j->popts;
+        po.id_seed ^= (uint64_t)i * 0x9e3779b97f4a7c15ull;  // tool call ids differ between choices
+        if (sp_chat_parser_new(&po, &j->ch[i].parser) != SP_OK) {
+            ret = send_error(c, s, 500, "server_error", NULL, "out_of_memory", "out of memory");
+            goto out;
+        }
+    }
+    if (api && !api_start(j, api)) {
+        ret = send_error(c, s, 500, "server_error", NULL, "out_of_memory", "out of memory");
         goto out;
     }
-    /* the forced start is part of the reply the parser reads */
-    if (j->forced) {
+    /* the forced start is part of each choice's reply the parser reads */
+    for (int i = 0; j->forced && i < j->n; i++) {
         if (j->stream)
-            sse_text(j, j->forced, strlen(j->forced), 0);  // its deltas (a call's name) go out first
+            sse_text(j, i, j->forced, strlen(j->forced), 0);  // its deltas (a call's name) go out first
         else
-            sp_buf_puts(&j->text, j->forced);
+            sp_buf_puts(&j->ch[i].text, j->forced);
     }
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
@@ -1324,7 +1498,7 @@ static enum MHD_Result handle_chat(struct MHD_Connection *c, struct conn *cn, co
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, api ? sp_api_param(api->api, e.param) : e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, api ? sp_api_param(api->api, e.param) : e.param, e.code, "%s", e.msg);
 out:
     cJSON_Delete(msgs);
     cJSON_Delete(kwargs);
@@ -1352,7 +1526,7 @@ static enum MHD_Result handle_api(struct MHD_Connection *c, struct conn *cn, con
 
 static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *cn, const cJSON *body) {
     struct sp_server *s = cn->srv;
-    struct perr e = {{0}, NULL};
+    struct perr e = {{0}, NULL, NULL};
     struct job *j = job_new(s, false, cn->key);
     if (!j) return MHD_NO;
     enum MHD_Result ret;
@@ -1367,7 +1541,7 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
     if (cJSON_IsString(p)) {
         if (!s->tok) {
-            fail_param(&e, "prompt", "this model has no tokenizer: give the prompt as token ids");
+            fail_code(&e, "prompt", ERR_UNSUPPORTED, "this model has no tokenizer: give the prompt as token ids");
             goto bad;
         }
         tok_enter(s);
@@ -1379,25 +1553,26 @@ static enum MHD_Result handle_completion(struct MHD_Connection *c, struct conn *
         for (const cJSON *x = p->child; x; x = x->next) {
             int64_t v;
             if (!sp_json_is_int(x, &v) || v < 0 || v > INT32_MAX) {
-                fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+                fail_code(&e, "prompt", sp_json_is_int(x, &v) ? ERR_INVALID_VALUE : ERR_INVALID_TYPE,
+                          "'prompt' must be a string or an array of token ids");
                 goto bad;
             }
             if (j->prompt.n == prompt_room(s)) {
-                fail_param(&e, "prompt", "the prompt has more than %lld tokens; the context holds %lld",
-                           (long long)prompt_room(s), (long long)prompt_room(s) + 1);
+                fail_code(&e, "prompt", ERR_CONTEXT, "the prompt has more than %lld tokens; the context holds %lld",
+                          (long long)prompt_room(s), (long long)prompt_room(s) + 1);
                 goto bad;
             }
             sp_ids_push(&j->prompt, (int32_t)v);
         }
     } else {
-        fail_param(&e, "prompt", "'prompt' must be a string or an array of token ids");
+        fail_code(&e, "prompt", p ? ERR_INVALID_TYPE : ERR_MISSING, "'prompt' must be a string or an array of token ids");
         goto bad;
     }
     ret = run_job(c, cn, j);
     if (cn->job != j) job_free(j);
     return ret;
 bad:
-    ret = BAD_REQUEST(c, s, e.param, "%s", e.msg);
+    ret = BAD_REQUEST(c, s, e.param, e.code, "%s", e.msg);
     job_free(j);
     return ret;
 }
@@ -1512,6 +1687,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
     METRIC_VALUE("generation_requests_total", "counter", "requests given to the scheduler", "%llu", (unsigned long long)st.requests);
     METRIC_VALUE("prompt_tokens_total", "counter", "prompt tokens of all requests", "%llu", (unsigned long long)st.prompt_tokens);
     METRIC_VALUE("prompt_tokens_cached_total", "counter", "prompt tokens reused from the prompt cache", "%llu", (unsigned long long)st.cached_tokens);
+    METRIC_VALUE("prefill_tokens_total", "counter", "prompt tokens computed by forward passes (not reused)", "%llu", (unsigned long long)st.prefill_tokens);
     METRIC_VALUE("generated_tokens_total", "counter", "tokens generated", "%llu", (unsigned long long)st.generated_tokens);
     METRIC_VALUE("prefill_tokens_per_second", "gauge", "prompt tokens computed per second of prefill (since start)", "%.3f", st.prefill_s > 0 ? (double)st.prefill_tokens / st.prefill_s : 0.0);
     METRIC_VALUE("decode_tokens_per_second", "gauge", "tokens decoded per second of decode steps (since start)", "%.3f", st.decode_s > 0 ? (double)st.decode_tokens / st.decode_s : 0.0);
@@ -1616,10 +1792,10 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (!strcmp(method, "OPTIONS")) return send_body(c, s, 200, "text/plain", "", 0);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (atomic_load(&s->draining) && strcmp(url, "/metrics") != 0)
-        return send_unavailable(c, s, "unavailable_error", "server_shutting_down", NULL, "the server is shutting down");
+        return send_unavailable(c, s, "server_error", "server_shutting_down", NULL, "the server is shutting down");
     if (!strcmp(url, "/health")) {
         if (!atomic_load(&s->ready))
-            return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+            return send_unavailable(c, s, "server_error", "model_loading", RETRY_LOADING_S, "the model is loading");
         char why[512];
         if (sp_engine_failed(s->engine, why, sizeof why))
             return send_unavailable(c, s, "server_error", "model_files_changed", NULL, "%s", why);
@@ -1636,25 +1812,25 @@ static enum MHD_Result route(struct MHD_Connection *c, struct conn *cn, const ch
     if (cn->key == KEY_REFUSED)
         return send_error(c, s, 401, "invalid_request_error", NULL, "invalid_api_key", "missing or incorrect API key");
     if (!atomic_load(&s->ready))
-        return send_unavailable(c, s, "unavailable_error", "model_loading", RETRY_LOADING_S, "the model is loading");
+        return send_unavailable(c, s, "server_error", "model_loading", RETRY_LOADING_S, "the model is loading");
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, "method_not_allowed", "use GET %s", url);
         return handle_models(c, s);
     }
     if (info) {
-        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use GET %s", url);
+        if (!get) return send_error(c, s, 405, "invalid_request_error", NULL, "method_not_allowed", "use GET %s", url);
         return handle_info(c, s);
     }
-    if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, NULL, "use POST %s", url);
+    if (!post) return send_error(c, s, 405, "invalid_request_error", NULL, "method_not_allowed", "use POST %s", url);
     if (cn->too_big)
         return send_error(c, s, 413, "invalid_request_error", NULL, "request_too_large",
                           "the request body exceeds %zu bytes", s->o.max_body);
     cJSON *body;
     if (sp_json_parse(cn->body.data ? cn->body.data : "", cn->body.len, "request body", &body) != SP_OK)
-        return BAD_REQUEST(c, s, NULL, "%s", sp_error_msg());
+        return BAD_REQUEST(c, s, NULL, "invalid_json", "%s", sp_error_msg());
     enum MHD_Result r;
     if (!cJSON_IsObject(body))
-        r = BAD_REQUEST(c, s, NULL, "the request body must be a JSON object");
+        r = BAD_REQUEST(c, s, NULL, ERR_INVALID_TYPE, "the request body must be a JSON object");
     else if (!strcmp(url, "/v1/chat/completions"))
         r = handle_chat(c, cn, body, NULL);
     else if (!strcmp(url, "/v1/completions"))
@@ -1737,7 +1913,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     struct conn *cn = *con_cls;
     if (!cn) return;
     if (cn->counted) atomic_fetch_sub(&cn->srv->in_flight, 1);
-    job_free(cn->job);  // cancels a generation still running (client gone)
+    if (cn->job && !cn->job->done) client_went_away(cn->job);  // a stream cut short by the client
+    job_free(cn->job);
     sp_buf_free(&cn->body);
     sp_free(cn);
     *con_cls = NULL;

@@ -25,7 +25,12 @@
  * "error": {type, message}}) with 400 for bad requests, 401 for a missing
  * or wrong key, 404, 405, 413 for a body over max_body, 503 while loading
  * or when the queue is full (with Retry-After), or once the model's files
- * changed under the engine (sp_engine_failed); bad input never yields 500. A request that
+ * changed under the engine (sp_engine_failed); bad input never yields 500.
+ * type is "invalid_request_error" for 4xx and "server_error" for 5xx; code
+ * is a string naming the error ("invalid_value", "invalid_type",
+ * "missing_required_parameter", "context_length_exceeded",
+ * "invalid_api_key", "server_busy", ...) and param the offending request
+ * field, or null. A request that
  * frames its body ambiguously (two Content-Lengths, Content-Length with
  * Transfer-Encoding, an encoding other than chunked) is answered 400
  * before its body is read.

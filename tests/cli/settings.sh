@@ -81,7 +81,7 @@ run "SPARROW_PREFETCH=0" 0 env SPARROW_PREFETCH=0 "$SPARROW" bench --model "$TMP
 is "nor with the variable" prefetch_issued 0
 
 # loading: copies into anonymous memory (2 MiB pages where allowed), interleaved rows
-copied() { sed -nE 's/.*; ([0-9.]+) MiB of it copied out of the page cache.*/\1/p' "$TMP/err"; }
+copied() { sed -nE 's/^info: weights: ([0-9.]+) MiB of them copied out of the page cache.*/\1/p' "$TMP/err"; }
 run "run" 0 "$SPARROW" run --model "$TMP/bf16" --tokens 1,2,3 --max-tokens 2 --threads 1
 if [ "$(copied)" = 0.0 ]; then
     ok "--mmap keeps the files' pages # SKIP nothing is copied here (transparent huge pages off)"

@@ -269,6 +269,98 @@ test('aborting a stream cancels the generation and frees the slot', async () => 
   assert.equal(gen2, gen, 'nothing is generated after the abort');
 });
 
+// n > 1: n choices sampled independently (choice i with a seed derived
+// from the request's), their prompt prefilled once and shared.
+test('n = 3: three choices with their indices, usage over all of them, reproducible with a seed', async () => {
+  const req = { model: 'x', messages: chat('Three ways to say it'), max_tokens: 10, temperature: 1.0, top_p: 1, seed: 21, n: 3 };
+  const a = await client(main).chat.completions.create(req);
+  assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+  for (const c of a.choices) {
+    assert.equal(c.message.role, 'assistant');
+    assert.equal(typeof c.message.content, 'string');
+    assert.equal(c.finish_reason, 'length');
+  }
+  const one = await client(main).chat.completions.create({ ...req, n: 1 });
+  assert.equal(a.usage.prompt_tokens, one.usage.prompt_tokens, 'the prompt counts once');
+  assert.equal(a.usage.completion_tokens, 30);
+  assert.equal(a.usage.total_tokens, a.usage.prompt_tokens + 30);
+  assert.equal(a.choices[0].message.content, one.choices[0].message.content, 'choice 0 uses the seed itself');
+  const texts = a.choices.map((c) => c.message.content);
+  assert.equal(new Set(texts).size, 3, `the choices differ: ${JSON.stringify(texts)}`);
+  const b = await client(main).chat.completions.create(req);
+  assert.deepEqual(b.choices.map((c) => c.message.content), texts, 'the same seed gives the same choices');
+  const other = await client(main).chat.completions.create({ ...req, seed: 22 });
+  assert.notDeepEqual(other.choices.map((c) => c.message.content), texts);
+
+  // text completions: the same, with logprobs per choice
+  const t = await client(main).completions.create({ model: 'x', prompt: 'Once upon a time', max_tokens: 6, temperature: 1,
+    seed: 4, n: 2, logprobs: 1 });
+  assert.deepEqual(t.choices.map((c) => c.index), [0, 1]);
+  for (const c of t.choices) assert.equal(c.logprobs.tokens.join(''), c.text);
+  assert.equal(t.usage.completion_tokens, 12);
+});
+
+test('n = 3 streamed: each chunk carries its choice\'s index, each choice its own finish chunk', async () => {
+  const req = { model: 'x', messages: chat('Three streams'), max_tokens: 12, temperature: 1.0, top_p: 1, seed: 8, n: 3 };
+  const whole = await client(main).chat.completions.create(req);
+  const stream = await client(main).chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  const text = ['', '', ''], finish = [[], [], []], roles = [0, 0, 0];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      assert.equal(chunk.choices.length, 1);
+      if (c.delta.role) roles[c.index]++;
+      text[c.index] += c.delta.content ?? '';
+      if (c.finish_reason) finish[c.index].push(c.finish_reason);
+    }
+  }
+  assert.deepEqual(roles, [1, 1, 1], 'each choice starts with the role once');
+  assert.deepEqual(finish, [['length'], ['length'], ['length']]);
+  assert.deepEqual(text, whole.choices.map((c) => c.message.content));
+  assert.equal(usage.completion_tokens, 36);
+  assert.equal(usage.prompt_tokens, whole.usage.prompt_tokens);
+
+  const s = await client(main).completions.create({ model: 'x', prompt: 'Two streams', max_tokens: 5, temperature: 1, seed: 3,
+    n: 2, stream: true });
+  const parts = ['', ''];
+  const ends = [0, 0];
+  for await (const chunk of s) for (const c of chunk.choices) { parts[c.index] += c.text; if (c.finish_reason) ends[c.index]++; }
+  const t = await client(main).completions.create({ model: 'x', prompt: 'Two streams', max_tokens: 5, temperature: 1, seed: 3, n: 2 });
+  assert.deepEqual(parts, t.choices.map((c) => c.text));
+  assert.deepEqual(ends, [1, 1]);
+});
+
+test('n = 4 prefills the prompt once: the other choices copy its KV and compute its last token', async () => {
+  const prefilled = async () => Number(/^sparrow_prefill_tokens_total (\d+)$/m.exec(await (await fetch(`${main.url}/metrics`)).text())[1]);
+  const ask = (n, salt) => client(main).chat.completions.create({ model: 'x', n, max_tokens: 3, seed: 1, cache_salt: salt,
+    messages: chat('A prompt long enough to matter: about lighthouses, tides, keepers, storms and the long nights they watched.') });
+  let before = await prefilled();
+  const one = await ask(1, `one-${Date.now()}`);
+  const P = one.usage.prompt_tokens;
+  assert.equal(one.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(await prefilled() - before, P);
+  before = await prefilled();
+  const four = await ask(4, `four-${Date.now()}`);
+  assert.equal(four.choices.length, 4);
+  assert.equal(four.usage.prompt_tokens, P);
+  assert.equal(four.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(await prefilled() - before, P + 3, 'the prompt once, plus its last token for each other choice');
+  assert.match(main.log(), new RegExp(`srv  ${four.id} \\| prompt ${P} tokens .*\\| n 4 \\|`));
+});
+
+test('n out of range is a 400 naming n', async () => {
+  for (const n of [5, 0, -1]) {
+    await assert.rejects(client(main).chat.completions.create({ model: 'x', messages: chat('x'), n }), (e) =>
+      e instanceof OpenAI.BadRequestError && e.param === 'n' && e.code === 'invalid_value' &&
+      e.error.message === `'n' must be between 1 and 4 (the server's --parallel), got ${n}`);
+  }
+  await assert.rejects(client(main).completions.create({ model: 'x', prompt: 'x', n: 'two' }), (e) =>
+    e.status === 400 && e.param === 'n' && e.code === 'invalid_type');
+  await assert.rejects(client(cold).completions.create({ model: 'x', prompt: 'x', n: 2 }), (e) =>
+    e.status === 400 && e.param === 'n' && /between 1 and 1/.test(e.error.message));
+});
+
 test('metrics are Prometheus text', async () => {
   const res = await fetch(`${main.url}/metrics`);
   assert.equal(res.status, 200);
@@ -308,7 +400,10 @@ test('API key: missing or wrong is 401, right is 200', async () => {
   await assert.rejects(client(keyed, 'wrong').models.list(), (e) => e.status === 401);
   const res = await fetch(`${keyed.url}/v1/models`);
   assert.equal(res.status, 401);
-  assert.equal((await res.json()).error.code, 'invalid_api_key');
+  assert.deepEqual((await res.json()).error, { message: 'missing or incorrect API key', type: 'invalid_request_error',
+    param: null, code: 'invalid_api_key' });
+  await assert.rejects(client(keyed, 'wrong').chat.completions.create({ model: 'x', messages: chat('x') }), (e) =>
+    e instanceof OpenAI.AuthenticationError && e.code === 'invalid_api_key' && e.type === 'invalid_request_error' && e.param === null);
   const ok = await client(keyed, 'sekrit').models.list();
   assert.equal(ok.data.length, 1);
   assert.equal((await fetch(`${keyed.url}/health`)).status, 200);
@@ -320,35 +415,88 @@ async function post(route, body, headers = {}) {
 }
 
 test('bad input: clear 4xx errors in OpenAI shape, and the server keeps serving', async () => {
+  // [body, status, param, code]: code is a string (or null), never the HTTP status
   const cases = [
-    ['{not json', 400],
-    ['[1,2]', 400],
-    [JSON.stringify({ messages: 'hi' }), 400],
-    [JSON.stringify({ messages: chat('x'), temperature: 'hot' }), 400],
-    [JSON.stringify({ messages: chat('x'), max_tokens: -5 }), 400],
-    [JSON.stringify({ messages: chat('x'), n: 3 }), 400],
-    [JSON.stringify({ messages: chat('x'), stop: [1, 2] }), 400],
-    [JSON.stringify({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400],
-    [JSON.stringify({ messages: chat('x'), response_format: { type: 'yaml' } }), 400],
-    ['['.repeat(5000) + ']'.repeat(5000), 400],
-    [JSON.stringify({ messages: chat('word '.repeat(2000)) }), 400],
+    ['{not json', 400, null, 'invalid_json'],
+    ['[1,2]', 400, null, 'invalid_type'],
+    [JSON.stringify({ max_tokens: 2 }), 400, 'messages', 'missing_required_parameter'],
+    [JSON.stringify({ messages: 'hi' }), 400, 'messages', 'invalid_type'],
+    [JSON.stringify({ messages: [] }), 400, 'messages', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), temperature: 'hot' }), 400, 'temperature', 'invalid_type'],
+    [JSON.stringify({ messages: chat('x'), temperature: 7 }), 400, 'temperature', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), max_tokens: -5 }), 400, 'max_tokens', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), max_tokens: 2.5 }), 400, 'max_tokens', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), stream: 'yes' }), 400, 'stream', 'invalid_type'],
+    [JSON.stringify({ messages: chat('x'), stop: [1, 2] }), 400, 'stop', 'invalid_type'],
+    [JSON.stringify({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400, 'messages', 'unsupported_value'],
+    [JSON.stringify({ messages: chat('x'), response_format: { type: 'yaml' } }), 400, 'response_format', 'invalid_value'],
+    [JSON.stringify({ messages: chat('x'), tools: {} }), 400, 'tools', 'invalid_type'],
+    ['['.repeat(5000) + ']'.repeat(5000), 400, null, 'invalid_json'],
+    [JSON.stringify({ messages: chat('word '.repeat(2000)) }), 400, 'messages', 'context_length_exceeded'],
   ];
-  for (const [body, status] of cases) {
+  for (const [body, status, param, code] of cases) {
     const r = await post('/v1/chat/completions', body);
     assert.equal(r.status, status, body.slice(0, 80));
+    assert.deepEqual(Object.keys(r.json.error).sort(), ['code', 'message', 'param', 'type']);
     assert.equal(typeof r.json.error.message, 'string');
-    assert.ok('type' in r.json.error && 'param' in r.json.error && 'code' in r.json.error);
+    assert.equal(r.json.error.type, 'invalid_request_error', body.slice(0, 80));
+    assert.equal(r.json.error.param, param, body.slice(0, 80));
+    assert.equal(r.json.error.code, code, body.slice(0, 80));
+  }
+  const textCases = [
+    [{ max_tokens: 2 }, 'missing_required_parameter'],
+    [{ prompt: 5 }, 'invalid_type'],
+    [{ prompt: [1, -2] }, 'invalid_value'],
+    [{ prompt: [1, 'a'] }, 'invalid_type'],
+    [{ prompt: [1, 2, 1e9] }, 'invalid_value'],
+    [{ prompt: Array(600).fill(1) }, 'context_length_exceeded'],
+    [{ prompt: 'word '.repeat(2000) }, 'context_length_exceeded'],
+  ];
+  for (const [body, code] of textCases) {
+    const r = await post('/v1/completions', JSON.stringify(body));
+    assert.equal(r.status, 400, JSON.stringify(body).slice(0, 80));
+    assert.equal(r.json.error.param, 'prompt');
+    assert.equal(r.json.error.code, code, JSON.stringify(body).slice(0, 80));
   }
   const big = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'.repeat(9 << 20)) }));
   assert.equal(big.status, 413);
+  assert.equal(big.json.error.code, 'request_too_large');
   const bad = await fetch(`${main.url}/v1/chat/completions`, { method: 'POST',
     body: Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}],"max_tokens":2}')]) });
   assert.ok(bad.status === 200 || bad.status === 400, `invalid UTF-8 gave ${bad.status}`);
   const unknown = await post('/v1/chat/completions', JSON.stringify({ messages: chat('x'), max_tokens: 2, frobnicate: true }));
   assert.equal(unknown.status, 200, 'unknown fields are ignored');
-  assert.equal((await fetch(`${main.url}/v1/nope`)).status, 404);
-  assert.equal((await fetch(`${main.url}/v1/chat/completions`)).status, 405);
+  const nope = await fetch(`${main.url}/v1/nope`);
+  assert.equal(nope.status, 404);
+  assert.deepEqual((await nope.json()).error, { message: 'no route GET /v1/nope', type: 'invalid_request_error', param: null, code: 'not_found' });
+  const get = await fetch(`${main.url}/v1/chat/completions`);
+  assert.equal(get.status, 405);
+  assert.equal((await get.json()).error.code, 'method_not_allowed');
   assert.equal((await fetch(`${main.url}/health`)).status, 200);
+});
+
+// The official client reads the error object: APIError's code, param and type.
+test('errors through the openai client: code, param and type', async () => {
+  const expectError = (promise, status, fields) => assert.rejects(promise, (e) => {
+    assert.ok(e instanceof OpenAI.APIError, String(e));
+    assert.equal(e.status, status);
+    for (const [k, v] of Object.entries(fields)) assert.equal(e[k], v, `${k} of ${e.message}`);
+    return true;
+  });
+  const c = client(main);
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), temperature: 'hot' }), 400,
+    { type: 'invalid_request_error', param: 'temperature', code: 'invalid_type' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), top_p: 3 }), 400,
+    { type: 'invalid_request_error', param: 'top_p', code: 'invalid_value' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('word '.repeat(2000)) }), 400,
+    { type: 'invalid_request_error', param: 'messages', code: 'context_length_exceeded' });
+  await expectError(c.completions.create({ model: 'x', prompt: 'hi', stream: true, logprobs: 99 }), 400,
+    { type: 'invalid_request_error', param: 'logprobs', code: 'invalid_value' });
+  await expectError(c.chat.completions.create({ model: 'x', messages: chat('x'), tool_choice: 'required' }), 400,
+    { type: 'invalid_request_error', param: 'tool_choice', code: 'invalid_value' });
+  const e400 = await c.chat.completions.create({ model: 'x', messages: chat('x'), max_tokens: 0 }).catch((e) => e);
+  assert.ok(e400 instanceof OpenAI.BadRequestError);
+  assert.equal(e400.error.message, "'max_tokens' must be between 1 and 1073741824, got 0");
 });
 
 // Sends raw bytes and collects everything the server writes until it closes
@@ -445,7 +593,8 @@ test('--max-tokens bounds requests that give no max_tokens; a full queue is a 50
     body: JSON.stringify({ prompt: 'third', max_tokens: 2 }) });
   assert.equal(busy.status, 503);
   assert.equal(busy.headers.get('retry-after'), '1');
-  assert.equal((await busy.json()).error.code, 'server_busy');
+  assert.deepEqual((await busy.json()).error, { message: 'the server is busy: 1 requests are already waiting',
+    type: 'server_error', param: null, code: 'server_busy' });
   ac.abort();
   await it.return?.().catch(() => {});
   assert.equal((await waiting).usage.completion_tokens <= 2, true);
@@ -505,6 +654,68 @@ test('SIGTERM: no new connections, short requests finish, long ones end with an 
   assert.ok(at - t0 < 1000 + 4000, `exited ${at - t0} ms after SIGTERM`);
   assert.match(s.log(), /shutting down; [23] requests in flight, waiting up to 1 s/);
   assert.match(s.log(), /ending 2 requests still in flight/);
+});
+
+// A stream that fails after its first chunks ends with an error event in
+// OpenAI's shape, which the official client throws as an APIError.
+test('a streamed error: the openai client throws it with code, param and type', async () => {
+  const s = await startServer(['--ctx', '4096', '--shutdown-timeout', '0']);
+  const exited = new Promise((resolve) => s.proc.on('exit', (code, signal) => resolve({ code, signal })));
+  const stream = await client(s).chat.completions.create({ model: 'x', messages: chat('a long stream'), max_tokens: 3000,
+    stream: true });
+  let chunks = 0;
+  const caught = await (async () => {
+    for await (const ch of stream) {
+      assert.equal(ch.object, 'chat.completion.chunk');
+      if (chunks++ === 0) s.proc.kill('SIGTERM');
+    }
+    return null;
+  })().catch((e) => e);
+  assert.ok(chunks > 0);
+  assert.ok(caught instanceof OpenAI.APIError, `the stream ended without an error: ${caught}`);
+  assert.equal(caught.type, 'server_error');
+  assert.equal(caught.code, 'server_shutdown');
+  assert.equal(caught.param, null);
+  assert.match(caught.message, /the server is shutting down: the generation was stopped after \d+ tokens/);
+  const { code, signal } = await exited;
+  assert.equal(code, 0, `exit ${code} ${signal}: ${s.log().slice(-2000)}`);
+});
+
+// A client that closes its connection before the response is complete
+// cancels the generation; the log says so in exactly one line per request.
+test('a client that hangs up mid-generation: cancelled, and logged once', async () => {
+  const s = await startServer(['--ctx', '4096', '--parallel', '2']);
+  const active = async () => Number(/^sparrow_slots_active (\d+)/m.exec(await (await fetch(`${s.url}/metrics`)).text())[1]);
+  const gone = () => s.log().split('\n').filter((l) => /client went away/.test(l));
+  // streamed: hang up after the first chunk
+  const ac = new AbortController();
+  const stream = await client(s).chat.completions.create({ model: 'x', messages: chat('hang up on me'), max_tokens: 3000,
+    stream: true }, { signal: ac.signal });
+  let id = null;
+  for await (const ch of stream) {
+    id = ch.id;
+    ac.abort();
+    break;
+  }
+  assert.match(id, /^chatcmpl-/);
+  // not streamed: hang up while it generates
+  const ac2 = new AbortController();
+  const blocking = fetch(`${s.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'hang up on me too', max_tokens: 3000 }), signal: ac2.signal }).catch((e) => e);
+  for (let i = 0; i < 200 && await active() < 1; i++) await settle(10);
+  ac2.abort();
+  assert.equal((await blocking).name, 'AbortError');
+  for (let i = 0; i < 100 && (gone().length < 2 || await active() > 0); i++) await settle(50);
+  await settle(300);  // time for a second line, were there one
+  assert.equal(await active(), 0, 'both generations were cancelled');
+  const lines = gone();
+  assert.equal(lines.length, 2, s.log().slice(-3000));
+  for (const l of lines) assert.match(l, /srv {2}(chatcmpl|cmpl)-[0-9a-f]+ \| client went away after \d+ tokens; generation cancelled$/);
+  const ofStream = s.log().split('\n').filter((l) => l.includes(id));
+  assert.equal(ofStream.length, 1, ofStream.join('\n'));
+  assert.match(ofStream[0], /client went away/);
+  const m = await (await fetch(`${s.url}/metrics`)).text();
+  assert.ok(Number(/^sparrow_generated_tokens_total (\d+)/m.exec(m)[1]) < 2 * 3000, 'neither ran to its max_tokens');
 });
 
 // Opens n TCP connections that send nothing, from the given local loopback
@@ -690,6 +901,7 @@ for (const mode of [['--expert-cache', '60K'], ['--mmap']]) {
         text += dec.decode(value, { stream: true });
       }
       assert.match(text, /^data: \{"error":\{"message":"generation failed: the model's files changed while in use \([^)]*model\.safetensors[^"]*"/m);
+      assert.match(text, /^data: \{"error":\{"message":"generation failed: [^\n]*","type":"server_error","param":null,"code":"model_files_changed"\}\}$/m);
       assert.ok(text.endsWith('data: [DONE]\n\n'), text.slice(-300));
       const { code, signal } = await exited;
       assert.equal(signal, null, `killed by ${signal}: ${s.log().slice(-2000)}`);

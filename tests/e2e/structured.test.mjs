@@ -151,7 +151,7 @@ test('tool_choice required: a declared function, with arguments of its schema', 
 });
 
 test('LangChain withStructuredOutput: JSON schema and function calling', async () => {
-  const llm = new ChatOpenAI({ model: 'x', apiKey: 'none', maxTokens: 300, temperature: 1, maxRetries: 0,
+  const llm = new ChatOpenAI({ model: 'x', apiKey: 'none', maxTokens: 600, temperature: 1, maxRetries: 0, modelKwargs: { seed: 11 },
     configuration: { baseURL: `${server.url}/v1` } });
   for (const method of ['jsonSchema', 'functionCalling']) {
     const structured = llm.withStructuredOutput(Weather, { name: 'weather', method });
