@@ -1,4 +1,4 @@
-// Shared by the e2e files of the Responses and Anthropic APIs: the e2e model
+// Shared by the e2e files (Responses, Anthropic, structured outputs): the e2e model
 // (tools/make-e2e-model.sh), servers started on a free port and stopped with
 // SIGTERM (each must exit 0), and a copy of the model whose chat template
 // opens a <think> block, so that the random model's output is reasoning.

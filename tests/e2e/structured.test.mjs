@@ -8,54 +8,22 @@
 // closes them within max_tokens.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import OpenAI from 'openai';
 import { zodResponseFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
 import { ChatOpenAI } from '@langchain/openai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { generateText, generateObject, tool } from 'ai';
+import { Servers } from './helpers.mjs';
 
-const BUILD = process.env.BUILD || 'build';
-const SPARROW = path.resolve(BUILD, 'sparrow');
-let dir, server;
-
-function startServer(extra = []) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(SPARROW, ['serve', '--model', dir, '--port', '0', '--ctx', '1024', '--threads', '2', ...extra],
-      { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '', err = '';
-    const timer = setTimeout(() => reject(new Error(`server did not start: ${err}`)), 60000);
-    p.stdout.on('data', (d) => {
-      out += d;
-      const line = out.split('\n').find((l) => l.startsWith('{"event":"ready"'));
-      if (line) {
-        clearTimeout(timer);
-        resolve({ proc: p, url: `http://127.0.0.1:${JSON.parse(line).port}`, log: () => err });
-      }
-    });
-    p.stderr.on('data', (d) => { err += d; });
-    p.on('exit', (code) => reject(new Error(`server exited with ${code}: ${err}`)));
-  });
-}
+const servers = new Servers();
+let server;
 
 before(async () => {
-  dir = mkdtempSync(path.join(tmpdir(), 'sparrow-structured-'));
-  execFileSync('tools/make-e2e-model.sh', [dir], { env: { ...process.env, BUILD } });
-  server = await startServer(['--parallel', '2']);
+  server = await servers.start(servers.model(), ['--parallel', '2']);
 });
 
-after(async () => {
-  const code = await new Promise((resolve) => {
-    server.proc.on('exit', (c, sig) => resolve(c ?? sig));
-    server.proc.kill('SIGTERM');
-  });
-  rmSync(dir, { recursive: true, force: true });
-  assert.equal(code, 0, `server exit: ${server.log()}`);
-});
+after(() => servers.stop());
 
 const openai = () => new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0 });
 const chat = (content) => [{ role: 'user', content }];

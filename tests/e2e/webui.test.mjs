@@ -6,14 +6,10 @@
 // absent (Debian package `chromium`, installed by tools/install-deps.sh).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
+import { existsSync } from 'node:fs';
 import { chromium } from 'playwright-core';
+import { Servers } from './helpers.mjs';
 
-const BUILD = process.env.BUILD || 'build';
-const SPARROW = path.resolve(BUILD, 'sparrow');
 const CHROMIUM = '/usr/bin/chromium';
 const skip = existsSync(CHROMIUM) ? false : `${CHROMIUM} is absent (apt-get install chromium): the page is not tested in a browser`;
 if (skip) console.log(skip);
@@ -21,50 +17,20 @@ const KEY = 'webui-test-key';
 // long enough that a reply is still streaming when Stop is clicked
 const LONG = 8000;
 
-const servers = [];
-let dir, main, keyed, browser;
-
-// Starts a server on a free port; resolves once the "ready" line is printed.
-function startServer(extra = []) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(SPARROW, ['serve', '--model', dir, '--port', '0', '--threads', '2', ...extra],
-      { stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '', err = '';
-    servers.push({ proc: p, log: () => err });
-    const timer = setTimeout(() => reject(new Error(`server did not start: ${err}`)), 60000);
-    p.stdout.on('data', (d) => {
-      out += d;
-      const line = out.split('\n').find((l) => l.startsWith('{"event":"ready"'));
-      if (line) {
-        clearTimeout(timer);
-        const ready = JSON.parse(line);
-        resolve({ proc: p, ready, url: `http://127.0.0.1:${ready.port}`, log: () => err });
-      }
-    });
-    p.stderr.on('data', (d) => { err += d; });
-    p.on('exit', (code) => reject(new Error(`server exited with ${code}: ${err}`)));
-  });
-}
+const servers = new Servers();
+let main, keyed, browser;
 
 before(async () => {
-  dir = mkdtempSync(path.join(tmpdir(), 'sparrow-webui-'));
-  execFileSync('tools/make-e2e-model.sh', [dir], { env: { ...process.env, BUILD } });
-  main = await startServer(['--ctx', String(LONG + 192), '--parallel', '2']);
+  const dir = servers.model();
+  main = await servers.start(dir, ['--ctx', String(LONG + 192), '--parallel', '2']);
   // experts stream through a small cache here, so the info has one to report
-  keyed = await startServer(['--ctx', '512', '--api-key', KEY, '--expert-cache', '60K']);
+  keyed = await servers.start(dir, ['--ctx', '512', '--api-key', KEY, '--expert-cache', '60K']);
   if (!skip) browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
 });
 
 after(async () => {
   if (browser) await browser.close();
-  const exits = servers.map(({ proc, log }) => new Promise((resolve) => {
-    if (proc.exitCode !== null) resolve({ code: proc.exitCode, log });
-    else proc.on('exit', (code, signal) => resolve({ code: code ?? signal, log }));
-    proc.kill('SIGTERM');
-  }));
-  const results = await Promise.all(exits);
-  rmSync(dir, { recursive: true, force: true });
-  for (const r of results) assert.equal(r.code, 0, r.log().slice(-4000));
+  await servers.stop();
 });
 
 // A page in a fresh context (its own localStorage), with every request it
