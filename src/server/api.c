@@ -27,6 +27,12 @@ const cJSON *sp_api_field(const cJSON *o, const char *k) {
     return it && !cJSON_IsNull(it) ? it : NULL;
 }
 
+void sp_api_name_tool(cJSON *chat, const char *name) {
+    cJSON *c = cJSON_AddObjectToObject(chat, "tool_choice");
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name);
+}
+
 bool sp_api_template_thinks(const char *template_source) {
     return template_source && strstr(template_source, "enable_thinking");
 }

@@ -58,6 +58,8 @@ bool sp_api_fail(struct sp_api_err *e, const char *param, const char *fmt, ...) 
 
 /* An object field that is present and not null, or NULL. */
 const cJSON *sp_api_field(const cJSON *o, const char *k);
+/* chat.tool_choice = {"type": "function", "function": {"name": name}}. */
+void sp_api_name_tool(cJSON *chat, const char *name);
 
 /* Whether a chat template has an enable_thinking switch (Qwen3's). */
 bool sp_api_template_thinks(const char *template_source);

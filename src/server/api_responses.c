@@ -143,9 +143,7 @@ static bool add_tool_choice(cJSON *chat, const cJSON *tc, struct sp_api_err *e) 
     const cJSON *type = cJSON_IsObject(tc) ? sp_api_field(tc, "type") : NULL;
     const cJSON *name = cJSON_IsObject(tc) ? sp_api_field(tc, "name") : NULL;
     if (cJSON_IsString(type) && !strcmp(type->valuestring, "function") && cJSON_IsString(name) && *name->valuestring) {
-        cJSON *c = cJSON_AddObjectToObject(chat, "tool_choice");
-        cJSON_AddStringToObject(c, "type", "function");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", name->valuestring);
+        sp_api_name_tool(chat, name->valuestring);
         return true;
     }
     return sp_api_fail(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "

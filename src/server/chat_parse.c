@@ -586,17 +586,23 @@ static const cJSON *find_props(const cJSON *tools, const char *name, size_t n) {
 
 enum param_type { PT_UNKNOWN, PT_STRING, PT_BOOL, PT_OTHER };
 
-/* The schema type of the current parameter: the reference parser's string
- * family ("string", "str", "text", "varchar", "char", "enum"), boolean,
- * another declared type, or none declared. */
-static enum param_type param_type(const struct sp_chat_parser *p) {
+bool sp_chat_param_is_text(const cJSON *prop) {
     static const char *const strings[] = {"string", "str", "text", "varchar", "char", "enum"};
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(prop, "type");
+    for (size_t i = 0; cJSON_IsString(type) && i < sizeof strings / sizeof *strings; i++)
+        if (strcasecmp(type->valuestring, strings[i]) == 0) return true;
+    return false;
+}
+
+/* The schema type of the current parameter: the string family
+ * (sp_chat_param_is_text), boolean, another declared type, or none
+ * declared. */
+static enum param_type param_type(const struct sp_chat_parser *p) {
     if (!p->props || !p->pname.data) return PT_UNKNOWN;
     const cJSON *prop = cJSON_GetObjectItemCaseSensitive(p->props, p->pname.data);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(prop, "type");
     if (!cJSON_IsString(type)) return PT_UNKNOWN;
-    for (size_t i = 0; i < sizeof strings / sizeof *strings; i++)
-        if (strcasecmp(type->valuestring, strings[i]) == 0) return PT_STRING;
+    if (sp_chat_param_is_text(prop)) return PT_STRING;
     if (strcasecmp(type->valuestring, "boolean") == 0 || strcasecmp(type->valuestring, "bool") == 0) return PT_BOOL;
     return PT_OTHER;
 }

@@ -130,6 +130,11 @@ enum sp_chat_format {
 
 /* "plain", "hermes", "qwen3_coder", "deepseek_v3", "harmony". */
 const char *sp_chat_format_name(enum sp_chat_format f);
+/* Whether a Qwen3-Coder parameter of this schema is written as raw text:
+ * its type is one of the reference parser's string family ("string",
+ * "str", "text", "varchar", "char", "enum", any case). The parser and the
+ * forced-call grammar (server/constrain.h) both go by it. */
+bool sp_chat_param_is_text(const cJSON *prop);
 
 /* The format a model emits, from its chat template source (decisive when
  * given and non-empty) or else from config.json's model_type. Either may be

@@ -6,7 +6,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "core/buf.h"
 #include "core/json.h"
@@ -60,14 +59,6 @@ static int literal(struct sp_gbuild *b, const char *text, size_t n) {
     return r;
 }
 
-static bool is_string_type(const cJSON *prop) {
-    static const char *const strings[] = {"string", "str", "text", "varchar", "char", "enum"};
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(prop, "type");
-    for (size_t i = 0; cJSON_IsString(type) && i < sizeof strings / sizeof *strings; i++)
-        if (!strcasecmp(type->valuestring, strings[i])) return true;
-    return false;
-}
-
 /* Qwen3-Coder's parameters: each declared one, in order (the optional ones
  * may be left out), as <parameter=NAME>\nVALUE\n</parameter>\n, where the
  * value of a string parameter is raw text (one of its enum values when it
@@ -85,7 +76,7 @@ static int xml_params(struct sp_jschema *c, struct sp_gbuild *b, const cJSON *pa
         snprintf(at, sizeof at, "%s.properties.%s", where, p->string);
         int value;
         const cJSON *en = cJSON_GetObjectItemCaseSensitive(p, "enum");
-        if (is_string_type(p) && cJSON_IsArray(en) && en->child) {
+        if (sp_chat_param_is_text(p) && cJSON_IsArray(en) && en->child) {
             value = sp_gb_rule(b);
             for (const cJSON *v = en->child; v; v = v->next)
                 if (cJSON_IsString(v)) {
@@ -93,7 +84,7 @@ static int xml_params(struct sp_jschema *c, struct sp_gbuild *b, const cJSON *pa
                     sp_gb_lit(b, v->valuestring);
                     sp_gb_end(b, value);
                 }
-        } else if (is_string_type(p)) {
+        } else if (sp_chat_param_is_text(p)) {
             value = sp_jschema_text(c, "<");
         } else if ((value = sp_jschema_rule(c, p, at)) < 0) {
             return -1;

@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/buf.h"
+#include "core/json.h"
 
 #define MAX_WS 20
 #define MAX_NESTING 64           // schema nesting compiled without a $ref
@@ -240,6 +241,12 @@ static int string_rule(struct sp_jschema *c, int64_t min, int64_t max) {
     return r;
 }
 
+/* Two digits, the first at most `hi` (hours, minutes, months, days). */
+static void digit_pair(struct sp_gbuild *b, unsigned hi, const struct sp_gset *d) {
+    sp_gb_range(b, '0', hi);
+    sp_gb_set(b, d);
+}
+
 /* A string of one of the cheap formats; -1 (no error) for the others. */
 static int format_rule(struct sp_jschema *c, const char *f) {
     struct sp_gbuild *b = c->b;
@@ -280,11 +287,9 @@ static int format_rule(struct sp_jschema *c, const char *f) {
         sp_gb_end(b, zone);
         sp_gb_begin(b);
         sp_gb_set(b, &sign);
-        sp_gb_range(b, '0', '2');
-        sp_gb_set(b, &d);
+        digit_pair(b, '2', &d);
         sp_gb_lit(b, ":");
-        sp_gb_range(b, '0', '5');
-        sp_gb_set(b, &d);
+        digit_pair(b, '5', &d);
         sp_gb_end(b, zone);
     }
     sp_gb_begin(b);
@@ -292,22 +297,17 @@ static int format_rule(struct sp_jschema *c, const char *f) {
     if (date) {
         for (int i = 0; i < 4; i++) sp_gb_set(b, &d);
         sp_gb_lit(b, "-");
-        sp_gb_range(b, '0', '1');
-        sp_gb_set(b, &d);
+        digit_pair(b, '1', &d);
         sp_gb_lit(b, "-");
-        sp_gb_range(b, '0', '3');
-        sp_gb_set(b, &d);
+        digit_pair(b, '3', &d);
     }
     if (date && time) sp_gb_lit(b, "T");
     if (time) {
-        sp_gb_range(b, '0', '2');
-        sp_gb_set(b, &d);
+        digit_pair(b, '2', &d);
         sp_gb_lit(b, ":");
-        sp_gb_range(b, '0', '5');
-        sp_gb_set(b, &d);
+        digit_pair(b, '5', &d);
         sp_gb_lit(b, ":");
-        sp_gb_range(b, '0', '6');
-        sp_gb_set(b, &d);
+        digit_pair(b, '6', &d);  // a leap second
         sp_gb_ref(b, frac);
         sp_gb_ref(b, zone);
     }
@@ -541,20 +541,6 @@ static int64_t count_kw(const cJSON *s, const char *k, int64_t dflt) {
     return v->valuedouble > 1e9 ? 1000000000 : (int64_t)v->valuedouble;
 }
 
-/* Writes a property name as a JSON string literal. */
-static void key_literal(struct sp_buf *o, const char *k) {
-    sp_buf_putc(o, '"');
-    for (const unsigned char *p = (const unsigned char *)k; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            sp_buf_printf(o, "\\%c", *p);
-        else if (*p < 0x20)
-            sp_buf_printf(o, "\\u%04x", *p);
-        else
-            sp_buf_putc(o, (char)*p);
-    }
-    sp_buf_putc(o, '"');
-}
-
 static int object_rule(struct sp_jschema *c, const cJSON *s, const char *where) {
     struct sp_gbuild *b = c->b;
     const cJSON *props = get(s, "properties"), *req = get(s, "required"), *addl = get(s, "additionalProperties");
@@ -591,7 +577,7 @@ static int object_rule(struct sp_jschema *c, const cJSON *s, const char *where) 
         int v = schema_rule(c, p, at);
         if (v < 0) break;
         struct sp_buf k = SP_BUF_INIT;
-        key_literal(&k, p->string);
+        sp_json_escape(&k, p->string, strlen(p->string));
         members[i] = sp_gb_rule(b);
         sp_gb_begin(b);
         sp_gb_bytes(b, k.data, k.len);
