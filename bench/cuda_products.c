@@ -7,14 +7,17 @@
  *
  *     build/cuda/bench/cuda_products [ROWS COLS]     (default 16384 x 8192)
  *
- * One machine-readable line per format and token count (best of 5 passes
- * of 20 products each; the time includes each product's launch):
+ * One machine-readable line per format, activations and token count (best
+ * of 5 passes of 20 products each; the time includes each product's
+ * launches, rounding the activations to int8 where it does): 4-bit formats
+ * with int8 activations (the default) and float ones (--precision exact).
  *
- *     product fmt=mxfp4 rows=16384 cols=8192 tokens=1 us=... gbs=... copy_gbs=... pct=...
+ *     product fmt=mxfp4 acts=int8 rows=16384 cols=8192 tokens=1 us=... gbs=... copy_gbs=... pct=...
  *
  * gbs: the weight bytes (codes, scales, biases) a product reads over its
  * time. Without a CUDA build or device it says so and exits 0.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,36 +72,21 @@ static void fill(const struct fmt *f, int64_t rows, int64_t cols, struct sp_qmat
                           .scale_dtype = tr->mode ? sdt : SP_DTYPE_COUNT};
 }
 
-int main(int argc, char **argv) {
-    int64_t rows = argc > 2 ? atoll(argv[1]) : 16384, cols = argc > 2 ? atoll(argv[2]) : 8192;
-    const struct fmt fmts[] = {{"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_COUNT},
-                               {"affine4", SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16},
-                               {"affine8", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
-                               {"bf16", SP_QTYPE_BF16, 1, SP_DTYPE_COUNT},
-                               {"f16", SP_QTYPE_F16, 1, SP_DTYPE_COUNT}};
+/* Each format's products of 1 and 8 tokens on backend b (exact: float
+ * activations; then only the 4-bit formats, the others' are the same). */
+static int run_formats(struct sp_backend *b, bool exact, const struct fmt *fmts, size_t n_fmts, int64_t rows,
+                       int64_t cols, double copy, const float *hx) {
     const int64_t tokens[] = {1, 8};
-    struct sp_backend_params p = {
-        .shape = {.n_layers = 1, .d_model = cols, .vocab = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64,
-                  .mlp_width = 1},
-        .n_ctx = 1, .n_seq = 1, .max_batch = 8};
-    struct sp_backend *b;
-    if (sp_backend_create(SP_DEVICE_CUDA, &p, &b) != SP_OK) {
-        printf("cuda_products: skipped: %s\n", sp_error_msg());
-        return 0;
-    }
-    double copy = 0;
-    if (sp_backend_copy_gbs(SP_DEVICE_CUDA, (size_t)1 << 30, &copy) != SP_OK) copy = 0;
     struct sp_tensor x, y;
     if (sp_backend_tensor(b, 8, cols, &x) != SP_OK || sp_backend_tensor(b, 8, rows, &y) != SP_OK) {
         printf("cuda_products: %s\n", sp_error_msg());
-        sp_backend_free(b);
         return 1;
     }
-    float *hx = malloc((size_t)(8 * cols) * sizeof *hx);
-    for (int64_t i = 0; i < 8 * cols; i++) hx[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
     b->ops->write(b, x, hx);
     int rc = 0;
-    for (size_t f = 0; f < sizeof fmts / sizeof *fmts && !rc; f++) {
+    for (size_t f = 0; f < n_fmts && !rc; f++) {
+        bool four_bit = fmts[f].type == SP_QTYPE_MXFP4 || fmts[f].type == SP_QTYPE_AFFINE4;
+        if (exact && !four_bit) continue;
         void *codes, *scales, *biases;
         struct sp_linear l = {0};
         fill(&fmts[f], rows, cols, &l.w, &codes, &scales, &biases);
@@ -124,15 +112,50 @@ int main(int argc, char **argv) {
                 break;
             }
             double gbs = bytes / best / 1e9;
-            printf("product fmt=%s rows=%lld cols=%lld tokens=%lld us=%.1f gbs=%.1f copy_gbs=%.1f pct=%.1f\n",
-                   fmts[f].name, (long long)rows, (long long)cols, (long long)tokens[k], best * 1e6, gbs, copy,
-                   copy > 0 ? 100.0 * gbs / copy : 0.0);
+            printf("product fmt=%s acts=%s rows=%lld cols=%lld tokens=%lld us=%.1f gbs=%.1f copy_gbs=%.1f pct=%.1f\n",
+                   fmts[f].name, four_bit && !exact ? "int8" : "float", (long long)rows, (long long)cols,
+                   (long long)tokens[k], best * 1e6, gbs, copy, copy > 0 ? 100.0 * gbs / copy : 0.0);
         }
         free(codes);
         free(scales);
         free(biases);
     }
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    int64_t rows = argc > 2 ? atoll(argv[1]) : 16384, cols = argc > 2 ? atoll(argv[2]) : 8192;
+    const struct fmt fmts[] = {{"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_COUNT},
+                               {"affine4", SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16},
+                               {"affine8", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
+                               {"bf16", SP_QTYPE_BF16, 1, SP_DTYPE_COUNT},
+                               {"f16", SP_QTYPE_F16, 1, SP_DTYPE_COUNT}};
+    struct sp_backend_params p = {
+        .shape = {.n_layers = 1, .d_model = cols, .vocab = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64,
+                  .mlp_width = 1},
+        .n_ctx = 1, .n_seq = 1, .max_batch = 8};
+    struct sp_backend *b, *exact;
+    if (sp_backend_create(SP_DEVICE_CUDA, &p, &b) != SP_OK) {
+        printf("cuda_products: skipped: %s\n", sp_error_msg());
+        return 0;
+    }
+    p.float_activations = true;
+    if (sp_backend_create(SP_DEVICE_CUDA, &p, &exact) != SP_OK) {
+        printf("cuda_products: %s\n", sp_error_msg());
+        sp_backend_free(b);
+        return 1;
+    }
+    double copy = 0;
+    if (sp_backend_copy_gbs(SP_DEVICE_CUDA, (size_t)1 << 30, &copy) != SP_OK) copy = 0;
+    float *hx = malloc((size_t)(8 * cols) * sizeof *hx);
+    for (int64_t i = 0; i < 8 * cols; i++) hx[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    int rc = 0;
+    for (int e = 0; e < 2 && !rc; e++) {
+        int erc = run_formats(e ? exact : b, e, fmts, sizeof fmts / sizeof *fmts, rows, cols, copy, hx);
+        rc = rc ? rc : erc;
+    }
     free(hx);
+    sp_backend_free(exact);
     sp_backend_free(b);
     return rc;
 }

@@ -33,9 +33,10 @@ struct target {
     char label[64];
     enum sp_device dev;
     const struct sp_kernels *k;  // the CPU's kernel set (NULL elsewhere)
+    bool float_acts;             // a device's exact path (sp_backend_params.float_activations)
 };
 
-static struct target targets[SP_KERNELS_ISA_COUNT + SP_DEVICE_COUNT];
+static struct target targets[SP_KERNELS_ISA_COUNT + 2 * SP_DEVICE_COUNT];
 static int n_targets;
 
 static void find_targets(void) {
@@ -51,15 +52,24 @@ static void find_targets(void) {
     for (int d = 0; d < SP_DEVICE_COUNT; d++) {
         if (d == SP_DEVICE_CPU) continue;
         if (!th_device_ready((enum sp_device)d)) continue;
-        struct target *t = &targets[n_targets++];
-        snprintf(t->label, sizeof t->label, "%s", sp_device_name((enum sp_device)d));
-        t->dev = (enum sp_device)d;
+        for (int exact = 0; exact < 2; exact++) {
+            struct target *t = &targets[n_targets++];
+            snprintf(t->label, sizeof t->label, "%s%s", sp_device_name((enum sp_device)d), exact ? "/exact" : "");
+            t->dev = (enum sp_device)d;
+            t->float_acts = exact;
+        }
     }
 }
 
-/* How the target rounds the activations of products with m. */
+/* How the target rounds the activations of products with m: a CPU as its
+ * kernel set does; CUDA to int8 by blocks of 32 for 4-bit codes (within a
+ * weight group, so qref's per-group allowance holds) unless exact. */
 static enum acts target_acts(const struct target *t, const struct sp_qmat *m, bool float_activations) {
-    if (float_activations || !t->k) return ACTS_FLOAT;
+    if (float_activations || t->float_acts) return ACTS_FLOAT;
+    if (!t->k) {
+        bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
+        return four_bit && m->group % 32 == 0 ? ACTS_INT8 : ACTS_FLOAT;
+    }
     return acts_of(t->k, m);
 }
 
@@ -85,7 +95,8 @@ static struct sp_backend *make_backend(const struct target *t, enum sp_kv_type k
         .shape = {.n_layers = LAYERS, .d_model = D, .vocab = VOCAB, .n_heads = HEADS, .n_kv_heads = KV_HEADS,
                   .head_dim = HEAD_DIM, .mlp_width = 2 * FF, .n_experts = EXPERTS, .rot_dims = ROT,
                   .inv_freq = inv_freq, .rope_scale = 1.25f},
-        .n_ctx = CTX, .n_seq = SEQS, .max_batch = BATCH, .kv_type = kv, .n_threads = 2};
+        .n_ctx = CTX, .n_seq = SEQS, .max_batch = BATCH, .kv_type = kv, .n_threads = 2,
+        .float_activations = t->float_acts};
     if (t->k) sp_kernels_use(t->k);
     struct sp_backend *b;
     if (sp_backend_create(t->dev, &p, &b) != SP_OK) fail_msg("%s: %s", t->label, sp_error_msg());
@@ -197,25 +208,26 @@ static void test_linear(void **state) {
 static void test_linear_float_activations(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 45);
-    for (int ti = 0; ti < n_targets; ti++) {
-        struct sp_backend *b = make_backend(&targets[ti], SP_KV_F16);
-        struct mat M;
-        mat_make(&M, SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, EXPERTS * 8, D, &rng);
-        struct sp_linear l = linear_of(&M);
-        l.float_activations = true;
-        assert_int_equal(b->ops->prepare(b, &l), SP_OK);
-        float *x = randn(9 * D, 1.0f, &rng);
-        struct sp_tensor xt = tensor_of(b, 9, D, x), yt;
-        assert_int_equal(sp_backend_tensor(b, 9, M.m.rows, &yt), SP_OK);
-        b->ops->linear(b, &l, xt, yt);
-        float *y = read_back(b, yt);
-        int64_t br, bt;
-        assert_true(worst_ratio(&M.m, x, D, 9, y, M.m.rows, ACTS_FLOAT, &br, &bt) <= 1.0);
-        free(y);
-        free(x);
-        mat_free(&M);
-        done_backend(b);
-    }
+    for (int ti = 0; ti < n_targets; ti++)
+        for (int four = 0; four < 2; four++) {
+            struct sp_backend *b = make_backend(&targets[ti], SP_KV_F16);
+            struct mat M;
+            mat_make(&M, four ? SP_QTYPE_AFFINE4 : SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, EXPERTS * 8, D, &rng);
+            struct sp_linear l = linear_of(&M);
+            l.float_activations = true;
+            assert_int_equal(b->ops->prepare(b, &l), SP_OK);
+            float *x = randn(9 * D, 1.0f, &rng);
+            struct sp_tensor xt = tensor_of(b, 9, D, x), yt;
+            assert_int_equal(sp_backend_tensor(b, 9, M.m.rows, &yt), SP_OK);
+            b->ops->linear(b, &l, xt, yt);
+            float *y = read_back(b, yt);
+            int64_t br, bt;
+            assert_true(worst_ratio(&M.m, x, D, 9, y, M.m.rows, ACTS_FLOAT, &br, &bt) <= 1.0);
+            free(y);
+            free(x);
+            mat_free(&M);
+            done_backend(b);
+        }
 }
 
 /* ---- embedding, norms, adds ---- */

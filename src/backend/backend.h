@@ -148,6 +148,8 @@ struct sp_backend_params {
     int64_t max_batch;  // tokens per forward call
     enum sp_kv_type kv_type;
     int n_threads;      // CPU threads (0: physical cores); the CPU backend writes back what it took
+    bool float_activations;  // products keep activations in float (--precision exact) where a backend
+                             // would round them (CUDA: int8 for 4-bit codes); the CPU's kernel set decides there
 };
 
 /* Ops, for supports(). */

@@ -586,7 +586,8 @@ static int bench_model(const char *model, struct bench_opts *o) {
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
-                               .device = o->device, .n_threads = (int)threads, .time_steps = o->steps};
+                               .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
+                               .float_activations = o->set.precision == SP_PRECISION_EXACT};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.strategy == SP_STRATEGY_EXPERT_CACHE ? pl.expert_cache : 0;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */

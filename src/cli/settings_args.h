@@ -30,7 +30,8 @@
     "  --kernels NAME         the kernel set: portable, avx2, avx2-int16, avx2f, avxvnni, avxvnni-int16,\n"    \
     "                         avx512, avx512-int16, amx, amx-int16 (default: the fastest this CPU runs)\n"     \
     "  --precision fast|exact fast: the fastest set (default); exact: the fastest that keeps activations\n"    \
-    "                         in float (avx2f, else portable). --kernels and --precision exclude each other\n" \
+    "                         in float (avx2f, else portable; on CUDA, float instead of int8 activations\n"  \
+    "                         in 4-bit products). --kernels and --precision exclude each other\n"           \
     "  --io auto|buffered|pread|mapped  how the expert cache reads: io_uring with O_DIRECT where the\n"       \
     "                         files allow (auto), io_uring through the page cache, pread, or copies out\n"   \
     "                         of the files' mappings\n"                                                     \

@@ -143,7 +143,7 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
                   .n_experts = a->n_experts, .n_experts_used = a->n_experts > 0 ? a->n_experts_used : 0,
                   .expert_ff = a->n_experts > 0 ? a->d_expert : 0, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f},
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
-        .n_threads = p->n_threads};
+        .n_threads = p->n_threads, .float_activations = p->float_activations};
     return bp;
 }
 

@@ -74,6 +74,7 @@ struct sp_ctx_params {
     const struct sp_expert_source *experts;  // NULL: routed experts read through the mapped files; else
                                              // borrowed, valid while the context is
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
+    bool float_activations;  // products keep activations in float on a device backend (--precision exact)
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

@@ -260,7 +260,8 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
     e->vocab = m->arch.vocab;
     struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
-                               .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads};
+                               .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads,
+                               .float_activations = e->p.float_activations};
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {
         if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;

@@ -44,6 +44,7 @@ struct sp_engine_params {
     int n_threads;          // 0: physical cores
     enum sp_kv_type kv_type;
     enum sp_device device;  // where the forward pass runs (zero: the CPU)
+    bool float_activations; // a device backend's products keep activations in float (--precision exact)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     struct sp_expert_store_params expert_params;  // how that cache reads and evicts
 };

@@ -48,8 +48,10 @@ struct wmap {
  * and whose downs share one: one launch of each kernel. */
 struct mlp_run {
     int64_t first, count, max_n, blocks_gate_up, blocks_down;
+    int64_t row_begin, row_end;  // the items' rows: from the first to past the last
     struct sp_cuda_weight gate, down;
     bool fused, xvec;
+    bool q;           // int8 activations
 };
 
 /* A MoE layer's experts as the batched MLP kernels take them (ops->moe):
@@ -87,6 +89,11 @@ struct cuda {
     float *att_part;               // (att_part_floats): attention's chunks
     int64_t att_part_floats;
     float *ff_a, *ff_b;            // (B, mlp_width)
+    /* int8 activations of the 4-bit products (unless float_acts): rows of
+     * q_cols codes, max(B, moe_pairs) of them; qa for x, qb for the MLPs' h */
+    bool float_acts;
+    struct sp_cuda_qx qa, qb;
+    int64_t q_rows, q_cols;
     float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
     float *logit_host;             // (LOGIT_ROWS, vocab), pinned host memory
     int64_t logit_cap;             // rows of those
@@ -554,12 +561,40 @@ static void cuda_add(struct sp_backend *b, struct sp_tensor dst, struct sp_tenso
     check(c, (cudaError_t)sp_cuda_add(dst.data, dst.ld, src.data, src.ld, dst.rows, dst.cols, c->stream), "add");
 }
 
+/* Whether products with w round their activations to int8: 4-bit codes
+ * the int8 kernels read, unless the backend or the layer keeps them float. */
+static bool int8_acts(const struct cuda *c, const struct sp_cuda_weight *w, bool float_activations) {
+    return !c->float_acts && !float_activations && sp_cuda_q_ok(w) && w->cols <= c->q_cols;
+}
+
+/* q's rows from row r on. */
+static struct sp_cuda_qx qx_rows(struct sp_cuda_qx q, int64_t r) {
+    q.q += r * q.ldq;
+    q.d += 2 * r * q.ldd;
+    return q;
+}
+
+/* n rows of x (cols, ld apart) into q's rows from row r on. */
+static bool quantize(struct cuda *c, const float *x, int64_t ldx, int64_t n, int64_t cols, const struct sp_cuda_qx *q,
+                     int64_t r) {
+    struct sp_cuda_qx at = qx_rows(*q, r);
+    return check(c, (cudaError_t)sp_cuda_quantize(x, ldx, n, cols, &at, c->stream), "int8 activations");
+}
+
 /* y = l(x) on n rows of x (ld apart) into rows of y. */
 static bool product(struct cuda *c, const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy,
                     int64_t n) {
     struct sp_cuda_weight w;
     if (!weight_of(c, l, &w)) return false;
-    return check(c, (cudaError_t)sp_cuda_linear(&w, x, ldx, y, ldy, n, c->stream), "linear");
+    if (!int8_acts(c, &w, l->float_activations))
+        return check(c, (cudaError_t)sp_cuda_linear(&w, x, ldx, y, ldy, n, c->stream), "linear");
+    for (int64_t t0 = 0; t0 < n; t0 += c->q_rows) {
+        int64_t m = n - t0 < c->q_rows ? n - t0 : c->q_rows;
+        if (!quantize(c, x + t0 * ldx, ldx, m, w.cols, &c->qa, 0) ||
+            !check(c, (cudaError_t)sp_cuda_linear_q(&w, &c->qa, y + t0 * ldy, ldy, m, c->stream), "linear"))
+            return false;
+    }
+    return true;
 }
 
 static void cuda_linear(struct sp_backend *b, const struct sp_linear *l, struct sp_tensor x, struct sp_tensor y) {
@@ -647,10 +682,21 @@ static struct sp_cuda_mlp_item item_weights(const struct sp_cuda_weight w[3], bo
                                      .ff = w[2].cols};
 }
 
+/* A run's activations as int8: each item's x into its rows of qa, then
+ * (after gate and up) the rows of ff_b they wrote into qb. */
+static bool quantize_items(struct cuda *c, const struct mlp_run *r) {
+    for (int64_t i = r->first; i < r->first + r->count; i++) {
+        const struct sp_cuda_mlp_item *d = &c->h_items[i];
+        if (!quantize(c, d->x, d->ldx, d->n, r->gate.cols, &c->qa, d->row)) return false;
+    }
+    return true;
+}
+
 /* The items the batched kernels take are listed (consecutive ones of the
  * same formats in a run), uploaded in one copy, then each run is two
- * launches: gate, up and the activation into ff_b, then down into out.
- * Other items run one kernel at a time. */
+ * launches: gate, up and the activation into ff_b, then down into out
+ * (with int8 activations, each preceded by their rounding). Other items
+ * run one kernel at a time. */
 static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
                      struct sp_tensor out) {
     struct cuda *c = cuda_of(b);
@@ -670,8 +716,11 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         if (!r || r->fused != fused || !same_format(&r->gate, &w[0]) || !same_format(&r->down, &w[2]) ||
             r->down.rows != w[2].rows) {
             r = &c->runs[nr++];
-            *r = (struct mlp_run){.first = nv, .gate = w[0], .down = w[2], .fused = fused, .xvec = true};
+            *r = (struct mlp_run){.first = nv, .gate = w[0], .down = w[2], .fused = fused, .xvec = true,
+                                  .q = int8_acts(c, &w[0], false) && int8_acts(c, &w[2], false)};
         }
+        if (r->count == 0 || it->row < r->row_begin) r->row_begin = it->row;
+        if (it->row + cnt > r->row_end) r->row_end = it->row + cnt;
         r->count++;
         r->max_n = cnt > r->max_n ? cnt : r->max_n;
         r->xvec = r->xvec && ((uintptr_t)it->x.data & 15) == 0 && it->x.ld % 4 == 0;
@@ -695,13 +744,19 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
     for (int64_t k = 0; k < nr && !c->err; k++) {
         struct mlp_run *r = &c->runs[k];
         int nt = sp_cuda_mlp_tokens(r->max_n);
-        if (check(c, (cudaError_t)sp_cuda_mlp_gate_up(&r->gate, r->fused, c->d_items + r->first, (int)r->count,
-                                                       r->blocks_gate_up, nt, r->xvec, c->ff_b, ld, act->alpha,
-                                                       act->limit, act->u_offset, c->stream),
-                  "MLP gate and up"))
-            check(c, (cudaError_t)sp_cuda_mlp_down(&r->down, c->d_items + r->first, (int)r->count, r->blocks_down, nt,
-                                                   c->ff_b, ld, out.data, out.ld, c->stream),
-                  "MLP down");
+        if (r->q && !quantize_items(c, r)) break;
+        if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&r->gate, r->fused, c->d_items + r->first, (int)r->count,
+                                                        r->blocks_gate_up, nt, r->xvec, r->q ? &c->qa : NULL, c->ff_b,
+                                                        ld, act->alpha, act->limit, act->u_offset, c->stream),
+                   "MLP gate and up"))
+            break;
+        /* rows between the items' are quantized too, unread */
+        if (r->q && !quantize(c, c->ff_b + r->row_begin * ld, ld, r->row_end - r->row_begin, r->down.cols, &c->qb,
+                              r->row_begin))
+            break;
+        check(c, (cudaError_t)sp_cuda_mlp_down(&r->down, c->d_items + r->first, (int)r->count, r->blocks_down, nt,
+                                               c->ff_b, ld, r->q ? &c->qb : NULL, out.data, out.ld, c->stream),
+              "MLP down");
     }
 }
 
@@ -765,6 +820,7 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
                               .n_group = m->n_group, .topk_group = m->topk_group, .norm_topk = m->norm_topk,
                               .routed_scale = m->routed_scale, .bias = m->bias};
     int64_t ff = t->down.cols, slice = c->moe_pairs / K;
+    bool q = int8_acts(c, &t->gate, false) && int8_acts(c, &t->down, false);
     int64_t jblocks = sp_cuda_mlp_blocks(false, ff, 1, 1), rblocks = sp_cuda_mlp_blocks(true, t->down.rows, 1, 1);
     for (int64_t t0 = 0; t0 < n && !c->err; t0 += slice) {
         int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K;
@@ -780,12 +836,14 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
                    "grouping by expert") ||
             !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, nk, d, c->stream),
                    "rows to experts") ||
+            (q && !quantize(c, c->moe_x, d, nk, d, &c->qa, 0)) ||
             !check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
-                                                        jblocks * token_blocks, nt, d % 4 == 0, c->moe_h, ff,
-                                                        act->alpha, act->limit, act->u_offset, c->stream),
+                                                        jblocks * token_blocks, nt, d % 4 == 0, q ? &c->qa : NULL,
+                                                        c->moe_h, ff, act->alpha, act->limit, act->u_offset, c->stream),
                    "experts' gate and up") ||
+            (q && !quantize(c, c->moe_h, ff, nk, ff, &c->qb, 0)) ||
             !check(c, (cudaError_t)sp_cuda_mlp_down(&t->down, c->moe_items, (int)items, rblocks * token_blocks, nt,
-                                                     c->moe_h, ff, c->moe_y, d, c->stream),
+                                                     c->moe_h, ff, q ? &c->qb : NULL, c->moe_y, d, c->stream),
                    "experts' down"))
             break;
         check(c, (cudaError_t)sp_cuda_scatter_add(out.data + t0 * out.ld, out.ld, c->moe_y, d, c->moe_toff,
@@ -952,6 +1010,22 @@ static int64_t att_part_floats(const struct sp_backend_params *p) {
     return one > ATT_PART_FLOATS ? one : ATT_PART_FLOATS;
 }
 
+/* The int8 activation buffers: rows for a batch or ops->moe's pairs, of
+ * the widest input a product has. */
+static int64_t q_rows(const struct sp_backend_params *p) {
+    int64_t P = p->shape.n_experts > 0 ? moe_pairs(p) : 0;
+    return p->max_batch > P ? p->max_batch : P;
+}
+
+static int64_t q_cols(const struct sp_backend_params *p) {
+    const struct sp_backend_shape *s = &p->shape;
+    int64_t w = s->d_model;
+    if (s->n_heads * s->head_dim > w) w = s->n_heads * s->head_dim;
+    if (s->mlp_width > w) w = s->mlp_width;
+    if (s->expert_ff > w) w = s->expert_ff;
+    return (w + SP_CUDA_QBLOCK - 1) / SP_CUDA_QBLOCK * SP_CUDA_QBLOCK;
+}
+
 size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     const struct sp_backend_shape *s = &p->shape;
     size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
@@ -962,7 +1036,8 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     if (s->n_experts > 0)  /* ops->moe's buffers and tables */
         moe = P * (size_t)(s->n_experts + 2 + 2 * s->d_model + s->expert_ff) * sizeof(float) +
               (4 * P + 1) * sizeof(int32_t) + (size_t)(s->n_layers + 1) * (size_t)s->n_experts * sizeof(struct sp_cuda_mlp_item);
-    return floats * sizeof(float) + (5 * B + 2) * sizeof(int32_t) +
+    size_t q = p->float_activations ? 0 : 2 * (size_t)(q_rows(p) * q_cols(p)) * (1 + 2 * sizeof(float) / SP_CUDA_QBLOCK);
+    return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) +
            (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item) + moe;
 }
 
@@ -1020,6 +1095,16 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_seq)) != SP_OK ||
         (st = dev_alloc(c, (size_t)c->idx_cap * sizeof(int32_t), (void **)&c->d_idx)) != SP_OK)
         goto fail;
+    c->float_acts = p->float_activations;
+    c->q_rows = q_rows(p);
+    c->q_cols = q_cols(p);
+    for (int i = 0; i < 2 && !c->float_acts; i++) {
+        struct sp_cuda_qx *q = i ? &c->qb : &c->qa;
+        q->ldq = c->q_cols, q->ldd = c->q_cols / SP_CUDA_QBLOCK;
+        if ((st = dev_alloc(c, (size_t)(c->q_rows * c->q_cols), (void **)&q->q)) != SP_OK ||
+            (st = dev_floats(c, 2 * c->q_rows * q->ldd, &q->d)) != SP_OK)
+            goto fail;
+    }
     if (s->n_experts > 0) {
         int64_t E = s->n_experts, P = c->moe_pairs = moe_pairs(p);
         c->moe = sp_calloc((size_t)s->n_layers, sizeof *c->moe, SP_MEM_MISC);

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 namespace {
 
@@ -366,6 +367,53 @@ __device__ __forceinline__ void vdecode(const uint4 &q, int u, float s, float b,
     }
 }
 
+/* Activations as the vector products read them: float rows (ld floats
+ * apart; vec: 16-byte aligned with ld a multiple of 4) ... */
+struct facts {
+    const float *x;
+    int64_t ld;
+    bool vec;
+    __device__ facts rows(int64_t t) const { return {x + t * ld, ld, vec}; }
+};
+
+/* ... or rows rounded to int8 (the 4-bit products' fast path): QB values
+ * a block, each block's {d, the sum of its values} beside. */
+constexpr int QB = SP_CUDA_QBLOCK;
+struct qacts {
+    const int8_t *q;  // rows ldq bytes apart
+    const float2 *d;  // rows ldd blocks apart
+    int64_t ldq, ldd;
+    __device__ qacts rows(int64_t t) const { return {q + t * ldq, d + t * ldd, ldq, ldd}; }
+};
+
+/* Twice the E2M1 values of the 4 codes in c's low 16 bits as int8 bytes,
+ * in code order: table bytes of the magnitudes and of their negatives,
+ * one of the two chosen by each code's sign. */
+__device__ __forceinline__ int32_t mx2_bytes(uint32_t c) {
+    constexpr uint32_t POS0 = 0x03020100u, POS1 = 0x0c080604u;  // 0, 1, 2, 3 | 4, 6, 8, 12
+    constexpr uint32_t NEG0 = 0xfdfeff00u, NEG1 = 0xf4f8fafcu;  // their negatives
+    uint32_t mag = c & 0x7777u, side = 0x3210u | ((c & 0x8888u) >> 1);
+    return (int32_t)__byte_perm(__byte_perm(POS0, POS1, mag), __byte_perm(NEG0, NEG1, mag), side);
+}
+
+/* The 32 codes of a chunk as 8 words of 4 int8 in element order: mxfp4
+ * twice its values, affine 4-bit its codes (0 .. 15). */
+template <int K>
+__device__ __forceinline__ void qdecode(const uint4 &q, int32_t (&o)[8]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint32_t v = word_of(q, u);
+        if constexpr (K == K_MXFP4) {
+            o[2 * u] = mx2_bytes(v);
+            o[2 * u + 1] = mx2_bytes(v >> 16);
+        } else {
+            uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;  // elements 0, 2, 4, 6 and 1, 3, 5, 7
+            o[2 * u] = (int32_t)__byte_perm(lo, hi, 0x5140u);
+            o[2 * u + 1] = (int32_t)__byte_perm(lo, hi, 0x7362u);
+        }
+    }
+}
+
 /* Where one row's codes and group parameters start. */
 struct vrow {
     const uint4 *q;
@@ -389,14 +437,18 @@ __device__ __forceinline__ vrow vrow_of(const void *codes, const void *scales, c
 }
 
 /* acc[r][t] += row r . token t's activations over `chunks` chunks, the
- * lane's share; cpg: chunks per group. x rows ldx apart, 16-byte aligned
- * where xvec. */
+ * lane's share (chunks first, first + step, ...: the lane's own, and with
+ * several warps on the rows, its warp's), summed over the warp; cpg:
+ * chunks per group. */
 template <int K, int BITS, int SDT, int NT>
-__device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const float *x,
-                                     int64_t ldx, int nt, bool xvec, int lane, float (&acc)[VR][NT]) {
+__device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const facts &a, int nt,
+                                     uint32_t first, uint32_t step, float (&acc)[VR][NT]) {
     constexpr int EC = vec_elems<K, BITS>(), UPC = EC / 8;
+    const float *x = a.x;
+    int64_t ldx = a.ld;
+    bool xvec = a.vec;
 #pragma unroll 2
-    for (uint32_t c = lane; c < chunks; c += WARP) {
+    for (uint32_t c = first; c < chunks; c += step) {
         uint4 q[VR];
         float s[VR], b[VR];
 #pragma unroll
@@ -467,13 +519,75 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-/* Rows [r0, r0 + VR) of w by a warp, for tokens [t0, t0 + NT). */
+/* The same with int8 activations (mxfp4 and affine 4-bit; a chunk is a
+ * block of QB): each chunk's codes as int8 (qdecode), four products a
+ * dp4a, the chunk's integer sum scaled once: mxfp4 by half its scale
+ * times d, affine by scale x d plus bias x the float sum of the block
+ * (so that only s x q meets the rounding of x, as on the CPU).
+ * Integer sums are exact, so a token's result is the same in any batch. */
 template <int K, int BITS, int SDT, int NT>
+__device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const qacts &a, int nt,
+                                     uint32_t first, uint32_t step, float (&acc)[VR][NT]) {
+    static_assert(K == K_MXFP4 || (K == K_AFFINE && BITS == 4), "int8 activations: 4-bit codes only");
+#pragma unroll 2
+    for (uint32_t c = first; c < chunks; c += step) {
+        uint4 q[VR];
+        float s[VR], b[VR];
+#pragma unroll
+        for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            if constexpr (K == K_AFFINE) {
+                uint32_t g = c / cpg;
+                s[r] = ldf<SDT>(rw[r].s, g);
+                b[r] = ldf<SDT>(rw[r].b, g);
+            } else {
+                s[r] = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw[r].s[c / cpg])));
+                b[r] = 0.0f;
+            }
+        }
+        int32_t wv[VR][8];
+#pragma unroll
+        for (int r = 0; r < VR; r++) qdecode<K>(q[r], wv[r]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            const uint4 *xp = reinterpret_cast<const uint4 *>(a.q + t * a.ldq) + 2 * c;
+            uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+            float2 d = __ldg(a.d + t * a.ldd + c);
+#pragma unroll
+            for (int r = 0; r < VR; r++) {
+                int32_t sum = __dp4a(wv[r][0], (int32_t)x0.x, 0);
+                sum = __dp4a(wv[r][1], (int32_t)x0.y, sum);
+                sum = __dp4a(wv[r][2], (int32_t)x0.z, sum);
+                sum = __dp4a(wv[r][3], (int32_t)x0.w, sum);
+                sum = __dp4a(wv[r][4], (int32_t)x1.x, sum);
+                sum = __dp4a(wv[r][5], (int32_t)x1.y, sum);
+                sum = __dp4a(wv[r][6], (int32_t)x1.z, sum);
+                sum = __dp4a(wv[r][7], (int32_t)x1.w, sum);
+                float v = K == K_AFFINE ? fmaf(b[r], d.y, acc[r][t]) : acc[r][t];
+                acc[r][t] = fmaf((float)sum, __fmul_rn(s[r], d.x), v);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+/* Rows [r0, r0 + VR) of w by a warp, for tokens [t0, t0 + NT); SPLIT:
+ * by the block's VWARPS warps, each a share of the chunks, their sums
+ * added in warp order (for matrices of few rows, so that their products
+ * keep enough loads in flight; chosen by the shape alone, so a token's
+ * result still does not depend on the batch). */
+template <int K, int BITS, int SDT, int NT, class A, bool SPLIT>
 __global__ void __launch_bounds__(VWARPS * WARP)
-    k_vrows(sp_cuda_weight w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n, bool xvec) {
+    k_vrows(sp_cuda_weight w, A a, float *y, int64_t ldy, int64_t n) {
     constexpr int EC = vec_elems<K, BITS>();
-    int lane = threadIdx.x % WARP;
-    int64_t r0 = ((int64_t)blockIdx.x * VWARPS + threadIdx.x / WARP) * VR, t0 = (int64_t)blockIdx.y * NT;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int64_t r0 = (SPLIT ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * VWARPS + wid) * VR;
+    int64_t t0 = (int64_t)blockIdx.y * NT;
     if (r0 >= w.rows) return;
     int nt = n - t0 < NT ? (int)(n - t0) : NT;
     int64_t row_bytes = w.cols / EC * 16;
@@ -488,7 +602,29 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, x + t0 * ldx, ldx, nt, xvec, lane, acc);
+    if constexpr (SPLIT) {
+        __shared__ float part[VWARPS][VR][NT];
+        vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, a.rows(t0), nt, lane + WARP * wid, WARP * VWARPS,
+                               acc);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < VR; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) part[wid][r][t] = acc[r][t];
+        __syncthreads();
+        if (wid != 0) return;
+#pragma unroll
+        for (int r = 0; r < VR; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = part[0][r][t];
+#pragma unroll
+                for (int k = 1; k < VWARPS; k++) v = __fadd_rn(v, part[k][r][t]);
+                acc[r][t] = v;
+            }
+    } else {
+        vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, a.rows(t0), nt, lane, WARP, acc);
+    }
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
@@ -499,25 +635,33 @@ __global__ void __launch_bounds__(VWARPS * WARP)
             }
 }
 
-/* The item whose blocks include block b: the last of items[0 .. n) with blk <= b. */
+/* An item's activations: its own float rows, or its rows of the int8 rows. */
+__device__ __forceinline__ facts item_acts(const facts &a, const sp_cuda_mlp_item &it) { return {it.x, it.ldx, a.vec}; }
+__device__ __forceinline__ qacts item_acts(const qacts &a, const sp_cuda_mlp_item &it) { return a.rows(it.row); }
+
+/* The item whose blocks include block b: the last of items[0 .. n) with
+ * blk <= b (items' first blocks increase), found by the whole warp 32
+ * items at a time, so that a block waits for one round of loads. */
 __device__ __forceinline__ const sp_cuda_mlp_item &item_of(const sp_cuda_mlp_item *items, int n, int64_t b,
                                                             bool down) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if ((down ? items[mid].blk_down : items[mid].blk_gate_up) <= b) lo = mid;
-        else hi = mid - 1;
+    int lane = threadIdx.x % WARP, best = 0;
+    for (int i0 = 0; i0 < n; i0 += WARP) {
+        int i = i0 + lane;
+        bool le = i < n && (down ? items[i].blk_down : items[i].blk_gate_up) <= b;
+        unsigned m = __ballot_sync(0xffffffffu, le);
+        if (m) best = i0 + 31 - __clz((int)m);
+        if (m != 0xffffffffu) break;
     }
-    return items[lo];
+    return items[best];
 }
 
 /* Gate and up of a batch of MLPs, the activation into h: a warp takes
  * outputs j0 and j0 + 1 of an item (rows 2 j .. 2 j + 1 of a fused
  * gate_up, or row j of gate and of up) for the tokens [t0, t0 + NT). w:
  * the gate's (or gate_up's) format and columns. */
-template <int K, int BITS, int SDT, int NT>
+template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
-    k_mlp_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, bool xvec, float *h,
+    k_mlp_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, A a, float *h,
                   int64_t ldh, float alpha, float limit, float u_offset) {
     constexpr int EC = vec_elems<K, BITS>(), J = VR / 2;
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
@@ -547,7 +691,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, it.x + t0 * it.ldx, it.ldx, nt, xvec, lane, acc);
+    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, item_acts(a, it).rows(t0), nt, lane, WARP, acc);
 #pragma unroll
     for (int jj = 0; jj < J; jj++)
 #pragma unroll
@@ -575,10 +719,9 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 /* Down of a batch of MLPs: a warp takes rows [r0, r0 + VR) of an item's
  * down for the tokens [t0, t0 + NT), reading the item's rows of h. w: the
  * downs' format and rows (each item has its own columns, ff). */
-template <int K, int BITS, int SDT, int NT>
+template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
-    k_mlp_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool xvec, const float *h, int64_t ldh,
-               float *out, int64_t ldo) {
+    k_mlp_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, A h, float *out, int64_t ldo) {
     constexpr int EC = vec_elems<K, BITS>();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
     int lane = threadIdx.x % WARP;
@@ -598,7 +741,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(cols / EC), cpg, h + (it.row + t0) * ldh, ldh, nt, xvec, lane, acc);
+    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(cols / EC), cpg, h.rows(it.row + t0), nt, lane, WARP, acc);
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
@@ -644,58 +787,112 @@ int vdispatch(const sp_cuda_weight &w, int nt, const L &l) {
 /* Tokens per block for n tokens: the fewest of 1, 2, 4, 8 that hold them (8 past 8). */
 int vec_tokens(int64_t n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
+/* Whether the vector kernels of format K read activations A: float ones
+ * always, int8 ones for 4-bit codes. */
+template <int K, int BITS, class A>
+constexpr bool reads() {
+    return std::is_same<A, facts>::value || K == K_MXFP4 || (K == K_AFFINE && BITS == 4);
+}
+
+/* Whether k_vrows splits w's chunks over a block's warps: a matrix of
+ * fewer rows than SPLIT_ROWS with at least half a chunk a lane when split
+ * (the router, attention's products), whose blocks would otherwise be
+ * too few to keep the memory busy. */
+constexpr int64_t SPLIT_ROWS = 16384;
+
+template <int K, int BITS>
+bool vsplit(const sp_cuda_weight &w) {
+    return w.rows < SPLIT_ROWS && w.cols / vec_elems<K, BITS>() >= WARP * VWARPS / 2;
+}
+
+template <class A>
 struct vrows_launch {
     const sp_cuda_weight *w;
-    const float *x;
-    int64_t ldx;
+    A a;
     float *y;
     int64_t ldy, n;
-    bool xvec;
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        dim3 grid((unsigned)((w->rows + VR * VWARPS - 1) / (VR * VWARPS)), (unsigned)((n + NT - 1) / NT));
-        k_vrows<K, BITS, SDT, NT><<<grid, VWARPS * WARP, 0, s>>>(*w, x, ldx, y, ldy, n, xvec);
-        return (int)cudaGetLastError();
+        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        else {
+            unsigned ty = (unsigned)((n + NT - 1) / NT);
+            if (vsplit<K, BITS>(*w)) {
+                dim3 grid((unsigned)((w->rows + VR - 1) / VR), ty);
+                k_vrows<K, BITS, SDT, NT, A, true><<<grid, VWARPS * WARP, 0, s>>>(*w, a, y, ldy, n);
+            } else {
+                dim3 grid((unsigned)((w->rows + VR * VWARPS - 1) / (VR * VWARPS)), ty);
+                k_vrows<K, BITS, SDT, NT, A, false><<<grid, VWARPS * WARP, 0, s>>>(*w, a, y, ldy, n);
+            }
+            return (int)cudaGetLastError();
+        }
     }
 };
 
+template <class A>
 struct gate_up_launch {
     const sp_cuda_weight *w;
     const sp_cuda_mlp_item *items;
     int n_items;
     int64_t blocks;
-    bool fused, xvec;
+    bool fused;
+    A a;
     float *h;
     int64_t ldh;
     float alpha, limit, u_offset;
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        k_mlp_gate_up<K, BITS, SDT, NT><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, fused, xvec, h,
-                                                                                   ldh, alpha, limit, u_offset);
-        return (int)cudaGetLastError();
+        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        else {
+            k_mlp_gate_up<K, BITS, SDT, NT, A>
+                <<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, fused, a, h, ldh, alpha, limit, u_offset);
+            return (int)cudaGetLastError();
+        }
     }
 };
 
+template <class A>
 struct down_launch {
     const sp_cuda_weight *w;
     const sp_cuda_mlp_item *items;
     int n_items;
     int64_t blocks;
-    bool xvec;
-    const float *h;
-    int64_t ldh;
+    A h;
     float *out;
     int64_t ldo;
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        k_mlp_down<K, BITS, SDT, NT><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, xvec, h, ldh, out,
-                                                                                ldo);
-        return (int)cudaGetLastError();
+        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        else {
+            k_mlp_down<K, BITS, SDT, NT, A><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, h, out, ldo);
+            return (int)cudaGetLastError();
+        }
     }
 };
+
+/* x's rows rounded to int8 blocks of QB (a warp a block): d = max |x| / 127,
+ * codes rint(x / d). */
+constexpr int QUANT_WARPS = 8;
+__global__ void __launch_bounds__(QUANT_WARPS * WARP)
+    k_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, int8_t *q, float2 *qd, int64_t ldq, int64_t ldd) {
+    int64_t per_row = cols / QB, blk = (int64_t)blockIdx.x * QUANT_WARPS + threadIdx.x / WARP;
+    if (blk >= n * per_row) return;
+    int lane = threadIdx.x % WARP;
+    int64_t t = blk / per_row, b = blk % per_row;
+    float v = x[t * ldx + b * QB + lane];
+    float amax = warp_max(fabsf(v)), d = __fdiv_rn(amax, 127.0f);
+    int c = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+    c = c > 127 ? 127 : c < -127 ? -127 : c;
+    float sum = warp_sum(v);
+    q[t * ldq + b * QB + lane] = (int8_t)c;
+    if (lane == 0) qd[t * ldd + b] = make_float2(d, sum);
+}
+
+qacts qacts_of(const sp_cuda_qx &x) {
+    return {x.q, reinterpret_cast<const float2 *>(x.d), x.ldq, x.ldd};
+}
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
@@ -730,7 +927,17 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(const float *x, int64_
     const float *xr = x + (rows ? (int64_t)rows[blockIdx.x] : (int64_t)blockIdx.x) * ldx;
     float *o = out + (int64_t)blockIdx.x * ldo;
     double ss = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) ss += (double)xr[c] * (double)xr[c];
+    if (cols % 4 == 0 && ((uintptr_t)xr & 15) == 0) {  // a float4 a thread: one round of loads for 4096 columns
+        for (int64_t c = 4 * threadIdx.x; c < cols; c += 4 * NORM_THREADS) {
+            float4 v = *reinterpret_cast<const float4 *>(xr + c);
+            ss += (double)v.x * (double)v.x;
+            ss += (double)v.y * (double)v.y;
+            ss += (double)v.z * (double)v.z;
+            ss += (double)v.w * (double)v.w;
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) ss += (double)xr[c] * (double)xr[c];
+    }
     ss = block_sum_d(ss, red);
     float scale = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
     for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) {
@@ -776,97 +983,112 @@ __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t
 
 /* ---- routing ---- */
 
-/* The largest of v[0 .. n) not taken (and kept, where keep): ties to the
- * lower index, -1 where none is left; lane 0's answer for every lane. */
-__device__ int warp_argmax(const float *v, int n, const bool *taken, const bool *keep) {
-    int lane = threadIdx.x % WARP, bi = -1;
-    float bv = 0.0f;
-    for (int i = lane; i < n; i += WARP) {
-        if (taken[i] || (keep && !keep[i])) continue;
-        if (bi < 0 || v[i] > bv) bi = i, bv = v[i];
+/* Routing: a block a token, a thread an expert (ROUTE_THREADS covers the
+ * most experts). Choices are made by rank, each thread counting the
+ * candidates that beat its own (a larger score, or an equal one at a lower
+ * index, NaN lowest): the same choices as repeated arg max, without
+ * serial steps. */
+constexpr int ROUTE_THREADS = SP_CUDA_ROUTE_MAX_EXPERTS;
+
+/* A score as ranking compares it: NaN below everything. */
+__device__ __forceinline__ float rank_key(float v) { return v != v ? -INFINITY : v; }
+
+/* Rank of v[i] among v[0 .. n) where ok (ok NULL: all): how many beat it. */
+__device__ __forceinline__ int rank_of(const float *v, int n, int i, const bool *ok) {
+    float mine = rank_key(v[i]);
+    int r = 0;
+    for (int j = 0; j < n; j++) {
+        if (ok && !ok[j]) continue;
+        float o = rank_key(v[j]);
+        r += o > mine || (o == mine && j < i);
     }
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o /= 2) {
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bi = oi, bv = ov;
-    }
-    return __shfl_sync(0xffffffffu, bi, 0);
+    return r;
 }
 
-/* v[0 .. n) = softmax(v) as the host computes it: exps against the max,
- * their sum in double. */
-__device__ void warp_softmax(float *v, int n) {
-    int lane = threadIdx.x % WARP;
-    float mx = -INFINITY;
-    for (int i = lane; i < n; i += WARP) mx = fmaxf(mx, v[i]);
-    mx = warp_max(mx);
+/* Sum (double) or max over the block's threads in a fixed order; every thread gets it. */
+__device__ double route_sum_d(double v, double *red) {
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
     double s = 0;
-    for (int i = lane; i < n; i += WARP) s += (double)(v[i] = expf(__fsub_rn(v[i], mx)));
-    s = warp_sum_d(s);
-    for (int i = lane; i < n; i += WARP) v[i] = (float)((double)v[i] / s);
-    __syncwarp();
+    for (int i = 0; i < (int)blockDim.x / WARP; i++) s += red[i];
+    return s;
 }
 
-/* A warp a token: scores, the groups kept, the k chosen by repeated
- * arg max, then their weights on lane 0 (the host's sums, in its order). */
-__global__ void __launch_bounds__(WARP) k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int32_t *sel,
-                                                float *wout) {
-    __shared__ float sc[SP_CUDA_ROUTE_MAX_EXPERTS], bz[SP_CUDA_ROUTE_MAX_EXPERTS];
-    __shared__ bool taken[SP_CUDA_ROUTE_MAX_EXPERTS], keep[SP_CUDA_ROUTE_MAX_EXPERTS];
+__device__ float route_max(float v, float *red) {
+    v = warp_max(v);
+    __syncthreads();
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < (int)blockDim.x / WARP; i++) m = fmaxf(m, red[i]);
+    return m;
+}
+
+/* Scores (softmax or sigmoid of the logits), the groups kept (ranked by
+ * the sum of their two best biased scores), the k best kept experts by
+ * biased score, then their weights on thread 0 (the host's sums, in its
+ * order). */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r, const float *logits, int64_t ldl,
+                                                         int32_t *sel, float *wout) {
+    __shared__ float sc[SP_CUDA_ROUTE_MAX_EXPERTS], bz[SP_CUDA_ROUTE_MAX_EXPERTS], gs[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ bool keep[SP_CUDA_ROUTE_MAX_EXPERTS], gkeep[SP_CUDA_ROUTE_MAX_EXPERTS];
     __shared__ int32_t chosen[SP_CUDA_ROUTE_MAX_K];
-    int lane = threadIdx.x, E = (int)r.n_experts, K = (int)r.k;
+    __shared__ double red[ROUTE_THREADS / WARP];
+    int i = threadIdx.x, E = (int)r.n_experts, K = (int)r.k;
+    bool in = i < E;
     const float *lg = logits + (int64_t)blockIdx.x * ldl;
     bool group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
-    for (int i = lane; i < E; i += WARP) sc[i] = lg[i], taken[i] = false, keep[i] = true;
-    __syncwarp();
-    if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) warp_softmax(sc, E);
-    if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK)
-        for (int i = lane; i < E; i += WARP) sc[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-sc[i])));
-    const float *by = sc;
-    if (group) {
-        for (int i = lane; i < E; i += WARP) bz[i] = __fadd_rn(sc[i], r.bias ? r.bias[i] : 0.0f);
-        by = bz;
-        __syncwarp();
-        int G = (int)r.n_group, per = E / (G > 0 ? G : 1);
-        if (G > 1) {
-            /* a group's score, the sum of its two best, into taken's place for the groups */
-            __shared__ float gs[SP_CUDA_ROUTE_MAX_EXPERTS];
-            __shared__ bool gtaken[SP_CUDA_ROUTE_MAX_EXPERTS];
-            for (int g = lane; g < G; g += WARP) {
-                float m1 = -INFINITY, m2 = -INFINITY;
-                for (int i = g * per; i < (g + 1) * per; i++) {
-                    if (bz[i] > m1) m2 = m1, m1 = bz[i];
-                    else if (bz[i] > m2) m2 = bz[i];
-                }
-                gs[g] = per >= 2 ? __fadd_rn(m1, m2) : m1;
-                gtaken[g] = false;
+    float v = in ? lg[i] : -INFINITY;
+    if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) {
+        float mx = route_max(v, reinterpret_cast<float *>(red));
+        float e = in ? expf(__fsub_rn(v, mx)) : 0.0f;
+        double s = route_sum_d((double)e, red);
+        v = (float)((double)e / s);
+    } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK && in) {
+        v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
+    }
+    if (in) {
+        sc[i] = v;
+        bz[i] = group ? __fadd_rn(v, r.bias ? r.bias[i] : 0.0f) : v;
+        keep[i] = true;
+    }
+    if (i < K) chosen[i] = 0;
+    __syncthreads();
+    int G = (int)r.n_group;
+    if (group && G > 1) {
+        int per = E / G;
+        if (i < G) {  // a group's score: the sum of its two best
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int j = i * per; j < (i + 1) * per; j++) {
+                float b = rank_key(bz[j]);
+                if (b > m1) m2 = m1, m1 = b;
+                else if (b > m2) m2 = b;
             }
-            __syncwarp();
-            for (int j = 0; j < r.topk_group; j++) {
-                int g = warp_argmax(gs, G, gtaken, nullptr);
-                if (lane == 0 && g >= 0) gtaken[g] = true;
-                __syncwarp();
-            }
-            for (int i = lane; i < E; i += WARP) keep[i] = gtaken[i / per];
-            __syncwarp();
+            gs[i] = per >= 2 ? __fadd_rn(m1, m2) : m1;
         }
+        __syncthreads();
+        if (i < G) gkeep[i] = rank_of(gs, G, i, nullptr) < r.topk_group;
+        __syncthreads();
+        if (in) keep[i] = gkeep[i / per];
+        __syncthreads();
     }
-    for (int j = 0; j < K; j++) {
-        int e = warp_argmax(by, E, taken, group ? keep : nullptr);
-        if (lane == 0) chosen[j] = e < 0 ? 0 : e, taken[e < 0 ? 0 : e] = true;
-        __syncwarp();
+    if (in && keep[i]) {
+        int k = rank_of(bz, E, i, keep);
+        if (k < K) chosen[k] = i;
     }
-    if (lane != 0) return;
+    __syncthreads();
+    if (i != 0) return;
     int32_t *so = sel + (int64_t)blockIdx.x * K;
     float *wo = wout + (int64_t)blockIdx.x * K;
     double s = 0;
     for (int j = 0; j < K; j++) so[j] = chosen[j];
     if (r.kind == SP_CUDA_ROUTE_TOPK_SOFTMAX) {
-        float mx = -INFINITY, v[SP_CUDA_ROUTE_MAX_K];
+        float mx = -INFINITY, e[SP_CUDA_ROUTE_MAX_K];
         for (int j = 0; j < K; j++) mx = fmaxf(mx, sc[chosen[j]]);
-        for (int j = 0; j < K; j++) s += (double)(v[j] = expf(__fsub_rn(sc[chosen[j]], mx)));
-        for (int j = 0; j < K; j++) wo[j] = (float)((double)v[j] / s);
+        for (int j = 0; j < K; j++) s += (double)(e[j] = expf(__fsub_rn(sc[chosen[j]], mx)));
+        for (int j = 0; j < K; j++) wo[j] = (float)((double)e[j] / s);
         return;
     }
     for (int j = 0; j < K; j++) s += sc[chosen[j]];
@@ -1009,6 +1231,31 @@ __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, s
     }
 }
 
+/* 16-bit cache elements (f16 or bf16) as floats: 8 of a uint4, or DPL of
+ * a lane's share of a row (a word, two or four). */
+template <int DT>
+__device__ __forceinline__ float half_of(uint32_t w, int hi) {
+    if constexpr (DT == SP_CUDA_BF16) return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+    else return __half2float(__ushort_as_half((unsigned short)(hi ? w >> 16 : w & 0xffffu)));
+}
+
+template <int DT>
+__device__ __forceinline__ void unpack8(const uint4 &q, float *v) {
+    uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[2 * i] = half_of<DT>(w[i], 0), v[2 * i + 1] = half_of<DT>(w[i], 1);
+}
+
+template <int DT, int DPL>
+__device__ __forceinline__ void unpack(uint32_t w, float *v) { v[0] = half_of<DT>(w, 0), v[1] = half_of<DT>(w, 1); }
+template <int DT, int DPL>
+__device__ __forceinline__ void unpack(const uint2 &w, float *v) {
+    unpack<DT, 2>(w.x, v);
+    unpack<DT, 2>(w.y, v + 2);
+}
+template <int DT, int DPL>
+__device__ __forceinline__ void unpack(const uint4 &w, float *v) { unpack8<DT>(w, v); }
+
 /* Elements [e, e + 8) of the cache from element offset o (o and e whole
  * eights: 16-byte aligned rows). */
 template <int DT>
@@ -1040,8 +1287,12 @@ __device__ __forceinline__ void kv_load8(const void *p, int64_t o, float *v) {
  * (over the dimensions) add the values weighted so in position order; the
  * warps are merged in order into the chunk's max, sum and weighted values
  * in part (zmax chunks a row). Chunks are fixed spans of the token's own
- * positions, so what a token gets does not depend on the batch. */
-template <int DT>
+ * positions, so what a token gets does not depend on the batch. DPL > 0
+ * (a 16-bit cache, head_dim = 32 DPL): each lane's key row and its DPL
+ * dimensions of the warp's 32 value rows are loaded at once, every load
+ * in flight together (the cache is read from memory, so the round trips,
+ * not the bytes, bound this kernel); the sums are the same. */
+template <int DT, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
     k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *part) {
     __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
@@ -1061,7 +1312,20 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     if (p <= pos) {
         int64_t ko = kv_at(kv, a, 0, s, p, kvh);
         float dot = 0.0f;
-        if (hd % 8 == 0) {
+        if constexpr (DPL > 0) {
+            constexpr int U = DPL * WARP / 8;  // 16-byte units of a key row
+            uint4 raw[U];
+            const uint4 *kp = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(kv.data) + ko);
+#pragma unroll
+            for (int u = 0; u < U; u++) raw[u] = __ldg(kp + u);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float k8[8];
+                unpack8<DT>(raw[u], k8);
+#pragma unroll
+                for (int j = 0; j < 8; j++) dot = fmaf(q[u * 8 + j], k8[j], dot);
+            }
+        } else if (hd % 8 == 0) {
             for (int64_t e = 0; e < hd; e += 8) {
                 float k8[8];
                 kv_load8<DT>(kv.data, ko + e, k8);
@@ -1078,6 +1342,28 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     float l = warp_sum(e);
     int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;  // the warp's positions (<= 0: none)
     int64_t vo = kv_at(kv, a, 1, s, p0 > pos ? pos : p0, kvh), vstep = a.n_kv_heads * hd;
+    if constexpr (DPL > 0) {
+        using row_t = typename std::conditional<DPL == 2, uint32_t, typename std::conditional<DPL == 4, uint2, uint4>::type>::type;
+        row_t raw[WARP];
+        const uint16_t *vp = static_cast<const uint16_t *>(kv.data) + vo + lane * DPL;
+#pragma unroll
+        for (int j = 0; j < WARP; j++)
+            if (j < cnt) raw[j] = __ldg(reinterpret_cast<const row_t *>(vp + j * vstep));
+        float v[DPL];
+#pragma unroll
+        for (int k = 0; k < DPL; k++) v[k] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < WARP; j++) {
+            float ej = __shfl_sync(0xffffffffu, e, j);
+            if (j >= cnt) continue;
+            float f[DPL];
+            unpack<DT, DPL>(raw[j], f);
+#pragma unroll
+            for (int k = 0; k < DPL; k++) v[k] = fmaf(ej, f[k], v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < DPL; k++) wacc[wid][lane * DPL + k] = v[k];
+    } else
     for (int64_t d0 = 0; d0 < hd; d0 += WARP) {  // every lane in every pass: the shuffles take the whole warp
         int64_t d = d0 + lane;
         float v = 0.0f;
@@ -1146,7 +1432,7 @@ extern "C" int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, in
         } else if (sp_cuda_vec_ok(w)) {
             int nt = vec_tokens(m);
             bool xvec = aligned16(xs) && ldx % 4 == 0;
-            err = vdispatch(*w, nt, vrows_launch{w, xs, ldx, ys, ldy, m, xvec, s});
+            err = vdispatch(*w, nt, vrows_launch<facts>{w, {xs, ldx, xvec}, ys, ldy, m, s});
         } else {
             err = dispatch(*w, rows_launch{w, xs, ldx, ys, ldy, m, s});
         }
@@ -1167,6 +1453,37 @@ extern "C" bool sp_cuda_vec_ok(const struct sp_cuda_weight *w) {
     }
 }
 
+extern "C" bool sp_cuda_q_ok(const struct sp_cuda_weight *w) {
+    return sp_cuda_vec_ok(w) && (w->fmt == SP_CUDA_FMT_MXFP4 || (w->fmt == SP_CUDA_FMT_AFFINE && w->bits == 4));
+}
+
+extern "C" int sp_cuda_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, const struct sp_cuda_qx *q,
+                                void *stream) {
+    if (n <= 0 || cols <= 0) return 0;
+    if (cols % SP_CUDA_QBLOCK || q->ldq % 16 || q->ldq < cols || q->ldd < cols / SP_CUDA_QBLOCK)
+        return (int)cudaErrorInvalidValue;
+    int64_t blocks = n * (cols / QB);
+    k_quantize<<<(unsigned)((blocks + QUANT_WARPS - 1) / QUANT_WARPS), QUANT_WARPS * WARP, 0,
+                 static_cast<cudaStream_t>(stream)>>>(x, ldx, n, cols, q->q, reinterpret_cast<float2 *>(q->d), q->ldq,
+                                                      q->ldd);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_cuda_qx *x, float *y, int64_t ldy,
+                                int64_t n, void *stream) {
+    if (w->rows <= 0 || n <= 0) return 0;
+    if (!sp_cuda_q_ok(w)) return (int)cudaErrorInvalidValue;
+    for (int64_t t0 = 0; t0 < n; t0 += (int64_t)MAX_GRID_Y * TOKENS) {
+        int64_t m = n - t0 < (int64_t)MAX_GRID_Y * TOKENS ? n - t0 : (int64_t)MAX_GRID_Y * TOKENS;
+        qacts a = qacts_of(*x);
+        a.q += t0 * a.ldq, a.d += t0 * a.ldd;
+        int err = vdispatch(*w, vec_tokens(m),
+                            vrows_launch<qacts>{w, a, y + t0 * ldy, ldy, m, static_cast<cudaStream_t>(stream)});
+        if (err) return err;
+    }
+    return 0;
+}
+
 extern "C" int sp_cuda_mlp_tokens(int64_t n) { return vec_tokens(n); }
 
 extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt) {
@@ -1175,21 +1492,30 @@ extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int
 }
 
 extern "C" int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
-                                   int n_items, int64_t blocks, int nt, bool xvec, float *h, int64_t ldh, float alpha,
-                                   float limit, float u_offset, void *stream) {
+                                   int n_items, int64_t blocks, int nt, bool xvec, const struct sp_cuda_qx *xq, float *h,
+                                   int64_t ldh, float alpha, float limit, float u_offset, void *stream) {
     if (n_items <= 0 || blocks <= 0) return 0;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (xq)
+        return sp_cuda_q_ok(w) ? vdispatch(*w, nt,
+                                           gate_up_launch<qacts>{w, items, n_items, blocks, fused, qacts_of(*xq), h,
+                                                                 ldh, alpha, limit, u_offset, s})
+                               : (int)cudaErrorInvalidValue;
     return vdispatch(*w, nt,
-                     gate_up_launch{w, items, n_items, blocks, fused, xvec, h, ldh, alpha, limit, u_offset,
-                                    static_cast<cudaStream_t>(stream)});
+                     gate_up_launch<facts>{w, items, n_items, blocks, fused, {nullptr, 0, xvec}, h, ldh, alpha, limit,
+                                           u_offset, s});
 }
 
 extern "C" int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
-                                int64_t blocks, int nt, const float *h, int64_t ldh, float *out, int64_t ldo,
-                                void *stream) {
+                                int64_t blocks, int nt, const float *h, int64_t ldh, const struct sp_cuda_qx *hq,
+                                float *out, int64_t ldo, void *stream) {
     if (n_items <= 0 || blocks <= 0) return 0;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (hq)
+        return sp_cuda_q_ok(w) ? vdispatch(*w, nt, down_launch<qacts>{w, items, n_items, blocks, qacts_of(*hq), out, ldo, s})
+                               : (int)cudaErrorInvalidValue;
     bool xvec = aligned16(h) && ldh % 4 == 0;
-    return vdispatch(*w, nt,
-                     down_launch{w, items, n_items, blocks, xvec, h, ldh, out, ldo, static_cast<cudaStream_t>(stream)});
+    return vdispatch(*w, nt, down_launch<facts>{w, items, n_items, blocks, {h, ldh, xvec}, out, ldo, s});
 }
 
 extern "C" int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
@@ -1277,7 +1603,8 @@ extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits,
     if (n <= 0) return 0;
     if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts)
         return (int)cudaErrorInvalidValue;
-    k_route<<<(unsigned)n, WARP, 0, static_cast<cudaStream_t>(stream)>>>(*r, logits, ldl, sel, w);
+    int threads = (int)((r->n_experts + WARP - 1) / WARP * WARP);
+    k_route<<<(unsigned)n, threads, 0, static_cast<cudaStream_t>(stream)>>>(*r, logits, ldl, sel, w);
     return (int)cudaGetLastError();
 }
 
@@ -1296,6 +1623,18 @@ extern "C" int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, 
 
 extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }
 
+namespace {
+/* k_attn's path for a 16-bit cache and head_dim 64, 128 or 256. */
+template <int DT>
+int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
+              int64_t ldq, float *part) {
+    if (hd == 64) k_attn<DT, 2><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
+    else if (hd == 128) k_attn<DT, 4><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
+    else k_attn<DT, 8><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
+    return (int)cudaGetLastError();
+}
+}  // namespace
+
 extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
                                  int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
                                  int64_t part_floats, void *stream) {
@@ -1306,17 +1645,24 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int64_t slice = part_floats / row;  // tokens whose chunks fit part at once
     for (int64_t t0 = 0; t0 < n; t0 += slice) {
+        int err = 0;
         int64_t m = n - t0 < slice ? n - t0 : slice;
         sp_cuda_attn as = *a;
         as.pos += t0, as.seq += t0;
         const float *q = qkv + t0 * ldq;
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
-        if (kv->dt == SP_CUDA_F32) k_attn<SP_CUDA_F32><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
-        else if (kv->dt == SP_CUDA_F16) k_attn<SP_CUDA_F16><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
-        else k_attn<SP_CUDA_BF16><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        int hd = (int)a->head_dim;
+        bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
+        if (kv->dt == SP_CUDA_F32) k_attn<SP_CUDA_F32, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        else if (!fast && kv->dt == SP_CUDA_F16)
+            k_attn<SP_CUDA_F16, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        else if (!fast) k_attn<SP_CUDA_BF16, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        else if (kv->dt == SP_CUDA_F16) err = attn_fast<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, part);
+        else err = attn_fast<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, part);
+        if (err) return err;
         k_attn_merge<<<dim3((unsigned)m, (unsigned)a->n_heads), ATT_WARPS * WARP, 0, s>>>(as, part, zmax,
                                                                                        att + t0 * lda, lda);
-        int err = (int)cudaGetLastError();
+        err = (int)cudaGetLastError();
         if (err) return err;
     }
     return 0;

@@ -58,6 +58,24 @@ struct sp_cuda_weight {
 /* y[t * ldy + r] = row r of w . x[t * ldx ...] (+ bias[r]) for r < rows, t < n. */
 int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n,
                    void *stream);
+/* Activations rounded to int8 for the products of 4-bit codes (the fast
+ * path; the exact one keeps them float): blocks of SP_CUDA_QBLOCK values
+ * of a row, each with a scale d (max |x| / 127) and codes rint(x / d).
+ * Row t's codes at q + t * ldq (ldq a multiple of 16), its blocks' pairs
+ * {d, the sum of the block's values} at d + 2 * (t * ldd + block). */
+#define SP_CUDA_QBLOCK 32
+struct sp_cuda_qx {
+    int8_t *q;
+    float *d;
+    int64_t ldq, ldd;
+};
+/* n rows of cols (a multiple of SP_CUDA_QBLOCK) of x into q's rows. */
+int sp_cuda_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream);
+/* Whether the int8 products take w (mxfp4 and affine 4-bit that sp_cuda_vec_ok takes). */
+bool sp_cuda_q_ok(const struct sp_cuda_weight *w);
+/* sp_cuda_linear from the int8 rows x (of w's columns). */
+int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_cuda_qx *x, float *y, int64_t ldy, int64_t n,
+                     void *stream);
 /* Whether the products read w 16 bytes of codes at a time (affine 4- and
  * 8-bit, mxfp4, f16 and bf16, rows in row order of whole 16-byte chunks,
  * groups of whole chunks): sp_cuda_linear does so where it can, and the
@@ -85,15 +103,18 @@ int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt);
 /* For items[0 .. n_items) (blocks in all, nt tokens per block): gate and
  * up of each, then the activation into its rows of h (rows ldh apart);
  * w gives the format, group, bias type and columns that every item's
- * gate and up share. xvec: every item's x is 16-byte aligned with ldx a
- * multiple of 4. */
+ * gate and up share. The activations: each item's x (xvec: every x is
+ * 16-byte aligned with ldx a multiple of 4), or where xq is not NULL its
+ * rows [row, row + n) of xq (w as sp_cuda_q_ok takes). */
 int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
-                        int n_items, int64_t blocks, int nt, bool xvec, float *h, int64_t ldh, float alpha,
-                        float limit, float u_offset, void *stream);
-/* Then down of each from its rows of h into its rows of out; w gives the
- * downs' format, group, bias type and rows. */
+                        int n_items, int64_t blocks, int nt, bool xvec, const struct sp_cuda_qx *xq, float *h,
+                        int64_t ldh, float alpha, float limit, float u_offset, void *stream);
+/* Then down of each from its rows of h (or where hq is not NULL, of hq)
+ * into its rows of out; w gives the downs' format, group, bias type and
+ * rows. */
 int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
-                     int64_t blocks, int nt, const float *h, int64_t ldh, float *out, int64_t ldo, void *stream);
+                     int64_t blocks, int nt, const float *h, int64_t ldh, const struct sp_cuda_qx *hq, float *out,
+                     int64_t ldo, void *stream);
 /* Routing on the device (backend.h's enum sp_route, in the same order). */
 enum sp_cuda_route_kind {
     SP_CUDA_ROUTE_SOFTMAX_TOPK,
