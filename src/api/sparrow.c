@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/model_text.h"
 #include "runtime/plan.h"
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -79,7 +80,7 @@ enum sparrow_status sparrow_model_open(const char *path_or_id, const struct spar
     *out = NULL;
     if (!path_or_id || !*path_or_id) return api_error(sp_errorf(SP_ERR_ARG, "sparrow_model_open: no model path or id"));
     enum sp_status st;
-    char *tj = NULL, *found = NULL;
+    char *found = NULL;
     struct sparrow_model *sm = sp_calloc(1, sizeof *sm, SP_MEM_MISC);
     if (!sm) return api_error(sp_errorf(SP_ERR_NOMEM, "out of memory"));
     pthread_mutex_init(&sm->mu, NULL);
@@ -94,23 +95,17 @@ enum sparrow_status sparrow_model_open(const char *path_or_id, const struct spar
     sp_free(found);
     if (st != SP_OK) goto fail;
     const char *dir = sm->m->files->dir;
-    if (!(tj = sp_path_join(dir, "tokenizer.json"))) {
-        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (sp_path_is_file(tj)) {
-        if ((st = sp_tokenizer_load(dir, &sm->tok)) != SP_OK) goto fail;
+    if (sp_model_has_tokenizer(dir)) {
+        if ((st = sp_model_tokenizer_load(dir, &sm->tok)) != SP_OK) goto fail;
         // a model without a chat template still serves prompts; sparrow_chat says why it cannot
-        if (sp_chat_template_load(dir, p ? p->chat_template : NULL, &sm->ct) != SP_OK)
+        if (sp_model_chat_template_load(dir, p ? p->chat_template : NULL, &sm->ct) != SP_OK)
             snprintf(sm->no_template, sizeof sm->no_template, "%s", sp_error_msg());
     } else {
         snprintf(sm->no_template, sizeof sm->no_template, "%s has no tokenizer.json", dir);
     }
-    sp_free(tj);
     *out = sm;
     return SPARROW_OK;
 fail:
-    sp_free(tj);
     sparrow_model_close(sm);
     return api_error(st);
 }
@@ -430,7 +425,9 @@ static enum sp_status run(struct sparrow_context *c, const int32_t *ids, int64_t
             res->ids = got;
             got = NULL;
             res->n_tokens = n_got;
-            res->finish = finish_of(p.finish);
+            /* a callback's stop stands even where the engine finished first (the poll that
+             * delivered the last tokens can be the one it declined) */
+            res->finish = cancelled ? SPARROW_FINISH_CANCELLED : finish_of(p.finish);
             res->prompt_tokens = p.prompt_tokens;
             res->cached_tokens = p.cached_tokens;
             res->prefill_s = p.prefill_s;
