@@ -1005,25 +1005,25 @@ __device__ __forceinline__ int rank_of(const float *v, int n, int i, const bool 
     return r;
 }
 
-/* Sum (double) or max over the block's threads in a fixed order; every thread gets it. */
-__device__ double route_sum_d(double v, double *red) {
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
-    __syncthreads();
-    double s = 0;
-    for (int i = 0; i < (int)blockDim.x / WARP; i++) s += red[i];
-    return s;
-}
+struct op_sum {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct op_max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
-__device__ float route_max(float v, float *red) {
-    v = warp_max(v);
+/* op over the block's threads (from init) in a fixed order; every thread
+ * gets it. red: a slot a warp. */
+template <class T, class Op>
+__device__ T block_reduce(T v, T *red, Op op, T init) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();
     if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
     __syncthreads();
-    float m = -INFINITY;
-    for (int i = 0; i < (int)blockDim.x / WARP; i++) m = fmaxf(m, red[i]);
-    return m;
+    T r = init;
+    for (int i = 0; i < (int)blockDim.x / WARP; i++) r = op(r, red[i]);
+    return r;
 }
 
 /* Scores (softmax or sigmoid of the logits), the groups kept (ranked by
@@ -1042,9 +1042,9 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r,
     bool group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
     float v = in ? lg[i] : -INFINITY;
     if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) {
-        float mx = route_max(v, reinterpret_cast<float *>(red));
+        float mx = block_reduce(v, reinterpret_cast<float *>(red), op_max(), -INFINITY);
         float e = in ? expf(__fsub_rn(v, mx)) : 0.0f;
-        double s = route_sum_d((double)e, red);
+        double s = block_reduce((double)e, red, op_sum(), 0.0);
         v = (float)((double)e / s);
     } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK && in) {
         v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
