@@ -1,11 +1,19 @@
 /* test_gguf.c - strict GGUF parsing: the real stories260K model, typed
  * metadata getters, the ggml type table, every malformed-file rule on files
  * written here, truncation at every byte, random mutations, and split
- * models written as two shards. */
+ * models written as two shards; GGUF models loaded as models (the llama
+ * fixture written as llama.cpp's converter writes it gives the logits of
+ * its safetensors), with what is not read yet refused by name. */
 #include "helpers.h"
 
+#include <sys/stat.h>
+
+#include "core/json.h"
 #include "core/rng.h"
 #include "format/gguf.h"
+#include "format/safetensors.h"
+#include "model/forward.h"
+#include "model/model.h"
 
 /* ---- a small GGUF writer ---- */
 
@@ -664,12 +672,263 @@ static void test_split(void **state) {
     th_rmdir(dir);
 }
 
+/* ---- GGUF models ---- */
+
+/* Hugging Face names of the fixtures to GGUF's. */
+static const char *const gguf_names[][2] = {
+    {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},                {"input_layernorm", "attn_norm"},
+    {"self_attn.q_proj", "attn_q"},                     {"self_attn.k_proj", "attn_k"},
+    {"self_attn.v_proj", "attn_v"},                     {"self_attn.o_proj", "attn_output"},
+    {"self_attn.q_norm", "attn_q_norm"},                {"self_attn.k_norm", "attn_k_norm"},
+    {"post_attention_layernorm", "ffn_norm"},           {"mlp.gate_proj", "ffn_gate"},
+    {"mlp.up_proj", "ffn_up"},                          {"mlp.down_proj", "ffn_down"},
+    {"mlp.gate.", "ffn_gate_inp"},
+};
+
+static void gguf_name(const char *hf, char *out, size_t cap) {
+    for (size_t i = 0; i < 3; i++)
+        if (!strcmp(hf, gguf_names[i][0])) {
+            snprintf(out, cap, "%s", gguf_names[i][1]);
+            return;
+        }
+    unsigned layer;
+    int at = 0;
+    assert_int_equal(sscanf(hf, "model.layers.%u.%n", &layer, &at), 1);
+    for (size_t i = 3; i < sizeof gguf_names / sizeof *gguf_names; i++)
+        if (!strncmp(hf + at, gguf_names[i][0], strlen(gguf_names[i][0]))) {
+            snprintf(out, cap, "blk.%u.%s.weight", layer, gguf_names[i][1]);
+            return;
+        }
+    fail_msg("no GGUF name for %s", hf);
+}
+
+/* A fixture as llama.cpp's converter writes it. */
+struct fixture {
+    const char *dir, *arch;
+    uint32_t eps, theta;   // float32 bits of the RMSNorm epsilon and the RoPE base
+    int layers, experts;   // experts: stacked into ffn_*_exps (0: dense)
+};
+static const struct fixture fx_llama = {"tests/fixtures/llama", "llama", 0x3727c5ac, 0x461c4000, 2, 0};
+static const struct fixture fx_qwen3 = {"tests/fixtures/qwen3", "qwen3", 0x358637bd, 0x49742400, 2, 0};
+static const struct fixture fx_qwen3_moe = {"tests/fixtures/qwen3_moe", "qwen3moe", 0x358637bd, 0x49742400, 3, 16};
+
+/* What a written model gets wrong on purpose. */
+enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q8_0, FLAW_NAME, FLAW_HEADS };
+
+/* One tensor of the GGUF: its pieces (experts stacked) from the fixture. */
+struct out_tensor {
+    char name[96];
+    int nd;
+    int64_t dims[3];  // ggml order
+    const struct sp_st_tensor *src[64];
+    int n_src;
+    size_t nbytes;
+    uint32_t type;
+};
+
+static void w_kv_f32(struct sp_buf *b, const char *key, uint32_t bits) {
+    w_key(b, key, SP_GGUF_VTYPE_FLOAT32);
+    w_u32(b, bits);
+}
+
+/* The fixture's tensors as a GGUF: BF16 under ggml's names with dims
+ * reversed, experts stacked [E, out, in]; llama's q / k rows of each head
+ * in llama.cpp's order (Hugging Face row h d + a d / 2 + b at row h d + 2 b
+ * + a). */
+static void write_fixture_gguf(const struct fixture *fx, const char *dir, const char *file, enum flaw flaw) {
+    char path[256], key[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", fx->dir);
+    struct sp_st_file *f;
+    assert_int_equal(sp_st_open(path, &f), SP_OK);
+    struct out_tensor *ot = calloc((size_t)f->n_tensors + 1, sizeof *ot);
+    int64_t n = 0;
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        const struct sp_st_tensor *t = &f->tensors[i];
+        unsigned layer, e;
+        char part[32];
+        if (sscanf(t->name, "model.layers.%u.mlp.experts.%u.%31[a-z]_proj", &layer, &e, part) == 3) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%u.ffn_%s_exps.weight", layer, part);
+            int64_t k = 0;
+            while (k < n && strcmp(ot[k].name, name)) k++;
+            if (k == n) {
+                snprintf(ot[n].name, sizeof ot[n].name, "%s", name);
+                ot[n].nd = 3;
+                ot[n].dims[0] = t->shape[1], ot[n].dims[1] = t->shape[0], ot[n].dims[2] = fx->experts;
+                ot[n].type = SP_GGUF_TYPE_BF16;
+                n++;
+            }
+            assert_true(e < 64);
+            ot[k].src[e] = t;
+            ot[k].n_src = ot[k].n_src > (int)e + 1 ? ot[k].n_src : (int)e + 1;
+            ot[k].nbytes += t->nbytes;
+            continue;
+        }
+        struct out_tensor *o = &ot[n++];
+        gguf_name(t->name, o->name, sizeof o->name);
+        o->nd = t->ndim;
+        for (int d = 0; d < t->ndim; d++) o->dims[d] = t->shape[t->ndim - 1 - d];
+        o->src[0] = t;
+        o->n_src = 1;
+        o->nbytes = t->nbytes;
+        o->type = SP_GGUF_TYPE_BF16;
+        if (flaw == FLAW_Q8_0 && !strcmp(o->name, "blk.1.attn_v.weight")) {
+            o->type = SP_GGUF_TYPE_Q8_0;
+            o->nbytes = (size_t)(o->dims[0] / 32 * 34 * o->dims[1]);
+        }
+    }
+    if (flaw == FLAW_NAME) {
+        snprintf(ot[n].name, sizeof ot[n].name, "blk.0.attn_weird.weight");
+        ot[n].nd = 1, ot[n].dims[0] = 4, ot[n].nbytes = 16, ot[n].type = SP_GGUF_TYPE_F32;
+        n++;
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    const char *a = fx->arch;
+    w_header(&b, 3, (uint64_t)n, fx->experts ? 12 : 9);
+    w_kv_str(&b, "general.architecture", flaw == FLAW_ARCH ? "qwen9" : a);
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", a, s), key)
+    w_kv_u32(&b, KEY("embedding_length"), 64);
+    w_kv_u32(&b, KEY("feed_forward_length"), 128);
+    w_kv_u32(&b, KEY("block_count"), (uint32_t)fx->layers);
+    w_kv_u32(&b, KEY("attention.head_count"), flaw == FLAW_HEADS ? 5 : 4);
+    w_kv_u32(&b, KEY("attention.head_count_kv"), 2);
+    w_kv_u32(&b, KEY("context_length"), 256);
+    w_kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), fx->eps);
+    w_kv_f32(&b, KEY("rope.freq_base"), fx->theta);
+    if (fx->experts) {
+        w_kv_u32(&b, KEY("expert_count"), (uint32_t)fx->experts);
+        w_kv_u32(&b, KEY("expert_used_count"), 4);
+        w_kv_u32(&b, KEY("expert_feed_forward_length"), 64);
+    }
+#undef KEY
+    size_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        w_tensor(&b, ot[i].name, ot[i].nd, ot[i].dims, ot[i].type, off);
+        off += (ot[i].nbytes + 31) / 32 * 32;
+    }
+    bool reorder = !strcmp(a, "llama");
+    for (int64_t i = 0; i < n; i++) {
+        while (b.len % 32) w_uint(&b, 0, 1);
+        const struct sp_st_tensor *t = ot[i].src[0];
+        if (!t || ot[i].type != SP_GGUF_TYPE_BF16) {  // the flawed tensors' bytes do not matter
+            for (size_t k = 0; k < ot[i].nbytes; k++) w_uint(&b, 0, 1);
+            continue;
+        }
+        bool qk = strstr(t->name, "q_proj") != NULL || strstr(t->name, "k_proj") != NULL;
+        if (!reorder || !qk) {
+            for (int k = 0; k < ot[i].n_src; k++)
+                assert_int_equal(sp_buf_append(&b, ot[i].src[k]->data, ot[i].src[k]->nbytes), SP_OK);
+            continue;
+        }
+        int64_t rows = t->shape[0], d = 16;
+        size_t rb = t->nbytes / (size_t)rows;
+        for (int64_t r = 0; r < rows; r++) {  // GGUF row r = h d + 2 m + a holds Hugging Face row h d + a d / 2 + m
+            int64_t h = r / d, m = (r % d) / 2, a2 = r % 2;
+            assert_int_equal(sp_buf_append(&b, (const char *)t->data + (size_t)(h * d + a2 * d / 2 + m) * rb, rb),
+                             SP_OK);
+        }
+    }
+    th_write(dir, file, b.data, b.len);
+    sp_buf_free(&b);
+    free(ot);
+    sp_st_close(f);
+}
+
+/* The fixture's folder with plain RoPE (the GGUFs above have no scaling) in dir/st. */
+static char *plain_rope_copy(const struct fixture *fx, const char *dir) {
+    char path[256], *text, *st_dir = sp_path_join(dir, "st");
+    size_t len;
+    assert_int_equal(mkdir(st_dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", fx->dir);
+    assert_int_equal(sp_read_file(path, (size_t)1 << 30, &text, &len), SP_OK);
+    th_write(st_dir, "model.safetensors", text, len);
+    sp_free(text);
+    snprintf(path, sizeof path, "%s/config.json", fx->dir);
+    cJSON *c;
+    assert_int_equal(sp_json_parse_file(path, 1 << 20, &c), SP_OK);
+    cJSON_DeleteItemFromObject(c, "rope_parameters");
+    cJSON_DeleteItemFromObject(c, "rope_scaling");
+    float theta;
+    memcpy(&theta, &fx->theta, 4);
+    cJSON_AddNumberToObject(c, "rope_theta", theta);
+    char *cfg = cJSON_PrintUnformatted(c);
+    th_write_str(st_dir, "config.json", cfg);
+    sp_free(cfg);
+    cJSON_Delete(c);
+    return st_dir;
+}
+
+/* Logits of tokens 0 .. n-1 (ids 3 + 7 i mod 256) through model m, in one batch. */
+static float *model_logits(struct sp_model *m, int64_t n) {
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .kv_type = SP_KV_F32, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    int32_t tok[32], pos[32], seq[32];
+    for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((3 + 7 * i) % 256), pos[i] = (int32_t)i, seq[i] = 0;
+    float *out = malloc((size_t)(n * m->arch.vocab) * sizeof *out);
+    struct sp_batch bt = {.n = n, .tokens = tok, .pos = pos, .seq = seq};
+    if (sp_ctx_forward(c, &bt, out) != SP_OK) fail_msg("%s", sp_error_msg());
+    sp_ctx_free(c);
+    return out;
+}
+
+/* Each fixture written as a GGUF gives the logits of its safetensors, bit
+ * for bit (llama: q / k rows reordered; qwen3_moe: stacked experts and a
+ * dense layer without a router). */
+static void test_gguf_models(void **state) {
+    const struct fixture *fxs[] = {&fx_llama, &fx_qwen3, &fx_qwen3_moe};
+    for (size_t i = 0; i < sizeof fxs / sizeof *fxs; i++) {
+        char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
+        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE);
+        char *st_dir = plain_rope_copy(fxs[i], dir);
+        struct sp_model *g, *h;
+        if (sp_model_open(path, &g) != SP_OK) fail_msg("%s: %s", fxs[i]->arch, sp_error_msg());
+        if (sp_model_open(st_dir, &h) != SP_OK) fail_msg("%s: %s", fxs[i]->arch, sp_error_msg());
+        assert_int_equal(g->arch.n_layers, fxs[i]->layers);
+        assert_int_equal(g->arch.n_experts, h->arch.n_experts);
+        float *lg = model_logits(g, 20), *lh = model_logits(h, 20);
+        if (memcmp(lg, lh, (size_t)(20 * 256) * sizeof *lg)) fail_msg("%s: the GGUF's logits differ", fxs[i]->arch);
+        free(lg);
+        free(lh);
+        sp_model_close(g);
+        sp_model_close(h);
+        sp_free(st_dir);
+        sp_free(path);
+        th_rmdir(dir);
+    }
+}
+
+/* What the loader does not read yet is refused, naming it. */
+static void test_llama_model_refused(void **state) {
+    static const struct {
+        enum flaw flaw;
+        const char *needle;
+    } cases[] = {{FLAW_ARCH, "general.architecture \"qwen9\""},
+                 {FLAW_Q8_0, "blk.1.attn_v.weight is Q8_0"},
+                 {FLAW_NAME, "blk.0.attn_weird.weight"},
+                 {FLAW_HEADS, "head_count 5"}};
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_fixture_gguf(&fx_llama, dir, "m.gguf", cases[i].flaw);
+        struct sp_model *m = (void *)1;
+        enum sp_status st = sp_model_open(path, &m);
+        if (st == SP_OK || !strstr(sp_error_msg(), cases[i].needle))
+            fail_msg("flaw %d: status %d, message \"%s\"; wanted \"%s\"", cases[i].flaw, st, sp_error_msg(),
+                     cases[i].needle);
+        assert_null(m);
+    }
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories),      cmocka_unit_test(test_open_errors), cmocka_unit_test(test_small_valid),
         cmocka_unit_test(test_types),        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),
+        cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
+        cmocka_unit_test(test_llama_model_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include "runtime/experts.h"
 #include "model/forward.h"
 #include "runtime/engine.h"
+#include "runtime/model_text.h"
 #include "runtime/plan.h"
 #include "runtime/sampler.h"
 #include "template/chat.h"
@@ -187,7 +188,7 @@ static enum sp_status encode_prompt(const struct run_opts *o, const char *dir, c
     unsigned flags = 0;
     if (o->chat) {
         struct sp_chat_template *ct;
-        st = sp_chat_template_load(dir, NULL, &ct);
+        st = sp_model_chat_template_load(dir, NULL, &ct);
         if (st == SP_OK) {
             cJSON *msgs = cJSON_CreateArray(), *msg = cJSON_CreateObject();
             cJSON_AddStringToObject(msg, "role", "user");
@@ -261,10 +262,7 @@ int sp_cmd_run(int argc, char **argv) {
     FILE *dump = NULL;
     rc = 1;
     if (sp_cli_model_open(&o.set, o.model, &m) != SP_OK) goto fail;
-    char *tj = sp_path_join(m->files->dir, "tokenizer.json");
-    bool has_tok = tj && sp_path_is_file(tj);
-    sp_free(tj);
-    if (has_tok && sp_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
+    if (sp_model_has_tokenizer(m->files->dir) && sp_model_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
     if (o.tokens) {
         if (parse_ids(o.tokens, &ids) != SP_OK) goto fail;
     } else {

@@ -26,6 +26,7 @@
 #include "model/forward.h"
 #include "model/inspect.h"
 #include "runtime/engine.h"
+#include "runtime/model_text.h"
 #include "runtime/plan.h"
 #include "server/server.h"
 #include "template/chat.h"
@@ -233,8 +234,8 @@ int sp_cmd_serve(int argc, char **argv) {
     if (sp_server_start(&so, &srv) != SP_OK) goto fail;
     sp_log(SP_LOG_INFO, "listening on %s:%d; loading %s", so.host, sp_server_port(srv), model);
     if (sp_cli_model_open(&set, model, &m) != SP_OK) goto fail;
-    if (sp_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
-    if (sp_chat_template_load(m->files->dir, NULL, &ct) != SP_OK) {
+    if (sp_model_tokenizer_load(m->files->dir, &tok) != SP_OK) goto fail;
+    if (sp_model_chat_template_load(m->files->dir, NULL, &ct) != SP_OK) {
         sp_log(SP_LOG_WARN, "no chat template (%s): /v1/chat/completions will answer 400", sp_error_msg());
         ct = NULL;
     }

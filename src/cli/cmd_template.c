@@ -10,6 +10,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "format/modeldir.h"
+#include "runtime/model_text.h"
 #include "template/chat.h"
 
 static const char usage[] =
@@ -154,7 +155,7 @@ int sp_cmd_template(int argc, char **argv) {
         cJSON_Delete(kw);
         if (st != SP_OK) goto fail;
     }
-    if (sp_chat_template_load(dir, name, &ct) != SP_OK) goto fail;
+    if (sp_model_chat_template_load(dir, name, &ct) != SP_OK) goto fail;
     if (date) {
         ct->opts.now = now;
         ct->opts.utc = true;

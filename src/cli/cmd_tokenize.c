@@ -12,6 +12,7 @@
 #include "core/buf.h"
 #include "core/file.h"
 #include "format/modeldir.h"
+#include "runtime/model_text.h"
 #include "tokenizer/tokenizer.h"
 
 static const char tokenize_usage[] =
@@ -45,7 +46,7 @@ static enum sp_status read_stdin(struct sp_buf *b) {
 
 /* A folder or file given as is; anything else is looked up as a model id. */
 static enum sp_status load(const char *model, struct sp_tokenizer **out) {
-    if (sp_path_is_dir(model) || sp_path_is_file(model)) return sp_tokenizer_load(model, out);
+    if (sp_path_is_dir(model) || sp_path_is_file(model)) return sp_model_tokenizer_load(model, out);
     char *dir = NULL;
     enum sp_status st = sp_cli_model_resolve(NULL, model, &dir);
     if (st == SP_OK) st = sp_tokenizer_load(dir, out);

@@ -7,6 +7,7 @@
 #include "core/buf.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "format/gguf_model.h"
 
 #define MAX_CONFIG_BYTES ((size_t)16 << 20)
 #define MAX_INDEX_BYTES ((size_t)256 << 20)
@@ -39,7 +40,7 @@ static char *read_ref(const char *repo_dir, const char *ref) {
 
 enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir) {
     *dir = NULL;
-    if (sp_path_is_dir(spec)) {
+    if (sp_path_is_dir(spec) || (sp_gguf_model_path(spec) && sp_path_is_file(spec))) {
         *dir = sp_strdup(spec, SP_MEM_MISC);
         return *dir ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
@@ -115,6 +116,11 @@ static enum sp_status add_shard(struct sp_model_files *mf, const char *name) {
     enum sp_status st = sp_st_open(path, &f);
     sp_free(path);
     if (st != SP_OK) return st;
+    return sp_model_files_add(mf, f);
+}
+
+enum sp_status sp_model_files_add(struct sp_model_files *mf, struct sp_st_file *f) {
+    enum sp_status st;
     struct sp_st_file **v = mf->shards ? sp_realloc(mf->shards, (size_t)(mf->n_shards + 1) * sizeof *v)
                                        : sp_malloc(sizeof *v, SP_MEM_MODEL);
     if (!v) {
@@ -192,6 +198,11 @@ enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out)
     char *path = NULL;
     enum sp_status st = sp_model_resolve(dir, NULL, &mf->dir);
     if (st != SP_OK) goto fail;
+    if (sp_gguf_model_path(mf->dir) && sp_path_is_file(mf->dir)) {
+        if ((st = sp_gguf_model_open(mf->dir, mf)) != SP_OK) goto fail;
+        *out = mf;
+        return SP_OK;
+    }
 
     path = sp_path_join(mf->dir, "config.json");
     if (!path) goto nomem;

@@ -2,7 +2,8 @@
  * modeldir.h - a model as users have it on disk: a folder with config.json
  * and safetensors (one file, or shards named by model.safetensors.index.json),
  * or a Hugging Face id "org/name" resolved to such a folder in the Hugging
- * Face cache the way `hf download` lays it out.
+ * Face cache the way `hf download` lays it out; or a GGUF file, opened as
+ * such a folder would be (gguf_model.h).
  *
  *     char *dir;
  *     if (sp_model_resolve("Qwen/Qwen3-30B-A3B", settings.hf_hub_cache, &dir) != SP_OK) ...
@@ -24,8 +25,8 @@
 #include "format/safetensors.h"
 
 struct sp_model_files {
-    char *dir;  // the resolved folder; owned
-    cJSON *config;  // config.json; owned
+    char *dir;  // the resolved folder (or GGUF file); owned
+    cJSON *config;  // config.json (a GGUF's metadata as one); owned
     struct sp_st_file **shards;  // (n_shards); owned
     int n_shards;
     int64_t n_tensors;  // over all shards
@@ -45,6 +46,9 @@ enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir);
 
 /* Opens the model folder dir (a Hugging Face id is resolved first: sp_model_resolve). */
 enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out);
+/* Adds an open shard to mf (taking it: closed on failure); its tensor
+ * names must be new to mf. */
+enum sp_status sp_model_files_add(struct sp_model_files *mf, struct sp_st_file *f);
 void sp_model_files_close(struct sp_model_files *mf);
 const struct sp_st_tensor *sp_model_files_find(const struct sp_model_files *mf, const char *name);
 

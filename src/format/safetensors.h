@@ -51,6 +51,7 @@ struct sp_st_file {
     char *format;  // __metadata__.format ("pt", "mlx", ...) or NULL; owned
     struct sp_strmap by_name;  // name -> index in tensors
     char *names;  // arena holding the tensor names
+    void *owned;  // tensor data made when opened rather than mapped (gguf_model.c), or NULL
 };
 
 /* Maps and validates a file. *out is owned by the caller (sp_st_close). */

@@ -8,6 +8,9 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "core/pool.h"
+#include "format/gguf.h"
+#include "format/gguf_model.h"
+#include "format/gguf_vocab.h"
 #include "format/st_writer.h"
 
 /* One output tensor group: a linear layer (weight [+ scales, biases] [+ bias])
@@ -349,7 +352,45 @@ static enum sp_status write_config(const struct sp_model *m, const struct sp_qua
 }
 
 /* Tokenizer and generation files travel with the weights. */
+/* A GGUF source's tokenizer as tokenizer.json and tokenizer_config.json
+ * (with its chat template), so that the copy is a whole model folder. */
+static enum sp_status gguf_side_files(const char *path, const char *dst_dir) {
+    struct sp_gguf_file *f;
+    enum sp_status st = sp_gguf_open(path, &f);
+    if (st != SP_OK) return st;
+    char *json = NULL, *cfg = NULL, *tmpl = NULL, *path_out = NULL;
+    size_t jl, cl;
+    cJSON *c = NULL;
+    if (!sp_gguf_find_kv(f, "tokenizer.ggml.tokens")) goto done;  // no vocabulary: ids only, as the source
+    if ((st = sp_gguf_tokenizer_json(f, &json, &jl, &cfg, &cl)) != SP_OK) goto done;
+    if (sp_gguf_chat_template(f, &tmpl) != SP_OK) sp_error_clear();
+    if (!(c = cJSON_ParseWithLength(cfg, cl)) || (tmpl && !cJSON_AddStringToObject(c, "chat_template", tmpl))) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    sp_free(cfg);
+    if (!(cfg = cJSON_PrintUnformatted(c))) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    static const char *const names[2] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2 && st == SP_OK; i++) {
+        sp_free(path_out);
+        if (!(path_out = sp_path_join(dst_dir, names[i]))) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        else st = sp_write_file(path_out, i ? cfg : json, i ? strlen(cfg) : jl);
+    }
+done:
+    cJSON_Delete(c);
+    sp_free(path_out);
+    sp_free(json);
+    sp_free(cfg);
+    sp_free(tmpl);
+    sp_gguf_close(f);
+    return st;
+}
+
 static enum sp_status copy_side_files(const char *src_dir, const char *dst_dir) {
+    if (sp_gguf_model_path(src_dir) && sp_path_is_file(src_dir)) return gguf_side_files(src_dir, dst_dir);
     char **names;
     size_t n;
     enum sp_status st = sp_dir_list(src_dir, NULL, &names, &n);

@@ -73,6 +73,18 @@ static enum sp_status pick_template(const cJSON *value, const char *name, const 
     return sp_errorf(SP_ERR_NOT_FOUND, "tokenizer_config.json has no chat template named '%s'", want);
 }
 
+enum sp_status sp_chat_template_name(struct sp_chat_template **ct, const char *name) {
+    char *nm = sp_strdup(name, SP_MEM_TOKENIZER);
+    if (!nm) {
+        sp_chat_template_free(*ct);
+        *ct = NULL;
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    sp_free((*ct)->name);
+    (*ct)->name = nm;
+    return SP_OK;
+}
+
 enum sp_status sp_chat_template_load(const char *model_dir, const char *name, struct sp_chat_template **out) {
     *out = NULL;
     enum sp_status st = SP_OK;
@@ -109,15 +121,7 @@ enum sp_status sp_chat_template_load(const char *model_dir, const char *name, st
         sp_error_prefix("%s: ", model_dir);
         goto fail;
     }
-    char *nm = sp_strdup(chosen, SP_MEM_TOKENIZER);
-    if (!nm) {
-        sp_chat_template_free(*out);
-        *out = NULL;
-        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    sp_free((*out)->name);
-    (*out)->name = nm;
+    st = sp_chat_template_name(out, chosen);
 fail:
     sp_free(src);
     cJSON_Delete(cfg);

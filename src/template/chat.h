@@ -83,6 +83,9 @@ enum sp_status sp_chat_template_load(const char *model_dir, const char *name, st
 enum sp_status sp_chat_template_from_string(const char *src, size_t len, const char *bos_token, const char *eos_token,
                                             struct sp_chat_template **out);
 
+/* Sets (*ct)->name to a copy of name; where that fails, frees *ct and sets it NULL. */
+enum sp_status sp_chat_template_name(struct sp_chat_template **ct, const char *name);
+
 void sp_chat_template_free(struct sp_chat_template *ct);
 
 /* Renders a conversation. *out is owned by the caller (sp_free). Errors are

@@ -1,0 +1,37 @@
+/*
+ * gguf_model.h - a GGUF model (one file, or shards name-00001-of-0000N.gguf)
+ * opened as the model loader opens a Hugging Face folder: its metadata
+ * becomes the config.json that Hugging Face's own files would hold, and its
+ * tensors take Hugging Face's names, each shard a safetensors-like file over
+ * the GGUF's mapping (sp_st_file), so that the architecture descriptor,
+ * the weights' roles, the planner and the expert store read it unchanged.
+ *
+ *     struct sp_model_files *mf;
+ *     if (sp_model_files_open("model.gguf", &mf) != SP_OK) ...   // modeldir.h calls this
+ *
+ * Architectures: llama (Llama-family GGUFs as llama.cpp's converter writes
+ * them: the q and k rows of each head are reordered back from its
+ * interleaved rotary pairs to Hugging Face's halves, into memory the file
+ * owns), qwen3 and qwen3moe (stacked experts, ffn_*_exps, as mlx-lm's
+ * SwitchGLU: the expert store reads them one expert at a time; a layer
+ * without a router is dense). Tensor types: F32, F16 and BF16. Anything
+ * else is refused with a message naming the key or tensor.
+ */
+#ifndef SP_FORMAT_GGUF_MODEL_H
+#define SP_FORMAT_GGUF_MODEL_H
+
+#include <stdbool.h>
+
+#include "core/status.h"
+
+struct sp_model_files;
+
+/* Whether path names a GGUF file (by its suffix, any case). */
+bool sp_gguf_model_path(const char *path);
+
+/* Fills mf (its dir already set to path; everything else empty) from the
+ * GGUF model at path. On failure mf holds what was made so far, for
+ * sp_model_files_close. */
+enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf);
+
+#endif
