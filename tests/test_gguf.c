@@ -8,6 +8,7 @@
 
 #include <sys/stat.h>
 
+#include "core/half.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "format/gguf.h"
@@ -714,7 +715,88 @@ static const struct fixture fx_qwen3 = {"tests/fixtures/qwen3", "qwen3", 0x35863
 static const struct fixture fx_qwen3_moe = {"tests/fixtures/qwen3_moe", "qwen3moe", 0x358637bd, 0x49742400, 3, 16};
 
 /* What a written model gets wrong on purpose. */
-enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q8_0, FLAW_NAME, FLAW_HEADS };
+enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q5_0, FLAW_NAME, FLAW_HEADS };
+
+/* ---- ggml's 32-element blocks, written and read here from their layout ---- */
+
+static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static size_t block_bytes(uint32_t t) { return t == SP_GGUF_TYPE_Q8_0 ? 34 : t == SP_GGUF_TYPE_Q4_1 ? 20 : t == SP_GGUF_TYPE_MXFP4 ? 17 : 18; }
+
+/* 4-bit codes c[32] as ggml stores them: element j in the low nibble of byte j, j + 16 in its high nibble. */
+static void put_nibbles(unsigned char *qs, const int *c) {
+    for (int j = 0; j < 16; j++) qs[j] = (unsigned char)(c[j] | c[j + 16] << 4);
+}
+static int get_nibble(const unsigned char *qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+
+/* x[32] as one block of type t (round to nearest, as llama.cpp's reference quantizers). */
+static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
+    float amax = 0, mx = 0, lo = x[0], hi = x[0];
+    for (int j = 0; j < 32; j++) {
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), mx = x[j];
+        lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+    }
+    int c[32];
+    uint16_t h;
+    if (t == SP_GGUF_TYPE_Q8_0) {
+        float d = amax / 127, id = d ? 1 / d : 0;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 32; j++) out[2 + j] = (unsigned char)(int8_t)lrintf(x[j] * id);
+    } else if (t == SP_GGUF_TYPE_Q4_0) {
+        float d = mx / -8, id = d ? 1 / d : 0;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 32; j++) c[j] = (int)fminf(15, fmaxf(0, floorf(x[j] * id + 8.5f)));
+        put_nibbles(out + 2, c);
+    } else if (t == SP_GGUF_TYPE_Q4_1) {
+        float d = (hi - lo) / 15, id = d ? 1 / d : 0;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        h = sp_f32_to_f16(lo);
+        memcpy(out + 2, &h, 2);
+        for (int j = 0; j < 32; j++) c[j] = (int)fminf(15, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
+        put_nibbles(out + 4, c);
+    } else {  // MXFP4: the largest magnitude within 6 x 2^(e - 127)
+        int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 1;
+        e = e < 1 ? 1 : e > 254 ? 254 : e;
+        float sc = ldexpf(1.0f, e - 127);
+        out[0] = (unsigned char)e;
+        for (int j = 0; j < 32; j++) {
+            int best = 0;
+            for (int k = 1; k < 8; k++)
+                if (fabsf(fabsf(x[j]) / sc - e2m1[k]) < fabsf(fabsf(x[j]) / sc - e2m1[best])) best = k;
+            c[j] = best | (x[j] < 0 ? 8 : 0);
+        }
+        put_nibbles(out + 1, c);
+    }
+}
+
+/* Element j of a block of type t as ggml defines it. */
+static float dequant_block(uint32_t t, const unsigned char *b, int j) {
+    uint16_t h0, h1;
+    memcpy(&h0, b, 2);
+    memcpy(&h1, b + 2, 2);
+    if (t == SP_GGUF_TYPE_Q8_0) return sp_f16_to_f32(h0) * (float)(int8_t)b[2 + j];
+    if (t == SP_GGUF_TYPE_Q4_0) return sp_f16_to_f32(h0) * (float)(get_nibble(b + 2, j) - 8);
+    if (t == SP_GGUF_TYPE_Q4_1) {
+        float p = sp_f16_to_f32(h0) * (float)get_nibble(b + 4, j);
+        return p + sp_f16_to_f32(h1);
+    }
+    int c = get_nibble(b + 1, j);
+    float v = e2m1[c & 7] * ldexpf(1.0f, (int)b[0] - 127);
+    return c & 8 ? -v : v;
+}
+
+/* The matrices written quantized (not embeddings, norms or routers). */
+static bool quantizable(const char *gguf) {
+    static const char *const parts[] = {".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate.",
+                                        ".ffn_up.", ".ffn_down.", "_exps.", "output.weight"};
+    if (!strcmp(gguf, "output_norm.weight")) return false;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (strstr(gguf, parts[i])) return true;
+    return false;
+}
 
 /* One tensor of the GGUF: its pieces (experts stacked) from the fixture. */
 struct out_tensor {
@@ -736,7 +818,8 @@ static void w_kv_f32(struct sp_buf *b, const char *key, uint32_t bits) {
  * reversed, experts stacked [E, out, in]; llama's q / k rows of each head
  * in llama.cpp's order (Hugging Face row h d + a d / 2 + b at row h d + 2 b
  * + a). */
-static void write_fixture_gguf(const struct fixture *fx, const char *dir, const char *file, enum flaw flaw) {
+static void write_fixture_gguf(const struct fixture *fx, const char *dir, const char *file, enum flaw flaw,
+                               uint32_t qt) {
     char path[256], key[128];
     snprintf(path, sizeof path, "%s/model.safetensors", fx->dir);
     struct sp_st_file *f;
@@ -773,9 +856,9 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         o->n_src = 1;
         o->nbytes = t->nbytes;
         o->type = SP_GGUF_TYPE_BF16;
-        if (flaw == FLAW_Q8_0 && !strcmp(o->name, "blk.1.attn_v.weight")) {
-            o->type = SP_GGUF_TYPE_Q8_0;
-            o->nbytes = (size_t)(o->dims[0] / 32 * 34 * o->dims[1]);
+        if (flaw == FLAW_Q5_0 && !strcmp(o->name, "blk.1.attn_v.weight")) {
+            o->type = SP_GGUF_TYPE_Q5_0;
+            o->nbytes = (size_t)(o->dims[0] / 32 * 22 * o->dims[1]);
         }
     }
     if (flaw == FLAW_NAME) {
@@ -802,6 +885,11 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         w_kv_u32(&b, KEY("expert_feed_forward_length"), 64);
     }
 #undef KEY
+    for (int64_t i = 0; qt != SP_GGUF_TYPE_BF16 && i < n; i++)
+        if (ot[i].type == SP_GGUF_TYPE_BF16 && quantizable(ot[i].name)) {
+            ot[i].type = qt;
+            ot[i].nbytes = ot[i].nbytes / 2 / 32 * block_bytes(qt);
+        }
     size_t off = 0;
     for (int64_t i = 0; i < n; i++) {
         w_tensor(&b, ot[i].name, ot[i].nd, ot[i].dims, ot[i].type, off);
@@ -811,23 +899,30 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
     for (int64_t i = 0; i < n; i++) {
         while (b.len % 32) w_uint(&b, 0, 1);
         const struct sp_st_tensor *t = ot[i].src[0];
-        if (!t || ot[i].type != SP_GGUF_TYPE_BF16) {  // the flawed tensors' bytes do not matter
+        bool q = ot[i].type == qt && qt != SP_GGUF_TYPE_BF16;
+        if (!t || (ot[i].type != SP_GGUF_TYPE_BF16 && !q)) {  // the flawed tensors' bytes do not matter
             for (size_t k = 0; k < ot[i].nbytes; k++) w_uint(&b, 0, 1);
             continue;
         }
-        bool qk = strstr(t->name, "q_proj") != NULL || strstr(t->name, "k_proj") != NULL;
-        if (!reorder || !qk) {
-            for (int k = 0; k < ot[i].n_src; k++)
-                assert_int_equal(sp_buf_append(&b, ot[i].src[k]->data, ot[i].src[k]->nbytes), SP_OK);
-            continue;
-        }
-        int64_t rows = t->shape[0], d = 16;
-        size_t rb = t->nbytes / (size_t)rows;
-        for (int64_t r = 0; r < rows; r++) {  // GGUF row r = h d + 2 m + a holds Hugging Face row h d + a d / 2 + m
-            int64_t h = r / d, m = (r % d) / 2, a2 = r % 2;
-            assert_int_equal(sp_buf_append(&b, (const char *)t->data + (size_t)(h * d + a2 * d / 2 + m) * rb, rb),
-                             SP_OK);
-        }
+        bool qk = reorder && (strstr(t->name, "q_proj") != NULL || strstr(t->name, "k_proj") != NULL);
+        int64_t cols = t->shape[t->ndim - 1], rows = t->ndim == 2 ? t->shape[0] : 1, d = 16;
+        size_t rb = (size_t)cols * 2;
+        for (int k = 0; k < ot[i].n_src; k++)
+            for (int64_t r = 0; r < rows; r++) {  // GGUF row r = h d + 2 m + a holds Hugging Face row h d + a d / 2 + m
+                int64_t src = qk ? r / d * d + (r % 2) * d / 2 + (r % d) / 2 : r;
+                const unsigned char *row = (const unsigned char *)ot[i].src[k]->data + (size_t)src * rb;
+                if (!q) {
+                    assert_int_equal(sp_buf_append(&b, (const char *)row, rb), SP_OK);
+                    continue;
+                }
+                for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+                    float x[32];
+                    unsigned char blk[34];
+                    for (int j = 0; j < 32; j++) x[j] = sp_bf16_to_f32((uint16_t)(row[2 * (c0 + j)] | row[2 * (c0 + j) + 1] << 8));
+                    quantize_block(qt, x, blk);
+                    assert_int_equal(sp_buf_append(&b, (const char *)blk, block_bytes(qt)), SP_OK);
+                }
+            }
     }
     th_write(dir, file, b.data, b.len);
     sp_buf_free(&b);
@@ -880,7 +975,7 @@ static void test_gguf_models(void **state) {
     const struct fixture *fxs[] = {&fx_llama, &fx_qwen3, &fx_qwen3_moe};
     for (size_t i = 0; i < sizeof fxs / sizeof *fxs; i++) {
         char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
-        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE);
+        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE, SP_GGUF_TYPE_BF16);
         char *st_dir = plain_rope_copy(fxs[i], dir);
         struct sp_model *g, *h;
         if (sp_model_open(path, &g) != SP_OK) fail_msg("%s: %s", fxs[i]->arch, sp_error_msg());
@@ -899,18 +994,89 @@ static void test_gguf_models(void **state) {
     }
 }
 
+/* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1 and MXFP4 reads, as
+ * the model's matrix, exactly the values ggml's layout gives its blocks
+ * (llama's q / k rows reordered, qwen3_moe's experts sliced), and the
+ * models run. */
+static void test_gguf_quantized(void **state) {
+    static const struct {
+        const struct fixture *fx;
+        uint32_t qt;
+    } cases[] = {{&fx_llama, SP_GGUF_TYPE_Q4_0},
+                 {&fx_qwen3, SP_GGUF_TYPE_Q4_1},
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_Q8_0},
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_MXFP4}};
+    static const struct {
+        enum sp_role role;
+        const char *gguf;
+    } roles[] = {{SP_ROLE_ATTN_Q, "attn_q"},       {SP_ROLE_ATTN_K, "attn_k"},       {SP_ROLE_ATTN_O, "attn_output"},
+                 {SP_ROLE_FFN_DOWN, "ffn_down"},   {SP_ROLE_EXP_GATE, "ffn_gate_exps"}, {SP_ROLE_EXP_DOWN, "ffn_down_exps"},
+                 {SP_ROLE_LM_HEAD, "output"}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const struct fixture *fx = cases[ci].fx;
+        uint32_t qt = cases[ci].qt;
+        char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
+        write_fixture_gguf(fx, dir, "m.gguf", FLAW_NONE, qt);
+        struct sp_model *m;
+        struct sp_gguf_file *g;
+        if (sp_model_open(path, &m) != SP_OK) fail_msg("%s %s: %s", fx->arch, sp_gguf_type_name(qt), sp_error_msg());
+        assert_int_equal(sp_gguf_open(path, &g), SP_OK);
+        int64_t checked = 0;
+        float w[256];
+        for (int64_t L = -1; L < fx->layers; L++)
+            for (size_t ri = 0; ri < sizeof roles / sizeof *roles; ri++) {
+                if ((L < 0) != (roles[ri].role == SP_ROLE_LM_HEAD)) continue;
+                char name[64];
+                if (L < 0) snprintf(name, sizeof name, "output.weight");
+                else snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)L, roles[ri].gguf);
+                const struct sp_gguf_tensor *t = sp_gguf_find(g, name);
+                if (!t) continue;  // tied head, or no such layer kind
+                bool experts = t->n_dims == 3, reorder = !strcmp(fx->arch, "llama") && (roles[ri].role == SP_ROLE_ATTN_Q || roles[ri].role == SP_ROLE_ATTN_K);
+                for (int64_t e = 0; e < (experts ? fx->experts : 1); e += experts ? fx->experts - 1 : 1) {
+                    struct sp_linear lin;
+                    if (sp_model_linear(m, L, roles[ri].role, experts ? e : -1, &lin) != SP_OK)
+                        fail_msg("%s: %s", name, sp_error_msg());
+                    assert_int_equal(lin.w.cols, t->dims[0]);
+                    assert_true(lin.w.cols <= 256);
+                    size_t rb = (size_t)(t->dims[0] / 32) * block_bytes(qt);
+                    for (int64_t r = 0; r < lin.w.rows; r++) {
+                        int64_t src = reorder ? r / 16 * 16 + 2 * (r % 8) + (r % 16) / 8 : r;
+                        const unsigned char *row = (const unsigned char *)t->data + (size_t)(e * t->dims[1] + src) * rb;
+                        sp_qmat_dequant_row_ref(&lin.w, r, w);
+                        for (int64_t c = 0; c < lin.w.cols; c++) {
+                            float want = dequant_block(qt, row + (size_t)(c / 32) * block_bytes(qt), (int)(c % 32));
+                            if (want != w[c])  // the same number (-0 and 0 alike)
+                                fail_msg("%s %s %s expert %lld row %lld col %lld: %g, ggml's block gives %g", fx->arch,
+                                         sp_gguf_type_name(qt), name, (long long)e, (long long)r, (long long)c,
+                                         (double)w[c], (double)want);
+                        }
+                    }
+                    checked++;
+                }
+            }
+        assert_true(checked >= 4);
+        float *lg = model_logits(m, 8);
+        for (int64_t i = 0; i < 8 * 256; i++) assert_true(isfinite(lg[i]));
+        free(lg);
+        sp_gguf_close(g);
+        sp_model_close(m);
+        sp_free(path);
+        th_rmdir(dir);
+    }
+}
+
 /* What the loader does not read yet is refused, naming it. */
 static void test_llama_model_refused(void **state) {
     static const struct {
         enum flaw flaw;
         const char *needle;
     } cases[] = {{FLAW_ARCH, "general.architecture \"qwen9\""},
-                 {FLAW_Q8_0, "blk.1.attn_v.weight is Q8_0"},
+                 {FLAW_Q5_0, "blk.1.attn_v.weight is Q5_0"},
                  {FLAW_NAME, "blk.0.attn_weird.weight"},
                  {FLAW_HEADS, "head_count 5"}};
     char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        write_fixture_gguf(&fx_llama, dir, "m.gguf", cases[i].flaw);
+        write_fixture_gguf(&fx_llama, dir, "m.gguf", cases[i].flaw, SP_GGUF_TYPE_BF16);
         struct sp_model *m = (void *)1;
         enum sp_status st = sp_model_open(path, &m);
         if (st == SP_OK || !strstr(sp_error_msg(), cases[i].needle))
@@ -928,7 +1094,7 @@ int main(void) {
         cmocka_unit_test(test_types),        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
-        cmocka_unit_test(test_llama_model_refused),
+        cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

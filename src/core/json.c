@@ -25,6 +25,11 @@ static void line_col(const char *text, size_t off, int *line, int *col) {
     }
 }
 
+cJSON *sp_json_object(void) {
+    pthread_once(&hook_once, sp_mem_hook_cjson);
+    return cJSON_CreateObject();
+}
+
 enum sp_status sp_json_parse(const char *text, size_t len, const char *what, cJSON **out) {
     pthread_once(&hook_once, sp_mem_hook_cjson);
     const char *end = NULL;

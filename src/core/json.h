@@ -85,6 +85,10 @@ void sp_jw_null(struct sp_jw *w);
 void sp_jw_cjson(struct sp_jw *w, const cJSON *item);
 /* Appends s as a JSON string literal (quotes included) to b. */
 void sp_json_escape(struct sp_buf *b, const char *s, size_t n);
+/* A new empty object, cJSON's allocator hooked to sp_malloc first (as
+ * sp_json_parse does): every node a process frees must come from the one
+ * allocator. NULL when out of memory. */
+cJSON *sp_json_object(void);
 /* Shortest decimal form of d that reads back exactly; "null" if not finite. */
 void sp_json_format_double(char out[32], double d);
 

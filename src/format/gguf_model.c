@@ -1,11 +1,14 @@
 /* gguf_model.c - GGUF models as Hugging Face folders (gguf_model.h). */
 #include "format/gguf_model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "core/half.h"
+#include "core/json.h"
 #include "format/gguf.h"
 #include "format/modeldir.h"
 
@@ -214,96 +217,244 @@ static bool hf_name(const char *name, char *hf, size_t cap, int *reorder) {
     return false;
 }
 
-static bool dtype_of(enum sp_gguf_type t, enum sp_dtype *out) {
-    switch (t) {
-    case SP_GGUF_TYPE_F32:
-        *out = SP_DTYPE_F32;
-        return true;
-    case SP_GGUF_TYPE_F16:
-        *out = SP_DTYPE_F16;
-        return true;
-    case SP_GGUF_TYPE_BF16:
-        *out = SP_DTYPE_BF16;
-        return true;
-    default:
-        return false;
+/* How a GGUF tensor type is read: as floats, or repacked, block by block
+ * and exactly, into the MLX format whose products compute the same values
+ * (Q8_0: d q = d u - 128 d for the code u = q + 128, affine 8-bit; Q4_0:
+ * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; MXFP4: the same
+ * E2M1 codes and E8M0 scale). ggml's 4-bit blocks hold element j in the low
+ * nibble of byte j and element j + 16 in its high nibble; MLX packs
+ * element k in nibble k. */
+struct gguf_read {
+    enum sp_gguf_type type;
+    enum sp_dtype dtype;  // float types: the tensor's dtype
+    const char *mode;     // block types: the MLX mode ("affine", "mxfp4"), bits and scale dtype
+    int bits;
+    enum sp_dtype scale_dtype;
+    bool biases;
+};
+
+static const struct gguf_read reads[] = {
+    {SP_GGUF_TYPE_F32, SP_DTYPE_F32, NULL, 0, SP_DTYPE_COUNT, false},
+    {SP_GGUF_TYPE_F16, SP_DTYPE_F16, NULL, 0, SP_DTYPE_COUNT, false},
+    {SP_GGUF_TYPE_BF16, SP_DTYPE_BF16, NULL, 0, SP_DTYPE_COUNT, false},
+    {SP_GGUF_TYPE_Q8_0, SP_DTYPE_U8, "affine", 8, SP_DTYPE_F16, true},
+    {SP_GGUF_TYPE_Q4_0, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
+    {SP_GGUF_TYPE_Q4_1, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
+    {SP_GGUF_TYPE_MXFP4, SP_DTYPE_U8, "mxfp4", 4, SP_DTYPE_U8, false},
+};
+#define BLOCK 32  // elements of a block of every repacked type
+
+static const struct gguf_read *read_of(enum sp_gguf_type t) {
+    for (size_t i = 0; i < sizeof reads / sizeof *reads; i++)
+        if (reads[i].type == t) return &reads[i];
+    return NULL;
+}
+
+static uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* 4-bit block codes (16 bytes, element j and j + 16 in byte j) in MLX's order into out (16 bytes). */
+static void nibbles(const unsigned char *qs, unsigned char *out) {
+    for (int b = 0; b < 16; b++) {
+        int e0 = 2 * b, e1 = 2 * b + 1;
+        unsigned c0 = e0 < 16 ? qs[e0] & 15u : qs[e0 - 16] >> 4, c1 = e1 < 16 ? qs[e1] & 15u : qs[e1 - 16] >> 4;
+        out[b] = (unsigned char)(c0 | c1 << 4);
     }
 }
 
-/* Rows of src (heads of d rows, row bytes rb) from GGUF's order, row h d +
- * 2 b + a, to Hugging Face's, row h d + a d / 2 + b. */
-static void unpermute_rows(const unsigned char *src, unsigned char *dst, int64_t rows, int64_t heads, size_t rb) {
-    int64_t d = rows / heads;
-    for (int64_t h = 0; h < heads; h++)
-        for (int64_t b = 0; b < d / 2; b++)
-            for (int64_t a = 0; a < 2; a++)
-                memcpy(dst + (size_t)(h * d + a * (d / 2) + b) * rb, src + (size_t)(h * d + 2 * b + a) * rb, rb);
+/* One block of src (type t) into its codes, scale and bias; false where a
+ * bias does not fit f16. */
+static bool repack_block(enum sp_gguf_type t, const unsigned char *src, unsigned char *codes, unsigned char *scale,
+                         unsigned char *bias) {
+    uint16_t d = 0, b = 0;
+    switch (t) {
+    case SP_GGUF_TYPE_Q8_0:
+        d = rd16(src);
+        for (int k = 0; k < BLOCK; k++) codes[k] = (unsigned char)((int)(int8_t)src[2 + k] + 128);
+        b = sp_f32_to_f16(-128.0f * sp_f16_to_f32(d));
+        break;
+    case SP_GGUF_TYPE_Q4_0:
+        d = rd16(src);
+        nibbles(src + 2, codes);
+        b = sp_f32_to_f16(-8.0f * sp_f16_to_f32(d));
+        break;
+    case SP_GGUF_TYPE_Q4_1:
+        d = rd16(src);
+        b = rd16(src + 2);
+        nibbles(src + 4, codes);
+        break;
+    default:  // MXFP4
+        scale[0] = src[0];
+        nibbles(src + 1, codes);
+        return true;
+    }
+    memcpy(scale, &d, 2);
+    memcpy(bias, &b, 2);
+    return isfinite(sp_f16_to_f32(b)) || !isfinite(sp_f16_to_f32(d));
+}
+
+/* Rows of src (heads of d rows) in GGUF's order, row h d + 2 b + a, hold
+ * Hugging Face's row h d + a d / 2 + b: the GGUF row of output row o. */
+static int64_t src_row(int64_t o, int64_t d) {
+    int64_t h = o / d, r = o % d, a = r / (d / 2), b = r % (d / 2);
+    return h * d + 2 * b + a;
+}
+
+/* What shard_file makes of one GGUF tensor. */
+struct plan {
+    const struct sp_gguf_tensor *t;
+    const struct gguf_read *rd;
+    char hf[96];   // its Hugging Face name (".weight")
+    int64_t d;     // rows of a head to reorder, or 0
+    int64_t rows;  // product of the dims past the first
+    size_t owned;  // bytes it takes in f->owned
+};
+
+/* The module's parameters in the quantization section. */
+static enum sp_status put_module(cJSON *quant, const struct plan *pl) {
+    size_t l = strlen(pl->hf) - strlen(".weight");
+    char module[96];
+    memcpy(module, pl->hf, l);
+    module[l] = 0;
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(quant, module, o) || !cJSON_AddNumberToObject(o, "group_size", BLOCK) ||
+        !cJSON_AddNumberToObject(o, "bits", pl->rd->bits) || !cJSON_AddStringToObject(o, "mode", pl->rd->mode))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    return SP_OK;
+}
+
+/* Adds tensor name (dtype, shape: the plan's leading dims then last) over data. */
+static enum sp_status add_tensor(struct sp_st_file *f, const struct plan *pl, const char *suffix, enum sp_dtype dt,
+                                 int64_t last, const void *data, size_t nbytes) {
+    struct sp_st_tensor *o = &f->tensors[f->n_tensors];
+    char *name = f->names + f->n_tensors * 96;
+    size_t stem = strlen(pl->hf) - strlen(".weight");
+    snprintf(name, 96, "%.*s%s", (int)stem, pl->hf, suffix);
+    const struct sp_gguf_tensor *t = pl->t;
+    o->name = name;
+    o->dtype = dt;
+    o->ndim = t->n_dims;
+    for (int k = 0; k < t->n_dims; k++) o->shape[k] = t->dims[t->n_dims - 1 - k];  // ggml lists a row first
+    o->shape[t->n_dims - 1] = last;
+    o->offset = t->offset;
+    o->nbytes = nbytes;
+    o->data = data;
+    size_t l = strlen(name);
+    int64_t prev;
+    if (sp_strmap_get(&f->by_name, name, l, &prev)) return sp_errorf(SP_ERR_FORMAT, "%s: two tensors are %s", f->path, name);
+    enum sp_status st = sp_strmap_put(&f->by_name, name, l, f->n_tensors);
+    if (st == SP_OK) f->n_tensors++;
+    return st;
+}
+
+/* Plan pl's tensor into f: floats in place (or reordered into owned
+ * memory at *at), block types repacked there. */
+static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, unsigned char **at) {
+    const struct sp_gguf_tensor *t = pl->t;
+    const unsigned char *src = t->data;
+    int64_t cols = t->dims[0], rows = pl->rows;
+    if (!pl->rd->mode) {
+        if (!pl->d) return add_tensor(f, pl, ".weight", pl->rd->dtype, cols, t->data, t->nbytes);
+        size_t rb = t->nbytes / (size_t)rows;
+        for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
+        enum sp_status st = add_tensor(f, pl, ".weight", pl->rd->dtype, cols, *at, t->nbytes);
+        *at += t->nbytes;
+        return st;
+    }
+    const struct sp_gguf_type_traits *tr = sp_gguf_type_traits(t->type);
+    int64_t blocks = cols / BLOCK;
+    size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
+    unsigned char *codes = *at, *scales = codes + (size_t)(rows * blocks) * cb, *biases = scales + (size_t)(rows * blocks) * sb;
+    for (int64_t o = 0; o < rows; o++) {
+        const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * (size_t)blocks * tr->block_bytes;
+        for (int64_t k = 0; k < blocks; k++) {
+            size_t i = (size_t)(o * blocks + k);
+            if (!repack_block(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, scales + i * sb,
+                              biases + i * sb))
+                return sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s: a block scale of %g does not fit the f16 bias of "
+                                 "its affine form", f->path, t->name, (double)sp_f16_to_f32(rd16(row + (size_t)k * tr->block_bytes)));
+        }
+    }
+    *at += pl->owned;
+    enum sp_status st = add_tensor(f, pl, ".weight", SP_DTYPE_U8, blocks * (int64_t)cb, codes, (size_t)(rows * blocks) * cb);
+    if (st == SP_OK) st = add_tensor(f, pl, ".scales", pl->rd->scale_dtype, blocks, scales, (size_t)(rows * blocks) * sb);
+    if (st == SP_OK && pl->rd->biases)
+        st = add_tensor(f, pl, ".biases", pl->rd->scale_dtype, blocks, biases, (size_t)(rows * blocks) * sb);
+    return st;
 }
 
 /* Shard si of s as a safetensors-like file: its mapping moved over, its
- * tensors under Hugging Face names, reordered q / k rows in f->owned. */
+ * tensors under Hugging Face names, reordered rows and repacked blocks in
+ * f->owned; quantized modules added to quant. */
 static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split *s, int si, int64_t n_head,
-                                 int64_t n_kv, struct sp_st_file **out) {
+                                 int64_t n_kv, cJSON *quant, struct sp_st_file **out) {
     struct sp_gguf_file *g = s->shards[si];
     struct sp_st_file *f = sp_calloc(1, sizeof *f, SP_MEM_MODEL);
     if (!f) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     sp_strmap_init(&f->by_name, SP_MEM_MODEL);
     f->map = (struct sp_map){.fd = -1};
     *out = f;
-    int64_t n = 0;
-    size_t owned = 0;
+    int64_t n = 0, n_out = 0;
     for (int64_t i = 0; i < s->n_tensors; i++) n += s->shard_of[i] == si;
+    struct plan *plans = sp_calloc((size_t)(n ? n : 1), sizeof *plans, SP_MEM_MISC);
     f->path = sp_strdup(g->path, SP_MEM_MODEL);
-    f->tensors = sp_calloc((size_t)(n ? n : 1), sizeof *f->tensors, SP_MEM_MODEL);
-    f->names = sp_malloc((size_t)(n ? n : 1) * 96, SP_MEM_MODEL);
-    if (!f->path || !f->tensors || !f->names) return sp_errorf(SP_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < s->n_tensors; i++) {
+    if (!plans || !f->path) {
+        sp_free(plans);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    enum sp_status st = SP_OK;
+    size_t owned = 0;
+    int64_t np = 0;
+    for (int64_t i = 0; i < s->n_tensors && st == SP_OK; i++) {
         if (s->shard_of[i] != si) continue;
-        const struct sp_gguf_tensor *t = s->tensors[i];
-        struct sp_st_tensor *o = &f->tensors[f->n_tensors];
-        char *hf = f->names + f->n_tensors * 96;
+        struct plan *pl = &plans[np++];
+        const struct sp_gguf_tensor *t = pl->t = s->tensors[i];
         int reorder;
-        if (!hf_name(t->name, hf, 96, &reorder))
-            return sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s has no place in a %s model", g->path, t->name, A->name);
-        if (!A->reorder_qk) reorder = REORDER_NONE;
-        if (!dtype_of(t->type, &o->dtype))
-            return sp_errorf(SP_ERR_UNSUPPORTED,
-                             "%s: tensor %s is %s: GGUF's quantized types are not read yet (F32, "
-                             "F16 and BF16 are)",
-                             g->path, t->name, sp_gguf_type_name(t->type));
-        o->name = hf;
-        o->ndim = t->n_dims;
-        for (int d = 0; d < t->n_dims; d++) o->shape[d] = t->dims[t->n_dims - 1 - d]; // ggml lists a row first
-        o->offset = t->offset;
-        o->nbytes = t->nbytes;
-        o->data = t->data;
-        if (reorder != REORDER_NONE) {
-            int64_t heads = reorder == REORDER_Q ? n_head : n_kv, rows = t->n_dims == 2 ? t->dims[1] : 0;
-            if (rows <= 0 || rows % heads || (rows / heads) % 2)
-                return sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: %lld rows are not %lld heads of an even size", g->path,
-                                 t->name, (long long)rows, (long long)heads);
-            owned += t->nbytes;
+        pl->rows = sp_gguf_numel(t) / t->dims[0];
+        if (!hf_name(t->name, pl->hf, sizeof pl->hf, &reorder)) {
+            st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s has no place in a %s model", g->path, t->name, A->name);
+            break;
         }
-        size_t l = strlen(hf);
-        int64_t prev;
-        if (sp_strmap_get(&f->by_name, hf, l, &prev))
-            return sp_errorf(SP_ERR_FORMAT, "%s: two tensors are %s", g->path, hf);
-        enum sp_status st = sp_strmap_put(&f->by_name, hf, l, f->n_tensors);
-        if (st != SP_OK) return st;
-        f->n_tensors++;
-    }
-    if (owned) {
-        unsigned char *p = f->owned = sp_malloc(owned, SP_MEM_WEIGHTS);
-        if (!p) return sp_errorf(SP_ERR_NOMEM, "%zu bytes for the reordered q and k rows", owned);
-        for (int64_t i = 0; i < f->n_tensors; i++) {
-            struct sp_st_tensor *o = &f->tensors[i];
-            bool q = strstr(o->name, ".q_proj.") != NULL, k = strstr(o->name, ".k_proj.") != NULL;
-            if (!q && !k) continue;
-            unpermute_rows(o->data, p, o->shape[0], q ? n_head : n_kv, o->nbytes / (size_t)o->shape[0]);
-            o->data = p;
-            p += o->nbytes;
+        if (!(pl->rd = read_of(t->type))) {
+            st = sp_errorf(SP_ERR_UNSUPPORTED,
+                           "%s: tensor %s is %s: the GGUF types read so far are F32, F16, BF16, Q8_0, Q4_0, Q4_1 and "
+                           "MXFP4", g->path, t->name, sp_gguf_type_name(t->type));
+            break;
         }
+        if (A->reorder_qk && reorder != REORDER_NONE) {
+            int64_t heads = reorder == REORDER_Q ? n_head : n_kv;
+            if (t->n_dims != 2 || pl->rows % heads || (pl->rows / heads) % 2) {
+                st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: %lld rows are not %lld heads of an even size", g->path,
+                               t->name, (long long)pl->rows, (long long)heads);
+                break;
+            }
+            pl->d = pl->rows / heads;
+        }
+        if (pl->rd->mode) {
+            if (t->dims[0] % BLOCK) {
+                st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: rows of %lld are not whole blocks", g->path, t->name,
+                               (long long)t->dims[0]);
+                break;
+            }
+            size_t blocks = (size_t)(pl->rows * (t->dims[0] / BLOCK));
+            pl->owned = blocks * ((size_t)pl->rd->bits * BLOCK / 8 +
+                                  sp_dtype_size(pl->rd->scale_dtype) * (pl->rd->biases ? 2 : 1));
+            n_out += pl->rd->biases ? 3 : 2;
+            st = put_module(quant, pl);
+        } else {
+            pl->owned = pl->d ? t->nbytes : 0;
+            n_out++;
+        }
+        owned += pl->owned;
     }
+    f->tensors = sp_calloc((size_t)(n_out ? n_out : 1), sizeof *f->tensors, SP_MEM_MODEL);
+    f->names = sp_malloc((size_t)(n_out ? n_out : 1) * 96, SP_MEM_MODEL);
+    if (st == SP_OK && (!f->tensors || !f->names)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (st == SP_OK && owned && !(f->owned = sp_malloc(owned, SP_MEM_WEIGHTS)))
+        st = sp_errorf(SP_ERR_NOMEM, "%zu bytes for the reordered and repacked tensors", owned);
+    unsigned char *at = f->owned;
+    for (int64_t i = 0; i < np && st == SP_OK; i++) st = make_tensor(f, &plans[i], &at);
+    sp_free(plans);
+    if (st != SP_OK) return st;
     /* the mapping now belongs to this file: tensor data points into it */
     f->map = g->map;
     g->map = (struct sp_map){.fd = -1};
@@ -331,21 +482,36 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
         st = sp_errorf(SP_ERR_FORMAT, "%s: no 2-D token_embd.weight", path);
         goto done;
     }
-    mf->config = cJSON_CreateObject();
+    mf->config = sp_json_object();
     if (!mf->config) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory");
         goto done;
     }
     bool tied = !sp_gguf_split_find(s, "output.weight", NULL);
     if ((st = arch_config(A, s, embd->dims[1], tied, mf->config, &n_head, &n_kv)) != SP_OK) goto done;
+    /* a module each (the global parameters are never looked up), in the config if any */
+    cJSON *quant = sp_json_object();
+    if (!quant || !cJSON_AddNumberToObject(quant, "group_size", BLOCK) || !cJSON_AddNumberToObject(quant, "bits", 4)) {
+        cJSON_Delete(quant);
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     for (int i = 0; i < s->n_shards && st == SP_OK; i++) {
         struct sp_st_file *sf = NULL;
-        st = shard_file(A, s, i, n_head, n_kv, &sf);
+        st = shard_file(A, s, i, n_head, n_kv, quant, &sf);
         if (st == SP_OK) {
             st = sp_model_files_add(mf, sf);
         } else {
             sp_st_close(sf);
         }
+    }
+    if (cJSON_GetArraySize(quant) > 2) {
+        if (!cJSON_AddItemToObject(mf->config, "quantization", quant)) {
+            cJSON_Delete(quant);
+            if (st == SP_OK) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        }
+    } else {
+        cJSON_Delete(quant);
     }
 done:
     sp_gguf_split_close(s);

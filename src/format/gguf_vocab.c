@@ -100,7 +100,13 @@ static enum sp_status spm_json(const struct sp_gguf_file *f, const struct vocab 
     int64_t nm = 0;
     enum sp_status st = spm_merges(v, &m, &nm);
     if (st != SP_OK) return st;
-    cJSON *norm = cJSON_Parse(SPM_NORMALIZER), *dec = cJSON_Parse(SPM_DECODER);
+    cJSON *norm = NULL, *dec = NULL;
+    if ((st = sp_json_parse(SPM_NORMALIZER, strlen(SPM_NORMALIZER), "the normalizer", &norm)) != SP_OK ||
+        (st = sp_json_parse(SPM_DECODER, strlen(SPM_DECODER), "the decoder", &dec)) != SP_OK) {
+        cJSON_Delete(norm);
+        sp_free(m);
+        return st;
+    }
     char *key = NULL;
     struct sp_jw w;
     sp_jw_init(&w, out, 0);
@@ -164,7 +170,7 @@ static enum sp_status spm_json(const struct sp_gguf_file *f, const struct vocab 
     sp_jw_end(&w);
     sp_jw_end(&w);
     sp_jw_end(&w);
-    if (st == SP_OK && (!norm || !dec || out->failed)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (st == SP_OK && out->failed) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
     sp_free(key);
     cJSON_Delete(norm);
     cJSON_Delete(dec);

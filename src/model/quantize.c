@@ -364,7 +364,8 @@ static enum sp_status gguf_side_files(const char *path, const char *dst_dir) {
     if (!sp_gguf_find_kv(f, "tokenizer.ggml.tokens")) goto done;  // no vocabulary: ids only, as the source
     if ((st = sp_gguf_tokenizer_json(f, &json, &jl, &cfg, &cl)) != SP_OK) goto done;
     if (sp_gguf_chat_template(f, &tmpl) != SP_OK) sp_error_clear();
-    if (!(c = cJSON_ParseWithLength(cfg, cl)) || (tmpl && !cJSON_AddStringToObject(c, "chat_template", tmpl))) {
+    if ((st = sp_json_parse(cfg, cl, "tokenizer_config.json", &c)) != SP_OK) goto done;
+    if (tmpl && !cJSON_AddStringToObject(c, "chat_template", tmpl)) {
         st = sp_errorf(SP_ERR_NOMEM, "out of memory");
         goto done;
     }
