@@ -12,6 +12,7 @@
 #include "core/json.h"
 #include "core/rng.h"
 #include "format/gguf.h"
+#include "backend/cpu/kernels.h"
 #include "format/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -819,12 +820,12 @@ static void w_kv_f32(struct sp_buf *b, const char *key, uint32_t bits) {
  * in llama.cpp's order (Hugging Face row h d + a d / 2 + b at row h d + 2 b
  * + a). */
 static void write_fixture_gguf(const struct fixture *fx, const char *dir, const char *file, enum flaw flaw,
-                               uint32_t qt) {
+                               uint32_t qt, const float *rope_freqs) {
     char path[256], key[128];
     snprintf(path, sizeof path, "%s/model.safetensors", fx->dir);
     struct sp_st_file *f;
     assert_int_equal(sp_st_open(path, &f), SP_OK);
-    struct out_tensor *ot = calloc((size_t)f->n_tensors + 1, sizeof *ot);
+    struct out_tensor *ot = calloc((size_t)f->n_tensors + 2, sizeof *ot);
     int64_t n = 0;
     for (int64_t i = 0; i < f->n_tensors; i++) {
         const struct sp_st_tensor *t = &f->tensors[i];
@@ -860,6 +861,11 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
             o->type = SP_GGUF_TYPE_Q5_0;
             o->nbytes = (size_t)(o->dims[0] / 32 * 22 * o->dims[1]);
         }
+    }
+    if (rope_freqs) {  // 8 frequencies of a 16-dimension head
+        snprintf(ot[n].name, sizeof ot[n].name, "rope_freqs.weight");
+        ot[n].nd = 1, ot[n].dims[0] = 8, ot[n].nbytes = 32, ot[n].type = SP_GGUF_TYPE_F32;
+        n++;
     }
     if (flaw == FLAW_NAME) {
         snprintf(ot[n].name, sizeof ot[n].name, "blk.0.attn_weird.weight");
@@ -899,6 +905,10 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
     for (int64_t i = 0; i < n; i++) {
         while (b.len % 32) w_uint(&b, 0, 1);
         const struct sp_st_tensor *t = ot[i].src[0];
+        if (!strcmp(ot[i].name, "rope_freqs.weight")) {
+            assert_int_equal(sp_buf_append(&b, (const char *)rope_freqs, 32), SP_OK);
+            continue;
+        }
         bool q = ot[i].type == qt && qt != SP_GGUF_TYPE_BF16;
         if (!t || (ot[i].type != SP_GGUF_TYPE_BF16 && !q)) {  // the flawed tensors' bytes do not matter
             for (size_t k = 0; k < ot[i].nbytes; k++) w_uint(&b, 0, 1);
@@ -975,7 +985,7 @@ static void test_gguf_models(void **state) {
     const struct fixture *fxs[] = {&fx_llama, &fx_qwen3, &fx_qwen3_moe};
     for (size_t i = 0; i < sizeof fxs / sizeof *fxs; i++) {
         char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
-        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE, SP_GGUF_TYPE_BF16);
+        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE, SP_GGUF_TYPE_BF16, NULL);
         char *st_dir = plain_rope_copy(fxs[i], dir);
         struct sp_model *g, *h;
         if (sp_model_open(path, &g) != SP_OK) fail_msg("%s: %s", fxs[i]->arch, sp_error_msg());
@@ -1016,7 +1026,7 @@ static void test_gguf_quantized(void **state) {
         const struct fixture *fx = cases[ci].fx;
         uint32_t qt = cases[ci].qt;
         char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
-        write_fixture_gguf(fx, dir, "m.gguf", FLAW_NONE, qt);
+        write_fixture_gguf(fx, dir, "m.gguf", FLAW_NONE, qt, NULL);
         struct sp_model *m;
         struct sp_gguf_file *g;
         if (sp_model_open(path, &m) != SP_OK) fail_msg("%s %s: %s", fx->arch, sp_gguf_type_name(qt), sp_error_msg());
@@ -1065,6 +1075,61 @@ static void test_gguf_quantized(void **state) {
     }
 }
 
+/* The llama fixture (Llama 3 RoPE scaling: factor 8, low 1, high 4, 32
+ * original positions) with the rope_freqs.weight llama.cpp's converter
+ * computes for it gives transformers' logits within the exact path's
+ * tolerance, 1e-3 of the largest. */
+static void test_gguf_llama3_rope(void **state) {
+    float freqs[8];
+    for (int i = 0; i < 8; i++) {  // the converter's Llama 3 factors
+        double inv = 1.0 / pow(10000.0, 2.0 * i / 16.0), wavelen = 2 * M_PI / inv, old = 32, lo = 1, hi = 4, f = 8;
+        if (wavelen < old / hi) freqs[i] = 1.0f;
+        else if (wavelen > old / lo) freqs[i] = (float)f;
+        else {
+            double smooth = (old / wavelen - lo) / (hi - lo);
+            freqs[i] = (float)(1.0 / ((1 - smooth) / f + smooth));
+        }
+    }
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
+    write_fixture_gguf(&fx_llama, dir, "m.gguf", FLAW_NONE, SP_GGUF_TYPE_BF16, freqs);
+    cJSON *ref;
+    assert_int_equal(sp_json_parse_file("tests/fixtures/llama/ref/ref.json", 1 << 20, &ref), SP_OK);
+    const cJSON *ta = cJSON_GetObjectItem(ref, "tokens_a");
+    int64_t n = cJSON_GetArraySize(ta);
+    assert_true(n > 0 && n <= 32);
+    int32_t tok[32], pos[32], seq[32];
+    for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)cJSON_GetArrayItem(ta, (int)i)->valuedouble, pos[i] = (int32_t)i, seq[i] = 0;
+    cJSON_Delete(ref);
+    char *text;
+    size_t len;
+    assert_int_equal(sp_read_file("tests/fixtures/llama/ref/logits_a.f32", (size_t)1 << 24, &text, &len), SP_OK);
+    assert_int_equal(len, (size_t)(n * 256) * sizeof(float));
+    const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());
+    struct sp_model *m;
+    if (sp_model_open(path, &m) != SP_OK) fail_msg("%s", sp_error_msg());
+    assert_int_equal(m->arch.rope.kind, SP_ROPE_FACTORS);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .kv_type = SP_KV_F32, .n_threads = 2};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    float *out = malloc((size_t)(n * 256) * sizeof *out);
+    struct sp_batch bt = {.n = n, .tokens = tok, .pos = pos, .seq = seq};
+    assert_int_equal(sp_ctx_forward(c, &bt, out), SP_OK);
+    const float *want = (const float *)text;
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < n * 256; i++) {
+        max_ref = fmax(max_ref, fabs(want[i]));
+        max_diff = fmax(max_diff, fabs((double)out[i] - want[i]));
+    }
+    if (!(max_diff <= 1e-3 * max_ref)) fail_msg("max|diff| %g of max|ref| %g", max_diff, max_ref);
+    free(out);
+    sp_ctx_free(c);
+    sp_model_close(m);
+    sp_kernels_use(before);
+    sp_free(text);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 /* What the loader does not read yet is refused, naming it. */
 static void test_llama_model_refused(void **state) {
     static const struct {
@@ -1076,7 +1141,7 @@ static void test_llama_model_refused(void **state) {
                  {FLAW_HEADS, "head_count 5"}};
     char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        write_fixture_gguf(&fx_llama, dir, "m.gguf", cases[i].flaw, SP_GGUF_TYPE_BF16);
+        write_fixture_gguf(&fx_llama, dir, "m.gguf", cases[i].flaw, SP_GGUF_TYPE_BF16, NULL);
         struct sp_model *m = (void *)1;
         enum sp_status st = sp_model_open(path, &m);
         if (st == SP_OK || !strstr(sp_error_msg(), cases[i].needle))
@@ -1095,6 +1160,7 @@ int main(void) {
         cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
         cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
+        cmocka_unit_test(test_gguf_llama3_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,6 +100,28 @@ static enum sp_status put_dense_layers(const struct sp_gguf_split *s, int64_t n_
     return SP_OK;
 }
 
+/* A tensor read into the config rather than the weights. */
+#define ROPE_FREQS "rope_freqs.weight"
+
+/* rope_freqs.weight (llama.cpp's per-frequency divisors: Llama 3's
+ * scaling) as the config's "factors" RoPE scaling. */
+static enum sp_status put_rope_freqs(const struct sp_gguf_split *s, cJSON *config) {
+    const struct sp_gguf_tensor *t = sp_gguf_split_find(s, ROPE_FREQS, NULL);
+    if (!t) return SP_OK;
+    if (t->type != SP_GGUF_TYPE_F32 || t->n_dims != 1)
+        return sp_errorf(SP_ERR_FORMAT, "%s: %s: expected a vector of F32, not %s in %d dimensions",
+                         s->shards[0]->path, ROPE_FREQS, sp_gguf_type_name(t->type), t->n_dims);
+    cJSON *sc = cJSON_AddObjectToObject(config, "rope_scaling"), *arr;
+    if (!sc || !cJSON_AddStringToObject(sc, "rope_type", "factors") || !(arr = cJSON_AddArrayToObject(sc, "factors")))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < t->dims[0]; i++) {
+        float v;
+        memcpy(&v, (const unsigned char *)t->data + 4 * i, 4);
+        if (!cJSON_AddItemToArray(arr, cJSON_CreateNumber(v))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    return SP_OK;
+}
+
 /* The keys llama.cpp's converter writes for A, as the Hugging Face config. */
 static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_gguf_split *s, int64_t vocab, bool tied,
                                   cJSON *config, int64_t *n_head, int64_t *n_kv) {
@@ -405,7 +427,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
     size_t owned = 0;
     int64_t np = 0;
     for (int64_t i = 0; i < s->n_tensors && st == SP_OK; i++) {
-        if (s->shard_of[i] != si) continue;
+        if (s->shard_of[i] != si || !strcmp(s->tensors[i]->name, ROPE_FREQS)) continue;
         struct plan *pl = &plans[np++];
         const struct sp_gguf_tensor *t = pl->t = s->tensors[i];
         int reorder;
@@ -488,7 +510,9 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
         goto done;
     }
     bool tied = !sp_gguf_split_find(s, "output.weight", NULL);
-    if ((st = arch_config(A, s, embd->dims[1], tied, mf->config, &n_head, &n_kv)) != SP_OK) goto done;
+    if ((st = arch_config(A, s, embd->dims[1], tied, mf->config, &n_head, &n_kv)) != SP_OK ||
+        (st = put_rope_freqs(s, mf->config)) != SP_OK)
+        goto done;
     /* a module each (the global parameters are never looked up), in the config if any */
     cJSON *quant = sp_json_object();
     if (!quant || !cJSON_AddNumberToObject(quant, "group_size", BLOCK) || !cJSON_AddNumberToObject(quant, "bits", 4)) {

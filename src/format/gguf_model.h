@@ -14,7 +14,8 @@
  * interleaved rotary pairs to Hugging Face's halves, into memory the file
  * owns), qwen3 and qwen3moe (stacked experts, ffn_*_exps, as mlx-lm's
  * SwitchGLU: the expert store reads them one expert at a time; a layer
- * without a router is dense). Tensor types: F32, F16 and BF16 as they are
+ * without a router is dense; rope_freqs.weight, Llama 3's RoPE scaling as
+ * llama.cpp computes it, becomes the "factors" scaling). Tensor types: F32, F16 and BF16 as they are
  * in the mapping; Q8_0, Q4_0, Q4_1 and MXFP4 repacked exactly, at open,
  * into MLX's affine 8- and 4-bit and mxfp4 (group 32) in memory the file
  * owns, so the CPU and CUDA products read them (a copy of the weights:

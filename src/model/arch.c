@@ -40,7 +40,7 @@ const char *sp_router_kind_name(enum sp_router_kind k) {
 }
 
 const char *sp_rope_kind_name(enum sp_rope_kind k) {
-    static const char *const n[SP_ROPE_KIND_COUNT] = {"none", "linear", "yarn", "llama3"};
+    static const char *const n[SP_ROPE_KIND_COUNT] = {"none", "linear", "yarn", "llama3", "factors"};
     return (unsigned)k < SP_ROPE_KIND_COUNT ? n[k] : "?";
 }
 
@@ -53,8 +53,10 @@ void sp_arch_free(struct sp_arch *a) {
     if (!a) return;
     sp_free(a->layer_moe);
     sp_free(a->layer_sliding);
+    sp_free(a->rope.factors);
     a->layer_moe = NULL;
     a->layer_sliding = NULL;
+    a->rope.factors = NULL;
 }
 
 /* Reads keys, keeping the first error; a failed read returns the default. */
@@ -144,9 +146,23 @@ static enum sp_status read_rope(struct reader *r, struct sp_rope *rope, double d
         rope->low_freq_factor = rd_num(&sr, "low_freq_factor", 1.0);
         rope->high_freq_factor = rd_num(&sr, "high_freq_factor", 4.0);
         rope->orig_max_pos = rd_int(&sr, "original_max_position_embeddings", 8192);
+    } else if (strcmp(type, "factors") == 0) {
+        rope->kind = SP_ROPE_FACTORS;
+        const cJSON *f = rd_item(&sr, "factors");
+        int64_t n = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : 0;
+        if (n <= 0) return sp_errorf(SP_ERR_FORMAT, "rope scaling \"factors\": expected a non-empty array of numbers");
+        if (!(rope->factors = sp_malloc((size_t)n * sizeof *rope->factors, SP_MEM_MODEL)))
+            return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        rope->n_factors = 0;
+        for (const cJSON *e = f->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e) || !(e->valuedouble > 0 && isfinite(e->valuedouble)))
+                return sp_errorf(SP_ERR_FORMAT, "rope scaling \"factors\"[%lld]: expected a positive number",
+                                 (long long)rope->n_factors);
+            rope->factors[rope->n_factors++] = (float)e->valuedouble;
+        }
     } else {
-        return sp_errorf(SP_ERR_UNSUPPORTED, "rope scaling type \"%s\" is not supported (none, linear, yarn, llama3)",
-                         type);
+        return sp_errorf(SP_ERR_UNSUPPORTED,
+                         "rope scaling type \"%s\" is not supported (none, linear, yarn, llama3, factors)", type);
     }
     if (sr.st != SP_OK) return sr.st;
     if (!(rope->factor > 0 && isfinite(rope->factor)))
@@ -315,6 +331,9 @@ static enum sp_status validate(const struct sp_arch *a) {
     if (a->rope.rot_dims <= 0 || a->rope.rot_dims > a->head_dim || a->rope.rot_dims % 2)
         return sp_errorf(SP_ERR_FORMAT, "rotary dimensions %lld must be even and within head_dim %lld",
                          (long long)a->rope.rot_dims, (long long)a->head_dim);
+    if (a->rope.kind == SP_ROPE_FACTORS && a->rope.n_factors != a->rope.rot_dims / 2)
+        return sp_errorf(SP_ERR_FORMAT, "rope scaling \"factors\": %lld numbers for %lld rotary frequencies",
+                         (long long)a->rope.n_factors, (long long)(a->rope.rot_dims / 2));
     bool any_moe = false, any_dense = false;
     for (int64_t l = 0; l < a->n_layers; l++) {
         any_moe |= a->layer_moe[l];

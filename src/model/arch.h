@@ -48,7 +48,10 @@ enum sp_act_kind {
     SP_ACT_KIND_COUNT
 };
 
-enum sp_rope_kind { SP_ROPE_NONE, SP_ROPE_LINEAR, SP_ROPE_YARN, SP_ROPE_LLAMA3, SP_ROPE_KIND_COUNT };
+/* FACTORS: each frequency divided by its own factor, as llama.cpp applies
+ * a GGUF's rope_freqs.weight (Llama 3's scaling, computed by its converter):
+ * "rope_scaling": {"rope_type": "factors", "factors": [rot_dims / 2 numbers]}. */
+enum sp_rope_kind { SP_ROPE_NONE, SP_ROPE_LINEAR, SP_ROPE_YARN, SP_ROPE_LLAMA3, SP_ROPE_FACTORS, SP_ROPE_KIND_COUNT };
 
 struct sp_rope {
     enum sp_rope_kind kind;
@@ -59,6 +62,8 @@ struct sp_rope {
     bool truncate;                   // yarn: round the correction range to integers
     double attention_factor;         // yarn: cos/sin scale (0: 0.1 ln(factor) + 1)
     double low_freq_factor, high_freq_factor;  // llama3
+    float *factors;                  // factors: (n_factors), owned by the arch
+    int64_t n_factors;
     int64_t rot_dims;                // rotated dims per head (partial rotary), even
 };
 

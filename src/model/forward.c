@@ -192,6 +192,8 @@ static float rope_init(const struct sp_rope *r, float *inv_freq) {
     }
     if (r->kind == SP_ROPE_LINEAR) {
         for (int64_t i = 0; i < half; i++) inv_freq[i] /= (float)r->factor;
+    } else if (r->kind == SP_ROPE_FACTORS) {
+        for (int64_t i = 0; i < half; i++) inv_freq[i] /= r->factors[i];
     } else if (r->kind == SP_ROPE_LLAMA3) {
         double old_len = (double)r->orig_max_pos;
         double low_wavelen = old_len / r->low_freq_factor, high_wavelen = old_len / r->high_freq_factor;
