@@ -337,7 +337,10 @@ static int unit_parts(const struct sp_model *m, const struct sp_expert_views *ma
         for (int k = 0; k < n; k++) {
             SP_ASSERT(np < SP_STORAGE_MAX_PARTS);
             if (!file_of(m, ptr[k], &parts[np].shard, &parts[np].off)) {
-                *st = sp_errorf(SP_ERR_STATE, "expert tensor bytes are outside the model's files");
+                *st = sp_errorf(SP_ERR_UNSUPPORTED,
+                                "expert tensor bytes are outside the model's files (a GGUF's quantized experts are "
+                                "repacked into memory when it opens, and are not streamed from disk: load it "
+                                "without an expert cache)");
                 return 0;
             }
             parts[np].len = len[k];
