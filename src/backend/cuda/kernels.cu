@@ -984,25 +984,38 @@ __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t
 /* ---- routing ---- */
 
 /* Routing: a block a token, a thread an expert (ROUTE_THREADS covers the
- * most experts). Choices are made by rank, each thread counting the
- * candidates that beat its own (a larger score, or an equal one at a lower
- * index, NaN lowest): the same choices as repeated arg max, without
- * serial steps. */
+ * most experts). Each choice is a block-wide arg max over the candidates
+ * left (the largest score, ties to the lower index, NaN lowest): the same
+ * choices as the host's repeated arg max, k rounds of shuffles. */
 constexpr int ROUTE_THREADS = SP_CUDA_ROUTE_MAX_EXPERTS;
 
-/* A score as ranking compares it: NaN below everything. */
+/* A score as the choices compare it: NaN below everything. */
 __device__ __forceinline__ float rank_key(float v) { return v != v ? -INFINITY : v; }
 
-/* Rank of v[i] among v[0 .. n) where ok (ok NULL: all): how many beat it. */
-__device__ __forceinline__ int rank_of(const float *v, int n, int i, const bool *ok) {
-    float mine = rank_key(v[i]);
-    int r = 0;
-    for (int j = 0; j < n; j++) {
-        if (ok && !ok[j]) continue;
-        float o = rank_key(v[j]);
-        r += o > mine || (o == mine && j < i);
+/* Whether candidate (k, i) beats (bk, bi); bi < 0: no candidate yet. */
+__device__ __forceinline__ bool beats(float k, int i, float bk, int bi) {
+    return i >= 0 && (bi < 0 || k > bk || (k == bk && i < bi));
+}
+
+/* The thread whose (key, alive) wins over the block; every thread gets it,
+ * -1 where none is alive. red_k, red_i: a slot a warp. */
+__device__ int block_argmax(float key, bool alive, float *red_k, int *red_i) {
+    float k = key;
+    int idx = alive ? (int)threadIdx.x : -1;
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float ok = __shfl_xor_sync(0xffffffffu, k, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (beats(ok, oi, k, idx)) k = ok, idx = oi;
     }
-    return r;
+    __syncthreads();
+    if (threadIdx.x % WARP == 0) red_k[threadIdx.x / WARP] = k, red_i[threadIdx.x / WARP] = idx;
+    __syncthreads();
+    float bk = -INFINITY;
+    int bi = -1;
+    for (int w = 0; w < (int)blockDim.x / WARP; w++)
+        if (beats(red_k[w], red_i[w], bk, bi)) bk = red_k[w], bi = red_i[w];
+    return bi;
 }
 
 struct op_sum {
@@ -1033,9 +1046,11 @@ __device__ T block_reduce(T v, T *red, Op op, T init) {
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r, const float *logits, int64_t ldl,
                                                          int32_t *sel, float *wout) {
     __shared__ float sc[SP_CUDA_ROUTE_MAX_EXPERTS], bz[SP_CUDA_ROUTE_MAX_EXPERTS], gs[SP_CUDA_ROUTE_MAX_EXPERTS];
-    __shared__ bool keep[SP_CUDA_ROUTE_MAX_EXPERTS], gkeep[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ bool gkeep[SP_CUDA_ROUTE_MAX_EXPERTS];
     __shared__ int32_t chosen[SP_CUDA_ROUTE_MAX_K];
     __shared__ double red[ROUTE_THREADS / WARP];
+    __shared__ float red_k[ROUTE_THREADS / WARP];
+    __shared__ int red_i[ROUTE_THREADS / WARP];
     int i = threadIdx.x, E = (int)r.n_experts, K = (int)r.k;
     bool in = i < E;
     const float *lg = logits + (int64_t)blockIdx.x * ldl;
@@ -1049,12 +1064,11 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r,
     } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK && in) {
         v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
     }
+    bool alive = in;  // a candidate still
     if (in) {
         sc[i] = v;
         bz[i] = group ? __fadd_rn(v, r.bias ? r.bias[i] : 0.0f) : v;
-        keep[i] = true;
     }
-    if (i < K) chosen[i] = 0;
     __syncthreads();
     int G = (int)r.n_group;
     if (group && G > 1) {
@@ -1068,15 +1082,22 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r,
             }
             gs[i] = per >= 2 ? __fadd_rn(m1, m2) : m1;
         }
+        if (i < G) gkeep[i] = false;
         __syncthreads();
-        if (i < G) gkeep[i] = rank_of(gs, G, i, nullptr) < r.topk_group;
+        bool galive = i < G;
+        float gk = galive ? rank_key(gs[i]) : -INFINITY;
+        for (int j = 0; j < r.topk_group; j++) {
+            int g = block_argmax(gk, galive, red_k, red_i);
+            if (i == g) galive = false, gkeep[g] = true;
+        }
         __syncthreads();
-        if (in) keep[i] = gkeep[i / per];
-        __syncthreads();
+        alive = in && gkeep[i / per];
     }
-    if (in && keep[i]) {
-        int k = rank_of(bz, E, i, keep);
-        if (k < K) chosen[k] = i;
+    float key = in ? rank_key(bz[i]) : -INFINITY;
+    for (int j = 0; j < K; j++) {
+        int e = block_argmax(key, alive, red_k, red_i);
+        if (i == 0) chosen[j] = e < 0 ? 0 : e;
+        if (i == e) alive = false;
     }
     __syncthreads();
     if (i != 0) return;
