@@ -44,6 +44,10 @@ enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir) {
         *dir = sp_strdup(spec, SP_MEM_MISC);
         return *dir ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
+    if (sp_gguf_model_path(spec)) {
+        const char *what = sp_path_not_file(spec);
+        return sp_errorf(SP_ERR_NOT_FOUND, "model file %s: %s", spec, what ? what : "not a regular file");
+    }
     char *id = sp_strdup(spec, SP_MEM_MISC);
     if (!id) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     const char *revision = "main";

@@ -31,6 +31,8 @@ expect "tells a story" "$TMP/story" "<s> Once upon a time, there was a little gi
 run "the GGUF itself, prompted with text" 0 "$SPARROW" run --model "$GGUF" --prompt "Once upon a time" \
     --max-tokens 30 --temp 0 --threads 2
 expect "tells the same story" "$TMP/out" ", there was a little girl named Lily."
+run "a GGUF path that is not there" 1 "$SPARROW" run --model "$TMP/none.gguf" --tokens 1
+expect "is named as a missing file" "$TMP/err" "model file $TMP/none.gguf: missing"
 run "the GGUF's tokenizer" 0 "$SPARROW" tokenize --model "$GGUF" "Once upon a time"
 expect "gives the prompt's ids" "$TMP/out" "403 407 261 378"
 run "quantize the GGUF to a folder" 0 "$SPARROW" quantize "$GGUF" "$TMP/gguf-q8" --mode affine --bits 8
