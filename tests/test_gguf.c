@@ -13,9 +13,11 @@
 #include "core/rng.h"
 #include "format/gguf.h"
 #include "backend/cpu/kernels.h"
+#include "format/gguf_vocab.h"
 #include "format/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "runtime/model_text.h"
 
 /* ---- a small GGUF writer ---- */
 
@@ -1130,6 +1132,59 @@ static void test_gguf_llama3_rope(void **state) {
     th_rmdir(dir);
 }
 
+/* A GGUF's chat templates (the default and a named one) with its bos and
+ * eos texts; a name it lacks is refused naming the key. */
+static void test_gguf_chat_template(void **state) {
+    static const char *const pieces[] = {"<unk>", "<s>", "</s>", "a"};
+    static const char tmpl[] = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}{{ eos_token }}";
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 0, 8);
+    w_kv_str(&b, "tokenizer.ggml.model", "llama");
+    w_arr(&b, "tokenizer.ggml.tokens", SP_GGUF_VTYPE_STRING, 4);
+    for (int i = 0; i < 4; i++) w_str(&b, pieces[i]);
+    w_arr(&b, "tokenizer.ggml.scores", SP_GGUF_VTYPE_FLOAT32, 4);
+    for (int i = 0; i < 4; i++) w_u32(&b, 0);
+    w_arr(&b, "tokenizer.ggml.token_type", SP_GGUF_VTYPE_INT32, 4);
+    for (int i = 0; i < 4; i++) w_u32(&b, i == 0 ? 2 : i < 3 ? 3 : 1);
+    w_kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
+    w_kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
+    w_kv_str(&b, "tokenizer.chat_template", tmpl);
+    w_kv_str(&b, "tokenizer.chat_template.tool_use", "{{ eos_token }}");
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "t.gguf");
+    th_write(dir, "t.gguf", b.data, b.len);
+    sp_buf_free(&b);
+    struct sp_chat_template *ct;
+    if (sp_model_chat_template_load(path, NULL, &ct) != SP_OK) fail_msg("%s", sp_error_msg());
+    assert_string_equal(ct->source, tmpl);
+    assert_string_equal(ct->name, "default");
+    assert_string_equal(ct->bos_token, "<s>");
+    assert_string_equal(ct->eos_token, "</s>");
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_model_chat_template_load(path, "tool_use", &ct), SP_OK);
+    assert_string_equal(ct->source, "{{ eos_token }}");
+    assert_string_equal(ct->name, "tool_use");
+    sp_chat_template_free(ct);
+    assert_int_equal(sp_model_chat_template_load(path, "nope", &ct), SP_ERR_NOT_FOUND);
+    assert_non_null(strstr(sp_error_msg(), "tokenizer.chat_template.nope"));
+    assert_null(ct);
+    /* the tokenizer config a GGUF gives carries the default template too */
+    struct sp_gguf_file *g;
+    assert_int_equal(sp_gguf_open(path, &g), SP_OK);
+    char *json, *cfg;
+    size_t jl, cl;
+    assert_int_equal(sp_gguf_tokenizer_json(g, &json, &jl, &cfg, &cl), SP_OK);
+    cJSON *c;
+    assert_int_equal(sp_json_parse(cfg, cl, "config", &c), SP_OK);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "chat_template")), tmpl);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "bos_token")), "<s>");
+    cJSON_Delete(c);
+    sp_free(json);
+    sp_free(cfg);
+    sp_gguf_close(g);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 /* What the loader does not read yet is refused, naming it. */
 static void test_llama_model_refused(void **state) {
     static const struct {
@@ -1160,7 +1215,7 @@ int main(void) {
         cmocka_unit_test(test_alignment),    cmocka_unit_test(test_bad_tensors), cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
         cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
-        cmocka_unit_test(test_gguf_llama3_rope),
+        cmocka_unit_test(test_gguf_llama3_rope),     cmocka_unit_test(test_gguf_chat_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/half.h"
 #include "core/json.h"
 #include "format/gguf.h"
@@ -16,6 +17,8 @@ bool sp_gguf_model_path(const char *path) {
     size_t n = strlen(path);
     return n > 5 && !strcasecmp(path + n - 5, ".gguf");
 }
+
+bool sp_gguf_model_file(const char *path) { return sp_gguf_model_path(path) && sp_path_is_file(path); }
 
 /* ---- metadata to config.json ---- */
 

@@ -33,6 +33,8 @@ struct sp_model_files;
 
 /* Whether path names a GGUF file (by its suffix, any case). */
 bool sp_gguf_model_path(const char *path);
+/* Whether path is such a name of an existing regular file. */
+bool sp_gguf_model_file(const char *path);
 
 /* Fills mf (its dir already set to path; everything else empty) from the
  * GGUF model at path. On failure mf holds what was made so far, for

@@ -1,6 +1,7 @@
 /* gguf_vocab.c - GGUF vocabularies as tokenizer.json (gguf_vocab.h). */
 #include "format/gguf_vocab.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,6 +249,12 @@ enum sp_status sp_gguf_tokenizer_json(const struct sp_gguf_file *f, char **json,
     jw_piece(&w, &v, eos);
     sp_jw_key(&w, "unk_token");
     jw_piece(&w, &v, unk);
+    struct sp_gguf_str tmpl;
+    if (sp_gguf_get_str(f, "tokenizer.chat_template", &tmpl) == SP_OK) {
+        sp_jw_key(&w, "chat_template");
+        sp_jw_strn(&w, tmpl.data, tmpl.len);
+    }
+    sp_error_clear();
     sp_jw_end(&w);
     if (jb.failed || cb.failed) {
         sp_buf_free(&jb);
@@ -261,11 +268,41 @@ enum sp_status sp_gguf_tokenizer_json(const struct sp_gguf_file *f, char **json,
     return SP_OK;
 }
 
-enum sp_status sp_gguf_chat_template(const struct sp_gguf_file *f, char **out) {
-    *out = NULL;
-    struct sp_gguf_str s;
-    enum sp_status st = sp_gguf_get_str(f, "tokenizer.chat_template", &s);
+/* The text of the token whose id is at key (0 .. n-1), or NULL where the key is missing. */
+static enum sp_status token_text(const struct sp_gguf_file *f, const struct sp_gguf_kv *tokens, const char *key,
+                                 char **out) {
+    int64_t id;
+    enum sp_status st = sp_gguf_get_int(f, key, 0, tokens->count - 1, &id);
+    if (st == SP_ERR_NOT_FOUND) {
+        sp_error_clear();
+        return SP_OK;
+    }
     if (st != SP_OK) return st;
-    *out = sp_strndup(s.data, s.len, SP_MEM_TOKENIZER);
-    return *out ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
+    struct sp_gguf_str s = sp_gguf_arr_str(tokens, id);
+    return (*out = sp_strndup(s.data, s.len, SP_MEM_TOKENIZER)) ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
+}
+
+enum sp_status sp_gguf_chat_template(const struct sp_gguf_file *f, const char *name, char **src, char **bos,
+                                     char **eos) {
+    *src = *bos = *eos = NULL;
+    char key[160];
+    bool named = name && strcmp(name, "default") != 0;
+    snprintf(key, sizeof key, "tokenizer.chat_template%s%s", named ? "." : "", named ? name : "");
+    struct sp_gguf_str s;
+    const struct sp_gguf_kv *tokens;
+    enum sp_status st = sp_gguf_get_str(f, key, &s);
+    if (st == SP_ERR_NOT_FOUND) return sp_errorf(SP_ERR_NOT_FOUND, "%s: no %s in the GGUF's metadata", f->path, key);
+    if (st != SP_OK) return st;
+    if (!(*src = sp_strndup(s.data, s.len, SP_MEM_TOKENIZER))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (sp_gguf_get_arr(f, "tokenizer.ggml.tokens", SP_GGUF_VTYPE_STRING, &tokens) != SP_OK) {
+        sp_error_clear();  // no vocabulary: a template without bos / eos texts
+        return SP_OK;
+    }
+    if ((st = token_text(f, tokens, "tokenizer.ggml.bos_token_id", bos)) != SP_OK ||
+        (st = token_text(f, tokens, "tokenizer.ggml.eos_token_id", eos)) != SP_OK) {
+        sp_free(*src);
+        sp_free(*bos);
+        *src = *bos = NULL;
+    }
+    return st;
 }

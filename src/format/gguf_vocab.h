@@ -15,7 +15,8 @@
  * ones plain added tokens; normalizer Prepend("▁") + Replace(" " -> "▁"),
  * decoder Replace / ByteFallback / Fuse / Strip. add_bos_token and
  * add_eos_token from tokenizer.ggml.add_bos_token / add_eos_token
- * (default: bos yes, eos no, as llama.cpp has it for this model). Other
+ * (default: bos yes, eos no, as llama.cpp has it for this model); the
+ * config also holds tokenizer.chat_template where there is one. Other
  * tokenizer models ("gpt2" byte-level BPE and the rest) are refused, naming
  * the key.
  */
@@ -32,8 +33,11 @@ struct sp_gguf_file;
 enum sp_status sp_gguf_tokenizer_json(const struct sp_gguf_file *f, char **json, size_t *json_len, char **config,
                                       size_t *config_len);
 
-/* tokenizer.chat_template of f, NUL-terminated and owned (sp_free), or
- * SP_ERR_NOT_FOUND. */
-enum sp_status sp_gguf_chat_template(const struct sp_gguf_file *f, char **out);
+/* The chat template called name (NULL or "default": tokenizer.chat_template,
+ * else tokenizer.chat_template.NAME; SP_ERR_NOT_FOUND naming the key where
+ * f has none) and the texts of its bos and eos tokens (NULL where f names
+ * none), each NUL-terminated and owned (sp_free). */
+enum sp_status sp_gguf_chat_template(const struct sp_gguf_file *f, const char *name, char **src, char **bos,
+                                     char **eos);
 
 #endif

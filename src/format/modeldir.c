@@ -40,7 +40,7 @@ static char *read_ref(const char *repo_dir, const char *ref) {
 
 enum sp_status sp_model_resolve(const char *spec, const char *hub, char **dir) {
     *dir = NULL;
-    if (sp_path_is_dir(spec) || (sp_gguf_model_path(spec) && sp_path_is_file(spec))) {
+    if (sp_path_is_dir(spec) || sp_gguf_model_file(spec)) {
         *dir = sp_strdup(spec, SP_MEM_MISC);
         return *dir ? SP_OK : sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
@@ -202,7 +202,7 @@ enum sp_status sp_model_files_open(const char *dir, struct sp_model_files **out)
     char *path = NULL;
     enum sp_status st = sp_model_resolve(dir, NULL, &mf->dir);
     if (st != SP_OK) goto fail;
-    if (sp_gguf_model_path(mf->dir) && sp_path_is_file(mf->dir)) {
+    if (sp_gguf_model_file(mf->dir)) {
         if ((st = sp_gguf_model_open(mf->dir, mf)) != SP_OK) goto fail;
         *out = mf;
         return SP_OK;

@@ -351,47 +351,32 @@ static enum sp_status write_config(const struct sp_model *m, const struct sp_qua
     return st;
 }
 
-/* Tokenizer and generation files travel with the weights. */
 /* A GGUF source's tokenizer as tokenizer.json and tokenizer_config.json
  * (with its chat template), so that the copy is a whole model folder. */
 static enum sp_status gguf_side_files(const char *path, const char *dst_dir) {
     struct sp_gguf_file *f;
     enum sp_status st = sp_gguf_open(path, &f);
     if (st != SP_OK) return st;
-    char *json = NULL, *cfg = NULL, *tmpl = NULL, *path_out = NULL;
-    size_t jl, cl;
-    cJSON *c = NULL;
-    if (!sp_gguf_find_kv(f, "tokenizer.ggml.tokens")) goto done;  // no vocabulary: ids only, as the source
-    if ((st = sp_gguf_tokenizer_json(f, &json, &jl, &cfg, &cl)) != SP_OK) goto done;
-    if (sp_gguf_chat_template(f, &tmpl) != SP_OK) sp_error_clear();
-    if ((st = sp_json_parse(cfg, cl, "tokenizer_config.json", &c)) != SP_OK) goto done;
-    if (tmpl && !cJSON_AddStringToObject(c, "chat_template", tmpl)) {
-        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    sp_free(cfg);
-    if (!(cfg = cJSON_PrintUnformatted(c))) {
-        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    char *text[2] = {NULL, NULL}, *out = NULL;
+    size_t len[2];
     static const char *const names[2] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; i < 2 && st == SP_OK; i++) {
-        sp_free(path_out);
-        if (!(path_out = sp_path_join(dst_dir, names[i]))) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-        else st = sp_write_file(path_out, i ? cfg : json, i ? strlen(cfg) : jl);
+    /* no vocabulary: ids only, as the source */
+    if (sp_gguf_find_kv(f, "tokenizer.ggml.tokens")) st = sp_gguf_tokenizer_json(f, &text[0], &len[0], &text[1], &len[1]);
+    for (int i = 0; i < 2 && st == SP_OK && text[i]; i++) {
+        sp_free(out);
+        if (!(out = sp_path_join(dst_dir, names[i]))) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        else st = sp_write_file(out, text[i], len[i]);
     }
-done:
-    cJSON_Delete(c);
-    sp_free(path_out);
-    sp_free(json);
-    sp_free(cfg);
-    sp_free(tmpl);
+    sp_free(out);
+    sp_free(text[0]);
+    sp_free(text[1]);
     sp_gguf_close(f);
     return st;
 }
 
+/* Tokenizer and generation files travel with the weights. */
 static enum sp_status copy_side_files(const char *src_dir, const char *dst_dir) {
-    if (sp_gguf_model_path(src_dir) && sp_path_is_file(src_dir)) return gguf_side_files(src_dir, dst_dir);
+    if (sp_gguf_model_file(src_dir)) return gguf_side_files(src_dir, dst_dir);
     char **names;
     size_t n;
     enum sp_status st = sp_dir_list(src_dir, NULL, &names, &n);
