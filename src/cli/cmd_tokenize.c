@@ -20,7 +20,7 @@ static const char tokenize_usage[] =
     "  Prints the token ids of TEXT ('-': standard input, bytes as they are) on one\n"
     "  line, separated by spaces, or as a JSON array with --json.\n"
     "  MODEL is a folder holding tokenizer.json (and tokenizer_config.json), a\n"
-    "  tokenizer.json file, or a Hugging Face id in the cache.\n"
+    "  tokenizer.json file, a GGUF model file, or a Hugging Face id in the cache.\n"
     "  --special      recognise special tokens written in TEXT (\"<|im_start|>\");\n"
     "                 without it they are tokenized as plain text\n"
     "  --add-special  add the tokens the tokenizer puts around a text (bos/eos)\n";
