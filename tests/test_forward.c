@@ -12,6 +12,7 @@
 
 #include "core/json.h"
 #include "backend/cpu/kernels.h"
+#include "model/expert_tier.h"
 #include "model/forward.h"
 #include "runtime/experts.h"
 #include "model/inspect.h"
@@ -545,6 +546,112 @@ static void test_expert_cache(void **state) {
     }
 }
 
+/* A device's tier of experts (model/expert_tier.h) at any budget - one
+ * slot, a few, all of them - over the mapped files or over a host expert
+ * cache of a few slots gives the same logits bit for bit, and its counters
+ * add up: every miss copies one whole expert. On the CPU the tier is
+ * copies in host memory (ops->arena) and its logits are those of no tier,
+ * bit for bit; a backend that routes on the device without a tier
+ * (ops->moe) computes the routing weights with its own exp, so there the
+ * two are held to the exact path's tolerance (with float activations). */
+static void check_expert_tier(struct sp_model *m, const struct ref *r, const char *label) {
+    struct sp_model_stats ms;
+    sp_model_stats(m, &ms);
+    size_t unit = sp_expert_tier_slot_bytes(m);
+    assert_true(unit >= ms.expert_bytes);
+    size_t V = (size_t)r->vocab, n = (size_t)r->nb;
+    float *want = malloc(n * V * sizeof(float)), *got = malloc(n * V * sizeof(float));
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 1, .max_batch = 64, .kv_type = SP_KV_F32, .n_threads = 2,
+                              .device = device, .float_activations = float_acts};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    run_seq(c, r->b, r->nb, 64, 0, got, r->vocab);
+    struct sp_expert_tier_stats ts;
+    assert_false(sp_ctx_tier_stats(c, &ts));
+    sp_ctx_free(c);
+    size_t budgets[] = {(size_t)(m->arch.n_experts * m->arch.n_layers) * unit, unit, 3 * unit + unit / 2};
+    struct sp_expert_store_params ep = {0};
+    sp_expert_store_params_for(&ep, device, device != SP_DEVICE_CPU);
+    for (int below = 0; below < 2; below++) {
+        for (size_t k = 0; k < 3; k++) {
+            struct sp_expert_store *s = NULL;
+            struct sp_expert_source src;
+            if (below) {
+                assert_int_equal(sp_expert_store_create(m, 4 * sp_expert_store_min_budget(m), &ep, &s), SP_OK);
+                src = sp_expert_store_source(s);
+                p.experts = &src;
+            }
+            p.device_experts = budgets[k];
+            assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+            bool first = !below && k == 0;
+            run_seq(c, r->b, r->nb, 64, 0, first ? want : got, r->vocab);
+            if (first) {
+                char what[96];
+                snprintf(what, sizeof what, "%s: every expert in the device tier", label);
+                if (device == SP_DEVICE_CPU && memcmp(got, want, n * V * sizeof(float)) != 0)
+                    fail_msg("%s: changed the logits", what);
+                if (device != SP_DEVICE_CPU && float_acts) compare(what, want, got, (int64_t)n, r->vocab, 1e-3);
+            } else if (memcmp(got, want, n * V * sizeof(float)) != 0) {
+                fail_msg("%s: a device expert cache of %zu bytes%s changed the logits", label, budgets[k],
+                         below ? " over a host cache" : "");
+            }
+            assert_true(sp_ctx_tier_stats(c, &ts));
+            sp_ctx_free(c);
+            print_message("%s: device tier %zu bytes (%lld slots)%s: %llu hits, %llu misses, %llu evictions, %llu "
+                          "fences, %llu bytes in\n", label, budgets[k], (long long)ts.slots,
+                          below ? " over a host cache" : "", (unsigned long long)ts.hits,
+                          (unsigned long long)ts.misses, (unsigned long long)ts.evictions,
+                          (unsigned long long)ts.fences, (unsigned long long)ts.bytes_in);
+            assert_true(ts.misses > 0);
+            assert_int_equal(ts.bytes_in, ts.misses * ms.expert_bytes);
+            assert_int_equal(ts.cached, (int64_t)(ts.misses - ts.evictions));
+            assert_true(ts.cached <= ts.slots && (size_t)ts.slots * ts.slot_bytes <= budgets[k]);
+            if (k == 0) assert_true(ts.evictions == 0 && ts.hits > 0);  // all of them: later chunks hit
+            if (k == 1) assert_true(ts.evictions > 0 && ts.fences > 0);  // one slot: every new expert evicts
+            if (below) {
+                struct sp_expert_store_stats st;
+                sp_expert_store_stats(s, &st);
+                assert_true(st.hits + st.misses >= ts.misses);  // every miss of the tier went to the store
+                assert_true(ts.fences > 0);                     // which got its experts back
+            }
+            p.experts = NULL;
+            sp_expert_store_free(s);
+        }
+    }
+    p.device_experts = unit - 1;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "the minimum is"));
+    free(want);
+    free(got);
+}
+
+static void test_expert_tier(void **state) {
+    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe"};
+    for (size_t i = 0; i < 3; i++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);
+        struct sp_model *m;
+        assert_int_equal(sp_model_open(dir, &m), SP_OK);
+        struct ref r;
+        load_ref(moe_archs[i], &r);
+        check_expert_tier(m, &r, moe_archs[i]);
+        /* a quantized model: codes, scales and biases in their own parts */
+        char *qdir = th_tmpdir();
+        struct sp_quantize_opts o = {.type = SP_QTYPE_AFFINE4, .group = 64};
+        assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
+        struct sp_model *qm;
+        assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
+        char label[64];
+        snprintf(label, sizeof label, "%s affine4", moe_archs[i]);
+        check_expert_tier(qm, &r, label);
+        sp_model_close(qm);
+        th_rmdir(qdir);
+        free(r.la);
+        free(r.lb);
+        sp_model_close(m);
+    }
+}
+
 /* Looks expert e of layer 0 up in the store and hands it back: whether it was
  * a hit. */
 static bool lookup(const struct sp_model *m, struct sp_expert_store *s, int64_t e) {
@@ -646,6 +753,13 @@ static void test_cuda_batch_invariance(void **state) {
     test_batch_invariance(state);
 }
 
+static void test_cuda_expert_tier(void **state) {
+    if (!use_cuda()) skip();
+    test_expert_tier(state);
+    float_acts = false;
+    test_expert_tier(state);
+}
+
 static void test_cuda_int8_activations(void **state) {
     if (!use_cuda()) skip();
     float_acts = false;
@@ -664,10 +778,12 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_interleaved_weights),
         cmocka_unit_test(test_expert_cache),
         cmocka_unit_test(test_expert_policy),
+        cmocka_unit_test(test_expert_tier),
         cmocka_unit_test_teardown(test_cuda_reference_logits, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_quantized_variants, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_batch_invariance, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_int8_activations, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

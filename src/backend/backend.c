@@ -13,6 +13,31 @@ double sp_linear_bytes(const struct sp_linear *l) {
     return (double)sp_qtype_matrix_bytes(l->w.type, l->w.group, l->w.scale_dtype, l->w.rows, l->w.cols);
 }
 
+int sp_linear_parts(const struct sp_linear *l, const void **ptr, size_t *len) {
+    const struct sp_qmat *w = &l->w;
+    const struct sp_qtype_traits *tr = sp_qtype_traits(w->type);
+    int n = 0;
+    /* a transposed matrix (floats only) is stored (cols, rows) */
+    ptr[n] = w->codes;
+    len[n++] = l->transposed ? (size_t)w->cols * sp_qtype_row_bytes(w->type, w->rows)
+                             : (size_t)w->rows * sp_qtype_row_bytes(w->type, w->cols);
+    if (tr->mode) {
+        enum sp_dtype sd = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : w->scale_dtype;
+        size_t s = (size_t)w->rows * (size_t)(w->cols / w->group) * sp_dtype_size(sd);
+        ptr[n] = w->scales;
+        len[n++] = s;
+        if (tr->has_biases) {
+            ptr[n] = w->biases;
+            len[n++] = s;
+        }
+    }
+    if (l->bias) {
+        ptr[n] = l->bias;
+        len[n++] = (size_t)w->rows * sp_dtype_size(l->bias_dtype);
+    }
+    return n;
+}
+
 void sp_vector_to_f32(const struct sp_vector *v, float *out) {
     for (int64_t i = 0; i < v->n; i++) out[i] = sp_dtype_load_float(v->dtype, v->data, (size_t)i);
 }
@@ -92,6 +117,14 @@ size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p) 
     if (d == SP_DEVICE_CUDA) return sp_cuda_kv_bytes(p);
 #endif
     return d == SP_DEVICE_CPU ? sp_cpu_kv_bytes(p) : 0;
+}
+
+enum sp_status sp_backend_mem_info(enum sp_device d, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+#if SP_CUDA
+    if (d == SP_DEVICE_CUDA) return sp_cuda_mem_info(free_bytes, total_bytes);
+#endif
+    return sp_errorf(SP_ERR_UNSUPPORTED, "no device memory to ask of the %s device", sp_device_name(d));
 }
 
 size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest) {

@@ -69,6 +69,10 @@ struct sp_vector {
 
 /* The bytes of l's weights (codes, scales and biases) that a product reads. */
 double sp_linear_bytes(const struct sp_linear *l);
+/* The byte ranges of l's arrays, in the order codes, scales, [biases],
+ * [bias] (those l has): their addresses into ptr, sizes into len (4 at
+ * most); returns how many. */
+int sp_linear_parts(const struct sp_linear *l, const void **ptr, size_t *len);
 /* v's values as floats into out (v->n of them, exact). */
 void sp_vector_to_f32(const struct sp_vector *v, float *out);
 
@@ -270,6 +274,20 @@ struct sp_backend_ops {
     double (*mark_seconds)(struct sp_backend *b, int from, int to);
     void (*marks_clear)(struct sp_backend *b);
 
+    /* Optional, for a tier of experts in the backend's memory
+     * (model/expert_tier.h): arena gives `bytes` of it (freed with the
+     * backend) that weight views may point into without ops->prepare, and
+     * upload queues a copy from the host into it, in order with the ops. A
+     * source in memory from host_alloc may be read after upload returns:
+     * it must stay as it is until ops->sync; any other source is read
+     * before upload returns. */
+    enum sp_status (*arena)(struct sp_backend *b, size_t bytes, void **out);
+    void (*upload)(struct sp_backend *b, void *dst, const void *src, size_t bytes);
+    /* Optional: host memory that upload will read often (the weights'),
+     * made as fast to copy from as host_alloc's until the backend is freed
+     * (pinned, for a GPU). */
+    enum sp_status (*pin)(struct sp_backend *b, const void *p, size_t bytes);
+
     /* ---- KV cache ---- */
     size_t (*kv_bytes)(const struct sp_backend *b);
     /* Cached positions [0, n) of sequence src copied to sequence dst. */
@@ -348,5 +366,7 @@ size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p);
  * streaming its weights works against). The CPU's is backend/cpu/membw.h's. */
 enum sp_status sp_backend_copy_gbs(enum sp_device d, size_t bytes, double *gbs);
 size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p, const struct sp_qmat *widest);
+/* The free and total memory of a GPU device d now (an error without one). */
+enum sp_status sp_backend_mem_info(enum sp_device d, size_t *free_bytes, size_t *total_bytes);
 
 #endif

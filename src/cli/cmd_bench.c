@@ -32,6 +32,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/membw.h"
 #include "runtime/experts.h"
+#include "model/expert_tier.h"
 #include "model/forward.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
@@ -41,7 +42,8 @@
 
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--batch N] [--threads N] [--kv-type T]\n"
-    "                     [--mem-limit SIZE] [--expert-cache SIZE] [--cold] [--compare-mmap] [--repeat N]\n"
+    "                     [--mem-limit SIZE] [--expert-cache SIZE] [--gpu-mem-limit SIZE] [--cold]\n"
+    "                     [--compare-mmap] [--repeat N]\n"
     "                     [--steps]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
@@ -56,6 +58,8 @@ static const char usage[] =
     "                    tok/s counts every sequence's tokens; bandwidth is computed for N = 1 only\n"
     "  --batch N         prefill chunk, in tokens (default " SP_DEFAULT_BATCH_TEXT ", as run and serve)\n"
     "  --expert-cache S  routed experts in a cache of S bytes (default: from the plan)\n"
+    "  --gpu-mem-limit S device memory to plan for with --device cuda (default: what is free on it);\n"
+    "                    routed experts that do not fit go into a device expert cache\n"
     "  --cold            drop the model files from the page cache first (real disk reads)\n"
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"
     "  --repeat N        N runs, each followed by its own bandwidth measurement, then a summary line:\n"
@@ -77,6 +81,8 @@ struct result {
     int seqs;
     bool has_experts;
     struct sp_expert_store_stats es;
+    bool has_tier;                        // a device expert cache: its counters after prefill and at the end
+    struct sp_expert_tier_stats tier[2];
     size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
     size_t weights_huge;                  // bytes of the weight files in 2 MiB pages (mapped or copied)
     bool has_steps;                       // --steps: the forward pass's steps, timed
@@ -167,6 +173,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
             st = sp_ctx_forward(c, &b, logits + (size_t)q * (size_t)V);
         }
     double t1 = sp_now_s();
+    r->has_tier = sp_ctx_tier_stats(c, &r->tier[0]);
     r->has_steps = cp->time_steps;
     sp_ctx_step_times(c, &r->steps[0], true);
     int32_t *next = tok + prompt * ns;
@@ -193,6 +200,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     r->seqs = ns;
     r->has_experts = store != NULL;
     if (store) sp_expert_store_stats(store, &r->es);
+    sp_ctx_tier_stats(c, &r->tier[1]);
     rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
     r->weights_huge = sp_model_huge_bytes(m);
 done:
@@ -328,6 +336,15 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
                (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,
                (unsigned long long)r->es.prefetch_issued, (unsigned long long)r->es.prefetch_hits,
                (unsigned long long)r->es.prefetch_waste);
+    /* the device tier while decoding */
+    const struct sp_expert_tier_stats *t0 = &r->tier[0], *t1 = &r->tier[1];
+    uint64_t d_hits = t1->hits - t0->hits, d_miss = t1->misses - t0->misses, d_bytes = t1->bytes_in - t0->bytes_in;
+    double d_hit = d_hits + d_miss ? (double)d_hits / (double)(d_hits + d_miss) : 1.0;
+    double h2d_tok = r->gen ? (double)d_bytes / (double)r->gen : 0.0;
+    if (r->has_tier)
+        printf("; %s expert cache %.1f MiB (%lld experts): decode hit rate %.1f%%, %.2f MiB a token copied in, %.2f GB/s",
+               sp_device_name(dev), (double)t1->budget / 1048576.0, (long long)t1->slots, 100.0 * d_hit,
+               h2d_tok / 1048576.0, r->decode_s > 0 ? (double)d_bytes / r->decode_s / 1e9 : 0.0);
     if (r->steal_pct >= 0.5) printf("; the hypervisor kept %.0f%% of the CPU time (steal)", r->steal_pct);
     printf("\n");
     struct sp_buf b = SP_BUF_INIT;
@@ -386,6 +403,15 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         sp_jw_key(&w, "expert_bytes_read"); sp_jw_uint(&w, r->es.bytes_read);
         sp_jw_key(&w, "disk_mb_s"); sp_jw_num(&w, disk);
         sp_jw_key(&w, "plan_tok_s"); sp_jw_num(&w, pl->tokens_per_s);
+    }
+    if (r->has_tier) {
+        sp_jw_key(&w, "gpu_expert_cache_bytes"); sp_jw_uint(&w, t1->budget);
+        sp_jw_key(&w, "gpu_cached_experts"); sp_jw_uint(&w, (uint64_t)t1->slots);
+        sp_jw_key(&w, "gpu_decode_hit_rate"); sp_jw_num(&w, d_hit);
+        sp_jw_key(&w, "gpu_plan_hit_rate"); sp_jw_num(&w, pl->gpu_hit_rate);
+        sp_jw_key(&w, "h2d_bytes_per_token"); sp_jw_num(&w, h2d_tok);
+        sp_jw_key(&w, "h2d_bytes"); sp_jw_uint(&w, t1->bytes_in);
+        sp_jw_key(&w, "gpu_fences"); sp_jw_uint(&w, t1->fences);
     }
     sp_jw_end(&w);
     printf("%s\n", b.data);
@@ -581,15 +607,17 @@ static int bench_model(const char *model, struct bench_opts *o) {
     pin.ctx = prompt + gen;
     pin.parallel = (int)o->seqs;
     pin.batch = o->batch;
+    pin.device = o->device;
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
-                               .float_activations = o->set.precision == SP_PRECISION_EXACT};
+                               .float_activations = o->set.precision == SP_PRECISION_EXACT,
+                               .device_experts = pl.gpu_expert_cache};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
-    size_t expert_cache = pl.strategy == SP_STRATEGY_EXPERT_CACHE ? pl.expert_cache : 0;
+    size_t expert_cache = pl.host_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     struct sp_plan_load_params lp = sp_cli_load_params(&o->set);
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m, &lp);
@@ -676,6 +704,8 @@ int sp_cmd_bench(int argc, char **argv) {
         } else if (sp_arg_value(argc, argv, &i, "--expert-cache", &v)) {
             if (!v || !sp_arg_size("--expert-cache", v, &o.pin.expert_cache)) return SP_EXIT_USAGE;
             o.pin.expert_cache_set = true;
+        } else if (sp_arg_value(argc, argv, &i, "--gpu-mem-limit", &v)) {
+            if (!v || !sp_arg_size("--gpu-mem-limit", v, &o.pin.gpu_mem_limit)) return SP_EXIT_USAGE;
         } else {
             return sp_arg_unknown("bench", argv[i]);
         }

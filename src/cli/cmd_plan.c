@@ -10,9 +10,12 @@
 
 static const char usage[] =
     "usage: sparrow plan MODEL [--ctx N] [--parallel N] [--kv-type f16|bf16|f32] [--mem-limit SIZE]\n"
-    "                    [--expert-cache SIZE] [--json] [--calibrate]\n"
+    "                    [--expert-cache SIZE] [--device cpu|cuda] [--gpu-mem-limit SIZE] [--json] [--calibrate]\n"
     "  Prints what stays resident, the routed-expert cache budget, the bytes read per\n"
     "  token from memory and disk, and the expected decode speed. Sizes take K, M, G, T.\n"
+    "  With --device cuda, also what the device holds: every expert, or a device expert\n"
+    "  cache of what --gpu-mem-limit (default: the device's free memory) leaves; the plan\n"
+    "  is made from headers alone, so it needs no GPU when --gpu-mem-limit is given.\n"
     "  --calibrate measures RAM and disk read bandwidth here (reading the model's first\n"
     "  file) and stores them for later plans.\n";
 
@@ -27,6 +30,10 @@ int sp_cmd_plan(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
+        if (sp_cli_settings_arg(argc, argv, &i, &set, &rc)) {
+            if (rc) return rc;
+            continue;
+        }
         if (sp_arg_flag(argv[i], "--help") || sp_arg_flag(argv[i], "-h")) {
             fputs(usage, stdout);
             return 0;
@@ -51,6 +58,8 @@ int sp_cmd_plan(int argc, char **argv) {
         } else if (sp_arg_value(argc, argv, &i, "--expert-cache", &v)) {
             if (!v || !sp_arg_size("--expert-cache", v, &in.expert_cache)) return SP_EXIT_USAGE;
             in.expert_cache_set = true;
+        } else if (sp_arg_value(argc, argv, &i, "--gpu-mem-limit", &v)) {
+            if (!v || !sp_arg_size("--gpu-mem-limit", v, &in.gpu_mem_limit)) return SP_EXIT_USAGE;
         } else if (argv[i][0] == '-') {
             return sp_arg_unknown(argv[0], argv[i]);
         } else if (!model) {
@@ -74,6 +83,8 @@ int sp_cmd_plan(int argc, char **argv) {
         }
         fprintf(stderr, "calibrated: RAM %.2f GB/s (%d threads), disk %.2f GB/s\n", bw.ram_gbs, sp_physical_cores(), bw.disk_gbs);
     }
+    /* a plan for a device this build cannot run still comes from the headers */
+    sp_device_from_name(sp_settings_device_name(set.device), &in.device);
     struct sp_plan p;
     if (sp_plan_make(m, &in, &p) != SP_OK) {
         rc = sp_cli_fail();

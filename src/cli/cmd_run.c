@@ -43,6 +43,7 @@ static const char usage[] =
     "  --kv-type f16|bf16|f32 KV cache storage (default f16)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    routed-expert cache budget (default: from the plan)\n"
+    "  --gpu-mem-limit SIZE   device memory to plan for with --device cuda (default: what is free on it)\n"
     SP_CLI_SETTINGS_USAGE;
 
 #define MAX_STOPS 16
@@ -130,6 +131,8 @@ static int parse(int argc, char **argv, struct run_opts *o) {
             o->sp.frequency_penalty = (float)x;
         } else if (VAL("--mem-limit")) {
             if (!sp_arg_size("--mem-limit", v, &o->plan.mem_limit)) return SP_EXIT_USAGE;
+        } else if (VAL("--gpu-mem-limit")) {
+            if (!sp_arg_size("--gpu-mem-limit", v, &o->plan.gpu_mem_limit)) return SP_EXIT_USAGE;
         } else if (VAL("--expert-cache")) {
             if (!sp_arg_size("--expert-cache", v, &o->plan.expert_cache)) return SP_EXIT_USAGE;
             o->plan.expert_cache_set = true;
@@ -295,16 +298,21 @@ int sp_cmd_run(int argc, char **argv) {
     o.plan.parallel = 1;
     o.plan.batch = cp.max_batch;
     o.plan.kv_type = cp.kv_type;
+    o.plan.device = o.device;
     struct sp_plan plan;
     if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;
-    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) {
+    if (plan.host_cache) {
         struct sp_expert_store_params ep = sp_cli_expert_params(&o.set);
-        if (sp_expert_store_create(m, plan.expert_cache, &ep, &store) != SP_OK) goto fail;
+        if (sp_expert_store_create(m, plan.host_cache, &ep, &store) != SP_OK) goto fail;
         source = sp_expert_store_source(store);
         cp.experts = &source;
         fprintf(stderr, "plan: expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", (double)plan.expert_cache / 1048576.0,
                 (long long)plan.cached_experts, 100.0 * plan.hit_rate);
     }
+    cp.device_experts = plan.gpu_expert_cache;
+    if (plan.gpu_expert_cache)
+        fprintf(stderr, "plan: %s expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", sp_device_name(o.device),
+                (double)plan.gpu_expert_cache / 1048576.0, (long long)plan.gpu_cached_experts, 100.0 * plan.gpu_hit_rate);
     struct sp_plan_load_params lp = sp_cli_load_params(&o.set);
     sp_plan_load(&plan, m, &lp);
     if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;

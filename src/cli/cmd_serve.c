@@ -60,6 +60,7 @@ static const char usage[] =
     "  --max-tokenizing N     prompts rendered and tokenized at once; more wait their turn (default 4)\n"
     "  --mem-limit SIZE       memory to plan for (default: cgroup limit / MemAvailable)\n"
     "  --expert-cache SIZE    bytes for routed experts when they do not all fit (see sparrow plan)\n"
+    "  --gpu-mem-limit SIZE   device memory to plan for with --device cuda (default: what is free on it)\n"
     SP_CLI_SETTINGS_USAGE;
 
 int sp_cmd_serve(int argc, char **argv) {
@@ -165,6 +166,8 @@ int sp_cmd_serve(int argc, char **argv) {
             NEED();
             if (!sp_arg_size("--expert-cache", v, &pin.expert_cache)) return SP_EXIT_USAGE;
             pin.expert_cache_set = true;
+        } else if (VAL("--gpu-mem-limit")) {
+            if (!sp_arg_size("--gpu-mem-limit", v, &pin.gpu_mem_limit)) return SP_EXIT_USAGE;
         } else if (VAL("--temp")) {
             NEED();
             if (!sp_arg_num("--temp", v, &x)) return SP_EXIT_USAGE;
@@ -243,13 +246,15 @@ int sp_cmd_serve(int argc, char **argv) {
     pin.parallel = ep.n_slots;
     pin.batch = ep.batch_tokens;
     pin.kv_type = ep.kv_type;
+    pin.device = ep.device;
     struct sp_plan plan;
     if (sp_plan_make(m, &pin, &plan) != SP_OK) goto fail;
     struct sp_buf pl = SP_BUF_INIT;
     sp_plan_report(&plan, false, &pl);
     fputs(pl.data ? pl.data : "", stderr);
     sp_buf_free(&pl);
-    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
+    ep.expert_cache = plan.host_cache;
+    ep.device_experts = plan.gpu_expert_cache;
     struct sp_plan_load_params lp = sp_cli_load_params(&set);
     sp_plan_load(&plan, m, &lp);
     struct sp_model_stats stats;

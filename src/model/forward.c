@@ -12,7 +12,9 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "core/progress.h"
+#include "model/expert_tier.h"
 #include "model/inspect.h"
 
 /* Weight views (prepared by the backend) and the backend's float copies of
@@ -44,6 +46,8 @@ struct sp_ctx {
     const float *out_norm;  // (d)
     struct sp_glu act;      // the MLPs' activation
     const struct sp_expert_source *experts;  // NULL: experts read through the mapping
+    struct sp_expert_tier *tier;      // p.device_experts: the device's tier of experts (experts is its source)
+    struct sp_expert_source tier_source;
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
     /* batch tensors in the backend's memory, max_batch rows each */
@@ -179,6 +183,15 @@ size_t sp_ctx_work_bytes(const struct sp_arch *a, int64_t max_batch, int n_threa
            sp_backend_work_bytes(SP_DEVICE_CPU, &bp, &w);
 }
 
+size_t sp_ctx_device_bytes(const struct sp_arch *a, enum sp_device d, int64_t n_ctx, int n_seq, int64_t max_batch,
+                           enum sp_kv_type t) {
+    struct sp_ctx_params p = {.n_ctx = n_ctx, .n_seq = n_seq, .max_batch = max_batch, .kv_type = t};
+    struct sp_backend_params bp = backend_params(a, &p);
+    size_t tensors = (size_t)(max_batch * tensor_floats(a)) * sizeof(float);
+    if (!sp_backend_ops(d)) return tensors + sp_kv_cache_bytes(a, n_ctx, n_seq, t);  // a build without it: the CPU's layout
+    return tensors + sp_backend_kv_bytes(d, &bp) + sp_backend_work_bytes(d, &bp, NULL);
+}
+
 /* RoPE frequencies (as the reference implementations compute them) into
  * inv_freq (rot_dims / 2); returns the factor cos and sin are scaled by. */
 static float rope_init(const struct sp_rope *r, float *inv_freq) {
@@ -270,6 +283,13 @@ static enum sp_status lin(struct sp_ctx *c, int64_t L, enum sp_role r, int64_t e
     return st;
 }
 
+/* A routed expert's linear: made ready by the backend, or (prepare false)
+ * the view into the files. */
+static enum sp_status expert_lin(struct sp_ctx *c, int64_t L, enum sp_role r, int64_t e, bool prepare,
+                                 struct sp_linear *out) {
+    return prepare ? lin(c, L, r, e, out) : sp_model_linear(c->m, L, r, e, out);
+}
+
 static enum sp_route route_kind(enum sp_router_kind k) {
     switch (k) {
     case SP_ROUTER_TOPK_SOFTMAX: return SP_ROUTE_TOPK_SOFTMAX;
@@ -329,16 +349,19 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
     }
     if (!ly->edown || (m->fused_gate_up ? !ly->egate_up : (!ly->egate || !ly->eup)))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    /* with a device tier the experts stay views into the files: the tier copies them in as they are used */
+    bool prepare = !c->p.device_experts;
     for (int64_t e = 0; e < a->n_experts; e++) {
         if (m->fused_gate_up) {
-            if ((st = lin(c, L, SP_ROLE_EXP_GATE_UP, e, &ly->egate_up[e])) != SP_OK) return st;
+            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE_UP, e, prepare, &ly->egate_up[e])) != SP_OK) return st;
         } else {
-            if ((st = lin(c, L, SP_ROLE_EXP_GATE, e, &ly->egate[e])) != SP_OK) return st;
-            if ((st = lin(c, L, SP_ROLE_EXP_UP, e, &ly->eup[e])) != SP_OK) return st;
+            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE, e, prepare, &ly->egate[e])) != SP_OK ||
+                (st = expert_lin(c, L, SP_ROLE_EXP_UP, e, prepare, &ly->eup[e])) != SP_OK)
+                return st;
         }
-        if ((st = lin(c, L, SP_ROLE_EXP_DOWN, e, &ly->edown[e])) != SP_OK) return st;
+        if ((st = expert_lin(c, L, SP_ROLE_EXP_DOWN, e, prepare, &ly->edown[e])) != SP_OK) return st;
     }
-    if (c->be->ops->moe) {
+    if (c->be->ops->moe && prepare) {
         ly->moe = (struct sp_moe){.layer = L, .router = &ly->router, .route = route_kind(a->router),
                                   .n_experts = a->n_experts, .k = a->n_experts_used, .n_group = a->n_group,
                                   .topk_group = a->topk_group, .norm_topk = a->norm_topk_prob,
@@ -347,6 +370,34 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
         if (ly->expert_bias) ly->moe.bias = vec(c, L, SP_ROLE_EXPERT_BIAS, &st);
     }
     return st;
+}
+
+/* Expert e of a layer as views into the mapped files. */
+static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
+    struct sp_expert_views v = {.fused = ly->egate_up != NULL, .down = ly->edown[e]};
+    if (v.fused)
+        v.gate_up = ly->egate_up[e];
+    else
+        v.gate = ly->egate[e], v.up = ly->eup[e];
+    return v;
+}
+
+/* Makes the mapped experts the device tier copies from fast to copy. */
+static enum sp_status pin_experts(struct sp_ctx *c) {
+    const struct sp_arch *a = c->a;
+    struct sp_expert_views *v = sp_malloc((size_t)(a->n_layers * a->n_experts) * sizeof *v, SP_MEM_MISC);
+    if (!v) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    int64_t n = 0;
+    for (int64_t L = 0; L < a->n_layers; L++)
+        if (a->layer_moe[L])
+            for (int64_t e = 0; e < a->n_experts; e++) v[n++] = mapped_expert(&c->layers[L], e);
+    double t0 = sp_now_s();
+    size_t pinned = sp_expert_tier_pin(c->tier, v, n);
+    if (pinned)
+        sp_log(SP_LOG_INFO, "experts: %.1f MiB of host memory pinned for copies to the device in %.2f s",
+               (double)pinned / 1048576.0, sp_now_s() - t0);
+    sp_free(v);
+    return SP_OK;
 }
 
 void sp_ctx_free(struct sp_ctx *c) {
@@ -362,6 +413,7 @@ void sp_ctx_free(struct sp_ctx *c) {
         }
     }
     sp_free(c->layers);
+    sp_expert_tier_free(c->tier);
     void *host[] = {c->marks, c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
                     c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
@@ -393,12 +445,13 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         st = sp_errorf(SP_ERR_ARG, "unknown KV cache type");
         goto fail;
     }
-    if (c->p.experts && c->p.device != SP_DEVICE_CPU) {
-        /* the store hands out experts in host memory, which only the CPU computes on */
-        st = sp_errorf(SP_ERR_UNSUPPORTED, "an expert cache on the %s device (not yet: every weight must fit on it)",
-                       sp_device_name(c->p.device));
+    if (c->p.experts && c->p.device != SP_DEVICE_CPU && !c->p.device_experts) {
+        /* the store hands out experts in host memory: a device reads them through a tier of its own */
+        st = sp_errorf(SP_ERR_ARG, "an expert cache in host memory for the %s device needs a device expert cache over "
+                       "it (sp_ctx_params.device_experts)", sp_device_name(c->p.device));
         goto fail;
     }
+    if (c->p.device_experts && a->n_experts <= 0) c->p.device_experts = 0;  // nothing to cache
     struct sp_backend_params bp = backend_params(a, &c->p);
     inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
     if (!inv_freq) goto nomem;
@@ -422,7 +475,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         sp_model_stats(m, &ms);
         char what[48];
         snprintf(what, sizeof what, "weights to %s", sp_device_name(c->p.device));
-        sp_progress_begin(&load, what, ms.total_bytes, NULL);
+        uint64_t total = ms.total_bytes;
+        if (c->p.device_experts) total -= ms.bytes[SP_CLASS_ROUTED_EXPERTS];  // copied in as used
+        sp_progress_begin(&load, what, total, NULL);
         c->load = &load;
     }
     if ((st = lin(c, -1, SP_ROLE_EMBED, -1, &c->embed)) != SP_OK) goto fail;
@@ -437,6 +492,12 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         c->load = NULL;
     }
     c->experts = c->p.experts;
+    if (c->p.device_experts) {
+        if ((st = sp_expert_tier_create(c->be, m, c->p.device_experts, c->p.experts, &c->tier)) != SP_OK) goto fail;
+        c->tier_source = sp_expert_tier_source(c->tier);
+        c->experts = &c->tier_source;
+        if (!c->p.experts && (st = pin_experts(c)) != SP_OK) goto fail;
+    }
     if (c->experts && c->experts->prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
         c->pf_views = sp_malloc((size_t)a->n_experts * sizeof *c->pf_views, SP_MEM_MODEL);
@@ -483,6 +544,11 @@ sp_interleave_fn sp_ctx_interleave(enum sp_device d) {
     return ops ? ops->interleave : NULL;
 }
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->be->ops->kv_bytes(c->be); }
+
+bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out) {
+    if (c->tier) sp_expert_tier_stats(c->tier, out);
+    return c->tier != NULL;
+}
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) { c->be->ops->kv_copy_seq(c->be, src, dst, n); }
 
@@ -598,16 +664,6 @@ static void route(const struct sp_arch *a, const struct layer *ly, float *logits
     }
 }
 
-/* Expert e of a layer as views into the mapped files. */
-static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
-    struct sp_expert_views v = {.fused = ly->egate_up != NULL, .down = ly->edown[e]};
-    if (v.fused)
-        v.gate_up = ly->egate_up[e];
-    else
-        v.gate = ly->egate[e], v.up = ly->eup[e];
-    return v;
-}
-
 /* The router logits of n tokens of h, readable on the host. */
 static float *router_logits(struct sp_ctx *c, const struct layer *ly, int64_t n) {
     struct sp_tensor r = sp_tensor_rows(c->router_out, 0, n);
@@ -663,11 +719,10 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
     }
     /* Windows of consecutive experts whose rows fit the batch buffers run
-     * together; through the expert store one at a time (a window would pin
-     * all its experts at once). The shared expert joins the last window
+     * together; through an expert source as many as it lets one hold. The shared expert joins the last window
      * where it fits. Each token sums its experts in ascending order, then
      * the shared expert. */
-    int64_t B = c->p.max_batch, per_window = c->experts ? 1 : E, e = 0;
+    int64_t B = c->p.max_batch, per_window = !c->experts ? E : c->experts->window > 0 ? c->experts->window : 1, e = 0;
     bool shared_left = ly->has_mlp;
     while (e < E || shared_left) {
         int64_t m = 0, rows = 0, p0 = off[e];

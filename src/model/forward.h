@@ -52,12 +52,15 @@ struct sp_expert_views {
 };
 
 /* Where the forward pass takes routed experts from when not through the
- * model's mapping (an expert cache: runtime/experts.h). get: expert e of
- * layer L, valid until put (`mapped`: its views into the files); one
- * forward pass calls them at a time. prefetch (NULL: none): experts the
- * next MoE layer L is predicted to take, asked for early. */
+ * model's mapping (an expert cache: runtime/experts.h; a device's tier
+ * over it: model/expert_tier.h). get: expert e of layer L, valid until put
+ * (`mapped`: its views into the files); one forward pass calls them at a
+ * time, holding at most `window` experts at once (0: one). prefetch (NULL:
+ * none): experts the next MoE layer L is predicted to take, asked for
+ * early. */
 struct sp_expert_source {
     void *ctx;
+    int64_t window;
     enum sp_status (*get)(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
                           struct sp_expert_views *out);
     void (*put)(void *ctx, int64_t L, int64_t e);
@@ -73,6 +76,10 @@ struct sp_ctx_params {
     int n_threads;         // CPU threads (0: physical cores)
     const struct sp_expert_source *experts;  // NULL: routed experts read through the mapped files; else
                                              // borrowed, valid while the context is
+    /* A device backend's tier of routed experts (model/expert_tier.h) of
+     * this many bytes of its memory, over `experts` (or the mapped files);
+     * 0: every routed expert copied to the device at creation. */
+    size_t device_experts;
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
 };
@@ -121,6 +128,12 @@ size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, 
  * buffers and per-thread scratch, the routing tables (the planner counts
  * them among the activations). */
 size_t sp_ctx_work_bytes(const struct sp_arch *a, int64_t max_batch, int n_threads);
+/* Bytes a context on device d (other than the CPU) takes of the device's
+ * memory besides the weights: its KV cache, tensors and the backend's
+ * buffers (a build without that backend: the CPU's KV layout and the
+ * tensors). */
+size_t sp_ctx_device_bytes(const struct sp_arch *a, enum sp_device d, int64_t n_ctx, int n_seq, int64_t max_batch,
+                           enum sp_kv_type t);
 /* The backend's choice of weight layout for a device (sp_backend_ops:
  * interleave): what the loader and an expert cache lay out for it. */
 sp_interleave_fn sp_ctx_interleave(enum sp_device d);
@@ -129,5 +142,8 @@ void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
 /* The steps' times since the context was made or last reset (zero unless
  * made with time_steps); reset: start again from zero. */
 void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset);
+struct sp_expert_tier_stats;
+/* The counters of the context's device expert tier (false: it has none). */
+bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out);
 
 #endif

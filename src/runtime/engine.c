@@ -261,7 +261,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->vocab = m->arch.vocab;
     struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
                                .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads,
-                               .float_activations = e->p.float_activations};
+                               .float_activations = e->p.float_activations, .device_experts = e->p.device_experts};
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {
         if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;
@@ -902,6 +902,7 @@ static bool step(struct sp_engine *e) {
         e->st.experts = es;
         e->st.has_experts = true;
     }
+    e->st.has_device_experts = sp_ctx_tier_stats(e->ctx, &e->st.device_experts);
     pthread_mutex_unlock(&e->mu);
     if (st != SP_OK) {
         /* an expert read that ran into the end of a truncated file: the
@@ -983,9 +984,12 @@ void sp_engine_info(const struct sp_engine *e, struct sp_engine_info *out) {
     for (int k = 0; k < SP_CLASS_COUNT; k++) {
         if (!st.bytes[k]) continue;
         // an expert cache given to the context serves every routed expert (sp_ctx_create)
-        bool cached = k == SP_CLASS_ROUTED_EXPERTS && e->p.expert_cache > 0;
+        bool routed = k == SP_CLASS_ROUTED_EXPERTS;
+        const char *placement = routed && e->p.device_experts ? "device_expert_cache"
+                                : routed && e->p.expert_cache ? "expert_cache"
+                                : e->p.device != SP_DEVICE_CPU ? "device"
+                                                               : "mapped";
         out->classes[out->n_classes++] = (struct sp_engine_class_bytes){
-            .name = sp_role_class_name((enum sp_role_class)k), .bytes = st.bytes[k],
-            .placement = cached ? "expert_cache" : "mapped"};
+            .name = sp_role_class_name((enum sp_role_class)k), .bytes = st.bytes[k], .placement = placement};
     }
 }

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "core/buf.h"
+#include "model/expert_tier.h"
 #include "runtime/experts.h"
 #include "runtime/grammar.h"
 #include "model/forward.h"
@@ -46,6 +47,7 @@ struct sp_engine_params {
     enum sp_device device;  // where the forward pass runs (zero: the CPU)
     bool float_activations; // a device backend's products keep activations in float (--precision exact)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
+    size_t device_experts;  // a device backend's expert cache in its memory, over the host's (0: every expert on it)
     struct sp_expert_store_params expert_params;  // how that cache reads and evicts
 };
 
@@ -110,6 +112,8 @@ struct sp_engine_stats {
     bool has_experts;                      // an expert cache is in use
     struct sp_expert_store_stats experts;  // its counters (layer_hits / layer_misses are NULL here:
                                            // sp_engine_expert_layers copies them)
+    bool has_device_experts;                      // a device expert cache is in use
+    struct sp_expert_tier_stats device_experts;   // its counters
     int64_t n_layers;
 };
 

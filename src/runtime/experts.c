@@ -75,30 +75,6 @@ struct sp_expert_store {
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
-/* The byte ranges of one linear view: codes, scales, biases, linear bias. */
-static int linear_parts(const struct sp_linear *l, const void **ptr, size_t *len) {
-    const struct sp_qmat *w = &l->w;
-    const struct sp_qtype_traits *tr = sp_qtype_traits(w->type);
-    int n = 0;
-    size_t rows = (size_t)(l->transposed ? w->cols : w->rows), cols = (size_t)(l->transposed ? w->rows : w->cols);
-    ptr[n] = w->codes;
-    len[n++] = l->transposed ? rows * sp_qtype_row_bytes(w->type, (int64_t)cols) : (size_t)w->rows * sp_qtype_row_bytes(w->type, w->cols);
-    if (tr->mode) {
-        size_t s = (size_t)w->rows * (size_t)(w->cols / w->group) * sp_dtype_size(w->scale_dtype);
-        ptr[n] = w->scales;
-        len[n++] = s;
-        if (tr->has_biases) {
-            ptr[n] = w->biases;
-            len[n++] = s;
-        }
-    }
-    if (l->bias) {
-        ptr[n] = l->bias;
-        len[n++] = (size_t)w->rows * sp_dtype_size(l->bias_dtype);
-    }
-    return n;
-}
-
 static const struct sp_linear *view_at(const struct sp_expert_views *v, int i) {
     const struct sp_linear *ls[4] = {&v->gate, &v->up, &v->down, &v->gate_up};
     return ls[i];
@@ -129,7 +105,7 @@ static size_t unit_bytes(const struct sp_expert_views *v) {
         if (!view_used(v, i)) continue;
         const void *ptr[4];
         size_t len[4];
-        int n = linear_parts(view_at(v, i), ptr, len);
+        int n = sp_linear_parts(view_at(v, i), ptr, len);
         for (int k = 0; k < n; k++) total += (len[k] + 63) & ~(size_t)63;
     }
     return total;
@@ -283,7 +259,7 @@ static void rebase(const struct sp_expert_store *s, const struct sp_expert_views
         struct sp_linear *l = (struct sp_linear *)view_at(out, i);
         const void *ptr[4];
         size_t len[4];
-        int n = linear_parts(view_at(mapped, i), ptr, len);
+        int n = sp_linear_parts(view_at(mapped, i), ptr, len);
         const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
         int fi = 0;
         for (int k = 0; k < n; k++) {
@@ -333,7 +309,7 @@ static int unit_parts(const struct sp_model *m, const struct sp_expert_views *ma
         if (!view_used(mapped, i)) continue;
         const void *ptr[4];
         size_t len[4];
-        int n = linear_parts(view_at(mapped, i), ptr, len);
+        int n = sp_linear_parts(view_at(mapped, i), ptr, len);
         for (int k = 0; k < n; k++) {
             SP_ASSERT(np < SP_STORAGE_MAX_PARTS);
             if (!file_of(m, ptr[k], &parts[np].shard, &parts[np].off)) {
@@ -628,7 +604,9 @@ static void source_prefetch(void *ctx, int64_t L, const int64_t *experts, const 
 }
 
 struct sp_expert_source sp_expert_store_source(struct sp_expert_store *s) {
-    return (struct sp_expert_source){s, source_get, source_put, s->prefetch ? source_prefetch : NULL};
+    /* half the slots held at once, the other half for reads ahead */
+    int64_t window = s->n_slots / 2 > 1 ? s->n_slots / 2 : 1;
+    return (struct sp_expert_source){s, window, source_get, source_put, s->prefetch ? source_prefetch : NULL};
 }
 
 void sp_expert_store_params_for(struct sp_expert_store_params *p, enum sp_device d, bool row_order) {

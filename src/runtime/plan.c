@@ -18,6 +18,7 @@
 #include "core/pool.h"
 #include "core/progress.h"
 #include "backend/cpu/membw.h"
+#include "model/expert_tier.h"
 
 #define DEFAULT_RAM_GBS 10.0
 #define DEFAULT_DISK_GBS 1.0
@@ -129,6 +130,58 @@ static size_t activation_estimate(const struct sp_arch *a, int parallel, int64_t
     return sp_ctx_work_bytes(a, batch, threads) + (size_t)(3 * parallel) * (size_t)a->vocab * sizeof(float);
 }
 
+/* Device memory kept back from the limit: the CUDA context where the limit
+ * is a card's size, and slack for allocations in slabs. */
+#define GPU_CONTEXT_BYTES ((uint64_t)512 << 20)
+#define GPU_SLACK_FRACTION 0.03
+
+/* The device tier of the plan (p's host tier done). */
+static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p,
+                                  double routed_per_token) {
+    const char *dev = sp_device_name(in->device);
+    if (in->gpu_mem_limit) {
+        p->gpu_limit = in->gpu_mem_limit;
+        p->gpu_limit_source = "--gpu-mem-limit";
+    } else {
+        size_t free_b, total_b;
+        if (sp_backend_mem_info(in->device, &free_b, &total_b) != SP_OK)
+            return sp_errorf(SP_ERR_STATE, "cannot tell how much memory the %s device has (%s): give --gpu-mem-limit",
+                             dev, sp_error_msg());
+        p->gpu_limit = free_b;
+        p->gpu_limit_source = "free device memory";
+    }
+    uint64_t reserve = (uint64_t)((double)p->gpu_limit * GPU_SLACK_FRACTION) + (in->gpu_mem_limit ? GPU_CONTEXT_BYTES : 0);
+    p->gpu_usable = p->gpu_limit > reserve ? p->gpu_limit - reserve : 0;
+    p->gpu_base_bytes = p->resident_weight_bytes +
+                        sp_ctx_device_bytes(&m->arch, in->device, p->ctx, p->parallel,
+                                            in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, in->kv_type);
+    int64_t total_experts = p->n_experts * p->n_moe_layers;
+    if (p->gpu_base_bytes + p->routed_expert_bytes <= p->gpu_usable) {
+        p->gpu_cached_experts = total_experts;
+        p->gpu_hit_rate = 1.0;
+        return SP_OK;
+    }
+    /* a slot holds the largest expert with its parts aligned */
+    size_t slot = sp_expert_tier_slot_bytes(m);
+    if (!p->n_experts || p->gpu_base_bytes + slot > p->gpu_usable)
+        return sp_errorf(SP_ERR_LIMIT,
+                         "the %s device's %.2f GiB usable (%s %.2f GiB less %.2f GiB kept back) do not hold what every "
+                         "token needs there: %.2f GiB (weights but the routed experts %.2f GiB, KV cache and buffers "
+                         "%.2f GiB)%s; lower --ctx, --parallel or --batch, or raise --gpu-mem-limit",
+                         dev, (double)p->gpu_usable / 1073741824.0, p->gpu_limit_source,
+                         (double)p->gpu_limit / 1073741824.0, (double)reserve / 1073741824.0,
+                         (double)(p->gpu_base_bytes + (p->n_experts ? slot : 0)) / 1073741824.0,
+                         (double)p->resident_weight_bytes / 1073741824.0,
+                         (double)(p->gpu_base_bytes - p->resident_weight_bytes) / 1073741824.0,
+                         p->n_experts ? " plus one expert" : "");
+    p->gpu_expert_cache = p->gpu_usable - p->gpu_base_bytes;
+    p->gpu_cached_experts = (int64_t)(p->gpu_expert_cache / slot);
+    if (p->gpu_cached_experts > total_experts) p->gpu_cached_experts = total_experts;
+    p->gpu_hit_rate = total_experts ? (double)p->gpu_cached_experts / (double)total_experts : 1.0;
+    p->h2d_bytes_per_token = (size_t)(routed_per_token * (1.0 - p->gpu_hit_rate));
+    return SP_OK;
+}
+
 enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p) {
     memset(p, 0, sizeof *p);
     const struct sp_arch *a = &m->arch;
@@ -208,7 +261,13 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->disk_bytes_per_token = (size_t)(routed_per_token * (1.0 - p->hit_rate));
     double t = (double)p->bytes_per_token / (p->bw.ram_gbs * 1e9) + (double)p->disk_bytes_per_token / (p->bw.disk_gbs * 1e9);
     p->tokens_per_s = t > 0 ? 1.0 / t : 0.0;
-    return SP_OK;
+    p->host_cache = p->strategy == SP_STRATEGY_EXPERT_CACHE ? p->expert_cache : 0;
+    p->device = in->device;
+    if (in->device == SP_DEVICE_CPU) return SP_OK;
+    enum sp_status st = plan_device(m, in, p, routed_per_token);
+    /* every expert on the device: the host's tier has nothing to serve */
+    if (st == SP_OK && !p->gpu_expert_cache) p->host_cache = 0;
+    return st;
 }
 
 static double gib(size_t b) { return (double)b / 1073741824.0; }
@@ -244,6 +303,22 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
     sp_jw_key(w, "bandwidth_measured");
     sp_jw_bool(w, p->bw.measured);
     KN("expected_tokens_per_s", p->tokens_per_s);
+    KU("host_expert_cache_bytes", p->host_cache);
+    KS("device", sp_device_name(p->device));
+    if (p->device != SP_DEVICE_CPU) {
+        sp_jw_key(w, "gpu");
+        sp_jw_obj(w);
+        KU("limit_bytes", p->gpu_limit);
+        KS("limit_source", p->gpu_limit_source);
+        KU("usable_bytes", p->gpu_usable);
+        KU("base_bytes", p->gpu_base_bytes);
+        KS("experts", p->gpu_expert_cache ? "expert-cache" : "resident");
+        KU("expert_cache_bytes", p->gpu_expert_cache);
+        KU("cached_experts", p->gpu_cached_experts);
+        KN("expected_hit_rate", p->gpu_hit_rate);
+        KU("h2d_bytes_per_token", p->h2d_bytes_per_token);
+        sp_jw_end(w);
+    }
 #undef KU
 #undef KN
 #undef KS
@@ -325,4 +400,17 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
     sp_buf_printf(out, "expected        %.2f tok/s decode bound at RAM %.1f GB/s, disk %.2f GB/s (%s)\n", p->tokens_per_s,
                   p->bw.ram_gbs, p->bw.disk_gbs,
                   p->bw.measured ? "measured by --calibrate" : "conservative defaults; run sparrow plan --calibrate");
+    if (p->device == SP_DEVICE_CPU) return;
+    const char *dev = sp_device_name(p->device);
+    sp_buf_printf(out, "%-15s memory %.2f GiB from %s; usable %.2f GiB; %.2f GiB every token needs (weights, KV cache, "
+                       "buffers)\n",
+                  dev, gib(p->gpu_limit), p->gpu_limit_source, gib(p->gpu_usable), gib(p->gpu_base_bytes));
+    if (!p->gpu_expert_cache)
+        sp_buf_printf(out, "%-15s every routed expert on the device (%.2f GiB)\n", dev, gib(p->routed_expert_bytes));
+    else
+        sp_buf_printf(out, "%-15s expert cache of %.2f GiB = %lld of %lld experts (%.1f%%); %.2f MiB a token copied in "
+                           "from the host (uniform routing)\n",
+                      dev, gib(p->gpu_expert_cache), (long long)p->gpu_cached_experts,
+                      (long long)(p->n_experts * p->n_moe_layers), 100.0 * p->gpu_hit_rate,
+                      (double)p->h2d_bytes_per_token / 1048576.0);
 }

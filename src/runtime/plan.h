@@ -16,6 +16,13 @@
  * in a cache of `expert_cache` bytes (default: what is left inside the 90%),
  * and the rest is read from the files on demand.
  *
+ * On a device other than the CPU (--device cuda) the plan has a second
+ * tier: device memory (--gpu-mem-limit, else what is free on the device,
+ * less a reserve) holds what every token needs, the KV cache and the
+ * backend's buffers first; the routed experts all go on it where they fit,
+ * else into a device expert cache of what is left (model/expert_tier.h),
+ * over the host's tier as above.
+ *
  * The expected speed assumes uniform routing (hit rate = the fraction of
  * experts the cache holds) and bandwidths that --calibrate measures and
  * stores in bandwidth.json of sparrow's cache folder (cache_dir:
@@ -43,6 +50,8 @@ struct sp_plan_inputs {
     uint64_t expert_cache;  // 0: automatic
     bool expert_cache_set;  // --expert-cache was given (0 is then an error)
     const char *cache_dir;  // the folder of bandwidth.json (NULL: the default bandwidths)
+    enum sp_device device;  // where the forward pass runs
+    uint64_t gpu_mem_limit; // device memory to use (0: what is free on it now)
 };
 
 /* How sp_plan_load brings weights in; zero is the default of each. */
@@ -84,6 +93,20 @@ struct sp_plan {
     size_t disk_bytes_per_token;   // expected reads from the files per token
     struct sp_bandwidth bw;
     double tokens_per_s;           // expected decode speed bound
+    /* the host's expert cache to make: expert_cache bytes where the
+     * strategy is expert-cache and the experts do not all live on the
+     * device, else 0 */
+    uint64_t host_cache;
+    /* the device tier (device other than the CPU) */
+    enum sp_device device;
+    uint64_t gpu_limit;            // device memory to use
+    const char *gpu_limit_source;  // "--gpu-mem-limit" or "free device memory"
+    uint64_t gpu_usable;           // the limit less the reserve (the CUDA context's and allocations' slack)
+    size_t gpu_base_bytes;         // on the device whatever the routing: non-expert weights, KV cache, buffers
+    uint64_t gpu_expert_cache;     // 0: every routed expert on the device; else the device expert cache's bytes
+    int64_t gpu_cached_experts;    // whole experts on the device
+    double gpu_hit_rate;           // expected, uniform routing
+    size_t h2d_bytes_per_token;    // expected copies into device memory per decoded token
 };
 
 /* Plans for an opened model (only headers are read). */

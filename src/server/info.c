@@ -101,6 +101,25 @@ void sp_info_json(const struct sp_info_src *src, struct sp_buf *out) {
         sp_jw_null(&w);
     }
 
+    sp_jw_key(&w, "gpu_expert_cache");
+    if (st.has_device_experts) {
+        const struct sp_expert_tier_stats *x = &st.device_experts;
+        sp_jw_obj(&w);
+        sp_jw_key(&w, "budget_bytes");
+        sp_jw_uint(&w, x->budget);
+        sp_jw_key(&w, "cached_bytes");
+        sp_jw_uint(&w, (uint64_t)x->cached * x->slot_bytes);
+        sp_jw_key(&w, "hits");
+        sp_jw_uint(&w, x->hits);
+        sp_jw_key(&w, "misses");
+        sp_jw_uint(&w, x->misses);
+        sp_jw_key(&w, "host_to_device_bytes");
+        sp_jw_uint(&w, x->bytes_in);
+        sp_jw_end(&w);
+    } else {
+        sp_jw_null(&w);
+    }
+
     sp_jw_key(&w, "tokens");
     sp_jw_obj(&w);
     sp_jw_key(&w, "prompt");

@@ -1741,6 +1741,18 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
             sp_free(lh);
         }
     }
+    if (st.has_device_experts) {
+        const struct sp_expert_tier_stats *x = &st.device_experts;
+        METRIC_VALUE("gpu_expert_cache_budget_bytes", "gauge", "bytes of device memory for routed experts", "%zu", x->budget);
+        METRIC_VALUE("gpu_expert_cache_bytes", "gauge", "bytes of experts held in device memory", "%zu",
+                     (size_t)x->cached * x->slot_bytes);
+        METRIC_VALUE("gpu_expert_hits_total", "counter", "expert lookups served from device memory", "%llu", (unsigned long long)x->hits);
+        METRIC_VALUE("gpu_expert_misses_total", "counter", "experts copied into device memory", "%llu", (unsigned long long)x->misses);
+        METRIC_VALUE("gpu_expert_evictions_total", "counter", "experts dropped from device memory to make room", "%llu",
+                     (unsigned long long)x->evictions);
+        METRIC_VALUE("host_to_device_bytes_total", "counter", "expert bytes copied from host memory to the device", "%llu",
+                     (unsigned long long)x->bytes_in);
+    }
     if (atomic_load(&s->ready)) {
         METRIC("model_bytes", "gauge", "model tensor bytes by role class and where they are read from");
         for (int k = 0; k < s->info.n_classes; k++)

@@ -33,3 +33,19 @@ run "plan at 64 GiB" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --ctx 
 expect "fits at 64 GiB" "$TMP/out" "plan            resident"
 run "plan at 24 GiB" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 24G --ctx 8192
 expect "streams at 24 GiB" "$TMP/out" "plan            expert-cache"
+# the device tier, from headers alone (no GPU needed once --gpu-mem-limit is given)
+run "plan for a 24 GiB GPU" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --ctx 8192 --device cuda --gpu-mem-limit 24G
+expect "host memory holds the model" "$TMP/out" "plan            resident"
+expect "the GPU caches experts" "$TMP/out" "cuda            expert cache of"
+run "plan for a 24 GiB GPU --json" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --ctx 8192 --device cuda --gpu-mem-limit 24G --json
+cp "$TMP/out" "$TMP/gpu.json"
+run "its device tier in JSON" 0 node -e '
+    const p = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")), g = p.gpu;
+    const total = 256 * 31;  // experts x MoE layers
+    if (p.device !== "cuda" || g.experts !== "expert-cache" || g.limit_source !== "--gpu-mem-limit" ||
+        !(g.cached_experts > 0 && g.cached_experts < total) || !(g.h2d_bytes_per_token > 0) ||
+        g.base_bytes + g.expert_cache_bytes > g.usable_bytes || p.host_expert_cache_bytes !== 0) process.exit(1);' "$TMP/gpu.json"
+run "plan for an 80 GiB GPU" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 24G --ctx 8192 --device cuda --gpu-mem-limit 80G
+expect "every expert on the GPU" "$TMP/out" "every routed expert on the device"
+run "a GPU too small for what every token needs" 1 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --device cuda --gpu-mem-limit 2G
+expect "says what does not fit on it" "$TMP/err" "do not hold what every token needs there"

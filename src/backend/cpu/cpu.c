@@ -783,6 +783,20 @@ fail:
 /* In 2 MiB pages where it spans one or more, as the weights are. */
 static void *cpu_host_alloc(size_t bytes, enum sp_mem_class cls) { return sp_malloc_huge(bytes, cls); }
 
+/* A tier of experts in host memory is copies of the host's (useful to
+ * test the tier; a device keeps one where the host's would be too slow). */
+static enum sp_status cpu_arena(struct sp_backend *b, size_t bytes, void **out) {
+    void *p = sp_malloc_huge(bytes ? bytes : 1, SP_MEM_EXPERT_CACHE);
+    if (!p || !own(cpu_of(b), p, true)) {
+        sp_free_aligned(p);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory for %zu bytes of experts", bytes);
+    }
+    *out = p;
+    return SP_OK;
+}
+
+static void cpu_upload(struct sp_backend *b, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
 /* sp_interleave_fn: the choice of the kernel set in use */
 static bool cpu_interleave(const struct sp_qmat *w) { return sp_kernels_interleave(sp_kernels(), w); }
 
@@ -791,6 +805,8 @@ const struct sp_backend_ops sp_cpu_backend_ops = {
     .interleave = cpu_interleave,
     .host_alloc = cpu_host_alloc,
     .host_free = sp_free_aligned,
+    .arena = cpu_arena,
+    .upload = cpu_upload,
     .destroy = cpu_destroy,
     .supports = cpu_supports,
     .tensor = cpu_tensor,

@@ -79,6 +79,12 @@ struct cuda {
     struct wcopy *copies;
     int64_t n_copies, cap_copies;
     struct wmap by_host, by_dev;
+    /* ops->arena: regions weight views may point into unprepared (an expert tier's slots) */
+    struct { const char *base; size_t bytes; } arenas[4];
+    int n_arenas;
+    /* ops->pin: host ranges registered with the driver, unregistered with the backend */
+    void **pinned;
+    int64_t n_pinned, cap_pinned;
     /* KV cache: sp_cuda_kv's layout */
     void *kv;
     size_t kv_bytes;
@@ -365,6 +371,13 @@ static enum sp_dtype scale_dtype(const struct sp_qmat *w) {
     return fixed != SP_DTYPE_COUNT ? fixed : w->scale_dtype;
 }
 
+/* Whether p is device memory holding a weight: a prepared copy, or in an arena. */
+static bool weight_memory(const struct cuda *c, const void *p) {
+    for (int i = 0; i < c->n_arenas; i++)
+        if ((const char *)p >= c->arenas[i].base && (const char *)p < c->arenas[i].base + c->arenas[i].bytes) return true;
+    return map_find(c, &c->by_dev, p) >= 0;
+}
+
 /* l as the kernels read it; false (a failure kept) when l's arrays are
  * not copies of ours: a weight that was not prepared. */
 static bool weight_of(struct cuda *c, const struct sp_linear *l, struct sp_cuda_weight *w) {
@@ -385,8 +398,8 @@ static bool weight_of(struct cuda *c, const struct sp_linear *l, struct sp_cuda_
         break;
     }
     if (l->bias) float_of(l->bias_dtype, &w->bias_dt);
-    if (map_find(c, &c->by_dev, m->codes) < 0 || (m->scales && map_find(c, &c->by_dev, m->scales) < 0) ||
-        (l->bias && map_find(c, &c->by_dev, l->bias) < 0)) {
+    if (!weight_memory(c, m->codes) || (m->scales && !weight_memory(c, m->scales)) ||
+        (l->bias && !weight_memory(c, l->bias))) {
         fail(c, SP_ERR_STATE, "cuda: a weight in host memory reached an op (every linear goes through ops->prepare)");
         return false;
     }
@@ -429,6 +442,61 @@ static enum sp_status cuda_prepare(struct sp_backend *b, struct sp_linear *l) {
 }
 
 /* ---- memory ops ---- */
+
+static enum sp_status cuda_arena(struct sp_backend *b, size_t bytes, void **out) {
+    struct cuda *c = cuda_of(b);
+    *out = NULL;
+    if (c->n_arenas == (int)(sizeof c->arenas / sizeof *c->arenas))
+        return sp_errorf(SP_ERR_STATE, "cuda: no room for another arena");
+    enum sp_status st = dev_alloc(c, bytes, out);
+    if (st != SP_OK) return st;
+    c->arenas[c->n_arenas].base = *out;
+    c->arenas[c->n_arenas++].bytes = bytes;
+    return SP_OK;
+}
+
+static enum sp_status cuda_pin(struct sp_backend *b, const void *p, size_t bytes) {
+    struct cuda *c = cuda_of(b);
+    if (c->n_pinned == c->cap_pinned) {
+        int64_t cap = c->cap_pinned ? 2 * c->cap_pinned : 64;
+        void **a = sp_realloc(c->pinned, (size_t)cap * sizeof *a);
+        if (!a) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        c->pinned = a;
+        c->cap_pinned = cap;
+    }
+    /* a file's read-only mapping registers only as read-only */
+    cudaError_t e = cudaHostRegister((void *)p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        e = cudaHostRegister((void *)p, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return sp_errorf(status_of(e), "cuda: pinning %zu bytes of host memory: %s", bytes, cudaGetErrorString(e));
+    }
+    c->pinned[c->n_pinned++] = (void *)p;
+    return SP_OK;
+}
+
+/* Host memory for the host's expert cache: 2 MiB pages, pinned so its copies to the device run at the link's speed. */
+static void *cuda_host_alloc(size_t bytes, enum sp_mem_class cls) {
+    void *p = sp_malloc_huge(bytes, cls);
+    if (p && cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+        cudaGetLastError();  // pageable, then: slower copies, the same bytes
+    }
+    return p;
+}
+
+static void cuda_host_free(void *p) {
+    if (!p) return;
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+    sp_free_aligned(p);
+}
+
+static void cuda_upload(struct sp_backend *b, void *dst, const void *src, size_t bytes) {
+    struct cuda *c = cuda_of(b);
+    if (!c->err) upload(c, dst, src, bytes, "copying an expert to the device");
+}
 
 static enum sp_status cuda_tensor(struct sp_backend *b, int64_t rows, int64_t cols, struct sp_tensor *out) {
     float *p;
@@ -920,6 +988,12 @@ static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, c
 
 /* ---- bandwidth ---- */
 
+enum sp_status sp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+    if (e != cudaSuccess) return sp_errorf(status_of(e), "cuda: device memory: %s", cudaGetErrorString(e));
+    return SP_OK;
+}
+
 /* The best of five device-to-device copies of bytes (after one to warm up). */
 enum sp_status sp_cuda_copy_gbs(size_t bytes, double *gbs) {
     void *a = NULL, *b = NULL;
@@ -981,6 +1055,8 @@ static void cuda_destroy(struct sp_backend *b) {
         cudaStreamDestroy(c->stream);
     }
     for (int64_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
+    for (int64_t i = 0; i < c->n_pinned; i++) cudaHostUnregister(c->pinned[i]);
+    sp_free(c->pinned);
     if (c->logit_host) cudaFreeHost(c->logit_host);
     for (int i = 0; i < c->made_marks; i++) cudaEventDestroy(c->marks[i]);
     sp_free(c->marks);
@@ -1157,6 +1233,11 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .tensor = cuda_tensor,
     .vector = cuda_vector,
     .prepare = cuda_prepare,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .arena = cuda_arena,
+    .pin = cuda_pin,
+    .upload = cuda_upload,
     .write = cuda_write,
     .host = cuda_host,
     .sync = cuda_sync,

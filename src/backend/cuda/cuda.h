@@ -32,6 +32,8 @@ size_t sp_cuda_kv_bytes(const struct sp_backend_params *p);
 /* Device bytes reserved besides the KV cache, the tensors asked of it and
  * the weights: MLP, logits and index buffers, RoPE tables. */
 size_t sp_cuda_work_bytes(const struct sp_backend_params *p);
+/* sp_backend_mem_info for the CUDA device. */
+enum sp_status sp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* sp_backend_copy_gbs for the CUDA device. */
 enum sp_status sp_cuda_copy_gbs(size_t bytes, double *gbs);
 

@@ -1,0 +1,302 @@
+/* expert_tier.c - routed experts in a device backend's memory, LRU over
+ * the tier below (expert_tier.h). */
+#include "model/expert_tier.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+/* Parts of an expert start at this alignment in a slot (the products'
+ * widest loads). */
+#define PART_ALIGN 256
+
+struct tslot {
+    int64_t key;        // L * n_experts + e, or -1
+    uint64_t last_use;
+    uint64_t epoch;     // the fence epoch of its last put: reusable without a fence once older than the tier's
+    int pins;
+    struct sp_expert_views v;  // into the slot
+};
+
+struct sp_expert_tier {
+    struct sp_backend *be;
+    const struct sp_expert_source *lower;  // NULL: the mapped files
+    int64_t n_experts, n_layers;
+    struct tslot *slots;
+    int64_t n_slots;
+    size_t slot_bytes;
+    uint8_t *arena;  // the backend's memory
+    int32_t *where;  // (n_layers * n_experts): slot or -1
+    uint64_t tick, epoch;
+    int64_t pinned;  // experts handed out and not put yet
+    /* experts taken from lower whose copies may still read them: put back at the next fence */
+    int64_t *held;   // (n_slots) keys
+    int64_t n_held;
+    /* prefetch: the experts predicted that this tier lacks, and their views (n_experts each) */
+    int64_t *pf_miss;
+    struct sp_expert_views *pf_views;
+    struct sp_expert_tier_stats st;
+};
+
+static const struct sp_linear *view_at(const struct sp_expert_views *v, int i) {
+    const struct sp_linear *ls[4] = {&v->gate, &v->up, &v->down, &v->gate_up};
+    return ls[i];
+}
+
+static bool view_used(const struct sp_expert_views *v, int i) { return v->fused ? (i == 2 || i == 3) : i < 3; }
+
+static size_t aligned(size_t n) { return (n + PART_ALIGN - 1) & ~(size_t)(PART_ALIGN - 1); }
+
+/* Bytes of v's parts in a slot. */
+static size_t unit_bytes(const struct sp_expert_views *v) {
+    size_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(v, i)) continue;
+        const void *ptr[4];
+        size_t len[4];
+        int n = sp_linear_parts(view_at(v, i), ptr, len);
+        for (int k = 0; k < n; k++) total += aligned(len[k]);
+    }
+    return total;
+}
+
+size_t sp_expert_tier_slot_bytes(const struct sp_model *m) {
+    size_t best = 0;
+    for (int64_t L = 0; L < m->arch.n_layers; L++) {
+        if (!m->arch.layer_moe[L]) continue;
+        struct sp_expert_views v = {.fused = m->fused_gate_up};
+        bool ok = v.fused ? sp_model_linear(m, L, SP_ROLE_EXP_GATE_UP, 0, &v.gate_up) == SP_OK
+                          : sp_model_linear(m, L, SP_ROLE_EXP_GATE, 0, &v.gate) == SP_OK &&
+                                sp_model_linear(m, L, SP_ROLE_EXP_UP, 0, &v.up) == SP_OK;
+        if (!ok || sp_model_linear(m, L, SP_ROLE_EXP_DOWN, 0, &v.down) != SP_OK) continue;
+        size_t b = unit_bytes(&v);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+void sp_expert_tier_free(struct sp_expert_tier *t) {
+    if (!t) return;
+    sp_free(t->slots);
+    sp_free(t->where);
+    sp_free(t->held);
+    sp_free(t->pf_miss);
+    sp_free(t->pf_views);
+    sp_free(t);  // the arena is the backend's
+}
+
+enum sp_status sp_expert_tier_create(struct sp_backend *be, const struct sp_model *m, size_t budget,
+                                     const struct sp_expert_source *lower, struct sp_expert_tier **out) {
+    *out = NULL;
+    if (!be->ops->arena || !be->ops->upload)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "the %s backend keeps no experts of its own", be->ops->name);
+    size_t unit = sp_expert_tier_slot_bytes(m);
+    if (!unit) return sp_errorf(SP_ERR_ARG, "a tier of experts needs a model with routed experts");
+    if (budget < unit)
+        return sp_errorf(SP_ERR_ARG, "a device expert cache of %zu bytes holds no expert: the minimum is %zu bytes (one "
+                         "expert of the largest MoE layer)", budget, unit);
+    struct sp_expert_tier *t = sp_calloc(1, sizeof *t, SP_MEM_MODEL);
+    if (!t) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    t->be = be;
+    t->lower = lower;
+    t->n_experts = m->arch.n_experts;
+    t->n_layers = m->arch.n_layers;
+    t->slot_bytes = unit;
+    int64_t total = t->n_experts * t->n_layers;
+    t->n_slots = (int64_t)(budget / unit);
+    if (t->n_slots > total) t->n_slots = total;
+    t->epoch = 1;
+    t->slots = sp_calloc((size_t)t->n_slots, sizeof *t->slots, SP_MEM_MODEL);
+    t->where = sp_malloc((size_t)total * sizeof *t->where, SP_MEM_MODEL);
+    t->held = sp_malloc((size_t)t->n_slots * sizeof *t->held, SP_MEM_MODEL);
+    t->pf_miss = sp_malloc((size_t)t->n_experts * sizeof *t->pf_miss, SP_MEM_MODEL);
+    t->pf_views = sp_malloc((size_t)t->n_experts * sizeof *t->pf_views, SP_MEM_MODEL);
+    if (!t->slots || !t->where || !t->held || !t->pf_miss || !t->pf_views) {
+        sp_expert_tier_free(t);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < total; i++) t->where[i] = -1;
+    for (int64_t i = 0; i < t->n_slots; i++) t->slots[i].key = -1;
+    enum sp_status st = be->ops->arena(be, (size_t)t->n_slots * unit, (void **)&t->arena);
+    if (st != SP_OK) {
+        sp_expert_tier_free(t);
+        return st;
+    }
+    t->st.budget = budget;
+    t->st.slot_bytes = unit;
+    t->st.slots = t->n_slots;
+    *out = t;
+    return SP_OK;
+}
+
+/* Waits for the queued work: every slot's readers are done, and the
+ * experts held from the tier below go back to it. */
+static void fence(struct sp_expert_tier *t) {
+    t->be->ops->sync(t->be);
+    for (int64_t i = 0; i < t->n_held; i++)
+        t->lower->put(t->lower->ctx, t->held[i] / t->n_experts, t->held[i] % t->n_experts);
+    t->n_held = 0;
+    t->epoch++;
+    t->st.fences++;
+}
+
+/* A free slot, else the least recently used one nothing holds (-1: none). */
+static int64_t choose_victim(const struct sp_expert_tier *t) {
+    int64_t victim = -1;
+    for (int64_t i = 0; i < t->n_slots; i++) {
+        const struct tslot *s = &t->slots[i];
+        if (s->key < 0) return i;
+        if (s->pins) continue;
+        if (victim < 0 || s->last_use < t->slots[victim].last_use) victim = i;
+    }
+    return victim;
+}
+
+/* Queues the copy of src's parts into slot memory mem; *out: src's views
+ * moved there. Returns the bytes copied. */
+static size_t upload_unit(struct sp_expert_tier *t, const struct sp_expert_views *src, uint8_t *mem,
+                          struct sp_expert_views *out) {
+    *out = *src;
+    size_t off = 0, bytes = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(src, i)) continue;
+        struct sp_linear *l = (struct sp_linear *)view_at(out, i);
+        const void *ptr[4];
+        size_t len[4];
+        int n = sp_linear_parts(view_at(src, i), ptr, len);
+        /* parts come in the order codes, scales, [biases], [bias] */
+        const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
+        int fi = 0;
+        for (int k = 0; k < n; k++) {
+            while (fi < 4 && ptr[k] != *fields[fi]) fi++;
+            SP_ASSERT(fi < 4);
+            t->be->ops->upload(t->be, mem + off, ptr[k], len[k]);
+            *fields[fi] = mem + off;
+            off += aligned(len[k]);
+            bytes += len[k];
+        }
+    }
+    return bytes;
+}
+
+static enum sp_status tier_get(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
+                               struct sp_expert_views *out) {
+    struct sp_expert_tier *t = ctx;
+    int64_t key = L * t->n_experts + e;
+    int32_t w = t->where[key];
+    if (w >= 0) {
+        t->st.hits++;
+    } else {
+        int64_t victim = choose_victim(t);
+        if (victim < 0) return sp_errorf(SP_ERR_STATE, "every device expert slot is in use");
+        struct tslot *s = &t->slots[victim];
+        if (s->key >= 0 && s->epoch >= t->epoch) fence(t);  // an op queued before may still read it
+        if (t->lower && t->n_held == t->n_slots) fence(t);
+        struct sp_expert_views src = *mapped;
+        if (t->lower) {
+            enum sp_status st = t->lower->get(t->lower->ctx, mapped, L, e, &src);
+            if (st != SP_OK) return st;
+        }
+        if (s->key >= 0) {
+            t->where[s->key] = -1;
+            t->st.evictions++;
+            t->st.cached--;
+        }
+        t->st.bytes_in += upload_unit(t, &src, t->arena + (size_t)victim * t->slot_bytes, &s->v);
+        if (t->lower) t->held[t->n_held++] = key;
+        s->key = key;
+        t->where[key] = (int32_t)victim;
+        t->st.misses++;
+        t->st.cached++;
+        w = (int32_t)victim;
+    }
+    struct tslot *s = &t->slots[w];
+    s->pins++;
+    s->last_use = ++t->tick;
+    t->pinned++;
+    *out = s->v;
+    return SP_OK;
+}
+
+static void tier_put(void *ctx, int64_t L, int64_t e) {
+    struct sp_expert_tier *t = ctx;
+    int32_t w = t->where[L * t->n_experts + e];
+    if (w < 0 || t->slots[w].pins == 0) return;
+    t->slots[w].pins--;
+    t->slots[w].epoch = t->epoch;
+    if (--t->pinned == 0 && t->n_held > 0) fence(t);
+}
+
+static void tier_prefetch(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped,
+                          int64_t n) {
+    struct sp_expert_tier *t = ctx;
+    /* the tier below reads ahead what this one lacks */
+    int64_t m = 0;
+    for (int64_t i = 0; i < n && m < t->n_experts; i++)
+        if (t->where[L * t->n_experts + experts[i]] < 0) {
+            t->pf_miss[m] = experts[i];
+            t->pf_views[m++] = mapped[i];
+        }
+    if (m) t->lower->prefetch(t->lower->ctx, L, t->pf_miss, t->pf_views, m);
+}
+
+struct range {
+    uintptr_t lo, hi;
+};
+
+static int cmp_range(const void *a, const void *b) {
+    uintptr_t x = ((const struct range *)a)->lo, y = ((const struct range *)b)->lo;
+    return (x > y) - (x < y);
+}
+
+size_t sp_expert_tier_pin(struct sp_expert_tier *t, const struct sp_expert_views *views, int64_t n) {
+    struct sp_backend *be = t->be;
+    if (!be->ops->pin || n <= 0) return 0;
+    struct range *r = sp_malloc((size_t)n * 16 * sizeof *r, SP_MEM_MISC);
+    if (!r) return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    int64_t m = 0;
+    for (int64_t k = 0; k < n; k++)
+        for (int i = 0; i < 4; i++) {
+            if (!view_used(&views[k], i)) continue;
+            const void *ptr[4];
+            size_t len[4];
+            int np = sp_linear_parts(view_at(&views[k], i), ptr, len);
+            for (int j = 0; j < np; j++)
+                r[m++] = (struct range){(uintptr_t)ptr[j] & ~(page - 1), ((uintptr_t)ptr[j] + len[j] + page - 1) & ~(page - 1)};
+        }
+    qsort(r, (size_t)m, sizeof *r, cmp_range);
+    int64_t w = 0;
+    for (int64_t k = 0; k < m; k++) {
+        if (w > 0 && r[k].lo <= r[w - 1].hi) {
+            if (r[k].hi > r[w - 1].hi) r[w - 1].hi = r[k].hi;
+        } else {
+            r[w++] = r[k];
+        }
+    }
+    size_t pinned = 0;
+    for (int64_t k = 0; k < w; k++) {
+        if (be->ops->pin(be, (const void *)r[k].lo, r[k].hi - r[k].lo) != SP_OK) {
+            sp_log(SP_LOG_WARN, "experts: copies to the device stay from pageable memory (slower): %s", sp_error_msg());
+            break;
+        }
+        pinned += r[k].hi - r[k].lo;
+    }
+    sp_free(r);
+    return pinned;
+}
+
+struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t) {
+    int64_t window = t->n_slots < t->n_experts ? t->n_slots : t->n_experts;
+    if (t->lower) {
+        int64_t lw = t->lower->window > 0 ? t->lower->window : 1;
+        if (lw < window) window = lw;
+    }
+    return (struct sp_expert_source){t, window, tier_get, tier_put,
+                                     t->lower && t->lower->prefetch ? tier_prefetch : NULL};
+}
+
+void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out) { *out = t->st; }
