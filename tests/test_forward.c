@@ -91,6 +91,8 @@ static void run_seq(struct sp_ctx *c, const int32_t *tok, int64_t n, int64_t chu
 /* Whether compare() holds rounded activations to the median position
  * (compare_rounded) instead of every position. */
 static bool rounded_acts;
+/* The int8-activation paths' tolerance (test_cuda_int8_activations says why). */
+#define TOL_INT8_LOGITS 0.1
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -554,7 +556,7 @@ static void test_expert_cache(void **state) {
  * bit for bit; a backend that routes on the device without a tier
  * (ops->moe) computes the routing weights with its own exp, so there the
  * two are held to the exact path's tolerance (with float activations). */
-static void check_expert_tier(struct sp_model *m, const struct ref *r, const char *label) {
+static void check_expert_tier(struct sp_model *m, const struct ref *r, const char *label, bool quantized) {
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
     size_t unit = sp_expert_tier_slot_bytes(m);
@@ -618,6 +620,29 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
             sp_expert_store_free(s);
         }
     }
+    /* experts the tier lacks computed by the CPU meanwhile: the same
+     * products (on a device, the CPU's kernels: the exact path's tolerance),
+     * their sum added after the device's, so within rounding of the sums'
+     * order, which can swap a router's near-tie in a later layer
+     * (held as compare_rounded holds positions); a step decoded one token
+     * at a time, as the CPU takes experts of few tokens */
+    p.device_experts = unit + unit / 2;
+    p.cpu_experts = true;
+    p.cpu_expert_gbs = p.copy_gbs = 1;  // equal rates: the misses of a step alternate, the first to the CPU
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    run_seq(c, r->b, r->nb, 1, 0, got, r->vocab);
+    assert_true(sp_ctx_tier_stats(c, &ts));
+    sp_ctx_free(c);
+    char what[96];
+    snprintf(what, sizeof what, "%s: experts on the CPU (%llu of %llu)", label, (unsigned long long)ts.cpu_experts,
+             (unsigned long long)(ts.cpu_experts + ts.hits + ts.misses));
+    /* the CPU's kernel set (the fast one here) rounds the activations of quantized products */
+    bool exact = !quantized, was = rounded_acts;
+    rounded_acts = true;
+    compare(what, got, want, (int64_t)n, r->vocab, exact ? 1e-3 : TOL_INT8_LOGITS);
+    rounded_acts = was;
+    assert_true(ts.cpu_experts > 0);
+    p.cpu_experts = false;
     p.device_experts = unit - 1;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
     assert_non_null(strstr(sp_error_msg(), "the minimum is"));
@@ -634,7 +659,7 @@ static void test_expert_tier(void **state) {
         assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
         load_ref(moe_archs[i], &r);
-        check_expert_tier(m, &r, moe_archs[i]);
+        check_expert_tier(m, &r, moe_archs[i], false);
         /* a quantized model: codes, scales and biases in their own parts */
         char *qdir = th_tmpdir();
         struct sp_quantize_opts o = {.type = SP_QTYPE_AFFINE4, .group = 64};
@@ -643,7 +668,7 @@ static void test_expert_tier(void **state) {
         assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
         char label[64];
         snprintf(label, sizeof label, "%s affine4", moe_archs[i]);
-        check_expert_tier(qm, &r, label);
+        check_expert_tier(qm, &r, label, true);
         sp_model_close(qm);
         th_rmdir(qdir);
         free(r.la);
@@ -720,7 +745,6 @@ static void test_expert_policy(void **state) {
  * median position of the quantized fixtures moves by up to 4.5% of the
  * largest logit under the CPU's int8 sets (affine4; mxfp4 up to 1.3%),
  * TOL_INT8_LOGITS twice that; batching still changes no bit. */
-#define TOL_INT8_LOGITS 0.1
 
 static bool use_cuda(void) {
     if (!th_device_ready(SP_DEVICE_CUDA)) return false;

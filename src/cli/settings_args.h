@@ -41,8 +41,11 @@
     "  --row-order            keep weight matrices in row order (none interleaved for the kernels)\n"           \
     "  --device cpu|cuda      where the forward pass runs (default cpu; cuda: every weight on the GPU, in\n"    \
     "                         row order; needs a build with make CUDA=1)\n"                                      \
+    "  --cpu-experts          with a GPU expert cache, let the CPU compute some of the experts the GPU\n"     \
+    "                         lacks while the others are copied in (default: copy them all)\n"               \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
-    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE; a flag overrides its variable.\n" \
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=1; a flag\n" \
+    "  overrides its variable.\n"                                                                               \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code

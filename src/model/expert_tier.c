@@ -300,3 +300,5 @@ struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t) {
 }
 
 void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out) { *out = t->st; }
+
+bool sp_expert_tier_has(const struct sp_expert_tier *t, int64_t L, int64_t e) { return t->where[L * t->n_experts + e] >= 0; }

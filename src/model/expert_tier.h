@@ -24,6 +24,7 @@
 #ifndef SP_MODEL_EXPERT_TIER_H
 #define SP_MODEL_EXPERT_TIER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,7 @@ struct sp_expert_tier_stats {
     int64_t slots, cached;
     uint64_t hits, misses, evictions, fences;
     uint64_t bytes_in;  // copied from the host into the slots
+    uint64_t cpu_experts;  // (expert, step) pairs the CPU computed instead (the forward pass's count)
 };
 
 struct sp_expert_tier;
@@ -51,6 +53,8 @@ void sp_expert_tier_free(struct sp_expert_tier *t);
 /* The tier as the forward pass's expert source, valid as long as t. */
 struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t);
 void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out);
+/* Whether expert e of layer L is in the tier now. */
+bool sp_expert_tier_has(const struct sp_expert_tier *t, int64_t L, int64_t e);
 /* Where the tier copies from the mapped files (lower NULL): makes the host
  * memory of views[0..n) fast to copy from (ops->pin: the whole pages they
  * span, merged into ranges), as long as the backend lives. Returns the

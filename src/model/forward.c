@@ -48,6 +48,15 @@ struct sp_ctx {
     const struct sp_expert_source *experts;  // NULL: experts read through the mapping
     struct sp_expert_tier *tier;      // p.device_experts: the device's tier of experts (experts is its source)
     struct sp_expert_source tier_source;
+    /* experts the tier lacks that the CPU computes meanwhile, instead of
+     * copying them (p.cpu_experts, a tier over the mapped files) */
+    struct sp_backend *cpu;
+    struct sp_tensor ch, cgath, cgout, cout;  // (B, d) each, in host memory
+    bool *on_cpu;                     // (E) this layer's choice
+    int32_t *ctok;                    // (B * k) the CPU's pairs: token, weight
+    float *cw;
+    double cpu_gbs, link_gbs;         // measured at creation: the CPU's expert bytes a second, the copies'
+    uint64_t cpu_experts;
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
     /* batch tensors in the backend's memory, max_batch rows each */
@@ -400,6 +409,88 @@ static enum sp_status pin_experts(struct sp_ctx *c) {
     return SP_OK;
 }
 
+/* Bytes of expert e's weights a product reads. */
+static double expert_bytes(const struct layer *ly, int64_t e) {
+    struct sp_expert_views v = mapped_expert(ly, e);
+    return v.fused ? sp_linear_bytes(&v.gate_up) + sp_linear_bytes(&v.down)
+                   : sp_linear_bytes(&v.gate) + sp_linear_bytes(&v.up) + sp_linear_bytes(&v.down);
+}
+
+/* An MLP item of expert views v on rows x. */
+static struct sp_mlp_item expert_item(const struct sp_expert_views *v, struct sp_tensor x, int64_t row) {
+    return (struct sp_mlp_item){v->fused ? NULL : &v->gate, v->fused ? NULL : &v->up, v->fused ? &v->gate_up : NULL,
+                                &v->down, x, row};
+}
+
+/* Experts a device tier lacks may be computed by the CPU while the device
+ * copies others in: a CPU backend for them, and both rates measured once -
+ * the CPU's on a few experts' products for one token, the copies' on the
+ * tier's first slots (which stay filled) - for moe()'s choice. */
+static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend_params *dev) {
+    const struct sp_arch *a = c->a;
+    struct sp_backend_params bp = *dev;
+    bp.n_ctx = 1;
+    bp.n_seq = 1;
+    bp.n_threads = c->p.n_threads;
+    bp.float_activations = false;
+    enum sp_status st = sp_backend_create(SP_DEVICE_CPU, &bp, &c->cpu);
+    int64_t B = c->p.max_batch, d = a->d_model, K = a->n_experts_used;
+    if (st != SP_OK || (st = sp_backend_tensor(c->cpu, B, d, &c->ch)) != SP_OK ||
+        (st = sp_backend_tensor(c->cpu, B, d, &c->cgath)) != SP_OK ||
+        (st = sp_backend_tensor(c->cpu, B, d, &c->cgout)) != SP_OK ||
+        (st = sp_backend_tensor(c->cpu, B, d, &c->cout)) != SP_OK)
+        return st;
+    c->on_cpu = sp_calloc((size_t)a->n_experts, sizeof *c->on_cpu, SP_MEM_ACT);
+    c->ctok = sp_malloc((size_t)(B * K) * sizeof *c->ctok, SP_MEM_ACT);
+    c->cw = sp_malloc((size_t)(B * K) * sizeof *c->cw, SP_MEM_ACT);
+    if (!c->on_cpu || !c->ctok || !c->cw) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    int64_t L0 = -1;
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        if (!a->layer_moe[L]) continue;
+        if (L0 < 0) L0 = L;
+        struct sp_expert_views v = mapped_expert(&c->layers[L], 0);
+        struct sp_linear *ls[4] = {&v.gate, &v.up, &v.down, &v.gate_up};
+        for (int i = 0; i < 4; i++)  // the products' scratch
+            if ((v.fused ? i >= 2 : i < 3) && (st = c->cpu->ops->prepare(c->cpu, ls[i])) != SP_OK) return st;
+    }
+    /* the CPU: one token through distinct experts (from memory, not a
+     * cache), after one that wakes its threads */
+    for (int64_t i = 0; i < d; i++) c->cgath.data[i] = 0.01f * (float)(i % 7);
+    double bytes = 0, t = 0;
+    for (int64_t e = 0; e < a->n_experts && e < 9; e++) {
+        struct sp_expert_views v = mapped_expert(&c->layers[L0], e);
+        struct sp_mlp_item it = expert_item(&v, sp_tensor_rows(c->cgath, 0, 1), 0);
+        double t0 = sp_now_s();
+        c->cpu->ops->mlp(c->cpu, &it, 1, &c->act, c->cgout);
+        if (e == 0) continue;
+        t += sp_now_s() - t0;
+        bytes += expert_bytes(&c->layers[L0], e);
+    }
+    c->cpu_gbs = c->p.cpu_expert_gbs > 0 ? c->p.cpu_expert_gbs : t > 0 ? bytes / t / 1e9 : 1.0;
+    /* the copies: the first experts into the tier, in layer order */
+    struct sp_expert_tier_stats s0, s1;
+    sp_expert_tier_stats(c->tier, &s0);
+    double t0 = sp_now_s();
+    int64_t filled = 0, want = 16;
+    for (int64_t L = L0; L < a->n_layers && filled < want && filled < c->experts->window; L++)
+        for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts && filled < want && filled < c->experts->window; e++) {
+            struct sp_expert_views v = mapped_expert(&c->layers[L], e), got;
+            if ((st = c->experts->get(c->experts->ctx, &v, L, e, &got)) != SP_OK) return st;
+            c->experts->put(c->experts->ctx, L, e);
+            filled++;
+        }
+    c->be->ops->sync(c->be);
+    double dt = sp_now_s() - t0;
+    sp_expert_tier_stats(c->tier, &s1);
+    c->link_gbs = c->p.copy_gbs > 0                             ? c->p.copy_gbs
+                  : dt > 0 && s1.bytes_in > s0.bytes_in ? (double)(s1.bytes_in - s0.bytes_in) / dt / 1e9
+                                                        : 1.0;
+    sp_log(SP_LOG_INFO, "experts: the CPU computes some of those the %s device lacks while it copies others in "
+           "(CPU %.1f GB/s, copies %.1f GB/s)",
+           sp_device_name(c->p.device), c->cpu_gbs, c->link_gbs);
+    return SP_OK;
+}
+
 void sp_ctx_free(struct sp_ctx *c) {
     if (!c) return;
     if (c->layers) {
@@ -414,6 +505,10 @@ void sp_ctx_free(struct sp_ctx *c) {
     }
     sp_free(c->layers);
     sp_expert_tier_free(c->tier);
+    sp_backend_free(c->cpu);
+    sp_free(c->on_cpu);
+    sp_free(c->ctok);
+    sp_free(c->cw);
     void *host[] = {c->marks, c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
                     c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
@@ -525,6 +620,8 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->eviews = host_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
     if (!ok) goto nomem;
+    if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp)) != SP_OK)
+        goto fail;
     sp_free(inv_freq);
     *out = c;
     return SP_OK;
@@ -546,8 +643,10 @@ sp_interleave_fn sp_ctx_interleave(enum sp_device d) {
 size_t sp_ctx_kv_bytes(const struct sp_ctx *c) { return c->be->ops->kv_bytes(c->be); }
 
 bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out) {
-    if (c->tier) sp_expert_tier_stats(c->tier, out);
-    return c->tier != NULL;
+    if (!c->tier) return false;
+    sp_expert_tier_stats(c->tier, out);
+    out->cpu_experts = c->cpu_experts;
+    return true;
 }
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) { c->be->ops->kv_copy_seq(c->be, src, dst, n); }
@@ -693,9 +792,68 @@ static void group_by_expert(struct sp_ctx *c, const struct layer *ly, float *log
         }
 }
 
+/* Experts of a step that the CPU takes instead of a copy to the device:
+ * those the device tier lacks, of few tokens (the CPU's products of more
+ * run below its bandwidth), each to whichever of the CPU and the copies
+ * would finish its share sooner at the rates measured at creation.
+ * Returns how many. */
+#define CPU_EXPERT_ROWS 4
+static int64_t choose_cpu_experts(struct sp_ctx *c, const struct layer *ly, const int64_t *off) {
+    int64_t L = ly - c->layers, k = 0;
+    double cpu_t = 0, copy_t = 0;
+    for (int64_t e = 0; e < c->a->n_experts; e++) {
+        c->on_cpu[e] = false;
+        int64_t cnt = off[e + 1] - off[e];
+        if (!cnt || cnt > CPU_EXPERT_ROWS || sp_expert_tier_has(c->tier, L, e)) continue;
+        double bytes = expert_bytes(ly, e), tc = bytes / (c->cpu_gbs * 1e9), tl = bytes / (c->link_gbs * 1e9);
+        if (cpu_t + tc <= copy_t + tl) {
+            c->on_cpu[e] = true;
+            cpu_t += tc;
+            k++;
+        } else {
+            copy_t += tl;
+        }
+    }
+    return k;
+}
+
+/* Whether the device's window loop passes expert e by: no tokens, or the CPU's. */
+static bool not_on_device(const struct sp_ctx *c, const int64_t *off, int64_t e) {
+    return off[e + 1] == off[e] || (c->cpu && c->on_cpu[e]);
+}
+
+/* The experts choose_cpu_experts gave the CPU, for the n tokens whose rows
+ * of h are in c->ch: their sum for each token (in ascending expert order)
+ * added into out after what the device added. */
+static void cpu_experts_add(struct sp_ctx *c, const struct layer *ly, int64_t n, const int64_t *off,
+                            struct sp_tensor out) {
+    struct sp_backend *cpu = c->cpu, *be = c->be;
+    int64_t rows = 0, m = 0;
+    for (int64_t e = 0; e < c->a->n_experts; e++) {
+        if (!c->on_cpu[e]) continue;
+        int64_t cnt = off[e + 1] - off[e];
+        memcpy(c->ctok + rows, c->etok + off[e], (size_t)cnt * sizeof *c->ctok);
+        memcpy(c->cw + rows, c->ew + off[e], (size_t)cnt * sizeof *c->cw);
+        c->eviews[m] = mapped_expert(ly, e);
+        c->items[m] = expert_item(&c->eviews[m], sp_tensor_rows(c->cgath, rows, cnt), rows);
+        m++;
+        rows += cnt;
+    }
+    cpu->ops->gather(cpu, sp_tensor_rows(c->cgath, 0, rows), c->ch, c->ctok);
+    cpu->ops->mlp(cpu, c->items, m, &c->act, c->cgout);
+    cpu->ops->zero(cpu, sp_tensor_rows(c->cout, 0, n));
+    cpu->ops->scatter_add(cpu, sp_tensor_rows(c->cout, 0, n), sp_tensor_rows(c->cgout, 0, rows), c->ctok, c->cw);
+    /* in order after the device's own work on gath */
+    be->ops->write(be, sp_tensor_rows(c->gath, 0, n), c->cout.data);
+    be->ops->add(be, out, sp_tensor_rows(c->gath, 0, n));
+    c->cpu_experts += (uint64_t)m;
+}
+
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
- * token sums its experts in ascending expert order whatever the batch holds. */
+ * token sums its experts in ascending expert order whatever the batch holds
+ * (those the CPU computes instead of a device tier's copy: after the
+ * device's, as one sum). */
 static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_tensor out) {
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
@@ -718,6 +876,12 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         c->steps.routed += (double)off[E];
         for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
     }
+    int64_t n_cpu = c->cpu ? choose_cpu_experts(c, ly, off) : 0;
+    if (n_cpu) {
+        /* h for the CPU, before the device's work is queued (host waits for it) */
+        float *hh = be->ops->host(be, sp_tensor_rows(c->h, 0, n), c->ch.data);
+        if (hh != c->ch.data) memcpy(c->ch.data, hh, (size_t)(n * d) * sizeof(float));
+    }
     /* Windows of consecutive experts whose rows fit the batch buffers run
      * together; through an expert source as many as it lets one hold. The shared expert joins the last window
      * where it fits. Each token sums its experts in ascending order, then
@@ -725,11 +889,12 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     int64_t B = c->p.max_batch, per_window = !c->experts ? E : c->experts->window > 0 ? c->experts->window : 1, e = 0;
     bool shared_left = ly->has_mlp;
     while (e < E || shared_left) {
+        while (e < E && not_on_device(c, off, e)) e++;
         int64_t m = 0, rows = 0, p0 = off[e];
         for (; e < E && m < per_window; e++) {
             int64_t cnt = off[e + 1] - off[e];
             if (!cnt) continue;
-            if (rows + cnt > B) break;
+            if (rows + cnt > B || (c->cpu && c->on_cpu[e])) break;
             struct sp_expert_views v = mapped_expert(ly, e), *use = &c->eviews[m];
             if (!c->experts)
                 *use = v;
@@ -741,7 +906,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
             c->item_expert[m++] = e;
             rows += cnt;
         }
-        while (e < E && off[e + 1] == off[e]) e++;
+        while (e < E && not_on_device(c, off, e)) e++;
         bool shared_now = shared_left && e == E && rows + n <= B;
         if (shared_now)
             c->items[m] = (struct sp_mlp_item){&ly->gate, &ly->up, NULL, &ly->down, sp_tensor_rows(c->h, 0, n), rows};
@@ -759,6 +924,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         }
     }
     if (shared_left) layer_mlp_add(c, ly, n, out);
+    if (n_cpu) cpu_experts_add(c, ly, n, off, out);
     return true;
 }
 

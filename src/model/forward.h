@@ -80,6 +80,8 @@ struct sp_ctx_params {
      * this many bytes of its memory, over `experts` (or the mapped files);
      * 0: every routed expert copied to the device at creation. */
     size_t device_experts;
+    bool cpu_experts;      // with device_experts over the mapped files: the CPU may compute experts the tier lacks
+    double cpu_expert_gbs, copy_gbs;  // the rates that choose between the two (0: measured at creation)
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
 };
