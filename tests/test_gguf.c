@@ -1186,6 +1186,192 @@ static void test_gguf_chat_template(void **state) {
     th_rmdir(dir);
 }
 
+/* ---- gpt-oss, as llama.cpp's converter writes it ---- */
+
+/* A tensor of BF16 elements for the gpt-oss GGUF below: its name, ggml
+ * dims and bytes. */
+struct oss_tensor {
+    char name[64];
+    int nd;
+    int64_t dims[3];
+    unsigned char *data;
+    size_t nbytes;
+};
+
+static uint16_t bf16_at(const struct sp_st_tensor *t, int64_t i) {
+    const unsigned char *p = (const unsigned char *)t->data + 2 * i;
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+/* t's elements, src(i) for i < n, as a new tensor of ggml dims d0, d1, d2. */
+static struct oss_tensor oss_make(const char *name, int nd, int64_t d0, int64_t d1, int64_t d2) {
+    struct oss_tensor o = {.nd = nd, .dims = {d0, d1, d2}};
+    snprintf(o.name, sizeof o.name, "%s", name);
+    int64_t n = d0 * (nd > 1 ? d1 : 1) * (nd > 2 ? d2 : 1);
+    o.nbytes = (size_t)n * 2;
+    o.data = malloc(o.nbytes);
+    return o;
+}
+
+static void oss_put(struct oss_tensor *o, int64_t i, uint16_t v) { o->data[2 * i] = (unsigned char)v, o->data[2 * i + 1] = (unsigned char)(v >> 8); }
+
+/* tests/fixtures/gpt_oss (Hugging Face's layout: gate_up_proj [E, d, 2 ff]
+ * with gate and up interleaved, down_proj [E, ff, d]) as llama.cpp's
+ * converter writes it: gate and up split and transposed into
+ * ffn_gate_exps / ffn_up_exps [E, ff, d], down into ffn_down_exps [E, d,
+ * ff], their biases split the same way, sinks as attn_sinks.weight, every
+ * value the same BF16. */
+static void write_gpt_oss_gguf(const char *dir, const char *file) {
+    struct sp_st_file *f;
+    assert_int_equal(sp_st_open("tests/fixtures/gpt_oss/model.safetensors", &f), SP_OK);
+    const int L = 4, E = 8, D = 64, FF = 64;
+    struct oss_tensor *ot = calloc(3 + 19 * L, sizeof *ot);  // 3 global, 12 + 7 a layer
+    int n = 0;
+    static const char *const plain[][2] = {
+        {"model.embed_tokens.weight", "token_embd.weight"}, {"lm_head.weight", "output.weight"},
+        {"model.norm.weight", "output_norm.weight"}};
+    char hf[96], gg[64];
+    for (int i = 0; i < 3 + 12 * L; i++) {
+        static const char *const per[][2] = {
+            {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+            {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
+            {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.k_proj.bias", "attn_k.bias"},
+            {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.v_proj.bias", "attn_v.bias"},
+            {"self_attn.o_proj.weight", "attn_output.weight"}, {"self_attn.o_proj.bias", "attn_output.bias"},
+            {"self_attn.sinks", "attn_sinks.weight"},       {"mlp.router.weight", "ffn_gate_inp.weight"}};
+        if (i < 3) {
+            snprintf(hf, sizeof hf, "%s", plain[i][0]);
+            snprintf(gg, sizeof gg, "%s", plain[i][1]);
+        } else {
+            int l = (i - 3) / 12, k = (i - 3) % 12;
+            snprintf(hf, sizeof hf, "model.layers.%d.%s", l, per[k][0]);
+            snprintf(gg, sizeof gg, "blk.%d.%s", l, per[k][1]);
+        }
+        const struct sp_st_tensor *t = sp_st_find(f, hf);
+        assert_non_null(t);
+        assert_int_equal(t->dtype, SP_DTYPE_BF16);
+        struct oss_tensor *o = &ot[n++];
+        *o = oss_make(gg, t->ndim, t->shape[t->ndim - 1], t->ndim > 1 ? t->shape[0] : 1, 1);
+        memcpy(o->data, t->data, o->nbytes);
+    }
+    for (int l = 0; l < L; l++) {
+        snprintf(hf, sizeof hf, "model.layers.%d.mlp.router.bias", l);
+        const struct sp_st_tensor *rb = sp_st_find(f, hf);
+        snprintf(gg, sizeof gg, "blk.%d.ffn_gate_inp.bias", l);
+        ot[n] = oss_make(gg, 1, E, 1, 1);
+        memcpy(ot[n++].data, rb->data, (size_t)E * 2);
+        snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        const struct sp_st_tensor *gu = sp_st_find(f, hf);
+        snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        const struct sp_st_tensor *gub = sp_st_find(f, hf);
+        snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj", l);
+        const struct sp_st_tensor *dp = sp_st_find(f, hf);
+        snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.down_proj_bias", l);
+        const struct sp_st_tensor *dpb = sp_st_find(f, hf);
+        assert_true(gu && gub && dp && dpb);
+        for (int half = 0; half < 2; half++) {  // gate: the even outputs, up: the odd ones
+            snprintf(gg, sizeof gg, "blk.%d.%s.weight", l, half ? "ffn_up_exps" : "ffn_gate_exps");
+            struct oss_tensor *w = &ot[n++];
+            *w = oss_make(gg, 3, D, FF, E);
+            for (int e = 0; e < E; e++)
+                for (int r = 0; r < FF; r++)
+                    for (int c = 0; c < D; c++)
+                        oss_put(w, ((int64_t)e * FF + r) * D + c, bf16_at(gu, ((int64_t)e * D + c) * 2 * FF + 2 * r + half));
+            snprintf(gg, sizeof gg, "blk.%d.%s.bias", l, half ? "ffn_up_exps" : "ffn_gate_exps");
+            struct oss_tensor *b = &ot[n++];
+            *b = oss_make(gg, 2, FF, E, 1);
+            for (int e = 0; e < E; e++)
+                for (int r = 0; r < FF; r++) oss_put(b, (int64_t)e * FF + r, bf16_at(gub, (int64_t)e * 2 * FF + 2 * r + half));
+        }
+        snprintf(gg, sizeof gg, "blk.%d.ffn_down_exps.weight", l);
+        struct oss_tensor *w = &ot[n++];
+        *w = oss_make(gg, 3, FF, D, E);
+        for (int e = 0; e < E; e++)
+            for (int r = 0; r < D; r++)
+                for (int c = 0; c < FF; c++) oss_put(w, ((int64_t)e * D + r) * FF + c, bf16_at(dp, ((int64_t)e * FF + c) * D + r));
+        snprintf(gg, sizeof gg, "blk.%d.ffn_down_exps.bias", l);
+        ot[n] = oss_make(gg, 2, D, E, 1);
+        memcpy(ot[n++].data, dpb->data, (size_t)(D * E) * 2);
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, (uint64_t)n, 18);
+    w_kv_str(&b, "general.architecture", "gpt-oss");
+    w_kv_u32(&b, "gpt-oss.embedding_length", D);
+    w_kv_u32(&b, "gpt-oss.feed_forward_length", FF);
+    w_kv_u32(&b, "gpt-oss.expert_feed_forward_length", FF);
+    w_kv_u32(&b, "gpt-oss.block_count", L);
+    w_kv_u32(&b, "gpt-oss.attention.head_count", 4);
+    w_kv_u32(&b, "gpt-oss.attention.head_count_kv", 2);
+    w_kv_u32(&b, "gpt-oss.attention.key_length", 16);
+    w_kv_u32(&b, "gpt-oss.attention.value_length", 16);
+    w_kv_u32(&b, "gpt-oss.context_length", 131072);
+    w_kv_f32(&b, "gpt-oss.attention.layer_norm_rms_epsilon", 0x3727c5ac);  // 1e-5
+    w_kv_f32(&b, "gpt-oss.rope.freq_base", 0x48127c00);                  // 150000
+    w_kv_u32(&b, "gpt-oss.expert_count", E);
+    w_kv_u32(&b, "gpt-oss.expert_used_count", 2);
+    w_kv_u32(&b, "gpt-oss.attention.sliding_window", 16);
+    w_kv_str(&b, "gpt-oss.rope.scaling.type", "yarn");
+    w_kv_f32(&b, "gpt-oss.rope.scaling.factor", 0x42000000);  // 32
+    w_kv_u32(&b, "gpt-oss.rope.scaling.original_context_length", 4096);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        w_tensor(&b, ot[i].name, ot[i].nd, ot[i].dims, SP_GGUF_TYPE_BF16, off);
+        off += (ot[i].nbytes + 31) / 32 * 32;
+    }
+    for (int i = 0; i < n; i++) {
+        while (b.len % 32) w_uint(&b, 0, 1);
+        assert_int_equal(sp_buf_append(&b, (const char *)ot[i].data, ot[i].nbytes), SP_OK);
+        free(ot[i].data);
+    }
+    th_write(dir, file, b.data, b.len);
+    sp_buf_free(&b);
+    free(ot);
+    sp_st_close(f);
+}
+
+/* gpt-oss written as llama.cpp writes it gives the logits of its
+ * safetensors: the same architecture read from the metadata (sinks,
+ * biases, alternating sliding layers, YaRN), the experts split and
+ * transposed back by the loader's naming. The products run on other
+ * layouts (row-major gate and up instead of the transposed fused
+ * matrix), so with float activations the logits agree to the sums'
+ * rounding, not bit for bit. */
+static void test_gguf_gpt_oss(void **state) {
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "oss.gguf");
+    write_gpt_oss_gguf(dir, "oss.gguf");
+    struct sp_model *g, *h;
+    if (sp_model_open(path, &g) != SP_OK) fail_msg("%s", sp_error_msg());
+    assert_int_equal(sp_model_open("tests/fixtures/gpt_oss", &h), SP_OK);
+    const struct sp_arch *a = &g->arch, *b = &h->arch;
+    assert_int_equal(a->n_experts, b->n_experts);
+    assert_int_equal(a->n_experts_used, b->n_experts_used);
+    assert_int_equal(a->d_expert, b->d_expert);
+    assert_int_equal(a->sliding_window, b->sliding_window);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_true(a->attn_sinks && a->qkv_bias && a->o_bias && a->router_bias);
+    for (int64_t l = 0; l < a->n_layers; l++) assert_int_equal(a->layer_sliding[l], b->layer_sliding[l]);
+    assert_int_equal(a->rope.kind, b->rope.kind);
+    assert_true(a->rope.factor == b->rope.factor && a->rope.orig_max_pos == b->rope.orig_max_pos &&
+                a->rope.truncate == b->rope.truncate);
+    /* float activations (bf16 rows would round them, the transposed matrix does not) */
+    const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());
+    float *lg = model_logits(g, 20), *lh = model_logits(h, 20);
+    sp_kernels_use(before);
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < 20 * 512; i++) {
+        max_ref = fmax(max_ref, fabs(lh[i]));
+        max_diff = fmax(max_diff, fabs((double)lg[i] - lh[i]));
+    }
+    print_message("gpt-oss from a GGUF: max|diff| %.3g of max|logit| %.3g\n", max_diff, max_ref);
+    assert_true(max_diff <= 1e-5 * max_ref);
+    free(lg);
+    free(lh);
+    sp_model_close(g);
+    sp_model_close(h);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 /* A vocabulary-only GGUF of a byte-level BPE tokenizer.json (the npm
  * package pkg's), as llama.cpp's converter writes one: every id's piece
  * (added tokens at their ids, special ones CONTROL, others USER_DEFINED,
@@ -1255,7 +1441,8 @@ static void write_bpe_vocab(const char *pkg, const char *pre, const char *dir, c
  * (pre-tokenizer qwen2) and Llama 3's (llama-bpe), written from their real
  * tokenizer.json, tokenize llama.cpp's vectors to llama.cpp's ids as the
  * tokenizer.json does (test_tokenizer: Llama 3's decode is not held to the
- * text there either); other pre-tokenizers are refused by name. */
+ * text there either), gpt-oss's (gpt-4o) as its tokenizer.json; other
+ * pre-tokenizers are refused by name. */
 static void test_gguf_bpe_vocab(void **state) {
     static const struct {
         const char *pkg, *pre, *vectors;
@@ -1274,6 +1461,36 @@ static void test_gguf_bpe_vocab(void **state) {
         tu_vectors_free(&v);
         sp_tokenizer_free(t);
     }
+    /* gpt-oss's o200k (gpt-4o): no llama.cpp vectors here, so against its
+     * tokenizer.json on those texts and the tokenizer corpus */
+    write_bpe_vocab("gptoss", "gpt-4o", dir, "v.gguf");
+    struct sp_tokenizer *tg, *tj = tu_load_pkg("gptoss");
+    if (sp_model_tokenizer_load(path, &tg) != SP_OK) fail_msg("gptoss: %s", sp_error_msg());
+    struct tu_vectors v;
+    tu_vectors_load("qwen2", &v);
+    size_t cl;
+    char *corpus = tu_read(CORPUS_DIR "/corpus.inp", &cl);
+    struct tcase *cc;
+    int nc = tu_split(corpus, cl, "\n__sparrow_case__\n", &cc), bad = 0;
+    for (int i = 0; i < v.n + nc; i++) {
+        const struct tcase *in = i < v.n ? &v.in[i] : &cc[i - v.n];
+        struct sp_ids a = {0}, b = {0};
+        assert_int_equal(sp_tokenizer_encode(tg, in->s, in->n, SP_TOK_PARSE_SPECIAL, &a), SP_OK);
+        assert_int_equal(sp_tokenizer_encode(tj, in->s, in->n, SP_TOK_PARSE_SPECIAL, &b), SP_OK);
+        if (a.n != b.n || memcmp(a.v, b.v, (size_t)a.n * sizeof *a.v)) {
+            print_error("gptoss case %d [%.*s]: the GGUF's ids differ from tokenizer.json's\n", i, (int)in->n, in->s);
+            bad++;
+        }
+        sp_ids_free(&a);
+        sp_ids_free(&b);
+    }
+    print_message("gptoss from a GGUF: %d of %d texts differ from its tokenizer.json\n", bad, v.n + nc);
+    assert_int_equal(bad, 0);
+    sp_free(cc);
+    sp_free(corpus);
+    tu_vectors_free(&v);
+    sp_tokenizer_free(tg);
+    sp_tokenizer_free(tj);
     write_bpe_vocab("qwen3", "deepseek-llm", dir, "v.gguf");
     struct sp_tokenizer *t = NULL;
     assert_int_equal(sp_model_tokenizer_load(path, &t), SP_ERR_UNSUPPORTED);
@@ -1313,7 +1530,7 @@ int main(void) {
         cmocka_unit_test(test_mutations),    cmocka_unit_test(test_split),       cmocka_unit_test(test_gguf_models),
         cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
         cmocka_unit_test(test_gguf_llama3_rope),     cmocka_unit_test(test_gguf_chat_template),
-        cmocka_unit_test(test_gguf_bpe_vocab),
+        cmocka_unit_test(test_gguf_bpe_vocab),       cmocka_unit_test(test_gguf_gpt_oss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

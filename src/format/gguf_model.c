@@ -62,14 +62,16 @@ static enum sp_status put_float(const struct sp_gguf_file *f, cJSON *config, con
 struct gguf_arch {
     const char *name, *hf_class, *model_type;
     bool reorder_qk;  // llama.cpp's converter interleaves each head's q / k rotary pairs
-    bool moe;         // expert keys and tensors; layers without a router are dense (mlp_only_layers)
+    bool moe;         // expert keys and tensors
+    bool gpt_oss;     // gpt-oss: biases, sinks, sliding layers, YaRN, every layer MoE
     double eps, theta;  // defaults of the RMSNorm epsilon and the RoPE base
 };
 
 static const struct gguf_arch archs[] = {
-    {"llama", "LlamaForCausalLM", "llama", true, false, 1e-5, 10000.0},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, 1e-6, 1000000.0},
-    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", false, true, 1e-6, 1000000.0},
+    {"llama", "LlamaForCausalLM", "llama", true, false, false, 1e-5, 10000.0},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, false, 1e-6, 1000000.0},
+    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", false, true, false, 1e-6, 1000000.0},
+    {"gpt-oss", "GptOssForCausalLM", "gpt_oss", false, true, true, 1e-5, 150000.0},
 };
 
 static const struct gguf_arch *arch_of(struct sp_gguf_str name) {
@@ -125,6 +127,36 @@ static enum sp_status put_rope_freqs(const struct sp_gguf_split *s, cJSON *confi
     return SP_OK;
 }
 
+/* gpt-oss's keys: its attention biases, its sliding window on every other
+ * layer from the first (llama.cpp's pattern for it), and YaRN (with the
+ * beta defaults and the untruncated correction range of its configs). */
+static enum sp_status gpt_oss_config(const struct sp_gguf_file *f, int64_t n_layers, cJSON *config) {
+    enum sp_status st;
+    if ((st = put_int(f, config, "sliding_window", "gpt-oss.attention.sliding_window", 128, NULL)) != SP_OK) return st;
+    cJSON *types = cJSON_AddArrayToObject(config, "layer_types");
+    if (!types || !cJSON_AddBoolToObject(config, "attention_bias", true)) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t L = 0; L < n_layers; L++)
+        if (!cJSON_AddItemToArray(types, cJSON_CreateString(L % 2 == 0 ? "sliding_attention" : "full_attention")))
+            return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    struct sp_gguf_str type;
+    st = sp_gguf_get_str(f, "gpt-oss.rope.scaling.type", &type);
+    if (st == SP_ERR_NOT_FOUND) {
+        sp_error_clear();
+        return SP_OK;
+    }
+    if (st != SP_OK) return st;
+    if (!(type.len == 4 && !memcmp(type.data, "yarn", 4))) return SP_OK;  // arch_config refuses it by name
+    cJSON *sc = cJSON_AddObjectToObject(config, "rope_scaling");
+    if (!sc || !cJSON_AddStringToObject(sc, "rope_type", "yarn") || !cJSON_AddNumberToObject(sc, "beta_fast", 32.0) ||
+        !cJSON_AddNumberToObject(sc, "beta_slow", 1.0) || !cJSON_AddBoolToObject(sc, "truncate", false))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if ((st = put_float(f, sc, "factor", "gpt-oss.rope.scaling.factor", 1.0)) != SP_OK ||
+        (st = put_int(f, sc, "original_max_position_embeddings", "gpt-oss.rope.scaling.original_context_length", -1,
+                      NULL)) != SP_OK)
+        return st;
+    return SP_OK;
+}
+
 /* The keys llama.cpp's converter writes for A, as the Hugging Face config. */
 static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_gguf_split *s, int64_t vocab, bool tied,
                                   cJSON *config, int64_t *n_head, int64_t *n_kv) {
@@ -166,18 +198,22 @@ static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_ggu
         return sp_errorf(SP_ERR_FORMAT, "%s: %s.attention.head_count_kv %lld does not divide the %lld heads", f->path,
                          an, (long long)*n_kv, (long long)*n_head);
     if (A->moe) {
+        /* gpt-oss calls an expert's width intermediate_size */
         if ((st = put_int(f, config, "num_experts", arch_key(k, sizeof k, an, "expert_count"), -1, NULL)) ||
             (st = put_int(f, config, "num_experts_per_tok", arch_key(k, sizeof k, an, "expert_used_count"), -1,
                           NULL)) ||
-            (st = put_int(f, config, "moe_intermediate_size", arch_key(k, sizeof k, an, "expert_feed_forward_length"),
-                          -1, NULL)) ||
-            (st = put_dense_layers(s, n_layers, config)))
+            (st = put_int(f, config, A->gpt_oss ? "intermediate_size" : "moe_intermediate_size",
+                          arch_key(k, sizeof k, an, "expert_feed_forward_length"), -1, NULL)))
             return st;
+    }
+    if (A->moe && !A->gpt_oss) {
         /* llama.cpp normalizes Qwen3-MoE's top-k weights, as its configs ask */
+        if ((st = put_dense_layers(s, n_layers, config)) != SP_OK) return st;
         if (!cJSON_AddBoolToObject(config, "norm_topk_prob", true) ||
             !cJSON_AddNumberToObject(config, "decoder_sparse_step", 1))
             return sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
+    if (A->gpt_oss && (st = gpt_oss_config(f, n_layers, config)) != SP_OK) return st;
     /* partial rotary and rope scaling are not mapped yet: refused rather than run wrong */
     st = sp_gguf_get_int(f, arch_key(k, sizeof k, an, "rope.dimension_count"), 0, INT32_MAX, &rot);
     if (st == SP_OK && rot != hd)
@@ -188,6 +224,7 @@ static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_ggu
     sp_error_clear();
     struct sp_gguf_str type;
     st = sp_gguf_get_str(f, arch_key(k, sizeof k, an, "rope.scaling.type"), &type);
+    if (st == SP_OK && A->gpt_oss && type.len == 4 && !memcmp(type.data, "yarn", 4)) st = SP_ERR_NOT_FOUND;  // read above
     if (st == SP_OK && !(type.len == 4 && !memcmp(type.data, "none", 4)))
         return sp_errorf(SP_ERR_UNSUPPORTED, "%s: %s \"%.*s\": RoPE scaling in a GGUF is not read yet", f->path, k,
                          (int)type.len, type.data);
@@ -212,31 +249,40 @@ static const char *const layer_names[][2] = {
     {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"}, {"ffn_gate_inp", "mlp.gate"},
     {"ffn_gate_exps", "mlp.switch_mlp.gate_proj"}, {"ffn_up_exps", "mlp.switch_mlp.up_proj"},
     {"ffn_down_exps", "mlp.switch_mlp.down_proj"},
+    /* gpt-oss */
+    {"post_attention_norm", "post_attention_layernorm"}, {"attn_sinks", "self_attn.sinks"},
 };
 
 /* The rotary reorder a tensor needs: 0 none, 1 q heads, 2 k heads. */
 enum { REORDER_NONE, REORDER_Q, REORDER_K };
 
-/* name's Hugging Face name into hf (cap bytes) and its reorder; false for a name outside the table. */
-static bool hf_name(const char *name, char *hf, size_t cap, int *reorder) {
+/* name's Hugging Face module (or bare parameter) into stem (cap bytes),
+ * its parameter's suffix (".weight", ".bias" or "" for a bare one) and its
+ * reorder; false for a name outside the table. */
+static bool hf_name(const char *name, char *stem, size_t cap, const char **suffix, int *reorder) {
     *reorder = REORDER_NONE;
+    *suffix = ".weight";
     for (size_t i = 0; i < sizeof global_names / sizeof *global_names; i++)
         if (!strcmp(name, global_names[i][0])) {
-            snprintf(hf, cap, "%s", global_names[i][1]);
+            snprintf(stem, cap, "%.*s", (int)(strlen(global_names[i][1]) - strlen(".weight")), global_names[i][1]);
             return true;
         }
     unsigned layer;
     int at = 0;
     if (sscanf(name, "blk.%u.%n", &layer, &at) != 1 || !at) return false;
     const char *part = name + at, *dot = strrchr(part, '.');
-    if (!dot || strcmp(dot, ".weight")) return false;
+    if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return false;
     size_t plen = (size_t)(dot - part);
     for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
         if (strlen(layer_names[i][0]) == plen && !memcmp(part, layer_names[i][0], plen)) {
-            snprintf(hf, cap, "model.layers.%u.%s.weight", layer, layer_names[i][1]);
-            *reorder = !strcmp(layer_names[i][0], "attn_q")   ? REORDER_Q
-                       : !strcmp(layer_names[i][0], "attn_k") ? REORDER_K
-                                                              : REORDER_NONE;
+            bool bare = !strcmp(layer_names[i][0], "attn_sinks");
+            if (bare && strcmp(dot, ".weight")) return false;
+            snprintf(stem, cap, "model.layers.%u.%s", layer, layer_names[i][1]);
+            *suffix = bare ? "" : !strcmp(dot, ".bias") ? ".bias" : ".weight";
+            if (!strcmp(dot, ".weight"))
+                *reorder = !strcmp(layer_names[i][0], "attn_q")   ? REORDER_Q
+                           : !strcmp(layer_names[i][0], "attn_k") ? REORDER_K
+                                                                  : REORDER_NONE;
             return true;
         }
     return false;
@@ -328,7 +374,8 @@ static int64_t src_row(int64_t o, int64_t d) {
 struct plan {
     const struct sp_gguf_tensor *t;
     const struct gguf_read *rd;
-    char hf[96];   // its Hugging Face name (".weight")
+    char hf[96];   // its Hugging Face module, or a bare parameter's name
+    const char *suffix;  // the parameter's: ".weight", ".bias" or "" (bare)
     int64_t d;     // rows of a head to reorder, or 0
     int64_t rows;  // product of the dims past the first
     size_t owned;  // bytes it takes in f->owned
@@ -336,12 +383,8 @@ struct plan {
 
 /* The module's parameters in the quantization section. */
 static enum sp_status put_module(cJSON *quant, const struct plan *pl) {
-    size_t l = strlen(pl->hf) - strlen(".weight");
-    char module[96];
-    memcpy(module, pl->hf, l);
-    module[l] = 0;
     cJSON *o = cJSON_CreateObject();
-    if (!o || !cJSON_AddItemToObject(quant, module, o) || !cJSON_AddNumberToObject(o, "group_size", BLOCK) ||
+    if (!o || !cJSON_AddItemToObject(quant, pl->hf, o) || !cJSON_AddNumberToObject(o, "group_size", BLOCK) ||
         !cJSON_AddNumberToObject(o, "bits", pl->rd->bits) || !cJSON_AddStringToObject(o, "mode", pl->rd->mode))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     return SP_OK;
@@ -352,8 +395,7 @@ static enum sp_status add_tensor(struct sp_st_file *f, const struct plan *pl, co
                                  int64_t last, const void *data, size_t nbytes) {
     struct sp_st_tensor *o = &f->tensors[f->n_tensors];
     char *name = f->names + f->n_tensors * 96;
-    size_t stem = strlen(pl->hf) - strlen(".weight");
-    snprintf(name, 96, "%.*s%s", (int)stem, pl->hf, suffix);
+    snprintf(name, 96, "%s%s", pl->hf, suffix);
     const struct sp_gguf_tensor *t = pl->t;
     o->name = name;
     o->dtype = dt;
@@ -378,10 +420,10 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
     const unsigned char *src = t->data;
     int64_t cols = t->dims[0], rows = pl->rows;
     if (!pl->rd->mode) {
-        if (!pl->d) return add_tensor(f, pl, ".weight", pl->rd->dtype, cols, t->data, t->nbytes);
+        if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, t->data, t->nbytes);
         size_t rb = t->nbytes / (size_t)rows;
         for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
-        enum sp_status st = add_tensor(f, pl, ".weight", pl->rd->dtype, cols, *at, t->nbytes);
+        enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, *at, t->nbytes);
         *at += t->nbytes;
         return st;
     }
@@ -435,7 +477,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         const struct sp_gguf_tensor *t = pl->t = s->tensors[i];
         int reorder;
         pl->rows = sp_gguf_numel(t) / t->dims[0];
-        if (!hf_name(t->name, pl->hf, sizeof pl->hf, &reorder)) {
+        if (!hf_name(t->name, pl->hf, sizeof pl->hf, &pl->suffix, &reorder)) {
             st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s has no place in a %s model", g->path, t->name, A->name);
             break;
         }
@@ -455,6 +497,11 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
             pl->d = pl->rows / heads;
         }
         if (pl->rd->mode) {
+            if (strcmp(pl->suffix, ".weight")) {
+                st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s is %s: only weight matrices are read quantized",
+                               g->path, t->name, sp_gguf_type_name(t->type));
+                break;
+            }
             if (t->dims[0] % BLOCK) {
                 st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: rows of %lld are not whole blocks", g->path, t->name,
                                (long long)t->dims[0]);
@@ -498,8 +545,8 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
     const struct gguf_arch *A = arch_of(arch);
     if (!A) {
         st = sp_errorf(SP_ERR_UNSUPPORTED,
-                       "%s: general.architecture \"%.*s\": the GGUF architectures read so far are llama, qwen3 and "
-                       "qwen3moe",
+                       "%s: general.architecture \"%.*s\": the GGUF architectures read so far are llama, qwen3, "
+                       "qwen3moe and gpt-oss",
                        path, (int)arch.len, arch.data);
         goto done;
     }

@@ -15,7 +15,11 @@
  * owns), qwen3 and qwen3moe (stacked experts, ffn_*_exps, as mlx-lm's
  * SwitchGLU: the expert store reads them one expert at a time; a layer
  * without a router is dense; rope_freqs.weight, Llama 3's RoPE scaling as
- * llama.cpp computes it, becomes the "factors" scaling). Tensor types: F32, F16 and BF16 as they are
+ * llama.cpp computes it, becomes the "factors" scaling), gpt-oss (its
+ * biases, sinks, post-attention norm, router bias and split ffn_gate_exps /
+ * ffn_up_exps with their biases as SwitchGLU's; every other layer sliding
+ * from the first, as llama.cpp has it; YaRN from rope.scaling.*; a fused
+ * ffn_gate_up_exps is refused by name). Tensor types: F32, F16 and BF16 as they are
  * in the mapping; Q8_0, Q4_0, Q4_1 and MXFP4 repacked exactly, at open,
  * into MLX's affine 8- and 4-bit and mxfp4 (group 32) in memory the file
  * owns, so the CPU and CUDA products read them (a copy of the weights:

@@ -35,6 +35,14 @@ static const struct bpe_pre {
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|"
      "\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+",
      NULL, true},
+    /* gpt-oss (o200k) */
+    {"gpt-4o",
+     "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?[\\\\p{Lu}\\\\p{Lt}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]*[\\\\p{Ll}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]+(?i:'s|"
+     "'t|'re|'ve|'m|'ll|'d)?|"
+     "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?[\\\\p{Lu}\\\\p{Lt}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]+[\\\\p{Ll}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]*(?i:'s|"
+     "'t|'re|'ve|'m|'ll|'d)?|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n/]*|\\\\s*[\\\\r\\\\n]+|"
+     "\\\\s+(?!\\\\S)|\\\\s+",
+     NULL, true},
 };
 static const char BYTELEVEL[] =
     "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}";
@@ -316,7 +324,7 @@ static enum sp_status bpe_pre_of(const struct sp_gguf_file *f, const struct bpe_
         }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "%s: tokenizer.ggml.pre \"%.*s\": the byte-level BPE pre-tokenizers read so far are qwen2 (Qwen2, "
-                     "Qwen2.5, Qwen3) and llama-bpe (Llama 3)",
+                     "Qwen2.5, Qwen3), llama-bpe (Llama 3) and gpt-4o (gpt-oss)",
                      f->path, (int)(pre.len < 60 ? pre.len : 60), pre.data);
 }
 

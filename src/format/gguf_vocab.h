@@ -21,7 +21,8 @@
  * tokenizer.ggml.model "gpt2" (byte-level BPE, as Qwen2/2.5/3 and Llama 3
  * GGUFs hold it): the pieces and tokenizer.ggml.merges as the model, the
  * pre-tokenizer that tokenizer.ggml.pre names ("qwen2": Qwen's Split regex
- * and an NFC normalizer; "llama-bpe": Llama 3's regex and ignore_merges)
+ * and an NFC normalizer; "llama-bpe": Llama 3's regex and ignore_merges;
+ * "gpt-4o": gpt-oss's o200k regex and ignore_merges)
  * followed by ByteLevel, a ByteLevel decoder; control pieces special added
  * tokens, user-defined ones plain added tokens, unused ones ("[PAD<id>]")
  * left out. bos / eos / add_bos_token as the keys say (default: none, as
