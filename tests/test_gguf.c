@@ -679,30 +679,40 @@ static void test_split(void **state) {
 
 /* ---- GGUF models ---- */
 
-/* Hugging Face names of the fixtures to GGUF's. */
+/* Hugging Face names of the fixtures to GGUF's: whole names, then per-layer prefixes. */
+static const char *const gguf_globals[][2] = {
+    {"model.embed_tokens.weight", "token_embd.weight"}, {"model.word_embeddings.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},        {"lm_head.weight", "output.weight"},
+};
 static const char *const gguf_names[][2] = {
-    {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"},                {"input_layernorm", "attn_norm"},
+    {"input_layernorm", "attn_norm"},
     {"self_attn.q_proj", "attn_q"},                     {"self_attn.k_proj", "attn_k"},
     {"self_attn.v_proj", "attn_v"},                     {"self_attn.o_proj", "attn_output"},
     {"self_attn.q_norm", "attn_q_norm"},                {"self_attn.k_norm", "attn_k_norm"},
     {"post_attention_layernorm", "ffn_norm"},           {"mlp.gate_proj", "ffn_gate"},
     {"mlp.up_proj", "ffn_up"},                          {"mlp.down_proj", "ffn_down"},
-    {"mlp.gate.", "ffn_gate_inp"},
+    {"mlp.gate.expert_bias", "exp_probs_b"},            {"mlp.gate.", "ffn_gate_inp"},
+    /* bailing_moe */
+    {"attention.query_key_value", "attn_qkv"},          {"attention.dense", "attn_output"},
+    {"attention.query_layernorm", "attn_q_norm"},       {"attention.key_layernorm", "attn_k_norm"},
+    {"mlp.shared_experts.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_experts.up_proj", "ffn_up_shexp"},
+    {"mlp.shared_experts.down_proj", "ffn_down_shexp"},
 };
 
 static void gguf_name(const char *hf, char *out, size_t cap) {
-    for (size_t i = 0; i < 3; i++)
-        if (!strcmp(hf, gguf_names[i][0])) {
-            snprintf(out, cap, "%s", gguf_names[i][1]);
+    for (size_t i = 0; i < sizeof gguf_globals / sizeof *gguf_globals; i++)
+        if (!strcmp(hf, gguf_globals[i][0])) {
+            snprintf(out, cap, "%s", gguf_globals[i][1]);
             return;
         }
     unsigned layer;
     int at = 0;
     assert_int_equal(sscanf(hf, "model.layers.%u.%n", &layer, &at), 1);
-    for (size_t i = 3; i < sizeof gguf_names / sizeof *gguf_names; i++)
+    size_t l = strlen(hf);
+    bool bias = (l > 5 && !strcmp(hf + l - 5, ".bias")) || strstr(hf, "expert_bias") != NULL;
+    for (size_t i = 0; i < sizeof gguf_names / sizeof *gguf_names; i++)
         if (!strncmp(hf + at, gguf_names[i][0], strlen(gguf_names[i][0]))) {
-            snprintf(out, cap, "blk.%u.%s.weight", layer, gguf_names[i][1]);
+            snprintf(out, cap, "blk.%u.%s.%s", layer, gguf_names[i][1], bias ? "bias" : "weight");
             return;
         }
     fail_msg("no GGUF name for %s", hf);
@@ -717,9 +727,11 @@ struct fixture {
 static const struct fixture fx_llama = {"tests/fixtures/llama", "llama", 0x3727c5ac, 0x461c4000, 2, 0};
 static const struct fixture fx_qwen3 = {"tests/fixtures/qwen3", "qwen3", 0x358637bd, 0x49742400, 2, 0};
 static const struct fixture fx_qwen3_moe = {"tests/fixtures/qwen3_moe", "qwen3moe", 0x358637bd, 0x49742400, 3, 16};
+static const struct fixture fx_bailing = {"tests/fixtures/bailing_moe", "bailingmoe2", 0x358637bd, 0x49127c00, 3, 16};
 
 /* What a written model gets wrong on purpose. */
-enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q5_0, FLAW_NAME, FLAW_HEADS };
+enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q5_0, FLAW_NAME, FLAW_HEADS,
+            FLAW_MTP };  // not a flaw: a bailingmoe2 MTP block past the model's, to be left out
 
 /* ---- ggml's 32-element blocks, written and read here from their layout ---- */
 
@@ -828,7 +840,7 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
     snprintf(path, sizeof path, "%s/model.safetensors", fx->dir);
     struct sp_st_file *f;
     assert_int_equal(sp_st_open(path, &f), SP_OK);
-    struct out_tensor *ot = calloc((size_t)f->n_tensors + 2, sizeof *ot);
+    struct out_tensor *ot = calloc((size_t)f->n_tensors + 3, sizeof *ot);
     int64_t n = 0;
     for (int64_t i = 0; i < f->n_tensors; i++) {
         const struct sp_st_tensor *t = &f->tensors[i];
@@ -875,14 +887,24 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         ot[n].nd = 1, ot[n].dims[0] = 4, ot[n].nbytes = 16, ot[n].type = SP_GGUF_TYPE_F32;
         n++;
     }
+    if (flaw == FLAW_MTP) {  // a name of its own and one the model's blocks have
+        snprintf(ot[n].name, sizeof ot[n].name, "blk.%d.nextn.eh_proj.weight", fx->layers);
+        ot[n].nd = 1, ot[n].dims[0] = 4, ot[n].nbytes = 16, ot[n].type = SP_GGUF_TYPE_F32;
+        n++;
+        snprintf(ot[n].name, sizeof ot[n].name, "blk.%d.attn_norm.weight", fx->layers);
+        ot[n].nd = 1, ot[n].dims[0] = 64, ot[n].nbytes = 256, ot[n].type = SP_GGUF_TYPE_F32;
+        n++;
+    }
     struct sp_buf b = SP_BUF_INIT;
     const char *a = fx->arch;
-    w_header(&b, 3, (uint64_t)n, fx->experts ? 12 : 9);
+    bool bailing = !strcmp(a, "bailingmoe2");
+    w_header(&b, 3, (uint64_t)n, (fx->experts ? 12 : 9) + (bailing ? 8 : 0) + (flaw == FLAW_MTP));
     w_kv_str(&b, "general.architecture", flaw == FLAW_ARCH ? "qwen9" : a);
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", a, s), key)
     w_kv_u32(&b, KEY("embedding_length"), 64);
     w_kv_u32(&b, KEY("feed_forward_length"), 128);
-    w_kv_u32(&b, KEY("block_count"), (uint32_t)fx->layers);
+    w_kv_u32(&b, KEY("block_count"), (uint32_t)fx->layers + (flaw == FLAW_MTP));
+    if (flaw == FLAW_MTP) w_kv_u32(&b, KEY("nextn_predict_layers"), 1);
     w_kv_u32(&b, KEY("attention.head_count"), flaw == FLAW_HEADS ? 5 : 4);
     w_kv_u32(&b, KEY("attention.head_count_kv"), 2);
     w_kv_u32(&b, KEY("context_length"), 256);
@@ -892,6 +914,17 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         w_kv_u32(&b, KEY("expert_count"), (uint32_t)fx->experts);
         w_kv_u32(&b, KEY("expert_used_count"), 4);
         w_kv_u32(&b, KEY("expert_feed_forward_length"), 64);
+    }
+    if (bailing) {  // the fixture's config: one dense layer, a shared expert, 4 groups of which 2, half the head rotated
+        w_kv_u32(&b, KEY("leading_dense_block_count"), 1);
+        w_kv_u32(&b, KEY("expert_shared_count"), 1);
+        w_kv_f32(&b, KEY("expert_weights_scale"), 0x40200000);  // 2.5
+        w_key(&b, KEY("expert_weights_norm"), SP_GGUF_VTYPE_BOOL);
+        w_uint(&b, 1, 1);
+        w_kv_u32(&b, KEY("expert_gating_func"), 2);  // sigmoid
+        w_kv_u32(&b, KEY("expert_group_count"), 4);
+        w_kv_u32(&b, KEY("expert_group_used_count"), 2);
+        w_kv_u32(&b, KEY("rope.dimension_count"), 8);
     }
 #undef KEY
     for (int64_t i = 0; qt != SP_GGUF_TYPE_BF16 && i < n; i++)
@@ -983,12 +1016,15 @@ static float *model_logits(struct sp_model *m, int64_t n) {
 
 /* Each fixture written as a GGUF gives the logits of its safetensors, bit
  * for bit (llama: q / k rows reordered; qwen3_moe: stacked experts and a
- * dense layer without a router). */
+ * dense layer without a router; bailing_moe as bailingmoe2: fused q / k /
+ * v, shared experts, group routing with an expert bias, a leading dense
+ * layer, half of each head rotated, and an MTP block left out). */
 static void test_gguf_models(void **state) {
-    const struct fixture *fxs[] = {&fx_llama, &fx_qwen3, &fx_qwen3_moe};
+    const struct fixture *fxs[] = {&fx_llama, &fx_qwen3, &fx_qwen3_moe, &fx_bailing, &fx_bailing};
     for (size_t i = 0; i < sizeof fxs / sizeof *fxs; i++) {
         char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");
-        write_fixture_gguf(fxs[i], dir, "m.gguf", FLAW_NONE, SP_GGUF_TYPE_BF16, NULL);
+        /* the second bailingmoe2 with an MTP block past its three, which the loader leaves out */
+        write_fixture_gguf(fxs[i], dir, "m.gguf", i == 4 ? FLAW_MTP : FLAW_NONE, SP_GGUF_TYPE_BF16, NULL);
         char *st_dir = plain_rope_copy(fxs[i], dir);
         struct sp_model *g, *h;
         if (sp_model_open(path, &g) != SP_OK) fail_msg("%s: %s", fxs[i]->arch, sp_error_msg());

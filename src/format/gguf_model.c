@@ -59,19 +59,28 @@ static enum sp_status put_float(const struct sp_gguf_file *f, cJSON *config, con
 
 /* The architectures read: GGUF's name, the Hugging Face class and
  * model_type it stands for, and what their GGUFs do differently. */
+/* What an architecture's GGUF holds besides the common keys. */
+enum gguf_family {
+    FAMILY_DENSE,
+    FAMILY_QWEN3MOE,  // layers without a router are dense (mlp_only_layers)
+    FAMILY_GPT_OSS,   // biases, sinks, sliding layers, YaRN, every layer MoE
+    FAMILY_BAILING,   // shared experts, group routing, partial rotary, MTP blocks past the model's
+};
+
 struct gguf_arch {
     const char *name, *hf_class, *model_type;
+    enum gguf_family family;
     bool reorder_qk;  // llama.cpp's converter interleaves each head's q / k rotary pairs
     bool moe;         // expert keys and tensors
-    bool gpt_oss;     // gpt-oss: biases, sinks, sliding layers, YaRN, every layer MoE
     double eps, theta;  // defaults of the RMSNorm epsilon and the RoPE base
 };
 
 static const struct gguf_arch archs[] = {
-    {"llama", "LlamaForCausalLM", "llama", true, false, false, 1e-5, 10000.0},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false, false, 1e-6, 1000000.0},
-    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", false, true, false, 1e-6, 1000000.0},
-    {"gpt-oss", "GptOssForCausalLM", "gpt_oss", false, true, true, 1e-5, 150000.0},
+    {"llama", "LlamaForCausalLM", "llama", FAMILY_DENSE, true, false, 1e-5, 10000.0},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", FAMILY_DENSE, false, false, 1e-6, 1000000.0},
+    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", FAMILY_QWEN3MOE, false, true, 1e-6, 1000000.0},
+    {"gpt-oss", "GptOssForCausalLM", "gpt_oss", FAMILY_GPT_OSS, false, true, 1e-5, 150000.0},
+    {"bailingmoe2", "BailingMoeV2ForCausalLM", "bailing_moe", FAMILY_BAILING, false, true, 1e-6, 10000.0},
 };
 
 static const struct gguf_arch *arch_of(struct sp_gguf_str name) {
@@ -157,9 +166,58 @@ static enum sp_status gpt_oss_config(const struct sp_gguf_file *f, int64_t n_lay
     return SP_OK;
 }
 
+/* Tensor name exists in s. */
+static bool has_tensor(const struct sp_gguf_split *s, const char *name) { return sp_gguf_split_find(s, name, NULL) != NULL; }
+
+/* bailingmoe2's keys (Ling 2.0): its MTP blocks past the model's (left
+ * out: *kept_layers), leading dense layers, shared experts, routing
+ * (gating function 1 softmax, 2 sigmoid; groups; scale) and the rotated
+ * share of a head; its optional parts from the tensors blk.0 has. */
+static enum sp_status bailing_config(const struct sp_gguf_split *s, int64_t hd, int64_t rot, cJSON *config,
+                                     int64_t *kept_layers) {
+    const struct sp_gguf_file *f = s->shards[0];
+    int64_t nextn, gating, groups;
+    enum sp_status st;
+    if ((st = put_int(f, config, "num_nextn_predict_layers", "bailingmoe2.nextn_predict_layers", 0, &nextn)) != SP_OK)
+        return st;
+    if (nextn >= *kept_layers)
+        return sp_errorf(SP_ERR_FORMAT, "%s: bailingmoe2.nextn_predict_layers %lld leaves none of the %lld blocks",
+                         f->path, (long long)nextn, (long long)*kept_layers);
+    *kept_layers -= nextn;
+    cJSON_SetIntValue(cJSON_GetObjectItem(config, "num_hidden_layers"), (int)*kept_layers);
+    cJSON_SetIntValue(cJSON_GetObjectItem(config, "num_nextn_predict_layers"), 0);
+    if ((st = put_int(f, config, "first_k_dense_replace", "bailingmoe2.leading_dense_block_count", 0, NULL)) ||
+        (st = put_int(f, config, "num_shared_experts", "bailingmoe2.expert_shared_count", 0, NULL)) ||
+        (st = put_float(f, config, "routed_scaling_factor", "bailingmoe2.expert_weights_scale", 1.0)) ||
+        (st = put_int(f, config, "n_group", "bailingmoe2.expert_group_count", 1, &groups)) ||
+        (st = put_int(f, config, "topk_group", "bailingmoe2.expert_group_used_count", groups, NULL)))
+        return st;
+    st = sp_gguf_get_int(f, "bailingmoe2.expert_gating_func", 0, INT32_MAX, &gating);
+    if (st == SP_ERR_NOT_FOUND) {
+        sp_error_clear();
+        gating = 2;
+    } else if (st != SP_OK) {
+        return st;
+    }
+    if (gating != 1 && gating != 2)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "%s: bailingmoe2.expert_gating_func %lld (read: 1 softmax, 2 sigmoid)",
+                         f->path, (long long)gating);
+    if (rot <= 0 || rot > hd || rot % 2)
+        return sp_errorf(SP_ERR_FORMAT, "%s: bailingmoe2.rope.dimension_count %lld is not an even part of the head's "
+                         "%lld dimensions", f->path, (long long)rot, (long long)hd);
+    if (!cJSON_AddStringToObject(config, "score_function", gating == 1 ? "softmax" : "sigmoid") ||
+        !cJSON_AddNumberToObject(config, "partial_rotary_factor", (double)rot / (double)hd) ||
+        !cJSON_AddBoolToObject(config, "norm_topk_prob", true) ||
+        !cJSON_AddBoolToObject(config, "use_qk_norm", has_tensor(s, "blk.0.attn_q_norm.weight")) ||
+        !cJSON_AddBoolToObject(config, "use_qkv_bias", has_tensor(s, "blk.0.attn_qkv.bias")) ||
+        !cJSON_AddBoolToObject(config, "use_bias", has_tensor(s, "blk.0.attn_output.bias")))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    return SP_OK;
+}
+
 /* The keys llama.cpp's converter writes for A, as the Hugging Face config. */
 static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_gguf_split *s, int64_t vocab, bool tied,
-                                  cJSON *config, int64_t *n_head, int64_t *n_kv) {
+                                  cJSON *config, int64_t *n_head, int64_t *n_kv, int64_t *kept_layers) {
     const struct sp_gguf_file *f = s->shards[0];
     const char *an = A->name;
     char k[96];
@@ -179,6 +237,7 @@ static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_ggu
         (st = put_int(f, config, "num_attention_heads", arch_key(k, sizeof k, an, "attention.head_count"), -1,
                       n_head)))
         return st;
+    *kept_layers = n_layers;
     if (*n_head <= 0 || hidden % *n_head)
         return sp_errorf(SP_ERR_FORMAT, "%s: %s.attention.head_count %lld does not divide %s.embedding_length %lld",
                          f->path, an, (long long)*n_head, an, (long long)hidden);
@@ -202,21 +261,25 @@ static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_ggu
         if ((st = put_int(f, config, "num_experts", arch_key(k, sizeof k, an, "expert_count"), -1, NULL)) ||
             (st = put_int(f, config, "num_experts_per_tok", arch_key(k, sizeof k, an, "expert_used_count"), -1,
                           NULL)) ||
-            (st = put_int(f, config, A->gpt_oss ? "intermediate_size" : "moe_intermediate_size",
+            (st = put_int(f, config, A->family == FAMILY_GPT_OSS ? "intermediate_size" : "moe_intermediate_size",
                           arch_key(k, sizeof k, an, "expert_feed_forward_length"), -1, NULL)))
             return st;
     }
-    if (A->moe && !A->gpt_oss) {
+    if (A->family == FAMILY_QWEN3MOE) {
         /* llama.cpp normalizes Qwen3-MoE's top-k weights, as its configs ask */
         if ((st = put_dense_layers(s, n_layers, config)) != SP_OK) return st;
         if (!cJSON_AddBoolToObject(config, "norm_topk_prob", true) ||
             !cJSON_AddNumberToObject(config, "decoder_sparse_step", 1))
             return sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
-    if (A->gpt_oss && (st = gpt_oss_config(f, n_layers, config)) != SP_OK) return st;
-    /* partial rotary and rope scaling are not mapped yet: refused rather than run wrong */
+    if (A->family == FAMILY_GPT_OSS && (st = gpt_oss_config(f, n_layers, config)) != SP_OK) return st;
+    /* partial rotary (but Ling's) and rope scaling (but gpt-oss's YaRN) are not mapped: refused rather than run wrong */
     st = sp_gguf_get_int(f, arch_key(k, sizeof k, an, "rope.dimension_count"), 0, INT32_MAX, &rot);
-    if (st == SP_OK && rot != hd)
+    if (st == SP_ERR_NOT_FOUND) rot = hd;
+    if (A->family == FAMILY_BAILING && (st == SP_OK || st == SP_ERR_NOT_FOUND)) {
+        sp_error_clear();
+        if ((st = bailing_config(s, hd, rot, config, kept_layers)) != SP_OK) return st;
+    } else if (st == SP_OK && rot != hd)
         return sp_errorf(SP_ERR_UNSUPPORTED,
                          "%s: %s is %lld, not the head's %lld dimensions (partial rotary in a GGUF is not read yet)",
                          f->path, k, (long long)rot, (long long)hd);
@@ -224,7 +287,8 @@ static enum sp_status arch_config(const struct gguf_arch *A, const struct sp_ggu
     sp_error_clear();
     struct sp_gguf_str type;
     st = sp_gguf_get_str(f, arch_key(k, sizeof k, an, "rope.scaling.type"), &type);
-    if (st == SP_OK && A->gpt_oss && type.len == 4 && !memcmp(type.data, "yarn", 4)) st = SP_ERR_NOT_FOUND;  // read above
+    if (st == SP_OK && A->family == FAMILY_GPT_OSS && type.len == 4 && !memcmp(type.data, "yarn", 4))
+        st = SP_ERR_NOT_FOUND;  // read above
     if (st == SP_OK && !(type.len == 4 && !memcmp(type.data, "none", 4)))
         return sp_errorf(SP_ERR_UNSUPPORTED, "%s: %s \"%.*s\": RoPE scaling in a GGUF is not read yet", f->path, k,
                          (int)type.len, type.data);
@@ -242,15 +306,35 @@ static const char *const global_names[][2] = {
     {"output_norm.weight", "model.norm.weight"},
     {"output.weight", "lm_head.weight"},
 };
-static const char *const layer_names[][2] = {
-    {"attn_norm", "input_layernorm"}, {"attn_q", "self_attn.q_proj"},      {"attn_k", "self_attn.k_proj"},
-    {"attn_v", "self_attn.v_proj"},   {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
-    {"ffn_gate", "mlp.gate_proj"},    {"ffn_up", "mlp.up_proj"},           {"ffn_down", "mlp.down_proj"},
-    {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"}, {"ffn_gate_inp", "mlp.gate"},
-    {"ffn_gate_exps", "mlp.switch_mlp.gate_proj"}, {"ffn_up_exps", "mlp.switch_mlp.up_proj"},
-    {"ffn_down_exps", "mlp.switch_mlp.down_proj"},
+/* Per-layer parts: GGUF's name, Hugging Face's module, and for a bare
+ * parameter (no ".weight" in Hugging Face's name) the GGUF suffix it has. */
+static const struct {
+    const char *gguf, *hf, *bare;
+} layer_names[] = {
+    {"attn_norm", "input_layernorm", NULL},
+    {"attn_q", "self_attn.q_proj", NULL},
+    {"attn_k", "self_attn.k_proj", NULL},
+    {"attn_v", "self_attn.v_proj", NULL},
+    {"attn_output", "self_attn.o_proj", NULL},
+    {"ffn_norm", "post_attention_layernorm", NULL},
+    {"ffn_gate", "mlp.gate_proj", NULL},
+    {"ffn_up", "mlp.up_proj", NULL},
+    {"ffn_down", "mlp.down_proj", NULL},
+    {"attn_q_norm", "self_attn.q_norm", NULL},
+    {"attn_k_norm", "self_attn.k_norm", NULL},
+    {"ffn_gate_inp", "mlp.gate", NULL},
+    {"ffn_gate_exps", "mlp.switch_mlp.gate_proj", NULL},
+    {"ffn_up_exps", "mlp.switch_mlp.up_proj", NULL},
+    {"ffn_down_exps", "mlp.switch_mlp.down_proj", NULL},
     /* gpt-oss */
-    {"post_attention_norm", "post_attention_layernorm"}, {"attn_sinks", "self_attn.sinks"},
+    {"post_attention_norm", "post_attention_layernorm", NULL},
+    {"attn_sinks", "self_attn.sinks", ".weight"},
+    /* bailingmoe2 */
+    {"attn_qkv", "attention.query_key_value", NULL},
+    {"ffn_gate_shexp", "mlp.shared_experts.gate_proj", NULL},
+    {"ffn_up_shexp", "mlp.shared_experts.up_proj", NULL},
+    {"ffn_down_shexp", "mlp.shared_experts.down_proj", NULL},
+    {"exp_probs_b", "mlp.gate.expert_bias", ".bias"},
 };
 
 /* The rotary reorder a tensor needs: 0 none, 1 q heads, 2 k heads. */
@@ -274,15 +358,15 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
     if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return false;
     size_t plen = (size_t)(dot - part);
     for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
-        if (strlen(layer_names[i][0]) == plen && !memcmp(part, layer_names[i][0], plen)) {
-            bool bare = !strcmp(layer_names[i][0], "attn_sinks");
-            if (bare && strcmp(dot, ".weight")) return false;
-            snprintf(stem, cap, "model.layers.%u.%s", layer, layer_names[i][1]);
+        if (strlen(layer_names[i].gguf) == plen && !memcmp(part, layer_names[i].gguf, plen)) {
+            const char *bare = layer_names[i].bare;
+            if (bare && strcmp(dot, bare)) return false;
+            snprintf(stem, cap, "model.layers.%u.%s", layer, layer_names[i].hf);
             *suffix = bare ? "" : !strcmp(dot, ".bias") ? ".bias" : ".weight";
             if (!strcmp(dot, ".weight"))
-                *reorder = !strcmp(layer_names[i][0], "attn_q")   ? REORDER_Q
-                           : !strcmp(layer_names[i][0], "attn_k") ? REORDER_K
-                                                                  : REORDER_NONE;
+                *reorder = !strcmp(layer_names[i].gguf, "attn_q")   ? REORDER_Q
+                           : !strcmp(layer_names[i].gguf, "attn_k") ? REORDER_K
+                                                                    : REORDER_NONE;
             return true;
         }
     return false;
@@ -452,8 +536,14 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
 /* Shard si of s as a safetensors-like file: its mapping moved over, its
  * tensors under Hugging Face names, reordered rows and repacked blocks in
  * f->owned; quantized modules added to quant. */
+/* Whether tensor name belongs to a block at or past n_layers (Ling's MTP blocks). */
+static bool past_layers(const char *name, int64_t n_layers) {
+    unsigned layer;
+    return sscanf(name, "blk.%u.", &layer) == 1 && (int64_t)layer >= n_layers;
+}
+
 static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split *s, int si, int64_t n_head,
-                                 int64_t n_kv, cJSON *quant, struct sp_st_file **out) {
+                                 int64_t n_kv, int64_t n_layers, cJSON *quant, struct sp_st_file **out) {
     struct sp_gguf_file *g = s->shards[si];
     struct sp_st_file *f = sp_calloc(1, sizeof *f, SP_MEM_MODEL);
     if (!f) return sp_errorf(SP_ERR_NOMEM, "out of memory");
@@ -472,7 +562,8 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
     size_t owned = 0;
     int64_t np = 0;
     for (int64_t i = 0; i < s->n_tensors && st == SP_OK; i++) {
-        if (s->shard_of[i] != si || !strcmp(s->tensors[i]->name, ROPE_FREQS)) continue;
+        if (s->shard_of[i] != si || !strcmp(s->tensors[i]->name, ROPE_FREQS) || past_layers(s->tensors[i]->name, n_layers))
+            continue;
         struct plan *pl = &plans[np++];
         const struct sp_gguf_tensor *t = pl->t = s->tensors[i];
         int reorder;
@@ -539,14 +630,14 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
     if (st != SP_OK) return st;
     const struct sp_gguf_file *f = s->shards[0];
     struct sp_gguf_str arch;
-    int64_t n_head = 0, n_kv = 0;
+    int64_t n_head = 0, n_kv = 0, n_layers = 0;
     const struct sp_gguf_tensor *embd = sp_gguf_split_find(s, "token_embd.weight", NULL);
     if ((st = sp_gguf_get_str(f, "general.architecture", &arch)) != SP_OK) goto done;
     const struct gguf_arch *A = arch_of(arch);
     if (!A) {
         st = sp_errorf(SP_ERR_UNSUPPORTED,
                        "%s: general.architecture \"%.*s\": the GGUF architectures read so far are llama, qwen3, "
-                       "qwen3moe and gpt-oss",
+                       "qwen3moe, gpt-oss and bailingmoe2",
                        path, (int)arch.len, arch.data);
         goto done;
     }
@@ -560,7 +651,7 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
         goto done;
     }
     bool tied = !sp_gguf_split_find(s, "output.weight", NULL);
-    if ((st = arch_config(A, s, embd->dims[1], tied, mf->config, &n_head, &n_kv)) != SP_OK ||
+    if ((st = arch_config(A, s, embd->dims[1], tied, mf->config, &n_head, &n_kv, &n_layers)) != SP_OK ||
         (st = put_rope_freqs(s, mf->config)) != SP_OK)
         goto done;
     /* a module each (the global parameters are never looked up), in the config if any */
@@ -572,7 +663,7 @@ enum sp_status sp_gguf_model_open(const char *path, struct sp_model_files *mf) {
     }
     for (int i = 0; i < s->n_shards && st == SP_OK; i++) {
         struct sp_st_file *sf = NULL;
-        st = shard_file(A, s, i, n_head, n_kv, quant, &sf);
+        st = shard_file(A, s, i, n_head, n_kv, n_layers, quant, &sf);
         if (st == SP_OK) {
             st = sp_model_files_add(mf, sf);
         } else {

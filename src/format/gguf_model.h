@@ -19,7 +19,11 @@
  * biases, sinks, post-attention norm, router bias and split ffn_gate_exps /
  * ffn_up_exps with their biases as SwitchGLU's; every other layer sliding
  * from the first, as llama.cpp has it; YaRN from rope.scaling.*; a fused
- * ffn_gate_up_exps is refused by name). Tensor types: F32, F16 and BF16 as they are
+ * ffn_gate_up_exps is refused by name), bailingmoe2 (Ling 2.0: fused
+ * attn_qkv, q / k norms, shared experts ffn_*_shexp, exp_probs_b as the
+ * router's expert bias, group routing and its gating function, leading
+ * dense layers, the rotated part of a head as partial_rotary_factor; its
+ * MTP blocks past the model's are left out). Tensor types: F32, F16 and BF16 as they are
  * in the mapping; Q8_0, Q4_0, Q4_1 and MXFP4 repacked exactly, at open,
  * into MLX's affine 8- and 4-bit and mxfp4 (group 32) in memory the file
  * owns, so the CPU and CUDA products read them (a copy of the weights:
