@@ -412,6 +412,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         sp_jw_key(&w, "h2d_bytes_per_token"); sp_jw_num(&w, h2d_tok);
         sp_jw_key(&w, "h2d_bytes"); sp_jw_uint(&w, t1->bytes_in);
         sp_jw_key(&w, "gpu_fences"); sp_jw_uint(&w, t1->fences);
+        sp_jw_key(&w, "cpu_computed_experts"); sp_jw_uint(&w, t1->cpu_experts);
     }
     sp_jw_end(&w);
     printf("%s\n", b.data);

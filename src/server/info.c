@@ -115,6 +115,8 @@ void sp_info_json(const struct sp_info_src *src, struct sp_buf *out) {
         sp_jw_uint(&w, x->misses);
         sp_jw_key(&w, "host_to_device_bytes");
         sp_jw_uint(&w, x->bytes_in);
+        sp_jw_key(&w, "cpu_computed_experts");
+        sp_jw_uint(&w, x->cpu_experts);
         sp_jw_end(&w);
     } else {
         sp_jw_null(&w);

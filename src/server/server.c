@@ -1752,6 +1752,8 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
                      (unsigned long long)x->evictions);
         METRIC_VALUE("host_to_device_bytes_total", "counter", "expert bytes copied from host memory to the device", "%llu",
                      (unsigned long long)x->bytes_in);
+        METRIC_VALUE("cpu_computed_experts_total", "counter", "experts the CPU computed instead of a copy to the device (--cpu-experts)",
+                     "%llu", (unsigned long long)x->cpu_experts);
     }
     if (atomic_load(&s->ready)) {
         METRIC("model_bytes", "gauge", "model tensor bytes by role class and where they are read from");
