@@ -501,7 +501,8 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
     free(got);
 }
 
-static void test_expert_cache(void **state) {
+/* fn on each MoE fixture (opened) with its reference logits. */
+static void each_moe_fixture(void (*fn)(struct sp_model *m, const struct ref *r, const char *arch)) {
     const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe"};
     for (size_t i = 0; i < 3; i++) {
         char dir[256];
@@ -510,43 +511,49 @@ static void test_expert_cache(void **state) {
         assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
         load_ref(moe_archs[i], &r);
-        check_expert_cache(m, &r, moe_archs[i], true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
-        check_expert_cache(m, &r, moe_archs[i], false, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
-        /* the other ways of reading the files (io_uring with O_DIRECT is the default) */
-        for (int io = SP_IO_BUFFERED; io < SP_IO_COUNT; io++) {
-            char label[64];
-            snprintf(label, sizeof label, "%s %s", moe_archs[i], sp_io_method_name((enum sp_io_method)io));
-            check_expert_cache(m, &r, label, true, SP_EXPERT_POLICY_ARC, (enum sp_io_method)io);
-        }
-        /* the other replacement policies (ARC is the default) */
-        const enum sp_expert_policy policies[] = {SP_EXPERT_POLICY_LRU, SP_EXPERT_POLICY_CLOCK};
-        for (size_t k = 0; k < 2; k++) {
-            char label[64];
-            snprintf(label, sizeof label, "%s %s", moe_archs[i], sp_expert_policy_name(policies[k]));
-            check_expert_cache(m, &r, label, true, policies[k], SP_IO_AUTO);
-        }
-        const struct {
-            enum sp_qtype t;
-            int g;
-            const char *name;
-        } q[] = {{SP_QTYPE_AFFINE4, 64, "affine4"}, {SP_QTYPE_MXFP4, 32, "mxfp4"}};
-        for (size_t k = 0; k < 2; k++) {
-            char *qdir = th_tmpdir();
-            struct sp_quantize_opts o = {.type = q[k].t, .group = q[k].g};
-            assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
-            struct sp_model *qm;
-            assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
-            char label[64];
-            snprintf(label, sizeof label, "%s %s", moe_archs[i], q[k].name);
-            check_expert_cache(qm, &r, label, true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
-            sp_model_close(qm);
-            th_rmdir(qdir);
-        }
+        fn(m, &r, moe_archs[i]);
         free(r.la);
         free(r.lb);
         sp_model_close(m);
     }
 }
+
+static void expert_cache_checks(struct sp_model *m, const struct ref *r, const char *arch) {
+    check_expert_cache(m, r, arch, true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
+    check_expert_cache(m, r, arch, false, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
+    /* the other ways of reading the files (io_uring with O_DIRECT is the default) */
+    for (int io = SP_IO_BUFFERED; io < SP_IO_COUNT; io++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %s", arch, sp_io_method_name((enum sp_io_method)io));
+        check_expert_cache(m, r, label, true, SP_EXPERT_POLICY_ARC, (enum sp_io_method)io);
+    }
+    /* the other replacement policies (ARC is the default) */
+    const enum sp_expert_policy policies[] = {SP_EXPERT_POLICY_LRU, SP_EXPERT_POLICY_CLOCK};
+    for (size_t k = 0; k < 2; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %s", arch, sp_expert_policy_name(policies[k]));
+        check_expert_cache(m, r, label, true, policies[k], SP_IO_AUTO);
+    }
+    const struct {
+        enum sp_qtype t;
+        int g;
+        const char *name;
+    } q[] = {{SP_QTYPE_AFFINE4, 64, "affine4"}, {SP_QTYPE_MXFP4, 32, "mxfp4"}};
+    for (size_t k = 0; k < 2; k++) {
+        char *qdir = th_tmpdir();
+        struct sp_quantize_opts o = {.type = q[k].t, .group = q[k].g};
+        assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
+        struct sp_model *qm;
+        assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
+        char label[64];
+        snprintf(label, sizeof label, "%s %s", arch, q[k].name);
+        check_expert_cache(qm, r, label, true, SP_EXPERT_POLICY_ARC, SP_IO_AUTO);
+        sp_model_close(qm);
+        th_rmdir(qdir);
+    }
+}
+
+static void test_expert_cache(void **state) { each_moe_fixture(expert_cache_checks); }
 
 /* A device's tier of experts (model/expert_tier.h) at any budget - one
  * slot, a few, all of them - over the mapped files or over a host expert
@@ -650,32 +657,22 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
     free(got);
 }
 
-static void test_expert_tier(void **state) {
-    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe"};
-    for (size_t i = 0; i < 3; i++) {
-        char dir[256];
-        snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);
-        struct sp_model *m;
-        assert_int_equal(sp_model_open(dir, &m), SP_OK);
-        struct ref r;
-        load_ref(moe_archs[i], &r);
-        check_expert_tier(m, &r, moe_archs[i], false);
-        /* a quantized model: codes, scales and biases in their own parts */
-        char *qdir = th_tmpdir();
-        struct sp_quantize_opts o = {.type = SP_QTYPE_AFFINE4, .group = 64};
-        assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
-        struct sp_model *qm;
-        assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
-        char label[64];
-        snprintf(label, sizeof label, "%s affine4", moe_archs[i]);
-        check_expert_tier(qm, &r, label, true);
-        sp_model_close(qm);
-        th_rmdir(qdir);
-        free(r.la);
-        free(r.lb);
-        sp_model_close(m);
-    }
+static void expert_tier_checks(struct sp_model *m, const struct ref *r, const char *arch) {
+    check_expert_tier(m, r, arch, false);
+    /* a quantized model: codes, scales and biases in their own parts */
+    char *qdir = th_tmpdir();
+    struct sp_quantize_opts o = {.type = SP_QTYPE_AFFINE4, .group = 64};
+    assert_int_equal(sp_quantize_model(m, qdir, &o), SP_OK);
+    struct sp_model *qm;
+    assert_int_equal(sp_model_open(qdir, &qm), SP_OK);
+    char label[64];
+    snprintf(label, sizeof label, "%s affine4", arch);
+    check_expert_tier(qm, r, label, true);
+    sp_model_close(qm);
+    th_rmdir(qdir);
 }
+
+static void test_expert_tier(void **state) { each_moe_fixture(expert_tier_checks); }
 
 /* Looks expert e of layer 0 up in the store and hands it back: whether it was
  * a hit. */

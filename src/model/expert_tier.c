@@ -41,28 +41,6 @@ struct sp_expert_tier {
     struct sp_expert_tier_stats st;
 };
 
-static const struct sp_linear *view_at(const struct sp_expert_views *v, int i) {
-    const struct sp_linear *ls[4] = {&v->gate, &v->up, &v->down, &v->gate_up};
-    return ls[i];
-}
-
-static bool view_used(const struct sp_expert_views *v, int i) { return v->fused ? (i == 2 || i == 3) : i < 3; }
-
-static size_t aligned(size_t n) { return (n + PART_ALIGN - 1) & ~(size_t)(PART_ALIGN - 1); }
-
-/* Bytes of v's parts in a slot. */
-static size_t unit_bytes(const struct sp_expert_views *v) {
-    size_t total = 0;
-    for (int i = 0; i < 4; i++) {
-        if (!view_used(v, i)) continue;
-        const void *ptr[4];
-        size_t len[4];
-        int n = sp_linear_parts(view_at(v, i), ptr, len);
-        for (int k = 0; k < n; k++) total += aligned(len[k]);
-    }
-    return total;
-}
-
 size_t sp_expert_tier_slot_bytes(const struct sp_model *m) {
     size_t best = 0;
     for (int64_t L = 0; L < m->arch.n_layers; L++) {
@@ -72,7 +50,7 @@ size_t sp_expert_tier_slot_bytes(const struct sp_model *m) {
                           : sp_model_linear(m, L, SP_ROLE_EXP_GATE, 0, &v.gate) == SP_OK &&
                                 sp_model_linear(m, L, SP_ROLE_EXP_UP, 0, &v.up) == SP_OK;
         if (!ok || sp_model_linear(m, L, SP_ROLE_EXP_DOWN, 0, &v.down) != SP_OK) continue;
-        size_t b = unit_bytes(&v);
+        size_t b = sp_expert_views_span(&v, PART_ALIGN);
         if (b > best) best = b;
     }
     return best;
@@ -155,31 +133,9 @@ static int64_t choose_victim(const struct sp_expert_tier *t) {
     return victim;
 }
 
-/* Queues the copy of src's parts into slot memory mem; *out: src's views
- * moved there. Returns the bytes copied. */
-static size_t upload_unit(struct sp_expert_tier *t, const struct sp_expert_views *src, uint8_t *mem,
-                          struct sp_expert_views *out) {
-    *out = *src;
-    size_t off = 0, bytes = 0;
-    for (int i = 0; i < 4; i++) {
-        if (!view_used(src, i)) continue;
-        struct sp_linear *l = (struct sp_linear *)view_at(out, i);
-        const void *ptr[4];
-        size_t len[4];
-        int n = sp_linear_parts(view_at(src, i), ptr, len);
-        /* parts come in the order codes, scales, [biases], [bias] */
-        const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
-        int fi = 0;
-        for (int k = 0; k < n; k++) {
-            while (fi < 4 && ptr[k] != *fields[fi]) fi++;
-            SP_ASSERT(fi < 4);
-            t->be->ops->upload(t->be, mem + off, ptr[k], len[k]);
-            *fields[fi] = mem + off;
-            off += aligned(len[k]);
-            bytes += len[k];
-        }
-    }
-    return bytes;
+static void upload_part(void *ctx, void *dst, const void *src, size_t bytes) {
+    struct sp_backend *be = ctx;
+    be->ops->upload(be, dst, src, bytes);
 }
 
 static enum sp_status tier_get(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
@@ -205,7 +161,8 @@ static enum sp_status tier_get(void *ctx, const struct sp_expert_views *mapped, 
             t->st.evictions++;
             t->st.cached--;
         }
-        t->st.bytes_in += upload_unit(t, &src, t->arena + (size_t)victim * t->slot_bytes, &s->v);
+        s->v = src;
+        t->st.bytes_in += sp_expert_views_move(&s->v, t->arena + (size_t)victim * t->slot_bytes, PART_ALIGN, upload_part, t->be);
         if (t->lower) t->held[t->n_held++] = key;
         s->key = key;
         t->where[key] = (int32_t)victim;
@@ -255,19 +212,17 @@ static int cmp_range(const void *a, const void *b) {
 size_t sp_expert_tier_pin(struct sp_expert_tier *t, const struct sp_expert_views *views, int64_t n) {
     struct sp_backend *be = t->be;
     if (!be->ops->pin || n <= 0) return 0;
-    struct range *r = sp_malloc((size_t)n * 16 * sizeof *r, SP_MEM_MISC);
+    struct range *r = sp_malloc((size_t)n * SP_EXPERT_MAX_PARTS * sizeof *r, SP_MEM_MISC);
     if (!r) return 0;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     int64_t m = 0;
-    for (int64_t k = 0; k < n; k++)
-        for (int i = 0; i < 4; i++) {
-            if (!view_used(&views[k], i)) continue;
-            const void *ptr[4];
-            size_t len[4];
-            int np = sp_linear_parts(view_at(&views[k], i), ptr, len);
-            for (int j = 0; j < np; j++)
-                r[m++] = (struct range){(uintptr_t)ptr[j] & ~(page - 1), ((uintptr_t)ptr[j] + len[j] + page - 1) & ~(page - 1)};
-        }
+    for (int64_t k = 0; k < n; k++) {
+        const void *ptr[SP_EXPERT_MAX_PARTS];
+        size_t len[SP_EXPERT_MAX_PARTS];
+        int np = sp_expert_views_parts(&views[k], ptr, len);
+        for (int j = 0; j < np; j++)
+            r[m++] = (struct range){(uintptr_t)ptr[j] & ~(page - 1), ((uintptr_t)ptr[j] + len[j] + page - 1) & ~(page - 1)};
+    }
     qsort(r, (size_t)m, sizeof *r, cmp_range);
     int64_t w = 0;
     for (int64_t k = 0; k < m; k++) {

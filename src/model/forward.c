@@ -381,6 +381,56 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
     return st;
 }
 
+/* ---- expert views ---- */
+
+static struct sp_linear *view_at(struct sp_expert_views *v, int i) {
+    struct sp_linear *ls[4] = {&v->gate, &v->up, &v->down, &v->gate_up};
+    return ls[i];
+}
+
+static bool view_used(const struct sp_expert_views *v, int i) { return v->fused ? (i == 2 || i == 3) : i < 3; }
+
+static size_t align_up(size_t n, size_t align) { return (n + align - 1) / align * align; }
+
+size_t sp_expert_views_move(struct sp_expert_views *v, uint8_t *mem, size_t align,
+                            void (*copy)(void *ctx, void *dst, const void *src, size_t bytes), void *ctx) {
+    size_t off = 0, bytes = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!view_used(v, i)) continue;
+        struct sp_linear *l = view_at(v, i);
+        const void *ptr[4];
+        size_t len[4];
+        int n = sp_linear_parts(l, ptr, len);
+        /* parts come in the order codes, scales, [biases], [bias] */
+        const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
+        int fi = 0;
+        for (int k = 0; k < n; k++) {
+            while (fi < 4 && ptr[k] != *fields[fi]) fi++;
+            SP_ASSERT(fi < 4);
+            if (copy) copy(ctx, mem + off, ptr[k], len[k]);
+            *fields[fi] = mem + off;
+            off += align_up(len[k], align);
+            bytes += len[k];
+        }
+    }
+    return bytes;
+}
+
+int sp_expert_views_parts(const struct sp_expert_views *v, const void **ptr, size_t *len) {
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        if (view_used(v, i)) n += sp_linear_parts(view_at((struct sp_expert_views *)v, i), ptr + n, len + n);
+    return n;
+}
+
+size_t sp_expert_views_span(const struct sp_expert_views *v, size_t align) {
+    const void *ptr[SP_EXPERT_MAX_PARTS];
+    size_t len[SP_EXPERT_MAX_PARTS], total = 0;
+    int n = sp_expert_views_parts(v, ptr, len);
+    for (int k = 0; k < n; k++) total += align_up(len[k], align);
+    return total;
+}
+
 /* Expert e of a layer as views into the mapped files. */
 static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
     struct sp_expert_views v = {.fused = ly->egate_up != NULL, .down = ly->edown[e]};

@@ -51,6 +51,20 @@ struct sp_expert_views {
     bool fused;
 };
 
+/* Lays v's arrays out from mem - the linears it uses (gate, up, down, or
+ * gate_up, down), each one's parts in sp_linear_parts's order, each at the
+ * next multiple of align - and points v at them there, each part first
+ * copied by copy(ctx, dst, src, bytes) unless copy is NULL. Returns the
+ * bytes of the parts (without the alignment). */
+size_t sp_expert_views_move(struct sp_expert_views *v, uint8_t *mem, size_t align,
+                            void (*copy)(void *ctx, void *dst, const void *src, size_t bytes), void *ctx);
+/* The bytes v's parts take laid out so. */
+size_t sp_expert_views_span(const struct sp_expert_views *v, size_t align);
+/* v's parts in that order: addresses into ptr, sizes into len (at most
+ * SP_EXPERT_MAX_PARTS); returns how many. */
+#define SP_EXPERT_MAX_PARTS 12
+int sp_expert_views_parts(const struct sp_expert_views *v, const void **ptr, size_t *len);
+
 /* Where the forward pass takes routed experts from when not through the
  * model's mapping (an expert cache: runtime/experts.h; a device's tier
  * over it: model/expert_tier.h). get: expert e of layer L, valid until put

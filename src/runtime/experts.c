@@ -98,18 +98,8 @@ static bool file_of(const struct sp_model *m, const void *p, int *shard, uint64_
     return false;
 }
 
-/* Bytes of one expert's unit in a slot, each part 64-byte aligned. */
-static size_t unit_bytes(const struct sp_expert_views *v) {
-    size_t total = 0;
-    for (int i = 0; i < 4; i++) {
-        if (!view_used(v, i)) continue;
-        const void *ptr[4];
-        size_t len[4];
-        int n = sp_linear_parts(view_at(v, i), ptr, len);
-        for (int k = 0; k < n; k++) total += (len[k] + 63) & ~(size_t)63;
-    }
-    return total;
-}
+/* Where a slot's parts start: at multiples of this. */
+#define UNIT_ALIGN 64
 
 static enum sp_status mapped_views(const struct sp_model *m, int64_t L, int64_t e, struct sp_expert_views *v) {
     memset(v, 0, sizeof *v);
@@ -132,7 +122,7 @@ size_t sp_expert_store_min_budget(const struct sp_model *m) {
         if (!m->arch.layer_moe[L]) continue;
         struct sp_expert_views v;
         if (mapped_views(m, L, 0, &v) != SP_OK) continue;
-        size_t b = unit_bytes(&v);
+        size_t b = sp_expert_views_span(&v, UNIT_ALIGN);
         if (b > best) best = b;
     }
     return best;
@@ -253,23 +243,10 @@ static bool slot_interleaved(const struct sp_expert_store *s, const struct sp_ex
 static void rebase(const struct sp_expert_store *s, const struct sp_expert_views *mapped, uint8_t *mem,
                    struct sp_expert_views *out) {
     *out = *mapped;
-    size_t off = 0;
-    for (int i = 0; i < 4; i++) {
-        if (!view_used(mapped, i)) continue;
-        struct sp_linear *l = (struct sp_linear *)view_at(out, i);
-        const void *ptr[4];
-        size_t len[4];
-        int n = sp_linear_parts(view_at(mapped, i), ptr, len);
-        const void **fields[4] = {&l->w.codes, &l->w.scales, &l->w.biases, &l->bias};
-        int fi = 0;
-        for (int k = 0; k < n; k++) {
-            /* parts come in the order codes, scales, [biases], [bias] */
-            while (fi < 4 && ptr[k] != *fields[fi]) fi++;
-            if (fi < 4) *fields[fi] = mem + off;
-            off += (len[k] + 63) & ~(size_t)63;
-        }
-        if (slot_interleaved(s, mapped, i)) l->w.interleaved = true;
-    }
+    sp_expert_views_move(out, mem, UNIT_ALIGN, NULL, NULL);
+    for (int i = 0; i < 4; i++)
+        if (view_used(mapped, i) && slot_interleaved(s, mapped, i))
+            ((struct sp_linear *)view_at(out, i))->w.interleaved = true;
 }
 
 /* The matrices of an expert just read into mem (row order, as in the
@@ -302,28 +279,22 @@ static enum sp_status interleave_unit(const struct sp_expert_store *s, struct re
  * offsets in the order rebase expects. */
 static int unit_parts(const struct sp_model *m, const struct sp_expert_views *mapped, uint8_t *mem,
                       struct sp_storage_part *parts, enum sp_status *st) {
-    int np = 0;
-    size_t off = 0;
+    const void *ptr[SP_EXPERT_MAX_PARTS];
+    size_t len[SP_EXPERT_MAX_PARTS], off = 0;
+    int np = sp_expert_views_parts(mapped, ptr, len);
     *st = SP_OK;
-    for (int i = 0; i < 4; i++) {
-        if (!view_used(mapped, i)) continue;
-        const void *ptr[4];
-        size_t len[4];
-        int n = sp_linear_parts(view_at(mapped, i), ptr, len);
-        for (int k = 0; k < n; k++) {
-            SP_ASSERT(np < SP_STORAGE_MAX_PARTS);
-            if (!file_of(m, ptr[k], &parts[np].shard, &parts[np].off)) {
-                *st = sp_errorf(SP_ERR_UNSUPPORTED,
-                                "expert tensor bytes are outside the model's files (a GGUF's quantized experts are "
-                                "repacked into memory when it opens, and are not streamed from disk: load it "
-                                "without an expert cache)");
-                return 0;
-            }
-            parts[np].len = len[k];
-            parts[np].dst = mem + off;
-            off += (len[k] + 63) & ~(size_t)63;
-            np++;
+    SP_ASSERT(np <= SP_STORAGE_MAX_PARTS);
+    for (int k = 0; k < np; k++) {
+        if (!file_of(m, ptr[k], &parts[k].shard, &parts[k].off)) {
+            *st = sp_errorf(SP_ERR_UNSUPPORTED,
+                            "expert tensor bytes are outside the model's files (a GGUF's quantized experts are "
+                            "repacked into memory when it opens, and are not streamed from disk: load it "
+                            "without an expert cache)");
+            return 0;
         }
+        parts[k].len = len[k];
+        parts[k].dst = mem + off;
+        off += (len[k] + UNIT_ALIGN - 1) / UNIT_ALIGN * UNIT_ALIGN;
     }
     return np;
 }
