@@ -730,20 +730,41 @@ static const struct fixture fx_qwen3_moe = {"tests/fixtures/qwen3_moe", "qwen3mo
 static const struct fixture fx_bailing = {"tests/fixtures/bailing_moe", "bailingmoe2", 0x358637bd, 0x49127c00, 3, 16};
 
 /* What a written model gets wrong on purpose. */
-enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q5_0, FLAW_NAME, FLAW_HEADS,
+enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_IQ4_NL, FLAW_NAME, FLAW_HEADS,
             FLAW_MTP };  // not a flaw: a bailingmoe2 MTP block past the model's, to be left out
 
 /* ---- ggml's 32-element blocks, written and read here from their layout ---- */
 
 static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
-static size_t block_bytes(uint32_t t) { return t == SP_GGUF_TYPE_Q8_0 ? 34 : t == SP_GGUF_TYPE_Q4_1 ? 20 : t == SP_GGUF_TYPE_MXFP4 ? 17 : 18; }
+static size_t block_bytes(uint32_t t) {
+    switch (t) {
+    case SP_GGUF_TYPE_Q8_0: return 34;
+    case SP_GGUF_TYPE_Q4_1: return 20;
+    case SP_GGUF_TYPE_Q5_0: return 22;
+    case SP_GGUF_TYPE_Q5_1: return 24;
+    case SP_GGUF_TYPE_MXFP4: return 17;
+    default: return 18;  // Q4_0
+    }
+}
 
 /* 4-bit codes c[32] as ggml stores them: element j in the low nibble of byte j, j + 16 in its high nibble. */
 static void put_nibbles(unsigned char *qs, const int *c) {
     for (int j = 0; j < 16; j++) qs[j] = (unsigned char)(c[j] | c[j + 16] << 4);
 }
 static int get_nibble(const unsigned char *qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+/* 5-bit codes c[32] as ggml stores them: the low four bits as put_nibbles, bit 4 of element j in bit j of qh (LE). */
+static void put_fives(unsigned char *qh, unsigned char *qs, const int *c) {
+    int lo[32];
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++) lo[j] = c[j] & 15, h |= (uint32_t)(c[j] >> 4 & 1) << j;
+    for (int k = 0; k < 4; k++) qh[k] = (unsigned char)(h >> 8 * k);
+    put_nibbles(qs, lo);
+}
+static int get_five(const unsigned char *qh, const unsigned char *qs, int j) {
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    return get_nibble(qs, j) | (int)(h >> j & 1) << 4;
+}
 
 /* x[32] as one block of type t (round to nearest, as llama.cpp's reference quantizers). */
 static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
@@ -773,6 +794,20 @@ static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
         memcpy(out + 2, &h, 2);
         for (int j = 0; j < 32; j++) c[j] = (int)fminf(15, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
         put_nibbles(out + 4, c);
+    } else if (t == SP_GGUF_TYPE_Q5_0) {
+        float d = mx / -16, id = d ? 1 / d : 0;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 32; j++) c[j] = (int)fminf(31, fmaxf(0, floorf(x[j] * id + 16.5f)));
+        put_fives(out + 2, out + 6, c);
+    } else if (t == SP_GGUF_TYPE_Q5_1) {
+        float d = (hi - lo) / 31, id = d ? 1 / d : 0;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        h = sp_f32_to_f16(lo);
+        memcpy(out + 2, &h, 2);
+        for (int j = 0; j < 32; j++) c[j] = (int)fminf(31, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
+        put_fives(out + 4, out + 8, c);
     } else {  // MXFP4: the largest magnitude within 6 x 2^(e - 127)
         int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 1;
         e = e < 1 ? 1 : e > 254 ? 254 : e;
@@ -797,6 +832,11 @@ static float dequant_block(uint32_t t, const unsigned char *b, int j) {
     if (t == SP_GGUF_TYPE_Q4_0) return sp_f16_to_f32(h0) * (float)(get_nibble(b + 2, j) - 8);
     if (t == SP_GGUF_TYPE_Q4_1) {
         float p = sp_f16_to_f32(h0) * (float)get_nibble(b + 4, j);
+        return p + sp_f16_to_f32(h1);
+    }
+    if (t == SP_GGUF_TYPE_Q5_0) return sp_f16_to_f32(h0) * (float)(get_five(b + 2, b + 6, j) - 16);
+    if (t == SP_GGUF_TYPE_Q5_1) {
+        float p = sp_f16_to_f32(h0) * (float)get_five(b + 4, b + 8, j);
         return p + sp_f16_to_f32(h1);
     }
     int c = get_nibble(b + 1, j);
@@ -872,9 +912,9 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         o->n_src = 1;
         o->nbytes = t->nbytes;
         o->type = SP_GGUF_TYPE_BF16;
-        if (flaw == FLAW_Q5_0 && !strcmp(o->name, "blk.1.attn_v.weight")) {
-            o->type = SP_GGUF_TYPE_Q5_0;
-            o->nbytes = (size_t)(o->dims[0] / 32 * 22 * o->dims[1]);
+        if (flaw == FLAW_IQ4_NL && !strcmp(o->name, "blk.1.attn_v.weight")) {
+            o->type = SP_GGUF_TYPE_IQ4_NL;
+            o->nbytes = (size_t)(o->dims[0] / 32 * 18 * o->dims[1]);
         }
     }
     if (rope_freqs) {  // 8 frequencies of a 16-dimension head
@@ -1043,7 +1083,7 @@ static void test_gguf_models(void **state) {
     }
 }
 
-/* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1 and MXFP4 reads, as
+/* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 reads, as
  * the model's matrix, exactly the values ggml's layout gives its blocks
  * (llama's q / k rows reordered, qwen3_moe's experts sliced), and the
  * models run. */
@@ -1054,7 +1094,9 @@ static void test_gguf_quantized(void **state) {
     } cases[] = {{&fx_llama, SP_GGUF_TYPE_Q4_0},
                  {&fx_qwen3, SP_GGUF_TYPE_Q4_1},
                  {&fx_qwen3_moe, SP_GGUF_TYPE_Q8_0},
-                 {&fx_qwen3_moe, SP_GGUF_TYPE_MXFP4}};
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_MXFP4},
+                 {&fx_qwen3, SP_GGUF_TYPE_Q5_0},
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_Q5_1}};
     static const struct {
         enum sp_role role;
         const char *gguf;
@@ -1541,7 +1583,7 @@ static void test_llama_model_refused(void **state) {
         enum flaw flaw;
         const char *needle;
     } cases[] = {{FLAW_ARCH, "general.architecture \"qwen9\""},
-                 {FLAW_Q5_0, "blk.1.attn_v.weight is Q5_0"},
+                 {FLAW_IQ4_NL, "blk.1.attn_v.weight is IQ4_NL"},
                  {FLAW_NAME, "blk.0.attn_weird.weight"},
                  {FLAW_HEADS, "head_count 5"}};
     char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");

@@ -375,10 +375,12 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
 /* How a GGUF tensor type is read: as floats, or repacked, block by block
  * and exactly, into the MLX format whose products compute the same values
  * (Q8_0: d q = d u - 128 d for the code u = q + 128, affine 8-bit; Q4_0:
- * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; MXFP4: the same
- * E2M1 codes and E8M0 scale). ggml's 4-bit blocks hold element j in the low
- * nibble of byte j and element j + 16 in its high nibble; MLX packs
- * element k in nibble k. */
+ * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; Q5_0: d (q - 16),
+ * affine 5-bit with bias -16 d; Q5_1: d q + m; MXFP4: the same E2M1 codes
+ * and E8M0 scale). ggml's 4-bit blocks hold element j in the low nibble of
+ * byte j and element j + 16 in its high nibble (its 5-bit ones the fifth
+ * bit of element j in bit j of a 32-bit qh); MLX packs element k in nibble
+ * k, wider codes LSB first. */
 struct gguf_read {
     enum sp_gguf_type type;
     enum sp_dtype dtype;  // float types: the tensor's dtype
@@ -395,6 +397,8 @@ static const struct gguf_read reads[] = {
     {SP_GGUF_TYPE_Q8_0, SP_DTYPE_U8, "affine", 8, SP_DTYPE_F16, true},
     {SP_GGUF_TYPE_Q4_0, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
     {SP_GGUF_TYPE_Q4_1, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
+    {SP_GGUF_TYPE_Q5_0, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true},
+    {SP_GGUF_TYPE_Q5_1, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true},
     {SP_GGUF_TYPE_MXFP4, SP_DTYPE_U8, "mxfp4", 4, SP_DTYPE_U8, false},
 };
 #define BLOCK 32  // elements of a block of every repacked type
@@ -413,6 +417,18 @@ static void nibbles(const unsigned char *qs, unsigned char *out) {
         int e0 = 2 * b, e1 = 2 * b + 1;
         unsigned c0 = e0 < 16 ? qs[e0] & 15u : qs[e0 - 16] >> 4, c1 = e1 < 16 ? qs[e1] & 15u : qs[e1 - 16] >> 4;
         out[b] = (unsigned char)(c0 | c1 << 4);
+    }
+}
+
+/* 5-bit block codes (element j's low four bits as nibbles() reads them,
+ * its fifth bit j of qh) packed LSB first into out (20 bytes). */
+static void fives(const unsigned char *qh, const unsigned char *qs, unsigned char *out) {
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    memset(out, 0, 20);
+    for (int j = 0; j < BLOCK; j++) {
+        unsigned q = (j < 16 ? qs[j] & 15u : qs[j - 16] >> 4) | ((h >> j) & 1u) << 4, bit = 5u * (unsigned)j;
+        out[bit >> 3] |= (unsigned char)(q << (bit & 7));
+        if ((bit & 7) > 3) out[(bit >> 3) + 1] |= (unsigned char)(q >> (8 - (bit & 7)));
     }
 }
 
@@ -436,6 +452,16 @@ static bool repack_block(enum sp_gguf_type t, const unsigned char *src, unsigned
         d = rd16(src);
         b = rd16(src + 2);
         nibbles(src + 4, codes);
+        break;
+    case SP_GGUF_TYPE_Q5_0:
+        d = rd16(src);
+        fives(src + 2, src + 6, codes);
+        b = sp_f32_to_f16(-16.0f * sp_f16_to_f32(d));
+        break;
+    case SP_GGUF_TYPE_Q5_1:
+        d = rd16(src);
+        b = rd16(src + 2);
+        fives(src + 4, src + 8, codes);
         break;
     default:  // MXFP4
         scale[0] = src[0];
@@ -574,8 +600,8 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         }
         if (!(pl->rd = read_of(t->type))) {
             st = sp_errorf(SP_ERR_UNSUPPORTED,
-                           "%s: tensor %s is %s: the GGUF types read so far are F32, F16, BF16, Q8_0, Q4_0, Q4_1 and "
-                           "MXFP4", g->path, t->name, sp_gguf_type_name(t->type));
+                           "%s: tensor %s is %s: the GGUF types read so far are F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                           "Q5_0, Q5_1 and MXFP4", g->path, t->name, sp_gguf_type_name(t->type));
             break;
         }
         if (A->reorder_qk && reorder != REORDER_NONE) {
