@@ -184,6 +184,9 @@ struct sparrow_context_params {
     const char *kv_type;   // KV cache storage: "f16" (NULL), "bf16" or "f32"
     uint64_t mem_limit;    // bytes to plan for (0: the cgroup limit or MemAvailable)
     uint64_t expert_cache; // bytes for routed experts read from disk (0: as the memory planner decides)
+    const char *device;    // where the forward pass runs: "cpu" (NULL) or "cuda" (a build with make CUDA=1)
+    uint64_t gpu_mem_limit;  // "cuda": device memory to plan for (0: what is free on it); routed experts that
+                             // do not fit go into a GPU expert cache over host memory
 };
 
 /* Plans memory for the model (what stays resident, an expert cache when

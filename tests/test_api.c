@@ -382,6 +382,15 @@ static void test_errors(void **state) {
     bad_kv.kv_type = "f8";
     EXPECT_ERROR(sparrow_context_create(model, &bad_kv, &ctx), SPARROW_ERR_ARG, "f8");
     assert_null(ctx);
+    struct sparrow_context_params bad_dev = ctx_params;
+    bad_dev.device = "tpu";
+    EXPECT_ERROR(sparrow_context_create(model, &bad_dev, &ctx), SPARROW_ERR_ARG, "device \"tpu\" is not cpu or cuda");
+    bad_dev.device = "cuda";  // a build without the backend says so; one with it plans the GPU (none here: an error)
+    if (!sp_backend_ops(SP_DEVICE_CUDA))
+        EXPECT_ERROR(sparrow_context_create(model, &bad_dev, &ctx), SPARROW_ERR_UNSUPPORTED, "no cuda backend");
+    else if (!th_device_ready(SP_DEVICE_CUDA))
+        assert_int_not_equal(sparrow_context_create(model, &bad_dev, &ctx), SPARROW_OK);
+    assert_null(ctx);
     EXPECT_ERROR(sparrow_context_create(NULL, &ctx_params, &ctx), SPARROW_ERR_ARG, "model is NULL");
     assert_int_equal(sparrow_context_create(model, &ctx_params, &ctx), SPARROW_OK);
 

@@ -250,20 +250,30 @@ enum sparrow_status sparrow_context_create(struct sparrow_model *sm, const struc
     if (p->kv_type && !sp_kv_type_from_name(p->kv_type, &ep.kv_type))
         return api_error(
             sp_errorf(SP_ERR_ARG, "sparrow_context_create: kv_type \"%s\" is not f16, bf16 or f32", p->kv_type));
+    if (p->device && !sp_device_from_name(p->device, &ep.device))
+        return api_error(sp_errorf(SP_ERR_ARG, "sparrow_context_create: device \"%s\" is not cpu or cuda", p->device));
+    if (!sp_backend_ops(ep.device))
+        return api_error(sp_errorf(SP_ERR_UNSUPPORTED,
+                                   "sparrow_context_create: this build of sparrow has no %s backend (build with make "
+                                   "CUDA=1 on a machine with nvcc)",
+                                   sp_device_name(ep.device)));
     struct sp_plan_inputs in = {.ctx = ep.n_ctx,
                                 .parallel = ep.n_slots,
                                 .batch = ep.batch_tokens,
                                 .kv_type = ep.kv_type,
                                 .mem_limit = p->mem_limit,
                                 .expert_cache = p->expert_cache,
-                                .expert_cache_set = p->expert_cache > 0};
+                                .expert_cache_set = p->expert_cache > 0,
+                                .device = ep.device,
+                                .gpu_mem_limit = p->gpu_mem_limit};
     struct sp_plan plan;
     enum sp_status st = sp_plan_make(sm->m, &in, &plan);
     if (st != SP_OK) return api_error(st);
-    /* the CPU backend's layout for the copies and the expert cache */
-    sp_interleave_fn layout = sp_ctx_interleave(SP_DEVICE_CPU);
-    if (plan.strategy == SP_STRATEGY_EXPERT_CACHE) ep.expert_cache = plan.expert_cache;
-    sp_expert_store_params_for(&ep.expert_params, SP_DEVICE_CPU, false);
+    /* the backend's layout for the copies and the expert cache (a device's: rows in order) */
+    sp_interleave_fn layout = sp_ctx_interleave(ep.device);
+    ep.expert_cache = plan.host_cache;
+    ep.device_experts = plan.gpu_expert_cache;
+    sp_expert_store_params_for(&ep.expert_params, ep.device, ep.device != SP_DEVICE_CPU);
     struct sparrow_context *c = sp_calloc(1, sizeof *c, SP_MEM_MISC);
     if (!c) return api_error(sp_errorf(SP_ERR_NOMEM, "out of memory"));
     // the weights are brought in once per model, before any engine reads them
