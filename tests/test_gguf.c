@@ -1264,6 +1264,153 @@ static void test_gguf_chat_template(void **state) {
     th_rmdir(dir);
 }
 
+/* ---- K-quants ---- */
+
+static size_t kq_bytes(uint32_t t) { return t == SP_GGUF_TYPE_Q4_K ? 144 : t == SP_GGUF_TYPE_Q5_K ? 176 : 210; }
+
+/* A random super-block of type t: its bytes random, its f16 scales a sane size. */
+static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
+    for (size_t i = 0; i < kq_bytes(t); i++) b[i] = (unsigned char)sp_rng_next(rng);
+    uint16_t d = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
+    uint16_t dm = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
+    if (t == SP_GGUF_TYPE_Q6_K) {
+        memcpy(b + 208, &d, 2);
+    } else {
+        memcpy(b, &d, 2);
+        memcpy(b + 2, &dm, 2);
+    }
+}
+
+/* Element j (0..255) of a super-block as llama.cpp documents its layout
+ * (block_q4_K / block_q5_K: d, dmin, 12 bytes of 6-bit scales and mins,
+ * [qh 32,] qs 128; block_q6_K: ql 128, qh 64, int8 scales 16, d). */
+static float kq_value(uint32_t t, const unsigned char *b, int j) {
+    if (t == SP_GGUF_TYPE_Q6_K) {
+        uint16_t dh;
+        memcpy(&dh, b + 208, 2);
+        int half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        const unsigned char *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+        int lo = quarter % 2 ? ql[l + 32] : ql[l];
+        lo = quarter >= 2 ? lo >> 4 : lo & 15;
+        int q = (lo | ((qh[l] >> (2 * quarter)) & 3) << 4) - 32;
+        int8_t sc = (int8_t)b[192 + 8 * half + l / 16 + 2 * quarter];
+        return sp_f16_to_f32(dh) * (float)sc * (float)q;
+    }
+    uint16_t dh, mh;
+    memcpy(&dh, b, 2);
+    memcpy(&mh, b + 2, 2);
+    const unsigned char *s = b + 4;
+    int g = j / 32, l = j % 32;
+    int sc = g < 4 ? s[g] & 63 : (s[g + 4] & 15) | (s[g - 4] >> 6) << 4;
+    int m = g < 4 ? s[g + 4] & 63 : (s[g + 4] >> 4) | (s[g] >> 6) << 4;
+    bool five = t == SP_GGUF_TYPE_Q5_K;
+    const unsigned char *qs = b + (five ? 48 : 16) + 32 * (g / 2);
+    int q = g % 2 ? qs[l] >> 4 : qs[l] & 15;
+    if (five) q += (b[16 + l] >> g & 1) ? 16 : 0;
+    float d1 = sp_f16_to_f32(dh) * (float)sc, m1 = sp_f16_to_f32(mh) * (float)m;
+    return d1 * (float)q - m1;
+}
+
+/* A one-layer llama of width 256 (heads of 64) whose matrices are K-quants
+ * of random blocks - q / k / v / o Q4_K, gate / up Q5_K, down and the head
+ * Q6_K - reads every value as llama.cpp's layout gives it (Q4_K and Q5_K
+ * repacked into affine 4 / 5-bit with f32 scales, Q6_K as F32), q / k rows
+ * reordered back, and runs. */
+static void test_gguf_kquants(void **state) {
+    static const struct {
+        const char *name;
+        uint32_t type;
+        int64_t rows;
+        enum sp_role role;
+    } mats[] = {{"blk.0.attn_q.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_Q},
+                {"blk.0.attn_k.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_K},
+                {"blk.0.attn_v.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_V},
+                {"blk.0.attn_output.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_O},
+                {"blk.0.ffn_gate.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_GATE},
+                {"blk.0.ffn_up.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_UP},
+                {"blk.0.ffn_down.weight", SP_GGUF_TYPE_Q6_K, 256, SP_ROLE_FFN_DOWN},
+                {"output.weight", SP_GGUF_TYPE_Q6_K, 256, SP_ROLE_LM_HEAD}};
+    const int nm = 8, D = 256, V = 256;
+    static const char *const vecs[] = {"token_embd.weight", "output_norm.weight", "blk.0.attn_norm.weight",
+                                       "blk.0.ffn_norm.weight"};
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 77);
+    unsigned char *data[8];
+    size_t nbytes[8];
+    for (int i = 0; i < nm; i++) {
+        nbytes[i] = (size_t)mats[i].rows * (D / 256) * kq_bytes(mats[i].type);
+        data[i] = malloc(nbytes[i]);
+        for (size_t k = 0; k < nbytes[i]; k += kq_bytes(mats[i].type)) kq_random(mats[i].type, &rng, data[i] + k);
+    }
+    struct sp_buf b = SP_BUF_INIT;
+    w_header(&b, 3, (uint64_t)(nm + 4), 9);
+    w_kv_str(&b, "general.architecture", "llama");
+    w_kv_u32(&b, "llama.embedding_length", D);
+    w_kv_u32(&b, "llama.feed_forward_length", 256);
+    w_kv_u32(&b, "llama.block_count", 1);
+    w_kv_u32(&b, "llama.attention.head_count", 4);
+    w_kv_u32(&b, "llama.attention.head_count_kv", 4);
+    w_kv_u32(&b, "llama.context_length", 256);
+    w_kv_f32(&b, "llama.attention.layer_norm_rms_epsilon", 0x3727c5ac);
+    w_kv_f32(&b, "llama.rope.freq_base", 0x461c4000);
+    size_t off = 0, vec_bytes[4] = {(size_t)(V * D) * 4, (size_t)D * 4, (size_t)D * 4, (size_t)D * 4};
+    for (int i = 0; i < 4; i++) {
+        int64_t dims[2] = {D, V};
+        w_tensor(&b, vecs[i], i == 0 ? 2 : 1, dims, SP_GGUF_TYPE_F32, off);
+        off += (vec_bytes[i] + 31) / 32 * 32;
+    }
+    for (int i = 0; i < nm; i++) {
+        int64_t dims[2] = {D, mats[i].rows};
+        w_tensor(&b, mats[i].name, 2, dims, mats[i].type, off);
+        off += (nbytes[i] + 31) / 32 * 32;
+    }
+    for (int i = 0; i < 4; i++) {
+        while (b.len % 32) w_uint(&b, 0, 1);
+        for (size_t k = 0; k < vec_bytes[i] / 4; k++) {
+            float v = i == 0 ? (float)((int)(sp_rng_next(&rng) % 200) - 100) / 1000.0f : 1.0f;
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            w_u32(&b, u);
+        }
+    }
+    for (int i = 0; i < nm; i++) {
+        while (b.len % 32) w_uint(&b, 0, 1);
+        assert_int_equal(sp_buf_append(&b, (const char *)data[i], nbytes[i]), SP_OK);
+    }
+    char *dir = th_tmpdir(), *path = sp_path_join(dir, "k.gguf");
+    th_write(dir, "k.gguf", b.data, b.len);
+    sp_buf_free(&b);
+    struct sp_model *m;
+    if (sp_model_open(path, &m) != SP_OK) fail_msg("%s", sp_error_msg());
+    float w[256];
+    for (int i = 0; i < nm; i++) {
+        struct sp_linear lin;
+        assert_int_equal(sp_model_linear(m, mats[i].role == SP_ROLE_LM_HEAD ? -1 : 0, mats[i].role, -1, &lin), SP_OK);
+        assert_int_equal(lin.w.type, mats[i].type == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_AFFINE4
+                                     : mats[i].type == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
+                                                                         : SP_QTYPE_F32);
+        bool reorder = mats[i].role == SP_ROLE_ATTN_Q || mats[i].role == SP_ROLE_ATTN_K;
+        for (int64_t r = 0; r < lin.w.rows; r++) {
+            /* Hugging Face row h 64 + a 32 + c is GGUF row h 64 + 2 c + a */
+            int64_t src = reorder ? r / 64 * 64 + 2 * (r % 32) + (r % 64) / 32 : r;
+            sp_qmat_dequant_row_ref(&lin.w, r, w);
+            for (int c = 0; c < D; c++) {
+                float want = kq_value(mats[i].type, data[i] + (size_t)src * kq_bytes(mats[i].type), c);
+                if (want != w[c])
+                    fail_msg("%s row %lld col %d: %g, ggml's layout gives %g", mats[i].name, (long long)r, c,
+                             (double)w[c], (double)want);
+            }
+        }
+    }
+    float *lg = model_logits(m, 8);
+    for (int64_t i = 0; i < 8 * V; i++) assert_true(isfinite(lg[i]));
+    free(lg);
+    sp_model_close(m);
+    for (int i = 0; i < nm; i++) free(data[i]);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 /* ---- gpt-oss, as llama.cpp's converter writes it ---- */
 
 /* A tensor of BF16 elements for the gpt-oss GGUF below: its name, ggml
@@ -1609,6 +1756,7 @@ int main(void) {
         cmocka_unit_test(test_llama_model_refused), cmocka_unit_test(test_gguf_quantized),
         cmocka_unit_test(test_gguf_llama3_rope),     cmocka_unit_test(test_gguf_chat_template),
         cmocka_unit_test(test_gguf_bpe_vocab),       cmocka_unit_test(test_gguf_gpt_oss),
+        cmocka_unit_test(test_gguf_kquants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -383,23 +383,29 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
  * k, wider codes LSB first. */
 struct gguf_read {
     enum sp_gguf_type type;
-    enum sp_dtype dtype;  // float types: the tensor's dtype
+    enum sp_dtype dtype;  // float types: the tensor's dtype; dequantized ones: F32
     const char *mode;     // block types: the MLX mode ("affine", "mxfp4"), bits and scale dtype
     int bits;
     enum sp_dtype scale_dtype;
     bool biases;
+    bool dequant;         // read as F32, each value as ggml's reference dequantizer computes it
 };
 
 static const struct gguf_read reads[] = {
-    {SP_GGUF_TYPE_F32, SP_DTYPE_F32, NULL, 0, SP_DTYPE_COUNT, false},
-    {SP_GGUF_TYPE_F16, SP_DTYPE_F16, NULL, 0, SP_DTYPE_COUNT, false},
-    {SP_GGUF_TYPE_BF16, SP_DTYPE_BF16, NULL, 0, SP_DTYPE_COUNT, false},
-    {SP_GGUF_TYPE_Q8_0, SP_DTYPE_U8, "affine", 8, SP_DTYPE_F16, true},
-    {SP_GGUF_TYPE_Q4_0, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
-    {SP_GGUF_TYPE_Q4_1, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true},
-    {SP_GGUF_TYPE_Q5_0, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true},
-    {SP_GGUF_TYPE_Q5_1, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true},
-    {SP_GGUF_TYPE_MXFP4, SP_DTYPE_U8, "mxfp4", 4, SP_DTYPE_U8, false},
+    {SP_GGUF_TYPE_F32, SP_DTYPE_F32, NULL, 0, SP_DTYPE_COUNT, false, false},
+    {SP_GGUF_TYPE_F16, SP_DTYPE_F16, NULL, 0, SP_DTYPE_COUNT, false, false},
+    {SP_GGUF_TYPE_BF16, SP_DTYPE_BF16, NULL, 0, SP_DTYPE_COUNT, false, false},
+    {SP_GGUF_TYPE_Q8_0, SP_DTYPE_U8, "affine", 8, SP_DTYPE_F16, true, false},
+    {SP_GGUF_TYPE_Q4_0, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true, false},
+    {SP_GGUF_TYPE_Q4_1, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F16, true, false},
+    {SP_GGUF_TYPE_Q5_0, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true, false},
+    {SP_GGUF_TYPE_Q5_1, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true, false},
+    {SP_GGUF_TYPE_MXFP4, SP_DTYPE_U8, "mxfp4", 4, SP_DTYPE_U8, false, false},
+    /* K-quants: super-blocks of 256 whose groups of 32 carry a 6-bit scale and min */
+    {SP_GGUF_TYPE_Q4_K, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F32, true, false},
+    {SP_GGUF_TYPE_Q5_K, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F32, true, false},
+    /* groups of 16 with their own int8 scale: no MLX format holds them exactly but floats */
+    {SP_GGUF_TYPE_Q6_K, SP_DTYPE_F32, NULL, 0, SP_DTYPE_COUNT, false, true},
 };
 #define BLOCK 32  // elements of a block of every repacked type
 
@@ -430,6 +436,69 @@ static void fives(const unsigned char *qh, const unsigned char *qs, unsigned cha
         out[bit >> 3] |= (unsigned char)(q << (bit & 7));
         if ((bit & 7) > 3) out[(bit >> 3) + 1] |= (unsigned char)(q >> (8 - (bit & 7)));
     }
+}
+
+/* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block
+ * from its 12 packed bytes q. */
+static void scale_min_k4(int j, const unsigned char *q, unsigned *sc, unsigned *m) {
+    if (j < 4) {
+        *sc = q[j] & 63u;
+        *m = q[j + 4] & 63u;
+    } else {
+        *sc = (q[j + 4] & 15u) | (unsigned)(q[j - 4] >> 6) << 4;
+        *m = (unsigned)(q[j + 4] >> 4) | (unsigned)(q[j] >> 6) << 4;
+    }
+}
+
+/* One Q4_K / Q5_K super-block into 8 groups of 32: codes (16 / 20 bytes a
+ * group), f32 scale d sc and bias -dmin m, ggml's d1 q - m1 exactly (d sc
+ * and dmin m are exact in f32). Q4_K: d, dmin, scales[12], qs[128]; Q5_K:
+ * d, dmin, scales[12], qh[32], qs[128]; each 64 elements take 32 bytes of
+ * qs, the first 32 their low nibbles, the next 32 their high ones (Q5_K's
+ * fifth bits: bit 2 j and 2 j + 1 of qh[l] for chunk j). */
+static void repack_super(enum sp_gguf_type t, const unsigned char *src, unsigned char *codes, float *scales,
+                         float *biases) {
+    bool five = t == SP_GGUF_TYPE_Q5_K;
+    float d = sp_f16_to_f32(rd16(src)), dmin = sp_f16_to_f32(rd16(src + 2));
+    const unsigned char *sc12 = src + 4, *qh = src + 16, *qs = src + (five ? 48 : 16);
+    size_t cb = five ? 20 : 16;
+    for (int g = 0; g < 8; g++) {
+        unsigned sc, m;
+        scale_min_k4(g, sc12, &sc, &m);
+        scales[g] = d * (float)sc;
+        biases[g] = -(dmin * (float)m);
+        const unsigned char *q = qs + 32 * (g / 2);
+        unsigned char *out = codes + (size_t)g * cb;
+        memset(out, 0, cb);
+        for (int l = 0; l < 32; l++) {
+            unsigned v = g % 2 ? q[l] >> 4 : q[l] & 15u;
+            if (five) v |= (unsigned)(qh[l] >> g & 1u) << 4;
+            unsigned bit = (five ? 5u : 4u) * (unsigned)l;
+            out[bit >> 3] |= (unsigned char)(v << (bit & 7));
+            if ((bit & 7) + (five ? 5u : 4u) > 8) out[(bit >> 3) + 1] |= (unsigned char)(v >> (8 - (bit & 7)));
+        }
+    }
+}
+
+/* One Q6_K super-block as ggml's reference dequantizer computes it: ql[128],
+ * qh[64], int8 scales[16], d; each 128 elements four runs of 32 from 64
+ * bytes of ql and 32 of qh, a scale for each 16. */
+static void dequant_q6_k(const unsigned char *src, float *y) {
+    const unsigned char *ql = src, *qh = src + 128;
+    const int8_t *sc = (const int8_t *)(src + 192);
+    float d = sp_f16_to_f32(rd16(src + 208));
+    for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            int q1 = (int)((ql[l] & 15u) | ((qh[l] >> 0) & 3u) << 4) - 32;
+            int q2 = (int)((ql[l + 32] & 15u) | ((qh[l] >> 2) & 3u) << 4) - 32;
+            int q3 = (int)((ql[l] >> 4) | ((qh[l] >> 4) & 3u) << 4) - 32;
+            int q4 = (int)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3u) << 4) - 32;
+            y[l] = d * (float)sc[is] * (float)q1;
+            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+        }
 }
 
 /* One block of src (type t) into its codes, scale and bias; false where a
@@ -529,6 +598,18 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
     const struct sp_gguf_tensor *t = pl->t;
     const unsigned char *src = t->data;
     int64_t cols = t->dims[0], rows = pl->rows;
+    const struct sp_gguf_type_traits *tr = sp_gguf_type_traits(t->type);
+    if (pl->rd->dequant) {  // Q6_K: F32 rows
+        size_t rb = (size_t)(cols / tr->block) * tr->block_bytes;
+        float *y = (float *)*at;
+        for (int64_t o = 0; o < rows; o++) {
+            const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * rb;
+            for (int64_t k = 0; k < cols / tr->block; k++)
+                dequant_q6_k(row + (size_t)k * tr->block_bytes, y + o * cols + k * tr->block);
+        }
+        *at += pl->owned;
+        return add_tensor(f, pl, ".weight", SP_DTYPE_F32, cols, y, pl->owned);
+    }
     if (!pl->rd->mode) {
         if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, t->data, t->nbytes);
         size_t rb = t->nbytes / (size_t)rows;
@@ -537,12 +618,19 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
         *at += t->nbytes;
         return st;
     }
-    const struct sp_gguf_type_traits *tr = sp_gguf_type_traits(t->type);
     int64_t blocks = cols / BLOCK;
     size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
     unsigned char *codes = *at, *scales = codes + (size_t)(rows * blocks) * cb, *biases = scales + (size_t)(rows * blocks) * sb;
     for (int64_t o = 0; o < rows; o++) {
-        const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * (size_t)blocks * tr->block_bytes;
+        const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * (size_t)(cols / tr->block) * tr->block_bytes;
+        if (tr->block != BLOCK) {  // K-quants: 8 groups a super-block
+            for (int64_t k = 0; k < cols / tr->block; k++) {
+                size_t i = (size_t)(o * blocks + 8 * k);
+                repack_super(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, (float *)(void *)(scales + i * sb),
+                             (float *)(void *)(biases + i * sb));
+            }
+            continue;
+        }
         for (int64_t k = 0; k < blocks; k++) {
             size_t i = (size_t)(o * blocks + k);
             if (!repack_block(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, scales + i * sb,
@@ -559,14 +647,15 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
     return st;
 }
 
-/* Shard si of s as a safetensors-like file: its mapping moved over, its
- * tensors under Hugging Face names, reordered rows and repacked blocks in
- * f->owned; quantized modules added to quant. */
 /* Whether tensor name belongs to a block at or past n_layers (Ling's MTP blocks). */
 static bool past_layers(const char *name, int64_t n_layers) {
     unsigned layer;
     return sscanf(name, "blk.%u.", &layer) == 1 && (int64_t)layer >= n_layers;
 }
+
+/* Shard si of s as a safetensors-like file: its mapping moved over, its
+ * tensors under Hugging Face names, reordered rows and repacked blocks in
+ * f->owned; quantized modules added to quant. */
 
 static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split *s, int si, int64_t n_head,
                                  int64_t n_kv, int64_t n_layers, cJSON *quant, struct sp_st_file **out) {
@@ -601,7 +690,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         if (!(pl->rd = read_of(t->type))) {
             st = sp_errorf(SP_ERR_UNSUPPORTED,
                            "%s: tensor %s is %s: the GGUF types read so far are F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                           "Q5_0, Q5_1 and MXFP4", g->path, t->name, sp_gguf_type_name(t->type));
+                           "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4", g->path, t->name, sp_gguf_type_name(t->type));
             break;
         }
         if (A->reorder_qk && reorder != REORDER_NONE) {
@@ -613,7 +702,16 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
             }
             pl->d = pl->rows / heads;
         }
-        if (pl->rd->mode) {
+        int64_t be = sp_gguf_type_traits(t->type)->block;
+        if ((pl->rd->mode || pl->rd->dequant) && t->dims[0] % be) {
+            st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: rows of %lld are not whole blocks of %lld", g->path, t->name,
+                           (long long)t->dims[0], (long long)be);
+            break;
+        }
+        if (pl->rd->dequant) {
+            pl->owned = (size_t)(pl->rows * t->dims[0]) * sizeof(float);
+            n_out++;
+        } else if (pl->rd->mode) {
             if (strcmp(pl->suffix, ".weight")) {
                 st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s is %s: only weight matrices are read quantized",
                                g->path, t->name, sp_gguf_type_name(t->type));
