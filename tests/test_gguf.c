@@ -1040,10 +1040,12 @@ static char *plain_rope_copy(const struct fixture *fx, const char *dir) {
     return st_dir;
 }
 
-/* Logits of tokens 0 .. n-1 (ids 3 + 7 i mod 256) through model m, in one batch. */
-static float *model_logits(struct sp_model *m, int64_t n) {
+/* Logits of tokens 0 .. n-1 (ids 3 + 7 i mod 256) through model m, in one
+ * batch, on device d (float activations). */
+static float *device_logits(struct sp_model *m, int64_t n, enum sp_device d) {
     struct sp_ctx *c;
-    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .kv_type = SP_KV_F32, .n_threads = 2};
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .kv_type = SP_KV_F32, .n_threads = 2,
+                              .device = d, .float_activations = true};
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
     int32_t tok[32], pos[32], seq[32];
     for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((3 + 7 * i) % 256), pos[i] = (int32_t)i, seq[i] = 0;
@@ -1053,6 +1055,8 @@ static float *model_logits(struct sp_model *m, int64_t n) {
     sp_ctx_free(c);
     return out;
 }
+
+static float *model_logits(struct sp_model *m, int64_t n) { return device_logits(m, n, SP_DEVICE_CPU); }
 
 /* Each fixture written as a GGUF gives the logits of its safetensors, bit
  * for bit (llama: q / k rows reordered; qwen3_moe: stacked experts and a
@@ -1404,6 +1408,21 @@ static void test_gguf_kquants(void **state) {
     }
     float *lg = model_logits(m, 8);
     for (int64_t i = 0; i < 8 * V; i++) assert_true(isfinite(lg[i]));
+    if (th_device_ready(SP_DEVICE_CUDA)) {  // the GPU's products on f32-scaled affine and F32 matrices
+        const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());  // both in float activations
+        free(lg);
+        lg = model_logits(m, 8);
+        sp_kernels_use(before);
+        float *lc = device_logits(m, 8, SP_DEVICE_CUDA);
+        double max_ref = 0, max_diff = 0;
+        for (int64_t i = 0; i < 8 * V; i++) {
+            max_ref = fmax(max_ref, fabs(lg[i]));
+            max_diff = fmax(max_diff, fabs((double)lc[i] - lg[i]));
+        }
+        print_message("K-quants on cuda: max|diff| %.3g of max|logit| %.3g\n", max_diff, max_ref);
+        assert_true(max_diff <= 1e-3 * max_ref);
+        free(lc);
+    }
     free(lg);
     sp_model_close(m);
     for (int i = 0; i < nm; i++) free(data[i]);
@@ -1747,7 +1766,9 @@ static void test_llama_model_refused(void **state) {
     th_rmdir(dir);
 }
 
-int main(void) {
+/* argv[1], when given, picks the tests to run by name ("test_gguf_k*"). */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories),      cmocka_unit_test(test_open_errors), cmocka_unit_test(test_small_valid),
         cmocka_unit_test(test_types),        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_metadata),
