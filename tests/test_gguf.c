@@ -1058,6 +1058,17 @@ static float *device_logits(struct sp_model *m, int64_t n, enum sp_device d) {
 
 static float *model_logits(struct sp_model *m, int64_t n) { return device_logits(m, n, SP_DEVICE_CPU); }
 
+/* max |got - ref| <= tol * max |ref| over n logits. */
+static void expect_close(const char *what, const float *got, const float *ref, int64_t n, double tol) {
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < n; i++) {
+        max_ref = fmax(max_ref, fabs(ref[i]));
+        max_diff = fmax(max_diff, fabs((double)got[i] - ref[i]));
+    }
+    print_message("%s: max|diff| %.3g of max|logit| %.3g\n", what, max_diff, max_ref);
+    if (!(max_diff <= tol * max_ref)) fail_msg("%s: max|diff| %g exceeds %g of max|logit| %g", what, max_diff, tol, max_ref);
+}
+
 /* Each fixture written as a GGUF gives the logits of its safetensors, bit
  * for bit (llama: q / k rows reordered; qwen3_moe: stacked experts and a
  * dense layer without a router; bailing_moe as bailingmoe2: fused q / k /
@@ -1414,13 +1425,7 @@ static void test_gguf_kquants(void **state) {
         lg = model_logits(m, 8);
         sp_kernels_use(before);
         float *lc = device_logits(m, 8, SP_DEVICE_CUDA);
-        double max_ref = 0, max_diff = 0;
-        for (int64_t i = 0; i < 8 * V; i++) {
-            max_ref = fmax(max_ref, fabs(lg[i]));
-            max_diff = fmax(max_diff, fabs((double)lc[i] - lg[i]));
-        }
-        print_message("K-quants on cuda: max|diff| %.3g of max|logit| %.3g\n", max_diff, max_ref);
-        assert_true(max_diff <= 1e-3 * max_ref);
+        expect_close("K-quants on cuda", lc, lg, 8 * V, 1e-3);
         free(lc);
     }
     free(lg);
@@ -1601,13 +1606,7 @@ static void test_gguf_gpt_oss(void **state) {
     const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());
     float *lg = model_logits(g, 20), *lh = model_logits(h, 20);
     sp_kernels_use(before);
-    double max_ref = 0, max_diff = 0;
-    for (int64_t i = 0; i < 20 * 512; i++) {
-        max_ref = fmax(max_ref, fabs(lh[i]));
-        max_diff = fmax(max_diff, fabs((double)lg[i] - lh[i]));
-    }
-    print_message("gpt-oss from a GGUF: max|diff| %.3g of max|logit| %.3g\n", max_diff, max_ref);
-    assert_true(max_diff <= 1e-5 * max_ref);
+    expect_close("gpt-oss from a GGUF", lg, lh, 20 * 512, 1e-5);
     free(lg);
     free(lh);
     sp_model_close(g);

@@ -549,6 +549,11 @@ static int64_t src_row(int64_t o, int64_t d) {
     return h * d + 2 * b + a;
 }
 
+/* Each tensor made in a file's owned memory starts a multiple of this
+ * many bytes from its (malloc-aligned) start: an MXFP4 tensor's 17 bytes a
+ * block would leave the next one's floats unaligned. */
+#define OWNED_ALIGN 64
+
 /* What shard_file makes of one GGUF tensor. */
 struct plan {
     const struct sp_gguf_tensor *t;
@@ -557,7 +562,7 @@ struct plan {
     const char *suffix;  // the parameter's: ".weight", ".bias" or "" (bare)
     int64_t d;     // rows of a head to reorder, or 0
     int64_t rows;  // product of the dims past the first
-    size_t owned;  // bytes it takes in f->owned
+    size_t owned;  // bytes it takes in f->owned (a multiple of OWNED_ALIGN)
 };
 
 /* The module's parameters in the quantization section. */
@@ -608,14 +613,14 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
                 dequant_q6_k(row + (size_t)k * tr->block_bytes, y + o * cols + k * tr->block);
         }
         *at += pl->owned;
-        return add_tensor(f, pl, ".weight", SP_DTYPE_F32, cols, y, pl->owned);
+        return add_tensor(f, pl, ".weight", SP_DTYPE_F32, cols, y, (size_t)(rows * cols) * sizeof(float));
     }
     if (!pl->rd->mode) {
         if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, t->data, t->nbytes);
         size_t rb = t->nbytes / (size_t)rows;
         for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
         enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, *at, t->nbytes);
-        *at += t->nbytes;
+        *at += pl->owned;
         return st;
     }
     int64_t blocks = cols / BLOCK;
@@ -731,6 +736,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
             pl->owned = pl->d ? t->nbytes : 0;
             n_out++;
         }
+        pl->owned = (pl->owned + OWNED_ALIGN - 1) / OWNED_ALIGN * OWNED_ALIGN;
         owned += pl->owned;
     }
     f->tensors = sp_calloc((size_t)(n_out ? n_out : 1), sizeof *f->tensors, SP_MEM_MODEL);

@@ -441,11 +441,12 @@ static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
     return v;
 }
 
-/* Makes the mapped experts the device tier copies from fast to copy. */
-static enum sp_status pin_experts(struct sp_ctx *c) {
+/* Makes the mapped experts the device tier copies from fast to copy (where
+ * it cannot, the copies stay slower: nothing fails). */
+static void pin_experts(struct sp_ctx *c) {
     const struct sp_arch *a = c->a;
     struct sp_expert_views *v = sp_malloc((size_t)(a->n_layers * a->n_experts) * sizeof *v, SP_MEM_MISC);
-    if (!v) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (!v) return;
     int64_t n = 0;
     for (int64_t L = 0; L < a->n_layers; L++)
         if (a->layer_moe[L])
@@ -456,7 +457,6 @@ static enum sp_status pin_experts(struct sp_ctx *c) {
         sp_log(SP_LOG_INFO, "experts: %.1f MiB of host memory pinned for copies to the device in %.2f s",
                (double)pinned / 1048576.0, sp_now_s() - t0);
     sp_free(v);
-    return SP_OK;
 }
 
 /* Bytes of expert e's weights a product reads. */
@@ -499,9 +499,8 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
         if (!a->layer_moe[L]) continue;
         if (L0 < 0) L0 = L;
         struct sp_expert_views v = mapped_expert(&c->layers[L], 0);
-        struct sp_linear *ls[4] = {&v.gate, &v.up, &v.down, &v.gate_up};
         for (int i = 0; i < 4; i++)  // the products' scratch
-            if ((v.fused ? i >= 2 : i < 3) && (st = c->cpu->ops->prepare(c->cpu, ls[i])) != SP_OK) return st;
+            if (view_used(&v, i) && (st = c->cpu->ops->prepare(c->cpu, view_at(&v, i))) != SP_OK) return st;
     }
     /* the CPU: one token through distinct experts (from memory, not a
      * cache), after one that wakes its threads */
@@ -641,7 +640,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         if ((st = sp_expert_tier_create(c->be, m, c->p.device_experts, c->p.experts, &c->tier)) != SP_OK) goto fail;
         c->tier_source = sp_expert_tier_source(c->tier);
         c->experts = &c->tier_source;
-        if (!c->p.experts && (st = pin_experts(c)) != SP_OK) goto fail;
+        if (!c->p.experts) pin_experts(c);
     }
     if (c->experts && c->experts->prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
