@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
                                {"bf16", SP_QTYPE_BF16, 1, SP_DTYPE_COUNT},
                                {"f16", SP_QTYPE_F16, 1, SP_DTYPE_COUNT}};
     struct sp_backend_params p = {
-        .shape = {.n_layers = 1, .d_model = cols, .vocab = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64,
+        .shape = {.n_layers = 1, .n_kv_layers = 1, .d_model = cols, .vocab = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 64,
                   .mlp_width = 1},
         .n_ctx = 1, .n_seq = 1, .max_batch = 8};
     struct sp_backend *b, *exact;

@@ -92,7 +92,7 @@ static float inv_freq[ROT / 2];
 static struct sp_backend *make_backend(const struct target *t, enum sp_kv_type kv) {
     for (int i = 0; i < ROT / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)ROT);
     struct sp_backend_params p = {
-        .shape = {.n_layers = LAYERS, .d_model = D, .vocab = VOCAB, .n_heads = HEADS, .n_kv_heads = KV_HEADS,
+        .shape = {.n_layers = LAYERS, .n_kv_layers = LAYERS, .d_model = D, .vocab = VOCAB, .n_heads = HEADS, .n_kv_heads = KV_HEADS,
                   .head_dim = HEAD_DIM, .mlp_width = 2 * FF, .n_experts = EXPERTS, .rot_dims = ROT,
                   .inv_freq = inv_freq, .rope_scale = 1.25f},
         .n_ctx = CTX, .n_seq = SEQS, .max_batch = BATCH, .kv_type = kv, .n_threads = 2,

@@ -120,6 +120,8 @@ struct sp_batch {
     const int32_t *pos;         // (n)
     const int32_t *seq;         // (n)
     const bool *want_logits;    // (n) or NULL: logits for every token
+    const bool *snapshot;       // (n) or NULL: after these tokens, their sequence's recurrent state is
+                                // copied to its snapshot slot (ops->state_copy)
 };
 
 /* ---- what a backend is sized and set up for ---- */
@@ -127,6 +129,11 @@ struct sp_batch {
 /* The model's shapes, as numbers (a backend knows no architecture). */
 struct sp_backend_shape {
     int64_t n_layers, d_model, vocab;
+    int64_t n_kv_layers;  // layers with a KV cache (attention ops' ly->layer: 0 .. n_kv_layers - 1)
+    /* Gated DeltaNet layers (ops->gated_delta; 0: none), each keeping a
+     * recurrent state per sequence: the conv's last lin_conv - 1 inputs and
+     * a [lin_k_dim, lin_v_dim] float matrix per value head */
+    int64_t n_state_layers, lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
     int64_t n_heads, n_kv_heads, head_dim;
     int64_t mlp_width;  // floats per token of the MLP buffers (the widest gate and up side by side)
     int64_t n_experts;  // routed experts per MoE layer (0: none): the most MLPs one call takes, plus a shared one
@@ -180,6 +187,16 @@ struct sp_attn_layer {
     const float *sinks;            // (n_heads) or NULL: no sink logits
     int64_t window;                // 0: every cached position; else the last `window` positions
     float eps;                     // of the q / k norms
+};
+
+/* One Gated DeltaNet layer: the index of its recurrent state (0 ..
+ * n_state_layers - 1) and the float copies of its parameters (ops->vector). */
+struct sp_delta_layer {
+    int64_t layer;
+    const float *conv;             // (conv channels x lin_conv) each channel's taps, oldest input first
+    const float *a_log, *dt_bias;  // (lin_v_heads)
+    const float *norm;             // (lin_v_dim) the gated output norm's weight
+    float eps;
 };
 
 /* One gated MLP (a routed expert, a shared expert or a dense MLP) applied
@@ -288,10 +305,15 @@ struct sp_backend_ops {
      * (pinned, for a GPU). */
     enum sp_status (*pin)(struct sp_backend *b, const void *p, size_t bytes);
 
-    /* ---- KV cache ---- */
+    /* ---- KV cache and recurrent states ---- */
+    /* Bytes of both. */
     size_t (*kv_bytes)(const struct sp_backend *b);
     /* Cached positions [0, n) of sequence src copied to sequence dst. */
     void (*kv_copy_seq)(struct sp_backend *b, int src, int dst, int64_t n);
+    /* Every recurrent state of slot src copied to slot dst: slots 0 ..
+     * n_seq - 1 are the sequences', n_seq .. 2 n_seq - 1 a snapshot of each
+     * (NULL where the backend has no Gated DeltaNet ops). */
+    void (*state_copy)(struct sp_backend *b, int src, int dst);
 
     /* ---- ops ---- */
     /* Rows of the embedding for the batch's tokens into x; the batch's
@@ -315,6 +337,20 @@ struct sp_backend_ops {
      * the softmax's sum where ly has sinks). */
     void (*attention)(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
                       struct sp_tensor qkv, struct sp_tensor att);
+    /* x *= sigmoid(g) elementwise, g of x's shape or of one column (one
+     * gate a row). NULL where the backend lacks it. */
+    void (*gate)(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g);
+    /* A Gated DeltaNet layer for the batch's tokens (NULL where the backend
+     * lacks it): qkv holds each token's in_proj_qkv outputs (queries, keys,
+     * values), z its in_proj_z outputs, ba its in_proj_b outputs then its
+     * in_proj_a outputs. Each token, in batch order, goes through its
+     * sequence's state (a zero state at position 0): the causal conv and
+     * SiLU over qkv, L2-normed queries (times lin_k_dim^-1/2) and keys,
+     * beta = sigmoid(b), decay exp(-exp(a_log) softplus(a + dt_bias)), the
+     * delta rule S = decay S + k (beta (v - S^T k))^T, o = S^T q; out gets
+     * rmsnorm(o) * norm * silu(z) per value head. qkv is overwritten. */
+    void (*gated_delta)(struct sp_backend *b, const struct sp_delta_layer *ly, const struct sp_batch *bt,
+                        struct sp_tensor qkv, struct sp_tensor z, struct sp_tensor ba, struct sp_tensor out);
     /* items[0 .. n) (struct sp_mlp_item) with the activation act into out. */
     void (*mlp)(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
                 struct sp_tensor out);

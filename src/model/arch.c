@@ -23,15 +23,13 @@ static const struct {
     const char *model_type;
     const char *why;
 } recognised_unsupported[] = {
-    {"qwen3_next", "hybrid linear attention (Gated DeltaNet) is not implemented yet"},
-    {"qwen3_5_moe", "hybrid linear attention (Gated DeltaNet) is not implemented yet"},
-    {"qwen3_5_moe_text", "hybrid linear attention (Gated DeltaNet) is not implemented yet"},
+    {"qwen3_next", "its fused in_proj_qkvz / in_proj_ba layout is not read yet (Qwen3.5's split one is)"},
     {"bailing_moe_linear", "hybrid linear attention is not implemented yet"},
 };
 
 const char *sp_arch_name(enum sp_arch_id id) { return (unsigned)id < SP_ARCH_COUNT ? arch_names[id] : "?"; }
 
-const char *sp_arch_supported_list(void) { return "bailing_moe, qwen3_moe, gpt_oss, qwen3, llama"; }
+const char *sp_arch_supported_list(void) { return "bailing_moe, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama"; }
 
 const char *sp_router_kind_name(enum sp_router_kind k) {
     static const char *const n[SP_ROUTER_KIND_COUNT] = {"none", "softmax-topk", "sigmoid-group-topk",
@@ -49,13 +47,31 @@ const char *sp_act_kind_name(enum sp_act_kind k) {
     return (unsigned)k < SP_ACT_KIND_COUNT ? n[k] : "?";
 }
 
+const char *sp_layer_kind_name(enum sp_layer_kind k) {
+    static const char *const n[SP_LAYER_KIND_COUNT] = {"attention", "gated-deltanet"};
+    return (unsigned)k < SP_LAYER_KIND_COUNT ? n[k] : "?";
+}
+
+bool sp_arch_recurrent(const struct sp_arch *a) {
+    for (int64_t L = 0; L < a->n_layers; L++)
+        if (a->layer_kind[L] != SP_LAYER_ATTENTION) return true;
+    return false;
+}
+
+int64_t sp_arch_state_floats(const struct sp_arch *a, int64_t L) {
+    if (a->layer_kind[L] != SP_LAYER_GATED_DELTA) return 0;
+    return (a->lin_conv - 1) * sp_arch_conv_dim(a) + a->lin_v_heads * a->lin_k_dim * a->lin_v_dim;
+}
+
 void sp_arch_free(struct sp_arch *a) {
     if (!a) return;
     sp_free(a->layer_moe);
     sp_free(a->layer_sliding);
+    sp_free(a->layer_kind);
     sp_free(a->rope.factors);
     a->layer_moe = NULL;
     a->layer_sliding = NULL;
+    a->layer_kind = NULL;
     a->rope.factors = NULL;
 }
 
@@ -218,6 +234,7 @@ static enum sp_status read_bailing(struct reader *r, struct sp_arch *a) {
     a->n_experts_used = rd_int(r, "num_experts_per_tok", 0);
     a->d_expert = rd_int(r, "moe_intermediate_size", 0);
     a->n_shared_experts = rd_int(r, "num_shared_experts", 0);
+    a->d_shared = a->n_shared_experts * a->d_expert;
     a->n_group = rd_int(r, "n_group", 1);
     a->topk_group = rd_int(r, "topk_group", 1);
     if (a->n_group <= 0) a->n_group = 1;
@@ -260,6 +277,65 @@ static enum sp_status read_qwen3_moe(struct reader *r, struct sp_arch *a) {
     for (int64_t l = 0; l < a->n_layers; l++) a->layer_moe[l] = a->n_experts > 0 && (l + 1) % step == 0;
     enum sp_status st = read_mlp_only_layers(r, a);
     return st != SP_OK ? st : r->st;
+}
+
+/* Qwen3.5 / 3.6 MoE (the text model of the vision-language wrapper): Gated
+ * DeltaNet layers with a gated full-attention layer every
+ * full_attention_interval, (1 + w) norms, every layer MoE with a gated
+ * shared expert. */
+static enum sp_status read_qwen3_5_moe(struct reader *r, struct sp_arch *a) {
+    a->qk_norm = a->attn_gate = a->norm_offset = true;
+    a->qkv_bias = a->o_bias = rd_bool(r, "attention_bias", false);
+    a->n_experts = rd_int(r, "num_experts", 0);
+    a->n_experts_used = rd_int(r, "num_experts_per_tok", 0);
+    a->d_expert = rd_int(r, "moe_intermediate_size", 0);
+    a->d_shared = rd_int(r, "shared_expert_intermediate_size", 0);
+    a->n_shared_experts = a->d_shared > 0;
+    a->shared_gate = true;
+    a->norm_topk_prob = true;  // the reference always renormalises the top-k weights
+    a->router = SP_ROUTER_SOFTMAX_TOPK;
+    a->lin_k_heads = rd_int(r, "linear_num_key_heads", 16);
+    a->lin_v_heads = rd_int(r, "linear_num_value_heads", 32);
+    a->lin_k_dim = rd_int(r, "linear_key_head_dim", 128);
+    a->lin_v_dim = rd_int(r, "linear_value_head_dim", 128);
+    a->lin_conv = rd_int(r, "linear_conv_kernel_dim", 4);
+    if (r->st != SP_OK) return r->st;
+    if (a->lin_k_heads <= 0 || a->lin_v_heads <= 0 || a->lin_k_dim <= 0 || a->lin_v_dim <= 0 || a->lin_conv <= 0 ||
+        a->lin_conv > 64 || a->lin_v_heads % a->lin_k_heads)
+        return sp_errorf(SP_ERR_FORMAT, "linear attention: %lld key heads of %lld, %lld value heads of %lld and a "
+                         "conv of %lld taps (positive, value heads a multiple of key heads, at most 64 taps)",
+                         (long long)a->lin_k_heads, (long long)a->lin_k_dim, (long long)a->lin_v_heads,
+                         (long long)a->lin_v_dim, (long long)a->lin_conv);
+    for (int64_t l = 0; l < a->n_layers; l++) a->layer_moe[l] = true;
+    /* partial_rotary_factor: in rope_parameters (transformers 5) or beside it */
+    const cJSON *rp = rd_item(r, "rope_parameters");
+    struct reader pr = {cJSON_IsObject(rp) ? rp : r->cfg, SP_OK};
+    double partial = rd_num(&pr, "partial_rotary_factor", rd_num(r, "partial_rotary_factor", 0.25));
+    if (pr.st != SP_OK) return pr.st;
+    if (!(partial > 0 && partial <= 1))
+        return sp_errorf(SP_ERR_FORMAT, "\"partial_rotary_factor\": %g is outside (0, 1]", partial);
+    a->rope.rot_dims = (int64_t)((double)a->head_dim * partial);
+    const cJSON *lt = rd_item(r, "layer_types");
+    if (!lt) {
+        int64_t every = rd_int(r, "full_attention_interval", 4);
+        if (every <= 0) return sp_errorf(SP_ERR_FORMAT, "\"full_attention_interval\": %lld must be positive", (long long)every);
+        for (int64_t l = 0; l < a->n_layers; l++)
+            a->layer_kind[l] = (l + 1) % every ? SP_LAYER_GATED_DELTA : SP_LAYER_ATTENTION;
+        return r->st;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != a->n_layers)
+        return sp_errorf(SP_ERR_FORMAT, "\"layer_types\": expected an array of %lld strings", (long long)a->n_layers);
+    int64_t l = 0;
+    for (const cJSON *e = lt->child; e; e = e->next, l++) {
+        if (cJSON_IsString(e) && strcmp(e->valuestring, "linear_attention") == 0)
+            a->layer_kind[l] = SP_LAYER_GATED_DELTA;
+        else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)
+            a->layer_kind[l] = SP_LAYER_ATTENTION;
+        else
+            return sp_errorf(SP_ERR_UNSUPPORTED, "\"layer_types\"[%lld]: expected \"linear_attention\" or "
+                             "\"full_attention\"", (long long)l);
+    }
+    return r->st;
 }
 
 static enum sp_status read_gpt_oss(struct reader *r, struct sp_arch *a) {
@@ -353,7 +429,8 @@ static enum sp_status validate(const struct sp_arch *a) {
         if (a->n_group > 1 && a->n_experts_used > a->topk_group * (a->n_experts / a->n_group))
             return sp_errorf(SP_ERR_FORMAT, "num_experts_per_tok %lld exceeds the %lld experts of topk_group groups",
                              (long long)a->n_experts_used, (long long)(a->topk_group * (a->n_experts / a->n_group)));
-        if (a->n_shared_experts < 0) return sp_errorf(SP_ERR_FORMAT, "\"num_shared_experts\" is negative");
+        if (a->n_shared_experts < 0 || a->d_shared < 0)
+            return sp_errorf(SP_ERR_FORMAT, "the shared experts' count or width is negative");
     }
     if (a->sliding_window < 0) return sp_errorf(SP_ERR_FORMAT, "\"sliding_window\" is negative");
     if (!(a->norm_eps > 0 && isfinite(a->norm_eps)))
@@ -373,6 +450,7 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
     for (int i = 0; i < SP_ARCH_COUNT; i++)
         if (strcmp(mt, arch_names[i]) == 0) id = i;
     if (strcmp(mt, "bailing_moe_v2") == 0) id = SP_ARCH_BAILING_MOE;
+    if (strcmp(mt, "qwen3_5_moe_text") == 0) id = SP_ARCH_QWEN3_5_MOE;
     if (id < 0) {
         for (size_t i = 0; i < sizeof recognised_unsupported / sizeof *recognised_unsupported; i++)
             if (strcmp(mt, recognised_unsupported[i].model_type) == 0)
@@ -383,6 +461,9 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
     }
     a->id = (enum sp_arch_id)id;
     a->model_type = arch_names[id];
+    /* a vision-language wrapper: the text model's fields in text_config */
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(config, "text_config");
+    if (a->id == SP_ARCH_QWEN3_5_MOE && cJSON_IsObject(text)) r.cfg = text;
     a->vocab = rd_int(&r, "vocab_size", 0);
     a->d_model = rd_int(&r, "hidden_size", 0);
     a->n_layers = rd_int(&r, "num_hidden_layers", 0);
@@ -391,7 +472,8 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
     if (a->n_kv_heads == 0) a->n_kv_heads = a->n_heads;
     /* Ling's config class defaults head_dim to 128; the others derive it. */
     int64_t def_head = a->n_heads > 0 ? a->d_model / a->n_heads : 0;
-    if (a->id == SP_ARCH_BAILING_MOE && !cJSON_GetObjectItemCaseSensitive(config, "head_dim")) def_head = 128;
+    if (a->id == SP_ARCH_BAILING_MOE && !rd_item(&r, "head_dim")) def_head = 128;
+    if (a->id == SP_ARCH_QWEN3_5_MOE && !rd_item(&r, "head_dim")) def_head = 256;
     a->head_dim = rd_int(&r, "head_dim", def_head);
     a->d_ff = rd_int(&r, "intermediate_size", 0);
     a->max_pos = rd_int(&r, "max_position_embeddings", 4096);
@@ -406,7 +488,8 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
                          (long long)a->n_layers);
     a->layer_moe = sp_calloc((size_t)a->n_layers, sizeof *a->layer_moe, SP_MEM_MODEL);
     a->layer_sliding = sp_calloc((size_t)a->n_layers, sizeof *a->layer_sliding, SP_MEM_MODEL);
-    if (!a->layer_moe || !a->layer_sliding) {
+    a->layer_kind = sp_calloc((size_t)a->n_layers, sizeof *a->layer_kind, SP_MEM_MODEL);
+    if (!a->layer_moe || !a->layer_sliding || !a->layer_kind) {
         sp_arch_free(a);
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     }
@@ -417,11 +500,16 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
         case SP_ARCH_BAILING_MOE: st = read_bailing(&r, a); break;
         case SP_ARCH_QWEN3_MOE: st = read_qwen3_moe(&r, a); break;
         case SP_ARCH_GPT_OSS: st = read_gpt_oss(&r, a); break;
+        case SP_ARCH_QWEN3_5_MOE: st = read_qwen3_5_moe(&r, a); break;
         default: st = read_dense(&r, a); break;
         }
     }
     if (st == SP_OK) st = validate(a);
     if (st == SP_OK) st = read_eos(&r, a);
+    if (st == SP_OK && r.cfg != config && !a->n_eos) {  // the wrapper's, where the text model has none
+        struct reader top = {config, SP_OK};
+        st = read_eos(&top, a);
+    }
     if (st != SP_OK) {
         sp_error_prefix("config.json (%s): ", a->model_type);
         sp_arch_free(a);

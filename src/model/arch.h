@@ -24,7 +24,8 @@
     X(QWEN3, "qwen3")                                                          \
     X(QWEN3_MOE, "qwen3_moe")                                                  \
     X(BAILING_MOE, "bailing_moe")                                              \
-    X(GPT_OSS, "gpt_oss")
+    X(GPT_OSS, "gpt_oss")                                                      \
+    X(QWEN3_5_MOE, "qwen3_5_moe")
 
 enum sp_arch_id {
 #define SP_X(e, name) SP_ARCH_##e,
@@ -47,6 +48,10 @@ enum sp_act_kind {
     SP_ACT_SWIGLU_CLAMP,   // gpt-oss: gate <= limit, |up| <= limit, gate*sigmoid(alpha*gate)*(up+1)
     SP_ACT_KIND_COUNT
 };
+
+/* What mixes tokens in a layer: softmax attention over the KV cache, or
+ * Gated DeltaNet linear attention over a recurrent state (Qwen3.5). */
+enum sp_layer_kind { SP_LAYER_ATTENTION, SP_LAYER_GATED_DELTA, SP_LAYER_KIND_COUNT };
 
 /* FACTORS: each frequency divided by its own factor, as llama.cpp applies
  * a GGUF's rope_freqs.weight (Llama 3's scaling, computed by its converter):
@@ -84,11 +89,15 @@ struct sp_arch {
     bool fused_qkv;     // one query_key_value projection
     bool qkv_bias, o_bias;
     bool attn_sinks;    // per-head sink logits in the softmax denominator
+    bool attn_gate;     // q_proj gives each head's query and gate side by side; output *= sigmoid(gate)
+    bool norm_offset;   // RMSNorm weights (not the linear attention's) scale by (1 + w)
     bool tie_embeddings;
     int64_t sliding_window;  // 0: none
     /* MoE */
     int64_t n_experts, n_experts_used, d_expert;
-    int64_t n_shared_experts;  // shared expert width = n_shared_experts * d_expert
+    int64_t n_shared_experts;  // 0: none
+    int64_t d_shared;          // the shared experts' width together
+    bool shared_gate;          // the shared expert's output times sigmoid(shared_expert_gate(x))
     enum sp_router_kind router;
     int64_t n_group, topk_group;  // group-limited routing (1, 1: none)
     double routed_scale;
@@ -97,10 +106,27 @@ struct sp_arch {
     enum sp_act_kind act;
     double swiglu_limit, swiglu_alpha;
     int64_t n_mtp_layers;  // extra next-token-prediction layers after n_layers (not run)
+    /* Gated DeltaNet layers: key heads of lin_k_dim, value heads of
+     * lin_v_dim (a multiple of the key heads; value head j reads key head
+     * j / (lin_v_heads / lin_k_heads)), a causal conv of lin_conv taps */
+    int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
     /* per layer, (n_layers) each; owned */
     bool *layer_moe;
     bool *layer_sliding;
+    enum sp_layer_kind *layer_kind;
 };
+
+/* Whether any layer keeps a recurrent state (a sequence then continues only
+ * from the position its state holds). */
+bool sp_arch_recurrent(const struct sp_arch *a);
+/* The floats of one sequence's recurrent state in layer L (0: none): the
+ * conv's last lin_conv - 1 inputs and a [lin_k_dim, lin_v_dim] matrix per
+ * value head. */
+int64_t sp_arch_state_floats(const struct sp_arch *a, int64_t L);
+/* Channels of a Gated DeltaNet layer's conv: queries, keys and values. */
+static inline int64_t sp_arch_conv_dim(const struct sp_arch *a) {
+    return 2 * a->lin_k_heads * a->lin_k_dim + a->lin_v_heads * a->lin_v_dim;
+}
 
 const char *sp_arch_name(enum sp_arch_id id);
 /* Reads a config.json object. Unknown model types are an error listing the
@@ -112,5 +138,6 @@ const char *sp_arch_supported_list(void);
 const char *sp_router_kind_name(enum sp_router_kind k);
 const char *sp_rope_kind_name(enum sp_rope_kind k);
 const char *sp_act_kind_name(enum sp_act_kind k);
+const char *sp_layer_kind_name(enum sp_layer_kind k);
 
 #endif

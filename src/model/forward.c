@@ -20,12 +20,20 @@
 /* Weight views (prepared by the backend) and the backend's float copies of
  * the small parameters of one layer. */
 struct layer {
+    enum sp_layer_kind kind;
     struct sp_linear qkv, q, k, v, o;
+    struct sp_linear qgate;             // attn_gate: the gates' rows of q_proj
+    uint8_t *q_rows;                    // attn_gate: q_proj's rows, queries then gates (q and qgate view them)
     const float *attn_norm, *ffn_norm;  // (d)
     struct sp_attn_layer att;           // q / k norms, sinks, window
+    /* Gated DeltaNet */
+    struct sp_linear lqkv, lz, lb, la, lout;
+    struct sp_delta_layer delta;
     /* dense MLP, or the shared expert of a MoE layer */
     struct sp_linear gate, up, down;
     bool has_mlp;
+    struct sp_linear sgate;  // shared_gate: the shared expert's gate (one output)
+    bool has_sgate;
     /* MoE */
     struct sp_linear router;
     float *expert_bias;  // (E) or NULL; host memory (routing on the host)
@@ -65,6 +73,12 @@ struct sp_ctx {
     struct sp_tensor att;         // (B, q)
     struct sp_tensor router_out;  // (B, E)
     struct sp_tensor gath, gout;  // (B, d): rows gathered for experts, the MLPs' outputs
+    struct sp_tensor qgate;       // (B, q) attn_gate: the attention output's gates
+    struct sp_tensor sgate;       // (B, 1) shared_gate: the shared expert's gate logits
+    struct sp_tensor lqkv, lz, lba, lout;  // Gated DeltaNet: (B, conv), (B, v), (B, 2 v heads), (B, v)
+    /* recurrent layers: the positions each sequence's state holds, and its
+     * snapshot's (-1: none); a pass that failed leaves a sequence's -1 */
+    int64_t *seq_len, *snap_len;  // (n_seq) each
     /* routing, on the host */
     float *router_host;  // (B, E) staging for router_out where the host cannot read it
     int32_t *sel;        // (B, k)
@@ -144,7 +158,7 @@ void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset) 
 static int64_t mlp_width(const struct sp_arch *a) {
     int64_t ff = a->d_ff;
     if (a->d_expert * 2 > ff) ff = a->d_expert * 2;
-    if (a->d_expert * a->n_shared_experts > ff) ff = a->d_expert * a->n_shared_experts;
+    if (a->d_shared > ff) ff = a->d_shared;
     return ff;
 }
 
@@ -154,9 +168,15 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
         .shape = {.n_layers = a->n_layers, .d_model = a->d_model, .vocab = a->vocab, .n_heads = a->n_heads,
                   .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .mlp_width = mlp_width(a),
                   .n_experts = a->n_experts, .n_experts_used = a->n_experts > 0 ? a->n_experts_used : 0,
-                  .expert_ff = a->n_experts > 0 ? a->d_expert : 0, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f},
+                  .expert_ff = a->n_experts > 0 ? a->d_expert : 0, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f,
+                  .lin_k_heads = a->lin_k_heads, .lin_v_heads = a->lin_v_heads, .lin_k_dim = a->lin_k_dim,
+                  .lin_v_dim = a->lin_v_dim, .lin_conv = a->lin_conv},
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
         .n_threads = p->n_threads, .float_activations = p->float_activations};
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        bp.shape.n_kv_layers += a->layer_kind[L] == SP_LAYER_ATTENTION;
+        bp.shape.n_state_layers += a->layer_kind[L] == SP_LAYER_GATED_DELTA;
+    }
     return bp;
 }
 
@@ -170,7 +190,9 @@ size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, 
 static int64_t tensor_floats(const struct sp_arch *a) {
     int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
     int64_t E = a->n_experts > 0 ? a->n_experts : 1;
-    return 5 * d + qd + 2 * kv + qd + E;
+    int64_t gates = a->attn_gate ? qd : 0, shared_gate = a->shared_gate ? 1 : 0;
+    int64_t lin = sp_arch_recurrent(a) ? sp_arch_conv_dim(a) + 2 * a->lin_v_heads * a->lin_v_dim + 2 * a->lin_v_heads : 0;
+    return 5 * d + qd + 2 * kv + qd + E + gates + shared_gate + lin;
 }
 
 /* Bytes of the routing tables for batches of B tokens. */
@@ -258,13 +280,29 @@ static float rope_init(const struct sp_rope *r, float *inv_freq) {
 
 /* ---- setup ---- */
 
-/* A 1-D parameter as floats in the backend's memory. */
+/* A 1-D parameter as floats in the backend's memory; an RMSNorm's weight
+ * w as 1 + w where the model scales by that (sp_model.norm_plus_one). */
 static const float *vec(struct sp_ctx *c, int64_t layer, enum sp_role role, enum sp_status *st) {
     struct sp_vector v;
     const float *f = NULL;
     if (*st != SP_OK) return NULL;
     *st = sp_model_vector(c->m, layer, role, &v);
-    if (*st == SP_OK) *st = c->be->ops->vector(c->be, &v, &f);
+    if (*st != SP_OK) return NULL;
+    bool plus_one = c->m->norm_plus_one && (role == SP_ROLE_ATTN_NORM || role == SP_ROLE_FFN_NORM ||
+                                           role == SP_ROLE_OUT_NORM || role == SP_ROLE_ATTN_Q_NORM ||
+                                           role == SP_ROLE_ATTN_K_NORM);
+    float *shifted = NULL;
+    if (plus_one) {
+        if (!(shifted = sp_malloc((size_t)v.n * sizeof *shifted, SP_MEM_MISC))) {
+            *st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
+        sp_vector_to_f32(&v, shifted);
+        for (int64_t i = 0; i < v.n; i++) shifted[i] += 1.0f;  // in float32, as the reference adds it
+        v = (struct sp_vector){shifted, SP_DTYPE_F32, v.n};
+    }
+    *st = c->be->ops->vector(c->be, &v, &f);
+    sp_free(shifted);
     return f;
 }
 
@@ -308,14 +346,86 @@ static enum sp_route route_kind(enum sp_router_kind k) {
     }
 }
 
-static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
+/* Rows [r0, r0 + n) of l (stored in row order). */
+static struct sp_linear linear_rows(const struct sp_linear *l, int64_t r0, int64_t n) {
+    struct sp_linear out = *l;
+    const void *ptr[4];
+    size_t len[4];
+    int parts = sp_linear_parts(l, ptr, len);
+    const void **fields[4] = {&out.w.codes, &out.w.scales, &out.w.biases, &out.bias};
+    for (int k = 0, fi = 0; k < parts; k++) {
+        while (*fields[fi] != ptr[k]) fi++;  // parts come in the order codes, scales, [biases], [bias]
+        *fields[fi] = (const uint8_t *)ptr[k] + (size_t)r0 * (len[k] / (size_t)l->w.rows);
+    }
+    out.w.rows = n;
+    return out;
+}
+
+/* A gated attention's q_proj gives each head's query rows then its gate
+ * rows: a copy of its rows with every head's queries first, then every
+ * head's gates, viewed as q and qgate (a few MiB a layer, so the queries
+ * land beside the keys and values as attention takes them). */
+static enum sp_status ungate_queries(struct sp_ctx *c, int64_t L, struct layer *ly) {
+    const struct sp_arch *a = c->a;
+    struct sp_linear qg;
+    enum sp_status st = sp_model_linear(c->m, L, SP_ROLE_ATTN_Q, -1, &qg);
+    if (st != SP_OK) return st;
+    if (qg.transposed || qg.w.interleaved)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: a gated q_proj must be stored in row order", (long long)L);
+    const void *ptr[4];
+    size_t len[4], total = 0;
+    int parts = sp_linear_parts(&qg, ptr, len);
+    for (int k = 0; k < parts; k++) total += (len[k] + 63) / 64 * 64;
+    if (!(ly->q_rows = sp_malloc_huge(total, SP_MEM_WEIGHTS))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    int64_t hd = a->head_dim, q = a->n_heads * hd, rows = qg.w.rows;
+    struct sp_linear moved = qg;
+    const void **fields[4] = {&moved.w.codes, &moved.w.scales, &moved.w.biases, &moved.bias};
+    size_t off = 0;
+    for (int k = 0, fi = 0; k < parts; k++) {
+        while (*fields[fi] != ptr[k]) fi++;
+        size_t row = len[k] / (size_t)rows;
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t h = r / (2 * hd), i = r % (2 * hd), to = i < hd ? h * hd + i : q + h * hd + (i - hd);
+            memcpy(ly->q_rows + off + (size_t)to * row, (const uint8_t *)ptr[k] + (size_t)r * row, row);
+        }
+        *fields[fi] = ly->q_rows + off;
+        off += (len[k] + 63) / 64 * 64;
+    }
+    ly->q = linear_rows(&moved, 0, q);
+    ly->qgate = linear_rows(&moved, q, q);
+    if ((st = c->be->ops->prepare(c->be, &ly->q)) != SP_OK || (st = c->be->ops->prepare(c->be, &ly->qgate)) != SP_OK)
+        return st;
+    if (c->load) sp_progress_add(c->load, (uint64_t)sp_linear_bytes(&qg));
+    return SP_OK;
+}
+
+/* A Gated DeltaNet layer's projections and parameters. */
+static enum sp_status load_delta(struct sp_ctx *c, int64_t L, int64_t state, struct layer *ly) {
+    enum sp_status st = SP_OK;
+    ly->delta = (struct sp_delta_layer){.layer = state, .eps = (float)c->a->norm_eps};
+    ly->delta.conv = vec(c, L, SP_ROLE_LIN_CONV, &st);
+    ly->delta.a_log = vec(c, L, SP_ROLE_LIN_A_LOG, &st);
+    ly->delta.dt_bias = vec(c, L, SP_ROLE_LIN_DT_BIAS, &st);
+    ly->delta.norm = vec(c, L, SP_ROLE_LIN_NORM, &st);
+    if (st != SP_OK) return st;
+    const enum sp_role roles[] = {SP_ROLE_LIN_QKV, SP_ROLE_LIN_Z, SP_ROLE_LIN_B, SP_ROLE_LIN_A, SP_ROLE_LIN_OUT};
+    struct sp_linear *lins[] = {&ly->lqkv, &ly->lz, &ly->lb, &ly->la, &ly->lout};
+    for (int i = 0; i < 5 && st == SP_OK; i++) st = lin(c, L, roles[i], -1, lins[i]);
+    return st;
+}
+
+static enum sp_status load_layer(struct sp_ctx *c, int64_t L, int64_t *kv_layers, int64_t *state_layers) {
     const struct sp_model *m = c->m;
     const struct sp_arch *a = c->a;
     struct layer *ly = &c->layers[L];
     enum sp_status st = SP_OK;
+    ly->kind = a->layer_kind[L];
     ly->attn_norm = vec(c, L, SP_ROLE_ATTN_NORM, &st);
     ly->ffn_norm = vec(c, L, SP_ROLE_FFN_NORM, &st);
-    ly->att = (struct sp_attn_layer){.layer = L, .eps = (float)a->norm_eps};
+    if (st == SP_OK && ly->kind == SP_LAYER_GATED_DELTA) st = load_delta(c, L, (*state_layers)++, ly);
+    if (st != SP_OK) return st;
+    if (ly->kind == SP_LAYER_GATED_DELTA) goto mlp;
+    ly->att = (struct sp_attn_layer){.layer = (*kv_layers)++, .eps = (float)a->norm_eps};
     if (a->qk_norm) {
         ly->att.q_norm = vec(c, L, SP_ROLE_ATTN_Q_NORM, &st);
         ly->att.k_norm = vec(c, L, SP_ROLE_ATTN_K_NORM, &st);
@@ -326,11 +436,12 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
     if (a->fused_qkv) {
         if ((st = lin(c, L, SP_ROLE_ATTN_QKV, -1, &ly->qkv)) != SP_OK) return st;
     } else {
-        if ((st = lin(c, L, SP_ROLE_ATTN_Q, -1, &ly->q)) != SP_OK) return st;
+        if ((st = a->attn_gate ? ungate_queries(c, L, ly) : lin(c, L, SP_ROLE_ATTN_Q, -1, &ly->q)) != SP_OK) return st;
         if ((st = lin(c, L, SP_ROLE_ATTN_K, -1, &ly->k)) != SP_OK) return st;
         if ((st = lin(c, L, SP_ROLE_ATTN_V, -1, &ly->v)) != SP_OK) return st;
     }
     if ((st = lin(c, L, SP_ROLE_ATTN_O, -1, &ly->o)) != SP_OK) return st;
+mlp:
     if (!a->layer_moe[L] || a->n_shared_experts > 0) {
         enum sp_role g = a->layer_moe[L] ? SP_ROLE_SHEXP_GATE : SP_ROLE_FFN_GATE;
         enum sp_role u = a->layer_moe[L] ? SP_ROLE_SHEXP_UP : SP_ROLE_FFN_UP;
@@ -339,6 +450,12 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L) {
         if ((st = lin(c, L, u, -1, &ly->up)) != SP_OK) return st;
         if ((st = lin(c, L, d, -1, &ly->down)) != SP_OK) return st;
         ly->has_mlp = true;
+        if (a->layer_moe[L] && a->shared_gate) {
+            if ((st = sp_model_linear(m, L, SP_ROLE_SHEXP_ROUTE, -1, &ly->sgate)) != SP_OK) return st;
+            ly->sgate.float_activations = true;  // a gate, as the router
+            if ((st = c->be->ops->prepare(c->be, &ly->sgate)) != SP_OK) return st;
+            ly->has_sgate = true;
+        }
     }
     if (!a->layer_moe[L]) return SP_OK;
     if ((st = sp_model_linear(m, L, SP_ROLE_ROUTER, -1, &ly->router)) != SP_OK) return st;
@@ -550,6 +667,7 @@ void sp_ctx_free(struct sp_ctx *c) {
             sp_free(ly->eup);
             sp_free(ly->edown);
             sp_free(ly->egate_up);
+            sp_free_aligned(ly->q_rows);
         }
     }
     sp_free(c->layers);
@@ -559,7 +677,8 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c->ctok);
     sp_free(c->cw);
     void *host[] = {c->marks, c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
-                    c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views};
+                    c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views,
+                    c->seq_len,     c->snap_len};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
     sp_backend_free(c->be);
     sp_free(c);
@@ -628,8 +747,19 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if ((st = lin(c, -1, m->has_lm_head ? SP_ROLE_LM_HEAD : SP_ROLE_EMBED, -1, &c->lm_head)) != SP_OK) goto fail;
     c->out_norm = vec(c, -1, SP_ROLE_OUT_NORM, &st);
     if (st != SP_OK) goto fail;
+    if (sp_arch_recurrent(a) && (!c->be->ops->gated_delta || !c->be->ops->state_copy || !c->be->ops->gate)) {
+        st = sp_errorf(SP_ERR_UNSUPPORTED, "the %s backend does not run Gated DeltaNet layers yet (--device cpu does)",
+                       c->be->ops->name);
+        goto fail;
+    }
+    if ((a->attn_gate || a->shared_gate) && !c->be->ops->gate) {
+        st = sp_errorf(SP_ERR_UNSUPPORTED, "the %s backend does not run gated attention or shared experts yet",
+                       c->be->ops->name);
+        goto fail;
+    }
+    int64_t kv_layers = 0, state_layers = 0;
     for (int64_t L = 0; L < a->n_layers; L++)
-        if ((st = load_layer(c, L)) != SP_OK) goto fail;
+        if ((st = load_layer(c, L, &kv_layers, &state_layers)) != SP_OK) goto fail;
     if (c->load) {
         c->be->ops->sync(c->be);  // the copies are done, not just queued
         sp_progress_end(c->load, false);
@@ -658,6 +788,20 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         (st = sp_backend_tensor(be, B, E, &c->router_out)) != SP_OK ||
         (st = sp_backend_tensor(be, B, d, &c->gath)) != SP_OK || (st = sp_backend_tensor(be, B, d, &c->gout)) != SP_OK)
         goto fail;
+    if (a->attn_gate && (st = sp_backend_tensor(be, B, qd, &c->qgate)) != SP_OK) goto fail;
+    if (a->shared_gate && (st = sp_backend_tensor(be, B, 1, &c->sgate)) != SP_OK) goto fail;
+    if (sp_arch_recurrent(a)) {
+        int64_t vd = a->lin_v_heads * a->lin_v_dim;
+        if ((st = sp_backend_tensor(be, B, sp_arch_conv_dim(a), &c->lqkv)) != SP_OK ||
+            (st = sp_backend_tensor(be, B, vd, &c->lz)) != SP_OK ||
+            (st = sp_backend_tensor(be, B, 2 * a->lin_v_heads, &c->lba)) != SP_OK ||
+            (st = sp_backend_tensor(be, B, vd, &c->lout)) != SP_OK)
+            goto fail;
+        c->seq_len = sp_malloc((size_t)c->p.n_seq * sizeof *c->seq_len, SP_MEM_MODEL);
+        c->snap_len = sp_malloc((size_t)c->p.n_seq * sizeof *c->snap_len, SP_MEM_MODEL);
+        if (!c->seq_len || !c->snap_len) goto nomem;
+        for (int i = 0; i < c->p.n_seq; i++) c->seq_len[i] = 0, c->snap_len[i] = -1;
+    }
     bool ok = true;
     c->router_host = host_buf((size_t)(B * E), sizeof(float), &ok);
     c->sel = host_buf((size_t)(B * K), sizeof(int32_t), &ok);
@@ -698,7 +842,14 @@ bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out)
     return true;
 }
 
-void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) { c->be->ops->kv_copy_seq(c->be, src, dst, n); }
+void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
+    c->be->ops->kv_copy_seq(c->be, src, dst, n);
+    if (!c->seq_len || src == dst) return;
+    SP_ASSERT(sp_ctx_seq_resumable(c, src, n) == n);
+    if (n > 0) c->be->ops->state_copy(c->be, n == c->seq_len[src] ? src : c->p.n_seq + src, dst);
+    c->seq_len[dst] = n;
+    c->snap_len[dst] = -1;
+}
 
 /* Multiply-adds of a layer's attention for batch b: per token and query
  * head, head_dim for each visible position's score and again for its
@@ -715,11 +866,21 @@ static double attention_macs(const struct sp_ctx *c, const struct sp_batch *b, i
 /* ---- MLP ---- */
 
 /* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
+/* Rows [r0, r0 + n) of gout, the shared expert's outputs for the n rows of
+ * h, times sigmoid of its gate where the model gates it. */
+static void shared_gate(struct sp_ctx *c, const struct layer *ly, int64_t r0, int64_t n) {
+    if (!ly->has_sgate) return;
+    struct sp_backend *be = c->be;
+    struct sp_tensor g = sp_tensor_rows(c->sgate, 0, n);
+    be->ops->linear(be, &ly->sgate, sp_tensor_rows(c->h, 0, n), g);
+    be->ops->gate(be, sp_tensor_rows(c->gout, r0, n), g);
+}
+
 static void layer_mlp_add(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_tensor out) {
     struct sp_mlp_item it = {&ly->gate, &ly->up, NULL, &ly->down, sp_tensor_rows(c->h, 0, n), 0};
     struct sp_backend *be = c->be;
     STEP(c, SP_STEP_MLP, sp_mlp_macs(&it, 1, c->a->d_model), be->ops->mlp(be, &it, 1, &c->act, c->gout);
-         be->ops->add(be, out, sp_tensor_rows(c->gout, 0, n)));
+         shared_gate(c, ly, 0, n); be->ops->add(be, out, sp_tensor_rows(c->gout, 0, n)));
 }
 
 static void softmax_inplace(float *v, int64_t n) {
@@ -968,6 +1129,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         STEP(c, SP_STEP_MOVE, 0,
              be->ops->scatter_add(be, out, sp_tensor_rows(c->gout, 0, rows), c->etok + p0, c->ew + p0));
         if (shared_now) {
+            STEP(c, SP_STEP_MLP, 0, shared_gate(c, ly, rows, n));
             STEP(c, SP_STEP_MOVE, 0, be->ops->add(be, out, sp_tensor_rows(c->gout, rows, n)));
             shared_left = false;
         }
@@ -1017,7 +1179,49 @@ static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch 
         if (b->pos[t] < 0 || b->pos[t] >= c->p.n_ctx)
             return sp_errorf(SP_ERR_ARG, "position %d is outside the context of %lld", b->pos[t], (long long)c->p.n_ctx);
     }
+    if (!c->seq_len) return SP_OK;
+    /* a recurrent state goes on only from the position it holds (or restarts at 0) */
+    int64_t *next = c->seq_len;
+    for (int64_t t = 0; t < b->n; t++) {
+        int s = b->seq[t];
+        int64_t at = next[s];
+        for (int64_t u = t - 1; u >= 0; u--)
+            if (b->seq[u] == s) {
+                at = b->pos[u] + 1;
+                break;
+            }
+        if (b->pos[t] != 0 && b->pos[t] != at)
+            return sp_errorf(SP_ERR_ARG, "sequence %d: its recurrent state holds %lld positions, so position %d "
+                             "cannot come next (a linear-attention model goes on from where a sequence stopped, "
+                             "or starts again at 0)", s, (long long)(at < 0 ? 0 : at), b->pos[t]);
+    }
     return SP_OK;
+}
+
+/* After a pass over b: the positions the batch's sequences' states hold,
+ * and their snapshots' (a failed pass: unknown, until position 0). */
+static void track_states(struct sp_ctx *c, const struct sp_batch *b, bool ok) {
+    if (!c->seq_len) return;
+    for (int64_t t = 0; t < b->n; t++) {
+        int s = b->seq[t];
+        c->seq_len[s] = ok ? b->pos[t] + 1 : -1;
+        if (b->pos[t] == 0) c->snap_len[s] = -1;
+        if (b->snapshot && b->snapshot[t]) c->snap_len[s] = ok ? b->pos[t] + 1 : -1;
+    }
+}
+
+int64_t sp_ctx_seq_resumable(const struct sp_ctx *c, int seq, int64_t n) {
+    if (!c->seq_len || n <= 0) return n > 0 ? n : 0;
+    if (c->seq_len[seq] == n) return n;
+    return c->snap_len[seq] >= 0 && c->snap_len[seq] <= n ? c->snap_len[seq] : 0;
+}
+
+void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n) {
+    if (!c->seq_len) return;
+    SP_ASSERT(sp_ctx_seq_resumable(c, seq, n) == n);
+    if (n == c->seq_len[seq]) return;
+    if (n > 0) c->be->ops->state_copy(c->be, c->p.n_seq + seq, seq);
+    c->seq_len[seq] = n;  // 0: the next pass starts it at position 0
 }
 
 /* q, k and v of the n rows of h, side by side in qkv. */
@@ -1030,8 +1234,24 @@ static void qkv_products(struct sp_ctx *c, const struct layer *ly, int64_t n) {
         return;
     }
     be->ops->linear(be, &ly->q, h, sp_tensor_cols(qkv, 0, qd));
+    if (c->a->attn_gate) be->ops->linear(be, &ly->qgate, h, sp_tensor_rows(c->qgate, 0, n));
     be->ops->linear(be, &ly->k, h, sp_tensor_cols(qkv, qd, kvd));
     be->ops->linear(be, &ly->v, h, sp_tensor_cols(qkv, qd + kvd, kvd));
+}
+
+/* A Gated DeltaNet layer on the n rows of h, its output into out. */
+static void gated_delta(struct sp_ctx *c, const struct layer *ly, const struct sp_batch *b, struct sp_tensor out) {
+    const struct sp_arch *a = c->a;
+    struct sp_backend *be = c->be;
+    int64_t n = b->n, d = a->d_model, Hv = a->lin_v_heads, vd = Hv * a->lin_v_dim, conv = sp_arch_conv_dim(a);
+    struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_rows(c->lqkv, 0, n), z = sp_tensor_rows(c->lz, 0, n);
+    struct sp_tensor ba = sp_tensor_rows(c->lba, 0, n), o = sp_tensor_rows(c->lout, 0, n);
+    STEP(c, SP_STEP_QKV, (double)n * (double)d * (double)(conv + vd + 2 * Hv), be->ops->linear(be, &ly->lqkv, h, qkv);
+         be->ops->linear(be, &ly->lz, h, z); be->ops->linear(be, &ly->lb, h, sp_tensor_cols(ba, 0, Hv));
+         be->ops->linear(be, &ly->la, h, sp_tensor_cols(ba, Hv, Hv)));
+    STEP(c, SP_STEP_ATTENTION, 2.0 * (double)n * (double)vd * (double)a->lin_k_dim,
+         be->ops->gated_delta(be, &ly->delta, b, qkv, z, ba, o));
+    STEP(c, SP_STEP_O, (double)n * (double)vd * (double)d, be->ops->linear(be, &ly->lout, o, out));
 }
 
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
@@ -1051,14 +1271,24 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     for (int64_t L = 0; L < a->n_layers; L++) {
         const struct layer *ly = &c->layers[L];
         STEP(c, SP_STEP_NORMS, 0, be->ops->rmsnorm(be, ly->attn_norm, eps, x, h));
-        STEP(c, SP_STEP_QKV, (double)n * (double)d * (double)(qd + 2 * kvd), qkv_products(c, ly, n));
-        STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, ly->att.window),
-             be->ops->attention(be, &ly->att, b, sp_tensor_rows(c->qkv, 0, n), sp_tensor_rows(c->att, 0, n)));
-        STEP(c, SP_STEP_O, (double)n * (double)qd * (double)d, be->ops->linear(be, &ly->o, sp_tensor_rows(c->att, 0, n), tmp));
+        if (ly->kind == SP_LAYER_GATED_DELTA) {
+            gated_delta(c, ly, b, tmp);
+        } else {
+            double q_macs = (double)n * (double)d * (double)((a->attn_gate ? 2 : 1) * qd + 2 * kvd);
+            struct sp_tensor att = sp_tensor_rows(c->att, 0, n);
+            STEP(c, SP_STEP_QKV, q_macs, qkv_products(c, ly, n));
+            STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, ly->att.window),
+                 be->ops->attention(be, &ly->att, b, sp_tensor_rows(c->qkv, 0, n), att);
+                 if (a->attn_gate) be->ops->gate(be, att, sp_tensor_rows(c->qgate, 0, n)));
+            STEP(c, SP_STEP_O, (double)n * (double)qd * (double)d, be->ops->linear(be, &ly->o, att, tmp));
+        }
         STEP(c, SP_STEP_NORMS, 0, be->ops->add(be, x, tmp); be->ops->rmsnorm(be, ly->ffn_norm, eps, x, h);
              be->ops->zero(be, tmp));
         if (a->layer_moe[L]) {
-            if (!moe(c, ly, n, tmp)) return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
+            if (!moe(c, ly, n, tmp)) {
+                track_states(c, b, false);
+                return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
+            }
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, tmp);
         }
@@ -1070,5 +1300,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
          m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
     if (c->p.time_steps) read_marks(c);
-    return be->ops->error ? be->ops->error(be) : SP_OK;
+    st = be->ops->error ? be->ops->error(be) : SP_OK;
+    track_states(c, b, st == SP_OK);
+    return st;
 }

@@ -153,8 +153,17 @@ size_t sp_ctx_device_bytes(const struct sp_arch *a, enum sp_device d, int64_t n_
 /* The backend's choice of weight layout for a device (sp_backend_ops:
  * interleave): what the loader and an expert cache lay out for it. */
 sp_interleave_fn sp_ctx_interleave(enum sp_device d);
-/* Copies the cached positions [0, n) of sequence src to sequence dst. */
+/* Copies the cached positions [0, n) of sequence src to sequence dst
+ * (a model with recurrent layers: n must be resumable from src, below). */
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n);
+/* A model with recurrent layers (Gated DeltaNet) keeps, per sequence, one
+ * state of the positions it has run and a snapshot taken where a batch
+ * asked (sp_batch.snapshot): a sequence goes on only from one of those, or
+ * from 0. The longest prefix of at most n positions sequence seq can go on
+ * from (n for a model without recurrent layers). */
+int64_t sp_ctx_seq_resumable(const struct sp_ctx *c, int seq, int64_t n);
+/* Makes sequence seq go on from position n, resumable as above. */
+void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n);
 /* The steps' times since the context was made or last reset (zero unless
  * made with time_steps); reset: start again from zero. */
 void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset);

@@ -7,7 +7,7 @@
 
 void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols) {
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
-    int64_t sh = a->n_shared_experts * a->d_expert;
+    int64_t sh = a->d_shared, conv = sp_arch_conv_dim(a), vd = a->lin_v_heads * a->lin_v_dim;
     *rows = *cols = 0;
     switch (role) {
     case SP_ROLE_EMBED:
@@ -15,7 +15,7 @@ void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t
     case SP_ROLE_OUT_NORM:
     case SP_ROLE_ATTN_NORM:
     case SP_ROLE_FFN_NORM: *rows = d; break;
-    case SP_ROLE_ATTN_Q: *rows = q, *cols = d; break;
+    case SP_ROLE_ATTN_Q: *rows = a->attn_gate ? 2 * q : q, *cols = d; break;
     case SP_ROLE_ATTN_K:
     case SP_ROLE_ATTN_V: *rows = kv, *cols = d; break;
     case SP_ROLE_ATTN_QKV: *rows = q + 2 * kv, *cols = d; break;
@@ -35,6 +35,16 @@ void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t
     case SP_ROLE_SHEXP_GATE:
     case SP_ROLE_SHEXP_UP: *rows = sh, *cols = d; break;
     case SP_ROLE_SHEXP_DOWN: *rows = d, *cols = sh; break;
+    case SP_ROLE_SHEXP_ROUTE: *rows = 1, *cols = d; break;
+    case SP_ROLE_LIN_QKV: *rows = conv, *cols = d; break;
+    case SP_ROLE_LIN_Z: *rows = vd, *cols = d; break;
+    case SP_ROLE_LIN_B:
+    case SP_ROLE_LIN_A: *rows = a->lin_v_heads, *cols = d; break;
+    case SP_ROLE_LIN_OUT: *rows = d, *cols = vd; break;
+    case SP_ROLE_LIN_CONV: *rows = conv * a->lin_conv; break;  // [channels, 1, taps] as one vector
+    case SP_ROLE_LIN_A_LOG:
+    case SP_ROLE_LIN_DT_BIAS: *rows = a->lin_v_heads; break;
+    case SP_ROLE_LIN_NORM: *rows = a->lin_v_dim; break;
     default: break;
     }
 }
@@ -192,7 +202,15 @@ enum sp_status sp_model_vector(const struct sp_model *m, int64_t layer, enum sp_
     const struct sp_st_tensor *t = s->t[SP_PARAM_WEIGHT];
     int64_t n, unused;
     sp_model_expected_shape(&m->arch, role, &n, &unused);
-    if (!sp_dtype_is_float(t->dtype) || t->ndim != 1 || t->shape[0] != n) {
+    bool shape_ok = t->ndim == 1 && t->shape[0] == n;
+    if (role == SP_ROLE_LIN_CONV) {
+        /* the conv's taps per channel: [C, 1, K] (Hugging Face), [C, K, 1] (MLX) or [C, K] */
+        int64_t C = sp_arch_conv_dim(&m->arch), K = m->arch.lin_conv;
+        shape_ok = (t->ndim == 3 && t->shape[0] == C &&
+                    ((t->shape[1] == 1 && t->shape[2] == K) || (t->shape[1] == K && t->shape[2] == 1))) ||
+                   (t->ndim == 2 && t->shape[0] == C && t->shape[1] == K);
+    }
+    if (!sp_dtype_is_float(t->dtype) || !shape_ok) {
         char got[128], msg[512];
         shape_str(t, got, sizeof got);
         snprintf(msg, sizeof msg, "%s should be %lld floats, header says %s %s", sp_role_name(role), (long long)n,
@@ -221,10 +239,24 @@ static enum sp_status validate(struct sp_model *m) {
     } else if (!a->tie_embeddings) {
         return sp_errorf(SP_ERR_NOT_FOUND, "no lm_head weight, and config.json does not tie the embeddings");
     }
+    /* mlx-lm stores Qwen3.5's norms as 1 + w when it moves conv1d to [C, K, 1] */
+    m->norm_plus_one = a->norm_offset;
+    for (int64_t L = 0; L < a->n_layers && a->norm_offset; L++) {
+        const struct sp_wslot *s = sp_weights_find(&m->weights, L, SP_ROLE_LIN_CONV, -1);
+        const struct sp_st_tensor *t = s ? s->t[SP_PARAM_WEIGHT] : NULL;
+        if (t && t->ndim == 3 && t->shape[2] == 1 && t->shape[1] > 1) m->norm_plus_one = false;
+    }
     for (int64_t L = 0; L < a->n_layers; L++) {
         CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_NORM, &v));
         CHECK(sp_model_vector(m, L, SP_ROLE_FFN_NORM, &v));
-        if (a->fused_qkv) {
+        if (a->layer_kind[L] == SP_LAYER_GATED_DELTA) {
+            static const enum sp_role lins[] = {SP_ROLE_LIN_QKV, SP_ROLE_LIN_Z, SP_ROLE_LIN_B, SP_ROLE_LIN_A,
+                                                SP_ROLE_LIN_OUT};
+            static const enum sp_role vecs[] = {SP_ROLE_LIN_CONV, SP_ROLE_LIN_A_LOG, SP_ROLE_LIN_DT_BIAS,
+                                                SP_ROLE_LIN_NORM};
+            for (size_t i = 0; i < sizeof lins / sizeof *lins; i++) CHECK(sp_model_linear(m, L, lins[i], -1, &l));
+            for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) CHECK(sp_model_vector(m, L, vecs[i], &v));
+        } else if (a->fused_qkv) {
             CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_QKV, -1, &l));
             if (a->qkv_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: use_qkv_bias is set but query_key_value has no bias", (long long)L);
         } else {
@@ -235,9 +267,9 @@ static enum sp_status validate(struct sp_model *m) {
                     return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: attention bias is set but %s has no bias", (long long)L, sp_role_name(r3[i]));
             }
         }
-        CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
-        if (a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
-        if (a->qk_norm) {
+        if (a->layer_kind[L] == SP_LAYER_ATTENTION) CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
+        if (a->layer_kind[L] == SP_LAYER_ATTENTION && a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
+        if (a->qk_norm && a->layer_kind[L] == SP_LAYER_ATTENTION) {
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_Q_NORM, &v));
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_K_NORM, &v));
         }
@@ -269,6 +301,7 @@ static enum sp_status validate(struct sp_model *m) {
             CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_GATE, -1, &l));
             CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_UP, -1, &l));
             CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_DOWN, -1, &l));
+            if (a->shared_gate) CHECK(sp_model_linear(m, L, SP_ROLE_SHEXP_ROUTE, -1, &l));
         }
     }
 #undef CHECK
@@ -338,6 +371,7 @@ struct interleave {
 static bool to_interleave(const struct interleave *il, const struct sp_wslot *s, const struct sp_map *f,
                           const unsigned char *copy, struct sp_qmat *in_copy) {
     struct sp_qmat w;
+    if (s->role == SP_ROLE_ATTN_Q && il->m->arch.attn_gate) return false;  // the forward pass reorders its rows
     if (!slot_matrix(il->m, s, &w) || !sp_qmat_interleavable(&w) || !il->want(&w)) return false;
     size_t codes = (size_t)w.rows * sp_qtype_row_bytes(w.type, w.cols);
     size_t groups = (size_t)w.rows * (size_t)(w.cols / w.group) * sp_dtype_size(w.scale_dtype);

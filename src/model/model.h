@@ -35,6 +35,8 @@ struct sp_model {
     bool has_expert_bias;   // router selection bias present (bailing)
     bool has_lm_head;       // false: logits use the embedding (tied)
     bool fused_gate_up;     // experts store gate and up as one matrix
+    bool norm_plus_one;     // RMSNorm weights are stored as w of a (1 + w) scale (arch.norm_offset, unless
+                            // mlx-lm's conversion stored 1 + w already, as its conv1d layout tells)
 };
 
 /* Opens a model folder (a Hugging Face id is resolved to one first: sp_model_resolve). */

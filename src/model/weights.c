@@ -88,7 +88,21 @@ static const struct name_rule layer_rules[] = {
     {"mlp.experts.gate_up_proj_bias", BARE, SP_PARAM_BIAS, SP_ROLE_EXP_GATE_UP, 1, 1, 1},
     {"mlp.experts.down_proj", BARE, SP_PARAM_WEIGHT, SP_ROLE_EXP_DOWN, 1, 1, 0},
     {"mlp.experts.down_proj_bias", BARE, SP_PARAM_BIAS, SP_ROLE_EXP_DOWN, 1, 1, 0},
-    /* shared experts */
+    /* Gated DeltaNet (Qwen3.5) */
+    {"linear_attn.in_proj_qkv", MODULE, 0, SP_ROLE_LIN_QKV, 0, 0, 0},
+    {"linear_attn.in_proj_z", MODULE, 0, SP_ROLE_LIN_Z, 0, 0, 0},
+    {"linear_attn.in_proj_b", MODULE, 0, SP_ROLE_LIN_B, 0, 0, 0},
+    {"linear_attn.in_proj_a", MODULE, 0, SP_ROLE_LIN_A, 0, 0, 0},
+    {"linear_attn.conv1d", MODULE, 0, SP_ROLE_LIN_CONV, 0, 0, 0},
+    {"linear_attn.A_log", BARE, SP_PARAM_WEIGHT, SP_ROLE_LIN_A_LOG, 0, 0, 0},
+    {"linear_attn.dt_bias", BARE, SP_PARAM_WEIGHT, SP_ROLE_LIN_DT_BIAS, 0, 0, 0},
+    {"linear_attn.norm", MODULE, 0, SP_ROLE_LIN_NORM, 0, 0, 0},
+    {"linear_attn.out_proj", MODULE, 0, SP_ROLE_LIN_OUT, 0, 0, 0},
+    /* shared experts: bailing's, Qwen3.5's (one, gated) */
+    {"mlp.shared_expert.gate_proj", MODULE, 0, SP_ROLE_SHEXP_GATE, 0, 0, 0},
+    {"mlp.shared_expert.up_proj", MODULE, 0, SP_ROLE_SHEXP_UP, 0, 0, 0},
+    {"mlp.shared_expert.down_proj", MODULE, 0, SP_ROLE_SHEXP_DOWN, 0, 0, 0},
+    {"mlp.shared_expert_gate", MODULE, 0, SP_ROLE_SHEXP_ROUTE, 0, 0, 0},
     {"mlp.shared_experts.gate_proj", MODULE, 0, SP_ROLE_SHEXP_GATE, 0, 0, 0},
     {"mlp.shared_experts.up_proj", MODULE, 0, SP_ROLE_SHEXP_UP, 0, 0, 0},
     {"mlp.shared_experts.down_proj", MODULE, 0, SP_ROLE_SHEXP_DOWN, 0, 0, 0},
@@ -219,17 +233,36 @@ enum sp_status sp_weights_build(const struct sp_model_files *mf, int64_t n_layer
             int64_t layer = -1, expert = -1;
             enum sp_param param = SP_PARAM_WEIGHT;
             const struct name_rule *rule = NULL;
-            if (strncmp(name, "model.layers.", 13) == 0) {
+            /* a vision-language wrapper's text model reads as the model:
+             * model.language_model.* (Hugging Face), language_model.model.*
+             * and language_model.lm_head (mlx-lm) */
+            static const char *const wrapped[][2] = {{"model.language_model.", "model."},
+                                                     {"language_model.model.", "model."},
+                                                     {"language_model.lm_head.", "lm_head."}};
+            char unwrapped[512];
+            for (size_t k = 0; k < sizeof wrapped / sizeof *wrapped; k++) {
+                size_t pl = strlen(wrapped[k][0]);
+                if (strncmp(name, wrapped[k][0], pl) == 0 && strlen(name) < sizeof unwrapped - 8) {
+                    snprintf(unwrapped, sizeof unwrapped, "%s%s", wrapped[k][1], name + pl);
+                    name = rest = unwrapped;
+                    break;
+                }
+            }
+            static const struct name_rule vision = {"", BARE, SP_PARAM_WEIGHT, SP_ROLE_VISION, 0, 0, 0},
+                                          mtp = {"", BARE, SP_PARAM_WEIGHT, SP_ROLE_MTP, 0, 0, 0};
+            if (strncmp(name, "model.visual.", 13) == 0 || strncmp(name, "visual.", 7) == 0 ||
+                strncmp(name, "vision_tower.", 13) == 0) {
+                rule = &vision;
+            } else if (strncmp(name, "mtp.", 4) == 0) {
+                rule = &mtp;
+            } else if (strncmp(name, "model.layers.", 13) == 0) {
                 layer = parse_index(name + 13, &rest);
                 if (layer < 0) {
                     st = add_unknown(w, name);
                     continue;
                 }
                 if (layer >= n_layers) {
-                    /* Next-token-prediction layers: stored, never run. */
-                    static const struct name_rule mtp = {"", BARE, SP_PARAM_WEIGHT, SP_ROLE_MTP, 0, 0, 0};
-                    rule = &mtp;
-                    snprintf(canon, sizeof canon, "%s", name);
+                    rule = &mtp;  // next-token-prediction layers: stored, never run
                 } else {
                     rule = match(layer_rules, sizeof layer_rules / sizeof *layer_rules, rest, &param, &expert, canon,
                                  sizeof canon);
@@ -242,9 +275,9 @@ enum sp_status sp_weights_build(const struct sp_model_files *mf, int64_t n_layer
                 st = add_unknown(w, name);
                 continue;
             }
-            /* MTP tensors each get a slot of their own (keyed by position). */
+            /* unused tensors each get a slot of their own (keyed by position) */
             struct slot_key k = {(int32_t)layer, rule->role, (int32_t)expert};
-            if (rule->role == SP_ROLE_MTP) k.expert = (int32_t)(s * 1000000 + i);
+            if (sp_role_class(rule->role) == SP_CLASS_UNUSED) k.expert = (int32_t)(s * 1000000 + i);
             struct sp_wslot *slot = NULL;
             st = get_slot(w, &k, &slot);
             if (st != SP_OK) break;
@@ -258,10 +291,10 @@ enum sp_status sp_weights_build(const struct sp_model_files *mf, int64_t n_layer
             slot->transposed = rule->transposed;
             slot->interleaved = rule->interleaved;
             if (!slot->module) {
-                size_t ml = strlen(name);
+                size_t ml = strlen(t->name);  // the file's own spelling, as quantization configs name it
                 enum sp_param dummy;
-                if (rule->form == MODULE) param_suffix(name, strlen(name), &dummy, &ml);
-                slot->module = sp_strndup(name, ml, SP_MEM_MODEL);
+                if (rule->form == MODULE) param_suffix(t->name, strlen(t->name), &dummy, &ml);
+                slot->module = sp_strndup(t->name, ml, SP_MEM_MODEL);
                 if (!slot->module) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
             }
         }
@@ -269,7 +302,7 @@ enum sp_status sp_weights_build(const struct sp_model_files *mf, int64_t n_layer
     /* A layer cannot mix stacked and per-expert storage of one role. */
     for (int64_t i = 0; i < w->n_slots && st == SP_OK; i++) {
         const struct sp_wslot *s = &w->slots[i];
-        if (s->expert >= 0 && s->role != SP_ROLE_MTP && sp_weights_find(w, s->layer, s->role, -1))
+        if (s->expert >= 0 && sp_role_class(s->role) != SP_CLASS_UNUSED && sp_weights_find(w, s->layer, s->role, -1))
             st = sp_errorf(SP_ERR_FORMAT, "layer %d: %s is stored both stacked and per expert", s->layer,
                            sp_role_name(s->role));
     }

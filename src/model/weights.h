@@ -7,6 +7,10 @@
  * expert (Hugging Face: mlp.experts.E.gate_proj.weight) or one stacked
  * tensor [E, out, in] (mlx-lm: mlp.switch_mlp.gate_proj.weight; gpt-oss:
  * mlp.experts.gate_up_proj [E, in, 2*ff], interleaved and transposed).
+ * A vision-language wrapper's text model (model.language_model.*, mlx-lm's
+ * language_model.model.*) reads as the model; its vision tower
+ * (model.visual.*) and multi-token-prediction
+ * weights (mtp.*, or layers past n_layers) are kept apart, never run.
  *
  *     struct sp_weights w;
  *     sp_weights_build(files, n_layers, &w);
@@ -50,6 +54,17 @@
     X(SHEXP_GATE, "shared_gate", SHARED_EXPERTS)                               \
     X(SHEXP_UP, "shared_up", SHARED_EXPERTS)                                   \
     X(SHEXP_DOWN, "shared_down", SHARED_EXPERTS)                               \
+    X(SHEXP_ROUTE, "shared_route", SHARED_EXPERTS)                             \
+    X(LIN_QKV, "lin_qkv", ATTENTION)                                           \
+    X(LIN_Z, "lin_z", ATTENTION)                                               \
+    X(LIN_B, "lin_b", ATTENTION)                                               \
+    X(LIN_A, "lin_a", ATTENTION)                                               \
+    X(LIN_CONV, "lin_conv", ATTENTION)                                         \
+    X(LIN_A_LOG, "lin_a_log", ATTENTION)                                       \
+    X(LIN_DT_BIAS, "lin_dt_bias", ATTENTION)                                   \
+    X(LIN_NORM, "lin_norm", NORMS)                                             \
+    X(LIN_OUT, "lin_out", ATTENTION)                                           \
+    X(VISION, "vision", UNUSED)                                                \
     X(MTP, "mtp", UNUSED)                                                      \
     X(IGNORED, "ignored", UNUSED)
 

@@ -53,7 +53,11 @@ struct cpu {
     size_t scratch;  // per-thread scratch reserved in the pool
     /* KV cache (head-major, keys in blocks of columns: kv_head) */
     void *kv;
-    size_t kv_bytes, kv_row_bytes;  // the cache; one head's values of a position
+    size_t kv_bytes, kv_row_bytes;  // the cache and the states; one head's values of a position
+    /* recurrent states (state_of): per Gated DeltaNet layer, a slot per
+     * sequence and one per snapshot */
+    float *states;
+    int64_t state_floats;
     /* RoPE */
     float *inv_freq;  // (rot_dims / 2)
     float *rope_cs;   // (B, rot_dims): each batch token's cos, then sin, times rope_scale
@@ -93,10 +97,24 @@ static size_t att_scratch_floats(const struct sp_backend_shape *s) {
  * holds the context rounded up to whole blocks. */
 static int64_t kv_positions(int64_t n_ctx) { return (n_ctx + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK; }
 
+/* Floats of one recurrent state: the conv's last inputs, then a [k_dim,
+ * v_dim] matrix per value head. */
+static int64_t state_floats(const struct sp_backend_shape *s) {
+    int64_t conv = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim;
+    return (s->lin_conv - 1) * conv + s->lin_v_heads * s->lin_k_dim * s->lin_v_dim;
+}
+
+static size_t states_bytes(const struct sp_backend_params *p) {
+    const struct sp_backend_shape *s = &p->shape;
+    if (s->n_state_layers <= 0) return 0;
+    return (size_t)s->n_state_layers * 2 * (size_t)p->n_seq * (size_t)state_floats(s) * sizeof(float);
+}
+
 size_t sp_cpu_kv_bytes(const struct sp_backend_params *p) {
     const struct sp_backend_shape *s = &p->shape;
-    return (size_t)s->n_layers * 2 * (size_t)p->n_seq * (size_t)s->n_kv_heads * (size_t)kv_positions(p->n_ctx) *
-           (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type));
+    return (size_t)s->n_kv_layers * 2 * (size_t)p->n_seq * (size_t)s->n_kv_heads * (size_t)kv_positions(p->n_ctx) *
+               (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type)) +
+           states_bytes(p);
 }
 
 size_t sp_cpu_work_bytes(const struct sp_backend_params *p, const struct sp_qmat *widest) {
@@ -228,11 +246,23 @@ static size_t cpu_kv_bytes(const struct sp_backend *b) { return ((const struct c
 static void cpu_kv_copy_seq(struct sp_backend *b, int src, int dst, int64_t n) {
     struct cpu *c = cpu_of(b);
     if (src == dst || n <= 0) return;
-    for (int64_t L = 0; L < c->shape.n_layers; L++)
+    for (int64_t L = 0; L < c->shape.n_kv_layers; L++)
         for (int w = 0; w < 2; w++)
             for (int64_t h = 0; h < c->shape.n_kv_heads; h++)  // keys: whole blocks
                 memcpy(kv_head(c, L, w, dst, h), kv_head(c, L, w, src, h),
                        (size_t)(w ? n : kv_positions(n)) * c->kv_row_bytes);
+}
+
+/* The recurrent state of Gated DeltaNet layer L in slot `slot`. */
+static float *state_of(const struct cpu *c, int64_t L, int64_t slot) {
+    return c->states + ((size_t)L * 2 * (size_t)c->base.p.n_seq + (size_t)slot) * (size_t)c->state_floats;
+}
+
+static void cpu_state_copy(struct sp_backend *b, int src, int dst) {
+    struct cpu *c = cpu_of(b);
+    if (src == dst) return;
+    for (int64_t L = 0; L < c->shape.n_state_layers; L++)
+        memcpy(state_of(c, L, dst), state_of(c, L, src), (size_t)c->state_floats * sizeof(float));
 }
 
 /* ---- per-token steps, split over the pool's threads ----
@@ -604,6 +634,147 @@ static void cpu_attention(struct sp_backend *b, const struct sp_attn_layer *ly, 
     sp_pool_run(c->pool, attention_job, &j);
 }
 
+/* ---- gates and Gated DeltaNet ---- */
+
+struct gate_args {
+    struct sp_tensor x, g;
+};
+
+static void gate_rows(struct cpu *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct gate_args *a = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = a->x.data + t * a->x.ld;
+        const float *g = a->g.data + t * a->g.ld;
+        for (int64_t i = 0; i < a->x.cols; i++) x[i] *= 1.0f / (1.0f + expf(-g[a->g.cols == 1 ? 0 : i]));
+    }
+}
+
+static void cpu_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g) {
+    struct gate_args a = {x, g};
+    for_tokens(cpu_of(b), x.rows, gate_rows, &a);
+}
+
+struct delta_job {
+    struct cpu *c;
+    const struct sp_delta_layer *ly;
+    const struct sp_batch *bt;
+    struct sp_tensor qkv, z, ba, out;
+};
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The causal conv and SiLU of channels [c0, c1) for every token in batch
+ * order, in place in qkv, each sequence's last inputs kept in its state. */
+static void delta_conv(const struct delta_job *j, int64_t c0, int64_t c1) {
+    const struct sp_backend_shape *s = &j->c->shape;
+    int64_t C = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim, K = s->lin_conv;
+    for (int64_t t = 0; t < j->bt->n; t++) {
+        float *st = state_of(j->c, j->ly->layer, j->bt->seq[t]), *x = j->qkv.data + t * j->qkv.ld;
+        bool fresh = j->bt->pos[t] == 0;
+        for (int64_t ch = c0; ch < c1; ch++) {
+            const float *w = j->ly->conv + ch * K;
+            float in = x[ch], acc = w[K - 1] * in;
+            for (int64_t i = 0; i < K - 1; i++) {
+                float prev = fresh ? 0.0f : st[i * C + ch];
+                acc += w[i] * prev;
+                st[i * C + ch] = i + 1 < K - 1 ? (fresh ? 0.0f : st[(i + 1) * C + ch]) : in;
+            }
+            x[ch] = silu(acc);
+        }
+        if (j->bt->snapshot && j->bt->snapshot[t]) {
+            float *snap = state_of(j->c, j->ly->layer, j->c->base.p.n_seq + j->bt->seq[t]);
+            for (int64_t i = 0; i < K - 1; i++)
+                memcpy(snap + i * C + c0, st + i * C + c0, (size_t)(c1 - c0) * sizeof *st);
+        }
+    }
+}
+
+/* x * rsqrt(sum x^2 + 1e-6), as the reference's l2norm. */
+static void l2norm(const float *x, float *out, int64_t n, float scale) {
+    float ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = scale / sqrtf(ss + 1e-6f);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * r;
+}
+
+/* The delta rule of value heads [h0, h1) for every token in batch order,
+ * then each head's gated norm into out. */
+#define DELTA_MAX_DIM 512
+static void delta_heads(const struct delta_job *j, int64_t h0, int64_t h1) {
+    const struct sp_backend_shape *s = &j->c->shape;
+    int64_t Hk = s->lin_k_heads, Hv = s->lin_v_heads, Dk = s->lin_k_dim, Dv = s->lin_v_dim;
+    int64_t C = 2 * Hk * Dk + Hv * Dv, conv_floats = (s->lin_conv - 1) * C;
+    float q[DELTA_MAX_DIM], k[DELTA_MAX_DIM], kv[DELTA_MAX_DIM], o[DELTA_MAX_DIM];
+    float qscale = 1.0f / sqrtf((float)Dk);
+    for (int64_t t = 0; t < j->bt->n; t++) {
+        const float *x = j->qkv.data + t * j->qkv.ld, *ba = j->ba.data + t * j->ba.ld;
+        const float *z = j->z.data + t * j->z.ld;
+        float *out = j->out.data + t * j->out.ld;
+        for (int64_t h = h0; h < h1; h++) {
+            int64_t kh = h / (Hv / Hk);
+            float *S = state_of(j->c, j->ly->layer, j->bt->seq[t]) + conv_floats + h * Dk * Dv;
+            if (j->bt->pos[t] == 0) memset(S, 0, (size_t)(Dk * Dv) * sizeof *S);
+            l2norm(x + kh * Dk, q, Dk, qscale);
+            l2norm(x + Hk * Dk + kh * Dk, k, Dk, 1.0f);
+            const float *v = x + 2 * Hk * Dk + h * Dv;
+            float beta = 1.0f / (1.0f + expf(-ba[h]));
+            float a = ba[Hv + h] + j->ly->dt_bias[h];
+            float softplus = a > 20.0f ? a : log1pf(expf(a));
+            float decay = expf(-expf(j->ly->a_log[h]) * softplus);
+            for (int64_t c = 0; c < Dv; c++) kv[c] = 0, o[c] = 0;
+            for (int64_t i = 0; i < Dk; i++) {
+                float *row = S + i * Dv, ki = k[i];
+                for (int64_t c = 0; c < Dv; c++) {
+                    row[c] *= decay;
+                    kv[c] += row[c] * ki;
+                }
+            }
+            for (int64_t c = 0; c < Dv; c++) kv[c] = (v[c] - kv[c]) * beta;  // the update u
+            for (int64_t i = 0; i < Dk; i++) {
+                float *row = S + i * Dv, ki = k[i], qi = q[i];
+                for (int64_t c = 0; c < Dv; c++) {
+                    row[c] += ki * kv[c];
+                    o[c] += row[c] * qi;
+                }
+            }
+            float ss = 0;
+            for (int64_t c = 0; c < Dv; c++) ss += o[c] * o[c];
+            float r = 1.0f / sqrtf(ss / (float)Dv + j->ly->eps);
+            for (int64_t c = 0; c < Dv; c++) out[h * Dv + c] = j->ly->norm[c] * (o[c] * r) * silu(z[h * Dv + c]);
+            if (j->bt->snapshot && j->bt->snapshot[t])
+                memcpy(state_of(j->c, j->ly->layer, j->c->base.p.n_seq + j->bt->seq[t]) + conv_floats + h * Dk * Dv, S,
+                       (size_t)(Dk * Dv) * sizeof *S);
+        }
+    }
+}
+
+static void delta_conv_job(void *arg, int tid, int nth) {
+    const struct delta_job *j = arg;
+    const struct sp_backend_shape *s = &j->c->shape;
+    int64_t lo, hi;
+    sp_pool_split(2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim, tid, nth, &lo, &hi);
+    if (lo < hi) delta_conv(j, lo, hi);
+}
+
+static void delta_heads_job(void *arg, int tid, int nth) {
+    const struct delta_job *j = arg;
+    int64_t lo, hi;
+    sp_pool_split(j->c->shape.lin_v_heads, tid, nth, &lo, &hi);
+    if (lo < hi) delta_heads(j, lo, hi);
+}
+
+/* The conv split by channels, the delta rule by value heads: each
+ * channel's and head's tokens go in batch order on one thread, so no split
+ * changes a result. */
+static void cpu_gated_delta(struct sp_backend *b, const struct sp_delta_layer *ly, const struct sp_batch *bt,
+                            struct sp_tensor qkv, struct sp_tensor z, struct sp_tensor ba, struct sp_tensor out) {
+    struct cpu *c = cpu_of(b);
+    struct delta_job j = {c, ly, bt, qkv, z, ba, out};
+    int nth = sp_pool_size(c->pool);
+    sp_pool_run_n(c->pool, delta_conv_job, &j, bt->n >= TOKENS_PER_THREAD ? nth : 1);
+    sp_pool_run_n(c->pool, delta_heads_job, &j, nth);
+}
+
 /* ---- gated MLPs, several per pool hand-off ----
  *
  * One item is a gated MLP (a routed expert, the shared expert or a dense
@@ -761,6 +932,15 @@ enum sp_status sp_cpu_backend_create(const struct sp_backend_params *p, struct s
         goto fail;
     }
     memset(c->kv, 0, c->kv_bytes);
+    if (s->n_state_layers > 0) {
+        if (s->lin_k_dim > DELTA_MAX_DIM || s->lin_v_dim > DELTA_MAX_DIM || s->lin_v_heads % s->lin_k_heads) {
+            st = sp_errorf(SP_ERR_UNSUPPORTED, "linear attention heads of %lld / %lld dims (at most %d, value heads "
+                           "a multiple of key heads)", (long long)s->lin_k_dim, (long long)s->lin_v_dim, DELTA_MAX_DIM);
+            goto fail;
+        }
+        c->state_floats = state_floats(s);
+        c->states = (float *)((uint8_t *)c->kv + (c->kv_bytes - states_bytes(p)));
+    }
     c->ld_ff = s->mlp_width;
     c->ff_a = act_buf(c, (size_t)(B * c->ld_ff), sizeof(float));
     c->ff_b = act_buf(c, (size_t)(B * c->ld_ff), sizeof(float));
@@ -817,6 +997,9 @@ const struct sp_backend_ops sp_cpu_backend_ops = {
     .sync = cpu_sync,
     .kv_bytes = cpu_kv_bytes,
     .kv_copy_seq = cpu_kv_copy_seq,
+    .state_copy = cpu_state_copy,
+    .gate = cpu_gate,
+    .gated_delta = cpu_gated_delta,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .zero = cpu_zero,

@@ -561,7 +561,7 @@ static size_t kv_seq_bytes(const struct sp_backend_params *p) {
 }
 
 size_t sp_cuda_kv_bytes(const struct sp_backend_params *p) {
-    return (size_t)p->shape.n_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p);
+    return (size_t)p->shape.n_kv_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p);
 }
 
 static size_t cuda_kv_bytes(const struct sp_backend *b) { return ((const struct cuda *)b)->kv_bytes; }
@@ -572,7 +572,7 @@ static void cuda_kv_copy_seq(struct sp_backend *b, int src, int dst, int64_t n) 
     struct cuda *c = cuda_of(b);
     if (c->err || src == dst || n <= 0) return;
     size_t per = kv_seq_bytes(&c->base.p), row = per / (size_t)c->base.p.n_ctx;
-    for (int64_t L = 0; L < c->shape.n_layers * 2; L++) {
+    for (int64_t L = 0; L < c->shape.n_kv_layers * 2; L++) {
         char *base = (char *)c->kv + (size_t)L * (size_t)c->base.p.n_seq * per;
         if (!check(c, cudaMemcpyAsync(base + (size_t)dst * per, base + (size_t)src * per, (size_t)n * row,
                                       cudaMemcpyDeviceToDevice, c->stream),
