@@ -5,14 +5,18 @@
  * them then generates exactly what the same request submitted alone
  * generates (greedy, and with its own seed); a leader cancelled before its
  * prefill ends leaves the followers to finish it; groups larger than the
- * slots are refused.
+ * slots are refused; a next turn reuses what the slot holds. Each on an
+ * attention model and on a recurrent one (qwen3_5_moe).
  */
 #include "helpers.h"
 
 #include "model/model.h"
 #include "runtime/engine.h"
 
+/* Each test runs on both: attention's KV cache, and a recurrent state
+ * (Gated DeltaNet) that goes on only from its position or its snapshot. */
 #define FIXTURE "tests/fixtures/qwen3_moe"
+#define FIXTURE_RECURRENT "tests/fixtures/qwen3_5_moe"
 #define N_PROMPT 21  // three prefill chunks of 8
 #define N_GEN 12
 #define MAX_SEQ 4
@@ -21,6 +25,11 @@ static struct sp_model *model;
 
 static int setup(void **state) {
     if (sp_model_open(FIXTURE, &model) != SP_OK) fail_msg("%s", sp_error_msg());
+    return 0;
+}
+
+static int setup_recurrent(void **state) {
+    if (sp_model_open(FIXTURE_RECURRENT, &model) != SP_OK) fail_msg("%s", sp_error_msg());
     return 0;
 }
 
@@ -64,15 +73,19 @@ static void collect(struct sp_req *r, int32_t *ids, struct sp_req_progress *p) {
     sp_req_release(r);
 }
 
-/* What prompt with gp gives submitted alone, on a fresh one-slot engine. */
-static void solo(const int32_t *prompt, const struct sp_gen_params *gp, int32_t *ids) {
+/* What prompt (n tokens) with gp gives submitted alone, on a fresh one-slot engine. */
+static void solo_n(const int32_t *prompt, int64_t n, const struct sp_gen_params *gp, int32_t *ids) {
     struct sp_engine *e = engine(1);
     struct sp_req *r;
-    assert_int_equal(sp_engine_submit(e, prompt, N_PROMPT, gp, &r), SP_OK);
+    assert_int_equal(sp_engine_submit(e, prompt, n, gp, &r), SP_OK);
     struct sp_req_progress p;
     collect(r, ids, &p);
     assert_int_equal(p.cached_tokens, 0);
     sp_engine_free(e);
+}
+
+static void solo(const int32_t *prompt, const struct sp_gen_params *gp, int32_t *ids) {
+    solo_n(prompt, N_PROMPT, gp, ids);
 }
 
 static uint64_t prefilled(struct sp_engine *e) {
@@ -199,6 +212,38 @@ static void test_group_leader_cancelled(void **state) {
     sp_engine_free(e);
 }
 
+/* A next turn on the same slot: the prompt goes on from the whole first
+ * turn (its last generated token is the one not run yet), and reuses all
+ * of it; a prompt that leaves the first turn after its prompt reuses the
+ * prompt (a recurrent model: its snapshot, all but the last prompt token).
+ * Each gives what it gives cold. */
+static void test_next_turn(void **state) {
+    int32_t prompt[N_PROMPT + N_GEN + 5], first[N_GEN], want[N_GEN], got[N_GEN];
+    prompt_of(prompt, 7);
+    struct sp_gen_params gp = params(0, 0);
+    bool recurrent = sp_arch_recurrent(&model->arch);
+    for (int variant = 0; variant < 2; variant++) {
+        struct sp_engine *e = engine(1);
+        struct sp_req *r;
+        struct sp_req_progress p;
+        assert_int_equal(sp_engine_submit(e, prompt, N_PROMPT, &gp, &r), SP_OK);
+        collect(r, first, &p);
+        int64_t n = N_PROMPT;
+        if (variant == 0)
+            for (int i = 0; i < N_GEN; i++) prompt[n++] = first[i];
+        for (int i = 0; i < 5; i++) prompt[n++] = (int32_t)(3 + 7 * i);
+        solo_n(prompt, n, &gp, want);
+        uint64_t before = prefilled(e);
+        assert_int_equal(sp_engine_submit(e, prompt, n, &gp, &r), SP_OK);
+        collect(r, got, &p);
+        assert_memory_equal(got, want, sizeof want);
+        int64_t reused = variant == 0 ? N_PROMPT + N_GEN - 1 : recurrent ? N_PROMPT - 1 : N_PROMPT;
+        assert_int_equal(p.cached_tokens, reused);
+        assert_int_equal(prefilled(e) - before, (uint64_t)(n - reused));
+        sp_engine_free(e);
+    }
+}
+
 static void test_group_limits(void **state) {
     struct sp_engine *e = engine(2);
     int32_t prompt[N_PROMPT];
@@ -223,6 +268,8 @@ int main(void) {
         cmocka_unit_test(test_group_cached_and_waiting),
         cmocka_unit_test(test_group_leader_cancelled),
         cmocka_unit_test(test_group_limits),
+        cmocka_unit_test(test_next_turn),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests_name("attention", tests, setup, teardown);
+    return failed + cmocka_run_group_tests_name("recurrent", tests, setup_recurrent, teardown);
 }

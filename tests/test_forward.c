@@ -368,6 +368,58 @@ static void test_batch_invariance(void **state) {
     sp_model_close(m);
 }
 
+/* Chunked, whole and token-by-token prefill and interleaved sequences on a
+ * recurrent model too; its sequences go on only from the position their
+ * state or snapshot holds: a gap is an error, a snapshot taken mid-batch
+ * is resumed and copied to another sequence with the same bits. */
+static void test_recurrent_states(void **state) {
+    struct sp_model *m;
+    assert_int_equal(sp_model_open("tests/fixtures/qwen3_5_moe", &m), SP_OK);
+    struct ref r;
+    load_ref("qwen3_5_moe", &r);
+    check_batch_invariance(m, &r);
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .device = device, .n_threads = 2,
+                              .float_activations = float_acts};
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    int64_t V = r.vocab, n = r.na, half = n / 2;
+    size_t bytes = (size_t)(n * V) * sizeof(float);
+    float *whole = malloc(bytes), *got = malloc(bytes);
+    run_seq(c, r.a, n, n, 0, whole, V);
+    /* a position past what the state holds */
+    int32_t tok = r.a[0], pos = (int32_t)n + 3, seq = 0;
+    struct sp_batch gap = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+    assert_int_equal(sp_ctx_forward(c, &gap, got), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "recurrent state holds 16 positions"));
+    /* the first half with a snapshot after it, in one batch with the second */
+    int32_t ps[REF_A], sq[REF_A];
+    bool snap[REF_A] = {false};
+    for (int64_t i = 0; i < n; i++) ps[i] = (int32_t)i, sq[i] = 0;
+    snap[half - 1] = true;
+    struct sp_batch b = {.n = n, .tokens = r.a, .pos = ps, .seq = sq, .snapshot = snap};
+    assert_int_equal(sp_ctx_forward(c, &b, got), SP_OK);
+    assert_memory_equal(got, whole, bytes);
+    assert_int_equal(sp_ctx_seq_resumable(c, 0, n), n);
+    assert_int_equal(sp_ctx_seq_resumable(c, 0, n - 1), half);
+    assert_int_equal(sp_ctx_seq_resumable(c, 0, half - 1), 0);
+    /* back to the snapshot, and the second half again */
+    sp_ctx_seq_resume(c, 0, half);
+    struct sp_batch second = {.n = n - half, .tokens = r.a + half, .pos = ps + half, .seq = sq};
+    assert_int_equal(sp_ctx_forward(c, &second, got), SP_OK);
+    assert_memory_equal(got, whole + half * V, (size_t)((n - half) * V) * sizeof(float));
+    /* the snapshot copied to sequence 1, which goes on from it */
+    sp_ctx_copy_seq(c, 0, 1, half);
+    for (int64_t i = 0; i < n; i++) sq[i] = 1;
+    assert_int_equal(sp_ctx_forward(c, &second, got), SP_OK);
+    assert_memory_equal(got, whole + half * V, (size_t)((n - half) * V) * sizeof(float));
+    free(whole);
+    free(got);
+    free(r.la);
+    free(r.lb);
+    sp_ctx_free(c);
+    sp_model_close(m);
+}
+
 /* Every matrix that can be: the loader's choice made for any kernel set */
 static bool any_interleavable(const struct sp_qmat *w) { return sp_qmat_interleavable(w); }
 
@@ -505,8 +557,8 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
 
 /* fn on each MoE fixture (opened) with its reference logits. */
 static void each_moe_fixture(void (*fn)(struct sp_model *m, const struct ref *r, const char *arch)) {
-    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe"};
-    for (size_t i = 0; i < 3; i++) {
+    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe"};
+    for (size_t i = 0; i < sizeof moe_archs / sizeof *moe_archs; i++) {
         char dir[256];
         snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);
         struct sp_model *m;
@@ -799,6 +851,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_quantized_variants),
         cmocka_unit_test(test_interleaved_weights),
+        cmocka_unit_test(test_recurrent_states),
         cmocka_unit_test(test_expert_cache),
         cmocka_unit_test(test_expert_policy),
         cmocka_unit_test(test_expert_tier),

@@ -73,6 +73,7 @@ struct sp_engine {
     /* step buffers, sized up front */
     int32_t *b_tok, *b_pos, *b_seq;
     bool *b_want;
+    bool *b_snap;  // recurrent models: a prompt's state snapshot after this token
     int *b_slot_of_row;  // logits row -> slot
     float *logits;       // (n_slots, vocab)
     float *scratch;      // (vocab) for logprobs
@@ -225,6 +226,7 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->b_pos);
     sp_free(e->b_seq);
     sp_free(e->b_want);
+    sp_free(e->b_snap);
     sp_free(e->b_slot_of_row);
     sp_free(e->logits);
     sp_free(e->scratch);
@@ -281,6 +283,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->b_pos = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
     e->b_seq = sp_malloc((size_t)B * sizeof(int32_t), SP_MEM_SERVER);
     e->b_want = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
+    e->b_snap = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
     e->b_slot_of_row = sp_malloc((size_t)S * sizeof(int), SP_MEM_SERVER);
     e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
@@ -289,7 +292,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->layer_misses = sp_calloc((size_t)m->arch.n_layers, sizeof(uint64_t), SP_MEM_SERVER);
     e->st.n_layers = m->arch.n_layers;
     if (!e->layer_hits || !e->layer_misses) goto nomem;
-    if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_slot_of_row ||
+    if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_snap || !e->b_slot_of_row ||
         !e->logits || !e->scratch)
         goto nomem;
     struct sp_sampler_params sp = sp_sampler_defaults();
@@ -464,6 +467,10 @@ static void admit(struct sp_engine *e) {
                 struct slot *s = &e->slots[i];
                 if (s->req) continue;
                 int64_t c = !strcmp(s->scope, r->scope) ? common_prefix(s->cache, s->n_cache, r->prompt, r->n_prompt) : 0;
+                /* at least the last prompt token is computed again: its logits start generation; a
+                 * recurrent model's slot goes on only from its state's or its snapshot's position */
+                if (c >= r->n_prompt) c = r->n_prompt - 1;
+                c = sp_ctx_seq_resumable(e->ctx, i, c);
                 if (c > best_common || (c == best_common && s->last_used < e->slots[best].last_used)) {
                     best = i;
                     best_common = c;
@@ -473,8 +480,7 @@ static void admit(struct sp_engine *e) {
             e->q_head = (e->q_head + 1) % e->q_cap;
             e->q_len--;
             struct slot *s = &e->slots[best];
-            /* at least the last prompt token is computed again: its logits start generation */
-            if (best_common >= r->n_prompt) best_common = r->n_prompt - 1;
+            sp_ctx_seq_resume(e->ctx, best, best_common);
             s->req = r;
             s->lead = lead;
             if (g == 0) lead = best;
@@ -522,6 +528,7 @@ static void start_followers(struct sp_engine *e) {
         int64_t c = !strcmp(l->scope, f->scope) ? common_prefix(l->cache, l->n_cache, r->prompt, want) : 0;
         bool prefilling = l->req && l->req->group == r->group && !l->decoding && l->prompt_pos < l->req->n_prompt;
         if (c < want && prefilling) continue;
+        c = sp_ctx_seq_resumable(e->ctx, f->lead, c);  // the leader's snapshot, for a recurrent model
         if (c > f->n_cache) {
             sp_ctx_copy_seq(e->ctx, f->lead, i, c);
             memcpy(f->cache, r->prompt, (size_t)c * sizeof *f->cache);
@@ -855,6 +862,7 @@ static bool step(struct sp_engine *e) {
         e->b_pos[n] = (int32_t)s->n_cache;
         e->b_seq[n] = i;
         e->b_want[n] = true;
+        e->b_snap[n] = false;
         e->b_slot_of_row[rows++] = i;
         s->cache[s->n_cache++] = s->pending;
         n++;
@@ -872,6 +880,9 @@ static bool step(struct sp_engine *e) {
             e->b_pos[n] = (int32_t)s->n_cache;
             e->b_seq[n] = i;
             e->b_want[n] = s->prompt_pos == r->n_prompt - 1;
+            /* the state of all but the last prompt token: what the same prompt, a follower or a
+             * next turn goes on from (the last token's logits are computed again) */
+            e->b_snap[n] = s->prompt_pos == r->n_prompt - 2;
             if (e->b_want[n]) e->b_slot_of_row[rows++] = i;
             s->cache[s->n_cache++] = r->prompt[s->prompt_pos];
             s->prompt_pos++;
@@ -881,7 +892,8 @@ static bool step(struct sp_engine *e) {
     }
     if (!n) return false;
     double t0 = sp_now_s();
-    struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+    struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
+                         .snapshot = e->b_snap};
     uint64_t faults = sp_map_faults();
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
     /* a fault during the pass read zeros for weights: no token of it may go out */
