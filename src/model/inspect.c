@@ -245,12 +245,20 @@ void sp_model_report(const struct sp_model *m, const struct sp_model_stats *s, b
                   (long long)a->n_kv_heads, (long long)a->head_dim, (long long)a->rope.rot_dims,
                   sp_rope_kind_name(a->rope.kind), a->qk_norm ? ", qk-norm" : "", a->attn_sinks ? ", sinks" : "");
     if (a->sliding_window) sp_buf_printf(out, ", sliding window %lld", (long long)a->sliding_window);
+    if (a->attn_gate) sp_buf_puts(out, ", output gate");
     sp_buf_puts(out, "\n");
+    int64_t n_delta = 0;
+    for (int64_t L = 0; L < a->n_layers; L++) n_delta += a->layer_kind[L] == SP_LAYER_GATED_DELTA;
+    if (n_delta)
+        sp_buf_printf(out, "linear attn   %lld of %lld layers Gated DeltaNet: %lld key heads x %lld, %lld value heads x "
+                      "%lld, conv %lld; the rest attention\n",
+                      (long long)n_delta, (long long)a->n_layers, (long long)a->lin_k_heads, (long long)a->lin_k_dim,
+                      (long long)a->lin_v_heads, (long long)a->lin_v_dim, (long long)a->lin_conv);
     if (s->n_moe_layers) {
         human_bytes(b1, sizeof b1, s->expert_bytes);
-        sp_buf_printf(out, "moe           %lld experts, top-%lld, %lld shared, width %lld, router %s", (long long)a->n_experts,
-                      (long long)a->n_experts_used, (long long)a->n_shared_experts, (long long)a->d_expert,
-                      sp_router_kind_name(a->router));
+        sp_buf_printf(out, "moe           %lld experts, top-%lld, %lld shared%s, width %lld, router %s",
+                      (long long)a->n_experts, (long long)a->n_experts_used, (long long)a->n_shared_experts,
+                      a->shared_gate ? " (gated)" : "", (long long)a->d_expert, sp_router_kind_name(a->router));
         if (a->n_group > 1) sp_buf_printf(out, " (%lld groups, keep %lld)", (long long)a->n_group, (long long)a->topk_group);
         sp_buf_printf(out, "%s; one expert = %s\n", m->has_expert_bias ? ", expert bias" : "", b1);
     }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/log.h"
 
 void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t *rows, int64_t *cols) {
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
@@ -317,6 +318,16 @@ enum sp_status sp_model_open(const char *dir, struct sp_model **out) {
     if (st == SP_OK) st = sp_qconfig_parse(m->files->config, &m->qcfg);
     if (st == SP_OK) st = sp_weights_build(m->files, m->arch.n_layers, &m->weights);
     if (st == SP_OK) st = validate(m);
+    if (st == SP_OK) {
+        int64_t vision = 0, mtp = 0;
+        for (int64_t i = 0; i < m->weights.n_slots; i++) {
+            vision += m->weights.slots[i].role == SP_ROLE_VISION;
+            mtp += m->weights.slots[i].role == SP_ROLE_MTP;
+        }
+        if (vision || mtp)
+            sp_log(SP_LOG_INFO, "%s: %lld vision-tower and %lld multi-token-prediction tensors are not used (text "
+                   "generation only)", dir, (long long)vision, (long long)mtp);
+    }
     if (st != SP_OK) {
         if (m->files) sp_error_prefix("%s: ", m->files->dir);
         sp_model_close(m);

@@ -54,7 +54,8 @@ static bool is_matrix_role(enum sp_role r) {
     case SP_ROLE_EMBED: case SP_ROLE_LM_HEAD: case SP_ROLE_ATTN_Q: case SP_ROLE_ATTN_K: case SP_ROLE_ATTN_V:
     case SP_ROLE_ATTN_QKV: case SP_ROLE_ATTN_O: case SP_ROLE_FFN_GATE: case SP_ROLE_FFN_UP: case SP_ROLE_FFN_DOWN:
     case SP_ROLE_ROUTER: case SP_ROLE_EXP_GATE: case SP_ROLE_EXP_UP: case SP_ROLE_EXP_DOWN: case SP_ROLE_EXP_GATE_UP:
-    case SP_ROLE_SHEXP_GATE: case SP_ROLE_SHEXP_UP: case SP_ROLE_SHEXP_DOWN:
+    case SP_ROLE_SHEXP_GATE: case SP_ROLE_SHEXP_UP: case SP_ROLE_SHEXP_DOWN: case SP_ROLE_SHEXP_ROUTE:
+    case SP_ROLE_LIN_QKV: case SP_ROLE_LIN_Z: case SP_ROLE_LIN_B: case SP_ROLE_LIN_A: case SP_ROLE_LIN_OUT:
         return true;
     default:
         return false;
@@ -96,7 +97,7 @@ static enum sp_status plan_outputs(const struct sp_model *m, const struct sp_qua
     enum sp_status st = SP_OK;
     for (int64_t i = 0; i < m->weights.n_slots && st == SP_OK; i++) {
         const struct sp_wslot *s = &m->weights.slots[i];
-        if (s->role == SP_ROLE_MTP || s->role == SP_ROLE_IGNORED) continue;
+        if (sp_role_class(s->role) == SP_CLASS_UNUSED) continue;  // MTP, a vision tower: text models only
         if (sp_role_class(s->role) == SP_CLASS_ROUTED_EXPERTS) continue;  // below, per layer
         struct out_item it = {0};
         it.layer = s->layer;
@@ -109,7 +110,7 @@ static enum sp_status plan_outputs(const struct sp_model *m, const struct sp_qua
             st = push(p, &it);
             continue;
         }
-        it.router = s->role == SP_ROLE_ROUTER;
+        it.router = s->role == SP_ROLE_ROUTER || s->role == SP_ROLE_SHEXP_ROUTE;  // 8-bit, as mlx-lm keeps gates
         /* mlx-lm names Ling's router mlp.gate.gate_proj. */
         if (it.router && a->id == SP_ARCH_BAILING_MOE && !strstr(s->module, "gate.gate_proj"))
             snprintf(it.module, sizeof it.module, "%s.gate_proj", s->module);

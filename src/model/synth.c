@@ -72,13 +72,27 @@ static void add(struct plan *p, enum init init, int ndim, int64_t d0, int64_t d1
 /* The tensors of one architecture, in the Hugging Face layout. */
 static void plan_model(struct plan *p, const struct sp_arch *a) {
     bool bailing = a->id == SP_ARCH_BAILING_MOE, gpt_oss = a->id == SP_ARCH_GPT_OSS;
+    bool wrapped = a->id == SP_ARCH_QWEN3_5_MOE;  // a vision-language wrapper's text model
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
-    add(p, INIT_EMBED, 2, a->vocab, d, 0, bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight");
+    enum init norm = a->norm_offset ? INIT_SMALL : INIT_ONES;  // (1 + w) norms: w near 0
+    const char *top = wrapped ? "model.language_model." : "model.";
+    add(p, INIT_EMBED, 2, a->vocab, d, 0, bailing ? "model.word_embeddings.weight" : "%sembed_tokens.weight", top);
     for (int64_t L = 0; L < a->n_layers; L++) {
-        const char *pre = "model.layers.";
-        VEC(INIT_ONES, d, "%s%lld.input_layernorm.weight", pre, (long long)L);
-        VEC(INIT_ONES, d, "%s%lld.post_attention_layernorm.weight", pre, (long long)L);
-        if (bailing) {
+        const char *pre = wrapped ? "model.language_model.layers." : "model.layers.";
+        VEC(norm, d, "%s%lld.input_layernorm.weight", pre, (long long)L);
+        VEC(norm, d, "%s%lld.post_attention_layernorm.weight", pre, (long long)L);
+        if (a->layer_kind[L] == SP_LAYER_GATED_DELTA) {
+            int64_t conv = sp_arch_conv_dim(a), vd = a->lin_v_heads * a->lin_v_dim;
+            MAT(conv, d, "%s%lld.linear_attn.in_proj_qkv.weight", pre, (long long)L);
+            MAT(vd, d, "%s%lld.linear_attn.in_proj_z.weight", pre, (long long)L);
+            MAT(a->lin_v_heads, d, "%s%lld.linear_attn.in_proj_b.weight", pre, (long long)L);
+            MAT(a->lin_v_heads, d, "%s%lld.linear_attn.in_proj_a.weight", pre, (long long)L);
+            add(p, INIT_SMALL, 3, conv, 1, a->lin_conv, "%s%lld.linear_attn.conv1d.weight", pre, (long long)L);
+            VEC(INIT_SMALL, a->lin_v_heads, "%s%lld.linear_attn.A_log", pre, (long long)L);
+            VEC(INIT_SMALL, a->lin_v_heads, "%s%lld.linear_attn.dt_bias", pre, (long long)L);
+            VEC(INIT_ONES, a->lin_v_dim, "%s%lld.linear_attn.norm.weight", pre, (long long)L);
+            MAT(d, vd, "%s%lld.linear_attn.out_proj.weight", pre, (long long)L);
+        } else if (bailing) {
             MAT(q + 2 * kv, d, "%s%lld.attention.query_key_value.weight", pre, (long long)L);
             if (a->qkv_bias) VEC(INIT_SMALL, q + 2 * kv, "%s%lld.attention.query_key_value.bias", pre, (long long)L);
             MAT(d, q, "%s%lld.attention.dense.weight", pre, (long long)L);
@@ -90,15 +104,15 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
         } else {
             static const char *const qkv[3] = {"q", "k", "v"};
             for (int i = 0; i < 3; i++) {
-                int64_t rows = i == 0 ? q : kv;
+                int64_t rows = i == 0 ? (a->attn_gate ? 2 * q : q) : kv;
                 MAT(rows, d, "%s%lld.self_attn.%s_proj.weight", pre, (long long)L, qkv[i]);
                 if (a->qkv_bias) VEC(INIT_SMALL, rows, "%s%lld.self_attn.%s_proj.bias", pre, (long long)L, qkv[i]);
             }
             MAT(d, q, "%s%lld.self_attn.o_proj.weight", pre, (long long)L);
             if (a->o_bias) VEC(INIT_SMALL, d, "%s%lld.self_attn.o_proj.bias", pre, (long long)L);
             if (a->qk_norm) {
-                VEC(INIT_ONES, hd, "%s%lld.self_attn.q_norm.weight", pre, (long long)L);
-                VEC(INIT_ONES, hd, "%s%lld.self_attn.k_norm.weight", pre, (long long)L);
+                VEC(norm, hd, "%s%lld.self_attn.q_norm.weight", pre, (long long)L);
+                VEC(norm, hd, "%s%lld.self_attn.k_norm.weight", pre, (long long)L);
             }
             if (a->attn_sinks) VEC(INIT_SMALL, a->n_heads, "%s%lld.self_attn.sinks", pre, (long long)L);
         }
@@ -131,13 +145,15 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
             MAT(d, ff, "%s%lld.mlp.experts.%lld.down_proj.weight", pre, (long long)L, (long long)e);
         }
         if (a->n_shared_experts > 0) {
-            int64_t sh = a->n_shared_experts * ff;
-            MAT(sh, d, "%s%lld.mlp.shared_experts.gate_proj.weight", pre, (long long)L);
-            MAT(sh, d, "%s%lld.mlp.shared_experts.up_proj.weight", pre, (long long)L);
-            MAT(d, sh, "%s%lld.mlp.shared_experts.down_proj.weight", pre, (long long)L);
+            int64_t sh = a->d_shared;
+            const char *mod = a->shared_gate ? "shared_expert" : "shared_experts";
+            MAT(sh, d, "%s%lld.mlp.%s.gate_proj.weight", pre, (long long)L, mod);
+            MAT(sh, d, "%s%lld.mlp.%s.up_proj.weight", pre, (long long)L, mod);
+            MAT(d, sh, "%s%lld.mlp.%s.down_proj.weight", pre, (long long)L, mod);
+            if (a->shared_gate) MAT(1, d, "%s%lld.mlp.shared_expert_gate.weight", pre, (long long)L);
         }
     }
-    VEC(INIT_ONES, d, "model.norm.weight");
+    VEC(norm, d, "%snorm.weight", top);
     if (!a->tie_embeddings) MAT(a->vocab, d, "lm_head.weight");
 }
 
@@ -148,14 +164,16 @@ static enum sp_status write_config(const cJSON *config, const char *dir, int64_t
     cJSON *copy = cJSON_Duplicate(config, true);
     if (!copy) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     if (layers > 0) {
+        /* a vision-language wrapper's text model has its own */
+        cJSON *text = cJSON_GetObjectItemCaseSensitive(copy, "text_config"), *at = cJSON_IsObject(text) ? text : copy;
         cJSON *n = cJSON_CreateNumber((double)layers);
-        if (!n || !cJSON_ReplaceItemInObjectCaseSensitive(copy, "num_hidden_layers", n)) {
+        if (!n || !cJSON_ReplaceItemInObjectCaseSensitive(at, "num_hidden_layers", n)) {
             cJSON_Delete(n);
             cJSON_Delete(copy);
             return sp_errorf(SP_ERR_NOMEM, "out of memory");
         }
         /* Per-layer lists must shrink with the layer count. */
-        cJSON *lt = cJSON_GetObjectItemCaseSensitive(copy, "layer_types");
+        cJSON *lt = cJSON_GetObjectItemCaseSensitive(at, "layer_types");
         while (cJSON_IsArray(lt) && cJSON_GetArraySize(lt) > layers) cJSON_DeleteItemFromArray(lt, cJSON_GetArraySize(lt) - 1);
     }
     struct sp_buf b = SP_BUF_INIT;

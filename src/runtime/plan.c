@@ -199,6 +199,9 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->ctx = in->ctx > 0 ? in->ctx : (a->max_pos < 4096 ? a->max_pos : 4096);
     p->parallel = in->parallel > 0 ? in->parallel : 1;
     p->kv_bytes = sp_kv_cache_bytes(a, p->ctx, p->parallel, in->kv_type);
+    p->state_bytes = 0;
+    for (int64_t L = 0; L < a->n_layers; L++)
+        p->state_bytes += (size_t)sp_arch_state_floats(a, L) * sizeof(float) * 2 * (size_t)p->parallel;
     p->activation_bytes = activation_estimate(a, p->parallel, in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, 2);
     /* a loaded tokenizer takes about 1.5x its tokenizer.json */
     p->overhead_bytes = OVERHEAD_BYTES;
@@ -286,6 +289,7 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
     KU("ctx", p->ctx);
     KU("parallel", p->parallel);
     KU("kv_cache_bytes", p->kv_bytes);
+    KU("recurrent_state_bytes", p->state_bytes);
     KU("activation_bytes", p->activation_bytes);
     KU("overhead_bytes", p->overhead_bytes);
     KU("limit_bytes", p->limit);
@@ -383,6 +387,10 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
     sp_buf_printf(out, "runtime         KV cache %.2f GiB (%lld positions x %d sequences), activations %.2f GiB, "
                        "overhead %.2f GiB\n",
                   gib(p->kv_bytes), (long long)p->ctx, p->parallel, gib(p->activation_bytes), gib(p->overhead_bytes));
+    if (p->state_bytes)
+        sp_buf_printf(out, "                of the KV cache, recurrent states %.2f GiB: %.1f MiB a sequence and as much for "
+                           "its prompt's snapshot (the same at any context)\n",
+                      gib(p->state_bytes), (double)p->state_bytes / 2 / p->parallel / 1048576.0);
     char cg[32] = "none";
     if (p->cgroup_limit) snprintf(cg, sizeof cg, "%.2f GiB", gib(p->cgroup_limit));
     sp_buf_printf(out, "memory          limit %.2f GiB from %s (cgroup %s, MemAvailable %.2f GiB); usable 90%% = %.2f GiB\n",

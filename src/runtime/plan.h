@@ -80,6 +80,7 @@ struct sp_plan {
     int64_t ctx;
     int parallel;
     size_t kv_bytes, activation_bytes, overhead_bytes;
+    size_t state_bytes;  // of kv_bytes: the recurrent layers' states (a sequence's and its snapshot's)
     /* the limit */
     uint64_t limit;                // the smallest of the sources below
     uint64_t cgroup_limit, mem_available, user_limit;  // 0: none

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # sparrow plan: strategies, budgets and errors from tensor headers alone, on
-# generated models and on a shape-only (sparse) Ling-flash-2.0.
+# generated models and on shape-only (sparse) Ling-flash-2.0 and
+# Qwen3.5-122B-A10B.
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
@@ -49,3 +50,21 @@ run "plan for an 80 GiB GPU" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 24
 expect "every expert on the GPU" "$TMP/out" "every routed expert on the device"
 run "a GPU too small for what every token needs" 1 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --device cuda --gpu-mem-limit 2G
 expect "says what does not fit on it" "$TMP/err" "do not hold what every token needs there"
+
+# Qwen3.5-122B-A10B in mxfp4, shapes only: 36 Gated DeltaNet layers, whose
+# recurrent state the plan counts (the same at any context)
+run "shape-only Qwen3.5-122B-A10B" 0 "$SYNTH" bench/configs/qwen3.5-122b-a10b.json "$TMP/q122" --dtype bf16 --sparse --shard-size 5G
+run "its mxfp4 layout, shapes only" 0 "$SPARROW" quantize "$TMP/q122" "$TMP/q122-mxfp4" --mode mxfp4 --sparse
+run "inspect it" 0 "$SPARROW" inspect "$TMP/q122-mxfp4"
+expect "122.11B parameters" "$TMP/out" "122.11B total, 9.77B active per token"
+expect "its layer kinds" "$TMP/out" "36 of 48 layers Gated DeltaNet: 16 key heads x 128, 64 value heads x 128"
+run "plan at 64 GiB" 0 "$SPARROW" plan "$TMP/q122-mxfp4" --mem-limit 64G --ctx 8192
+expect "60 GiB of files cache experts at 64 GiB" "$TMP/out" "plan            expert-cache (qwen3_5_moe)"
+expect "the recurrent state counted" "$TMP/out" "recurrent states 0.29 GiB: 149.1 MiB a sequence"
+run "plan at 24 GiB, 4 sequences" 0 "$SPARROW" plan "$TMP/q122-mxfp4" --mem-limit 24G --ctx 8192 --parallel 4 --json
+cp "$TMP/out" "$TMP/q122.json"
+run "its recurrent state in JSON, per sequence" 0 node -e '
+    const p = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    const per = 36 * 4 * (3 * 12288 + 64 * 128 * 128) * 2;  // layers x bytes x (conv + matrices) x (state + snapshot)
+    if (p.strategy !== "expert-cache" || p.recurrent_state_bytes !== 4 * per || !(p.kv_cache_bytes > 4 * per))
+        process.exit(1);' "$TMP/q122.json"
