@@ -706,6 +706,7 @@ static void delta_heads(const struct delta_job *j, int64_t h0, int64_t h1) {
     int64_t C = 2 * Hk * Dk + Hv * Dv, conv_floats = (s->lin_conv - 1) * C;
     float q[DELTA_MAX_DIM], k[DELTA_MAX_DIM], kv[DELTA_MAX_DIM], o[DELTA_MAX_DIM];
     float qscale = 1.0f / sqrtf((float)Dk);
+    const struct sp_kernels *kern = sp_kernels();
     for (int64_t t = 0; t < j->bt->n; t++) {
         const float *x = j->qkv.data + t * j->qkv.ld, *ba = j->ba.data + t * j->ba.ld;
         const float *z = j->z.data + t * j->z.ld;
@@ -721,21 +722,23 @@ static void delta_heads(const struct delta_job *j, int64_t h0, int64_t h1) {
             float a = ba[Hv + h] + j->ly->dt_bias[h];
             float softplus = a > 20.0f ? a : log1pf(expf(a));
             float decay = expf(-expf(j->ly->a_log[h]) * softplus);
+            /* with S the old state: u = beta (v - decay S^T k), the new
+             * state decay S + k u^T, and o its S^T q = decay S^T q + u (k.q),
+             * so S is read twice and written once */
             for (int64_t c = 0; c < Dv; c++) kv[c] = 0, o[c] = 0;
             for (int64_t i = 0; i < Dk; i++) {
-                float *row = S + i * Dv, ki = k[i];
-                for (int64_t c = 0; c < Dv; c++) {
-                    row[c] *= decay;
-                    kv[c] += row[c] * ki;
-                }
+                kern->axpy(kv, k[i], S + i * Dv, Dv);
+                kern->axpy(o, q[i], S + i * Dv, Dv);
             }
-            for (int64_t c = 0; c < Dv; c++) kv[c] = (v[c] - kv[c]) * beta;  // the update u
+            float kq = kern->dot(k, q, Dk);
+            for (int64_t c = 0; c < Dv; c++) {
+                kv[c] = (v[c] - decay * kv[c]) * beta;  // the update u
+                o[c] = decay * o[c] + kv[c] * kq;
+            }
             for (int64_t i = 0; i < Dk; i++) {
-                float *row = S + i * Dv, ki = k[i], qi = q[i];
-                for (int64_t c = 0; c < Dv; c++) {
-                    row[c] += ki * kv[c];
-                    o[c] += row[c] * qi;
-                }
+                float *row = S + i * Dv;
+                for (int64_t c = 0; c < Dv; c++) row[c] *= decay;
+                kern->axpy(row, k[i], kv, Dv);
             }
             float ss = 0;
             for (int64_t c = 0; c < Dv; c++) ss += o[c] * o[c];
