@@ -120,9 +120,30 @@ static void expect_error(const char *cfg, enum sp_status want, const char *needl
 #define BASE "\"vocab_size\":8,\"hidden_size\":16,\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2"
 
 static void test_errors(void **state) {
-    expect_error("{\"model_type\":\"mamba\"}", SP_ERR_UNSUPPORTED, "unknown model_type \"mamba\" (supported: bailing_moe, qwen3_moe, gpt_oss, qwen3, llama)");
+    expect_error("{\"model_type\":\"mamba\"}", SP_ERR_UNSUPPORTED, "unknown model_type \"mamba\" (supported: bailing_moe, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama)");
     expect_error("{\"model_type\":\"qwen3_next\"}", SP_ERR_UNSUPPORTED, "recognised but not supported yet");
-    expect_error("{\"model_type\":\"qwen3_5_moe\"}", SP_ERR_UNSUPPORTED, "recognised but not supported yet");
+    /* Qwen3.5: the wrapper's text_config, layer kinds, linear-attention heads */
+    struct sp_arch a;
+    assert_int_equal(parse("{\"model_type\":\"qwen3_5_moe\",\"text_config\":{" BASE ",\"num_experts\":4,"
+                           "\"num_experts_per_tok\":2,\"moe_intermediate_size\":8,\"shared_expert_intermediate_size\":12,"
+                           "\"full_attention_interval\":2,\"head_dim\":8,\"linear_num_key_heads\":2,\"linear_num_value_heads\":6,"
+                           "\"linear_key_head_dim\":4,\"linear_value_head_dim\":2}}", &a), SP_OK);
+    assert_int_equal(a.id, SP_ARCH_QWEN3_5_MOE);
+    assert_int_equal(a.n_layers, 2);
+    assert_int_equal(a.layer_kind[0], SP_LAYER_GATED_DELTA);
+    assert_int_equal(a.layer_kind[1], SP_LAYER_ATTENTION);
+    assert_int_equal(a.rope.rot_dims, 2);  // partial_rotary_factor 0.25 by default
+    assert_int_equal(a.d_shared, 12);
+    assert_true(a.attn_gate && a.norm_offset && a.shared_gate && sp_arch_recurrent(&a));
+    assert_int_equal(sp_arch_state_floats(&a, 0), 3 * (2 * 2 * 4 + 6 * 2) + 6 * 4 * 2);
+    assert_int_equal(sp_arch_state_floats(&a, 1), 0);
+    sp_arch_free(&a);
+    expect_error("{\"model_type\":\"qwen3_5_moe\",\"text_config\":{" BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                 "\"moe_intermediate_size\":8,\"linear_num_key_heads\":4,\"linear_num_value_heads\":6}}",
+                 SP_ERR_FORMAT, "value heads a multiple of key heads");
+    expect_error("{\"model_type\":\"qwen3_5_moe_text\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                 "\"moe_intermediate_size\":8,\"layer_types\":[\"linear_attention\",\"mamba\"]}",
+                 SP_ERR_UNSUPPORTED, "\"layer_types\"[1]");
     expect_error("{\"hidden_size\":4}", SP_ERR_FORMAT, "no \"model_type\"");
     expect_error("{\"model_type\":7}", SP_ERR_FORMAT, "\"model_type\": expected a string, got a number");
     expect_error("{\"model_type\":\"llama\"," BASE ",\"num_key_value_heads\":3}", SP_ERR_FORMAT, "not a multiple of num_key_value_heads");
