@@ -828,6 +828,13 @@ static void test_cuda_batch_invariance(void **state) {
     test_batch_invariance(state);
 }
 
+static void test_cuda_recurrent_states(void **state) {
+    if (!use_cuda()) skip();
+    test_recurrent_states(state);
+    float_acts = false;
+    test_recurrent_states(state);
+}
+
 static void test_cuda_expert_tier(void **state) {
     if (!use_cuda()) skip();
     test_expert_tier(state);
@@ -860,6 +867,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_batch_invariance, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_int8_activations, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,9 +85,14 @@ struct cuda {
     /* ops->pin: host ranges registered with the driver, unregistered with the backend */
     void **pinned;
     int64_t n_pinned, cap_pinned;
-    /* KV cache: sp_cuda_kv's layout */
+    /* KV cache: sp_cuda_kv's layout; then the recurrent states (per Gated
+     * DeltaNet layer, a slot per sequence, then one per snapshot) */
     void *kv;
     size_t kv_bytes;
+    float *states;
+    int64_t state_floats;
+    uint8_t *d_snap;  // (B) the batch's snapshot flags
+    bool has_snap;
     enum sp_cuda_float kv_dt;
     /* device buffers, max_batch rows unless said */
     float *inv_freq;               // (rot / 2)
@@ -560,8 +565,35 @@ static size_t kv_seq_bytes(const struct sp_backend_params *p) {
     return (size_t)p->n_ctx * (size_t)s->n_kv_heads * (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type));
 }
 
+/* Floats of one recurrent state: the conv's last inputs, then a [k_dim,
+ * v_dim] matrix per value head. */
+static int64_t state_floats(const struct sp_backend_shape *s) {
+    int64_t conv = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim;
+    return (s->lin_conv - 1) * conv + s->lin_v_heads * s->lin_k_dim * s->lin_v_dim;
+}
+
+static size_t states_bytes(const struct sp_backend_params *p) {
+    if (p->shape.n_state_layers <= 0) return 0;
+    return (size_t)p->shape.n_state_layers * 2 * (size_t)p->n_seq * (size_t)state_floats(&p->shape) * sizeof(float);
+}
+
 size_t sp_cuda_kv_bytes(const struct sp_backend_params *p) {
-    return (size_t)p->shape.n_kv_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p);
+    return (size_t)p->shape.n_kv_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p) + states_bytes(p);
+}
+
+/* Layer L's recurrent state in slot `slot`. */
+static float *state_of(const struct cuda *c, int64_t L, int64_t slot) {
+    return c->states + ((size_t)L * 2 * (size_t)c->base.p.n_seq + (size_t)slot) * (size_t)c->state_floats;
+}
+
+static void cuda_state_copy(struct sp_backend *b, int src, int dst) {
+    struct cuda *c = cuda_of(b);
+    if (c->err || src == dst) return;
+    for (int64_t L = 0; L < c->shape.n_state_layers; L++)
+        if (!check(c, cudaMemcpyAsync(state_of(c, L, dst), state_of(c, L, src), (size_t)c->state_floats * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, c->stream),
+                   "copying a recurrent state"))
+            return;
 }
 
 static size_t cuda_kv_bytes(const struct sp_backend *b) { return ((const struct cuda *)b)->kv_bytes; }
@@ -602,6 +634,8 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
         !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
         !upload(c, c->d_seq, bt->seq, (size_t)n * sizeof(int32_t), "sequences"))
         return;
+    c->has_snap = bt->snapshot && c->d_snap;
+    if (c->has_snap && !upload(c, c->d_snap, bt->snapshot, (size_t)n, "snapshot flags")) return;
     if (!check(c, (cudaError_t)sp_cuda_embed(&w, c->d_tok, n, x.data, x.ld, c->stream), "embed")) return;
     check(c, (cudaError_t)sp_cuda_rope_table(c->d_pos, n, c->inv_freq, c->shape.rot_dims, c->shape.rope_scale,
                                              c->rope_cs, c->stream),
@@ -693,6 +727,30 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
                                             c->att_part_floats, c->stream),
           "attention");
+}
+
+static void cuda_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    check(c, (cudaError_t)sp_cuda_gate(x.data, x.ld, g.data, g.ld, x.rows, x.cols, g.cols == 1, c->stream), "gate");
+}
+
+static void cuda_gated_delta(struct sp_backend *b, const struct sp_delta_layer *ly, const struct sp_batch *bt,
+                             struct sp_tensor qkv, struct sp_tensor z, struct sp_tensor ba, struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    const struct sp_backend_shape *s = &c->shape;
+    int64_t n = bt->n;
+    if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    /* the batch's positions, sequences and snapshot flags came with ops->embed */
+    struct sp_cuda_delta d = {.k_heads = s->lin_k_heads, .v_heads = s->lin_v_heads, .k_dim = s->lin_k_dim,
+                              .v_dim = s->lin_v_dim, .conv = s->lin_conv, .conv_w = ly->conv, .a_log = ly->a_log,
+                              .dt_bias = ly->dt_bias, .norm = ly->norm, .eps = ly->eps,
+                              .state = state_of(c, ly->layer, 0), .state_floats = c->state_floats,
+                              .n_seq = c->base.p.n_seq, .pos = c->d_pos, .seq = c->d_seq,
+                              .snapshot = c->has_snap ? c->d_snap : NULL};
+    check(c, (cudaError_t)sp_cuda_gated_delta(&d, qkv.data, qkv.ld, z.data, z.ld, ba.data, ba.ld, out.data, out.ld, n,
+                                              c->stream),
+          "Gated DeltaNet");
 }
 
 /* Item it one kernel at a time: gate and up (or gate_up) into its rows of
@@ -1154,6 +1212,16 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         st = sp_errorf(status_of(e), "cuda: clearing the KV cache: %s", cudaGetErrorString(e));
         goto fail;
     }
+    if (s->n_state_layers > 0) {
+        if (s->lin_k_dim > 1024 || s->lin_v_dim > 1024 || s->lin_v_heads % s->lin_k_heads) {
+            st = sp_errorf(SP_ERR_UNSUPPORTED, "cuda: linear attention heads of %lld / %lld dims (at most 1024, value "
+                           "heads a multiple of key heads)", (long long)s->lin_k_dim, (long long)s->lin_v_dim);
+            goto fail;
+        }
+        c->state_floats = state_floats(s);
+        c->states = (float *)((char *)c->kv + (c->kv_bytes - states_bytes(p)));
+        if ((st = dev_alloc(c, (size_t)B, (void **)&c->d_snap)) != SP_OK) goto fail;
+    }
     c->logit_cap = B < LOGIT_ROWS ? B : LOGIT_ROWS;
     c->att_part_floats = att_part_floats(p);
     c->idx_cap = 2 * B + 2;
@@ -1247,6 +1315,9 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .marks_clear = cuda_marks_clear,
     .kv_bytes = cuda_kv_bytes,
     .kv_copy_seq = cuda_kv_copy_seq,
+    .state_copy = cuda_state_copy,
+    .gate = cuda_gate,
+    .gated_delta = cuda_gated_delta,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .zero = cuda_zero,

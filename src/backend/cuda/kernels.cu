@@ -1688,3 +1688,137 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
     }
     return 0;
 }
+
+/* ---- gates and Gated DeltaNet ---- */
+
+__global__ void k_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t cols, bool one) {
+    int64_t r = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    float gv = g[r * ldg + (one ? 0 : i)];
+    x[r * ldx + i] *= 1.0f / (1.0f + expf(-gv));
+}
+
+extern "C" int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t n, int64_t cols, bool one,
+                            void *stream) {
+    if (n <= 0 || cols <= 0) return 0;
+    for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {
+        int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
+        dim3 grid((unsigned)((cols + 255) / 256), (unsigned)m);
+        k_gate<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(x + r0 * ldx, ldx, g + r0 * ldg, ldg, cols, one);
+        int err = (int)cudaGetLastError();
+        if (err) return err;
+    }
+    return 0;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+/* A sequence's state of this layer in slot `slot` (snapshots after the sequences'). */
+__device__ __forceinline__ float *delta_state(const sp_cuda_delta &d, int64_t slot) {
+    return d.state + slot * d.state_floats;
+}
+
+/* The causal conv and SiLU, a thread per channel, tokens in batch order. */
+__global__ void k_delta_conv(sp_cuda_delta d, float *qkv, int64_t ldq, int64_t n) {
+    int64_t C = 2 * d.k_heads * d.k_dim + d.v_heads * d.v_dim, ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C) return;
+    int K = (int)d.conv;
+    const float *w = d.conv_w + ch * K;
+    for (int64_t t = 0; t < n; t++) {
+        float *st = delta_state(d, d.seq[t]);
+        bool fresh = d.pos[t] == 0;
+        float in = qkv[t * ldq + ch], acc = w[K - 1] * in;
+        for (int i = 0; i < K - 1; i++) {
+            float prev = fresh ? 0.0f : st[i * C + ch];
+            acc += w[i] * prev;
+            st[i * C + ch] = i + 1 < K - 1 ? (fresh ? 0.0f : st[(i + 1) * C + ch]) : in;
+        }
+        qkv[t * ldq + ch] = silu_f(acc);
+        if (d.snapshot && d.snapshot[t]) {
+            float *snap = delta_state(d, d.n_seq + d.seq[t]);
+            for (int i = 0; i < K - 1; i++) snap[i * C + ch] = st[i * C + ch];
+        }
+    }
+}
+
+/* Sum over the block (a multiple of WARP threads) in a fixed order; every thread gets it. */
+__device__ float block_sum_f(float v, float *red) {
+    v = warp_sum(v);
+    __syncthreads();  // red is free again
+    if ((threadIdx.x & (WARP - 1)) == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float s = 0;
+    for (int i = 0; i < (int)(blockDim.x / WARP); i++) s += red[i];
+    return s;
+}
+
+/* The delta rule of one value head (a block; thread j keeps column j of
+ * the state), tokens in batch order, then the gated norm into out. From
+ * the old state S: u = beta (v - decay S^T k), o = decay S^T q + u (k.q),
+ * then S = decay S + k u^T. */
+__global__ void k_delta_heads(sp_cuda_delta d, const float *qkv, int64_t ldq, const float *z, int64_t ldz,
+                              const float *ba, int64_t ldba, float *out, int64_t ldo, int64_t n) {
+    extern __shared__ float sh[];
+    float *sq = sh, *sk = sh + d.k_dim, *red = sh + 2 * d.k_dim;
+    int64_t h = blockIdx.x, Dk = d.k_dim, Dv = d.v_dim, kh = h / (d.v_heads / d.k_heads), j = threadIdx.x;
+    int64_t C = 2 * d.k_heads * Dk + d.v_heads * Dv, conv_floats = (d.conv - 1) * C;
+    float qscale = rsqrtf((float)Dk);
+    for (int64_t t = 0; t < n; t++) {
+        const float *x = qkv + t * ldq;
+        for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
+            sq[i] = x[kh * Dk + i];
+            sk[i] = x[d.k_heads * Dk + kh * Dk + i];
+        }
+        __syncthreads();
+        float pq = 0, pk = 0, pkq = 0;
+        for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
+            pq += sq[i] * sq[i];
+            pk += sk[i] * sk[i];
+            pkq += sk[i] * sq[i];
+        }
+        float ssq = block_sum_f(pq, red), ssk = block_sum_f(pk, red), skq = block_sum_f(pkq, red);
+        float rq = qscale / sqrtf(ssq + 1e-6f), rk = 1.0f / sqrtf(ssk + 1e-6f), kq = skq * rq * rk;
+        float beta = 1.0f / (1.0f + expf(-ba[t * ldba + h]));
+        float a = ba[t * ldba + d.v_heads + h] + d.dt_bias[h];
+        float decay = expf(-expf(d.a_log[h]) * (a > 20.0f ? a : log1pf(expf(a))));
+        float *S = delta_state(d, d.seq[t]) + conv_floats + h * Dk * Dv;
+        float o = 0;
+        if (j < Dv) {
+            if (d.pos[t] == 0)
+                for (int64_t i = 0; i < Dk; i++) S[i * Dv + j] = 0.0f;
+            float ak = 0, aq = 0;
+            for (int64_t i = 0; i < Dk; i++) {
+                float s = S[i * Dv + j];
+                ak += s * sk[i];
+                aq += s * sq[i];
+            }
+            float u = (x[2 * d.k_heads * Dk + h * Dv + j] - decay * ak * rk) * beta;
+            o = decay * aq * rq + u * kq;
+            for (int64_t i = 0; i < Dk; i++) S[i * Dv + j] = decay * S[i * Dv + j] + sk[i] * rk * u;
+            if (d.snapshot && d.snapshot[t]) {
+                float *snap = delta_state(d, d.n_seq + d.seq[t]) + conv_floats + h * Dk * Dv;
+                for (int64_t i = 0; i < Dk; i++) snap[i * Dv + j] = S[i * Dv + j];
+            }
+        }
+        float ss = block_sum_f(j < Dv ? o * o : 0.0f, red);
+        if (j < Dv) {
+            float r = 1.0f / sqrtf(ss / (float)Dv + d.eps);
+            out[t * ldo + h * Dv + j] = d.norm[j] * (o * r) * silu_f(z[t * ldz + h * Dv + j]);
+        }
+        __syncthreads();  // sq / sk are read again for the next token
+    }
+}
+
+extern "C" int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, int64_t ldq, const float *z, int64_t ldz,
+                                   const float *ba, int64_t ldba, float *out, int64_t ldo, int64_t n, void *stream) {
+    if (n <= 0) return 0;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int64_t C = 2 * d->k_heads * d->k_dim + d->v_heads * d->v_dim;
+    k_delta_conv<<<(unsigned)((C + 127) / 128), 128, 0, s>>>(*d, qkv, ldq, n);
+    int err = (int)cudaGetLastError();
+    if (err) return err;
+    int threads = (int)((d->v_dim + WARP - 1) / WARP * WARP);
+    size_t smem = (size_t)(2 * d->k_dim + WARP) * sizeof(float);
+    k_delta_heads<<<(unsigned)d->v_heads, threads, smem, s>>>(*d, qkv, ldq, z, ldz, ba, ldba, out, ldo, n);
+    return (int)cudaGetLastError();
+}

@@ -213,6 +213,27 @@ int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv,
                       float *att, int64_t lda, int64_t n, int64_t max_visible, float *part, int64_t part_floats,
                       void *stream);
 
+/* x *= sigmoid(g) elementwise (n rows of cols), g of one column a row where `one`. */
+int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t n, int64_t cols, bool one, void *stream);
+
+/* One Gated DeltaNet layer (backend.h: ops->gated_delta) over n tokens:
+ * its shapes and parameters, its recurrent states (a slot of state_floats
+ * per sequence, then one per snapshot) and the batch's positions,
+ * sequences and snapshot flags (NULL: none). */
+struct sp_cuda_delta {
+    int64_t k_heads, v_heads, k_dim, v_dim, conv;
+    const float *conv_w, *a_log, *dt_bias, *norm;
+    float eps;
+    float *state;
+    int64_t state_floats;
+    int n_seq;
+    const int32_t *pos, *seq;
+    const uint8_t *snapshot;
+};
+/* qkv is overwritten with the conv's outputs. */
+int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, int64_t ldq, const float *z, int64_t ldz,
+                        const float *ba, int64_t ldba, float *out, int64_t ldo, int64_t n, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
