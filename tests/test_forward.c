@@ -20,8 +20,8 @@
 #include "runtime/sampler.h"
 
 static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe"};
-/* Those with references on sparrow's quantized weights too (ref/affine4_*.f32, ...). */
-#define QUANTIZED_ARCHS 5
+/* Those with references on sparrow's quantized weights too (ref/affine4_*.f32, ...): all. */
+#define QUANTIZED_ARCHS 6
 
 /* At most: sequence a, sequence b (gpt-oss's: 224 tokens, 14 of its
  * 16-token sliding windows) and the greedy continuation of a. */
@@ -247,6 +247,11 @@ static void check_quantized_variants(double tol) {
         snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
         struct sp_model *src;
         assert_int_equal(sp_model_open(dir, &src), SP_OK);
+        /* a router's near-tie that int16 rounding swaps moves every later
+         * position of a recurrent model (its state carries it on; affine8's
+         * sequence b swaps one at position 30): those run on floats */
+        const struct sp_kernels *twin = sp_kernels();
+        if (sp_arch_recurrent(&src->arch)) sp_kernels_use(sp_kernels_of(SP_KERNELS_PORTABLE));
         struct ref r;
         load_ref(archs[i], &r);
         for (size_t k = 0; k < sizeof variants / sizeof *variants; k++) {
@@ -270,6 +275,7 @@ static void check_quantized_variants(double tol) {
         free(r.la);
         free(r.lb);
         sp_model_close(src);
+        sp_kernels_use(twin);
     }
     sp_kernels_use(before);
 }

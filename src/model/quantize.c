@@ -141,7 +141,14 @@ static enum sp_status plan_outputs(const struct sp_model *m, const struct sp_qua
             struct sp_linear l;
             st = sp_model_linear(m, L, it.role, 0, &l);
             if (st != SP_OK) break;
-            snprintf(it.module, sizeof it.module, "model.layers.%lld.mlp.%s.%s", (long long)L,
+            /* the layer's own prefix (a wrapper's model.language_model.layers.N) */
+            char layer[128];
+            const char *mlp = l.slot->module ? strstr(l.slot->module, ".mlp.") : NULL;
+            if (mlp && (size_t)(mlp - l.slot->module) < sizeof layer)
+                snprintf(layer, sizeof layer, "%.*s", (int)(mlp - l.slot->module), l.slot->module);
+            else
+                snprintf(layer, sizeof layer, "model.layers.%lld", (long long)L);
+            snprintf(it.module, sizeof it.module, "%s.mlp.%s.%s", layer,
                      a->id == SP_ARCH_GPT_OSS ? "experts" : "switch_mlp", names[k]);
             it.float_dtype = value_dtype(l.slot);
             it.has_bias = l.bias != NULL;
