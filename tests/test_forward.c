@@ -95,6 +95,11 @@ static void run_seq(struct sp_ctx *c, const int32_t *tok, int64_t n, int64_t chu
 static bool rounded_acts;
 /* The int8-activation paths' tolerance (test_cuda_int8_activations says why). */
 #define TOL_INT8_LOGITS 0.1
+/* ... on a recurrent model, whose state carries every token's rounding on to
+ * all later ones: the median position of qwen3_5_moe's 4-bit variants moved
+ * by 0.018-0.064 of the largest logit with the CPU's int8 sets (avx512) and
+ * by 0.018-0.107 on the H200 (a broken product moves it by about 1). */
+#define TOL_INT8_RECURRENT 0.3
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -266,7 +271,8 @@ static void check_quantized_variants(double tol) {
             float *lb = read_f32(path, (size_t)(r.nb * r.vocab));
             char label[64];
             snprintf(label, sizeof label, "%s %s", archs[i], variants[k].name);
-            check_model(label, q, &r, la, lb, SP_KV_F32, tol, false);
+            check_model(label, q, &r, la, lb, SP_KV_F32,
+                        rounded_acts && sp_arch_recurrent(&q->arch) ? TOL_INT8_RECURRENT : tol, false);
             free(la);
             free(lb);
             sp_model_close(q);
