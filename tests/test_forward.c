@@ -19,7 +19,8 @@
 #include "model/quantize.h"
 #include "runtime/sampler.h"
 
-static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe"};
+static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe",
+                                    "bailing_hybrid"};
 /* Those with references on sparrow's quantized weights too (ref/affine4_*.f32, ...): all. */
 #define QUANTIZED_ARCHS 6
 

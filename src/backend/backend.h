@@ -199,6 +199,17 @@ struct sp_delta_layer {
     float eps;
 };
 
+/* One Lightning layer: the index of its recurrent state, the float copies
+ * of its q / k norms (head_dim each, or NULL), each head's decay a token
+ * (n_heads) and its output norm's weight (n_heads x head_dim, RMS over
+ * `groups` runs of it). */
+struct sp_lightning_layer {
+    int64_t layer;
+    const float *q_norm, *k_norm, *decay, *norm;
+    int64_t groups;
+    float eps;
+};
+
 /* One gated MLP (a routed expert, a shared expert or a dense MLP) applied
  * to the rows of x: down(act(gate x) * up x) into rows [row, row +
  * x.rows) of the op's output. gate_up (outputs alternating gate, up)
@@ -351,6 +362,16 @@ struct sp_backend_ops {
      * rmsnorm(o) * norm * silu(z) per value head. qkv is overwritten. */
     void (*gated_delta)(struct sp_backend *b, const struct sp_delta_layer *ly, const struct sp_batch *bt,
                         struct sp_tensor qkv, struct sp_tensor z, struct sp_tensor ba, struct sp_tensor out);
+    /* A Lightning layer for the batch's tokens (NULL where the backend
+     * lacks it; its heads and dims are the shape's lin_v_heads and
+     * lin_v_dim): qkv holds each token's query, key and value heads. Per
+     * token in batch order and head: q and k RMS-normed (where ly has
+     * norms) and rotated as attention rotates them, S = decay S + k^T v in
+     * its sequence's state (a zero state at position 0), o = head_dim^-1/2
+     * q S; out gets o, RMS-normed over each of ly->groups runs of a token's
+     * outputs, times ly->norm. */
+    void (*lightning)(struct sp_backend *b, const struct sp_lightning_layer *ly, const struct sp_batch *bt,
+                      struct sp_tensor qkv, struct sp_tensor out);
     /* items[0 .. n) (struct sp_mlp_item) with the activation act into out. */
     void (*mlp)(struct sp_backend *b, const struct sp_mlp_item *items, int64_t n, const struct sp_glu *act,
                 struct sp_tensor out);

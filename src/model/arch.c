@@ -29,7 +29,9 @@ static const struct {
 
 const char *sp_arch_name(enum sp_arch_id id) { return (unsigned)id < SP_ARCH_COUNT ? arch_names[id] : "?"; }
 
-const char *sp_arch_supported_list(void) { return "bailing_moe, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama"; }
+const char *sp_arch_supported_list(void) {
+    return "bailing_moe, bailing_hybrid, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama";
+}
 
 const char *sp_router_kind_name(enum sp_router_kind k) {
     static const char *const n[SP_ROUTER_KIND_COUNT] = {"none", "softmax-topk", "sigmoid-group-topk",
@@ -48,19 +50,30 @@ const char *sp_act_kind_name(enum sp_act_kind k) {
 }
 
 const char *sp_layer_kind_name(enum sp_layer_kind k) {
-    static const char *const n[SP_LAYER_KIND_COUNT] = {"attention", "gated-deltanet"};
+    static const char *const n[SP_LAYER_KIND_COUNT] = {"attention", "gated-deltanet", "lightning", "mla"};
     return (unsigned)k < SP_LAYER_KIND_COUNT ? n[k] : "?";
 }
 
 bool sp_arch_recurrent(const struct sp_arch *a) {
     for (int64_t L = 0; L < a->n_layers; L++)
-        if (a->layer_kind[L] != SP_LAYER_ATTENTION) return true;
+        if (a->layer_kind[L] == SP_LAYER_GATED_DELTA || a->layer_kind[L] == SP_LAYER_LIGHTNING) return true;
     return false;
 }
 
 int64_t sp_arch_state_floats(const struct sp_arch *a, int64_t L) {
+    if (a->layer_kind[L] == SP_LAYER_LIGHTNING) return a->n_heads * a->head_dim * a->head_dim;
     if (a->layer_kind[L] != SP_LAYER_GATED_DELTA) return 0;
     return (a->lin_conv - 1) * sp_arch_conv_dim(a) + a->lin_v_heads * a->lin_k_dim * a->lin_v_dim;
+}
+
+void sp_arch_attention_heads(const struct sp_arch *a, int64_t *heads, int64_t *kv_heads, int64_t *head_dim) {
+    *heads = a->n_heads;
+    *kv_heads = a->n_kv_heads;
+    *head_dim = a->head_dim;
+    if (a->mla_kv_lora > 0) {
+        *kv_heads = 1;
+        *head_dim = a->mla_rope + a->mla_kv_lora;
+    }
 }
 
 void sp_arch_free(struct sp_arch *a) {
@@ -338,6 +351,51 @@ static enum sp_status read_qwen3_5_moe(struct reader *r, struct sp_arch *a) {
     return r->st;
 }
 
+/* Ling 2.6 (bailing_hybrid): Ling 2.0's MoE, with Lightning attention in
+ * every layer but the last of each layer_group_size (and any past the last
+ * whole group), which are MLA. */
+static enum sp_status read_bailing_hybrid(struct reader *r, struct sp_arch *a) {
+    enum sp_status st = read_bailing(r, a);
+    if (st != SP_OK) return st;
+    a->n_kv_heads = a->n_heads;  // Lightning's keys and values: a head each
+    int64_t group = rd_int(r, "layer_group_size", 8);
+    a->light_groups = rd_int(r, "group_norm_size", 1);
+    a->light_offset = 1;  // the reference's (layer_idx - 1); vLLM's and mlx-lm's would be 0
+    a->mla_q_lora = rd_int(r, "q_lora_rank", 0);
+    a->mla_kv_lora = rd_int(r, "kv_lora_rank", 512);
+    a->mla_nope = rd_int(r, "qk_nope_head_dim", 128);
+    a->mla_rope = rd_int(r, "qk_rope_head_dim", 64);
+    a->mla_v = rd_int(r, "v_head_dim", 128);
+    a->mla_mscale = 1.0;
+    const cJSON *rs = rd_item(r, "rope_scaling");
+    if (cJSON_IsObject(rs)) {  // YaRN's mscale_all_dim scales MLA's softmax by mscale^2
+        struct reader sr = {rs, SP_OK};
+        double all = rd_num(&sr, "mscale_all_dim", 0), factor = rd_num(&sr, "factor", 1);
+        if (sr.st != SP_OK) return sr.st;
+        double m = all != 0 && factor > 1 ? 0.1 * all * log(factor) + 1.0 : 1.0;
+        a->mla_mscale = m * m;
+    }
+    bool interleave = rd_bool(r, "rope_interleave", true);
+    if (r->st != SP_OK) return r->st;
+    if (group <= 0 || a->light_groups <= 0 || (a->n_heads * a->head_dim) % a->light_groups)
+        return sp_errorf(SP_ERR_FORMAT, "\"layer_group_size\" %lld and \"group_norm_size\" %lld must be positive, "
+                         "the latter dividing the %lld attention outputs", (long long)group, (long long)a->light_groups,
+                         (long long)(a->n_heads * a->head_dim));
+    if (a->mla_q_lora < 0 || a->mla_kv_lora <= 0 || a->mla_nope <= 0 || a->mla_v <= 0 || a->mla_rope != a->rope.rot_dims)
+        return sp_errorf(SP_ERR_FORMAT, "MLA: q_lora_rank %lld, kv_lora_rank %lld, qk_nope_head_dim %lld, v_head_dim "
+                         "%lld, qk_rope_head_dim %lld (which the rotary dims %lld must equal)", (long long)a->mla_q_lora,
+                         (long long)a->mla_kv_lora, (long long)a->mla_nope, (long long)a->mla_v,
+                         (long long)a->mla_rope, (long long)a->rope.rot_dims);
+    if (a->mla_v != a->head_dim)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "MLA: v_head_dim %lld differs from head_dim %lld (one output projection "
+                         "shape for both layer kinds)", (long long)a->mla_v, (long long)a->head_dim);
+    if (!interleave)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "\"rope_interleave\": false (the reference fails on it too)");
+    for (int64_t l = 0; l < a->n_layers; l++)
+        a->layer_kind[l] = (l + 1) % group == 0 || l >= a->n_layers / group * group ? SP_LAYER_MLA : SP_LAYER_LIGHTNING;
+    return SP_OK;
+}
+
 static enum sp_status read_gpt_oss(struct reader *r, struct sp_arch *a) {
     a->qkv_bias = a->o_bias = rd_bool(r, "attention_bias", true);
     a->attn_sinks = true;
@@ -451,6 +509,7 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
         if (strcmp(mt, arch_names[i]) == 0) id = i;
     if (strcmp(mt, "bailing_moe_v2") == 0) id = SP_ARCH_BAILING_MOE;
     if (strcmp(mt, "qwen3_5_moe_text") == 0) id = SP_ARCH_QWEN3_5_MOE;
+    if (strcmp(mt, "bailing_moe_v2_5") == 0) id = SP_ARCH_BAILING_HYBRID;
     if (id < 0) {
         for (size_t i = 0; i < sizeof recognised_unsupported / sizeof *recognised_unsupported; i++)
             if (strcmp(mt, recognised_unsupported[i].model_type) == 0)
@@ -472,7 +531,7 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
     if (a->n_kv_heads == 0) a->n_kv_heads = a->n_heads;
     /* Ling's config class defaults head_dim to 128; the others derive it. */
     int64_t def_head = a->n_heads > 0 ? a->d_model / a->n_heads : 0;
-    if (a->id == SP_ARCH_BAILING_MOE && !rd_item(&r, "head_dim")) def_head = 128;
+    if ((a->id == SP_ARCH_BAILING_MOE || a->id == SP_ARCH_BAILING_HYBRID) && !rd_item(&r, "head_dim")) def_head = 128;
     if (a->id == SP_ARCH_QWEN3_5_MOE && !rd_item(&r, "head_dim")) def_head = 256;
     a->head_dim = rd_int(&r, "head_dim", def_head);
     a->d_ff = rd_int(&r, "intermediate_size", 0);
@@ -501,6 +560,7 @@ enum sp_status sp_arch_from_config(const cJSON *config, struct sp_arch *a) {
         case SP_ARCH_QWEN3_MOE: st = read_qwen3_moe(&r, a); break;
         case SP_ARCH_GPT_OSS: st = read_gpt_oss(&r, a); break;
         case SP_ARCH_QWEN3_5_MOE: st = read_qwen3_5_moe(&r, a); break;
+        case SP_ARCH_BAILING_HYBRID: st = read_bailing_hybrid(&r, a); break;
         default: st = read_dense(&r, a); break;
         }
     }

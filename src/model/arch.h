@@ -25,7 +25,8 @@
     X(QWEN3_MOE, "qwen3_moe")                                                  \
     X(BAILING_MOE, "bailing_moe")                                              \
     X(GPT_OSS, "gpt_oss")                                                      \
-    X(QWEN3_5_MOE, "qwen3_5_moe")
+    X(QWEN3_5_MOE, "qwen3_5_moe")                                              \
+    X(BAILING_HYBRID, "bailing_hybrid")
 
 enum sp_arch_id {
 #define SP_X(e, name) SP_ARCH_##e,
@@ -49,9 +50,11 @@ enum sp_act_kind {
     SP_ACT_KIND_COUNT
 };
 
-/* What mixes tokens in a layer: softmax attention over the KV cache, or
- * Gated DeltaNet linear attention over a recurrent state (Qwen3.5). */
-enum sp_layer_kind { SP_LAYER_ATTENTION, SP_LAYER_GATED_DELTA, SP_LAYER_KIND_COUNT };
+/* What mixes tokens in a layer: softmax attention over the KV cache,
+ * Gated DeltaNet or Lightning linear attention over a recurrent state
+ * (Qwen3.5, Ling 2.6), or multi-head latent attention over a cache of
+ * latents (Ling 2.6). */
+enum sp_layer_kind { SP_LAYER_ATTENTION, SP_LAYER_GATED_DELTA, SP_LAYER_LIGHTNING, SP_LAYER_MLA, SP_LAYER_KIND_COUNT };
 
 /* FACTORS: each frequency divided by its own factor, as llama.cpp applies
  * a GGUF's rope_freqs.weight (Llama 3's scaling, computed by its converter):
@@ -110,6 +113,15 @@ struct sp_arch {
      * lin_v_dim (a multiple of the key heads; value head j reads key head
      * j / (lin_v_heads / lin_k_heads)), a causal conv of lin_conv taps */
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    /* Lightning layers (n_heads of head_dim, no GQA): each head's state
+     * decays by exp(-slope_h (1 - (L - light_offset) / (n_layers - 1) +
+     * 1e-5)) a token; the output norm is RMS over light_groups groups */
+    int64_t light_groups, light_offset;
+    /* MLA layers: q from d_model (mla_q_lora 0) or through a rank-mla_q_lora
+     * bottleneck, a latent of mla_kv_lora and a shared rotary key of
+     * mla_rope, per head mla_nope + mla_rope query dims and mla_v values */
+    int64_t mla_q_lora, mla_kv_lora, mla_nope, mla_rope, mla_v;
+    double mla_mscale;  // the softmax scale's factor (YaRN's mscale^2; 1 without)
     /* per layer, (n_layers) each; owned */
     bool *layer_moe;
     bool *layer_sliding;
@@ -123,6 +135,10 @@ bool sp_arch_recurrent(const struct sp_arch *a);
  * conv's last lin_conv - 1 inputs and a [lin_k_dim, lin_v_dim] matrix per
  * value head. */
 int64_t sp_arch_state_floats(const struct sp_arch *a, int64_t L);
+/* The softmax attention the KV cache serves, as heads: MLA's is one
+ * shared key head of latent and rotary dims (the latent cached, queries
+ * absorbing the key up-projection), else the attention layers'. */
+void sp_arch_attention_heads(const struct sp_arch *a, int64_t *heads, int64_t *kv_heads, int64_t *head_dim);
 /* Channels of a Gated DeltaNet layer's conv: queries, keys and values. */
 static inline int64_t sp_arch_conv_dim(const struct sp_arch *a) {
     return 2 * a->lin_k_heads * a->lin_k_dim + a->lin_v_heads * a->lin_v_dim;

@@ -29,6 +29,15 @@ struct layer {
     /* Gated DeltaNet */
     struct sp_linear lqkv, lz, lb, la, lout;
     struct sp_delta_layer delta;
+    /* Lightning: qkv, q / k norms in att, o; the output gate */
+    struct sp_linear lgate;
+    struct sp_lightning_layer light;
+    /* MLA: q's bottleneck and its norm, q with the key up-projection
+     * absorbed, kv_a with its rows in the attention's order, the output
+     * with the value up-projection absorbed (mla_composed) */
+    struct sp_linear mq_a, mq, mkv, mo;
+    const float *mq_norm, *mkv_norm;
+    uint8_t *mla_mem[3];
     /* dense MLP, or the shared expert of a MoE layer */
     struct sp_linear gate, up, down;
     bool has_mlp;
@@ -75,7 +84,8 @@ struct sp_ctx {
     struct sp_tensor gath, gout;  // (B, d): rows gathered for experts, the MLPs' outputs
     struct sp_tensor qgate;       // (B, q) attn_gate: the attention output's gates
     struct sp_tensor sgate;       // (B, 1) shared_gate: the shared expert's gate logits
-    struct sp_tensor lqkv, lz, lba, lout;  // Gated DeltaNet: (B, conv), (B, v), (B, 2 v heads), (B, v)
+    struct sp_tensor lqkv, lz, lba, lout;  // linear attention's: inputs, gates, b and a, outputs
+    struct sp_tensor mq;          // (B, q_lora) MLA's query bottleneck
     /* recurrent layers: the positions each sequence's state holds, and its
      * snapshot's (-1: none); a pass that failed leaves a sequence's -1 */
     int64_t *seq_len, *snap_len;  // (n_seq) each
@@ -162,11 +172,44 @@ static int64_t mlp_width(const struct sp_arch *a) {
     return ff;
 }
 
+static bool has_kind(const struct sp_arch *a, enum sp_layer_kind k) {
+    for (int64_t L = 0; L < a->n_layers; L++)
+        if (a->layer_kind[L] == k) return true;
+    return false;
+}
+
+/* Floats per batch token of the context's tensors. */
+struct widths {
+    int64_t q, kv, att, gate;        // softmax attention's (MLA's: absorbed), the output gates
+    int64_t lqkv, lz, lba, lout, mq; // linear attention's, MLA's query bottleneck
+};
+
+static struct widths widths_of(const struct sp_arch *a) {
+    int64_t heads, kv_heads, hd;
+    sp_arch_attention_heads(a, &heads, &kv_heads, &hd);
+    struct widths w = {.q = heads * hd, .kv = kv_heads * hd, .att = heads * hd, .mq = a->mla_q_lora};
+    if (a->attn_gate) w.gate = w.q;
+    if (has_kind(a, SP_LAYER_GATED_DELTA)) {
+        w.lqkv = sp_arch_conv_dim(a);
+        w.lz = w.lout = a->lin_v_heads * a->lin_v_dim;
+        w.lba = 2 * a->lin_v_heads;
+    }
+    if (has_kind(a, SP_LAYER_LIGHTNING)) {
+        int64_t hd2 = a->n_heads * a->head_dim;
+        w.lqkv = w.lqkv > 3 * hd2 ? w.lqkv : 3 * hd2;
+        w.lz = w.lz > hd2 ? w.lz : hd2;
+        w.lout = w.lout > hd2 ? w.lout : hd2;
+    }
+    return w;
+}
+
 /* The backend's parameters for a context of p (defaults filled in). */
 static struct sp_backend_params backend_params(const struct sp_arch *a, const struct sp_ctx_params *p) {
+    int64_t heads, kv_heads, hd;
+    sp_arch_attention_heads(a, &heads, &kv_heads, &hd);
     struct sp_backend_params bp = {
-        .shape = {.n_layers = a->n_layers, .d_model = a->d_model, .vocab = a->vocab, .n_heads = a->n_heads,
-                  .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .mlp_width = mlp_width(a),
+        .shape = {.n_layers = a->n_layers, .d_model = a->d_model, .vocab = a->vocab, .n_heads = heads,
+                  .n_kv_heads = kv_heads, .head_dim = hd, .mlp_width = mlp_width(a),
                   .n_experts = a->n_experts, .n_experts_used = a->n_experts > 0 ? a->n_experts_used : 0,
                   .expert_ff = a->n_experts > 0 ? a->d_expert : 0, .rot_dims = a->rope.rot_dims, .rope_scale = 1.0f,
                   .lin_k_heads = a->lin_k_heads, .lin_v_heads = a->lin_v_heads, .lin_k_dim = a->lin_k_dim,
@@ -174,8 +217,14 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
         .n_threads = p->n_threads, .float_activations = p->float_activations};
     for (int64_t L = 0; L < a->n_layers; L++) {
-        bp.shape.n_kv_layers += a->layer_kind[L] == SP_LAYER_ATTENTION;
-        bp.shape.n_state_layers += a->layer_kind[L] == SP_LAYER_GATED_DELTA;
+        enum sp_layer_kind k = a->layer_kind[L];
+        bp.shape.n_kv_layers += k == SP_LAYER_ATTENTION || k == SP_LAYER_MLA;
+        bp.shape.n_state_layers += k == SP_LAYER_GATED_DELTA || k == SP_LAYER_LIGHTNING;
+    }
+    if (has_kind(a, SP_LAYER_LIGHTNING)) {  // a state of head_dim x head_dim a head, no conv
+        bp.shape.lin_k_heads = bp.shape.lin_v_heads = a->n_heads;
+        bp.shape.lin_k_dim = bp.shape.lin_v_dim = a->head_dim;
+        bp.shape.lin_conv = 1;
     }
     return bp;
 }
@@ -188,11 +237,9 @@ size_t sp_kv_cache_bytes(const struct sp_arch *a, int64_t n_ctx, int64_t n_seq, 
 
 /* Floats of the context's own tensors per batch token (sp_ctx_create). */
 static int64_t tensor_floats(const struct sp_arch *a) {
-    int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kv = a->n_kv_heads * a->head_dim;
-    int64_t E = a->n_experts > 0 ? a->n_experts : 1;
-    int64_t gates = a->attn_gate ? qd : 0, shared_gate = a->shared_gate ? 1 : 0;
-    int64_t lin = sp_arch_recurrent(a) ? sp_arch_conv_dim(a) + 2 * a->lin_v_heads * a->lin_v_dim + 2 * a->lin_v_heads : 0;
-    return 5 * d + qd + 2 * kv + qd + E + gates + shared_gate + lin;
+    struct widths w = widths_of(a);
+    int64_t E = a->n_experts > 0 ? a->n_experts : 1, shared_gate = a->shared_gate ? 1 : 0;
+    return 5 * a->d_model + w.q + 2 * w.kv + w.att + E + w.gate + shared_gate + w.lqkv + w.lz + w.lba + w.lout + w.mq;
 }
 
 /* Bytes of the routing tables for batches of B tokens. */
@@ -361,41 +408,189 @@ static struct sp_linear linear_rows(const struct sp_linear *l, int64_t r0, int64
     return out;
 }
 
+/* A copy of l's rows in a new order (row r of the copy is row from[r] of
+ * l, n rows) into *mem (owned by the caller), *out viewing it. */
+static enum sp_status reorder_rows(const struct sp_linear *l, const int64_t *from, int64_t n, uint8_t **mem,
+                                   struct sp_linear *out) {
+    if (l->transposed || l->w.interleaved)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "%s: rows to reorder must be stored in row order",
+                         l->slot && l->slot->module ? l->slot->module : "a weight");
+    const void *ptr[4];
+    size_t len[4], total = 0;
+    int parts = sp_linear_parts(l, ptr, len);
+    for (int k = 0; k < parts; k++) total += (len[k] / (size_t)l->w.rows * (size_t)n + 63) / 64 * 64;
+    if (!(*mem = sp_malloc_huge(total ? total : 64, SP_MEM_WEIGHTS))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    *out = *l;
+    const void **fields[4] = {&out->w.codes, &out->w.scales, &out->w.biases, &out->bias};
+    size_t off = 0;
+    for (int k = 0, fi = 0; k < parts; k++) {
+        while (*fields[fi] != ptr[k]) fi++;  // parts come in the order codes, scales, [biases], [bias]
+        size_t row = len[k] / (size_t)l->w.rows;
+        for (int64_t r = 0; r < n; r++) memcpy(*mem + off + (size_t)r * row, (const uint8_t *)ptr[k] + (size_t)from[r] * row, row);
+        *fields[fi] = *mem + off;
+        off += (row * (size_t)n + 63) / 64 * 64;
+    }
+    out->w.rows = n;
+    return SP_OK;
+}
+
+/* Prepares l for the backend, its bytes counted in the load. */
+static enum sp_status prepared(struct sp_ctx *c, struct sp_linear *l, double bytes) {
+    enum sp_status st = c->be->ops->prepare(c->be, l);
+    if (st == SP_OK && c->load) sp_progress_add(c->load, (uint64_t)bytes);
+    return st;
+}
+
 /* A gated attention's q_proj gives each head's query rows then its gate
  * rows: a copy of its rows with every head's queries first, then every
  * head's gates, viewed as q and qgate (a few MiB a layer, so the queries
  * land beside the keys and values as attention takes them). */
 static enum sp_status ungate_queries(struct sp_ctx *c, int64_t L, struct layer *ly) {
     const struct sp_arch *a = c->a;
-    struct sp_linear qg;
+    struct sp_linear qg, moved;
     enum sp_status st = sp_model_linear(c->m, L, SP_ROLE_ATTN_Q, -1, &qg);
     if (st != SP_OK) return st;
-    if (qg.transposed || qg.w.interleaved)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: a gated q_proj must be stored in row order", (long long)L);
-    const void *ptr[4];
-    size_t len[4], total = 0;
-    int parts = sp_linear_parts(&qg, ptr, len);
-    for (int k = 0; k < parts; k++) total += (len[k] + 63) / 64 * 64;
-    if (!(ly->q_rows = sp_malloc_huge(total, SP_MEM_WEIGHTS))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     int64_t hd = a->head_dim, q = a->n_heads * hd, rows = qg.w.rows;
-    struct sp_linear moved = qg;
-    const void **fields[4] = {&moved.w.codes, &moved.w.scales, &moved.w.biases, &moved.bias};
-    size_t off = 0;
-    for (int k = 0, fi = 0; k < parts; k++) {
-        while (*fields[fi] != ptr[k]) fi++;
-        size_t row = len[k] / (size_t)rows;
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t h = r / (2 * hd), i = r % (2 * hd), to = i < hd ? h * hd + i : q + h * hd + (i - hd);
-            memcpy(ly->q_rows + off + (size_t)to * row, (const uint8_t *)ptr[k] + (size_t)r * row, row);
-        }
-        *fields[fi] = ly->q_rows + off;
-        off += (len[k] + 63) / 64 * 64;
+    int64_t *from = sp_malloc((size_t)rows * sizeof *from, SP_MEM_MISC);
+    if (!from) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t h = r / (2 * hd), i = r % (2 * hd);
+        from[i < hd ? h * hd + i : q + h * hd + (i - hd)] = r;
     }
+    st = reorder_rows(&qg, from, rows, &ly->q_rows, &moved);
+    sp_free(from);
+    if (st != SP_OK) return st;
     ly->q = linear_rows(&moved, 0, q);
     ly->qgate = linear_rows(&moved, q, q);
     if ((st = c->be->ops->prepare(c->be, &ly->q)) != SP_OK || (st = c->be->ops->prepare(c->be, &ly->qgate)) != SP_OK)
         return st;
     if (c->load) sp_progress_add(c->load, (uint64_t)sp_linear_bytes(&qg));
+    return SP_OK;
+}
+
+/* MLA's rotary dims come interleaved (pairs 2i, 2i + 1); attention rotates
+ * halves (i, i + rot / 2): the same scores once queries and keys both take
+ * the dims in the order 0, 2, 4, ..., 1, 3, 5, ... */
+static int64_t halves_of_pairs(int64_t i, int64_t rot) { return i < rot / 2 ? 2 * i : 2 * (i - rot / 2) + 1; }
+
+/* y += a x (n floats). */
+static void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* A float32 matrix of rows x cols in mem (owned by the caller) as a linear. */
+static struct sp_linear f32_linear(float *mem, int64_t rows, int64_t cols) {
+    struct sp_linear l = {.w = {.type = SP_QTYPE_F32, .group = 1, .rows = rows, .cols = cols,
+                                .scale_dtype = SP_DTYPE_COUNT, .codes = (const uint8_t *)mem}};
+    return l;
+}
+
+/* An MLA layer as softmax attention over a cache of latents: keys [k_rope,
+ * c] and values [k_rope, c] of one shared head (c the normed latent), each
+ * head's query [q_rope, W_uk^T q_nope] scaled so attention's
+ * (rope + kv_lora)^-1/2 gives the reference's (nope + rope)^-1/2 (times
+ * YaRN's mscale^2), and the output projection taking each head's latent
+ * output through W_uv. The two composed matrices are float32, computed
+ * here from the weights (for Ling-2.6-flash 113 + 302 MiB a layer). */
+static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
+    const struct sp_arch *a = c->a;
+    int64_t H = a->n_heads, nope = a->mla_nope, rope = a->mla_rope, kvl = a->mla_kv_lora, vd = a->mla_v;
+    int64_t Dq = rope + kvl, d = a->d_model;
+    enum sp_status st = SP_OK;
+    struct sp_linear qb, kvb, kva, dense;
+    if (a->mla_q_lora) {
+        ly->mq_norm = vec(c, L, SP_ROLE_MLA_Q_A_NORM, &st);
+        if (st != SP_OK || (st = lin(c, L, SP_ROLE_MLA_Q_A, -1, &ly->mq_a)) != SP_OK) return st;
+    }
+    ly->mkv_norm = vec(c, L, SP_ROLE_MLA_KV_A_NORM, &st);
+    if (st != SP_OK || (st = sp_model_linear(c->m, L, a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, -1, &qb)) != SP_OK ||
+        (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_B, -1, &kvb)) != SP_OK ||
+        (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_A, -1, &kva)) != SP_OK ||
+        (st = sp_model_linear(c->m, L, SP_ROLE_ATTN_O, -1, &dense)) != SP_OK)
+        return st;
+    if (qb.transposed || qb.w.interleaved || kvb.transposed || kvb.w.interleaved || dense.transposed ||
+        dense.w.interleaved || dense.bias)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: MLA's weights must be in row order, without an output bias",
+                         (long long)L);
+    /* kv_a's rows: the rotary key (as halves), then the latent */
+    int64_t from[4096];
+    if (Dq > 4096) return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: an MLA latent of %lld dims", (long long)L, (long long)Dq);
+    for (int64_t i = 0; i < rope; i++) from[i] = kvl + halves_of_pairs(i, rope);
+    for (int64_t j = 0; j < kvl; j++) from[rope + j] = j;
+    if ((st = reorder_rows(&kva, from, Dq, &ly->mla_mem[0], &ly->mkv)) != SP_OK ||
+        (st = prepared(c, &ly->mkv, sp_linear_bytes(&kva))) != SP_OK)
+        return st;
+    /* W_uk and W_uv rows of every head, as floats */
+    int64_t qc = qb.w.cols;
+    float *wk = sp_malloc((size_t)(H * (nope + vd) * kvl) * sizeof *wk, SP_MEM_MISC);
+    float *row = sp_malloc((size_t)(qc > H * vd ? qc : H * vd) * sizeof *row, SP_MEM_MISC);
+    float *qm = sp_malloc_huge((size_t)(H * Dq * qc) * sizeof *qm, SP_MEM_WEIGHTS);
+    float *om = sp_malloc_huge((size_t)(d * H * Dq) * sizeof *om, SP_MEM_WEIGHTS);
+    ly->mla_mem[1] = (uint8_t *)qm;
+    ly->mla_mem[2] = (uint8_t *)om;
+    if (!wk || !row || !qm || !om) {
+        sp_free(wk);
+        sp_free(row);
+        return sp_errorf(SP_ERR_NOMEM, "out of memory for layer %lld's MLA matrices", (long long)L);
+    }
+    for (int64_t r = 0; r < H * (nope + vd); r++) sp_qmat_dequant_row_ref(&kvb.w, r, wk + r * kvl);
+    float scale = sqrtf((float)Dq) / sqrtf((float)(nope + rope)) * (float)a->mla_mscale;
+    memset(qm, 0, (size_t)(H * Dq * qc) * sizeof *qm);
+    for (int64_t h = 0; h < H; h++) {
+        float *qh = qm + h * Dq * qc;
+        for (int64_t i = 0; i < rope; i++) {
+            sp_qmat_dequant_row_ref(&qb.w, h * (nope + rope) + nope + halves_of_pairs(i, rope), row);
+            for (int64_t x = 0; x < qc; x++) qh[i * qc + x] = scale * row[x];
+        }
+        for (int64_t i = 0; i < nope; i++) {  // q_lat[j] = sum_i W_uk[i][j] q_nope[i]
+            sp_qmat_dequant_row_ref(&qb.w, h * (nope + rope) + i, row);
+            const float *uk = wk + (h * (nope + vd) + i) * kvl;
+            for (int64_t j = 0; j < kvl; j++) axpy(qh + (rope + j) * qc, scale * uk[j], row, qc);
+        }
+    }
+    memset(om, 0, (size_t)(d * H * Dq) * sizeof *om);
+    for (int64_t r = 0; r < d; r++) {  // out[r] = sum over heads and values of dense[r][h v + m] W_uv[m] . o_lat
+        sp_qmat_dequant_row_ref(&dense.w, r, row);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t m = 0; m < vd; m++)
+                axpy(om + r * H * Dq + h * Dq + rope, row[h * vd + m], wk + (h * (nope + vd) + nope + m) * kvl, kvl);
+    }
+    sp_free(wk);
+    sp_free(row);
+    ly->mq = f32_linear(qm, H * Dq, qc);
+    ly->mo = f32_linear(om, d, H * Dq);
+    if ((st = prepared(c, &ly->mq, sp_linear_bytes(&qb) + sp_linear_bytes(&kvb))) != SP_OK ||
+        (st = prepared(c, &ly->mo, sp_linear_bytes(&dense))) != SP_OK)
+        return st;
+    ly->att = (struct sp_attn_layer){.layer = ly->att.layer, .eps = (float)a->norm_eps};
+    return SP_OK;
+}
+
+/* A Lightning layer's parameters (its projections load as attention's):
+ * each head's decay from its ALiBi-style slope and the layer's depth. */
+static enum sp_status load_lightning(struct sp_ctx *c, int64_t L, int64_t state, struct layer *ly) {
+    const struct sp_arch *a = c->a;
+    enum sp_status st = SP_OK;
+    int64_t H = a->n_heads;
+    ly->light = (struct sp_lightning_layer){.layer = state, .groups = a->light_groups, .eps = (float)a->norm_eps};
+    ly->light.norm = vec(c, L, SP_ROLE_LIGHT_NORM, &st);
+    if (st != SP_OK || (st = lin(c, L, SP_ROLE_LIGHT_GATE, -1, &ly->lgate)) != SP_OK) return st;
+    /* slopes 2^(-8 (h + 1) / n) for n a power of two; otherwise the nearest
+     * power's, then every other of twice it (as the reference builds them) */
+    float decay[1024];
+    if (H > 1024) return sp_errorf(SP_ERR_UNSUPPORTED, "%lld Lightning heads", (long long)H);
+    int64_t p2 = 1;
+    while (p2 * 2 <= H) p2 *= 2;
+    double depth = a->n_layers > 1 ? 1.0 - (double)(L - a->light_offset) / (double)(a->n_layers - 1) + 1e-5 : 1.0 + 1e-5;
+    for (int64_t h = 0; h < H; h++) {
+        double slope = h < p2 ? pow(2.0, -8.0 * (double)(h + 1) / (double)p2)
+                              : pow(2.0, -8.0 * (double)(2 * (h - p2) + 1) / (double)(2 * p2));
+        decay[h] = expf((float)(-(double)(float)slope * depth));
+    }
+    struct sp_vector dv = {decay, SP_DTYPE_F32, H};
+    if ((st = c->be->ops->vector(c->be, &dv, &ly->light.decay)) != SP_OK) return st;
+    ly->light.q_norm = ly->att.q_norm;
+    ly->light.k_norm = ly->att.k_norm;
     return SP_OK;
 }
 
@@ -425,7 +620,13 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L, int64_t *kv_layers
     if (st == SP_OK && ly->kind == SP_LAYER_GATED_DELTA) st = load_delta(c, L, (*state_layers)++, ly);
     if (st != SP_OK) return st;
     if (ly->kind == SP_LAYER_GATED_DELTA) goto mlp;
-    ly->att = (struct sp_attn_layer){.layer = (*kv_layers)++, .eps = (float)a->norm_eps};
+    if (ly->kind == SP_LAYER_MLA) {
+        ly->att.layer = (*kv_layers)++;
+        if ((st = load_mla(c, L, ly)) != SP_OK) return st;
+        goto mlp;
+    }
+    ly->att = (struct sp_attn_layer){.layer = ly->kind == SP_LAYER_LIGHTNING ? -1 : (*kv_layers)++,
+                                     .eps = (float)a->norm_eps};
     if (a->qk_norm) {
         ly->att.q_norm = vec(c, L, SP_ROLE_ATTN_Q_NORM, &st);
         ly->att.k_norm = vec(c, L, SP_ROLE_ATTN_K_NORM, &st);
@@ -441,6 +642,7 @@ static enum sp_status load_layer(struct sp_ctx *c, int64_t L, int64_t *kv_layers
         if ((st = lin(c, L, SP_ROLE_ATTN_V, -1, &ly->v)) != SP_OK) return st;
     }
     if ((st = lin(c, L, SP_ROLE_ATTN_O, -1, &ly->o)) != SP_OK) return st;
+    if (ly->kind == SP_LAYER_LIGHTNING && (st = load_lightning(c, L, (*state_layers)++, ly)) != SP_OK) return st;
 mlp:
     if (!a->layer_moe[L] || a->n_shared_experts > 0) {
         enum sp_role g = a->layer_moe[L] ? SP_ROLE_SHEXP_GATE : SP_ROLE_FFN_GATE;
@@ -668,6 +870,7 @@ void sp_ctx_free(struct sp_ctx *c) {
             sp_free(ly->edown);
             sp_free(ly->egate_up);
             sp_free_aligned(ly->q_rows);
+            for (int i = 0; i < 3; i++) sp_free_aligned(ly->mla_mem[i]);
         }
     }
     sp_free(c->layers);
@@ -747,9 +950,11 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if ((st = lin(c, -1, m->has_lm_head ? SP_ROLE_LM_HEAD : SP_ROLE_EMBED, -1, &c->lm_head)) != SP_OK) goto fail;
     c->out_norm = vec(c, -1, SP_ROLE_OUT_NORM, &st);
     if (st != SP_OK) goto fail;
-    if (sp_arch_recurrent(a) && (!c->be->ops->gated_delta || !c->be->ops->state_copy || !c->be->ops->gate)) {
-        st = sp_errorf(SP_ERR_UNSUPPORTED, "the %s backend does not run Gated DeltaNet layers yet (--device cpu does)",
-                       c->be->ops->name);
+    if ((has_kind(a, SP_LAYER_GATED_DELTA) && !c->be->ops->gated_delta) ||
+        (has_kind(a, SP_LAYER_LIGHTNING) && !c->be->ops->lightning) ||
+        (sp_arch_recurrent(a) && (!c->be->ops->state_copy || !c->be->ops->gate))) {
+        st = sp_errorf(SP_ERR_UNSUPPORTED, "the %s backend does not run %s layers yet (--device cpu does)",
+                       c->be->ops->name, has_kind(a, SP_LAYER_LIGHTNING) ? "Lightning attention" : "Gated DeltaNet");
         goto fail;
     }
     if ((a->attn_gate || a->shared_gate) && !c->be->ops->gate) {
@@ -778,25 +983,26 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         if (!c->pf_experts || !c->pf_views) goto nomem;
     }
 
-    int64_t d = a->d_model, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim, B = c->p.max_batch;
+    int64_t d = a->d_model, B = c->p.max_batch;
     int64_t E = a->n_experts > 0 ? a->n_experts : 1, K = a->n_experts_used > 0 ? a->n_experts_used : 1;
+    struct widths w = widths_of(a);
     struct sp_backend *be = c->be;
     if ((st = sp_backend_tensor(be, B, d, &c->x)) != SP_OK || (st = sp_backend_tensor(be, B, d, &c->h)) != SP_OK ||
         (st = sp_backend_tensor(be, B, d, &c->tmp)) != SP_OK ||
-        (st = sp_backend_tensor(be, B, qd + 2 * kvd, &c->qkv)) != SP_OK ||
-        (st = sp_backend_tensor(be, B, qd, &c->att)) != SP_OK ||
+        (st = sp_backend_tensor(be, B, w.q + 2 * w.kv, &c->qkv)) != SP_OK ||
+        (st = sp_backend_tensor(be, B, w.att, &c->att)) != SP_OK ||
         (st = sp_backend_tensor(be, B, E, &c->router_out)) != SP_OK ||
         (st = sp_backend_tensor(be, B, d, &c->gath)) != SP_OK || (st = sp_backend_tensor(be, B, d, &c->gout)) != SP_OK)
         goto fail;
-    if (a->attn_gate && (st = sp_backend_tensor(be, B, qd, &c->qgate)) != SP_OK) goto fail;
+    if (w.gate && (st = sp_backend_tensor(be, B, w.gate, &c->qgate)) != SP_OK) goto fail;
     if (a->shared_gate && (st = sp_backend_tensor(be, B, 1, &c->sgate)) != SP_OK) goto fail;
+    if (w.mq && (st = sp_backend_tensor(be, B, w.mq, &c->mq)) != SP_OK) goto fail;
+    if (w.lqkv && ((st = sp_backend_tensor(be, B, w.lqkv, &c->lqkv)) != SP_OK ||
+                   (st = sp_backend_tensor(be, B, w.lz, &c->lz)) != SP_OK ||
+                   (w.lba && (st = sp_backend_tensor(be, B, w.lba, &c->lba)) != SP_OK) ||
+                   (st = sp_backend_tensor(be, B, w.lout, &c->lout)) != SP_OK))
+        goto fail;
     if (sp_arch_recurrent(a)) {
-        int64_t vd = a->lin_v_heads * a->lin_v_dim;
-        if ((st = sp_backend_tensor(be, B, sp_arch_conv_dim(a), &c->lqkv)) != SP_OK ||
-            (st = sp_backend_tensor(be, B, vd, &c->lz)) != SP_OK ||
-            (st = sp_backend_tensor(be, B, 2 * a->lin_v_heads, &c->lba)) != SP_OK ||
-            (st = sp_backend_tensor(be, B, vd, &c->lout)) != SP_OK)
-            goto fail;
         c->seq_len = sp_malloc((size_t)c->p.n_seq * sizeof *c->seq_len, SP_MEM_MODEL);
         c->snap_len = sp_malloc((size_t)c->p.n_seq * sizeof *c->snap_len, SP_MEM_MODEL);
         if (!c->seq_len || !c->snap_len) goto nomem;
@@ -1254,6 +1460,53 @@ static void gated_delta(struct sp_ctx *c, const struct layer *ly, const struct s
     STEP(c, SP_STEP_O, (double)n * (double)vd * (double)d, be->ops->linear(be, &ly->lout, o, out));
 }
 
+/* A Lightning layer on the n rows of h, its output into out. */
+static void lightning(struct sp_ctx *c, const struct layer *ly, const struct sp_batch *b, struct sp_tensor out) {
+    struct sp_backend *be = c->be;
+    int64_t n = b->n, d = c->a->d_model, hd = c->a->n_heads * c->a->head_dim;
+    struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_cols(sp_tensor_rows(c->lqkv, 0, n), 0, 3 * hd);
+    struct sp_tensor g = sp_tensor_cols(sp_tensor_rows(c->lz, 0, n), 0, hd);
+    struct sp_tensor o = sp_tensor_cols(sp_tensor_rows(c->lout, 0, n), 0, hd);
+    STEP(c, SP_STEP_QKV, (double)n * (double)d * (double)(4 * hd), be->ops->linear(be, &ly->qkv, h, qkv);
+         be->ops->linear(be, &ly->lgate, h, g));
+    STEP(c, SP_STEP_ATTENTION, 2.0 * (double)n * (double)hd * (double)c->a->head_dim,
+         be->ops->lightning(be, &ly->light, b, qkv, o); be->ops->gate(be, o, g));
+    STEP(c, SP_STEP_O, (double)n * (double)hd * (double)d, be->ops->linear(be, &ly->o, o, out));
+}
+
+/* The q / k norms of MLA's query bottleneck and latent (the reference's
+ * default epsilon). */
+#define MLA_NORM_EPS 1e-6f
+
+/* An MLA layer on the n rows of h (load_mla), its output into out. */
+static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch *b, struct sp_tensor out) {
+    const struct sp_arch *a = c->a;
+    struct sp_backend *be = c->be;
+    int64_t n = b->n, d = a->d_model, H = a->n_heads, rope = a->mla_rope, kvl = a->mla_kv_lora, Dq = rope + kvl;
+    struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_rows(c->qkv, 0, n);
+    struct sp_tensor q = sp_tensor_cols(qkv, 0, H * Dq), att = sp_tensor_rows(c->att, 0, n);
+    double macs = (double)n * (double)(ly->mq.w.rows * ly->mq.w.cols + 2 * Dq * d);
+    if (a->mla_q_lora) macs += (double)n * (double)(a->mla_q_lora * d);
+    STEP(c, SP_STEP_QKV, macs, {
+        if (a->mla_q_lora) {
+            struct sp_tensor mq = sp_tensor_rows(c->mq, 0, n);
+            be->ops->linear(be, &ly->mq_a, h, mq);
+            be->ops->rmsnorm(be, ly->mq_norm, MLA_NORM_EPS, mq, mq);
+            be->ops->linear(be, &ly->mq, mq, q);
+        } else {
+            be->ops->linear(be, &ly->mq, h, q);
+        }
+        for (int i = 1; i <= 2; i++) {  // the key, and the same as the value
+            struct sp_tensor kv = sp_tensor_cols(qkv, H * Dq + (i - 1) * Dq, Dq);
+            be->ops->linear(be, &ly->mkv, h, kv);
+            be->ops->rmsnorm(be, ly->mkv_norm, MLA_NORM_EPS, sp_tensor_cols(kv, rope, kvl), sp_tensor_cols(kv, rope, kvl));
+        }
+    });
+    STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, 0) * (double)Dq / (double)a->head_dim,
+         be->ops->attention(be, &ly->att, b, sp_tensor_cols(qkv, 0, H * Dq + 2 * Dq), att));
+    STEP(c, SP_STEP_O, (double)n * (double)(H * Dq) * (double)d, be->ops->linear(be, &ly->mo, att, out));
+}
+
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
@@ -1273,6 +1526,10 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         STEP(c, SP_STEP_NORMS, 0, be->ops->rmsnorm(be, ly->attn_norm, eps, x, h));
         if (ly->kind == SP_LAYER_GATED_DELTA) {
             gated_delta(c, ly, b, tmp);
+        } else if (ly->kind == SP_LAYER_LIGHTNING) {
+            lightning(c, ly, b, tmp);
+        } else if (ly->kind == SP_LAYER_MLA) {
+            mla(c, ly, b, tmp);
         } else {
             double q_macs = (double)n * (double)d * (double)((a->attn_gate ? 2 : 1) * qd + 2 * kvd);
             struct sp_tensor att = sp_tensor_rows(c->att, 0, n);

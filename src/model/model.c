@@ -46,6 +46,15 @@ void sp_model_expected_shape(const struct sp_arch *a, enum sp_role role, int64_t
     case SP_ROLE_LIN_A_LOG:
     case SP_ROLE_LIN_DT_BIAS: *rows = a->lin_v_heads; break;
     case SP_ROLE_LIN_NORM: *rows = a->lin_v_dim; break;
+    case SP_ROLE_LIGHT_GATE: *rows = q, *cols = d; break;
+    case SP_ROLE_LIGHT_NORM: *rows = q; break;
+    case SP_ROLE_MLA_Q: *rows = a->n_heads * (a->mla_nope + a->mla_rope), *cols = d; break;
+    case SP_ROLE_MLA_Q_A: *rows = a->mla_q_lora, *cols = d; break;
+    case SP_ROLE_MLA_Q_A_NORM: *rows = a->mla_q_lora; break;
+    case SP_ROLE_MLA_Q_B: *rows = a->n_heads * (a->mla_nope + a->mla_rope), *cols = a->mla_q_lora; break;
+    case SP_ROLE_MLA_KV_A: *rows = a->mla_kv_lora + a->mla_rope, *cols = d; break;
+    case SP_ROLE_MLA_KV_A_NORM: *rows = a->mla_kv_lora; break;
+    case SP_ROLE_MLA_KV_B: *rows = a->n_heads * (a->mla_nope + a->mla_v), *cols = a->mla_kv_lora; break;
     default: break;
     }
 }
@@ -257,6 +266,18 @@ static enum sp_status validate(struct sp_model *m) {
                                                 SP_ROLE_LIN_NORM};
             for (size_t i = 0; i < sizeof lins / sizeof *lins; i++) CHECK(sp_model_linear(m, L, lins[i], -1, &l));
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) CHECK(sp_model_vector(m, L, vecs[i], &v));
+        } else if (a->layer_kind[L] == SP_LAYER_MLA) {
+            if (a->mla_q_lora) {
+                CHECK(sp_model_linear(m, L, SP_ROLE_MLA_Q_A, -1, &l));
+                CHECK(sp_model_vector(m, L, SP_ROLE_MLA_Q_A_NORM, &v));
+                CHECK(sp_model_linear(m, L, SP_ROLE_MLA_Q_B, -1, &l));
+            } else {
+                CHECK(sp_model_linear(m, L, SP_ROLE_MLA_Q, -1, &l));
+            }
+            CHECK(sp_model_linear(m, L, SP_ROLE_MLA_KV_A, -1, &l));
+            CHECK(sp_model_vector(m, L, SP_ROLE_MLA_KV_A_NORM, &v));
+            CHECK(sp_model_linear(m, L, SP_ROLE_MLA_KV_B, -1, &l));
+            CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
         } else if (a->fused_qkv) {
             CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_QKV, -1, &l));
             if (a->qkv_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: use_qkv_bias is set but query_key_value has no bias", (long long)L);
@@ -268,9 +289,14 @@ static enum sp_status validate(struct sp_model *m) {
                     return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: attention bias is set but %s has no bias", (long long)L, sp_role_name(r3[i]));
             }
         }
-        if (a->layer_kind[L] == SP_LAYER_ATTENTION) CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
-        if (a->layer_kind[L] == SP_LAYER_ATTENTION && a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
-        if (a->qk_norm && a->layer_kind[L] == SP_LAYER_ATTENTION) {
+        bool softmax = a->layer_kind[L] == SP_LAYER_ATTENTION, lightning = a->layer_kind[L] == SP_LAYER_LIGHTNING;
+        if (lightning) {
+            CHECK(sp_model_linear(m, L, SP_ROLE_LIGHT_GATE, -1, &l));
+            CHECK(sp_model_vector(m, L, SP_ROLE_LIGHT_NORM, &v));
+        }
+        if (softmax || lightning) CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
+        if ((softmax || lightning) && a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
+        if (a->qk_norm && (softmax || lightning)) {
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_Q_NORM, &v));
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_K_NORM, &v));
         }
@@ -382,7 +408,10 @@ struct interleave {
 static bool to_interleave(const struct interleave *il, const struct sp_wslot *s, const struct sp_map *f,
                           const unsigned char *copy, struct sp_qmat *in_copy) {
     struct sp_qmat w;
-    if (s->role == SP_ROLE_ATTN_Q && il->m->arch.attn_gate) return false;  // the forward pass reorders its rows
+    const struct sp_arch *a = &il->m->arch;
+    if (s->role == SP_ROLE_ATTN_Q && a->attn_gate) return false;  // the forward pass reorders its rows
+    /* or composes MLA's from their rows */
+    if (s->layer >= 0 && s->layer < a->n_layers && a->layer_kind[s->layer] == SP_LAYER_MLA) return false;
     if (!slot_matrix(il->m, s, &w) || !sp_qmat_interleavable(&w) || !il->want(&w)) return false;
     size_t codes = (size_t)w.rows * sp_qtype_row_bytes(w.type, w.cols);
     size_t groups = (size_t)w.rows * (size_t)(w.cols / w.group) * sp_dtype_size(w.scale_dtype);

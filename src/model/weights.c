@@ -63,6 +63,16 @@ static const struct name_rule layer_rules[] = {
     {"attention.dense", MODULE, 0, SP_ROLE_ATTN_O, 0, 0, 0},
     {"attention.query_layernorm", MODULE, 0, SP_ROLE_ATTN_Q_NORM, 0, 0, 0},
     {"attention.key_layernorm", MODULE, 0, SP_ROLE_ATTN_K_NORM, 0, 0, 0},
+    /* Ling 2.6: Lightning's output gate and norm; MLA */
+    {"attention.g_proj", MODULE, 0, SP_ROLE_LIGHT_GATE, 0, 0, 0},
+    {"attention.g_norm", MODULE, 0, SP_ROLE_LIGHT_NORM, 0, 0, 0},
+    {"attention.q_proj", MODULE, 0, SP_ROLE_MLA_Q, 0, 0, 0},
+    {"attention.q_a_proj", MODULE, 0, SP_ROLE_MLA_Q_A, 0, 0, 0},
+    {"attention.q_a_layernorm", MODULE, 0, SP_ROLE_MLA_Q_A_NORM, 0, 0, 0},
+    {"attention.q_b_proj", MODULE, 0, SP_ROLE_MLA_Q_B, 0, 0, 0},
+    {"attention.kv_a_proj_with_mqa", MODULE, 0, SP_ROLE_MLA_KV_A, 0, 0, 0},
+    {"attention.kv_a_layernorm", MODULE, 0, SP_ROLE_MLA_KV_A_NORM, 0, 0, 0},
+    {"attention.kv_b_proj", MODULE, 0, SP_ROLE_MLA_KV_B, 0, 0, 0},
     /* dense MLP */
     {"mlp.gate_proj", MODULE, 0, SP_ROLE_FFN_GATE, 0, 0, 0},
     {"mlp.up_proj", MODULE, 0, SP_ROLE_FFN_UP, 0, 0, 0},

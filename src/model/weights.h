@@ -64,6 +64,15 @@
     X(LIN_DT_BIAS, "lin_dt_bias", ATTENTION)                                   \
     X(LIN_NORM, "lin_norm", NORMS)                                             \
     X(LIN_OUT, "lin_out", ATTENTION)                                           \
+    X(LIGHT_GATE, "light_gate", ATTENTION)                                     \
+    X(LIGHT_NORM, "light_norm", NORMS)                                         \
+    X(MLA_Q, "mla_q", ATTENTION)                                               \
+    X(MLA_Q_A, "mla_q_a", ATTENTION)                                           \
+    X(MLA_Q_A_NORM, "mla_q_a_norm", NORMS)                                     \
+    X(MLA_Q_B, "mla_q_b", ATTENTION)                                           \
+    X(MLA_KV_A, "mla_kv_a", ATTENTION)                                         \
+    X(MLA_KV_A_NORM, "mla_kv_a_norm", NORMS)                                   \
+    X(MLA_KV_B, "mla_kv_b", ATTENTION)                                         \
     X(VISION, "vision", UNUSED)                                                \
     X(MTP, "mtp", UNUSED)                                                      \
     X(IGNORED, "ignored", UNUSED)

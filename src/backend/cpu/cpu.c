@@ -778,6 +778,87 @@ static void cpu_gated_delta(struct sp_backend *b, const struct sp_delta_layer *l
     sp_pool_run_n(c->pool, delta_heads_job, &j, nth);
 }
 
+/* ---- Lightning attention ---- */
+
+struct light_job {
+    struct cpu *c;
+    const struct sp_lightning_layer *ly;
+    const struct sp_batch *bt;
+    struct sp_tensor qkv, out;
+};
+
+/* x / rms(x) * w (w NULL: 1) into out, in float32. */
+static void rms_vec(const float *x, const float *w, float eps, int64_t n, float *out) {
+    float ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w ? x[i] * r * w[i] : x[i] * r;
+}
+
+/* Heads [h0, h1) for every token in batch order: S = decay S + k^T v, o = q S. */
+static void light_heads(const struct light_job *j, int64_t h0, int64_t h1) {
+    const struct sp_lightning_layer *ly = j->ly;
+    int64_t H = j->c->shape.lin_v_heads, D = j->c->shape.lin_v_dim;
+    const struct sp_kernels *kern = sp_kernels();
+    float q[DELTA_MAX_DIM], k[DELTA_MAX_DIM];
+    float scale = 1.0f / sqrtf((float)D);
+    for (int64_t t = 0; t < j->bt->n; t++) {
+        const float *x = j->qkv.data + t * j->qkv.ld;
+        float *out = j->out.data + t * j->out.ld;
+        for (int64_t h = h0; h < h1; h++) {
+            float *S = state_of(j->c, ly->layer, j->bt->seq[t]) + h * D * D;
+            if (j->bt->pos[t] == 0) memset(S, 0, (size_t)(D * D) * sizeof *S);
+            if (ly->q_norm) {
+                rms_vec(x + h * D, ly->q_norm, ly->eps, D, q);
+                rms_vec(x + (H + h) * D, ly->k_norm, ly->eps, D, k);
+            } else {
+                memcpy(q, x + h * D, (size_t)D * sizeof *q);
+                memcpy(k, x + (H + h) * D, (size_t)D * sizeof *k);
+            }
+            rope_apply(j->c, q, t);
+            rope_apply(j->c, k, t);
+            const float *v = x + (2 * H + h) * D;
+            float *o = out + h * D, decay = ly->decay[h];
+            for (int64_t c = 0; c < D; c++) o[c] = 0;
+            for (int64_t i = 0; i < D; i++) {
+                float *row = S + i * D;
+                for (int64_t c = 0; c < D; c++) row[c] *= decay;
+                kern->axpy(row, k[i], v, D);
+                kern->axpy(o, q[i] * scale, row, D);
+            }
+            if (j->bt->snapshot && j->bt->snapshot[t])
+                memcpy(state_of(j->c, ly->layer, j->c->base.p.n_seq + j->bt->seq[t]) + h * D * D, S,
+                       (size_t)(D * D) * sizeof *S);
+        }
+    }
+}
+
+static void light_heads_job(void *arg, int tid, int nth) {
+    const struct light_job *j = arg;
+    int64_t lo, hi;
+    sp_pool_split(j->c->shape.lin_v_heads, tid, nth, &lo, &hi);
+    if (lo < hi) light_heads(j, lo, hi);
+}
+
+static void light_norm_rows(struct cpu *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct light_job *j = arg;
+    int64_t n = j->out.cols, per = n / j->ly->groups;
+    for (int64_t t = t0; t < t1; t++) {
+        float *o = j->out.data + t * j->out.ld;
+        for (int64_t g = 0; g < j->ly->groups; g++) rms_vec(o + g * per, j->ly->norm + g * per, j->ly->eps, per, o + g * per);
+    }
+}
+
+/* The recurrence split by heads (each head's tokens in batch order on one
+ * thread), then the output norm by tokens. */
+static void cpu_lightning(struct sp_backend *b, const struct sp_lightning_layer *ly, const struct sp_batch *bt,
+                          struct sp_tensor qkv, struct sp_tensor out) {
+    struct cpu *c = cpu_of(b);
+    struct light_job j = {c, ly, bt, qkv, out};
+    sp_pool_run(c->pool, light_heads_job, &j);
+    for_tokens(c, bt->n, light_norm_rows, &j);
+}
+
 /* ---- gated MLPs, several per pool hand-off ----
  *
  * One item is a gated MLP (a routed expert, the shared expert or a dense
@@ -1003,6 +1084,7 @@ const struct sp_backend_ops sp_cpu_backend_ops = {
     .state_copy = cpu_state_copy,
     .gate = cpu_gate,
     .gated_delta = cpu_gated_delta,
+    .lightning = cpu_lightning,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .zero = cpu_zero,
