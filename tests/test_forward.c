@@ -385,11 +385,13 @@ static void test_batch_invariance(void **state) {
  * recurrent model too; its sequences go on only from the position their
  * state or snapshot holds: a gap is an error, a snapshot taken mid-batch
  * is resumed and copied to another sequence with the same bits. */
-static void test_recurrent_states(void **state) {
+static void check_recurrent_states(const char *arch) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
     struct sp_model *m;
-    assert_int_equal(sp_model_open("tests/fixtures/qwen3_5_moe", &m), SP_OK);
+    assert_int_equal(sp_model_open(dir, &m), SP_OK);
     struct ref r;
-    load_ref("qwen3_5_moe", &r);
+    load_ref(arch, &r);
     check_batch_invariance(m, &r);
     struct sp_ctx *c;
     struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .device = device, .n_threads = 2,
@@ -431,6 +433,12 @@ static void test_recurrent_states(void **state) {
     free(r.lb);
     sp_ctx_free(c);
     sp_model_close(m);
+}
+
+/* Gated DeltaNet (qwen3_5_moe), Lightning and MLA (bailing_hybrid). */
+static void test_recurrent_states(void **state) {
+    check_recurrent_states("qwen3_5_moe");
+    check_recurrent_states("bailing_hybrid");
 }
 
 /* Every matrix that can be: the loader's choice made for any kernel set */
@@ -570,7 +578,7 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
 
 /* fn on each MoE fixture (opened) with its reference logits. */
 static void each_moe_fixture(void (*fn)(struct sp_model *m, const struct ref *r, const char *arch)) {
-    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe"};
+    const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe", "bailing_hybrid"};
     for (size_t i = 0; i < sizeof moe_archs / sizeof *moe_archs; i++) {
         char dir[256];
         snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);

@@ -566,6 +566,30 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     return SP_OK;
 }
 
+void sp_model_composed(const struct sp_model *m, size_t *held, size_t *replaced) {
+    const struct sp_arch *a = &m->arch;
+    *held = *replaced = 0;
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        struct sp_linear l;
+        if (a->attn_gate && a->layer_kind[L] == SP_LAYER_ATTENTION &&
+            sp_model_linear(m, L, SP_ROLE_ATTN_Q, -1, &l) == SP_OK) {
+            *held += (size_t)sp_linear_bytes(&l);
+            *replaced += (size_t)sp_linear_bytes(&l);
+        }
+        if (a->layer_kind[L] != SP_LAYER_MLA) continue;
+        int64_t H = a->n_heads, Dq = a->mla_rope + a->mla_kv_lora, qc = a->mla_q_lora ? a->mla_q_lora : a->d_model;
+        *held += (size_t)(H * Dq * qc + a->d_model * H * Dq) * sizeof(float);
+        const enum sp_role roles[] = {a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, SP_ROLE_MLA_KV_B, SP_ROLE_ATTN_O,
+                                      SP_ROLE_MLA_KV_A};
+        for (int i = 0; i < 4; i++)
+            if (sp_model_linear(m, L, roles[i], -1, &l) == SP_OK) {
+                *replaced += (size_t)sp_linear_bytes(&l);
+                if (roles[i] == SP_ROLE_MLA_KV_A) *held += (size_t)sp_linear_bytes(&l);  // its reordered copy
+            }
+    }
+    sp_error_clear();
+}
+
 /* A Lightning layer's parameters (its projections load as attention's):
  * each head's decay from its ALiBi-style slope and the layer's depth. */
 static enum sp_status load_lightning(struct sp_ctx *c, int64_t L, int64_t state, struct layer *ly) {

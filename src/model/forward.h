@@ -150,6 +150,10 @@ size_t sp_ctx_work_bytes(const struct sp_arch *a, int64_t max_batch, int n_threa
  * tensors). */
 size_t sp_ctx_device_bytes(const struct sp_arch *a, enum sp_device d, int64_t n_ctx, int n_seq, int64_t max_batch,
                            enum sp_kv_type t);
+/* Weights a context composes at load besides the files' (a gated q_proj's
+ * reordered rows, MLA's absorbed float32 matrices): the bytes it holds,
+ * and the bytes of the files' tensors those replace in a forward pass. */
+void sp_model_composed(const struct sp_model *m, size_t *held, size_t *replaced);
 /* The backend's choice of weight layout for a device (sp_backend_ops:
  * interleave): what the loader and an expert cache lay out for it. */
 sp_interleave_fn sp_ctx_interleave(enum sp_device d);

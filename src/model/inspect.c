@@ -1,6 +1,8 @@
 /* inspect.c - parameter and byte accounting by role class and format. */
 #include "model/inspect.h"
 
+#include "model/forward.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -92,6 +94,9 @@ void sp_model_stats(const struct sp_model *m, struct sp_model_stats *s) {
     size_t embed_read = m->has_lm_head ? embed_row : s->bytes[SP_CLASS_EMBEDDING];
     s->active_bytes = s->total_bytes - s->bytes[SP_CLASS_UNUSED] - s->bytes[SP_CLASS_EMBEDDING] + embed_read -
                       routed_bytes + (size_t)((double)routed_bytes * frac + 0.5);
+    size_t replaced;
+    sp_model_composed(m, &s->composed_bytes, &replaced);
+    s->active_bytes += s->composed_bytes - replaced;
     s->file_bytes = m->files->total_bytes;
 }
 
@@ -247,8 +252,18 @@ void sp_model_report(const struct sp_model *m, const struct sp_model_stats *s, b
     if (a->sliding_window) sp_buf_printf(out, ", sliding window %lld", (long long)a->sliding_window);
     if (a->attn_gate) sp_buf_puts(out, ", output gate");
     sp_buf_puts(out, "\n");
-    int64_t n_delta = 0;
-    for (int64_t L = 0; L < a->n_layers; L++) n_delta += a->layer_kind[L] == SP_LAYER_GATED_DELTA;
+    int64_t n_delta = 0, n_light = 0, n_mla = 0;
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        n_delta += a->layer_kind[L] == SP_LAYER_GATED_DELTA;
+        n_light += a->layer_kind[L] == SP_LAYER_LIGHTNING;
+        n_mla += a->layer_kind[L] == SP_LAYER_MLA;
+    }
+    if (n_light || n_mla)
+        sp_buf_printf(out, "linear attn   %lld of %lld layers Lightning (%lld output norm groups), %lld MLA: q rank %lld, "
+                      "kv rank %lld, %lld + %lld query dims, %lld value dims a head\n",
+                      (long long)n_light, (long long)a->n_layers, (long long)a->light_groups, (long long)n_mla,
+                      (long long)a->mla_q_lora, (long long)a->mla_kv_lora, (long long)a->mla_nope, (long long)a->mla_rope,
+                      (long long)a->mla_v);
     if (n_delta)
         sp_buf_printf(out, "linear attn   %lld of %lld layers Gated DeltaNet: %lld key heads x %lld, %lld value heads x "
                       "%lld, conv %lld; the rest attention\n",
@@ -270,7 +285,12 @@ void sp_model_report(const struct sp_model *m, const struct sp_model_stats *s, b
     char b2[32], b3[32];
     human_bytes(b2, sizeof b2, s->file_bytes);
     human_bytes(b3, sizeof b3, s->active_bytes);
-    sp_buf_printf(out, "bytes         %s of tensors in %s of files; %s read per decoded token\n\n", b1, b2, b3);
+    sp_buf_printf(out, "bytes         %s of tensors in %s of files; %s read per decoded token", b1, b2, b3);
+    if (s->composed_bytes) {
+        human_bytes(b1, sizeof b1, s->composed_bytes);
+        sp_buf_printf(out, " (with %s composed at load)", b1);
+    }
+    sp_buf_puts(out, "\n\n");
     sp_buf_printf(out, "%-16s %16s %14s\n", "role", "params", "bytes");
     for (int c = 0; c < SP_CLASS_COUNT; c++) {
         if (!s->params[c] && !s->bytes[c]) continue;

@@ -32,7 +32,8 @@ struct sp_model_stats {
     size_t total_bytes;  // tensor bytes (excluding headers)
     int64_t active_params;  // per token: everything but routed experts, plus k/E of them
     int64_t active_params_non_embedding;  // the same without embedding and lm_head
-    size_t active_bytes;  // bytes a decoded token reads under that count
+    size_t active_bytes;  // bytes a decoded token reads under that count (composed weights counted for theirs)
+    size_t composed_bytes;  // weights a context composes at load and holds besides the files (sp_model_composed)
     int64_t n_moe_layers, n_dense_layers;
     size_t expert_bytes;  // one routed expert of one layer (all its tensors), largest layer
     size_t file_bytes;

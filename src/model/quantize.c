@@ -56,6 +56,8 @@ static bool is_matrix_role(enum sp_role r) {
     case SP_ROLE_ROUTER: case SP_ROLE_EXP_GATE: case SP_ROLE_EXP_UP: case SP_ROLE_EXP_DOWN: case SP_ROLE_EXP_GATE_UP:
     case SP_ROLE_SHEXP_GATE: case SP_ROLE_SHEXP_UP: case SP_ROLE_SHEXP_DOWN: case SP_ROLE_SHEXP_ROUTE:
     case SP_ROLE_LIN_QKV: case SP_ROLE_LIN_Z: case SP_ROLE_LIN_B: case SP_ROLE_LIN_A: case SP_ROLE_LIN_OUT:
+    case SP_ROLE_LIGHT_GATE: case SP_ROLE_MLA_Q: case SP_ROLE_MLA_Q_A: case SP_ROLE_MLA_Q_B: case SP_ROLE_MLA_KV_A:
+    case SP_ROLE_MLA_KV_B:
         return true;
     default:
         return false;
@@ -112,7 +114,8 @@ static enum sp_status plan_outputs(const struct sp_model *m, const struct sp_qua
         }
         it.router = s->role == SP_ROLE_ROUTER || s->role == SP_ROLE_SHEXP_ROUTE;  // 8-bit, as mlx-lm keeps gates
         /* mlx-lm names Ling's router mlp.gate.gate_proj. */
-        if (it.router && a->id == SP_ARCH_BAILING_MOE && !strstr(s->module, "gate.gate_proj"))
+        if (it.router && (a->id == SP_ARCH_BAILING_MOE || a->id == SP_ARCH_BAILING_HYBRID) &&
+            !strstr(s->module, "gate.gate_proj"))
             snprintf(it.module, sizeof it.module, "%s.gate_proj", s->module);
         else
             snprintf(it.module, sizeof it.module, "%s", s->module);

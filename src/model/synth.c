@@ -71,7 +71,7 @@ static void add(struct plan *p, enum init init, int ndim, int64_t d0, int64_t d1
 
 /* The tensors of one architecture, in the Hugging Face layout. */
 static void plan_model(struct plan *p, const struct sp_arch *a) {
-    bool bailing = a->id == SP_ARCH_BAILING_MOE, gpt_oss = a->id == SP_ARCH_GPT_OSS;
+    bool bailing = a->id == SP_ARCH_BAILING_MOE || a->id == SP_ARCH_BAILING_HYBRID, gpt_oss = a->id == SP_ARCH_GPT_OSS;
     bool wrapped = a->id == SP_ARCH_QWEN3_5_MOE;  // a vision-language wrapper's text model
     int64_t d = a->d_model, hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
     enum init norm = a->norm_offset ? INIT_SMALL : INIT_ONES;  // (1 + w) norms: w near 0
@@ -92,6 +92,19 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
             VEC(INIT_SMALL, a->lin_v_heads, "%s%lld.linear_attn.dt_bias", pre, (long long)L);
             VEC(INIT_ONES, a->lin_v_dim, "%s%lld.linear_attn.norm.weight", pre, (long long)L);
             MAT(d, vd, "%s%lld.linear_attn.out_proj.weight", pre, (long long)L);
+        } else if (a->layer_kind[L] == SP_LAYER_MLA) {
+            int64_t H = a->n_heads, qk = a->mla_nope + a->mla_rope, kvl = a->mla_kv_lora;
+            if (a->mla_q_lora) {
+                MAT(a->mla_q_lora, d, "%s%lld.attention.q_a_proj.weight", pre, (long long)L);
+                VEC(INIT_ONES, a->mla_q_lora, "%s%lld.attention.q_a_layernorm.weight", pre, (long long)L);
+                MAT(H * qk, a->mla_q_lora, "%s%lld.attention.q_b_proj.weight", pre, (long long)L);
+            } else {
+                MAT(H * qk, d, "%s%lld.attention.q_proj.weight", pre, (long long)L);
+            }
+            MAT(kvl + a->mla_rope, d, "%s%lld.attention.kv_a_proj_with_mqa.weight", pre, (long long)L);
+            VEC(INIT_ONES, kvl, "%s%lld.attention.kv_a_layernorm.weight", pre, (long long)L);
+            MAT(H * (a->mla_nope + a->mla_v), kvl, "%s%lld.attention.kv_b_proj.weight", pre, (long long)L);
+            MAT(d, H * a->mla_v, "%s%lld.attention.dense.weight", pre, (long long)L);
         } else if (bailing) {
             MAT(q + 2 * kv, d, "%s%lld.attention.query_key_value.weight", pre, (long long)L);
             if (a->qkv_bias) VEC(INIT_SMALL, q + 2 * kv, "%s%lld.attention.query_key_value.bias", pre, (long long)L);
@@ -100,6 +113,10 @@ static void plan_model(struct plan *p, const struct sp_arch *a) {
             if (a->qk_norm) {
                 VEC(INIT_ONES, hd, "%s%lld.attention.query_layernorm.weight", pre, (long long)L);
                 VEC(INIT_ONES, hd, "%s%lld.attention.key_layernorm.weight", pre, (long long)L);
+            }
+            if (a->layer_kind[L] == SP_LAYER_LIGHTNING) {
+                MAT(q, d, "%s%lld.attention.g_proj.weight", pre, (long long)L);
+                VEC(INIT_ONES, q, "%s%lld.attention.g_norm.weight", pre, (long long)L);
             }
         } else {
             static const char *const qkv[3] = {"q", "k", "v"};

@@ -191,7 +191,7 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->file_bytes = s.file_bytes;
     p->tensor_bytes = s.total_bytes - s.bytes[SP_CLASS_UNUSED];
     p->routed_expert_bytes = s.bytes[SP_CLASS_ROUTED_EXPERTS];
-    p->resident_weight_bytes = p->tensor_bytes - p->routed_expert_bytes;
+    p->resident_weight_bytes = p->tensor_bytes - p->routed_expert_bytes + s.composed_bytes;
     p->expert_bytes = s.expert_bytes;
     p->n_experts = a->n_experts;
     p->n_experts_used = a->n_experts_used;
