@@ -753,6 +753,22 @@ static void cuda_gated_delta(struct sp_backend *b, const struct sp_delta_layer *
           "Gated DeltaNet");
 }
 
+static void cuda_lightning(struct sp_backend *b, const struct sp_lightning_layer *ly, const struct sp_batch *bt,
+                           struct sp_tensor qkv, struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    const struct sp_backend_shape *s = &c->shape;
+    int64_t n = bt->n;
+    if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    /* the batch's positions, sequences, snapshot flags and RoPE angles came with ops->embed */
+    struct sp_cuda_lightning l = {.heads = s->lin_v_heads, .dim = s->lin_v_dim, .rot = s->rot_dims,
+                                  .groups = ly->groups, .rope_cs = c->rope_cs, .q_norm = ly->q_norm,
+                                  .k_norm = ly->k_norm, .decay = ly->decay, .norm = ly->norm, .eps = ly->eps,
+                                  .state = state_of(c, ly->layer, 0), .state_floats = c->state_floats,
+                                  .n_seq = c->base.p.n_seq, .pos = c->d_pos, .seq = c->d_seq,
+                                  .snapshot = c->has_snap ? c->d_snap : NULL};
+    check(c, (cudaError_t)sp_cuda_lightning(&l, qkv.data, qkv.ld, out.data, out.ld, n, c->stream), "Lightning attention");
+}
+
 /* Item it one kernel at a time: gate and up (or gate_up) into its rows of
  * ff_a / ff_b, the activation into ff_b, then down into its rows of out. */
 static void mlp_item(struct cuda *c, const struct sp_mlp_item *it, const struct sp_glu *act, struct sp_tensor out) {
@@ -1318,6 +1334,7 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .state_copy = cuda_state_copy,
     .gate = cuda_gate,
     .gated_delta = cuda_gated_delta,
+    .lightning = cuda_lightning,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .zero = cuda_zero,

@@ -1822,3 +1822,94 @@ extern "C" int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, in
     k_delta_heads<<<(unsigned)d->v_heads, threads, smem, s>>>(*d, qkv, ldq, z, ldz, ba, ldba, out, ldo, n);
     return (int)cudaGetLastError();
 }
+
+/* ---- Lightning attention ---- */
+
+/* One head (a block; thread j keeps column j of its state), tokens in batch
+ * order: q and k RMS-normed and rotated, S = decay S + k^T v, o = scale q S. */
+__global__ void k_lightning(struct sp_cuda_lightning l, const float *qkv, int64_t ldq, float *out, int64_t ldo, int64_t n) {
+    extern __shared__ float sh[];
+    int64_t H = l.heads, D = l.dim, h = blockIdx.x, j = threadIdx.x, half = l.rot / 2;
+    float *sq = sh, *sk = sh + D, *red = sh + 2 * D;
+    float scale = rsqrtf((float)D), decay = l.decay[h];
+    for (int64_t t = 0; t < n; t++) {
+        const float *x = qkv + t * ldq;
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+            sq[i] = x[h * D + i];
+            sk[i] = x[(H + h) * D + i];
+        }
+        __syncthreads();
+        if (l.q_norm) {
+            float pq = 0, pk = 0;
+            for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+                pq += sq[i] * sq[i];
+                pk += sk[i] * sk[i];
+            }
+            float rq = 1.0f / sqrtf(block_sum_f(pq, red) / (float)D + l.eps);
+            float rk = 1.0f / sqrtf(block_sum_f(pk, red) / (float)D + l.eps);
+            for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+                sq[i] = sq[i] * rq * l.q_norm[i];
+                sk[i] = sk[i] * rk * l.k_norm[i];
+            }
+            __syncthreads();
+        }
+        /* rotate the first rot dims, halves paired (thread i < half takes pair i) */
+        const float *cs = l.rope_cs + t * 2 * half;
+        float q1 = 0, q2 = 0, k1 = 0, k2 = 0;
+        if (j < half) q1 = sq[j], q2 = sq[j + half], k1 = sk[j], k2 = sk[j + half];
+        __syncthreads();
+        if (j < half) {
+            float c = cs[j], s = cs[half + j];
+            sq[j] = q1 * c - q2 * s;
+            sq[j + half] = q2 * c + q1 * s;
+            sk[j] = k1 * c - k2 * s;
+            sk[j + half] = k2 * c + k1 * s;
+        }
+        __syncthreads();
+        if (j < D) {
+            float *S = l.state + l.seq[t] * l.state_floats + h * D * D;
+            float v = x[(2 * H + h) * D + j], o = 0;
+            bool fresh = l.pos[t] == 0;
+            for (int64_t i = 0; i < D; i++) {
+                float s = (fresh ? 0.0f : decay * S[i * D + j]) + sk[i] * v;
+                S[i * D + j] = s;
+                o += sq[i] * s;
+            }
+            out[t * ldo + h * D + j] = o * scale;
+            if (l.snapshot && l.snapshot[t]) {
+                float *snap = l.state + (l.n_seq + l.seq[t]) * l.state_floats + h * D * D;
+                for (int64_t i = 0; i < D; i++) snap[i * D + j] = S[i * D + j];
+            }
+        }
+        __syncthreads();  // sq / sk are written again for the next token
+    }
+}
+
+/* RMS over each run of `per` outputs of a token, times the weight. */
+__global__ void k_group_rmsnorm(float *x, int64_t ldx, const float *w, int64_t per, float eps) {
+    __shared__ float red[32];
+    float *g = x + (int64_t)blockIdx.x * ldx + (int64_t)blockIdx.y * per;
+    const float *wg = w + (int64_t)blockIdx.y * per;
+    float p = 0;
+    for (int64_t i = threadIdx.x; i < per; i += blockDim.x) p += g[i] * g[i];
+    float r = 1.0f / sqrtf(block_sum_f(p, red) / (float)per + eps);
+    for (int64_t i = threadIdx.x; i < per; i += blockDim.x) g[i] = g[i] * r * wg[i];
+}
+
+extern "C" int sp_cuda_lightning(const struct sp_cuda_lightning *l, const float *qkv, int64_t ldq, float *out,
+                                 int64_t ldo, int64_t n, void *stream) {
+    if (n <= 0) return 0;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int threads = (int)((l->dim + WARP - 1) / WARP * WARP);
+    size_t smem = (size_t)(2 * l->dim + WARP) * sizeof(float);
+    k_lightning<<<(unsigned)l->heads, threads, smem, s>>>(*l, qkv, ldq, out, ldo, n);
+    int err = (int)cudaGetLastError();
+    if (err) return err;
+    for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {  // x: tokens, y: groups
+        int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
+        dim3 grid((unsigned)m, (unsigned)l->groups);
+        k_group_rmsnorm<<<grid, 256, 0, s>>>(out + r0 * ldo, ldo, l->norm, l->heads * l->dim / l->groups, l->eps);
+        if ((err = (int)cudaGetLastError())) return err;
+    }
+    return 0;
+}

@@ -193,8 +193,8 @@ struct sp_cuda_attn {
     const int32_t *pos, *seq;      // (n)
 };
 
-/* Largest head_dim the attention kernels take. */
-#define SP_CUDA_MAX_HEAD_DIM 512
+/* Largest head_dim the attention kernels take (576: MLA's latent and rotary key of Ling 2.6). */
+#define SP_CUDA_MAX_HEAD_DIM 576
 
 /* q / k norms and RoPE of the q and k heads of qkv (in place), then each
  * token's k and v heads into the cache. */
@@ -233,6 +233,24 @@ struct sp_cuda_delta {
 /* qkv is overwritten with the conv's outputs. */
 int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, int64_t ldq, const float *z, int64_t ldz,
                         const float *ba, int64_t ldba, float *out, int64_t ldo, int64_t n, void *stream);
+
+/* One Lightning layer (backend.h: ops->lightning) over n tokens: heads of
+ * dim, the first rot dims rotated by rope_cs (each token's cos then sin),
+ * its q / k norms (or NULL), decays and output norm, its states (a slot of
+ * state_floats per sequence, then one per snapshot) and the batch's
+ * positions, sequences and snapshot flags (NULL: none). */
+struct sp_cuda_lightning {
+    int64_t heads, dim, rot, groups;
+    const float *rope_cs, *q_norm, *k_norm, *decay, *norm;
+    float eps;
+    float *state;
+    int64_t state_floats;
+    int n_seq;
+    const int32_t *pos, *seq;
+    const uint8_t *snapshot;
+};
+int sp_cuda_lightning(const struct sp_cuda_lightning *l, const float *qkv, int64_t ldq, float *out, int64_t ldo,
+                      int64_t n, void *stream);
 
 #ifdef __cplusplus
 }
