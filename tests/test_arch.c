@@ -120,7 +120,7 @@ static void expect_error(const char *cfg, enum sp_status want, const char *needl
 #define BASE "\"vocab_size\":8,\"hidden_size\":16,\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2"
 
 static void test_errors(void **state) {
-    expect_error("{\"model_type\":\"mamba\"}", SP_ERR_UNSUPPORTED, "unknown model_type \"mamba\" (supported: bailing_moe, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama)");
+    expect_error("{\"model_type\":\"mamba\"}", SP_ERR_UNSUPPORTED, "unknown model_type \"mamba\" (supported: bailing_moe, bailing_hybrid, qwen3_moe, qwen3_5_moe, gpt_oss, qwen3, llama)");
     expect_error("{\"model_type\":\"qwen3_next\"}", SP_ERR_UNSUPPORTED, "recognised but not supported yet");
     /* Qwen3.5: the wrapper's text_config, layer kinds, linear-attention heads */
     struct sp_arch a;
@@ -141,6 +141,25 @@ static void test_errors(void **state) {
     expect_error("{\"model_type\":\"qwen3_5_moe\",\"text_config\":{" BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
                  "\"moe_intermediate_size\":8,\"linear_num_key_heads\":4,\"linear_num_value_heads\":6}}",
                  SP_ERR_FORMAT, "value heads a multiple of key heads");
+    /* Ling 2.6: Lightning layers with the last of each group MLA */
+    assert_int_equal(parse("{\"model_type\":\"bailing_hybrid\",\"vocab_size\":8,\"hidden_size\":16,\"intermediate_size\":8,"
+                           "\"num_attention_heads\":2,\"num_hidden_layers\":5,\"head_dim\":8,\"layer_group_size\":2,"
+                           "\"partial_rotary_factor\":0.5,"
+                           "\"group_norm_size\":2,\"kv_lora_rank\":4,\"q_lora_rank\":6,\"qk_nope_head_dim\":4,"
+                           "\"qk_rope_head_dim\":4,\"v_head_dim\":8,\"num_experts\":4,\"num_experts_per_tok\":2,"
+                           "\"moe_intermediate_size\":8}", &a), SP_OK);
+    const enum sp_layer_kind kinds[5] = {SP_LAYER_LIGHTNING, SP_LAYER_MLA, SP_LAYER_LIGHTNING, SP_LAYER_MLA, SP_LAYER_MLA};
+    for (int64_t L = 0; L < 5; L++) assert_int_equal(a.layer_kind[L], kinds[L]);
+    assert_int_equal(a.n_kv_heads, 2);  // Lightning: keys and values a head each
+    assert_int_equal(sp_arch_state_floats(&a, 0), 2 * 8 * 8);
+    int64_t heads, kv_heads, hd;
+    sp_arch_attention_heads(&a, &heads, &kv_heads, &hd);
+    assert_true(heads == 2 && kv_heads == 1 && hd == 4 + 4);  // MLA: one latent head of rope + kv_lora
+    sp_arch_free(&a);
+    expect_error("{\"model_type\":\"bailing_hybrid\",\"vocab_size\":8,\"hidden_size\":16,\"intermediate_size\":8,"
+                 "\"num_attention_heads\":2,\"num_hidden_layers\":2,\"head_dim\":8,\"qk_rope_head_dim\":2,"
+                 "\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":8}",
+                 SP_ERR_FORMAT, "qk_rope_head_dim 2 (which the rotary dims 8 must equal)");
     expect_error("{\"model_type\":\"qwen3_5_moe_text\"," BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
                  "\"moe_intermediate_size\":8,\"layer_types\":[\"linear_attention\",\"mamba\"]}",
                  SP_ERR_UNSUPPORTED, "\"layer_types\"[1]");

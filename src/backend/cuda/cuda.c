@@ -735,19 +735,23 @@ static void cuda_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor
     check(c, (cudaError_t)sp_cuda_gate(x.data, x.ld, g.data, g.ld, x.rows, x.cols, g.cols == 1, c->stream), "gate");
 }
 
+/* Recurrent layer L's states and the batch's positions, sequences and
+ * snapshot flags (which came with ops->embed). */
+static struct sp_cuda_states states_of(const struct cuda *c, int64_t L) {
+    return (struct sp_cuda_states){.state = state_of(c, L, 0), .state_floats = c->state_floats,
+                                   .n_seq = c->base.p.n_seq, .pos = c->d_pos, .seq = c->d_seq,
+                                   .snapshot = c->has_snap ? c->d_snap : NULL};
+}
+
 static void cuda_gated_delta(struct sp_backend *b, const struct sp_delta_layer *ly, const struct sp_batch *bt,
                              struct sp_tensor qkv, struct sp_tensor z, struct sp_tensor ba, struct sp_tensor out) {
     struct cuda *c = cuda_of(b);
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
-    /* the batch's positions, sequences and snapshot flags came with ops->embed */
     struct sp_cuda_delta d = {.k_heads = s->lin_k_heads, .v_heads = s->lin_v_heads, .k_dim = s->lin_k_dim,
                               .v_dim = s->lin_v_dim, .conv = s->lin_conv, .conv_w = ly->conv, .a_log = ly->a_log,
-                              .dt_bias = ly->dt_bias, .norm = ly->norm, .eps = ly->eps,
-                              .state = state_of(c, ly->layer, 0), .state_floats = c->state_floats,
-                              .n_seq = c->base.p.n_seq, .pos = c->d_pos, .seq = c->d_seq,
-                              .snapshot = c->has_snap ? c->d_snap : NULL};
+                              .dt_bias = ly->dt_bias, .norm = ly->norm, .eps = ly->eps, .st = states_of(c, ly->layer)};
     check(c, (cudaError_t)sp_cuda_gated_delta(&d, qkv.data, qkv.ld, z.data, z.ld, ba.data, ba.ld, out.data, out.ld, n,
                                               c->stream),
           "Gated DeltaNet");
@@ -759,13 +763,11 @@ static void cuda_lightning(struct sp_backend *b, const struct sp_lightning_layer
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
-    /* the batch's positions, sequences, snapshot flags and RoPE angles came with ops->embed */
+    /* the batch's RoPE angles came with ops->embed */
     struct sp_cuda_lightning l = {.heads = s->lin_v_heads, .dim = s->lin_v_dim, .rot = s->rot_dims,
                                   .groups = ly->groups, .rope_cs = c->rope_cs, .q_norm = ly->q_norm,
                                   .k_norm = ly->k_norm, .decay = ly->decay, .norm = ly->norm, .eps = ly->eps,
-                                  .state = state_of(c, ly->layer, 0), .state_floats = c->state_floats,
-                                  .n_seq = c->base.p.n_seq, .pos = c->d_pos, .seq = c->d_seq,
-                                  .snapshot = c->has_snap ? c->d_snap : NULL};
+                                  .st = states_of(c, ly->layer)};
     check(c, (cudaError_t)sp_cuda_lightning(&l, qkv.data, qkv.ld, out.data, out.ld, n, c->stream), "Lightning attention");
 }
 

@@ -1714,8 +1714,8 @@ extern "C" int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 /* A sequence's state of this layer in slot `slot` (snapshots after the sequences'). */
-__device__ __forceinline__ float *delta_state(const sp_cuda_delta &d, int64_t slot) {
-    return d.state + slot * d.state_floats;
+__device__ __forceinline__ float *state_slot(const sp_cuda_states &st, int64_t slot) {
+    return st.state + slot * st.state_floats;
 }
 
 /* The causal conv and SiLU, a thread per channel, tokens in batch order. */
@@ -1725,8 +1725,8 @@ __global__ void k_delta_conv(sp_cuda_delta d, float *qkv, int64_t ldq, int64_t n
     int K = (int)d.conv;
     const float *w = d.conv_w + ch * K;
     for (int64_t t = 0; t < n; t++) {
-        float *st = delta_state(d, d.seq[t]);
-        bool fresh = d.pos[t] == 0;
+        float *st = state_slot(d.st, d.st.seq[t]);
+        bool fresh = d.st.pos[t] == 0;
         float in = qkv[t * ldq + ch], acc = w[K - 1] * in;
         for (int i = 0; i < K - 1; i++) {
             float prev = fresh ? 0.0f : st[i * C + ch];
@@ -1734,8 +1734,8 @@ __global__ void k_delta_conv(sp_cuda_delta d, float *qkv, int64_t ldq, int64_t n
             st[i * C + ch] = i + 1 < K - 1 ? (fresh ? 0.0f : st[(i + 1) * C + ch]) : in;
         }
         qkv[t * ldq + ch] = silu_f(acc);
-        if (d.snapshot && d.snapshot[t]) {
-            float *snap = delta_state(d, d.n_seq + d.seq[t]);
+        if (d.st.snapshot && d.st.snapshot[t]) {
+            float *snap = state_slot(d.st, d.st.n_seq + d.st.seq[t]);
             for (int i = 0; i < K - 1; i++) snap[i * C + ch] = st[i * C + ch];
         }
     }
@@ -1781,10 +1781,10 @@ __global__ void k_delta_heads(sp_cuda_delta d, const float *qkv, int64_t ldq, co
         float beta = 1.0f / (1.0f + expf(-ba[t * ldba + h]));
         float a = ba[t * ldba + d.v_heads + h] + d.dt_bias[h];
         float decay = expf(-expf(d.a_log[h]) * (a > 20.0f ? a : log1pf(expf(a))));
-        float *S = delta_state(d, d.seq[t]) + conv_floats + h * Dk * Dv;
+        float *S = state_slot(d.st, d.st.seq[t]) + conv_floats + h * Dk * Dv;
         float o = 0;
         if (j < Dv) {
-            if (d.pos[t] == 0)
+            if (d.st.pos[t] == 0)
                 for (int64_t i = 0; i < Dk; i++) S[i * Dv + j] = 0.0f;
             float ak = 0, aq = 0;
             for (int64_t i = 0; i < Dk; i++) {
@@ -1795,8 +1795,8 @@ __global__ void k_delta_heads(sp_cuda_delta d, const float *qkv, int64_t ldq, co
             float u = (x[2 * d.k_heads * Dk + h * Dv + j] - decay * ak * rk) * beta;
             o = decay * aq * rq + u * kq;
             for (int64_t i = 0; i < Dk; i++) S[i * Dv + j] = decay * S[i * Dv + j] + sk[i] * rk * u;
-            if (d.snapshot && d.snapshot[t]) {
-                float *snap = delta_state(d, d.n_seq + d.seq[t]) + conv_floats + h * Dk * Dv;
+            if (d.st.snapshot && d.st.snapshot[t]) {
+                float *snap = state_slot(d.st, d.st.n_seq + d.st.seq[t]) + conv_floats + h * Dk * Dv;
                 for (int64_t i = 0; i < Dk; i++) snap[i * Dv + j] = S[i * Dv + j];
             }
         }
@@ -1867,17 +1867,17 @@ __global__ void k_lightning(struct sp_cuda_lightning l, const float *qkv, int64_
         }
         __syncthreads();
         if (j < D) {
-            float *S = l.state + l.seq[t] * l.state_floats + h * D * D;
+            float *S = state_slot(l.st, l.st.seq[t]) + h * D * D;
             float v = x[(2 * H + h) * D + j], o = 0;
-            bool fresh = l.pos[t] == 0;
+            bool fresh = l.st.pos[t] == 0;
             for (int64_t i = 0; i < D; i++) {
                 float s = (fresh ? 0.0f : decay * S[i * D + j]) + sk[i] * v;
                 S[i * D + j] = s;
                 o += sq[i] * s;
             }
             out[t * ldo + h * D + j] = o * scale;
-            if (l.snapshot && l.snapshot[t]) {
-                float *snap = l.state + (l.n_seq + l.seq[t]) * l.state_floats + h * D * D;
+            if (l.st.snapshot && l.st.snapshot[t]) {
+                float *snap = state_slot(l.st, l.st.n_seq + l.st.seq[t]) + h * D * D;
                 for (int64_t i = 0; i < D; i++) snap[i * D + j] = S[i * D + j];
             }
         }

@@ -216,19 +216,24 @@ int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv,
 /* x *= sigmoid(g) elementwise (n rows of cols), g of one column a row where `one`. */
 int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t n, int64_t cols, bool one, void *stream);
 
-/* One Gated DeltaNet layer (backend.h: ops->gated_delta) over n tokens:
- * its shapes and parameters, its recurrent states (a slot of state_floats
- * per sequence, then one per snapshot) and the batch's positions,
- * sequences and snapshot flags (NULL: none). */
-struct sp_cuda_delta {
-    int64_t k_heads, v_heads, k_dim, v_dim, conv;
-    const float *conv_w, *a_log, *dt_bias, *norm;
-    float eps;
+/* A recurrent layer's states (a slot of state_floats per sequence, then
+ * one per snapshot) and the batch's positions, sequences and snapshot
+ * flags (NULL: none). */
+struct sp_cuda_states {
     float *state;
     int64_t state_floats;
     int n_seq;
     const int32_t *pos, *seq;
     const uint8_t *snapshot;
+};
+
+/* One Gated DeltaNet layer (backend.h: ops->gated_delta) over n tokens:
+ * its shapes, parameters and states. */
+struct sp_cuda_delta {
+    int64_t k_heads, v_heads, k_dim, v_dim, conv;
+    const float *conv_w, *a_log, *dt_bias, *norm;
+    float eps;
+    struct sp_cuda_states st;
 };
 /* qkv is overwritten with the conv's outputs. */
 int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, int64_t ldq, const float *z, int64_t ldz,
@@ -236,18 +241,12 @@ int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, int64_t ldq, 
 
 /* One Lightning layer (backend.h: ops->lightning) over n tokens: heads of
  * dim, the first rot dims rotated by rope_cs (each token's cos then sin),
- * its q / k norms (or NULL), decays and output norm, its states (a slot of
- * state_floats per sequence, then one per snapshot) and the batch's
- * positions, sequences and snapshot flags (NULL: none). */
+ * its q / k norms (or NULL), decays, output norm and states. */
 struct sp_cuda_lightning {
     int64_t heads, dim, rot, groups;
     const float *rope_cs, *q_norm, *k_norm, *decay, *norm;
     float eps;
-    float *state;
-    int64_t state_floats;
-    int n_seq;
-    const int32_t *pos, *seq;
-    const uint8_t *snapshot;
+    struct sp_cuda_states st;
 };
 int sp_cuda_lightning(const struct sp_cuda_lightning *l, const float *qkv, int64_t ldq, float *out, int64_t ldo,
                       int64_t n, void *stream);
