@@ -21,8 +21,6 @@
 
 static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe",
                                     "bailing_hybrid"};
-/* Those with references on sparrow's quantized weights too (ref/affine4_*.f32, ...): all. */
-#define QUANTIZED_ARCHS 6
 
 /* At most: sequence a, sequence b (gpt-oss's: 224 tokens, 14 of its
  * 16-token sliding windows) and the greedy continuation of a. */
@@ -248,7 +246,7 @@ static void check_quantized_variants(double tol) {
         enum sp_qtype type;
         int group;
     } variants[] = {{"affine4", SP_QTYPE_AFFINE4, 64}, {"affine8", SP_QTYPE_AFFINE8, 64}, {"mxfp4", SP_QTYPE_MXFP4, 32}};
-    for (size_t i = 0; i < QUANTIZED_ARCHS; i++) {
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
         char dir[256], path[300];
         snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
         struct sp_model *src;
