@@ -491,7 +491,7 @@ static struct sp_linear f32_linear(float *mem, int64_t rows, int64_t cols) {
  * (rope + kv_lora)^-1/2 gives the reference's (nope + rope)^-1/2 (times
  * YaRN's mscale^2), and the output projection taking each head's latent
  * output through W_uv. The two composed matrices are float32, computed
- * here from the weights (for Ling-2.6-flash 113 + 302 MiB a layer). */
+ * here from the weights (for Ling-2.6-flash 108 + 288 MiB a layer). */
 static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     const struct sp_arch *a = c->a;
     int64_t H = a->n_heads, nope = a->mla_nope, rope = a->mla_rope, kvl = a->mla_kv_lora, vd = a->mla_v;
