@@ -33,11 +33,11 @@ struct layer {
     struct sp_linear lgate;
     struct sp_lightning_layer light;
     /* MLA: q's bottleneck and its norm, q with the key up-projection
-     * absorbed, kv_a with its rows in the attention's order, the output
-     * with the value up-projection absorbed (mla_composed) */
-    struct sp_linear mq_a, mq, mkv, mo;
+     * absorbed, kv_a with its rows in the attention's order, each head's
+     * value up-projection (views of kv_b's rows), the output projection */
+    struct sp_linear mq_a, mq, mkv, *muv, mo;
     const float *mq_norm, *mkv_norm;
-    uint8_t *mla_mem[3];
+    uint8_t *mla_mem[2];
     /* dense MLP, or the shared expert of a MoE layer */
     struct sp_linear gate, up, down;
     bool has_mlp;
@@ -194,6 +194,7 @@ static struct widths widths_of(const struct sp_arch *a) {
         w.lz = w.lout = a->lin_v_heads * a->lin_v_dim;
         w.lba = 2 * a->lin_v_heads;
     }
+    if (has_kind(a, SP_LAYER_MLA)) w.lz = a->n_heads * a->mla_v;  // the heads' value outputs
     if (has_kind(a, SP_LAYER_LIGHTNING)) {
         int64_t hd2 = a->n_heads * a->head_dim;
         w.lqkv = w.lqkv > 3 * hd2 ? w.lqkv : 3 * hd2;
@@ -489,13 +490,14 @@ static struct sp_linear f32_linear(float *mem, int64_t rows, int64_t cols) {
  * c] and values [k_rope, c] of one shared head (c the normed latent), each
  * head's query [q_rope, W_uk^T q_nope] scaled so attention's
  * (rope + kv_lora)^-1/2 gives the reference's (nope + rope)^-1/2 (times
- * YaRN's mscale^2), and the output projection taking each head's latent
- * output through W_uv. The two composed matrices are float32, computed
- * here from the weights (for Ling-2.6-flash 108 + 288 MiB a layer). */
+ * YaRN's mscale^2), then each head's latent output through its W_uv (its
+ * rows of kv_b, as stored) and the output projection. The query's matrix
+ * is float32, composed here from the weights (for Ling-2.6-flash 108 MiB a
+ * layer). */
 static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     const struct sp_arch *a = c->a;
     int64_t H = a->n_heads, nope = a->mla_nope, rope = a->mla_rope, kvl = a->mla_kv_lora, vd = a->mla_v;
-    int64_t Dq = rope + kvl, d = a->d_model;
+    int64_t Dq = rope + kvl;
     enum sp_status st = SP_OK;
     struct sp_linear qb, kvb, kva, dense;
     if (a->mla_q_lora) {
@@ -520,20 +522,27 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     if ((st = reorder_rows(&kva, from, Dq, &ly->mla_mem[0], &ly->mkv)) != SP_OK ||
         (st = prepared(c, &ly->mkv, sp_linear_bytes(&kva))) != SP_OK)
         return st;
-    /* W_uk and W_uv rows of every head, as floats */
+    /* each head's W_uv and the output projection, as stored */
+    if (!(ly->muv = sp_calloc((size_t)H, sizeof *ly->muv, SP_MEM_MODEL))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t h = 0; h < H; h++) {
+        ly->muv[h] = linear_rows(&kvb, h * (nope + vd) + nope, vd);
+        if ((st = prepared(c, &ly->muv[h], sp_linear_bytes(&ly->muv[h]))) != SP_OK) return st;
+    }
+    ly->mo = dense;
+    if ((st = prepared(c, &ly->mo, sp_linear_bytes(&dense))) != SP_OK) return st;
+    /* W_uk rows of every head, as floats */
     int64_t qc = qb.w.cols;
-    float *wk = sp_malloc((size_t)(H * (nope + vd) * kvl) * sizeof *wk, SP_MEM_MISC);
-    float *row = sp_malloc((size_t)(qc > H * vd ? qc : H * vd) * sizeof *row, SP_MEM_MISC);
+    float *wk = sp_malloc((size_t)(H * nope * kvl) * sizeof *wk, SP_MEM_MISC);
+    float *row = sp_malloc((size_t)qc * sizeof *row, SP_MEM_MISC);
     float *qm = sp_malloc_huge((size_t)(H * Dq * qc) * sizeof *qm, SP_MEM_WEIGHTS);
-    float *om = sp_malloc_huge((size_t)(d * H * Dq) * sizeof *om, SP_MEM_WEIGHTS);
     ly->mla_mem[1] = (uint8_t *)qm;
-    ly->mla_mem[2] = (uint8_t *)om;
-    if (!wk || !row || !qm || !om) {
+    if (!wk || !row || !qm) {
         sp_free(wk);
         sp_free(row);
         return sp_errorf(SP_ERR_NOMEM, "out of memory for layer %lld's MLA matrices", (long long)L);
     }
-    for (int64_t r = 0; r < H * (nope + vd); r++) sp_qmat_dequant_row_ref(&kvb.w, r, wk + r * kvl);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < nope; i++) sp_qmat_dequant_row_ref(&kvb.w, h * (nope + vd) + i, wk + (h * nope + i) * kvl);
     float scale = sqrtf((float)Dq) / sqrtf((float)(nope + rope)) * (float)a->mla_mscale;
     memset(qm, 0, (size_t)(H * Dq * qc) * sizeof *qm);
     for (int64_t h = 0; h < H; h++) {
@@ -544,24 +553,14 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
         }
         for (int64_t i = 0; i < nope; i++) {  // q_lat[j] = sum_i W_uk[i][j] q_nope[i]
             sp_qmat_dequant_row_ref(&qb.w, h * (nope + rope) + i, row);
-            const float *uk = wk + (h * (nope + vd) + i) * kvl;
+            const float *uk = wk + (h * nope + i) * kvl;
             for (int64_t j = 0; j < kvl; j++) axpy(qh + (rope + j) * qc, scale * uk[j], row, qc);
         }
-    }
-    memset(om, 0, (size_t)(d * H * Dq) * sizeof *om);
-    for (int64_t r = 0; r < d; r++) {  // out[r] = sum over heads and values of dense[r][h v + m] W_uv[m] . o_lat
-        sp_qmat_dequant_row_ref(&dense.w, r, row);
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t m = 0; m < vd; m++)
-                axpy(om + r * H * Dq + h * Dq + rope, row[h * vd + m], wk + (h * (nope + vd) + nope + m) * kvl, kvl);
     }
     sp_free(wk);
     sp_free(row);
     ly->mq = f32_linear(qm, H * Dq, qc);
-    ly->mo = f32_linear(om, d, H * Dq);
-    if ((st = prepared(c, &ly->mq, sp_linear_bytes(&qb) + sp_linear_bytes(&kvb))) != SP_OK ||
-        (st = prepared(c, &ly->mo, sp_linear_bytes(&dense))) != SP_OK)
-        return st;
+    if ((st = prepared(c, &ly->mq, sp_linear_bytes(&qb))) != SP_OK) return st;
     ly->att = (struct sp_attn_layer){.layer = ly->att.layer, .eps = (float)a->norm_eps};
     return SP_OK;
 }
@@ -578,14 +577,16 @@ void sp_model_composed(const struct sp_model *m, size_t *held, size_t *replaced)
         }
         if (a->layer_kind[L] != SP_LAYER_MLA) continue;
         int64_t H = a->n_heads, Dq = a->mla_rope + a->mla_kv_lora, qc = a->mla_q_lora ? a->mla_q_lora : a->d_model;
-        *held += (size_t)(H * Dq * qc + a->d_model * H * Dq) * sizeof(float);
-        const enum sp_role roles[] = {a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, SP_ROLE_MLA_KV_B, SP_ROLE_ATTN_O,
-                                      SP_ROLE_MLA_KV_A};
-        for (int i = 0; i < 4; i++)
-            if (sp_model_linear(m, L, roles[i], -1, &l) == SP_OK) {
-                *replaced += (size_t)sp_linear_bytes(&l);
-                if (roles[i] == SP_ROLE_MLA_KV_A) *held += (size_t)sp_linear_bytes(&l);  // its reordered copy
-            }
+        *held += (size_t)(H * Dq * qc) * sizeof(float);
+        /* the query's matrix stands for q_b and kv_b's key rows; kv_a's reordered copy for kv_a */
+        if (sp_model_linear(m, L, a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, -1, &l) == SP_OK)
+            *replaced += (size_t)sp_linear_bytes(&l);
+        if (sp_model_linear(m, L, SP_ROLE_MLA_KV_B, -1, &l) == SP_OK)
+            *replaced += (size_t)(sp_linear_bytes(&l) * (double)a->mla_nope / (double)(a->mla_nope + a->mla_v));
+        if (sp_model_linear(m, L, SP_ROLE_MLA_KV_A, -1, &l) == SP_OK) {
+            *held += (size_t)sp_linear_bytes(&l);
+            *replaced += (size_t)sp_linear_bytes(&l);
+        }
     }
     sp_error_clear();
 }
@@ -894,7 +895,8 @@ void sp_ctx_free(struct sp_ctx *c) {
             sp_free(ly->edown);
             sp_free(ly->egate_up);
             sp_free_aligned(ly->q_rows);
-            for (int i = 0; i < 3; i++) sp_free_aligned(ly->mla_mem[i]);
+            for (int i = 0; i < 2; i++) sp_free_aligned(ly->mla_mem[i]);
+            sp_free(ly->muv);
         }
     }
     sp_free(c->layers);
@@ -1021,10 +1023,10 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if (w.gate && (st = sp_backend_tensor(be, B, w.gate, &c->qgate)) != SP_OK) goto fail;
     if (a->shared_gate && (st = sp_backend_tensor(be, B, 1, &c->sgate)) != SP_OK) goto fail;
     if (w.mq && (st = sp_backend_tensor(be, B, w.mq, &c->mq)) != SP_OK) goto fail;
-    if (w.lqkv && ((st = sp_backend_tensor(be, B, w.lqkv, &c->lqkv)) != SP_OK ||
-                   (st = sp_backend_tensor(be, B, w.lz, &c->lz)) != SP_OK ||
-                   (w.lba && (st = sp_backend_tensor(be, B, w.lba, &c->lba)) != SP_OK) ||
-                   (st = sp_backend_tensor(be, B, w.lout, &c->lout)) != SP_OK))
+    if ((w.lqkv && (st = sp_backend_tensor(be, B, w.lqkv, &c->lqkv)) != SP_OK) ||
+        (w.lz && (st = sp_backend_tensor(be, B, w.lz, &c->lz)) != SP_OK) ||
+        (w.lba && (st = sp_backend_tensor(be, B, w.lba, &c->lba)) != SP_OK) ||
+        (w.lout && (st = sp_backend_tensor(be, B, w.lout, &c->lout)) != SP_OK))
         goto fail;
     if (sp_arch_recurrent(a)) {
         c->seq_len = sp_malloc((size_t)c->p.n_seq * sizeof *c->seq_len, SP_MEM_MODEL);
@@ -1528,7 +1530,13 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
     });
     STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, 0) * (double)Dq / (double)a->head_dim,
          be->ops->attention(be, &ly->att, b, sp_tensor_cols(qkv, 0, H * Dq + 2 * Dq), att));
-    STEP(c, SP_STEP_O, (double)n * (double)(H * Dq) * (double)d, be->ops->linear(be, &ly->mo, att, out));
+    struct sp_tensor vo = sp_tensor_cols(sp_tensor_rows(c->lz, 0, n), 0, H * a->mla_v);
+    STEP(c, SP_STEP_O, (double)n * (double)H * (double)a->mla_v * (double)(kvl + d), {
+        for (int64_t hh = 0; hh < H; hh++)
+            be->ops->linear(be, &ly->muv[hh], sp_tensor_cols(att, hh * Dq + rope, kvl),
+                            sp_tensor_cols(vo, hh * a->mla_v, a->mla_v));
+        be->ops->linear(be, &ly->mo, vo, out);
+    });
 }
 
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {

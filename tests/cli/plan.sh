@@ -70,13 +70,13 @@ run "its recurrent state in JSON, per sequence" 0 node -e '
         process.exit(1);' "$TMP/q122.json"
 
 # Ling-2.6-flash in mxfp4, shapes only: 28 Lightning layers (their states
-# counted) and 4 MLA layers (their absorbed matrices composed at load, counted)
+# counted) and 4 MLA layers (their absorbed query matrices composed at load, counted)
 run "shape-only Ling-2.6-flash" 0 "$SYNTH" bench/configs/ling-2.6-flash.json "$TMP/l26" --dtype bf16 --sparse --shard-size 5G
 run "its mxfp4 layout, shapes only" 0 "$SPARROW" quantize "$TMP/l26" "$TMP/l26-mxfp4" --mode mxfp4 --sparse
 run "inspect it" 0 "$SPARROW" inspect "$TMP/l26-mxfp4"
 expect "104.19B parameters" "$TMP/out" "104.19B total, 7.45B active per token"
 expect "its layer kinds" "$TMP/out" "28 of 32 layers Lightning (4 output norm groups), 4 MLA: q rank 1536, kv rank 512"
-expect "what MLA composes" "$TMP/out" "(with 1.55 GiB composed at load)"
+expect "what MLA composes" "$TMP/out" "(with 436.78 MiB composed at load)"
 run "plan at 64 GiB" 0 "$SPARROW" plan "$TMP/l26-mxfp4" --mem-limit 64G --ctx 8192
 expect "fits at 64 GiB" "$TMP/out" "plan            resident (bailing_hybrid)"
 expect "the recurrent state counted" "$TMP/out" "recurrent states 0.11 GiB: 56.0 MiB a sequence"
