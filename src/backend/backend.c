@@ -112,6 +112,17 @@ enum sp_status sp_backend_copy_gbs(enum sp_device d, size_t bytes, double *gbs) 
     return sp_errorf(SP_ERR_UNSUPPORTED, "no copy bandwidth measure for the %s device", sp_device_name(d));
 }
 
+int64_t sp_backend_state_floats(const struct sp_backend_shape *s) {
+    int64_t conv = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim;
+    return (s->lin_conv - 1) * conv + s->lin_v_heads * s->lin_k_dim * s->lin_v_dim;
+}
+
+size_t sp_backend_states_bytes(const struct sp_backend_params *p) {
+    if (p->shape.n_state_layers <= 0) return 0;
+    return (size_t)p->shape.n_state_layers * 2 * (size_t)p->n_seq * (size_t)sp_backend_state_floats(&p->shape) *
+           sizeof(float);
+}
+
 size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p) {
 #if SP_CUDA
     if (d == SP_DEVICE_CUDA) return sp_cuda_kv_bytes(p);

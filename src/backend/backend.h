@@ -418,6 +418,12 @@ static inline enum sp_status sp_backend_tensor(struct sp_backend *b, int64_t row
  * batches (buffers, per-thread scratch for products of weights up to
  * widest, tables). */
 size_t sp_backend_kv_bytes(enum sp_device d, const struct sp_backend_params *p);
+/* Floats of one recurrent state of p's shape (the conv's last lin_conv - 1
+ * inputs, then a [lin_k_dim, lin_v_dim] matrix per value head), and the
+ * bytes of every state layer's slots (a sequence's and its snapshot's):
+ * the part of a backend's kv_bytes that is not keys and values. */
+int64_t sp_backend_state_floats(const struct sp_backend_shape *s);
+size_t sp_backend_states_bytes(const struct sp_backend_params *p);
 /* The memory bandwidth of a GPU device d now: bytes copied within it, each
  * read once and written once, counted both ways (the bound a product
  * streaming its weights works against). The CPU's is backend/cpu/membw.h's. */

@@ -34,8 +34,8 @@ struct layer {
     struct sp_lightning_layer light;
     /* MLA: q's bottleneck and its norm, q with the key up-projection
      * absorbed, kv_a with its rows in the attention's order, each head's
-     * value up-projection (views of kv_b's rows), the output projection */
-    struct sp_linear mq_a, mq, mkv, *muv, mo;
+     * value up-projection (views of kv_b's rows); the output projection is o */
+    struct sp_linear mq_a, mq, mkv, *muv;
     const float *mq_norm, *mkv_norm;
     uint8_t *mla_mem[2];
     /* dense MLP, or the shared expert of a MoE layer */
@@ -194,7 +194,7 @@ static struct widths widths_of(const struct sp_arch *a) {
         w.lz = w.lout = a->lin_v_heads * a->lin_v_dim;
         w.lba = 2 * a->lin_v_heads;
     }
-    if (has_kind(a, SP_LAYER_MLA)) w.lz = a->n_heads * a->mla_v;  // the heads' value outputs
+    if (has_kind(a, SP_LAYER_MLA) && a->n_heads * a->mla_v > w.lz) w.lz = a->n_heads * a->mla_v;  // the heads' value outputs
     if (has_kind(a, SP_LAYER_LIGHTNING)) {
         int64_t hd2 = a->n_heads * a->head_dim;
         w.lqkv = w.lqkv > 3 * hd2 ? w.lqkv : 3 * hd2;
@@ -370,12 +370,25 @@ static float *host_vec(const struct sp_model *m, int64_t layer, enum sp_role rol
 }
 
 /* The linear of (L, r, e), made ready by the backend. */
+/* Prepares l for the backend, its bytes counted in the load. */
+static enum sp_status prepared(struct sp_ctx *c, struct sp_linear *l, double bytes) {
+    enum sp_status st = c->be->ops->prepare(c->be, l);
+    if (st == SP_OK && c->load) sp_progress_add(c->load, (uint64_t)bytes);
+    return st;
+}
+
 static enum sp_status lin(struct sp_ctx *c, int64_t L, enum sp_role r, int64_t e, struct sp_linear *out) {
     enum sp_status st = sp_model_linear(c->m, L, r, e, out);
+    return st != SP_OK ? st : prepared(c, out, sp_linear_bytes(out));
+}
+
+/* A gate's linear (a router, the shared expert's gate), made ready with its
+ * activations kept in float: a rounding must not change what it chooses. */
+static enum sp_status gate_lin(struct sp_ctx *c, int64_t L, enum sp_role r, struct sp_linear *out) {
+    enum sp_status st = sp_model_linear(c->m, L, r, -1, out);
     if (st != SP_OK) return st;
-    double bytes = sp_linear_bytes(out);
-    if ((st = c->be->ops->prepare(c->be, out)) == SP_OK && c->load) sp_progress_add(c->load, (uint64_t)bytes);
-    return st;
+    out->float_activations = true;
+    return c->be->ops->prepare(c->be, out);
 }
 
 /* A routed expert's linear: made ready by the backend, or (prepare false)
@@ -435,13 +448,6 @@ static enum sp_status reorder_rows(const struct sp_linear *l, const int64_t *fro
     return SP_OK;
 }
 
-/* Prepares l for the backend, its bytes counted in the load. */
-static enum sp_status prepared(struct sp_ctx *c, struct sp_linear *l, double bytes) {
-    enum sp_status st = c->be->ops->prepare(c->be, l);
-    if (st == SP_OK && c->load) sp_progress_add(c->load, (uint64_t)bytes);
-    return st;
-}
-
 /* A gated attention's q_proj gives each head's query rows then its gate
  * rows: a copy of its rows with every head's queries first, then every
  * head's gates, viewed as q and qgate (a few MiB a layer, so the queries
@@ -463,10 +469,8 @@ static enum sp_status ungate_queries(struct sp_ctx *c, int64_t L, struct layer *
     if (st != SP_OK) return st;
     ly->q = linear_rows(&moved, 0, q);
     ly->qgate = linear_rows(&moved, q, q);
-    if ((st = c->be->ops->prepare(c->be, &ly->q)) != SP_OK || (st = c->be->ops->prepare(c->be, &ly->qgate)) != SP_OK)
-        return st;
-    if (c->load) sp_progress_add(c->load, (uint64_t)sp_linear_bytes(&qg));
-    return SP_OK;
+    if ((st = prepared(c, &ly->q, sp_linear_bytes(&ly->q))) != SP_OK) return st;
+    return prepared(c, &ly->qgate, sp_linear_bytes(&ly->qgate));
 }
 
 /* MLA's rotary dims come interleaved (pairs 2i, 2i + 1); attention rotates
@@ -499,7 +503,7 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     int64_t H = a->n_heads, nope = a->mla_nope, rope = a->mla_rope, kvl = a->mla_kv_lora, vd = a->mla_v;
     int64_t Dq = rope + kvl;
     enum sp_status st = SP_OK;
-    struct sp_linear qb, kvb, kva, dense;
+    struct sp_linear qb, kvb, kva;
     if (a->mla_q_lora) {
         ly->mq_norm = vec(c, L, SP_ROLE_MLA_Q_A_NORM, &st);
         if (st != SP_OK || (st = lin(c, L, SP_ROLE_MLA_Q_A, -1, &ly->mq_a)) != SP_OK) return st;
@@ -508,12 +512,10 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     if (st != SP_OK || (st = sp_model_linear(c->m, L, a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, -1, &qb)) != SP_OK ||
         (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_B, -1, &kvb)) != SP_OK ||
         (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_A, -1, &kva)) != SP_OK ||
-        (st = sp_model_linear(c->m, L, SP_ROLE_ATTN_O, -1, &dense)) != SP_OK)
+        (st = lin(c, L, SP_ROLE_ATTN_O, -1, &ly->o)) != SP_OK)
         return st;
-    if (qb.transposed || qb.w.interleaved || kvb.transposed || kvb.w.interleaved || dense.transposed ||
-        dense.w.interleaved || dense.bias)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: MLA's weights must be in row order, without an output bias",
-                         (long long)L);
+    if (qb.transposed || qb.w.interleaved || kvb.transposed || kvb.w.interleaved)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: MLA's q and kv_b weights must be in row order", (long long)L);
     /* kv_a's rows: the rotary key (as halves), then the latent */
     int64_t from[4096];
     if (Dq > 4096) return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: an MLA latent of %lld dims", (long long)L, (long long)Dq);
@@ -522,14 +524,12 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
     if ((st = reorder_rows(&kva, from, Dq, &ly->mla_mem[0], &ly->mkv)) != SP_OK ||
         (st = prepared(c, &ly->mkv, sp_linear_bytes(&kva))) != SP_OK)
         return st;
-    /* each head's W_uv and the output projection, as stored */
+    /* each head's W_uv, as stored */
     if (!(ly->muv = sp_calloc((size_t)H, sizeof *ly->muv, SP_MEM_MODEL))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
     for (int64_t h = 0; h < H; h++) {
         ly->muv[h] = linear_rows(&kvb, h * (nope + vd) + nope, vd);
         if ((st = prepared(c, &ly->muv[h], sp_linear_bytes(&ly->muv[h]))) != SP_OK) return st;
     }
-    ly->mo = dense;
-    if ((st = prepared(c, &ly->mo, sp_linear_bytes(&dense))) != SP_OK) return st;
     /* W_uk rows of every head, as floats */
     int64_t qc = qb.w.cols;
     float *wk = sp_malloc((size_t)(H * nope * kvl) * sizeof *wk, SP_MEM_MISC);
@@ -678,16 +678,12 @@ mlp:
         if ((st = lin(c, L, d, -1, &ly->down)) != SP_OK) return st;
         ly->has_mlp = true;
         if (a->layer_moe[L] && a->shared_gate) {
-            if ((st = sp_model_linear(m, L, SP_ROLE_SHEXP_ROUTE, -1, &ly->sgate)) != SP_OK) return st;
-            ly->sgate.float_activations = true;  // a gate, as the router
-            if ((st = c->be->ops->prepare(c->be, &ly->sgate)) != SP_OK) return st;
+            if ((st = gate_lin(c, L, SP_ROLE_SHEXP_ROUTE, &ly->sgate)) != SP_OK) return st;
             ly->has_sgate = true;
         }
     }
     if (!a->layer_moe[L]) return SP_OK;
-    if ((st = sp_model_linear(m, L, SP_ROLE_ROUTER, -1, &ly->router)) != SP_OK) return st;
-    ly->router.float_activations = true;
-    if ((st = c->be->ops->prepare(c->be, &ly->router)) != SP_OK) return st;
+    if ((st = gate_lin(c, L, SP_ROLE_ROUTER, &ly->router)) != SP_OK) return st;
     if (sp_weights_find(&m->weights, L, SP_ROLE_EXPERT_BIAS, -1)) {
         ly->expert_bias = host_vec(m, L, SP_ROLE_EXPERT_BIAS, &st);
         if (st != SP_OK) return st;
@@ -1097,7 +1093,6 @@ static double attention_macs(const struct sp_ctx *c, const struct sp_batch *b, i
 
 /* ---- MLP ---- */
 
-/* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
 /* Rows [r0, r0 + n) of gout, the shared expert's outputs for the n rows of
  * h, times sigmoid of its gate where the model gates it. */
 static void shared_gate(struct sp_ctx *c, const struct layer *ly, int64_t r0, int64_t n) {
@@ -1108,6 +1103,7 @@ static void shared_gate(struct sp_ctx *c, const struct layer *ly, int64_t r0, in
     be->ops->gate(be, sp_tensor_rows(c->gout, r0, n), g);
 }
 
+/* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
 static void layer_mlp_add(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_tensor out) {
     struct sp_mlp_item it = {&ly->gate, &ly->up, NULL, &ly->down, sp_tensor_rows(c->h, 0, n), 0};
     struct sp_backend *be = c->be;
@@ -1511,7 +1507,7 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
     int64_t n = b->n, d = a->d_model, H = a->n_heads, rope = a->mla_rope, kvl = a->mla_kv_lora, Dq = rope + kvl;
     struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_rows(c->qkv, 0, n);
     struct sp_tensor q = sp_tensor_cols(qkv, 0, H * Dq), att = sp_tensor_rows(c->att, 0, n);
-    double macs = (double)n * (double)(ly->mq.w.rows * ly->mq.w.cols + 2 * Dq * d);
+    double macs = (double)n * (double)(ly->mq.w.rows * ly->mq.w.cols + Dq * d);
     if (a->mla_q_lora) macs += (double)n * (double)(a->mla_q_lora * d);
     STEP(c, SP_STEP_QKV, macs, {
         if (a->mla_q_lora) {
@@ -1522,11 +1518,11 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
         } else {
             be->ops->linear(be, &ly->mq, h, q);
         }
-        for (int i = 1; i <= 2; i++) {  // the key, and the same as the value
-            struct sp_tensor kv = sp_tensor_cols(qkv, H * Dq + (i - 1) * Dq, Dq);
-            be->ops->linear(be, &ly->mkv, h, kv);
-            be->ops->rmsnorm(be, ly->mkv_norm, MLA_NORM_EPS, sp_tensor_cols(kv, rope, kvl), sp_tensor_cols(kv, rope, kvl));
-        }
+        struct sp_tensor k = sp_tensor_cols(qkv, H * Dq, Dq), v = sp_tensor_cols(qkv, H * Dq + Dq, Dq);
+        be->ops->linear(be, &ly->mkv, h, k);
+        be->ops->rmsnorm(be, ly->mkv_norm, MLA_NORM_EPS, sp_tensor_cols(k, rope, kvl), sp_tensor_cols(k, rope, kvl));
+        be->ops->zero(be, v);  // the value is the key, unrotated
+        be->ops->add(be, v, k);
     });
     STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, 0) * (double)Dq / (double)a->head_dim,
          be->ops->attention(be, &ly->att, b, sp_tensor_cols(qkv, 0, H * Dq + 2 * Dq), att));
@@ -1535,7 +1531,7 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
         for (int64_t hh = 0; hh < H; hh++)
             be->ops->linear(be, &ly->muv[hh], sp_tensor_cols(att, hh * Dq + rope, kvl),
                             sp_tensor_cols(vo, hh * a->mla_v, a->mla_v));
-        be->ops->linear(be, &ly->mo, vo, out);
+        be->ops->linear(be, &ly->o, vo, out);
     });
 }
 

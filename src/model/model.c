@@ -410,8 +410,10 @@ static bool to_interleave(const struct interleave *il, const struct sp_wslot *s,
     struct sp_qmat w;
     const struct sp_arch *a = &il->m->arch;
     if (s->role == SP_ROLE_ATTN_Q && a->attn_gate) return false;  // the forward pass reorders its rows
-    /* or composes MLA's from their rows */
-    if (s->layer >= 0 && s->layer < a->n_layers && a->layer_kind[s->layer] == SP_LAYER_MLA) return false;
+    /* or reads MLA's q, kv_a and kv_b row by row */
+    if (s->role == SP_ROLE_MLA_Q || s->role == SP_ROLE_MLA_Q_B || s->role == SP_ROLE_MLA_KV_A ||
+        s->role == SP_ROLE_MLA_KV_B)
+        return false;
     if (!slot_matrix(il->m, s, &w) || !sp_qmat_interleavable(&w) || !il->want(&w)) return false;
     size_t codes = (size_t)w.rows * sp_qtype_row_bytes(w.type, w.cols);
     size_t groups = (size_t)w.rows * (size_t)(w.cols / w.group) * sp_dtype_size(w.scale_dtype);

@@ -97,24 +97,11 @@ static size_t att_scratch_floats(const struct sp_backend_shape *s) {
  * holds the context rounded up to whole blocks. */
 static int64_t kv_positions(int64_t n_ctx) { return (n_ctx + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK; }
 
-/* Floats of one recurrent state: the conv's last inputs, then a [k_dim,
- * v_dim] matrix per value head. */
-static int64_t state_floats(const struct sp_backend_shape *s) {
-    int64_t conv = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim;
-    return (s->lin_conv - 1) * conv + s->lin_v_heads * s->lin_k_dim * s->lin_v_dim;
-}
-
-static size_t states_bytes(const struct sp_backend_params *p) {
-    const struct sp_backend_shape *s = &p->shape;
-    if (s->n_state_layers <= 0) return 0;
-    return (size_t)s->n_state_layers * 2 * (size_t)p->n_seq * (size_t)state_floats(s) * sizeof(float);
-}
-
 size_t sp_cpu_kv_bytes(const struct sp_backend_params *p) {
     const struct sp_backend_shape *s = &p->shape;
     return (size_t)s->n_kv_layers * 2 * (size_t)p->n_seq * (size_t)s->n_kv_heads * (size_t)kv_positions(p->n_ctx) *
                (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type)) +
-           states_bytes(p);
+           sp_backend_states_bytes(p);
 }
 
 size_t sp_cpu_work_bytes(const struct sp_backend_params *p, const struct sp_qmat *widest) {
@@ -743,10 +730,8 @@ static void delta_heads(const struct delta_job *j, int64_t h0, int64_t h1) {
             }
             scale_floats(S, decay, Dk * Dv);
             kern->axpy_rows(S, Dv, k, 1, Dk, kv, 1, Dv);  // + k u^T
-            float ss = 0;
-            for (int64_t c = 0; c < Dv; c++) ss += o[c] * o[c];
-            float r = 1.0f / sqrtf(ss / (float)Dv + j->ly->eps);
-            for (int64_t c = 0; c < Dv; c++) out[h * Dv + c] = j->ly->norm[c] * (o[c] * r) * silu(z[h * Dv + c]);
+            sp_rmsnorm(out + h * Dv, o, j->ly->norm, Dv, j->ly->eps);
+            for (int64_t c = 0; c < Dv; c++) out[h * Dv + c] *= silu(z[h * Dv + c]);
             if (j->bt->snapshot && j->bt->snapshot[t])
                 memcpy(state_of(j->c, j->ly->layer, j->c->base.p.n_seq + j->bt->seq[t]) + conv_floats + h * Dk * Dv, S,
                        (size_t)(Dk * Dv) * sizeof *S);
@@ -790,14 +775,6 @@ struct light_job {
     struct sp_tensor qkv, out;
 };
 
-/* x / rms(x) * w (w NULL: 1) into out, in float32. */
-static void rms_vec(const float *x, const float *w, float eps, int64_t n, float *out) {
-    float ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = w ? x[i] * r * w[i] : x[i] * r;
-}
-
 /* Heads [h0, h1) for every token in batch order: S = decay S + k^T v, o = q S. */
 static void light_heads(const struct light_job *j, int64_t h0, int64_t h1) {
     const struct sp_lightning_layer *ly = j->ly;
@@ -812,8 +789,8 @@ static void light_heads(const struct light_job *j, int64_t h0, int64_t h1) {
             float *S = state_of(j->c, ly->layer, j->bt->seq[t]) + h * D * D;
             if (j->bt->pos[t] == 0) memset(S, 0, (size_t)(D * D) * sizeof *S);
             if (ly->q_norm) {
-                rms_vec(x + h * D, ly->q_norm, ly->eps, D, q);
-                rms_vec(x + (H + h) * D, ly->k_norm, ly->eps, D, k);
+                sp_rmsnorm(q, x + h * D, ly->q_norm, D, ly->eps);
+                sp_rmsnorm(k, x + (H + h) * D, ly->k_norm, D, ly->eps);
             } else {
                 memcpy(q, x + h * D, (size_t)D * sizeof *q);
                 memcpy(k, x + (H + h) * D, (size_t)D * sizeof *k);
@@ -845,7 +822,8 @@ static void light_norm_rows(struct cpu *c, const void *arg, int64_t t0, int64_t 
     int64_t n = j->out.cols, per = n / j->ly->groups;
     for (int64_t t = t0; t < t1; t++) {
         float *o = j->out.data + t * j->out.ld;
-        for (int64_t g = 0; g < j->ly->groups; g++) rms_vec(o + g * per, j->ly->norm + g * per, j->ly->eps, per, o + g * per);
+        for (int64_t g = 0; g < j->ly->groups; g++)
+            sp_rmsnorm(o + g * per, o + g * per, j->ly->norm + g * per, per, j->ly->eps);
     }
 }
 
@@ -1022,8 +1000,8 @@ enum sp_status sp_cpu_backend_create(const struct sp_backend_params *p, struct s
                            "a multiple of key heads)", (long long)s->lin_k_dim, (long long)s->lin_v_dim, DELTA_MAX_DIM);
             goto fail;
         }
-        c->state_floats = state_floats(s);
-        c->states = (float *)((uint8_t *)c->kv + (c->kv_bytes - states_bytes(p)));
+        c->state_floats = sp_backend_state_floats(s);
+        c->states = (float *)((uint8_t *)c->kv + (c->kv_bytes - sp_backend_states_bytes(p)));
     }
     c->ld_ff = s->mlp_width;
     c->ff_a = act_buf(c, (size_t)(B * c->ld_ff), sizeof(float));

@@ -565,20 +565,8 @@ static size_t kv_seq_bytes(const struct sp_backend_params *p) {
     return (size_t)p->n_ctx * (size_t)s->n_kv_heads * (size_t)s->head_dim * sp_dtype_size(sp_kv_dtype(p->kv_type));
 }
 
-/* Floats of one recurrent state: the conv's last inputs, then a [k_dim,
- * v_dim] matrix per value head. */
-static int64_t state_floats(const struct sp_backend_shape *s) {
-    int64_t conv = 2 * s->lin_k_heads * s->lin_k_dim + s->lin_v_heads * s->lin_v_dim;
-    return (s->lin_conv - 1) * conv + s->lin_v_heads * s->lin_k_dim * s->lin_v_dim;
-}
-
-static size_t states_bytes(const struct sp_backend_params *p) {
-    if (p->shape.n_state_layers <= 0) return 0;
-    return (size_t)p->shape.n_state_layers * 2 * (size_t)p->n_seq * (size_t)state_floats(&p->shape) * sizeof(float);
-}
-
 size_t sp_cuda_kv_bytes(const struct sp_backend_params *p) {
-    return (size_t)p->shape.n_kv_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p) + states_bytes(p);
+    return (size_t)p->shape.n_kv_layers * 2 * (size_t)p->n_seq * kv_seq_bytes(p) + sp_backend_states_bytes(p);
 }
 
 /* Layer L's recurrent state in slot `slot`. */
@@ -1236,8 +1224,8 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
                            "heads a multiple of key heads)", (long long)s->lin_k_dim, (long long)s->lin_v_dim);
             goto fail;
         }
-        c->state_floats = state_floats(s);
-        c->states = (float *)((char *)c->kv + (c->kv_bytes - states_bytes(p)));
+        c->state_floats = sp_backend_state_floats(s);
+        c->states = (float *)((char *)c->kv + (c->kv_bytes - sp_backend_states_bytes(p)));
         if ((st = dev_alloc(c, (size_t)B, (void **)&c->d_snap)) != SP_OK) goto fail;
     }
     c->logit_cap = B < LOGIT_ROWS ? B : LOGIT_ROWS;
