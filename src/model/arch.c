@@ -331,7 +331,8 @@ static enum sp_status read_qwen3_5_moe(struct reader *r, struct sp_arch *a) {
     const cJSON *lt = rd_item(r, "layer_types");
     if (!lt) {
         int64_t every = rd_int(r, "full_attention_interval", 4);
-        if (every <= 0) return sp_errorf(SP_ERR_FORMAT, "\"full_attention_interval\": %lld must be positive", (long long)every);
+        if (every <= 0)
+            return sp_errorf(SP_ERR_FORMAT, "\"full_attention_interval\": %lld must be positive", (long long)every);
         for (int64_t l = 0; l < a->n_layers; l++)
             a->layer_kind[l] = (l + 1) % every ? SP_LAYER_GATED_DELTA : SP_LAYER_ATTENTION;
         return r->st;
@@ -381,11 +382,13 @@ static enum sp_status read_bailing_hybrid(struct reader *r, struct sp_arch *a) {
         return sp_errorf(SP_ERR_FORMAT, "\"layer_group_size\" %lld and \"group_norm_size\" %lld must be positive, "
                          "the latter dividing the %lld attention outputs", (long long)group, (long long)a->light_groups,
                          (long long)(a->n_heads * a->head_dim));
-    if (a->mla_q_lora < 0 || a->mla_kv_lora <= 0 || a->mla_nope <= 0 || a->mla_v <= 0 || a->mla_rope != a->rope.rot_dims)
-        return sp_errorf(SP_ERR_FORMAT, "MLA: q_lora_rank %lld, kv_lora_rank %lld, qk_nope_head_dim %lld, v_head_dim "
-                         "%lld, qk_rope_head_dim %lld (which the rotary dims %lld must equal)", (long long)a->mla_q_lora,
-                         (long long)a->mla_kv_lora, (long long)a->mla_nope, (long long)a->mla_v,
-                         (long long)a->mla_rope, (long long)a->rope.rot_dims);
+    if (a->mla_q_lora < 0 || a->mla_kv_lora <= 0 || a->mla_nope <= 0 || a->mla_v <= 0 ||
+        a->mla_rope != a->rope.rot_dims)
+        return sp_errorf(SP_ERR_FORMAT,
+                         "MLA: q_lora_rank %lld, kv_lora_rank %lld, qk_nope_head_dim %lld, v_head_dim "
+                         "%lld, qk_rope_head_dim %lld (which the rotary dims %lld must equal)",
+                         (long long)a->mla_q_lora, (long long)a->mla_kv_lora, (long long)a->mla_nope,
+                         (long long)a->mla_v, (long long)a->mla_rope, (long long)a->rope.rot_dims);
     if (a->mla_v != a->head_dim)
         return sp_errorf(SP_ERR_UNSUPPORTED, "MLA: v_head_dim %lld differs from head_dim %lld (one output projection "
                          "shape for both layer kinds)", (long long)a->mla_v, (long long)a->head_dim);

@@ -194,7 +194,8 @@ static struct widths widths_of(const struct sp_arch *a) {
         w.lz = w.lout = a->lin_v_heads * a->lin_v_dim;
         w.lba = 2 * a->lin_v_heads;
     }
-    if (has_kind(a, SP_LAYER_MLA) && a->n_heads * a->mla_v > w.lz) w.lz = a->n_heads * a->mla_v;  // the heads' value outputs
+    if (has_kind(a, SP_LAYER_MLA) && a->n_heads * a->mla_v > w.lz)  // MLA's heads' value outputs
+        w.lz = a->n_heads * a->mla_v;
     if (has_kind(a, SP_LAYER_LIGHTNING)) {
         int64_t hd2 = a->n_heads * a->head_dim;
         w.lqkv = w.lqkv > 3 * hd2 ? w.lqkv : 3 * hd2;
@@ -440,7 +441,8 @@ static enum sp_status reorder_rows(const struct sp_linear *l, const int64_t *fro
     for (int k = 0, fi = 0; k < parts; k++) {
         while (*fields[fi] != ptr[k]) fi++;  // parts come in the order codes, scales, [biases], [bias]
         size_t row = len[k] / (size_t)l->w.rows;
-        for (int64_t r = 0; r < n; r++) memcpy(*mem + off + (size_t)r * row, (const uint8_t *)ptr[k] + (size_t)from[r] * row, row);
+        for (int64_t r = 0; r < n; r++)
+            memcpy(*mem + off + (size_t)r * row, (const uint8_t *)ptr[k] + (size_t)from[r] * row, row);
         *fields[fi] = *mem + off;
         off += (row * (size_t)n + 63) / 64 * 64;
     }
@@ -509,7 +511,8 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
         if (st != SP_OK || (st = lin(c, L, SP_ROLE_MLA_Q_A, -1, &ly->mq_a)) != SP_OK) return st;
     }
     ly->mkv_norm = vec(c, L, SP_ROLE_MLA_KV_A_NORM, &st);
-    if (st != SP_OK || (st = sp_model_linear(c->m, L, a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, -1, &qb)) != SP_OK ||
+    if (st != SP_OK ||
+        (st = sp_model_linear(c->m, L, a->mla_q_lora ? SP_ROLE_MLA_Q_B : SP_ROLE_MLA_Q, -1, &qb)) != SP_OK ||
         (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_B, -1, &kvb)) != SP_OK ||
         (st = sp_model_linear(c->m, L, SP_ROLE_MLA_KV_A, -1, &kva)) != SP_OK ||
         (st = lin(c, L, SP_ROLE_ATTN_O, -1, &ly->o)) != SP_OK)
@@ -518,14 +521,16 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
         return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: MLA's q and kv_b weights must be in row order", (long long)L);
     /* kv_a's rows: the rotary key (as halves), then the latent */
     int64_t from[4096];
-    if (Dq > 4096) return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: an MLA latent of %lld dims", (long long)L, (long long)Dq);
+    if (Dq > 4096)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "layer %lld: an MLA latent of %lld dims", (long long)L, (long long)Dq);
     for (int64_t i = 0; i < rope; i++) from[i] = kvl + halves_of_pairs(i, rope);
     for (int64_t j = 0; j < kvl; j++) from[rope + j] = j;
     if ((st = reorder_rows(&kva, from, Dq, &ly->mla_mem[0], &ly->mkv)) != SP_OK ||
         (st = prepared(c, &ly->mkv, sp_linear_bytes(&kva))) != SP_OK)
         return st;
     /* each head's W_uv, as stored */
-    if (!(ly->muv = sp_calloc((size_t)H, sizeof *ly->muv, SP_MEM_MODEL))) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    if (!(ly->muv = sp_calloc((size_t)H, sizeof *ly->muv, SP_MEM_MODEL)))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
     for (int64_t h = 0; h < H; h++) {
         ly->muv[h] = linear_rows(&kvb, h * (nope + vd) + nope, vd);
         if ((st = prepared(c, &ly->muv[h], sp_linear_bytes(&ly->muv[h]))) != SP_OK) return st;
@@ -542,7 +547,8 @@ static enum sp_status load_mla(struct sp_ctx *c, int64_t L, struct layer *ly) {
         return sp_errorf(SP_ERR_NOMEM, "out of memory for layer %lld's MLA matrices", (long long)L);
     }
     for (int64_t h = 0; h < H; h++)
-        for (int64_t i = 0; i < nope; i++) sp_qmat_dequant_row_ref(&kvb.w, h * (nope + vd) + i, wk + (h * nope + i) * kvl);
+        for (int64_t i = 0; i < nope; i++)
+            sp_qmat_dequant_row_ref(&kvb.w, h * (nope + vd) + i, wk + (h * nope + i) * kvl);
     float scale = sqrtf((float)Dq) / sqrtf((float)(nope + rope)) * (float)a->mla_mscale;
     memset(qm, 0, (size_t)(H * Dq * qc) * sizeof *qm);
     for (int64_t h = 0; h < H; h++) {
@@ -606,7 +612,8 @@ static enum sp_status load_lightning(struct sp_ctx *c, int64_t L, int64_t state,
     if (H > 1024) return sp_errorf(SP_ERR_UNSUPPORTED, "%lld Lightning heads", (long long)H);
     int64_t p2 = 1;
     while (p2 * 2 <= H) p2 *= 2;
-    double depth = a->n_layers > 1 ? 1.0 - (double)(L - a->light_offset) / (double)(a->n_layers - 1) + 1e-5 : 1.0 + 1e-5;
+    double depth =
+        a->n_layers > 1 ? 1.0 - (double)(L - a->light_offset) / (double)(a->n_layers - 1) + 1e-5 : 1.0 + 1e-5;
     for (int64_t h = 0; h < H; h++) {
         double slope = h < p2 ? pow(2.0, -8.0 * (double)(h + 1) / (double)p2)
                               : pow(2.0, -8.0 * (double)(2 * (h - p2) + 1) / (double)(2 * p2));
@@ -1472,7 +1479,8 @@ static void gated_delta(struct sp_ctx *c, const struct layer *ly, const struct s
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t n = b->n, d = a->d_model, Hv = a->lin_v_heads, vd = Hv * a->lin_v_dim, conv = sp_arch_conv_dim(a);
-    struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_rows(c->lqkv, 0, n), z = sp_tensor_rows(c->lz, 0, n);
+    struct sp_tensor h = sp_tensor_rows(c->h, 0, n), qkv = sp_tensor_rows(c->lqkv, 0, n),
+                     z = sp_tensor_rows(c->lz, 0, n);
     struct sp_tensor ba = sp_tensor_rows(c->lba, 0, n), o = sp_tensor_rows(c->lout, 0, n);
     STEP(c, SP_STEP_QKV, (double)n * (double)d * (double)(conv + vd + 2 * Hv), be->ops->linear(be, &ly->lqkv, h, qkv);
          be->ops->linear(be, &ly->lz, h, z); be->ops->linear(be, &ly->lb, h, sp_tensor_cols(ba, 0, Hv));

@@ -259,13 +259,15 @@ void sp_model_report(const struct sp_model *m, const struct sp_model_stats *s, b
         n_mla += a->layer_kind[L] == SP_LAYER_MLA;
     }
     if (n_light || n_mla)
-        sp_buf_printf(out, "linear attn   %lld of %lld layers Lightning (%lld output norm groups), %lld MLA: q rank %lld, "
+        sp_buf_printf(out,
+                      "linear attn   %lld of %lld layers Lightning (%lld output norm groups), %lld MLA: q rank %lld, "
                       "kv rank %lld, %lld + %lld query dims, %lld value dims a head\n",
                       (long long)n_light, (long long)a->n_layers, (long long)a->light_groups, (long long)n_mla,
-                      (long long)a->mla_q_lora, (long long)a->mla_kv_lora, (long long)a->mla_nope, (long long)a->mla_rope,
-                      (long long)a->mla_v);
+                      (long long)a->mla_q_lora, (long long)a->mla_kv_lora, (long long)a->mla_nope,
+                      (long long)a->mla_rope, (long long)a->mla_v);
     if (n_delta)
-        sp_buf_printf(out, "linear attn   %lld of %lld layers Gated DeltaNet: %lld key heads x %lld, %lld value heads x "
+        sp_buf_printf(out,
+                      "linear attn   %lld of %lld layers Gated DeltaNet: %lld key heads x %lld, %lld value heads x "
                       "%lld, conv %lld; the rest attention\n",
                       (long long)n_delta, (long long)a->n_layers, (long long)a->lin_k_heads, (long long)a->lin_k_dim,
                       (long long)a->lin_v_heads, (long long)a->lin_v_dim, (long long)a->lin_conv);

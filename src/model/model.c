@@ -295,7 +295,8 @@ static enum sp_status validate(struct sp_model *m) {
             CHECK(sp_model_vector(m, L, SP_ROLE_LIGHT_NORM, &v));
         }
         if (softmax || lightning) CHECK(sp_model_linear(m, L, SP_ROLE_ATTN_O, -1, &l));
-        if ((softmax || lightning) && a->o_bias && !l.bias) return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
+        if ((softmax || lightning) && a->o_bias && !l.bias)
+            return sp_errorf(SP_ERR_NOT_FOUND, "layer %lld: the output projection has no bias", (long long)L);
         if (a->qk_norm && (softmax || lightning)) {
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_Q_NORM, &v));
             CHECK(sp_model_vector(m, L, SP_ROLE_ATTN_K_NORM, &v));

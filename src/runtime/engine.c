@@ -292,8 +292,8 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->layer_misses = sp_calloc((size_t)m->arch.n_layers, sizeof(uint64_t), SP_MEM_SERVER);
     e->st.n_layers = m->arch.n_layers;
     if (!e->layer_hits || !e->layer_misses) goto nomem;
-    if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_snap || !e->b_slot_of_row ||
-        !e->logits || !e->scratch)
+    if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_snap ||
+        !e->b_slot_of_row || !e->logits || !e->scratch)
         goto nomem;
     struct sp_sampler_params sp = sp_sampler_defaults();
     sp.penalty_last_n = 4096;

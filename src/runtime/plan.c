@@ -384,12 +384,14 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
                        "(%lld x %lld layers, %.2f MiB each)\n",
                   gib(p->file_bytes), gib(p->resident_weight_bytes), gib(p->routed_expert_bytes), (long long)p->n_experts,
                   (long long)p->n_moe_layers, (double)p->expert_bytes / 1048576.0);
-    sp_buf_printf(out, "runtime         KV cache %.2f GiB (%lld positions x %d sequences), activations %.2f GiB, "
-                       "overhead %.2f GiB\n",
+    sp_buf_printf(out,
+                  "runtime         KV cache %.2f GiB (%lld positions x %d sequences), activations %.2f GiB, "
+                  "overhead %.2f GiB\n",
                   gib(p->kv_bytes), (long long)p->ctx, p->parallel, gib(p->activation_bytes), gib(p->overhead_bytes));
     if (p->state_bytes)
-        sp_buf_printf(out, "                of the KV cache, recurrent states %.2f GiB: %.1f MiB a sequence and as much for "
-                           "its prompt's snapshot (the same at any context)\n",
+        sp_buf_printf(out,
+                      "                of the KV cache, recurrent states %.2f GiB: %.1f MiB a sequence and as much for "
+                      "its prompt's snapshot (the same at any context)\n",
                       gib(p->state_bytes), (double)p->state_bytes / 2 / p->parallel / 1048576.0);
     char cg[32] = "none";
     if (p->cgroup_limit) snprintf(cg, sizeof cg, "%.2f GiB", gib(p->cgroup_limit));

@@ -756,7 +756,8 @@ static void cuda_lightning(struct sp_backend *b, const struct sp_lightning_layer
                                   .groups = ly->groups, .rope_cs = c->rope_cs, .q_norm = ly->q_norm,
                                   .k_norm = ly->k_norm, .decay = ly->decay, .norm = ly->norm, .eps = ly->eps,
                                   .st = states_of(c, ly->layer)};
-    check(c, (cudaError_t)sp_cuda_lightning(&l, qkv.data, qkv.ld, out.data, out.ld, n, c->stream), "Lightning attention");
+    check(c, (cudaError_t)sp_cuda_lightning(&l, qkv.data, qkv.ld, out.data, out.ld, n, c->stream),
+          "Lightning attention");
 }
 
 /* Item it one kernel at a time: gate and up (or gate_up) into its rows of
