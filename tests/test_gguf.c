@@ -766,6 +766,30 @@ static int get_five(const unsigned char *qh, const unsigned char *qs, int j) {
     return get_nibble(qs, j) | (int)(h >> j & 1) << 4;
 }
 
+/* Q4_0 / Q5_0: the f16 scale d = mx / -(top + 1) / 2 at out, x's codes of
+ * 0 .. top into c (x / d + (top + 1) / 2, rounded); returns the header's
+ * bytes. */
+static int symmetric_codes(const float *x, float mx, int top, unsigned char *out, int *c) {
+    float half = (float)(top + 1) / 2, d = mx / -half, id = d ? 1 / d : 0;
+    uint16_t h = sp_f32_to_f16(d);
+    memcpy(out, &h, 2);
+    for (int j = 0; j < 32; j++) c[j] = (int)fminf((float)top, fmaxf(0, floorf(x[j] * id + half + 0.5f)));
+    return 2;
+}
+
+/* Q4_1 / Q5_1: the f16 scale d = (hi - lo) / top and min lo at out, x's
+ * codes of 0 .. top into c ((x - lo) / d, rounded); returns the header's
+ * bytes. */
+static int min_codes(const float *x, float lo, float hi, int top, unsigned char *out, int *c) {
+    float d = (hi - lo) / (float)top, id = d ? 1 / d : 0;
+    uint16_t h = sp_f32_to_f16(d);
+    memcpy(out, &h, 2);
+    h = sp_f32_to_f16(lo);
+    memcpy(out + 2, &h, 2);
+    for (int j = 0; j < 32; j++) c[j] = (int)fminf((float)top, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
+    return 4;
+}
+
 /* x[32] as one block of type t (round to nearest, as llama.cpp's reference quantizers). */
 static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
     float amax = 0, mx = 0, lo = x[0], hi = x[0];
@@ -780,34 +804,20 @@ static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
         h = sp_f32_to_f16(d);
         memcpy(out, &h, 2);
         for (int j = 0; j < 32; j++) out[2 + j] = (unsigned char)(int8_t)lrintf(x[j] * id);
-    } else if (t == SP_GGUF_TYPE_Q4_0) {
-        float d = mx / -8, id = d ? 1 / d : 0;
-        h = sp_f32_to_f16(d);
-        memcpy(out, &h, 2);
-        for (int j = 0; j < 32; j++) c[j] = (int)fminf(15, fmaxf(0, floorf(x[j] * id + 8.5f)));
-        put_nibbles(out + 2, c);
-    } else if (t == SP_GGUF_TYPE_Q4_1) {
-        float d = (hi - lo) / 15, id = d ? 1 / d : 0;
-        h = sp_f32_to_f16(d);
-        memcpy(out, &h, 2);
-        h = sp_f32_to_f16(lo);
-        memcpy(out + 2, &h, 2);
-        for (int j = 0; j < 32; j++) c[j] = (int)fminf(15, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
-        put_nibbles(out + 4, c);
-    } else if (t == SP_GGUF_TYPE_Q5_0) {
-        float d = mx / -16, id = d ? 1 / d : 0;
-        h = sp_f32_to_f16(d);
-        memcpy(out, &h, 2);
-        for (int j = 0; j < 32; j++) c[j] = (int)fminf(31, fmaxf(0, floorf(x[j] * id + 16.5f)));
-        put_fives(out + 2, out + 6, c);
-    } else if (t == SP_GGUF_TYPE_Q5_1) {
-        float d = (hi - lo) / 31, id = d ? 1 / d : 0;
-        h = sp_f32_to_f16(d);
-        memcpy(out, &h, 2);
-        h = sp_f32_to_f16(lo);
-        memcpy(out + 2, &h, 2);
-        for (int j = 0; j < 32; j++) c[j] = (int)fminf(31, fmaxf(0, floorf((x[j] - lo) * id + 0.5f)));
-        put_fives(out + 4, out + 8, c);
+    } else if (t == SP_GGUF_TYPE_Q4_0 || t == SP_GGUF_TYPE_Q5_0) {
+        int top = t == SP_GGUF_TYPE_Q4_0 ? 15 : 31;  // codes 0 .. top, the largest magnitude at code 0
+        int header = symmetric_codes(x, mx, top, out, c);
+        if (top == 15)
+            put_nibbles(out + header, c);
+        else
+            put_fives(out + header, out + header + 4, c);
+    } else if (t == SP_GGUF_TYPE_Q4_1 || t == SP_GGUF_TYPE_Q5_1) {
+        int top = t == SP_GGUF_TYPE_Q4_1 ? 15 : 31;
+        int header = min_codes(x, lo, hi, top, out, c);
+        if (top == 15)
+            put_nibbles(out + header, c);
+        else
+            put_fives(out + header, out + header + 4, c);
     } else {  // MXFP4: the largest magnitude within 6 x 2^(e - 127)
         int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 1;
         e = e < 1 ? 1 : e > 254 ? 254 : e;
