@@ -232,6 +232,62 @@ static void test_linear_float_activations(void **state) {
 
 /* ---- embedding, norms, adds ---- */
 
+static void same_bits(const char *label, const char *what, struct sp_backend *b, struct sp_tensor got,
+                      struct sp_tensor want) {
+    float *g = read_back(b, got), *e = read_back(b, want);
+    if (memcmp(g, e, (size_t)(got.rows * got.cols) * sizeof *g) != 0) fail_msg("%s %s: not the same bits", label, what);
+    free(g);
+    free(e);
+}
+
+/* y = l(x) of the rows of t as the host reads them, written afresh. */
+static struct sp_tensor fresh_product(struct sp_backend *b, const struct sp_linear *l, struct sp_tensor t) {
+    float *h = read_back(b, t);
+    struct sp_tensor x = tensor_of(b, t.rows, t.cols, h), y;
+    free(h);
+    assert_int_equal(sp_backend_tensor(b, t.rows, l->w.rows, &y), SP_OK);
+    b->ops->linear(b, l, x, y);
+    return y;
+}
+
+/* add_rmsnorm gives the bits of add, rmsnorm and zero apart; a 4-bit
+ * product reading its output next gives the bits of the same rows written
+ * afresh (a backend may round them to int8 as the norm writes them), and
+ * so it does after another op has changed those rows. */
+static void check_add_rmsnorm(struct sp_backend *b, const char *label, const float *w, int64_t n,
+                              struct sp_rng *rng) {
+    if (!b->ops->add_rmsnorm) return;
+    float *xv = randn(n * D, 3.0f, rng), *rv = randn(n * D, 1.0f, rng);
+    struct sp_tensor x1 = tensor_of(b, n, D, xv), r1 = tensor_of(b, n, D, rv), x2 = tensor_of(b, n, D, xv),
+                     r2 = tensor_of(b, n, D, rv), o1, o2, y1;
+    assert_int_equal(sp_backend_tensor(b, n, D, &o1), SP_OK);
+    assert_int_equal(sp_backend_tensor(b, n, D, &o2), SP_OK);
+    b->ops->add_rmsnorm(b, w, 1e-5f, x1, r1, true, o1);
+    b->ops->add(b, x2, r2);
+    b->ops->rmsnorm(b, w, 1e-5f, x2, o2);
+    b->ops->zero(b, r2);
+    same_bits(label, "add_rmsnorm's sums", b, x1, x2);
+    same_bits(label, "add_rmsnorm's cleared rows", b, r1, r2);
+    same_bits(label, "add_rmsnorm", b, o1, o2);
+
+    struct mat M;
+    mat_make(&M, SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 96, D, rng);
+    struct sp_linear l = linear_of(&M);
+    assert_int_equal(b->ops->prepare(b, &l), SP_OK);
+    assert_int_equal(sp_backend_tensor(b, n, 96, &y1), SP_OK);
+    struct sp_tensor more = tensor_of(b, n, D, rv);
+    for (int pass = 0; pass < 2; pass++) {
+        b->ops->add_rmsnorm(b, w, 1e-5f, x1, more, false, o1);
+        if (pass) b->ops->add(b, sp_tensor_rows(o1, 1, n - 2), sp_tensor_rows(more, 0, n - 2));
+        b->ops->linear(b, &l, o1, y1);
+        same_bits(label, pass ? "a product after the norm's rows changed" : "a product of add_rmsnorm's rows", b, y1,
+                  fresh_product(b, &l, o1));
+    }
+    mat_free(&M);
+    free(xv);
+    free(rv);
+}
+
 static void test_embed_norm_add(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 46);
@@ -304,6 +360,7 @@ static void test_embed_norm_add(void **state) {
             }
         free(gx);
         free(gy);
+        check_add_rmsnorm(b, label, w, n, &rng);
         free(xv);
         free(yv);
         free(wv);

@@ -250,6 +250,9 @@ struct sp_moe {
     const float *bias;  // (n_experts) in the backend's memory (ops->vector), or NULL
     /* (n_experts) each: gate and up, or gate_up (outputs alternating gate, up) with gate and up NULL */
     const struct sp_linear *gate, *up, *gate_up, *down;
+    /* The layer's ungated shared expert (NULL: none), which ops->moe may
+     * add too, after each row's routed experts. */
+    const struct sp_linear *shared_gate, *shared_up, *shared_down;
 };
 
 struct sp_backend;
@@ -334,6 +337,11 @@ struct sp_backend_ops {
                   struct sp_tensor x);
     /* out = x / rms(x) * w, row by row (out may be x). */
     void (*rmsnorm)(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor out);
+    /* Optional (NULL: add, rmsnorm, then zero): x += r, then out =
+     * x / rms(x) * w row by row, then r = 0 where zero_r; the same values
+     * as those three ops. */
+    void (*add_rmsnorm)(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor r,
+                        bool zero_r, struct sp_tensor out);
     /* t = 0. */
     void (*zero)(struct sp_backend *b, struct sp_tensor t);
     /* dst += src. */
@@ -384,11 +392,12 @@ struct sp_backend_ops {
     /* Optional (NULL: the forward pass routes on the host, then gathers,
      * runs mlp and scatter_adds): m's routed experts for the rows of h,
      * routing included, added into out, each row taking its experts in
-     * increasing expert order as scatter_add would. False, with nothing
-     * done, where the backend does not run m so (the host's way then):
-     * that answer depends on m alone, never on the batch. */
+     * increasing expert order as scatter_add would, then (where it sets
+     * *shared_done) m's shared expert. False, with nothing done, where the
+     * backend does not run m so (the host's way then): that answer, and
+     * *shared_done, depend on m alone, never on the batch. */
     bool (*moe)(struct sp_backend *b, const struct sp_moe *m, struct sp_tensor h, const struct sp_glu *act,
-                struct sp_tensor out);
+                struct sp_tensor out, bool *shared_done);
     /* For the rows of x whose want is set (want NULL: all), in order:
      * rmsnorm with norm, then head, into consecutive rows of vocab floats
      * of the host's logits. Returns how many rows. */

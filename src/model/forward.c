@@ -723,6 +723,8 @@ mlp:
                                   .topk_group = a->topk_group, .norm_topk = a->norm_topk_prob,
                                   .routed_scale = (float)a->routed_scale, .gate = ly->egate, .up = ly->eup,
                                   .gate_up = ly->egate_up, .down = ly->edown};
+        if (ly->has_mlp && !ly->has_sgate)
+            ly->moe.shared_gate = &ly->gate, ly->moe.shared_up = &ly->up, ly->moe.shared_down = &ly->down;
         if (ly->expert_bias) ly->moe.bias = vec(c, L, SP_ROLE_EXPERT_BIAS, &st);
     }
     return st;
@@ -1110,6 +1112,19 @@ static void shared_gate(struct sp_ctx *c, const struct layer *ly, int64_t r0, in
     be->ops->gate(be, sp_tensor_rows(c->gout, r0, n), g);
 }
 
+/* x += r, h = rmsnorm(x) * w, r = 0: one op where the backend fuses them. */
+static void add_rmsnorm(struct sp_ctx *c, const float *w, struct sp_tensor x, struct sp_tensor r, struct sp_tensor h) {
+    struct sp_backend *be = c->be;
+    float eps = (float)c->a->norm_eps;
+    if (be->ops->add_rmsnorm) {
+        be->ops->add_rmsnorm(be, w, eps, x, r, true, h);
+        return;
+    }
+    be->ops->add(be, x, r);
+    be->ops->rmsnorm(be, w, eps, x, h);
+    be->ops->zero(be, r);
+}
+
 /* out (n, d) += down(act(gate h, up h)) for the layer's dense or shared MLP. */
 static void layer_mlp_add(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_tensor out) {
     struct sp_mlp_item it = {&ly->gate, &ly->up, NULL, &ly->down, sp_tensor_rows(c->h, 0, n), 0};
@@ -1305,11 +1320,12 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     int64_t E = a->n_experts, d = a->d_model;
     if (!c->experts && be->ops->moe) {
         /* the backend routes on its own: no round trip through the host */
-        bool done = false;
+        bool done = false, shared_done = false;
         double macs = 3.0 * (double)n * (double)a->n_experts_used * (double)d * (double)a->d_expert;
-        STEP(c, SP_STEP_EXPERTS, macs, done = be->ops->moe(be, &ly->moe, sp_tensor_rows(c->h, 0, n), &c->act, out));
+        STEP(c, SP_STEP_EXPERTS, macs,
+             done = be->ops->moe(be, &ly->moe, sp_tensor_rows(c->h, 0, n), &c->act, out, &shared_done));
         if (done) {
-            if (ly->has_mlp) layer_mlp_add(c, ly, n, out);
+            if (ly->has_mlp && !shared_done) layer_mlp_add(c, ly, n, out);
             return true;
         }
     }
@@ -1557,9 +1573,11 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     }
     STEP(c, SP_STEP_EMBED, 0, be->ops->embed(be, &c->embed, b, x));
 
+    bool pending = false;  // the last layer's output, in tmp, still to be added into x (by the next norm)
     for (int64_t L = 0; L < a->n_layers; L++) {
         const struct layer *ly = &c->layers[L];
-        STEP(c, SP_STEP_NORMS, 0, be->ops->rmsnorm(be, ly->attn_norm, eps, x, h));
+        if (pending) STEP(c, SP_STEP_NORMS, 0, be->ops->add_rmsnorm(be, ly->attn_norm, eps, x, tmp, false, h));
+        else STEP(c, SP_STEP_NORMS, 0, be->ops->rmsnorm(be, ly->attn_norm, eps, x, h));
         if (ly->kind == SP_LAYER_GATED_DELTA) {
             gated_delta(c, ly, b, tmp);
         } else if (ly->kind == SP_LAYER_LIGHTNING) {
@@ -1575,8 +1593,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
                  if (a->attn_gate) be->ops->gate(be, att, sp_tensor_rows(c->qgate, 0, n)));
             STEP(c, SP_STEP_O, (double)n * (double)qd * (double)d, be->ops->linear(be, &ly->o, att, tmp));
         }
-        STEP(c, SP_STEP_NORMS, 0, be->ops->add(be, x, tmp); be->ops->rmsnorm(be, ly->ffn_norm, eps, x, h);
-             be->ops->zero(be, tmp));
+        STEP(c, SP_STEP_NORMS, 0, add_rmsnorm(c, ly->ffn_norm, x, tmp, h));
         if (a->layer_moe[L]) {
             if (!moe(c, ly, n, tmp)) {
                 track_states(c, b, false);
@@ -1585,7 +1602,9 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, tmp);
         }
-        STEP(c, SP_STEP_NORMS, 0, be->ops->add(be, x, tmp));
+        /* prefetch_next reads x whole */
+        pending = be->ops->add_rmsnorm && !c->pf_experts && L + 1 < a->n_layers;
+        if (!pending) STEP(c, SP_STEP_NORMS, 0, be->ops->add(be, x, tmp));
         if (c->pf_experts) STEP(c, SP_STEP_EMBED, 0, prefetch_next(c, L, n));
     }
 

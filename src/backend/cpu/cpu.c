@@ -364,6 +364,30 @@ static void cpu_add(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor
     for_tokens(cpu_of(b), dst.rows, add_rows, &a);
 }
 
+struct add_norm_args {
+    const float *w;
+    float eps;
+    struct sp_tensor x, r, out;
+    bool zero_r;
+};
+
+/* A row at a time while it is in cache: the add, the norm, then r cleared. */
+static void add_norm_rows(struct cpu *c, const void *arg, int64_t t0, int64_t t1) {
+    const struct add_norm_args *a = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = a->x.data + t * a->x.ld, *r = a->r.data + t * a->r.ld;
+        for (int64_t i = 0; i < a->x.cols; i++) x[i] += r[i];
+        sp_rmsnorm(a->out.data + t * a->out.ld, x, a->w, a->x.cols, a->eps);
+        if (a->zero_r) memset(r, 0, (size_t)a->x.cols * sizeof *r);
+    }
+}
+
+static void cpu_add_rmsnorm(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor r,
+                            bool zero_r, struct sp_tensor out) {
+    struct add_norm_args a = {w, eps, x, r, out, zero_r};
+    for_tokens(cpu_of(b), x.rows, add_norm_rows, &a);
+}
+
 static void cpu_zero(struct sp_backend *b, struct sp_tensor t) {
     if (t.ld == t.cols) {
         memset(t.data, 0, (size_t)(t.rows * t.cols) * sizeof(float));
@@ -1065,6 +1089,7 @@ const struct sp_backend_ops sp_cpu_backend_ops = {
     .lightning = cpu_lightning,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .zero = cpu_zero,
     .add = cpu_add,
     .linear = cpu_linear,

@@ -60,8 +60,17 @@ struct mlp_run {
 struct moe_table {
     bool built, ok;  // ok: every expert's gate (or gate_up), up and down are read by the batched kernels
     bool fused;
+    bool shared;                       // the shared expert is item n_experts: formats and ff as the experts'
     struct sp_cuda_weight gate, down;  // the formats every expert shares
-    struct sp_cuda_mlp_item *d;        // (n_experts)
+    struct sp_cuda_mlp_item *d;        // (n_experts + shared)
+};
+
+/* What qa holds: the int8 rows of n rows of cols floats at src (ld apart);
+ * src NULL: nothing known. A product of the same rows reads them as they
+ * are; any op that writes those floats forgets them. */
+struct qtag {
+    const float *src;
+    int64_t ld, n, cols;
 };
 
 struct cuda {
@@ -105,6 +114,7 @@ struct cuda {
     bool float_acts;
     struct sp_cuda_qx qa, qb;
     int64_t q_rows, q_cols;
+    struct qtag qa_holds;
     float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
     float *logit_host;             // (LOGIT_ROWS, vocab), pinned host memory
     int64_t logit_cap;             // rows of those
@@ -128,13 +138,21 @@ struct cuda {
     float *moe_w, *moe_ew;         // (P) each
     float *moe_x, *moe_y;          // (P, d): the pairs' rows in, the experts' results out
     float *moe_h;                  // (P, expert_ff): the experts' activations
-    struct sp_cuda_mlp_item *moe_items;  // (n_experts)
+    struct sp_cuda_mlp_item *moe_items;  // (n_experts + 1)
     /* ops->mark: events recorded on the stream, created as needed */
     cudaEvent_t *marks;
     int n_marks, cap_marks, made_marks;
 };
 
 static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
+
+/* Floats [p, p + rows x ld) are about to be written: qa no longer holds them. */
+static void touched(struct cuda *c, const float *p, int64_t rows, int64_t ld) {
+    const struct qtag *t = &c->qa_holds;
+    if (t->src && rows > 0 && p < t->src + t->n * t->ld && t->src < p + rows * ld) c->qa_holds.src = NULL;
+}
+
+static void touched_t(struct cuda *c, struct sp_tensor t) { touched(c, t.data, t.rows, t.ld); }
 
 /* ---- failures ---- */
 
@@ -529,6 +547,7 @@ static enum sp_status cuda_vector(struct sp_backend *b, const struct sp_vector *
 static void cuda_write(struct sp_backend *b, struct sp_tensor t, const float *src) {
     struct cuda *c = cuda_of(b);
     if (c->err || t.rows <= 0 || t.cols <= 0) return;
+    touched_t(c, t);
     check(c, cudaMemcpy2DAsync(t.data, (size_t)t.ld * sizeof(float), src, (size_t)t.cols * sizeof(float),
                                (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyHostToDevice, c->stream),
           "write");
@@ -618,6 +637,7 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
     struct sp_cuda_weight w;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n) || !weight_of(c, e, &w)) return;
+    touched_t(c, x);
     if (!upload(c, c->d_tok, bt->tokens, (size_t)n * sizeof(int32_t), "tokens") ||
         !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
         !upload(c, c->d_seq, bt->seq, (size_t)n * sizeof(int32_t), "sequences"))
@@ -630,16 +650,50 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
           "RoPE angles");
 }
 
+/* Where a norm's n rows of cols outputs are rounded to int8 as they are
+ * written (qa, for the products that read them next), or NULL: products
+ * with int8 activations read nearly every normed row (attention's,
+ * routers' and experts' inputs), and the rounding costs the norm one more
+ * pass over a row it holds. */
+static const struct sp_cuda_qx *norm_q(const struct cuda *c, int64_t n, int64_t cols) {
+    return !c->float_acts && cols % SP_CUDA_QBLOCK == 0 && cols <= c->q_cols && n <= c->q_rows ? &c->qa : NULL;
+}
+
+/* qa now holds the n rows of out (where q is qa). */
+static void norm_holds(struct cuda *c, const struct sp_cuda_qx *q, const float *out, int64_t ld, int64_t n,
+                       int64_t cols) {
+    if (q) c->qa_holds = (struct qtag){out, ld, n, cols};
+}
+
 static void cuda_rmsnorm(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor out) {
     struct cuda *c = cuda_of(b);
     if (c->err) return;
-    check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, NULL, w, eps, out.data, out.ld, x.rows, x.cols, c->stream),
-          "rmsnorm");
+    touched_t(c, out);
+    const struct sp_cuda_qx *q = norm_q(c, x.rows, x.cols);
+    if (check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, NULL, w, eps, out.data, out.ld, x.rows, x.cols, q,
+                                              c->stream),
+              "rmsnorm"))
+        norm_holds(c, q, out.data, out.ld, x.rows, x.cols);
+}
+
+static void cuda_add_rmsnorm(struct sp_backend *b, const float *w, float eps, struct sp_tensor x, struct sp_tensor r,
+                             bool zero_r, struct sp_tensor out) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    touched_t(c, x);
+    touched_t(c, out);
+    if (zero_r) touched_t(c, r);
+    const struct sp_cuda_qx *q = norm_q(c, x.rows, x.cols);
+    if (check(c, (cudaError_t)sp_cuda_add_rmsnorm(x.data, x.ld, r.data, r.ld, zero_r, w, eps, out.data, out.ld, x.rows,
+                                                  x.cols, q, c->stream),
+              "rmsnorm"))
+        norm_holds(c, q, out.data, out.ld, x.rows, x.cols);
 }
 
 static void cuda_zero(struct sp_backend *b, struct sp_tensor t) {
     struct cuda *c = cuda_of(b);
     if (c->err || t.rows <= 0 || t.cols <= 0) return;
+    touched_t(c, t);
     check(c, cudaMemset2DAsync(t.data, (size_t)t.ld * sizeof(float), 0, (size_t)t.cols * sizeof(float), (size_t)t.rows,
                                c->stream),
           "zero");
@@ -648,6 +702,7 @@ static void cuda_zero(struct sp_backend *b, struct sp_tensor t) {
 static void cuda_add(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src) {
     struct cuda *c = cuda_of(b);
     if (c->err) return;
+    touched_t(c, dst);
     check(c, (cudaError_t)sp_cuda_add(dst.data, dst.ld, src.data, src.ld, dst.rows, dst.cols, c->stream), "add");
 }
 
@@ -668,7 +723,14 @@ static struct sp_cuda_qx qx_rows(struct sp_cuda_qx q, int64_t r) {
 static bool quantize(struct cuda *c, const float *x, int64_t ldx, int64_t n, int64_t cols, const struct sp_cuda_qx *q,
                      int64_t r) {
     struct sp_cuda_qx at = qx_rows(*q, r);
+    if (q == &c->qa) c->qa_holds = r == 0 ? (struct qtag){x, ldx, n, cols} : (struct qtag){0};
     return check(c, (cudaError_t)sp_cuda_quantize(x, ldx, n, cols, &at, c->stream), "int8 activations");
+}
+
+/* Whether qa holds the n rows of cols floats at x (ld apart). */
+static bool qa_holds(const struct cuda *c, const float *x, int64_t ld, int64_t n, int64_t cols) {
+    const struct qtag *t = &c->qa_holds;
+    return t->src == x && t->ld == ld && n <= t->n && t->cols == cols;
 }
 
 /* y = l(x) on n rows of x (ld apart) into rows of y. */
@@ -676,8 +738,11 @@ static bool product(struct cuda *c, const struct sp_linear *l, const float *x, i
                     int64_t n) {
     struct sp_cuda_weight w;
     if (!weight_of(c, l, &w)) return false;
+    touched(c, y, n, ldy);
     if (!int8_acts(c, &w, l->float_activations))
         return check(c, (cudaError_t)sp_cuda_linear(&w, x, ldx, y, ldy, n, c->stream), "linear");
+    if (qa_holds(c, x, ldx, n, w.cols))
+        return check(c, (cudaError_t)sp_cuda_linear_q(&w, &c->qa, y, ldy, n, c->stream), "linear");
     for (int64_t t0 = 0; t0 < n; t0 += c->q_rows) {
         int64_t m = n - t0 < c->q_rows ? n - t0 : c->q_rows;
         if (!quantize(c, x + t0 * ldx, ldx, m, w.cols, &c->qa, 0) ||
@@ -698,6 +763,8 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    touched_t(c, qkv);
+    touched_t(c, att);
     /* the batch's positions and sequences came with ops->embed */
     struct sp_cuda_attn a = {.layer = ly->layer, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
                              .head_dim = s->head_dim, .rot = s->rot_dims, .q_norm = ly->q_norm, .k_norm = ly->k_norm,
@@ -720,6 +787,7 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
 static void cuda_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g) {
     struct cuda *c = cuda_of(b);
     if (c->err) return;
+    touched_t(c, x);
     check(c, (cudaError_t)sp_cuda_gate(x.data, x.ld, g.data, g.ld, x.rows, x.cols, g.cols == 1, c->stream), "gate");
 }
 
@@ -737,6 +805,8 @@ static void cuda_gated_delta(struct sp_backend *b, const struct sp_delta_layer *
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    touched_t(c, qkv);
+    touched_t(c, out);
     struct sp_cuda_delta d = {.k_heads = s->lin_k_heads, .v_heads = s->lin_v_heads, .k_dim = s->lin_k_dim,
                               .v_dim = s->lin_v_dim, .conv = s->lin_conv, .conv_w = ly->conv, .a_log = ly->a_log,
                               .dt_bias = ly->dt_bias, .norm = ly->norm, .eps = ly->eps, .st = states_of(c, ly->layer)};
@@ -751,6 +821,8 @@ static void cuda_lightning(struct sp_backend *b, const struct sp_lightning_layer
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    touched_t(c, qkv);
+    touched_t(c, out);
     /* the batch's RoPE angles came with ops->embed */
     struct sp_cuda_lightning l = {.heads = s->lin_v_heads, .dim = s->lin_v_dim, .rot = s->rot_dims,
                                   .groups = ly->groups, .rope_cs = c->rope_cs, .q_norm = ly->q_norm,
@@ -820,6 +892,7 @@ static struct sp_cuda_mlp_item item_weights(const struct sp_cuda_weight w[3], bo
 static bool quantize_items(struct cuda *c, const struct mlp_run *r) {
     for (int64_t i = r->first; i < r->first + r->count; i++) {
         const struct sp_cuda_mlp_item *d = &c->h_items[i];
+        if (d->row == 0 && qa_holds(c, d->x, d->ldx, d->n, r->gate.cols)) continue;  // a norm's rows, rounded
         if (!quantize(c, d->x, d->ldx, d->n, r->gate.cols, &c->qa, d->row)) return false;
     }
     return true;
@@ -834,6 +907,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
                      struct sp_tensor out) {
     struct cuda *c = cuda_of(b);
     int64_t ld = c->shape.mlp_width, nv = 0, nr = 0;
+    touched_t(c, out);
     for (int64_t i = 0; i < n && !c->err; i++) {
         const struct sp_mlp_item *it = &items[i];
         int64_t cnt = it->x.rows;
@@ -896,6 +970,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
 static void cuda_gather(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src, const int32_t *rows) {
     struct cuda *c = cuda_of(b);
     if (c->err || dst.rows <= 0) return;
+    touched_t(c, dst);
     if (!dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, dst.rows, sizeof(int32_t)) ||
         !upload(c, c->d_idx, rows, (size_t)dst.rows * sizeof(int32_t), "gather rows"))
         return;
@@ -911,7 +986,7 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
     if (t->built) return t->ok ? t : NULL;
     t->built = true;
     int64_t E = m->n_experts;
-    struct sp_cuda_mlp_item *h = sp_calloc((size_t)E, sizeof *h, SP_MEM_MISC);
+    struct sp_cuda_mlp_item *h = sp_calloc((size_t)E + 1, sizeof *h, SP_MEM_MISC);
     if (!h) return NULL;
     t->fused = m->gate_up != NULL;
     bool ok = true;
@@ -925,56 +1000,77 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
              !t->gate.bias == !w[1].bias;
         h[e] = item_weights(w, t->fused);
     }
-    if (ok && dev_alloc(c, (size_t)E * sizeof *h, (void **)&t->d) != SP_OK) ok = false;
-    if (ok) ok = upload(c, t->d, h, (size_t)E * sizeof *h, "expert table");
+    if (ok && m->shared_gate) {  // the shared expert rides along where the experts' kernels read it as they are
+        struct sp_mlp_item it = {m->shared_gate, m->shared_up, NULL, m->shared_down, {0}, 0};
+        struct sp_cuda_weight w[3];
+        t->shared = !t->fused && vec_item(c, &it, w) && same_format(&t->gate, &w[0]) &&
+                    same_format(&t->down, &w[2]) && t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
+        if (t->shared) h[E] = item_weights(w, false);
+    }
+    size_t bytes = (size_t)(E + t->shared) * sizeof *h;
+    if (ok && dev_alloc(c, bytes, (void **)&t->d) != SP_OK) ok = false;
+    if (ok) ok = upload(c, t->d, h, bytes, "expert table");
     sp_free(h);
     t->ok = ok;
     return ok ? t : NULL;
 }
 
 /* Routing and the routed experts without the host: the router's product,
- * k_route, the pairs grouped by expert (k_moe_group), their rows gathered,
+ * k_route, the pairs grouped by expert (k_moe_group; the shared expert,
+ * where the table has it, as one more item of every token's row), their
+ * rows gathered (as int8 rows straight from qa where a norm left h there),
  * the batched MLP kernels over a grid sized for the most items there can
- * be, then each token's results added in expert order; moe_pairs pairs
- * (whole tokens) at a time. */
+ * be, then each token's results added in expert order, the shared
+ * expert's last; moe_pairs rows (whole tokens) at a time. */
 static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_tensor h, const struct sp_glu *act,
-                     struct sp_tensor out) {
+                     struct sp_tensor out, bool *shared_done) {
     struct cuda *c = cuda_of(b);
     int64_t n = h.rows, d = h.cols, E = m->n_experts, K = m->k;
     bool group = m->route == SP_ROUTE_SIGMOID_GROUP_TOPK || m->route == SP_ROUTE_SOFTMAX_GROUP_TOPK;
+    *shared_done = false;
     if (E > SP_CUDA_ROUTE_MAX_EXPERTS || E > c->shape.n_experts || K <= 0 || K > SP_CUDA_ROUTE_MAX_K || K > E ||
-        K > c->moe_pairs || d != c->shape.d_model || m->router->w.rows != E || m->layer < 0 ||
+        K + 1 > c->moe_pairs || d != c->shape.d_model || m->router->w.rows != E || m->layer < 0 ||
         m->layer >= c->shape.n_layers ||
         (group && m->n_group > 1 && (E % m->n_group || m->topk_group * (E / m->n_group) < K)))
         return false;
     struct moe_table *t = moe_table(c, m);
     if (!t || t->down.cols > c->shape.expert_ff) return false;
+    *shared_done = t->shared;
+    touched_t(c, out);
     struct sp_cuda_route r = {.kind = (enum sp_cuda_route_kind)m->route, .n_experts = E, .k = K,
                               .n_group = m->n_group, .topk_group = m->topk_group, .norm_topk = m->norm_topk,
                               .routed_scale = m->routed_scale, .bias = m->bias};
-    int64_t ff = t->down.cols, slice = c->moe_pairs / K;
+    int64_t ff = t->down.cols, S = K + t->shared, slice = c->moe_pairs / S;
     bool q = int8_acts(c, &t->gate, false) && int8_acts(c, &t->down, false);
     int64_t jblocks = sp_cuda_mlp_blocks(false, ff, 1, 1), rblocks = sp_cuda_mlp_blocks(true, t->down.rows, 1, 1);
     for (int64_t t0 = 0; t0 < n && !c->err; t0 += slice) {
-        int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K;
+        int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K, rows = nt0 * S;
         const float *x = h.data + t0 * h.ld;
         int nt = sp_cuda_mlp_tokens((nk + E - 1) / E);
+        /* at most one item an expert used and a block of tokens more than an even share */
         int64_t items = nk < E ? nk : E, token_blocks = items + (nk + nt - 1) / nt;
+        if (t->shared) items++, token_blocks += (nt0 + nt - 1) / nt;
+        bool from_qa = q && qa_holds(c, x, h.ld, nt0, d);
+        const struct sp_cuda_qx *xq = !q ? NULL : from_qa ? &c->qb : &c->qa;
         if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
             !check(c, (cudaError_t)sp_cuda_route(&r, c->moe_logits, E, nt0, c->moe_sel, c->moe_w, c->stream),
                    "routing") ||
-            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, c->moe_x, d, nt, jblocks,
-                                                      rblocks, items, c->moe_items, c->moe_rows, c->moe_ew,
+            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, t->shared, c->moe_x, d, nt,
+                                                      jblocks, rblocks, items, c->moe_items, c->moe_rows, c->moe_ew,
                                                       c->moe_toff, c->moe_tlist, c->stream),
-                   "grouping by expert") ||
-            !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, nk, d, c->stream),
-                   "rows to experts") ||
-            (q && !quantize(c, c->moe_x, d, nk, d, &c->qa, 0)) ||
-            !check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
-                                                        jblocks * token_blocks, nt, d % 4 == 0, q ? &c->qa : NULL,
-                                                        c->moe_h, ff, act->alpha, act->limit, act->u_offset, c->stream),
+                   "grouping by expert"))
+            break;
+        if (from_qa ? !check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),
+                             "rows to experts")
+                    : !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, rows, d, c->stream),
+                             "rows to experts") ||
+                          (q && !quantize(c, c->moe_x, d, rows, d, &c->qa, 0)))
+            break;
+        if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
+                                                        jblocks * token_blocks, nt, d % 4 == 0, xq, c->moe_h, ff,
+                                                        act->alpha, act->limit, act->u_offset, c->stream),
                    "experts' gate and up") ||
-            (q && !quantize(c, c->moe_h, ff, nk, ff, &c->qb, 0)) ||
+            (q && !quantize(c, c->moe_h, ff, rows, ff, &c->qb, 0)) ||
             !check(c, (cudaError_t)sp_cuda_mlp_down(&t->down, c->moe_items, (int)items, rblocks * token_blocks, nt,
                                                      c->moe_h, ff, q ? &c->qb : NULL, c->moe_y, d, c->stream),
                    "experts' down"))
@@ -993,6 +1089,7 @@ static void cuda_scatter_add(struct sp_backend *b, struct sp_tensor out, struct 
     struct cuda *c = cuda_of(b);
     int64_t m = src.rows, n = out.rows;
     if (c->err || m <= 0 || n <= 0) return;
+    touched_t(c, out);
     if (!host_reserve(c, n + 1 + m) || !dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, n + 1 + m, sizeof(int32_t)) ||
         !dev_reserve(c, (void **)&c->d_w, &c->w_cap, m, sizeof(float)))
         return;
@@ -1034,11 +1131,14 @@ static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, c
         upload(c, c->d_idx, c->h_idx, (size_t)m * sizeof(int32_t), "logits rows");
     for (int64_t j0 = 0; j0 < m && !c->err; j0 += c->logit_cap) {
         int64_t k = m - j0 < c->logit_cap ? m - j0 : c->logit_cap;
-        if (!check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, c->d_idx + j0, norm, eps, c->logit_rows, d, k, d,
+        const struct sp_cuda_qx *q = norm_q(c, k, d);
+        touched(c, c->logit_rows, k, d);
+        if (!check(c, (cudaError_t)sp_cuda_rmsnorm(x.data, x.ld, c->d_idx + j0, norm, eps, c->logit_rows, d, k, d, q,
                                                    c->stream),
-                   "final norm") ||
-            !product(c, head, c->logit_rows, d, c->logit_out, V, k))
+                   "final norm"))
             break;
+        norm_holds(c, q, c->logit_rows, d, k, d);
+        if (!product(c, head, c->logit_rows, d, c->logit_out, V, k)) break;
         /* through pinned memory: a copy to pageable memory runs at a fraction of the link's speed */
         if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
                                      cudaMemcpyDeviceToHost, c->stream),
@@ -1136,10 +1236,10 @@ static void cuda_destroy(struct sp_backend *b) {
     sp_free(c);
 }
 
-/* Routed pairs ops->moe takes at a time: a whole batch's, up to what the
- * grouping kernel takes. */
+/* Rows ops->moe takes at a time: a whole batch's routed pairs and a
+ * shared expert's row a token, up to what the grouping kernel takes. */
 static int64_t moe_pairs(const struct sp_backend_params *p) {
-    int64_t k = p->shape.n_experts_used > 0 ? p->shape.n_experts_used : 1, pairs = p->max_batch * k;
+    int64_t k = p->shape.n_experts_used > 0 ? p->shape.n_experts_used : 1, pairs = p->max_batch * (k + 1);
     return pairs < SP_CUDA_MOE_MAX_PAIRS ? pairs : SP_CUDA_MOE_MAX_PAIRS;
 }
 
@@ -1176,7 +1276,8 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     size_t moe = 0, P = (size_t)moe_pairs(p);
     if (s->n_experts > 0)  /* ops->moe's buffers and tables */
         moe = P * (size_t)(s->n_experts + 2 + 2 * s->d_model + s->expert_ff) * sizeof(float) +
-              (4 * P + 1) * sizeof(int32_t) + (size_t)(s->n_layers + 1) * (size_t)s->n_experts * sizeof(struct sp_cuda_mlp_item);
+              (4 * P + 1) * sizeof(int32_t) +
+              (size_t)(s->n_layers + 1) * (size_t)(s->n_experts + 1) * sizeof(struct sp_cuda_mlp_item);
     size_t q = p->float_activations ? 0 : 2 * (size_t)(q_rows(p) * q_cols(p)) * (1 + 2 * sizeof(float) / SP_CUDA_QBLOCK);
     return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) +
            (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item) + moe;
@@ -1268,7 +1369,7 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
             (st = dev_floats(c, P * s->d_model, &c->moe_y)) != SP_OK ||
             (st = dev_floats(c, P * s->expert_ff, &c->moe_h)) != SP_OK ||
             (st = dev_alloc(c, (size_t)(4 * P + 1) * sizeof(int32_t), (void **)&c->moe_sel)) != SP_OK ||
-            (st = dev_alloc(c, (size_t)E * sizeof *c->moe_items, (void **)&c->moe_items)) != SP_OK)
+            (st = dev_alloc(c, (size_t)(E + 1) * sizeof *c->moe_items, (void **)&c->moe_items)) != SP_OK)
             goto fail;
         c->moe_rows = c->moe_sel + P;
         c->moe_tlist = c->moe_rows + P;
@@ -1328,6 +1429,7 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .lightning = cuda_lightning,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .zero = cuda_zero,
     .add = cuda_add,
     .linear = cuda_linear,

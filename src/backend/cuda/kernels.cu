@@ -875,19 +875,35 @@ struct down_launch {
 /* x's rows rounded to int8 blocks of QB (a warp a block): d = max |x| / 127,
  * codes rint(x / d). */
 constexpr int QUANT_WARPS = 8;
+
+/* One block of QB values, a lane's value v each: its codes into q[0 .. QB), {d, sum} into *qd. */
+__device__ __forceinline__ void quantize_block(float v, int lane, int8_t *q, float2 *qd) {
+    float amax = warp_max(fabsf(v)), d = __fdiv_rn(amax, 127.0f);
+    int c = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+    c = c > 127 ? 127 : c < -127 ? -127 : c;
+    float sum = warp_sum(v);
+    q[lane] = (int8_t)c;
+    if (lane == 0) *qd = make_float2(d, sum);
+}
+
 __global__ void __launch_bounds__(QUANT_WARPS * WARP)
     k_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, int8_t *q, float2 *qd, int64_t ldq, int64_t ldd) {
     int64_t per_row = cols / QB, blk = (int64_t)blockIdx.x * QUANT_WARPS + threadIdx.x / WARP;
     if (blk >= n * per_row) return;
     int lane = threadIdx.x % WARP;
     int64_t t = blk / per_row, b = blk % per_row;
-    float v = x[t * ldx + b * QB + lane];
-    float amax = warp_max(fabsf(v)), d = __fdiv_rn(amax, 127.0f);
-    int c = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
-    c = c > 127 ? 127 : c < -127 ? -127 : c;
-    float sum = warp_sum(v);
-    q[t * ldq + b * QB + lane] = (int8_t)c;
-    if (lane == 0) qd[t * ldd + b] = make_float2(d, sum);
+    quantize_block(x[t * ldx + b * QB + lane], lane, q + t * ldq + b * QB, qd + t * ldd + b);
+}
+
+/* Row i of dst's int8 rows (codes and block pairs) = row rows[i] of src's, a block a row. */
+__global__ void k_gather_q(sp_cuda_qx dst, sp_cuda_qx src, const int32_t *rows, int64_t cols) {
+    int64_t r = rows[blockIdx.x], i = blockIdx.x;
+    const uint4 *sq = reinterpret_cast<const uint4 *>(src.q + r * src.ldq);
+    uint4 *dq = reinterpret_cast<uint4 *>(dst.q + i * dst.ldq);
+    for (int64_t k = threadIdx.x; k < cols / 16; k += blockDim.x) dq[k] = sq[k];
+    const float2 *sd = reinterpret_cast<const float2 *>(src.d) + r * src.ldd;
+    float2 *dd = reinterpret_cast<float2 *>(dst.d) + i * dst.ldd;
+    for (int64_t k = threadIdx.x; k < cols / QB; k += blockDim.x) dd[k] = sd[k];
 }
 
 qacts qacts_of(const sp_cuda_qx &x) {
@@ -920,30 +936,58 @@ __device__ double block_sum_d(double v, double *red) {
     return s;
 }
 
-__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(const float *x, int64_t ldx, const int32_t *rows,
-                                                          const float *w, float eps, float *out, int64_t ldo,
-                                                          int64_t cols) {
+/* Row r of x (x[rows[r]] where rows is set) into row r of out as
+ * x / rms(x) * w, a block a row; with r (rows ldr apart) first x += r (and
+ * r = 0 where zero_r); with q, the normed row also rounded to int8 blocks
+ * as k_quantize rounds them (the same operations: the same codes and sums). */
+__global__ void __launch_bounds__(NORM_THREADS)
+    k_rmsnorm(float *x, int64_t ldx, const int32_t *rows, float *res, int64_t ldr, bool zero_r, const float *w,
+              float eps, float *out, int64_t ldo, int64_t cols, sp_cuda_qx q) {
     __shared__ double red[NORM_THREADS / WARP];
-    const float *xr = x + (rows ? (int64_t)rows[blockIdx.x] : (int64_t)blockIdx.x) * ldx;
+    float *xr = x + (rows ? (int64_t)rows[blockIdx.x] : (int64_t)blockIdx.x) * ldx;
+    float *rr = res ? res + (int64_t)blockIdx.x * ldr : nullptr;
     float *o = out + (int64_t)blockIdx.x * ldo;
     double ss = 0;
-    if (cols % 4 == 0 && ((uintptr_t)xr & 15) == 0) {  // a float4 a thread: one round of loads for 4096 columns
+    bool vec = cols % 4 == 0 && ((uintptr_t)xr & 15) == 0 && (!rr || ((uintptr_t)rr & 15) == 0);
+    if (vec) {  // a float4 a thread: one round of loads for 4096 columns
         for (int64_t c = 4 * threadIdx.x; c < cols; c += 4 * NORM_THREADS) {
             float4 v = *reinterpret_cast<const float4 *>(xr + c);
+            if (rr) {
+                float4 a = *reinterpret_cast<const float4 *>(rr + c);
+                v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
+                v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
+                *reinterpret_cast<float4 *>(xr + c) = v;
+                if (zero_r) *reinterpret_cast<float4 *>(rr + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
             ss += (double)v.x * (double)v.x;
             ss += (double)v.y * (double)v.y;
             ss += (double)v.z * (double)v.z;
             ss += (double)v.w * (double)v.w;
         }
     } else {
-        for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) ss += (double)xr[c] * (double)xr[c];
+        for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) {
+            float v = xr[c];
+            if (rr) {
+                v = __fadd_rn(v, rr[c]);
+                xr[c] = v;
+                if (zero_r) rr[c] = 0.0f;
+            }
+            ss += (double)v * (double)v;
+        }
     }
-    ss = block_sum_d(ss, red);
+    ss = block_sum_d(ss, red);  // its barrier also makes the sums written above seen by the block
     float scale = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
     for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) {
         float v = __fmul_rn(xr[c], scale);
         o[c] = w ? __fmul_rn(v, w[c]) : v;
     }
+    if (!q.q) return;
+    __syncthreads();
+    int lane = threadIdx.x % WARP;
+    int8_t *qr = q.q + (int64_t)blockIdx.x * q.ldq;
+    float2 *dr = reinterpret_cast<float2 *>(q.d) + (int64_t)blockIdx.x * q.ldd;
+    for (int64_t b = threadIdx.x / WARP; b < cols / QB; b += NORM_THREADS / WARP)
+        quantize_block(o[b * QB + lane], lane, qr + b * QB, dr + b);
 }
 
 __global__ void k_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t cols) {
@@ -1126,21 +1170,22 @@ constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROU
  * blocks by scans over the experts; each pair's place in its expert's
  * list (token order) by a warp an expert at a time, counting the earlier
  * pairs that chose it 32 at a time; then each token's pairs sorted by
- * expert. */
+ * expert. With shared, table[E] (the shared expert) is one more item,
+ * after the experts': token t's row n K + t, weight 1, last in its list. */
 __global__ void __launch_bounds__(GROUP_THREADS)
-    k_moe_group(const int32_t *sel, const float *w, int n, int K, int E, const sp_cuda_mlp_item *table,
+    k_moe_group(const int32_t *sel, const float *w, int n, int K, int E, const sp_cuda_mlp_item *table, bool shared,
                 const float *gath, int64_t ldx, int nt, int64_t jblocks, int64_t rblocks, int max_items,
                 sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
     using scan = cub::BlockScan<int, GROUP_THREADS>;
     __shared__ typename scan::TempStorage tmp;
     __shared__ int cnt[SP_CUDA_ROUTE_MAX_EXPERTS], off[SP_CUDA_ROUTE_MAX_EXPERTS];
     __shared__ int n_items;
-    int tid = threadIdx.x, lane = tid % WARP, nk = n * K;
+    int tid = threadIdx.x, lane = tid % WARP, nk = n * K, S = K + (shared ? 1 : 0);  // S: a token's list
     for (int e = tid; e < SP_CUDA_ROUTE_MAX_EXPERTS; e += GROUP_THREADS) cnt[e] = 0;
     __syncthreads();
     for (int i = tid; i < nk; i += GROUP_THREADS) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total;
+    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total, tb_total;
 #pragma unroll
     for (int j = 0; j < GROUP_PER; j++) {
         int e = tid * GROUP_PER + j;
@@ -1152,8 +1197,18 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     __syncthreads();
     scan(tmp).ExclusiveSum(used, io, total);
     __syncthreads();
-    scan(tmp).ExclusiveSum(tb, to);
+    scan(tmp).ExclusiveSum(tb, to, tb_total);
     if (tid == 0) n_items = total;
+    if (shared && tid == 0) {
+        sp_cuda_mlp_item it = table[E];
+        it.x = gath + (int64_t)nk * ldx;
+        it.ldx = ldx;
+        it.n = n;
+        it.row = nk;
+        it.blk_gate_up = (int64_t)tb_total * jblocks;
+        it.blk_down = (int64_t)tb_total * rblocks;
+        items[total] = it;
+    }
 #pragma unroll
     for (int j = 0; j < GROUP_PER; j++) {
         int e = tid * GROUP_PER + j;
@@ -1170,7 +1225,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         items[io[j]] = it;
     }
     __syncthreads();
-    for (int m = n_items + tid; m < max_items; m += GROUP_THREADS) {
+    for (int m = n_items + (shared ? 1 : 0) + tid; m < max_items; m += GROUP_THREADS) {
         items[m].n = 0;
         items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
     }
@@ -1185,7 +1240,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
                 int g = at + __popc(ball & ((1u << lane) - 1u));
                 rows[g] = i / K;
                 ew[g] = w[i];
-                tlist[i] = g;
+                tlist[i / K * S + i % K] = g;
             }
             at += __popc(ball);
         }
@@ -1194,14 +1249,19 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     for (int t = tid; t < n; t += GROUP_THREADS) {
         int ex[SP_CUDA_ROUTE_MAX_K], gp[SP_CUDA_ROUTE_MAX_K];
         for (int j = 0; j < K; j++) {
-            int e = sel[t * K + j], g = tlist[t * K + j], at = j;
+            int e = sel[t * K + j], g = tlist[t * S + j], at = j;
             for (; at > 0 && ex[at - 1] > e; at--) ex[at] = ex[at - 1], gp[at] = gp[at - 1];
             ex[at] = e, gp[at] = g;
         }
-        for (int j = 0; j < K; j++) tlist[t * K + j] = gp[j];
-        toff[t] = t * K;
+        for (int j = 0; j < K; j++) tlist[t * S + j] = gp[j];
+        if (shared) {
+            rows[nk + t] = t;
+            ew[nk + t] = 1.0f;
+            tlist[t * S + K] = nk + t;
+        }
+        toff[t] = t * S;
     }
-    if (tid == 0) toff[n] = nk;
+    if (tid == 0) toff[n] = n * S;
 }
 
 /* ---- attention ---- */
@@ -1554,11 +1614,40 @@ extern "C" int sp_cuda_rope_table(const int32_t *pos, int64_t n, const float *in
     return (int)cudaGetLastError();
 }
 
+/* The rounding's buffers for k_rmsnorm (q.q NULL: none); false where its rows are not whole blocks. */
+static bool norm_q(const struct sp_cuda_qx *q, int64_t cols, sp_cuda_qx *out) {
+    *out = q ? *q : sp_cuda_qx{nullptr, nullptr, 0, 0};
+    return !q || (cols % QB == 0 && q->ldq % 16 == 0 && q->ldq >= cols && q->ldd >= cols / QB);
+}
+
 extern "C" int sp_cuda_rmsnorm(const float *x, int64_t ldx, const int32_t *rows, const float *w, float eps, float *out,
-                               int64_t ldo, int64_t n, int64_t cols, void *stream) {
+                               int64_t ldo, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream) {
     if (n <= 0) return 0;
+    sp_cuda_qx qx;
+    if (!norm_q(q, cols, &qx)) return (int)cudaErrorInvalidValue;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    k_rmsnorm<<<(unsigned)n, NORM_THREADS, 0, s>>>(x, ldx, rows, w, eps, out, ldo, cols);
+    /* x is only read without a residual */
+    k_rmsnorm<<<(unsigned)n, NORM_THREADS, 0, s>>>(const_cast<float *>(x), ldx, rows, nullptr, 0, false, w, eps, out,
+                                                   ldo, cols, qx);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sp_cuda_add_rmsnorm(float *x, int64_t ldx, float *r, int64_t ldr, bool zero_r, const float *w,
+                                   float eps, float *out, int64_t ldo, int64_t n, int64_t cols,
+                                   const struct sp_cuda_qx *q, void *stream) {
+    if (n <= 0) return 0;
+    sp_cuda_qx qx;
+    if (!norm_q(q, cols, &qx)) return (int)cudaErrorInvalidValue;
+    k_rmsnorm<<<(unsigned)n, NORM_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, nullptr, r, ldr, zero_r, w,
+                                                                                   eps, out, ldo, cols, qx);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sp_cuda_gather_q(const struct sp_cuda_qx *dst, const struct sp_cuda_qx *src, const int32_t *rows,
+                                int64_t n, int64_t cols, void *stream) {
+    if (n <= 0 || cols <= 0) return 0;
+    if (cols % QB || dst->ldq % 16 || src->ldq % 16) return (int)cudaErrorInvalidValue;
+    k_gather_q<<<(unsigned)n, 128, 0, static_cast<cudaStream_t>(stream)>>>(*dst, *src, rows, cols);
     return (int)cudaGetLastError();
 }
 
@@ -1630,15 +1719,17 @@ extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits,
 }
 
 extern "C" int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
-                                 const struct sp_cuda_mlp_item *table, const float *gath, int64_t ldx, int nt,
-                                 int64_t jblocks, int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items,
-                                 int32_t *rows, float *ew, int32_t *toff, int32_t *tlist, void *stream) {
+                                 const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
+                                 int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
+                                 struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff,
+                                 int32_t *tlist, void *stream) {
     if (n <= 0) return 0;
-    if (n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || k > SP_CUDA_ROUTE_MAX_K || n * k > SP_CUDA_MOE_MAX_PAIRS)
+    if (n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || k > SP_CUDA_ROUTE_MAX_K ||
+        n * (k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS)
         return (int)cudaErrorInvalidValue;
     k_moe_group<<<1, GROUP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-        sel, w, (int)n, (int)k, (int)n_experts, table, gath, ldx, nt, jblocks, rblocks, (int)max_items, items, rows, ew,
-        toff, tlist);
+        sel, w, (int)n, (int)k, (int)n_experts, table, shared, gath, ldx, nt, jblocks, rblocks, (int)max_items, items,
+        rows, ew, toff, tlist);
     return (int)cudaGetLastError();
 }
 

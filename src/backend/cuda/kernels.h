@@ -145,21 +145,29 @@ int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ld
  * token of pair i in that order (sp_cuda_gather's rows), ew[i] its weight;
  * toff (n + 1) and tlist (n x k) list each token's pairs in increasing
  * expert order (sp_cuda_scatter_add's off and list). Each token's k
- * experts are distinct; n x k at most SP_CUDA_MOE_MAX_PAIRS. */
+ * experts are distinct. With shared, table[n_experts] is a shared expert
+ * of the experts' formats and ff: one more item after the others, on
+ * rows n k + t of gath (rows[n k + t] = t, weight 1), last in each
+ * token's list (then k + 1 long). n x (k + shared) at most
+ * SP_CUDA_MOE_MAX_PAIRS. */
 #define SP_CUDA_MOE_MAX_PAIRS 4096
 int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
-                      const struct sp_cuda_mlp_item *table, const float *gath, int64_t ldx, int nt, int64_t jblocks,
-                      int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items, int32_t *rows, float *ew,
-                      int32_t *toff, int32_t *tlist, void *stream);
+                      const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, int nt,
+                      int64_t jblocks, int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items,
+                      int32_t *rows, float *ew, int32_t *toff, int32_t *tlist, void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
 int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
                   void *stream);
 /* cs[t * rot + i] = cos, cs[t * rot + rot / 2 + i] = sin of pos[t] * inv_freq[i], times scale. */
 int sp_cuda_rope_table(const int32_t *pos, int64_t n, const float *inv_freq, int64_t rot, float scale, float *cs,
                        void *stream);
-/* out row i = x row (rows ? rows[i] : i) / rms * w (w NULL: none), for i < n rows of cols. */
+/* out row i = x row (rows ? rows[i] : i) / rms * w (w NULL: none), for i < n rows of cols;
+ * where q is not NULL, each out row also rounded into q's rows as sp_cuda_quantize rounds it. */
 int sp_cuda_rmsnorm(const float *x, int64_t ldx, const int32_t *rows, const float *w, float eps, float *out,
-                    int64_t ldo, int64_t n, int64_t cols, void *stream);
+                    int64_t ldo, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream);
+/* x += r (then r = 0 where zero_r), then sp_cuda_rmsnorm of x's rows: the same values as those steps apart. */
+int sp_cuda_add_rmsnorm(float *x, int64_t ldx, float *r, int64_t ldr, bool zero_r, const float *w, float eps,
+                        float *out, int64_t ldo, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream);
 /* dst += src over n rows of cols. */
 int sp_cuda_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t n, int64_t cols, void *stream);
 /* out = (u + u_offset) * g / (1 + exp(-alpha g)), g clamped to <= limit, u to [-limit, limit]; g and u
@@ -169,6 +177,9 @@ int sp_cuda_glu(float *out, int64_t ldo, const float *g, const float *u, int64_t
 /* Row i of dst = row rows[i] of src, for i < n rows of cols. */
 int sp_cuda_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int64_t n,
                    int64_t cols, void *stream);
+/* The same for int8 rows (codes and block pairs) of cols (a multiple of SP_CUDA_QBLOCK). */
+int sp_cuda_gather_q(const struct sp_cuda_qx *dst, const struct sp_cuda_qx *src, const int32_t *rows, int64_t n,
+                     int64_t cols, void *stream);
 /* Row t of out += w[k] x row k of src for k in list[off[t] .. off[t + 1]) in that order, t < n. */
 int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
                         const int32_t *list, const float *w, int64_t n, int64_t cols, void *stream);
