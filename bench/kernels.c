@@ -80,6 +80,7 @@ static const struct fmtdef fmts[] = {
     {"affine4-g128", SP_QTYPE_AFFINE4, 128, SP_DTYPE_BF16},
     {"affine8-g64", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
     {"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_U8},
+    {"q6_k", SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT},
 };
 
 /* (rows, cols) = (out, in): dense / attention 2048 and 4096 squares, expert
@@ -96,7 +97,8 @@ struct mats {
 
 static void mats_make(struct mats *o, const struct fmtdef *f, int64_t rows, int64_t cols, size_t budget,
                       struct sp_rng *rng) {
-    bool quant = sp_qtype_is_quantized(f->type);
+    const struct sp_qtype_traits *tr = sp_qtype_traits(f->type);
+    bool quant = sp_qtype_is_quantized(f->type) && !tr->block_bytes;  // scales in arrays of their own
     size_t cb = (size_t)rows * sp_qtype_row_bytes(f->type, cols);
     size_t ng = quant ? (size_t)(cols / f->group) : 0, sb = (size_t)rows * ng * (quant ? sp_dtype_size(f->sdt) : 0);
     size_t one = sp_qtype_matrix_bytes(f->type, f->group, f->sdt, rows, cols);
@@ -124,6 +126,10 @@ static void mats_make(struct mats *o, const struct fmtdef *f, int64_t rows, int6
             uint64_t r = sp_rng_next(rng);
             memcpy(o->codes + i, &r, 8);
         }
+    for (size_t i = 0; tr->block_bytes && i < cb * (size_t)o->n; i += (size_t)tr->block_bytes) {
+        uint16_t d = sp_f32_to_f16(1.0f / 4096.0f);  // each block's f16 scale last in it (Q6_K): finite
+        memcpy(o->codes + i + tr->block_bytes - 2, &d, 2);
+    }
     for (size_t i = 0; sb && i < rows * ng * (size_t)o->n; i++) {
         if (f->type == SP_QTYPE_MXFP4) {
             o->scales[i] = (uint8_t)(121 + sp_rng_next(rng) % 4);

@@ -81,12 +81,13 @@ static inline void mat_make(struct mat *o, enum sp_qtype t, int group, enum sp_d
     const struct sp_qtype_traits *tr = sp_qtype_traits(t);
     memset(o, 0, sizeof *o);
     if (!tr->mode) group = 1;
+    bool arrays = tr->mode && !tr->block_bytes;  // scales apart from the codes
     enum sp_dtype s_dt = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : sdt;
     size_t rb = sp_qtype_row_bytes(t, cols);
     int64_t ng = cols / group;
-    size_t sb = tr->mode ? (size_t)ng * sp_dtype_size(s_dt) : 0;
+    size_t sb = arrays ? (size_t)ng * sp_dtype_size(s_dt) : 0;
     o->codes = calloc((size_t)rows, rb + 1);
-    if (tr->mode) o->scales = calloc((size_t)rows, sb);
+    if (arrays) o->scales = calloc((size_t)rows, sb);
     if (tr->has_biases) o->biases = calloc((size_t)rows, sb);
     float *x = malloc((size_t)cols * sizeof *x);
     for (int64_t r = 0; r < rows; r++) {
@@ -101,7 +102,7 @@ static inline void mat_make(struct mat *o, enum sp_qtype t, int group, enum sp_d
     free(x);
     o->m = (struct sp_qmat){.type = t, .group = group, .rows = rows, .cols = cols, .codes = o->codes,
                             .scales = o->scales, .biases = o->biases,
-                            .scale_dtype = tr->mode ? s_dt : SP_DTYPE_COUNT};
+                            .scale_dtype = arrays ? s_dt : SP_DTYPE_COUNT};
 }
 
 static inline void mat_free(struct mat *o) {

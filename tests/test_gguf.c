@@ -1339,8 +1339,8 @@ static float kq_value(uint32_t t, const unsigned char *b, int j) {
 /* A one-layer llama of width 256 (heads of 64) whose matrices are K-quants
  * of random blocks - q / k / v / o Q4_K, gate / up Q5_K, down and the head
  * Q6_K - reads every value as llama.cpp's layout gives it (Q4_K and Q5_K
- * repacked into affine 4 / 5-bit with f32 scales, Q6_K as F32), q / k rows
- * reordered back, and runs. */
+ * repacked into affine 4 / 5-bit with f32 scales, Q6_K as its own blocks,
+ * the file's bytes), q / k rows reordered back, and runs. */
 static void test_gguf_kquants(void **state) {
     static const struct {
         const char *name;
@@ -1413,7 +1413,8 @@ static void test_gguf_kquants(void **state) {
         assert_int_equal(sp_model_linear(m, mats[i].role == SP_ROLE_LM_HEAD ? -1 : 0, mats[i].role, -1, &lin), SP_OK);
         assert_int_equal(lin.w.type, mats[i].type == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_AFFINE4
                                      : mats[i].type == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
-                                                                         : SP_QTYPE_F32);
+                                                                         : SP_QTYPE_Q6_K);
+        if (lin.w.type == SP_QTYPE_Q6_K) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);
         bool reorder = mats[i].role == SP_ROLE_ATTN_Q || mats[i].role == SP_ROLE_ATTN_K;
         for (int64_t r = 0; r < lin.w.rows; r++) {
             /* Hugging Face row h 64 + a 32 + c is GGUF row h 64 + 2 c + a */
@@ -1429,7 +1430,7 @@ static void test_gguf_kquants(void **state) {
     }
     float *lg = model_logits(m, 8);
     for (int64_t i = 0; i < 8 * V; i++) assert_true(isfinite(lg[i]));
-    if (th_device_ready(SP_DEVICE_CUDA)) {  // the GPU's products on f32-scaled affine and F32 matrices
+    if (th_device_ready(SP_DEVICE_CUDA)) {  // the GPU's products on f32-scaled affine and Q6_K matrices
         const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());  // both in float activations
         free(lg);
         lg = model_logits(m, 8);

@@ -280,6 +280,39 @@ static void test_mxfp8_nvfp4_round_trip(void **state) {
     }
 }
 
+/* Q6_K: each value rounded within half its 16's step (d x scale), or, at
+ * the ends of the code range, clamped; a block's bytes where ggml puts
+ * them (element l + 32 k of each 128: low bits in ql[l + 32 (k % 2)]'s
+ * low nibble for k < 2, high for k >= 2, high bits at bit 2 k of qh[l]);
+ * and its sizes. */
+static void test_q6_k(void **state) {
+    struct sp_rng r;
+    sp_rng_seed(&r, 6);
+    float x[512], out[512];
+    for (int i = 0; i < 512; i++) x[i] = sp_rng_normal(&r) * (i < 256 ? 1.0f : 1e-3f);
+    uint8_t b[2 * 210];
+    sp_qtype_quantize_row_ref(SP_QTYPE_Q6_K, x, 512, 256, b, NULL, NULL, SP_DTYPE_COUNT);
+    struct sp_qmat m = {SP_QTYPE_Q6_K, 256, 1, 512, b, NULL, NULL, SP_DTYPE_COUNT, false};
+    sp_qmat_dequant_row_ref(&m, 0, out);
+    for (int i = 0; i < 512; i++) {
+        const uint8_t *blk = b + i / 256 * 210;
+        uint16_t dh;
+        memcpy(&dh, blk + 208, 2);
+        float step = sp_f16_to_f32(dh) * (float)(int8_t)blk[192 + i % 256 / 16];
+        int e = i % 256, h = e / 128, k = e % 128 / 32, l = e % 32;
+        int lo = blk[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 15, hi = blk[128 + 32 * h + l] >> (2 * k) & 3;
+        assert_true(out[i] == step * (float)((lo | hi << 4) - 32));
+        float q = x[i] / step;
+        if (q > -32.0f && q < 31.0f) assert_true(fabsf(out[i] - x[i]) <= 0.5f * step * 1.0001f);
+        else assert_true(fabsf(out[i]) <= fabsf(x[i]) + 0.5f * step);
+    }
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q6_K, 512), 420);
+    assert_int_equal(sp_qtype_matrix_bytes(SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 3, 512), 3 * 420);
+    assert_int_equal(sp_qtype_check_shape(SP_QTYPE_Q6_K, 256, 512), SP_OK);
+    assert_int_not_equal(sp_qtype_check_shape(SP_QTYPE_Q6_K, 256, 384), SP_OK);
+    assert_int_not_equal(sp_qtype_check_shape(SP_QTYPE_Q6_K, 64, 512), SP_OK);
+}
+
 static void test_float_formats(void **state) {
     float x[8] = {1.0f, -2.5f, 3.1415926f, 0.0f, -0.0f, 65504.0f, 1e-8f, -7.75f};
     uint16_t h[8], bf[8];
@@ -325,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_exact_round_trip), cmocka_unit_test(test_mxfp4_codes_and_scales),
         cmocka_unit_test(test_e4m3_all_codes),         cmocka_unit_test(test_mxfp8_nvfp4_round_trip),
         cmocka_unit_test(test_float_formats),          cmocka_unit_test(test_shapes_and_sizes),
+        cmocka_unit_test(test_q6_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,7 @@ int sp_linear_parts(const struct sp_linear *l, const void **ptr, size_t *len) {
     ptr[n] = w->codes;
     len[n++] = l->transposed ? (size_t)w->cols * sp_qtype_row_bytes(w->type, w->rows)
                              : (size_t)w->rows * sp_qtype_row_bytes(w->type, w->cols);
-    if (tr->mode) {
+    if (tr->mode && !tr->block_bytes) {  // a block format's scales are in its codes
         enum sp_dtype sd = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : w->scale_dtype;
         size_t s = (size_t)w->rows * (size_t)(w->cols / w->group) * sp_dtype_size(sd);
         ptr[n] = w->scales;

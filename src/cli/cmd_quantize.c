@@ -68,7 +68,7 @@ int sp_cmd_quantize(int argc, char **argv) {
     } else {
         const struct sp_qtype_traits *tr = NULL;
         if (sp_qtype_from_name(mode, &o.type)) tr = sp_qtype_traits(o.type);
-        if (!tr || !tr->mode) {
+        if (!tr || !tr->mode || tr->block_bytes) {  // block formats are read from GGUF files, not written
             fprintf(stderr, "error: quantize: unknown --mode %s (affine, mxfp4, mxfp8, nvfp4, f32, f16, bf16)\n", mode);
             return SP_EXIT_USAGE;
         }

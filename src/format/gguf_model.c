@@ -372,8 +372,9 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
     return false;
 }
 
-/* How a GGUF tensor type is read: as floats, or repacked, block by block
- * and exactly, into the MLX format whose products compute the same values
+/* How a GGUF tensor type is read: as floats, as blocks of a format of
+ * sparrow's own (the same bytes: Q6_K), or repacked, block by block and
+ * exactly, into the MLX format whose products compute the same values
  * (Q8_0: d q = d u - 128 d for the code u = q + 128, affine 8-bit; Q4_0:
  * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; Q5_0: d (q - 16),
  * affine 5-bit with bias -16 d; Q5_1: d q + m; MXFP4: the same E2M1 codes
@@ -383,12 +384,12 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
  * k, wider codes LSB first. */
 struct gguf_read {
     enum sp_gguf_type type;
-    enum sp_dtype dtype;  // float types: the tensor's dtype; dequantized ones: F32
-    const char *mode;     // block types: the MLX mode ("affine", "mxfp4"), bits and scale dtype
+    enum sp_dtype dtype;  // float types: the tensor's dtype
+    const char *mode;     // block types: the mode ("affine", "mxfp4", "q6_k"), bits and scale dtype
     int bits;
     enum sp_dtype scale_dtype;
     bool biases;
-    bool dequant;         // read as F32, each value as ggml's reference dequantizer computes it
+    bool native;          // the blocks as they are (a format whose blocks hold their scales)
 };
 
 static const struct gguf_read reads[] = {
@@ -404,8 +405,8 @@ static const struct gguf_read reads[] = {
     /* K-quants: super-blocks of 256 whose groups of 32 carry a 6-bit scale and min */
     {SP_GGUF_TYPE_Q4_K, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F32, true, false},
     {SP_GGUF_TYPE_Q5_K, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F32, true, false},
-    /* groups of 16 with their own int8 scale: no MLX format holds them exactly but floats */
-    {SP_GGUF_TYPE_Q6_K, SP_DTYPE_F32, NULL, 0, SP_DTYPE_COUNT, false, true},
+    /* groups of 16 with their own int8 scale, which no MLX format holds */
+    {SP_GGUF_TYPE_Q6_K, SP_DTYPE_U8, "q6_k", 6, SP_DTYPE_COUNT, false, true},
 };
 #define BLOCK 32  // elements of a block of every repacked type
 
@@ -480,27 +481,6 @@ static void repack_super(enum sp_gguf_type t, const unsigned char *src, unsigned
     }
 }
 
-/* One Q6_K super-block as ggml's reference dequantizer computes it: ql[128],
- * qh[64], int8 scales[16], d; each 128 elements four runs of 32 from 64
- * bytes of ql and 32 of qh, a scale for each 16. */
-static void dequant_q6_k(const unsigned char *src, float *y) {
-    const unsigned char *ql = src, *qh = src + 128;
-    const int8_t *sc = (const int8_t *)(src + 192);
-    float d = sp_f16_to_f32(rd16(src + 208));
-    for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = (int)((ql[l] & 15u) | ((qh[l] >> 0) & 3u) << 4) - 32;
-            int q2 = (int)((ql[l + 32] & 15u) | ((qh[l] >> 2) & 3u) << 4) - 32;
-            int q3 = (int)((ql[l] >> 4) | ((qh[l] >> 4) & 3u) << 4) - 32;
-            int q4 = (int)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3u) << 4) - 32;
-            y[l] = d * (float)sc[is] * (float)q1;
-            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-        }
-}
-
 /* One block of src (type t) into its codes, scale and bias; false where a
  * bias does not fit f16. */
 static bool repack_block(enum sp_gguf_type t, const unsigned char *src, unsigned char *codes, unsigned char *scale,
@@ -568,7 +548,8 @@ struct plan {
 /* The module's parameters in the quantization section. */
 static enum sp_status put_module(cJSON *quant, const struct plan *pl) {
     cJSON *o = cJSON_CreateObject();
-    if (!o || !cJSON_AddItemToObject(quant, pl->hf, o) || !cJSON_AddNumberToObject(o, "group_size", BLOCK) ||
+    int group = pl->rd->native ? (int)sp_gguf_type_traits(pl->t->type)->block : BLOCK;
+    if (!o || !cJSON_AddItemToObject(quant, pl->hf, o) || !cJSON_AddNumberToObject(o, "group_size", group) ||
         !cJSON_AddNumberToObject(o, "bits", pl->rd->bits) || !cJSON_AddStringToObject(o, "mode", pl->rd->mode))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     return SP_OK;
@@ -597,29 +578,20 @@ static enum sp_status add_tensor(struct sp_st_file *f, const struct plan *pl, co
     return st;
 }
 
-/* Plan pl's tensor into f: floats in place (or reordered into owned
- * memory at *at), block types repacked there. */
+/* Plan pl's tensor into f: floats and native blocks in place (or their
+ * rows reordered into owned memory at *at), other block types repacked
+ * there. */
 static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, unsigned char **at) {
     const struct sp_gguf_tensor *t = pl->t;
     const unsigned char *src = t->data;
     int64_t cols = t->dims[0], rows = pl->rows;
     const struct sp_gguf_type_traits *tr = sp_gguf_type_traits(t->type);
-    if (pl->rd->dequant) {  // Q6_K: F32 rows
-        size_t rb = (size_t)(cols / tr->block) * tr->block_bytes;
-        float *y = (float *)*at;
-        for (int64_t o = 0; o < rows; o++) {
-            const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * rb;
-            for (int64_t k = 0; k < cols / tr->block; k++)
-                dequant_q6_k(row + (size_t)k * tr->block_bytes, y + o * cols + k * tr->block);
-        }
-        *at += pl->owned;
-        return add_tensor(f, pl, ".weight", SP_DTYPE_F32, cols, y, (size_t)(rows * cols) * sizeof(float));
-    }
-    if (!pl->rd->mode) {
-        if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, t->data, t->nbytes);
+    if (!pl->rd->mode || pl->rd->native) {
         size_t rb = t->nbytes / (size_t)rows;
+        int64_t last = pl->rd->native ? (int64_t)rb : cols;
+        if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, t->data, t->nbytes);
         for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
-        enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, cols, *at, t->nbytes);
+        enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, *at, t->nbytes);
         *at += pl->owned;
         return st;
     }
@@ -708,20 +680,21 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
             pl->d = pl->rows / heads;
         }
         int64_t be = sp_gguf_type_traits(t->type)->block;
-        if ((pl->rd->mode || pl->rd->dequant) && t->dims[0] % be) {
+        if (pl->rd->mode && t->dims[0] % be) {
             st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: rows of %lld are not whole blocks of %lld", g->path, t->name,
                            (long long)t->dims[0], (long long)be);
             break;
         }
-        if (pl->rd->dequant) {
-            pl->owned = (size_t)(pl->rows * t->dims[0]) * sizeof(float);
+        if (pl->rd->mode && strcmp(pl->suffix, ".weight")) {
+            st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s is %s: only weight matrices are read quantized", g->path,
+                           t->name, sp_gguf_type_name(t->type));
+            break;
+        }
+        if (pl->rd->native) {
+            pl->owned = pl->d ? t->nbytes : 0;
             n_out++;
+            st = put_module(quant, pl);
         } else if (pl->rd->mode) {
-            if (strcmp(pl->suffix, ".weight")) {
-                st = sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s is %s: only weight matrices are read quantized",
-                               g->path, t->name, sp_gguf_type_name(t->type));
-                break;
-            }
             if (t->dims[0] % BLOCK) {
                 st = sp_errorf(SP_ERR_FORMAT, "%s: tensor %s: rows of %lld are not whole blocks", g->path, t->name,
                                (long long)t->dims[0]);

@@ -27,10 +27,11 @@
  * in the mapping; Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 repacked exactly, at open,
  * into MLX's affine 8-, 5- and 4-bit and mxfp4 (group 32), Q4_K and Q5_K
  * into affine 4- and 5-bit with f32 scales and biases (d sc and -dmin m,
- * exact), Q6_K (groups of 16) into F32 as ggml's dequantizer gives it, in memory the file
- * owns, so the CPU and CUDA products read them (a copy of the weights:
- * such a model is not streamed from its file by the expert cache). Anything
- * else is refused with a message naming the key or tensor.
+ * exact), in memory the file owns, so the CPU and CUDA products read them
+ * (a copy of those weights: they are not streamed from the file by the
+ * expert cache); Q6_K (groups of 16, which no MLX format holds) as it is,
+ * sparrow's q6_k blocks. Anything else is refused with a message naming the
+ * key or tensor.
  */
 #ifndef SP_FORMAT_GGUF_MODEL_H
 #define SP_FORMAT_GGUF_MODEL_H

@@ -102,6 +102,19 @@ static enum sp_status check_dims(const struct sp_model *m, const struct sp_st_te
     return tensor_error(m, t, msg, NULL);
 }
 
+/* A quantized weight's codes: row order, U32 or U8, of the shape its format gives. */
+static enum sp_status check_codes(const struct sp_model *m, const struct sp_wslot *s, const struct sp_qparams *p,
+                                  int64_t rows, int64_t cols, const char *what) {
+    const struct sp_st_tensor *w = s->t[SP_PARAM_WEIGHT];
+    if (s->transposed) return tensor_error(m, w, "quantized weights in the transposed layout are not supported", NULL);
+    if (w->dtype != SP_DTYPE_U32 && w->dtype != SP_DTYPE_U8)
+        return tensor_error(m, w, "quantized codes must be U32 or U8, not ", sp_dtype_name(w->dtype));
+    enum sp_status st = sp_qtype_check_shape(p->type, p->group, cols);
+    if (st != SP_OK) return tensor_error(m, w, sp_error_msg(), NULL);
+    int64_t packed = (int64_t)sp_qtype_row_bytes(p->type, cols) / (int64_t)sp_dtype_size(w->dtype);
+    return check_dims(m, w, s->stacked, rows, packed, what);
+}
+
 enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_role role, int64_t expert,
                                struct sp_linear *out) {
     memset(out, 0, sizeof *out);
@@ -136,21 +149,25 @@ enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_
     out->interleaved = s->interleaved;
     q->interleaved = s->row_blocks;
     enum sp_status st;
-    if (sc) {
-        struct sp_qparams p;
+    struct sp_qparams p;
+    bool quantized = sp_qconfig_lookup(&m->qcfg, s->module, &p) && p.quantized;
+    if (!sc && quantized && w->dtype == SP_DTYPE_U8 && sp_qtype_traits(p.type)->block_bytes) {
+        /* a block format: its scales are in its blocks */
+        if ((st = check_codes(m, s, &p, rows, cols, what)) != SP_OK) return st;
+        if (qb) return tensor_error(m, qb, "a .biases tensor, but the format has none: ", sp_qtype_name(p.type));
+        q->type = p.type;
+        q->group = p.group;
+        q->scale_dtype = SP_DTYPE_COUNT;
+        q->codes = (const uint8_t *)w->data + (size_t)slice * (size_t)rows * sp_qtype_row_bytes(p.type, cols);
+    } else if (sc) {
         if (!sp_qconfig_lookup(&m->qcfg, s->module, &p))
             return tensor_error(m, sc, "quantization scales, but config.json has no \"quantization\" section", NULL);
         if (!p.quantized)
             return tensor_error(m, sc, "quantization scales, but config.json says this module is not quantized", NULL);
         const struct sp_qtype_traits *tr = sp_qtype_traits(p.type);
-        if (s->transposed) return tensor_error(m, w, "quantized weights in the transposed layout are not supported", NULL);
-        if (w->dtype != SP_DTYPE_U32 && w->dtype != SP_DTYPE_U8)
-            return tensor_error(m, w, "quantized codes must be U32 or U8, not ", sp_dtype_name(w->dtype));
-        st = sp_qtype_check_shape(p.type, p.group, cols);
-        if (st != SP_OK) return tensor_error(m, w, sp_error_msg(), NULL);
-        int64_t packed = (int64_t)sp_qtype_row_bytes(p.type, cols) / (int64_t)sp_dtype_size(w->dtype);
-        st = check_dims(m, w, stacked, rows, packed, what);
-        if (st != SP_OK) return st;
+        if (tr->block_bytes)
+            return tensor_error(m, sc, "a .scales tensor, but the format keeps its scales in its blocks: ", tr->name);
+        if ((st = check_codes(m, s, &p, rows, cols, what)) != SP_OK) return st;
         int64_t groups = cols / p.group;
         st = check_dims(m, sc, stacked, rows, groups, "its scales");
         if (st != SP_OK) return st;

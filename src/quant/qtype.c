@@ -198,6 +198,84 @@ static void dequant_fp8(const struct sp_qmat *m, int64_t row, int64_t c0, int64_
     for (int64_t i = c0; i < c0 + n; i++) out[i - c0] = sp_e4m3_to_float(r[i]) * fp_scale(m, row, i / m->group);
 }
 
+/* ---- ggml's block formats ---- */
+
+/* Q6_K, a block of 256: ql[128] (each code's low 4 bits), qh[64] (its high
+ * 2), int8 scales[16] (one a 16 elements), f16 d; code u of element e
+ * stands for d x scale[e / 16] x (u - 32), computed in that order as ggml's
+ * reference does. Each 128 elements take 64 bytes of ql and 32 of qh:
+ * element l + 32 k (l < 32, k < 4) has its low bits in the low (k < 2) or
+ * high (k >= 2) nibble of ql[l + 32 (k % 2)] and its high bits at bit 2 k
+ * of qh[l]. */
+#define Q6K_BYTES 210
+
+static void q6_k_block(const uint8_t *b, float *y) {
+    uint16_t dh;
+    memcpy(&dh, b + 208, 2);
+    float d = sp_f16_to_f32(dh), ds[16];
+    for (int j = 0; j < 16; j++) ds[j] = d * (float)(int8_t)b[192 + j];
+    for (int h = 0; h < 2; h++, y += 128) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        const float *s = ds + 8 * h;
+        for (int l0 = 0; l0 < 32; l0 += 16)  // runs of 16 share their scales
+            for (int l = l0; l < l0 + 16; l++) {
+                int j = l0 / 16;
+                y[l] = s[j] * (float)((int)((ql[l] & 15u) | (qh[l] & 3u) << 4) - 32);
+                y[l + 32] = s[j + 2] * (float)((int)((ql[l + 32] & 15u) | (qh[l] >> 2 & 3u) << 4) - 32);
+                y[l + 64] = s[j + 4] * (float)((int)((ql[l] >> 4) | (qh[l] >> 4 & 3u) << 4) - 32);
+                y[l + 96] = s[j + 6] * (float)((int)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3u) << 4) - 32);
+            }
+    }
+}
+
+static void dequant_q6_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
+    float y[256];
+    for (int64_t b = c0 / 256; b * 256 < c0 + n; b++) {
+        q6_k_block(r + (size_t)b * Q6K_BYTES, y);
+        int64_t from = b * 256 > c0 ? b * 256 : c0, to = (b + 1) * 256 < c0 + n ? (b + 1) * 256 : c0 + n;
+        memcpy(out + (from - c0), y + (from - b * 256), (size_t)(to - from) * sizeof *y);
+    }
+}
+
+/* A plain rounding into Q6_K (not ggml's searched one): each 16 elements'
+ * scale max |x| / 31, the block's d the largest of those / 127. */
+static void quantize_q6_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                          enum sp_dtype sdt) {
+    for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
+        uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * Q6K_BYTES, u[256];
+        float sub[16], top = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * j + i]));
+            sub[j] = amax / 31.0f;
+            top = fmaxf(top, sub[j]);
+        }
+        uint16_t dh = sp_f32_to_f16(top / 127.0f);
+        float d = sp_f16_to_f32(dh);
+        int8_t *sc = (int8_t *)(b + 192);
+        for (int j = 0; j < 16; j++) {
+            float s = d > 0.0f ? rintf(sub[j] / d) : 0.0f;
+            sc[j] = (int8_t)(s > 127.0f ? 127.0f : s);
+            float step = d * (float)sc[j];
+            for (int i = 0; i < 16; i++) {
+                float q = step > 0.0f ? rintf(x[16 * j + i] / step) : 0.0f;
+                q = q < -32.0f ? -32.0f : q > 31.0f ? 31.0f : q;
+                u[16 * j + i] = (uint8_t)((int)q + 32);
+            }
+        }
+        memset(b, 0, 192);
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++)
+                for (int k = 0; k < 4; k++) {
+                    uint8_t v = u[128 * h + l + 32 * k];
+                    b[64 * h + l + 32 * (k % 2)] |= (uint8_t)((v & 15u) << (4 * (k / 2)));
+                    b[128 + 32 * h + l] |= (uint8_t)((v >> 4) << (2 * k));
+                }
+        memcpy(b + 208, &dh, 2);
+    }
+}
+
 static float group_amax(const float *w, int group) {
     float a = 0.0f;
     for (int i = 0; i < group; i++) a = fabsf(w[i]) > a ? fabsf(w[i]) : a;  // fmaxf's answer, NaN passed over
@@ -260,6 +338,7 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define DEQ_MXFP4 dequant_fp4
 #define DEQ_MXFP8 dequant_fp8
 #define DEQ_NVFP4 dequant_fp4
+#define DEQ_Q6_K dequant_q6_k
 #define QUANT_F32 quantize_f32
 #define QUANT_F16 quantize_f16
 #define QUANT_BF16 quantize_bf16
@@ -272,6 +351,7 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define QUANT_MXFP4 quantize_mxfp4
 #define QUANT_MXFP8 quantize_mxfp8
 #define QUANT_NVFP4 quantize_nvfp4
+#define QUANT_Q6_K quantize_q6_k
 #define SCALE_F32 SP_DTYPE_COUNT
 #define SCALE_F16 SP_DTYPE_COUNT
 #define SCALE_BF16 SP_DTYPE_COUNT
@@ -284,9 +364,10 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define SCALE_MXFP4 SP_DTYPE_U8
 #define SCALE_MXFP8 SP_DTYPE_U8
 #define SCALE_NVFP4 SP_DTYPE_U8
+#define SCALE_Q6_K SP_DTYPE_COUNT
 
 static const struct sp_qtype_traits traits[SP_QTYPE_COUNT] = {
-#define SP_X(e, nm, md, b, g, hb) {nm, md, b, g, hb, SCALE_##e, DEQ_##e, QUANT_##e},
+#define SP_X(e, nm, md, b, g, hb, bb) {nm, md, b, g, hb, bb, SCALE_##e, DEQ_##e, QUANT_##e},
     SP_QTYPE_LIST(SP_X)
 #undef SP_X
 };
@@ -317,20 +398,22 @@ enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out
     }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "quantization mode \"%s\" with %d bits is not supported (affine: 2, 3, 4, 5, 6, 8 bits; "
-                     "mxfp4: 4; mxfp8: 8; nvfp4: 4)",
+                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q6_k: 6)",
                      mode, bits);
 }
 
 bool sp_qtype_is_quantized(enum sp_qtype t) { return sp_qtype_traits(t)->mode != NULL; }
 
 size_t sp_qtype_row_bytes(enum sp_qtype t, int64_t cols) {
-    return (size_t)cols * (size_t)sp_qtype_traits(t)->bits / 8;
+    const struct sp_qtype_traits *tr = sp_qtype_traits(t);
+    if (tr->block_bytes) return (size_t)(cols / tr->group) * (size_t)tr->block_bytes;
+    return (size_t)cols * (size_t)tr->bits / 8;
 }
 
 size_t sp_qtype_matrix_bytes(enum sp_qtype t, int group, enum sp_dtype scale_dtype, int64_t rows, int64_t cols) {
     const struct sp_qtype_traits *tr = sp_qtype_traits(t);
     size_t bytes = (size_t)rows * sp_qtype_row_bytes(t, cols);
-    if (tr->mode) {
+    if (tr->mode && !tr->block_bytes) {
         size_t per = (size_t)(cols / group) * sp_dtype_size(tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : scale_dtype);
         bytes += (size_t)rows * per * (tr->has_biases ? 2 : 1);
     }

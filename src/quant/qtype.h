@@ -24,23 +24,27 @@
 #include "core/status.h"
 #include "quant/dtype.h"
 
-/* X(enum suffix, name, mlx mode or NULL, bits per element, fixed group (0: 32/64/128), has biases) */
+/* X(enum suffix, name, mode or NULL, bits per element, fixed group (0: 32/64/128), has biases,
+ *   block bytes): MLX's formats keep codes, scales and biases in arrays of
+ *   their own (block bytes 0); ggml's block formats keep each block of
+ *   `group` elements whole, its scales inside it, in the codes alone. */
 #define SP_QTYPE_LIST(X)                                                       \
-    X(F32, "f32", NULL, 32, 1, false)                                          \
-    X(F16, "f16", NULL, 16, 1, false)                                          \
-    X(BF16, "bf16", NULL, 16, 1, false)                                        \
-    X(AFFINE2, "affine2", "affine", 2, 0, true)                                \
-    X(AFFINE3, "affine3", "affine", 3, 0, true)                                \
-    X(AFFINE4, "affine4", "affine", 4, 0, true)                                \
-    X(AFFINE5, "affine5", "affine", 5, 0, true)                                \
-    X(AFFINE6, "affine6", "affine", 6, 0, true)                                \
-    X(AFFINE8, "affine8", "affine", 8, 0, true)                                \
-    X(MXFP4, "mxfp4", "mxfp4", 4, 32, false)                                   \
-    X(MXFP8, "mxfp8", "mxfp8", 8, 32, false)                                   \
-    X(NVFP4, "nvfp4", "nvfp4", 4, 16, false)
+    X(F32, "f32", NULL, 32, 1, false, 0)                                       \
+    X(F16, "f16", NULL, 16, 1, false, 0)                                       \
+    X(BF16, "bf16", NULL, 16, 1, false, 0)                                     \
+    X(AFFINE2, "affine2", "affine", 2, 0, true, 0)                             \
+    X(AFFINE3, "affine3", "affine", 3, 0, true, 0)                             \
+    X(AFFINE4, "affine4", "affine", 4, 0, true, 0)                             \
+    X(AFFINE5, "affine5", "affine", 5, 0, true, 0)                             \
+    X(AFFINE6, "affine6", "affine", 6, 0, true, 0)                             \
+    X(AFFINE8, "affine8", "affine", 8, 0, true, 0)                             \
+    X(MXFP4, "mxfp4", "mxfp4", 4, 32, false, 0)                                \
+    X(MXFP8, "mxfp8", "mxfp8", 8, 32, false, 0)                                \
+    X(NVFP4, "nvfp4", "nvfp4", 4, 16, false, 0)                                \
+    X(Q6_K, "q6_k", "q6_k", 6, 256, false, 210)
 
 enum sp_qtype {
-#define SP_X(e, name, mode, bits, group, biases) SP_QTYPE_##e,
+#define SP_X(e, name, mode, bits, group, biases, block) SP_QTYPE_##e,
     SP_QTYPE_LIST(SP_X)
 #undef SP_X
         SP_QTYPE_COUNT
@@ -54,13 +58,16 @@ struct sp_qtype_traits {
     int bits;          // bits per stored element
     int group;         // elements per scale; 0 = chosen per tensor (affine); 1 = no scales
     bool has_biases;
+    /* ggml block formats: bytes of a whole block of `group` elements,
+     * scales included (no scales or biases arrays); 0 for the others */
+    int block_bytes;
     /* Fixed dtype of the scales (U8 for E8M0/E4M3 scales); SP_DTYPE_COUNT
      * when they take the model dtype (affine: F32, F16 or BF16). */
     enum sp_dtype scale_dtype;
     /* Dequantizes columns [col0, col0 + n) of one row (col0 group-aligned). */
     void (*dequant)(const struct sp_qmat *m, int64_t row, int64_t col0, int64_t n, float *out);
     /* Quantizes n values (a multiple of the group) into codes, scales and
-     * biases laid out as one row of the format. */
+     * biases laid out as one row of the format (block formats: codes only). */
     void (*quantize_row)(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
                          enum sp_dtype scale_dtype);
 };

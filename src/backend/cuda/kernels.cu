@@ -36,7 +36,7 @@ constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
-enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8 };
+enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q6K };
 
 template <int DT>
 __device__ __forceinline__ float ldf(const void *p, int64_t i) {
@@ -110,6 +110,18 @@ __device__ __forceinline__ void decode8(const sp_cuda_weight &w, int64_t r, int6
         float s = K == K_MXFP4 ? e8m0(sb) : e4m3(sb);
 #pragma unroll
         for (int k = 0; k < 8; k++) o[k] = __fmul_rn(e2m1((v >> (4 * k)) & 0xf), s);
+    } else if constexpr (K == K_Q6K) {
+        /* unit u is elements l .. l + 7 of run k of half h of block u / 32 (quant/qtype.c's layout) */
+        const uint8_t *b = static_cast<const uint8_t *>(w.codes) + r * (w.cols / 256 * 210) + u / 32 * 210;
+        int e = (int)(u % 32) * 8, h = e / 128, k = e % 128 / 32, l = e % 32;
+        const uint8_t *ql = b + 64 * h + 32 * (k % 2) + l, *qh = b + 128 + 32 * h + l;
+        float ds = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(b + 208)),
+                             (float)static_cast<int8_t>(b[192 + 8 * h + e % 128 / 16]));
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t lo = k / 2 ? ql[j] >> 4 : ql[j] & 15u;
+            o[j] = __fmul_rn(ds, (float)((int)(lo | ((uint32_t)(qh[j] >> (2 * k)) & 3u) << 4) - 32));
+        }
     } else {
         uint2 v = *reinterpret_cast<const uint2 *>(static_cast<const uint8_t *>(w.codes) + r * w.cols + u * 8);
         float s = e8m0(static_cast<const uint8_t *>(w.scales)[r * (w.cols / w.group) + u * 8 / w.group]);
@@ -246,6 +258,7 @@ int dispatch(const sp_cuda_weight &w, const L &l) {
     case SP_CUDA_FMT_MXFP4: return l.template go<K_MXFP4, 4, 0>();
     case SP_CUDA_FMT_NVFP4: return l.template go<K_NVFP4, 4, 0>();
     case SP_CUDA_FMT_MXFP8: return l.template go<K_MXFP8, 8, 0>();
+    case SP_CUDA_FMT_Q6_K: return l.template go<K_Q6K, 6, 0>();
     case SP_CUDA_FMT_AFFINE: break;
     default: return (int)cudaErrorInvalidValue;
     }
