@@ -1291,15 +1291,24 @@ static void test_gguf_chat_template(void **state) {
 
 /* ---- K-quants ---- */
 
-static size_t kq_bytes(uint32_t t) { return t == SP_GGUF_TYPE_Q4_K ? 144 : t == SP_GGUF_TYPE_Q5_K ? 176 : 210; }
+static size_t kq_bytes(uint32_t t) {
+    return t == SP_GGUF_TYPE_Q2_K   ? 84
+           : t == SP_GGUF_TYPE_Q3_K ? 110
+           : t == SP_GGUF_TYPE_Q4_K ? 144
+           : t == SP_GGUF_TYPE_Q5_K ? 176
+                                    : 210;
+}
 
 /* A random super-block of type t: its bytes random, its f16 scales a sane size. */
 static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
     for (size_t i = 0; i < kq_bytes(t); i++) b[i] = (unsigned char)sp_rng_next(rng);
     uint16_t d = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
     uint16_t dm = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
-    if (t == SP_GGUF_TYPE_Q6_K) {
-        memcpy(b + 208, &d, 2);
+    if (t == SP_GGUF_TYPE_Q6_K || t == SP_GGUF_TYPE_Q3_K) {
+        memcpy(b + kq_bytes(t) - 2, &d, 2);
+    } else if (t == SP_GGUF_TYPE_Q2_K) {
+        memcpy(b + 80, &d, 2);
+        memcpy(b + 82, &dm, 2);
     } else {
         memcpy(b, &d, 2);
         memcpy(b + 2, &dm, 2);
@@ -1307,9 +1316,34 @@ static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
 }
 
 /* Element j (0..255) of a super-block as llama.cpp documents its layout
- * (block_q4_K / block_q5_K: d, dmin, 12 bytes of 6-bit scales and mins,
- * [qh 32,] qs 128; block_q6_K: ql 128, qh 64, int8 scales 16, d). */
+ * (block_q2_K: 4-bit scale | min << 4 bytes 16, qs 64, d, dmin; block_q3_K:
+ * hmask 32, qs 64, 12 bytes of 6-bit scales, d; block_q4_K / block_q5_K:
+ * d, dmin, 12 bytes of 6-bit scales and mins, [qh 32,] qs 128; block_q6_K:
+ * ql 128, qh 64, int8 scales 16, d). Q2_K and Q3_K go as ggml's loops do:
+ * per 128 (n), four shifts (s) of two runs of 16 (the second from byte
+ * 16 of the 32). */
 static float kq_value(uint32_t t, const unsigned char *b, int j) {
+    if (t == SP_GGUF_TYPE_Q2_K || t == SP_GGUF_TYPE_Q3_K) {
+        int n = j / 128, s = j % 128 / 32, run = j % 32 / 16, l = j % 16, is = 8 * n + 2 * s + run;
+        bool two = t == SP_GGUF_TYPE_Q2_K;
+        int q = b[(two ? 16 : 32) + 32 * n + 16 * run + l] >> (2 * s) & 3;
+        uint16_t dh;
+        if (two) {
+            uint16_t mh;
+            memcpy(&dh, b + 80, 2);
+            memcpy(&mh, b + 82, 2);
+            float dl = sp_f16_to_f32(dh) * (float)(b[is] & 15), ml = sp_f16_to_f32(mh) * (float)(b[is] >> 4);
+            return dl * (float)q - ml;
+        }
+        memcpy(&dh, b + 108, 2);
+        const unsigned char *sc = b + 96;
+        int us = is < 4 ? (sc[is] & 15) | (sc[is + 8] & 3) << 4
+                 : is < 8 ? (sc[is] & 15) | (sc[is + 4] >> 2 & 3) << 4
+                 : is < 12 ? (sc[is - 8] >> 4) | (sc[is] >> 4 & 3) << 4
+                           : (sc[is - 8] >> 4) | (sc[is - 4] >> 6 & 3) << 4;
+        int m = 1 << (4 * n + s), hm = b[16 * run + l];
+        return sp_f16_to_f32(dh) * (float)(us - 32) * (float)(q - (hm & m ? 0 : 4));
+    }
     if (t == SP_GGUF_TYPE_Q6_K) {
         uint16_t dh;
         memcpy(&dh, b + 208, 2);
@@ -1337,10 +1371,11 @@ static float kq_value(uint32_t t, const unsigned char *b, int j) {
 }
 
 /* A one-layer llama of width 256 (heads of 64) whose matrices are K-quants
- * of random blocks - q / k / v / o Q4_K, gate / up Q5_K, down and the head
- * Q6_K - reads every value as llama.cpp's layout gives it (Q4_K and Q5_K
- * repacked into affine 4 / 5-bit with f32 scales, Q6_K as its own blocks,
- * the file's bytes), q / k rows reordered back, and runs. */
+ * of random blocks - q / k Q4_K, v Q3_K, o Q2_K, gate / up Q5_K, down and
+ * the head Q6_K - reads every value as llama.cpp's layout gives it (Q4_K
+ * and Q5_K repacked into affine 4 / 5-bit with f32 scales, Q2_K, Q3_K and
+ * Q6_K as their own blocks, the file's bytes), q / k rows reordered back,
+ * and runs. */
 static void test_gguf_kquants(void **state) {
     static const struct {
         const char *name;
@@ -1349,8 +1384,8 @@ static void test_gguf_kquants(void **state) {
         enum sp_role role;
     } mats[] = {{"blk.0.attn_q.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_Q},
                 {"blk.0.attn_k.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_K},
-                {"blk.0.attn_v.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_V},
-                {"blk.0.attn_output.weight", SP_GGUF_TYPE_Q4_K, 256, SP_ROLE_ATTN_O},
+                {"blk.0.attn_v.weight", SP_GGUF_TYPE_Q3_K, 256, SP_ROLE_ATTN_V},
+                {"blk.0.attn_output.weight", SP_GGUF_TYPE_Q2_K, 256, SP_ROLE_ATTN_O},
                 {"blk.0.ffn_gate.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_GATE},
                 {"blk.0.ffn_up.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_UP},
                 {"blk.0.ffn_down.weight", SP_GGUF_TYPE_Q6_K, 256, SP_ROLE_FFN_DOWN},
@@ -1411,10 +1446,13 @@ static void test_gguf_kquants(void **state) {
     for (int i = 0; i < nm; i++) {
         struct sp_linear lin;
         assert_int_equal(sp_model_linear(m, mats[i].role == SP_ROLE_LM_HEAD ? -1 : 0, mats[i].role, -1, &lin), SP_OK);
-        assert_int_equal(lin.w.type, mats[i].type == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_AFFINE4
-                                     : mats[i].type == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
-                                                                         : SP_QTYPE_Q6_K);
-        if (lin.w.type == SP_QTYPE_Q6_K) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);
+        uint32_t gt = mats[i].type;
+        assert_int_equal(lin.w.type, gt == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_AFFINE4
+                                     : gt == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
+                                     : gt == SP_GGUF_TYPE_Q2_K ? SP_QTYPE_Q2_K
+                                     : gt == SP_GGUF_TYPE_Q3_K ? SP_QTYPE_Q3_K
+                                                               : SP_QTYPE_Q6_K);
+        if (sp_qtype_traits(lin.w.type)->block_bytes) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);
         bool reorder = mats[i].role == SP_ROLE_ATTN_Q || mats[i].role == SP_ROLE_ATTN_K;
         for (int64_t r = 0; r < lin.w.rows; r++) {
             /* Hugging Face row h 64 + a 32 + c is GGUF row h 64 + 2 c + a */
@@ -1430,7 +1468,7 @@ static void test_gguf_kquants(void **state) {
     }
     float *lg = model_logits(m, 8);
     for (int64_t i = 0; i < 8 * V; i++) assert_true(isfinite(lg[i]));
-    if (th_device_ready(SP_DEVICE_CUDA)) {  // the GPU's products on f32-scaled affine and Q6_K matrices
+    if (th_device_ready(SP_DEVICE_CUDA)) {  // the GPU's products on f32-scaled affine and K-quant blocks
         const struct sp_kernels *before = sp_kernels_use(sp_kernels_float());  // both in float activations
         free(lg);
         lg = model_logits(m, 8);

@@ -130,6 +130,8 @@ static void test_other_formats(void **state) {
     check_format(SP_QTYPE_MXFP8, 32, SP_DTYPE_U8, cols, 2);
     check_format(SP_QTYPE_NVFP4, 16, SP_DTYPE_U8, cols, 2);
     const int64_t blocks[] = {256, 768};  // ggml's blocks of 256
+    check_format(SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, blocks, 2);
+    check_format(SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, blocks, 2);
 }
 

@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -313,6 +315,62 @@ static void test_q6_k(void **state) {
     assert_int_not_equal(sp_qtype_check_shape(SP_QTYPE_Q6_K, 64, 512), SP_OK);
 }
 
+/* ggml's own dequantizers' floats for random blocks
+ * (tests/fixtures/ggml_blocks/README.md): the reference gives each bit for bit. */
+static void test_k_quants_against_ggml(void **state) {
+    static const struct {
+        const char *file;
+        enum sp_qtype t;
+    } cases[] = {{"q2_k", SP_QTYPE_Q2_K}, {"q3_k", SP_QTYPE_Q3_K}, {"q6_k", SP_QTYPE_Q6_K}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char path[96];
+        snprintf(path, sizeof path, "tests/fixtures/ggml_blocks/%s.bin", cases[c].file);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        size_t bb = (size_t)sp_qtype_traits(cases[c].t)->block_bytes, nb = 8;
+        uint8_t *blocks = malloc(nb * bb);
+        float *want = malloc(nb * 256 * sizeof *want), *got = malloc(nb * 256 * sizeof *got);
+        assert_int_equal(fread(blocks, bb, nb, f), nb);
+        assert_int_equal(fread(want, sizeof *want, nb * 256, f), nb * 256);
+        assert_int_equal(fgetc(f), EOF);
+        fclose(f);
+        /* as one row of 8 blocks, and as 2 rows of 4 read from the middle */
+        struct sp_qmat m = {cases[c].t, 256, 1, (int64_t)nb * 256, blocks, NULL, NULL, SP_DTYPE_COUNT, false};
+        sp_qmat_dequant_row_ref(&m, 0, got);
+        assert_memory_equal(got, want, nb * 256 * sizeof *got);
+        m.rows = 2, m.cols = 1024;
+        sp_qmat_dequant_cols_ref(&m, 1, 256, 512, got);
+        assert_memory_equal(got, want + 1280, 512 * sizeof *got);
+        free(blocks);
+        free(want);
+        free(got);
+    }
+}
+
+/* Q2_K and Q3_K round trips: within a step of each 16's range. */
+static void test_q2_q3_k(void **state) {
+    struct sp_rng r;
+    sp_rng_seed(&r, 7);
+    float x[256], out[256];
+    uint8_t b[110];
+    for (int i = 0; i < 256; i++) x[i] = sp_rng_normal(&r);
+    for (int t = 0; t < 2; t++) {
+        enum sp_qtype q = t ? SP_QTYPE_Q3_K : SP_QTYPE_Q2_K;
+        sp_qtype_quantize_row_ref(q, x, 256, 256, b, NULL, NULL, SP_DTYPE_COUNT);
+        struct sp_qmat m = {q, 256, 1, 256, b, NULL, NULL, SP_DTYPE_COUNT, false};
+        sp_qmat_dequant_row_ref(&m, 0, out);
+        for (int j = 0; j < 16; j++) {
+            float lo = x[16 * j], hi = x[16 * j];
+            for (int i = 1; i < 16; i++) lo = fminf(lo, x[16 * j + i]), hi = fmaxf(hi, x[16 * j + i]);
+            float range = fmaxf(hi, 0.0f) - fminf(lo, 0.0f);
+            for (int i = 0; i < 16; i++)
+                assert_true(fabsf(out[16 * j + i] - x[16 * j + i]) <= range * (t ? 0.35f : 0.5f));
+        }
+    }
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q2_K, 512), 168);
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q3_K, 512), 220);
+}
+
 static void test_float_formats(void **state) {
     float x[8] = {1.0f, -2.5f, 3.1415926f, 0.0f, -0.0f, 65504.0f, 1e-8f, -7.75f};
     uint16_t h[8], bf[8];
@@ -358,7 +416,8 @@ int main(void) {
         cmocka_unit_test(test_mxfp4_exact_round_trip), cmocka_unit_test(test_mxfp4_codes_and_scales),
         cmocka_unit_test(test_e4m3_all_codes),         cmocka_unit_test(test_mxfp8_nvfp4_round_trip),
         cmocka_unit_test(test_float_formats),          cmocka_unit_test(test_shapes_and_sizes),
-        cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_q6_k),                   cmocka_unit_test(test_k_quants_against_ggml),
+        cmocka_unit_test(test_q2_q3_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -228,13 +228,134 @@ static void q6_k_block(const uint8_t *b, float *y) {
     }
 }
 
-static void dequant_q6_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+/* Q2_K, a block of 256: 16 bytes of 4-bit scales (low nibble) and mins
+ * (high), qs[64] (2-bit codes), f16 d and dmin; element e has scale byte
+ * e / 16 and its code in bits 2 k of qs[32 (e / 128) + e % 32] (k = e %
+ * 128 / 32), and stands for d sc q - dmin m, computed as (d sc) q - dmin m
+ * as ggml's reference does. */
+static void q2_k_block(const uint8_t *b, float *y) {
+    uint16_t dh, mh;
+    memcpy(&dh, b + 80, 2);
+    memcpy(&mh, b + 82, 2);
+    float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
+    for (int e = 0; e < 256; e++) {
+        uint8_t sc = b[e / 16];
+        int q = b[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32)) & 3;
+        y[e] = d * (float)(sc & 15u) * (float)q - dmin * (float)(sc >> 4);
+    }
+}
+
+/* Q3_K, a block of 256: hmask[32] (each code's high bit), qs[64] (its low
+ * 2 bits), 12 bytes of 6-bit scales, f16 d; element e (k = e % 128 / 32)
+ * has its low bits as Q2_K's, its high bit at bit 4 (e / 128) + k of
+ * hmask[e % 32], and scale e / 16: code q stands for d (s - 32) (q - 4),
+ * or (q - 0) where the high bit is set. Scale j's low 4 bits are the low
+ * (j < 8) or high nibble of byte j % 8, its high 2 bits bits 2 (j / 4) of
+ * byte 8 + j % 4. */
+static int q3_k_scale(const uint8_t *s, int j) {
+    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4, hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+static void q3_k_block(const uint8_t *b, float *y) {
+    uint16_t dh;
+    memcpy(&dh, b + 108, 2);
+    float d = sp_f16_to_f32(dh);
+    for (int e = 0; e < 256; e++) {
+        int k = e % 128 / 32, q = b[32 + 32 * (e / 128) + e % 32] >> (2 * k) & 3;
+        bool high = b[e % 32] >> (4 * (e / 128) + k) & 1;
+        y[e] = d * (float)q3_k_scale(b + 96, e / 16) * (float)(q - (high ? 0 : 4));
+    }
+}
+
+/* Columns [c0, c0 + n) of a row of 256-element blocks (c0 a block's start), through each block's decoder. */
+static void dequant_blocks(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out,
+                           void (*block)(const uint8_t *, float *)) {
+    size_t bb = (size_t)sp_qtype_traits(m->type)->block_bytes;
     const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
     float y[256];
     for (int64_t b = c0 / 256; b * 256 < c0 + n; b++) {
-        q6_k_block(r + (size_t)b * Q6K_BYTES, y);
+        block(r + (size_t)b * bb, y);
         int64_t from = b * 256 > c0 ? b * 256 : c0, to = (b + 1) * 256 < c0 + n ? (b + 1) * 256 : c0 + n;
         memcpy(out + (from - c0), y + (from - b * 256), (size_t)(to - from) * sizeof *y);
+    }
+}
+
+static void dequant_q2_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, q2_k_block);
+}
+static void dequant_q3_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, q3_k_block);
+}
+static void dequant_q6_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, q6_k_block);
+}
+
+/* Plain roundings into Q2_K and Q3_K (not ggml's searched ones), for
+ * tests: Q2_K each 16's min and range over 3 steps, scales and mins in 15
+ * steps of the block's largest; Q3_K a symmetric scale a 16 (max |x| / 4,
+ * codes -4 .. 3), in 31 steps of the block's largest. */
+static void quantize_q2_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                          enum sp_dtype sdt) {
+    for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
+        uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * 84;
+        float step[16], lo[16], smax = 0.0f, mmax = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float mn = x[16 * j], mx = x[16 * j];
+            for (int i = 1; i < 16; i++) mn = fminf(mn, x[16 * j + i]), mx = fmaxf(mx, x[16 * j + i]);
+            lo[j] = fminf(mn, 0.0f);
+            step[j] = (mx - lo[j]) / 3.0f;
+            smax = fmaxf(smax, step[j]);
+            mmax = fmaxf(mmax, -lo[j]);
+        }
+        uint16_t dh = sp_f32_to_f16(smax / 15.0f), mh = sp_f32_to_f16(mmax / 15.0f);
+        float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
+        memset(b + 16, 0, 64);
+        for (int j = 0; j < 16; j++) {
+            int sc = d > 0.0f ? (int)fminf(15.0f, rintf(step[j] / d)) : 0;
+            int mi = dmin > 0.0f ? (int)fminf(15.0f, rintf(-lo[j] / dmin)) : 0;
+            b[j] = (uint8_t)(sc | mi << 4);
+            float dl = d * (float)sc, ml = dmin * (float)mi;
+            for (int i = 0; i < 16; i++) {
+                int e = 16 * j + i;
+                float q = dl > 0.0f ? rintf((x[e] + ml) / dl) : 0.0f;
+                int qi = q < 0.0f ? 0 : q > 3.0f ? 3 : (int)q;
+                b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(qi << (2 * (e % 128 / 32)));
+            }
+        }
+        memcpy(b + 80, &dh, 2);
+        memcpy(b + 82, &mh, 2);
+    }
+}
+
+static void quantize_q3_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                          enum sp_dtype sdt) {
+    for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
+        uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * 110;
+        float sub[16], top = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * j + i]));
+            sub[j] = amax / 4.0f;
+            top = fmaxf(top, sub[j]);
+        }
+        uint16_t dh = sp_f32_to_f16(top / 31.0f);
+        float d = sp_f16_to_f32(dh);
+        memset(b, 0, 108);
+        for (int j = 0; j < 16; j++) {
+            int s = d > 0.0f ? (int)fminf(31.0f, rintf(sub[j] / d)) : 0, u = s + 32;  // 6 bits
+            b[96 + j % 8] |= (uint8_t)((u & 15) << (j < 8 ? 0 : 4));
+            b[104 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+            float dl = d * (float)s;
+            for (int i = 0; i < 16; i++) {
+                int e = 16 * j + i, k = e % 128 / 32;
+                float q = dl > 0.0f ? rintf(x[e] / dl) : 0.0f;
+                int qi = (q < -4.0f ? -4 : q > 3.0f ? 3 : (int)q) + 4;  // 0 .. 7: high bit set for q >= 0
+                b[32 + 32 * (e / 128) + e % 32] |= (uint8_t)((qi & 3) << (2 * k));
+                b[e % 32] |= (uint8_t)((qi >> 2) << (4 * (e / 128) + k));
+            }
+        }
+        memcpy(b + 108, &dh, 2);
     }
 }
 
@@ -338,6 +459,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define DEQ_MXFP4 dequant_fp4
 #define DEQ_MXFP8 dequant_fp8
 #define DEQ_NVFP4 dequant_fp4
+#define DEQ_Q2_K dequant_q2_k
+#define DEQ_Q3_K dequant_q3_k
 #define DEQ_Q6_K dequant_q6_k
 #define QUANT_F32 quantize_f32
 #define QUANT_F16 quantize_f16
@@ -351,6 +474,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define QUANT_MXFP4 quantize_mxfp4
 #define QUANT_MXFP8 quantize_mxfp8
 #define QUANT_NVFP4 quantize_nvfp4
+#define QUANT_Q2_K quantize_q2_k
+#define QUANT_Q3_K quantize_q3_k
 #define QUANT_Q6_K quantize_q6_k
 #define SCALE_F32 SP_DTYPE_COUNT
 #define SCALE_F16 SP_DTYPE_COUNT
@@ -364,6 +489,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define SCALE_MXFP4 SP_DTYPE_U8
 #define SCALE_MXFP8 SP_DTYPE_U8
 #define SCALE_NVFP4 SP_DTYPE_U8
+#define SCALE_Q2_K SP_DTYPE_COUNT
+#define SCALE_Q3_K SP_DTYPE_COUNT
 #define SCALE_Q6_K SP_DTYPE_COUNT
 
 static const struct sp_qtype_traits traits[SP_QTYPE_COUNT] = {
@@ -398,7 +525,7 @@ enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out
     }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "quantization mode \"%s\" with %d bits is not supported (affine: 2, 3, 4, 5, 6, 8 bits; "
-                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q6_k: 6)",
+                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q2_k: 2; q3_k: 3; q6_k: 6)",
                      mode, bits);
 }
 

@@ -41,6 +41,8 @@
     X(MXFP4, "mxfp4", "mxfp4", 4, 32, false, 0)                                \
     X(MXFP8, "mxfp8", "mxfp8", 8, 32, false, 0)                                \
     X(NVFP4, "nvfp4", "nvfp4", 4, 16, false, 0)                                \
+    X(Q2_K, "q2_k", "q2_k", 2, 256, false, 84)                                 \
+    X(Q3_K, "q3_k", "q3_k", 3, 256, false, 110)                                \
     X(Q6_K, "q6_k", "q6_k", 6, 256, false, 210)
 
 enum sp_qtype {

@@ -415,6 +415,8 @@ static bool weight_of(struct cuda *c, const struct sp_linear *l, struct sp_cuda_
     case SP_QTYPE_MXFP4: w->fmt = SP_CUDA_FMT_MXFP4; break;
     case SP_QTYPE_NVFP4: w->fmt = SP_CUDA_FMT_NVFP4; break;
     case SP_QTYPE_MXFP8: w->fmt = SP_CUDA_FMT_MXFP8; break;
+    case SP_QTYPE_Q2_K: w->fmt = SP_CUDA_FMT_Q2_K; break;
+    case SP_QTYPE_Q3_K: w->fmt = SP_CUDA_FMT_Q3_K; break;
     case SP_QTYPE_Q6_K: w->fmt = SP_CUDA_FMT_Q6_K; break;
     default:
         w->fmt = SP_CUDA_FMT_AFFINE;

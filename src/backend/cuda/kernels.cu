@@ -36,7 +36,7 @@ constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
-enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q6K };
+enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q6K };
 
 template <int DT>
 __device__ __forceinline__ float ldf(const void *p, int64_t i) {
@@ -110,6 +110,29 @@ __device__ __forceinline__ void decode8(const sp_cuda_weight &w, int64_t r, int6
         float s = K == K_MXFP4 ? e8m0(sb) : e4m3(sb);
 #pragma unroll
         for (int k = 0; k < 8; k++) o[k] = __fmul_rn(e2m1((v >> (4 * k)) & 0xf), s);
+    } else if constexpr (K == K_Q2K || K == K_Q3K) {
+        /* unit u is elements l .. l + 7 of run k of half h of block u / 32 (quant/qtype.c's layouts) */
+        constexpr int BB = K == K_Q2K ? 84 : 110;
+        const uint8_t *b = static_cast<const uint8_t *>(w.codes) + r * (w.cols / 256 * BB) + u / 32 * BB;
+        int e = (int)(u % 32) * 8, h = e / 128, k = e % 128 / 32, l = e % 32;
+        const uint8_t *qs = b + (K == K_Q2K ? 16 : 32) + 32 * h + l;
+        if constexpr (K == K_Q2K) {
+            uint8_t sc = b[e / 16];
+            float dl = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(b + 80)), (float)(sc & 15u));
+            float ml = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(b + 82)), (float)(sc >> 4));
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = __fsub_rn(__fmul_rn(dl, (float)(qs[j] >> (2 * k) & 3u)), ml);
+        } else {
+            const uint8_t *s = b + 96;
+            int j16 = e / 16, lo = j16 < 8 ? s[j16] & 15 : s[j16 - 8] >> 4, hi = s[8 + j16 % 4] >> (2 * (j16 / 4)) & 3;
+            float d = __half2float(*reinterpret_cast<const __half *>(b + 108));
+            float dl = __fmul_rn(d, (float)((lo | hi << 4) - 32));
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int q = (int)(qs[j] >> (2 * k) & 3u) - (b[l + j] >> (4 * h + k) & 1u ? 0 : 4);
+                o[j] = __fmul_rn(dl, (float)q);
+            }
+        }
     } else if constexpr (K == K_Q6K) {
         /* unit u is elements l .. l + 7 of run k of half h of block u / 32 (quant/qtype.c's layout) */
         const uint8_t *b = static_cast<const uint8_t *>(w.codes) + r * (w.cols / 256 * 210) + u / 32 * 210;
@@ -258,6 +281,8 @@ int dispatch(const sp_cuda_weight &w, const L &l) {
     case SP_CUDA_FMT_MXFP4: return l.template go<K_MXFP4, 4, 0>();
     case SP_CUDA_FMT_NVFP4: return l.template go<K_NVFP4, 4, 0>();
     case SP_CUDA_FMT_MXFP8: return l.template go<K_MXFP8, 8, 0>();
+    case SP_CUDA_FMT_Q2_K: return l.template go<K_Q2K, 2, 0>();
+    case SP_CUDA_FMT_Q3_K: return l.template go<K_Q3K, 3, 0>();
     case SP_CUDA_FMT_Q6_K: return l.template go<K_Q6K, 6, 0>();
     case SP_CUDA_FMT_AFFINE: break;
     default: return (int)cudaErrorInvalidValue;

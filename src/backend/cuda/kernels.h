@@ -36,7 +36,9 @@ enum sp_cuda_fmt {
     SP_CUDA_FMT_MXFP4,   // E2M1 codes, E8M0 scale per 32
     SP_CUDA_FMT_NVFP4,   // E2M1 codes, E4M3 scale per 16
     SP_CUDA_FMT_MXFP8,   // E4M3 codes, E8M0 scale per 32
-    SP_CUDA_FMT_Q6_K,    // ggml's Q6_K blocks of 256 (quant/qtype.h), scales inside
+    SP_CUDA_FMT_Q2_K,    // ggml's K-quant blocks of 256 (quant/qtype.c), scales inside
+    SP_CUDA_FMT_Q3_K,
+    SP_CUDA_FMT_Q6_K,
     SP_CUDA_FMT_COUNT
 };
 
