@@ -209,7 +209,7 @@ static void dequant_fp8(const struct sp_qmat *m, int64_t row, int64_t c0, int64_
  * of qh[l]. */
 #define Q6K_BYTES 210
 
-static void q6_k_block(const uint8_t *b, float *y) {
+static void q6_k_block(const uint8_t *restrict b, float *restrict y) {
     uint16_t dh;
     memcpy(&dh, b + 208, 2);
     float d = sp_f16_to_f32(dh), ds[16];
@@ -233,7 +233,7 @@ static void q6_k_block(const uint8_t *b, float *y) {
  * e / 16 and its code in bits 2 k of qs[32 (e / 128) + e % 32] (k = e %
  * 128 / 32), and stands for d sc q - dmin m, computed as (d sc) q - dmin m
  * as ggml's reference does. */
-static void q2_k_block(const uint8_t *b, float *y) {
+static void q2_k_block(const uint8_t *restrict b, float *restrict y) {
     uint16_t dh, mh;
     memcpy(&dh, b + 80, 2);
     memcpy(&mh, b + 82, 2);
@@ -257,7 +257,7 @@ static int q3_k_scale(const uint8_t *s, int j) {
     return (lo | hi << 4) - 32;
 }
 
-static void q3_k_block(const uint8_t *b, float *y) {
+static void q3_k_block(const uint8_t *restrict b, float *restrict y) {
     uint16_t dh;
     memcpy(&dh, b + 108, 2);
     float d = sp_f16_to_f32(dh);
@@ -270,7 +270,7 @@ static void q3_k_block(const uint8_t *b, float *y) {
 
 /* Columns [c0, c0 + n) of a row of 256-element blocks (c0 a block's start), through each block's decoder. */
 static void dequant_blocks(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out,
-                           void (*block)(const uint8_t *, float *)) {
+                           void (*block)(const uint8_t *restrict, float *restrict)) {
     size_t bb = (size_t)sp_qtype_traits(m->type)->block_bytes;
     const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
     float y[256];

@@ -151,8 +151,8 @@ static double softmax_chunk_portable(float *v, int64_t n, float *m) {
 }
 
 /* Each row is dequantized once into scratch and dotted with every token. */
-void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                             int64_t n, float *y, int64_t ldy, void *scratch) {
+static void matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                                 int64_t n, float *y, int64_t ldy, void *scratch) {
     float *row = scratch;
     for (int64_t r = r0; r < r1; r++) {
         dequant_row(w, r, row);
@@ -163,16 +163,16 @@ void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, co
 static void matmul_rows_pair_portable(const struct sp_qmat *wa, const struct sp_qmat *wb, int64_t r0, int64_t r1,
                                       const float *x, int64_t ldx, int64_t n, float *ya, float *yb, int64_t ldy,
                                       void *scratch) {
-    sp_matmul_rows_portable(wa, r0, r1, x, ldx, n, ya, ldy, scratch);
-    sp_matmul_rows_portable(wb, r0, r1, x, ldx, n, yb, ldy, scratch);
+    matmul_rows_portable(wa, r0, r1, x, ldx, n, ya, ldy, scratch);
+    matmul_rows_portable(wb, r0, r1, x, ldx, n, yb, ldy, scratch);
 }
 
 static const struct sp_kernels portable = {
     .isa = SP_KERNELS_PORTABLE,
     .name = "portable",
-    .matmul_rows = sp_matmul_rows_portable,
+    .matmul_rows = matmul_rows_portable,
     .matmul_rows_pair = matmul_rows_pair_portable,
-    .matmul_rows_float = sp_matmul_rows_portable,
+    .matmul_rows_float = matmul_rows_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
     .to_f32 = to_f32_portable,

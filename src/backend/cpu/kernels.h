@@ -75,7 +75,7 @@ struct sp_kernels {
     /* y[t * ldy + r] = dot(row r of w, x + t * ldx) for r in [r0, r1) and
      * t in [0, n): every weight row is read from memory once per call. Works
      * for every format of the traits table (formats a set has no fast path
-     * for go through the portable code). */
+     * for go through its blocked float product, or the portable code). */
     void (*matmul_rows)(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
                         float *y, int64_t ldy, void *scratch);
     /* matmul_rows of two matrices with the same x (an MLP's gate and up):
@@ -176,9 +176,5 @@ const struct sp_kernels *sp_kernels_avx2_set(enum sp_kernels_isa isa, bool bf16)
 const struct sp_kernels *sp_kernels_avxvnni_set(enum sp_kernels_isa isa, bool bf16);
 const struct sp_kernels *sp_kernels_avx512_set(enum sp_kernels_isa isa, bool bf16);
 const struct sp_kernels *sp_kernels_amx_set(enum sp_kernels_isa isa, bool bf16);
-/* The portable matmul_rows, which the x86 sets fall back on for formats they
- * have no fast path for. */
-void sp_matmul_rows_portable(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                             int64_t n, float *y, int64_t ldy, void *scratch);
 
 #endif

@@ -61,8 +61,9 @@
  *   the activations stays in L2 across row blocks.
  *
  * Every path gives a token the same result whatever else is in the batch.
- * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4) use the
- * portable product.
+ * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4, ggml's
+ * K-quant blocks) go through the blocked float product for any n, their
+ * rows decoded by the scalar reference.
  */
 #include "backend/cpu/kernels.h"
 
@@ -3133,8 +3134,8 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
 #endif
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
-        else
-            sp_matmul_rows_portable(m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+        else  // decoded by the scalar reference a block at a time, whatever n (one summation order)
+            blocked_rows(m->w[i], sp_qmat_dequant_cols_ref, r0, r1, x, ldx, n, m->y[i], ldy, scratch);
     }
 }
 
