@@ -152,6 +152,7 @@ static const struct fmt formats[] = {
     {SP_QTYPE_MXFP4, 32, SP_DTYPE_COUNT},    {SP_QTYPE_MXFP8, 32, SP_DTYPE_COUNT},
     {SP_QTYPE_NVFP4, 16, SP_DTYPE_COUNT},    {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT},
     {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT},    {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT},
+    {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT},   {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT},
 };
 
 /* y = l(x) for n tokens of a rows x cols matrix of format f (with a bias

@@ -730,7 +730,7 @@ static const struct fixture fx_qwen3_moe = {"tests/fixtures/qwen3_moe", "qwen3mo
 static const struct fixture fx_bailing = {"tests/fixtures/bailing_moe", "bailingmoe2", 0x358637bd, 0x49127c00, 3, 16};
 
 /* What a written model gets wrong on purpose. */
-enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_IQ4_NL, FLAW_NAME, FLAW_HEADS,
+enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q8_1, FLAW_NAME, FLAW_HEADS,
             FLAW_MTP };  // not a flaw: a bailingmoe2 MTP block past the model's, to be left out
 
 /* ---- ggml's 32-element blocks, written and read here from their layout ---- */
@@ -922,9 +922,9 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
         o->n_src = 1;
         o->nbytes = t->nbytes;
         o->type = SP_GGUF_TYPE_BF16;
-        if (flaw == FLAW_IQ4_NL && !strcmp(o->name, "blk.1.attn_v.weight")) {
-            o->type = SP_GGUF_TYPE_IQ4_NL;
-            o->nbytes = (size_t)(o->dims[0] / 32 * 18 * o->dims[1]);
+        if (flaw == FLAW_Q8_1 && !strcmp(o->name, "blk.1.attn_v.weight")) {
+            o->type = SP_GGUF_TYPE_Q8_1;  // a type no model file holds
+            o->nbytes = (size_t)(o->dims[0] / 32 * 36 * o->dims[1]);
         }
     }
     if (rope_freqs) {  // 8 frequencies of a 16-dimension head
@@ -1291,8 +1291,13 @@ static void test_gguf_chat_template(void **state) {
 
 /* ---- K-quants ---- */
 
+/* Elements of a block of type t: 32 for IQ4_NL, else 256. */
+static int kq_elems(uint32_t t) { return t == SP_GGUF_TYPE_IQ4_NL ? 32 : 256; }
+
 static size_t kq_bytes(uint32_t t) {
-    return t == SP_GGUF_TYPE_Q2_K   ? 84
+    return t == SP_GGUF_TYPE_IQ4_NL   ? 18
+           : t == SP_GGUF_TYPE_IQ4_XS ? 136
+           : t == SP_GGUF_TYPE_Q2_K   ? 84
            : t == SP_GGUF_TYPE_Q3_K ? 110
            : t == SP_GGUF_TYPE_Q4_K ? 144
            : t == SP_GGUF_TYPE_Q5_K ? 176
@@ -1304,7 +1309,9 @@ static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
     for (size_t i = 0; i < kq_bytes(t); i++) b[i] = (unsigned char)sp_rng_next(rng);
     uint16_t d = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
     uint16_t dm = sp_f32_to_f16(0.001f + 0.01f * (float)(sp_rng_next(rng) % 1000) / 1000.0f);
-    if (t == SP_GGUF_TYPE_Q6_K || t == SP_GGUF_TYPE_Q3_K) {
+    if (t == SP_GGUF_TYPE_IQ4_NL || t == SP_GGUF_TYPE_IQ4_XS) {
+        memcpy(b, &d, 2);
+    } else if (t == SP_GGUF_TYPE_Q6_K || t == SP_GGUF_TYPE_Q3_K) {
         memcpy(b + kq_bytes(t) - 2, &d, 2);
     } else if (t == SP_GGUF_TYPE_Q2_K) {
         memcpy(b + 80, &d, 2);
@@ -1319,10 +1326,30 @@ static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
  * (block_q2_K: 4-bit scale | min << 4 bytes 16, qs 64, d, dmin; block_q3_K:
  * hmask 32, qs 64, 12 bytes of 6-bit scales, d; block_q4_K / block_q5_K:
  * d, dmin, 12 bytes of 6-bit scales and mins, [qh 32,] qs 128; block_q6_K:
- * ql 128, qh 64, int8 scales 16, d). Q2_K and Q3_K go as ggml's loops do:
- * per 128 (n), four shifts (s) of two runs of 16 (the second from byte
- * 16 of the 32). */
+ * ql 128, qh 64, int8 scales 16, d; block_iq4_nl: d, qs 16 (32 elements);
+ * block_iq4_xs: d, scales_h, scales_l 4, qs 128). Q2_K and Q3_K go as
+ * ggml's loops do: per 128 (n), four shifts (s) of two runs of 16 (the
+ * second from byte 16 of the 32). b is the row's first block. */
 static float kq_value(uint32_t t, const unsigned char *b, int j) {
+    static const int kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    if (t == SP_GGUF_TYPE_IQ4_NL || t == SP_GGUF_TYPE_IQ4_XS) {
+        bool xs = t == SP_GGUF_TYPE_IQ4_XS;
+        b += (size_t)(j / kq_elems(t)) * kq_bytes(t);
+        j %= kq_elems(t);
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        float dl = sp_f16_to_f32(dh);
+        const unsigned char *qs = b + 2;
+        if (xs) {
+            int ib = j / 32, sh = b[2] | b[3] << 8;
+            int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((sh >> 2 * ib) & 3) << 4;
+            dl = dl * (float)(ls - 32);
+            qs = b + 8 + 16 * ib;
+            j %= 32;
+        }
+        int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+        return dl * (float)kvalues[q];
+    }
     if (t == SP_GGUF_TYPE_Q2_K || t == SP_GGUF_TYPE_Q3_K) {
         int n = j / 128, s = j % 128 / 32, run = j % 32 / 16, l = j % 16, is = 8 * n + 2 * s + run;
         bool two = t == SP_GGUF_TYPE_Q2_K;
@@ -1370,12 +1397,12 @@ static float kq_value(uint32_t t, const unsigned char *b, int j) {
     return d1 * (float)q - m1;
 }
 
-/* A one-layer llama of width 256 (heads of 64) whose matrices are K-quants
- * of random blocks - q / k Q4_K, v Q3_K, o Q2_K, gate / up Q5_K, down and
- * the head Q6_K - reads every value as llama.cpp's layout gives it (Q4_K
- * and Q5_K repacked into affine 4 / 5-bit with f32 scales, Q2_K, Q3_K and
- * Q6_K as their own blocks, the file's bytes), q / k rows reordered back,
- * and runs. */
+/* A one-layer llama of width 256 (heads of 64) whose matrices are K- and
+ * IQ-quants of random blocks - q / k Q4_K, v Q3_K, o Q2_K, gate Q5_K, up
+ * IQ4_XS, down Q6_K, the head IQ4_NL - reads every value as llama.cpp's
+ * layout gives it (Q4_K and Q5_K repacked into affine 4 / 5-bit with f32
+ * scales, the others as their own blocks, the file's bytes), q / k rows
+ * reordered back, and runs. */
 static void test_gguf_kquants(void **state) {
     static const struct {
         const char *name;
@@ -1387,9 +1414,9 @@ static void test_gguf_kquants(void **state) {
                 {"blk.0.attn_v.weight", SP_GGUF_TYPE_Q3_K, 256, SP_ROLE_ATTN_V},
                 {"blk.0.attn_output.weight", SP_GGUF_TYPE_Q2_K, 256, SP_ROLE_ATTN_O},
                 {"blk.0.ffn_gate.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_GATE},
-                {"blk.0.ffn_up.weight", SP_GGUF_TYPE_Q5_K, 256, SP_ROLE_FFN_UP},
+                {"blk.0.ffn_up.weight", SP_GGUF_TYPE_IQ4_XS, 256, SP_ROLE_FFN_UP},
                 {"blk.0.ffn_down.weight", SP_GGUF_TYPE_Q6_K, 256, SP_ROLE_FFN_DOWN},
-                {"output.weight", SP_GGUF_TYPE_Q6_K, 256, SP_ROLE_LM_HEAD}};
+                {"output.weight", SP_GGUF_TYPE_IQ4_NL, 256, SP_ROLE_LM_HEAD}};
     const int nm = 8, D = 256, V = 256;
     static const char *const vecs[] = {"token_embd.weight", "output_norm.weight", "blk.0.attn_norm.weight",
                                        "blk.0.ffn_norm.weight"};
@@ -1398,7 +1425,7 @@ static void test_gguf_kquants(void **state) {
     unsigned char *data[8];
     size_t nbytes[8];
     for (int i = 0; i < nm; i++) {
-        nbytes[i] = (size_t)mats[i].rows * (D / 256) * kq_bytes(mats[i].type);
+        nbytes[i] = (size_t)mats[i].rows * (size_t)(D / kq_elems(mats[i].type)) * kq_bytes(mats[i].type);
         data[i] = malloc(nbytes[i]);
         for (size_t k = 0; k < nbytes[i]; k += kq_bytes(mats[i].type)) kq_random(mats[i].type, &rng, data[i] + k);
     }
@@ -1451,6 +1478,8 @@ static void test_gguf_kquants(void **state) {
                                      : gt == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
                                      : gt == SP_GGUF_TYPE_Q2_K ? SP_QTYPE_Q2_K
                                      : gt == SP_GGUF_TYPE_Q3_K ? SP_QTYPE_Q3_K
+                                     : gt == SP_GGUF_TYPE_IQ4_NL ? SP_QTYPE_IQ4_NL
+                                     : gt == SP_GGUF_TYPE_IQ4_XS ? SP_QTYPE_IQ4_XS
                                                                : SP_QTYPE_Q6_K);
         if (sp_qtype_traits(lin.w.type)->block_bytes) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);
         bool reorder = mats[i].role == SP_ROLE_ATTN_Q || mats[i].role == SP_ROLE_ATTN_K;
@@ -1459,7 +1488,8 @@ static void test_gguf_kquants(void **state) {
             int64_t src = reorder ? r / 64 * 64 + 2 * (r % 32) + (r % 64) / 32 : r;
             sp_qmat_dequant_row_ref(&lin.w, r, w);
             for (int c = 0; c < D; c++) {
-                float want = kq_value(mats[i].type, data[i] + (size_t)src * kq_bytes(mats[i].type), c);
+                size_t row_bytes = nbytes[i] / (size_t)mats[i].rows;
+                float want = kq_value(mats[i].type, data[i] + (size_t)src * row_bytes, c);
                 if (want != w[c])
                     fail_msg("%s row %lld col %d: %g, ggml's layout gives %g", mats[i].name, (long long)r, c,
                              (double)w[c], (double)want);
@@ -1797,7 +1827,7 @@ static void test_llama_model_refused(void **state) {
         enum flaw flaw;
         const char *needle;
     } cases[] = {{FLAW_ARCH, "general.architecture \"qwen9\""},
-                 {FLAW_IQ4_NL, "blk.1.attn_v.weight is IQ4_NL"},
+                 {FLAW_Q8_1, "blk.1.attn_v.weight is Q8_1"},
                  {FLAW_NAME, "blk.0.attn_weird.weight"},
                  {FLAW_HEADS, "head_count 5"}};
     char *dir = th_tmpdir(), *path = sp_path_join(dir, "m.gguf");

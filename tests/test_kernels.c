@@ -133,6 +133,8 @@ static void test_other_formats(void **state) {
     check_format(SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, blocks, 2);
+    check_format(SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, blocks, 2);
+    check_format(SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, blocks, 2);
 }
 
 /* The int8 products add code x activation products in int16 before they

@@ -321,30 +321,60 @@ static void test_k_quants_against_ggml(void **state) {
     static const struct {
         const char *file;
         enum sp_qtype t;
-    } cases[] = {{"q2_k", SP_QTYPE_Q2_K}, {"q3_k", SP_QTYPE_Q3_K}, {"q6_k", SP_QTYPE_Q6_K}};
+    } cases[] = {{"q2_k", SP_QTYPE_Q2_K},
+                 {"q3_k", SP_QTYPE_Q3_K},
+                 {"q6_k", SP_QTYPE_Q6_K},
+                 {"iq4_nl", SP_QTYPE_IQ4_NL},
+                 {"iq4_xs", SP_QTYPE_IQ4_XS}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[96];
         snprintf(path, sizeof path, "tests/fixtures/ggml_blocks/%s.bin", cases[c].file);
         FILE *f = fopen(path, "rb");
         assert_non_null(f);
-        size_t bb = (size_t)sp_qtype_traits(cases[c].t)->block_bytes, nb = 8;
+        const struct sp_qtype_traits *tr = sp_qtype_traits(cases[c].t);
+        size_t bb = (size_t)tr->block_bytes, be = (size_t)tr->group, nb = 8;
         uint8_t *blocks = malloc(nb * bb);
-        float *want = malloc(nb * 256 * sizeof *want), *got = malloc(nb * 256 * sizeof *got);
+        float *want = malloc(nb * be * sizeof *want), *got = malloc(nb * be * sizeof *got);
         assert_int_equal(fread(blocks, bb, nb, f), nb);
-        assert_int_equal(fread(want, sizeof *want, nb * 256, f), nb * 256);
+        assert_int_equal(fread(want, sizeof *want, nb * be, f), nb * be);
         assert_int_equal(fgetc(f), EOF);
         fclose(f);
         /* as one row of 8 blocks, and as 2 rows of 4 read from the middle */
-        struct sp_qmat m = {cases[c].t, 256, 1, (int64_t)nb * 256, blocks, NULL, NULL, SP_DTYPE_COUNT, false};
+        struct sp_qmat m = {cases[c].t, tr->group, 1, (int64_t)(nb * be), blocks, NULL, NULL, SP_DTYPE_COUNT, false};
         sp_qmat_dequant_row_ref(&m, 0, got);
-        assert_memory_equal(got, want, nb * 256 * sizeof *got);
-        m.rows = 2, m.cols = 1024;
-        sp_qmat_dequant_cols_ref(&m, 1, 256, 512, got);
-        assert_memory_equal(got, want + 1280, 512 * sizeof *got);
+        assert_memory_equal(got, want, nb * be * sizeof *got);
+        m.rows = 2, m.cols = (int64_t)(4 * be);
+        sp_qmat_dequant_cols_ref(&m, 1, (int64_t)be, (int64_t)(2 * be), got);
+        assert_memory_equal(got, want + 5 * be, 2 * be * sizeof *got);
         free(blocks);
         free(want);
         free(got);
     }
+}
+
+/* IQ4_NL and IQ4_XS round trips: each value within a share of its 32's
+ * largest (the table's widest gap, its top at 113 of 127, and IQ4_XS's
+ * scales rounded to 31 steps of the block's largest). */
+static void test_iq4(void **state) {
+    struct sp_rng r;
+    sp_rng_seed(&r, 8);
+    float x[256], out[256];
+    uint8_t b[8 * 18];
+    for (int i = 0; i < 256; i++) x[i] = sp_rng_normal(&r) * (i < 128 ? 1.0f : 0.25f);
+    for (int t = 0; t < 2; t++) {
+        enum sp_qtype q = t ? SP_QTYPE_IQ4_XS : SP_QTYPE_IQ4_NL;
+        sp_qtype_quantize_row_ref(q, x, 256, sp_qtype_traits(q)->group, b, NULL, NULL, SP_DTYPE_COUNT);
+        struct sp_qmat m = {q, sp_qtype_traits(q)->group, 1, 256, b, NULL, NULL, SP_DTYPE_COUNT, false};
+        sp_qmat_dequant_row_ref(&m, 0, out);
+        for (int j = 0; j < 8; j++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * j + i]));
+            for (int i = 0; i < 32; i++)
+                assert_true(fabsf(out[32 * j + i] - x[32 * j + i]) <= amax * (t ? 0.2f : 0.12f));
+        }
+    }
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_IQ4_NL, 512), 288);
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_IQ4_XS, 512), 272);
 }
 
 /* Q2_K and Q3_K round trips: within a step of each 16's range. */
@@ -417,7 +447,7 @@ int main(void) {
         cmocka_unit_test(test_e4m3_all_codes),         cmocka_unit_test(test_mxfp8_nvfp4_round_trip),
         cmocka_unit_test(test_float_formats),          cmocka_unit_test(test_shapes_and_sizes),
         cmocka_unit_test(test_q6_k),                   cmocka_unit_test(test_k_quants_against_ggml),
-        cmocka_unit_test(test_q2_q3_k),
+        cmocka_unit_test(test_q2_q3_k),                cmocka_unit_test(test_iq4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

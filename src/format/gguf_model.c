@@ -373,7 +373,7 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
 }
 
 /* How a GGUF tensor type is read: as floats, as blocks of a format of
- * sparrow's own (the same bytes: Q2_K, Q3_K, Q6_K), or repacked, block by block and
+ * sparrow's own (the same bytes: Q2_K, Q3_K, Q6_K, IQ4_NL, IQ4_XS), or repacked, block by block and
  * exactly, into the MLX format whose products compute the same values
  * (Q8_0: d q = d u - 128 d for the code u = q + 128, affine 8-bit; Q4_0:
  * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; Q5_0: d (q - 16),
@@ -409,6 +409,9 @@ static const struct gguf_read reads[] = {
     {SP_GGUF_TYPE_Q2_K, SP_DTYPE_U8, "q2_k", 2, SP_DTYPE_COUNT, false, true},
     {SP_GGUF_TYPE_Q3_K, SP_DTYPE_U8, "q3_k", 3, SP_DTYPE_COUNT, false, true},
     {SP_GGUF_TYPE_Q6_K, SP_DTYPE_U8, "q6_k", 6, SP_DTYPE_COUNT, false, true},
+    /* codes into a table of 16 non-uniform values */
+    {SP_GGUF_TYPE_IQ4_NL, SP_DTYPE_U8, "iq4_nl", 4, SP_DTYPE_COUNT, false, true},
+    {SP_GGUF_TYPE_IQ4_XS, SP_DTYPE_U8, "iq4_xs", 4, SP_DTYPE_COUNT, false, true},
 };
 #define BLOCK 32  // elements of a block of every repacked type
 
@@ -669,7 +672,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         if (!(pl->rd = read_of(t->type))) {
             st = sp_errorf(SP_ERR_UNSUPPORTED,
                            "%s: tensor %s is %s: the GGUF types read so far are F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                           "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4", g->path, t->name,
+                           "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4", g->path, t->name,
                            sp_gguf_type_name(t->type));
             break;
         }

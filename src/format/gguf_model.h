@@ -29,8 +29,9 @@
  * into affine 4- and 5-bit with f32 scales and biases (d sc and -dmin m,
  * exact), in memory the file owns, so the CPU and CUDA products read them
  * (a copy of those weights: they are not streamed from the file by the
- * expert cache); Q2_K, Q3_K and Q6_K (groups of 16, which no MLX format
- * holds) as they are, sparrow's q2_k / q3_k / q6_k blocks. Anything else is refused with a message naming the
+ * expert cache); Q2_K, Q3_K and Q6_K (groups of 16) and IQ4_NL and IQ4_XS
+ * (codes into a table), which no MLX format holds, as they are: sparrow's
+ * q2_k / q3_k / q6_k / iq4_nl / iq4_xs blocks. Anything else is refused with a message naming the
  * key or tensor.
  */
 #ifndef SP_FORMAT_GGUF_MODEL_H

@@ -268,16 +268,52 @@ static void q3_k_block(const uint8_t *restrict b, float *restrict y) {
     }
 }
 
-/* Columns [c0, c0 + n) of a row of 256-element blocks (c0 a block's start), through each block's decoder. */
+/* IQ4_NL, a block of 32: f16 d, then 16 bytes of 4-bit codes (element j
+ * in the low nibble of byte j, j + 16 in its high one) into a table of 16
+ * values: d x value. IQ4_XS, a block of 256: f16 d, 2 bytes of the high
+ * and 4 of the low bits of 8 6-bit scales (scale i: its low 4 bits in
+ * nibble i % 2 of byte i / 2, its high 2 at bits 2 i of the 16), then 8
+ * runs of 32 codes as IQ4_NL's: (d x (scale - 32)) x value. */
+const int8_t sp_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void iq4_codes(const uint8_t *restrict qs, float dl, float *restrict y) {
+    for (int j = 0; j < 16; j++) {
+        y[j] = dl * (float)sp_iq4_values[qs[j] & 15u];
+        y[j + 16] = dl * (float)sp_iq4_values[qs[j] >> 4];
+    }
+}
+
+static void iq4_nl_block(const uint8_t *restrict b, float *restrict y) {
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    iq4_codes(b + 2, sp_f16_to_f32(dh), y);
+}
+
+static int iq4_xs_scale(const uint8_t *b, int i) {
+    uint16_t h;
+    memcpy(&h, b + 2, 2);
+    return ((b[4 + i / 2] >> (4 * (i % 2)) & 15) | (h >> (2 * i) & 3) << 4) - 32;
+}
+
+static void iq4_xs_block(const uint8_t *restrict b, float *restrict y) {
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    float d = sp_f16_to_f32(dh);
+    for (int i = 0; i < 8; i++) iq4_codes(b + 8 + 16 * i, d * (float)iq4_xs_scale(b, i), y + 32 * i);
+}
+
+/* Columns [c0, c0 + n) of a row of blocks (c0 a block's start), through each block's decoder. */
 static void dequant_blocks(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out,
                            void (*block)(const uint8_t *restrict, float *restrict)) {
-    size_t bb = (size_t)sp_qtype_traits(m->type)->block_bytes;
+    const struct sp_qtype_traits *tr = sp_qtype_traits(m->type);
+    size_t bb = (size_t)tr->block_bytes;
+    int64_t be = tr->group;
     const uint8_t *r = (const uint8_t *)m->codes + (size_t)row * sp_qtype_row_bytes(m->type, m->cols);
     float y[256];
-    for (int64_t b = c0 / 256; b * 256 < c0 + n; b++) {
+    for (int64_t b = c0 / be; b * be < c0 + n; b++) {
         block(r + (size_t)b * bb, y);
-        int64_t from = b * 256 > c0 ? b * 256 : c0, to = (b + 1) * 256 < c0 + n ? (b + 1) * 256 : c0 + n;
-        memcpy(out + (from - c0), y + (from - b * 256), (size_t)(to - from) * sizeof *y);
+        int64_t from = b * be > c0 ? b * be : c0, to = (b + 1) * be < c0 + n ? (b + 1) * be : c0 + n;
+        memcpy(out + (from - c0), y + (from - b * be), (size_t)(to - from) * sizeof *y);
     }
 }
 
@@ -289,6 +325,68 @@ static void dequant_q3_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64
 }
 static void dequant_q6_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
     dequant_blocks(m, row, c0, n, out, q6_k_block);
+}
+static void dequant_iq4_nl(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, iq4_nl_block);
+}
+static void dequant_iq4_xs(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, iq4_xs_block);
+}
+
+/* The code of the table value nearest v (ties to the lower). */
+static uint8_t iq4_nearest(float v) {
+    int best = 0;
+    for (int i = 1; i < 16; i++)
+        if (fabsf(v - (float)sp_iq4_values[i]) < fabsf(v - (float)sp_iq4_values[best])) best = i;
+    return (uint8_t)best;
+}
+
+/* 32 values at step dl into IQ4_NL's 16 bytes of codes. */
+static void iq4_pack(const float *x, float dl, uint8_t *qs) {
+    for (int j = 0; j < 16; j++) {
+        uint8_t lo = dl != 0.0f ? iq4_nearest(x[j] / dl) : 8, hi = dl != 0.0f ? iq4_nearest(x[j + 16] / dl) : 8;
+        qs[j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* Plain roundings into IQ4_NL and IQ4_XS (not ggml's searched ones), for
+ * tests: a block's (IQ4_XS: each 32's) step max |x| / 127; IQ4_XS's 32s in
+ * 31 steps of the largest. */
+static void quantize_iq4_nl(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                            enum sp_dtype sdt) {
+    for (int64_t b0 = 0; b0 < n; b0 += 32, x += 32) {
+        uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 32) * 18;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        uint16_t dh = sp_f32_to_f16(amax / 127.0f);
+        memcpy(b, &dh, 2);
+        iq4_pack(x, sp_f16_to_f32(dh), b + 2);
+    }
+}
+
+static void quantize_iq4_xs(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                            enum sp_dtype sdt) {
+    for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
+        uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * 136;
+        float sub[8], top = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * i + j]));
+            sub[i] = amax / 127.0f;
+            top = fmaxf(top, sub[i]);
+        }
+        uint16_t dh = sp_f32_to_f16(top / 31.0f), h = 0;
+        float d = sp_f16_to_f32(dh);
+        memset(b, 0, 8);
+        memcpy(b, &dh, 2);
+        for (int i = 0; i < 8; i++) {
+            int s = d > 0.0f ? (int)fminf(31.0f, rintf(sub[i] / d)) : 0, u = s + 32;
+            b[4 + i / 2] |= (uint8_t)((u & 15) << (4 * (i % 2)));
+            h |= (uint16_t)((u >> 4) << (2 * i));
+            iq4_pack(x + 32 * i, d * (float)s, b + 8 + 16 * i);
+        }
+        memcpy(b + 2, &h, 2);
+    }
 }
 
 /* Plain roundings into Q2_K and Q3_K (not ggml's searched ones), for
@@ -462,6 +560,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define DEQ_Q2_K dequant_q2_k
 #define DEQ_Q3_K dequant_q3_k
 #define DEQ_Q6_K dequant_q6_k
+#define DEQ_IQ4_NL dequant_iq4_nl
+#define DEQ_IQ4_XS dequant_iq4_xs
 #define QUANT_F32 quantize_f32
 #define QUANT_F16 quantize_f16
 #define QUANT_BF16 quantize_bf16
@@ -477,6 +577,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define QUANT_Q2_K quantize_q2_k
 #define QUANT_Q3_K quantize_q3_k
 #define QUANT_Q6_K quantize_q6_k
+#define QUANT_IQ4_NL quantize_iq4_nl
+#define QUANT_IQ4_XS quantize_iq4_xs
 #define SCALE_F32 SP_DTYPE_COUNT
 #define SCALE_F16 SP_DTYPE_COUNT
 #define SCALE_BF16 SP_DTYPE_COUNT
@@ -492,6 +594,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define SCALE_Q2_K SP_DTYPE_COUNT
 #define SCALE_Q3_K SP_DTYPE_COUNT
 #define SCALE_Q6_K SP_DTYPE_COUNT
+#define SCALE_IQ4_NL SP_DTYPE_COUNT
+#define SCALE_IQ4_XS SP_DTYPE_COUNT
 
 static const struct sp_qtype_traits traits[SP_QTYPE_COUNT] = {
 #define SP_X(e, nm, md, b, g, hb, bb) {nm, md, b, g, hb, bb, SCALE_##e, DEQ_##e, QUANT_##e},
@@ -525,7 +629,7 @@ enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out
     }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "quantization mode \"%s\" with %d bits is not supported (affine: 2, 3, 4, 5, 6, 8 bits; "
-                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q2_k: 2; q3_k: 3; q6_k: 6)",
+                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q2_k: 2; q3_k: 3; q6_k: 6; iq4_nl: 4; iq4_xs: 4)",
                      mode, bits);
 }
 

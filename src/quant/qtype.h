@@ -43,7 +43,9 @@
     X(NVFP4, "nvfp4", "nvfp4", 4, 16, false, 0)                                \
     X(Q2_K, "q2_k", "q2_k", 2, 256, false, 84)                                 \
     X(Q3_K, "q3_k", "q3_k", 3, 256, false, 110)                                \
-    X(Q6_K, "q6_k", "q6_k", 6, 256, false, 210)
+    X(Q6_K, "q6_k", "q6_k", 6, 256, false, 210)                               \
+    X(IQ4_NL, "iq4_nl", "iq4_nl", 4, 32, false, 18)                            \
+    X(IQ4_XS, "iq4_xs", "iq4_xs", 4, 256, false, 136)
 
 enum sp_qtype {
 #define SP_X(e, name, mode, bits, group, biases, block) SP_QTYPE_##e,
@@ -145,6 +147,7 @@ float sp_e4m3_to_float(uint8_t x);      // E4M3FN (0x7f decodes to 480 as mlx do
 uint8_t sp_float_to_e4m3(float v);      // round to nearest even, saturating at 448
 uint8_t sp_float_to_e2m1(float y);      // nearest code, ties to even, sign from signbit
 uint8_t sp_float_to_e8m0(float amax_over_max);  // round(log2(x)) + 127, clamped; 127 for 0
+extern const int8_t sp_iq4_values[16];  // IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
 
 /* Extracts element i (0-based) of a row of b-bit codes packed LSB-first. */
 static inline uint32_t sp_unpack_bits(const uint8_t *row, int64_t i, int b) {

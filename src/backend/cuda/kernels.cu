@@ -36,7 +36,10 @@ constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
-enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q6K };
+enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q6K, K_IQ4NL, K_IQ4XS };
+
+/* IQ4_NL / IQ4_XS code -> value (quant/qtype.h's sp_iq4_values) */
+__constant__ int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 template <int DT>
 __device__ __forceinline__ float ldf(const void *p, int64_t i) {
@@ -132,6 +135,24 @@ __device__ __forceinline__ void decode8(const sp_cuda_weight &w, int64_t r, int6
                 int q = (int)(qs[j] >> (2 * k) & 3u) - (b[l + j] >> (4 * h + k) & 1u ? 0 : 4);
                 o[j] = __fmul_rn(dl, (float)q);
             }
+        }
+    } else if constexpr (K == K_IQ4NL || K == K_IQ4XS) {
+        /* unit u is elements e .. e + 7 of a run of 32 (quant/qtype.c's layouts) */
+        constexpr bool XS = K == K_IQ4XS;
+        constexpr int BB = XS ? 136 : 18, BE = XS ? 256 : 32;
+        const uint8_t *b = static_cast<const uint8_t *>(w.codes) + r * (w.cols / BE * BB) + u / (BE / 8) * BB;
+        int e = (int)(u % (BE / 8)) * 8, run = e / 32, j0 = e % 32;
+        float dl = __half2float(*reinterpret_cast<const __half *>(b));
+        if constexpr (XS) {
+            int lo = b[4 + run / 2] >> (4 * (run % 2)) & 15, hi = (b[2] | b[3] << 8) >> (2 * run) & 3;
+            dl = __fmul_rn(dl, (float)((lo | hi << 4) - 32));
+        }
+        const uint8_t *qs = b + (XS ? 8 + 16 * run : 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int jj = j0 + j;
+            uint32_t c = jj < 16 ? qs[jj] & 15u : qs[jj - 16] >> 4;
+            o[j] = __fmul_rn(dl, (float)iq4_values[c]);
         }
     } else if constexpr (K == K_Q6K) {
         /* unit u is elements l .. l + 7 of run k of half h of block u / 32 (quant/qtype.c's layout) */
@@ -284,6 +305,8 @@ int dispatch(const sp_cuda_weight &w, const L &l) {
     case SP_CUDA_FMT_Q2_K: return l.template go<K_Q2K, 2, 0>();
     case SP_CUDA_FMT_Q3_K: return l.template go<K_Q3K, 3, 0>();
     case SP_CUDA_FMT_Q6_K: return l.template go<K_Q6K, 6, 0>();
+    case SP_CUDA_FMT_IQ4_NL: return l.template go<K_IQ4NL, 4, 0>();
+    case SP_CUDA_FMT_IQ4_XS: return l.template go<K_IQ4XS, 4, 0>();
     case SP_CUDA_FMT_AFFINE: break;
     default: return (int)cudaErrorInvalidValue;
     }

@@ -39,6 +39,8 @@ enum sp_cuda_fmt {
     SP_CUDA_FMT_Q2_K,    // ggml's K-quant blocks of 256 (quant/qtype.c), scales inside
     SP_CUDA_FMT_Q3_K,
     SP_CUDA_FMT_Q6_K,
+    SP_CUDA_FMT_IQ4_NL,
+    SP_CUDA_FMT_IQ4_XS,
     SP_CUDA_FMT_COUNT
 };
 
