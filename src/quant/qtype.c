@@ -200,6 +200,19 @@ static void dequant_fp8(const struct sp_qmat *m, int64_t row, int64_t c0, int64_
 
 /* ---- ggml's block formats ---- */
 
+/* For each of `runs` runs of len values of x, its max |x| / per into
+ * sub[]; returns the largest of those (a block's scales of scales). */
+static float run_scales(const float *x, int runs, int len, float per, float *sub) {
+    float top = 0.0f;
+    for (int i = 0; i < runs; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < len; j++) amax = fmaxf(amax, fabsf(x[len * i + j]));
+        sub[i] = amax / per;
+        top = fmaxf(top, sub[i]);
+    }
+    return top;
+}
+
 /* Q6_K, a block of 256: ql[128] (each code's low 4 bits), qh[64] (its high
  * 2), int8 scales[16] (one a 16 elements), f16 d; code u of element e
  * stands for d x scale[e / 16] x (u - 32), computed in that order as ggml's
@@ -368,13 +381,7 @@ static void quantize_iq4_xs(const float *x, int64_t n, int group, void *codes, v
                             enum sp_dtype sdt) {
     for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
         uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * 136;
-        float sub[8], top = 0.0f;
-        for (int i = 0; i < 8; i++) {
-            float amax = 0.0f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * i + j]));
-            sub[i] = amax / 127.0f;
-            top = fmaxf(top, sub[i]);
-        }
+        float sub[8], top = run_scales(x, 8, 32, 127.0f, sub);
         uint16_t dh = sp_f32_to_f16(top / 31.0f), h = 0;
         float d = sp_f16_to_f32(dh);
         memset(b, 0, 8);
@@ -430,13 +437,7 @@ static void quantize_q3_k(const float *x, int64_t n, int group, void *codes, voi
                           enum sp_dtype sdt) {
     for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
         uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * 110;
-        float sub[16], top = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            float amax = 0.0f;
-            for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * j + i]));
-            sub[j] = amax / 4.0f;
-            top = fmaxf(top, sub[j]);
-        }
+        float sub[16], top = run_scales(x, 16, 16, 4.0f, sub);
         uint16_t dh = sp_f32_to_f16(top / 31.0f);
         float d = sp_f16_to_f32(dh);
         memset(b, 0, 108);
@@ -463,13 +464,7 @@ static void quantize_q6_k(const float *x, int64_t n, int group, void *codes, voi
                           enum sp_dtype sdt) {
     for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
         uint8_t *b = (uint8_t *)codes + (size_t)(b0 / 256) * Q6K_BYTES, u[256];
-        float sub[16], top = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            float amax = 0.0f;
-            for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[16 * j + i]));
-            sub[j] = amax / 31.0f;
-            top = fmaxf(top, sub[j]);
-        }
+        float sub[16], top = run_scales(x, 16, 16, 31.0f, sub);
         uint16_t dh = sp_f32_to_f16(top / 127.0f);
         float d = sp_f16_to_f32(dh);
         int8_t *sc = (int8_t *)(b + 192);
