@@ -438,6 +438,54 @@ static const micro_fn micros[MR][NR] = {
 
 typedef void (*dequant_fn)(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out);
 
+/* 32 int8 values times a scale for the first 16 and another for the last
+ * 16, as floats into out[0 .. 32). */
+ALWAYS void scaled_bytes(__m256i q, __m256 s0, __m256 s1, float *out) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(out, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+    _mm256_storeu_ps(out + 16, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+    _mm256_storeu_ps(out + 24, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+/* Columns [k0, k0 + kn) of row r of a Q6_K matrix (whole blocks), the
+ * values quant/qtype.c's reference gives ((d x scale) x (code - 32)),
+ * 32 codes a step: element l + 32 k of each 128 has its low bits in a
+ * nibble of ql[l + 32 (k % 2)] (the high one for k >= 2) and its high bits
+ * at bit 2 k of qh[l]. */
+static void dequant_q6_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 256) * 210;
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    for (int64_t e = 0; e < kn; e += 256, b += 210, out += 256) {
+        uint16_t dh;
+        memcpy(&dh, b + 208, 2);
+        __m256 d = _mm256_set1_ps(sp_f16_to_f32(dh));
+        float ds[16];
+        __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(b + 192));
+        _mm256_storeu_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            __m256i la = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            __m256i lb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+            __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(lb, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4)),
+            };
+            for (int k = 0; k < 4; k++)
+                scaled_bytes(_mm256_sub_epi8(q[k], c32), _mm256_set1_ps(ds[8 * h + 2 * k]),
+                             _mm256_set1_ps(ds[8 * h + 2 * k + 1]), out + 128 * h + 32 * k);
+        }
+    }
+}
+
 /* Asks for the packed bytes of columns [k0, k0 + kn) of rows [r, r1) (a
  * row block's slice, about to be decoded) to be brought into the cache. */
 static void prefetch_block(const struct sp_qmat *w, int64_t r, int64_t r1, int64_t k0, int64_t kn) {
@@ -3134,8 +3182,9 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
 #endif
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
-        else  // decoded by the scalar reference a block at a time, whatever n (one summation order)
-            blocked_rows(m->w[i], sp_qmat_dequant_cols_ref, r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+        else  // decoded a block at a time (by the scalar reference but for Q6_K), whatever n: one summation order
+            blocked_rows(m->w[i], m->w[i]->type == SP_QTYPE_Q6_K ? dequant_q6_k : sp_qmat_dequant_cols_ref, r0, r1,
+                         x, ldx, n, m->y[i], ldy, scratch);
     }
 }
 
