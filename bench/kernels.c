@@ -80,8 +80,22 @@ static const struct fmtdef fmts[] = {
     {"affine4-g128", SP_QTYPE_AFFINE4, 128, SP_DTYPE_BF16},
     {"affine8-g64", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
     {"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_U8},
+    {"q2_k", SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT},
+    {"q3_k", SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT},
     {"q6_k", SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT},
+    {"iq4_nl", SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT},
+    {"iq4_xs", SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT},
 };
+
+/* Where a ggml block keeps its f16 scales (byte offsets; -1 past the last). */
+static const int *f16_scales(enum sp_qtype t) {
+    static const int q2[] = {80, 82, -1}, q3[] = {108, -1}, q6[] = {208, -1}, iq4[] = {0, -1}, none[] = {-1};
+    return t == SP_QTYPE_Q2_K   ? q2
+           : t == SP_QTYPE_Q3_K ? q3
+           : t == SP_QTYPE_Q6_K ? q6
+           : t == SP_QTYPE_IQ4_NL || t == SP_QTYPE_IQ4_XS ? iq4
+                                                           : none;
+}
 
 /* (rows, cols) = (out, in): dense / attention 2048 and 4096 squares, expert
  * gate/up (512 x 2048) and down (2048 x 512), a 1024 x 4096 projection. */
@@ -126,10 +140,11 @@ static void mats_make(struct mats *o, const struct fmtdef *f, int64_t rows, int6
             uint64_t r = sp_rng_next(rng);
             memcpy(o->codes + i, &r, 8);
         }
-    for (size_t i = 0; tr->block_bytes && i < cb * (size_t)o->n; i += (size_t)tr->block_bytes) {
-        uint16_t d = sp_f32_to_f16(1.0f / 4096.0f);  // each block's f16 scale last in it (Q6_K): finite
-        memcpy(o->codes + i + tr->block_bytes - 2, &d, 2);
-    }
+    for (size_t i = 0; tr->block_bytes && i < cb * (size_t)o->n; i += (size_t)tr->block_bytes)
+        for (const int *at = f16_scales(f->type); *at >= 0; at++) {  // finite scales, not random bits
+            uint16_t d = sp_f32_to_f16(1.0f / 4096.0f);
+            memcpy(o->codes + i + *at, &d, 2);
+        }
     for (size_t i = 0; sb && i < rows * ng * (size_t)o->n; i++) {
         if (f->type == SP_QTYPE_MXFP4) {
             o->scales[i] = (uint8_t)(121 + sp_rng_next(rng) % 4);

@@ -137,6 +137,42 @@ static void test_other_formats(void **state) {
     check_format(SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, blocks, 2);
 }
 
+/* ggml's block formats go through every set's float product, decoded by
+ * SIMD code of the set's own: one-hot tokens (token c is 1 at column c)
+ * read each decoded value back exactly, which must be the reference's. */
+static void test_block_decoders_exact(void **state) {
+    static const enum sp_qtype types[] = {SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q6_K, SP_QTYPE_IQ4_NL,
+                                          SP_QTYPE_IQ4_XS};
+    const int64_t rows = 3, cols = 768;
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 31);
+    float *x = calloc((size_t)(cols * cols), sizeof *x), *y = malloc((size_t)(cols * rows) * sizeof *y);
+    float *ref = malloc((size_t)cols * sizeof *ref);
+    for (int64_t c = 0; c < cols; c++) x[c * cols + c] = 1.0f;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        struct mat M;
+        mat_make(&M, types[ti], sp_qtype_traits(types[ti])->group, SP_DTYPE_COUNT, rows, cols, &rng);
+        void *scratch = sp_malloc_aligned(sp_kernels_scratch_bytes(&M.m), 64, SP_MEM_MISC);
+        for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+            const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+            if (!k) continue;
+            k->matmul_rows(&M.m, 0, rows, x, cols, cols, y, rows, scratch);
+            for (int64_t r = 0; r < rows; r++) {
+                sp_qmat_dequant_row_ref(&M.m, r, ref);
+                for (int64_t c = 0; c < cols; c++)
+                    if (y[c * rows + r] != ref[c])
+                        fail_msg("%s %s row %lld col %lld: %g, the reference %g", k->name, sp_qtype_name(types[ti]),
+                                 (long long)r, (long long)c, (double)y[c * rows + r], (double)ref[c]);
+            }
+        }
+        sp_free_aligned(scratch);
+        mat_free(&M);
+    }
+    free(x);
+    free(y);
+    free(ref);
+}
+
 /* The int8 products add code x activation products in int16 before they
  * widen them; at the largest codes (affine 15, mxfp4 +6: 2 x 6 + 12 = 24,
  * and -6: 0) times activations that all round to +127 or all to -127 the
@@ -984,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_affine8),
         cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_other_formats),
+        cmocka_unit_test(test_block_decoders_exact),
         cmocka_unit_test(test_linear_apply),
         cmocka_unit_test(test_linear_chunk),
         cmocka_unit_test(test_int8_extremes),

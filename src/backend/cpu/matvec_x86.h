@@ -62,8 +62,8 @@
  *
  * Every path gives a token the same result whatever else is in the batch.
  * Formats without a fast path here (affine 2/3/5/6, mxfp8, nvfp4, ggml's
- * K-quant blocks) go through the blocked float product for any n, their
- * rows decoded by the scalar reference.
+ * block formats) go through the blocked float product for any n, their
+ * rows decoded with AVX2 (ggml's blocks) or by the scalar reference.
  */
 #include "backend/cpu/kernels.h"
 
@@ -448,6 +448,113 @@ ALWAYS void scaled_bytes(__m256i q, __m256 s0, __m256 s1, float *out) {
     _mm256_storeu_ps(out + 24, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
 }
 
+/* The same for 32 values each s x q - m (Q2_K's two roundings: the product, then the min). */
+ALWAYS void scaled_min_bytes(__m256i q, __m256 s0, __m256 m0, __m256 s1, __m256 m1, float *out) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; i++) {
+        __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[i]));
+        _mm256_storeu_ps(out + 8 * i, _mm256_sub_ps(_mm256_mul_ps(i < 2 ? s0 : s1, v), i < 2 ? m0 : m1));
+    }
+}
+
+/* 16 int8 scales times d into ds[0 .. 16). */
+ALWAYS void times_d(__m128i sc, float d, float *ds) {
+    __m256 vd = _mm256_set1_ps(d);
+    _mm256_storeu_ps(ds, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(ds + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+}
+
+/* Bits 2 k .. 2 k + 1 of each byte of v (k < 4). */
+ALWAYS __m256i bit_pair(__m256i v, int k) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+}
+
+/* Q2_K and Q3_K as quant/qtype.c's references decode them (element l + 32 k
+ * of each 128: bits 2 k of qs[l]; Q3_K's high bit at bit 4 h + k of
+ * hmask[l]), 32 codes a step, for columns [k0, k0 + kn) of row r. */
+static void dequant_q2_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 256) * 84;
+    for (int64_t e = 0; e < kn; e += 256, b += 84, out += 256) {
+        uint16_t dh, mh;
+        memcpy(&dh, b + 80, 2);
+        memcpy(&mh, b + 82, 2);
+        float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh), dl[16], ml[16];
+        for (int j = 0; j < 16; j++) dl[j] = d * (float)(b[j] & 15u), ml[j] = dmin * (float)(b[j] >> 4);
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                int j = 8 * h + 2 * k;
+                scaled_min_bytes(bit_pair(qs, k), _mm256_set1_ps(dl[j]), _mm256_set1_ps(ml[j]),
+                                 _mm256_set1_ps(dl[j + 1]), _mm256_set1_ps(ml[j + 1]), out + 128 * h + 32 * k);
+            }
+        }
+    }
+}
+
+static void dequant_q3_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 256) * 110;
+    const __m256i one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    for (int64_t e = 0; e < kn; e += 256, b += 110, out += 256) {
+        uint16_t dh;
+        memcpy(&dh, b + 108, 2);
+        int8_t sc[16];
+        for (int j = 0; j < 16; j++) {  // 6-bit scales: low 4 bits in byte j % 8, high 2 in byte 8 + j % 4
+            const uint8_t *s6 = b + 96;
+            sc[j] = (int8_t)(((j < 8 ? s6[j] & 15 : s6[j - 8] >> 4) | (s6[8 + j % 4] >> (2 * (j / 4)) & 3) << 4) - 32);
+        }
+        float ds[16];
+        times_d(_mm_loadu_si128((const __m128i *)(const void *)sc), sp_f16_to_f32(dh), ds);
+        __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = _mm256_loadu_si256((const __m256i *)(const void *)(b + 32 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                __m256i high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + k)), one);
+                __m256i q = _mm256_sub_epi8(_mm256_or_si256(bit_pair(qs, k), _mm256_slli_epi16(high, 2)), four);
+                scaled_bytes(q, _mm256_set1_ps(ds[8 * h + 2 * k]), _mm256_set1_ps(ds[8 * h + 2 * k + 1]),
+                             out + 128 * h + 32 * k);
+            }
+        }
+    }
+}
+
+/* 16 bytes of IQ4 codes (element j low nibble of byte j, j + 16 high) as 32 table values, times dl. */
+ALWAYS void iq4_run(const uint8_t *qs, float dl, float *out) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)sp_iq4_values), m4 = _mm_set1_epi8(15);
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(c, m4));
+    __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(c, 4), m4));
+    __m256 s = _mm256_set1_ps(dl);
+    scaled_bytes(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), s, s, out);
+}
+
+static void dequant_iq4_nl(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 32) * 18;
+    for (int64_t e = 0; e < kn; e += 32, b += 18, out += 32) {
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        iq4_run(b + 2, sp_f16_to_f32(dh), out);
+    }
+}
+
+static void dequant_iq4_xs(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 256) * 136;
+    for (int64_t e = 0; e < kn; e += 256, b += 136, out += 256) {
+        uint16_t dh, sh;
+        memcpy(&dh, b, 2);
+        memcpy(&sh, b + 2, 2);
+        float d = sp_f16_to_f32(dh);
+        for (int i = 0; i < 8; i++) {
+            int ls = (b[4 + i / 2] >> (4 * (i % 2)) & 15) | (sh >> (2 * i) & 3) << 4;
+            iq4_run(b + 8 + 16 * i, d * (float)(ls - 32), out + 32 * i);
+        }
+    }
+}
+
 /* Columns [k0, k0 + kn) of row r of a Q6_K matrix (whole blocks), the
  * values quant/qtype.c's reference gives ((d x scale) x (code - 32)),
  * 32 codes a step: element l + 32 k of each 128 has its low bits in a
@@ -460,11 +567,8 @@ static void dequant_q6_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
     for (int64_t e = 0; e < kn; e += 256, b += 210, out += 256) {
         uint16_t dh;
         memcpy(&dh, b + 208, 2);
-        __m256 d = _mm256_set1_ps(sp_f16_to_f32(dh));
         float ds[16];
-        __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(b + 192));
-        _mm256_storeu_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
-        _mm256_storeu_ps(ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+        times_d(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)), sp_f16_to_f32(dh), ds);
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
             __m256i la = _mm256_loadu_si256((const __m256i *)(const void *)ql);
@@ -2924,6 +3028,19 @@ static const struct impl *impl_for(const struct sp_qmat *w) {
     }
 }
 
+/* How blocked_rows decodes a format without a fast path: ggml's blocks
+ * with AVX2, the others by the scalar reference. */
+static dequant_fn block_decoder(const struct sp_qmat *w) {
+    switch (w->type) {
+    case SP_QTYPE_Q2_K: return dequant_q2_k;
+    case SP_QTYPE_Q3_K: return dequant_q3_k;
+    case SP_QTYPE_Q6_K: return dequant_q6_k;
+    case SP_QTYPE_IQ4_NL: return dequant_iq4_nl;
+    case SP_QTYPE_IQ4_XS: return dequant_iq4_xs;
+    default: return sp_qmat_dequant_cols_ref;
+    }
+}
+
 /* The matrices a product takes with the same activations: one, or two of
  * one format, group and width (an MLP's gate and up), with their outputs. */
 struct shared_x {
@@ -3182,9 +3299,8 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
 #endif
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
-        else  // decoded a block at a time (by the scalar reference but for Q6_K), whatever n: one summation order
-            blocked_rows(m->w[i], m->w[i]->type == SP_QTYPE_Q6_K ? dequant_q6_k : sp_qmat_dequant_cols_ref, r0, r1,
-                         x, ldx, n, m->y[i], ldy, scratch);
+        else  // decoded a block at a time, whatever n: one summation order
+            blocked_rows(m->w[i], block_decoder(m->w[i]), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
     }
 }
 
