@@ -18,6 +18,7 @@
 #include "format/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "runtime/experts.h"
 #include "runtime/model_text.h"
 
 /* ---- a small GGUF writer ---- */
@@ -736,6 +737,8 @@ enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q8_1, FLAW_NAME, FLAW_HEADS,
 /* ---- ggml's 32-element blocks, written and read here from their layout ---- */
 
 static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+/* IQ4_NL's table of code values (ggml's kvalues_iq4nl) */
+static const int iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static size_t block_bytes(uint32_t t) {
     switch (t) {
@@ -744,7 +747,7 @@ static size_t block_bytes(uint32_t t) {
     case SP_GGUF_TYPE_Q5_0: return 22;
     case SP_GGUF_TYPE_Q5_1: return 24;
     case SP_GGUF_TYPE_MXFP4: return 17;
-    default: return 18;  // Q4_0
+    default: return 18;  // Q4_0, IQ4_NL
     }
 }
 
@@ -818,6 +821,16 @@ static void quantize_block(uint32_t t, const float *x, unsigned char *out) {
             put_nibbles(out + header, c);
         else
             put_fives(out + header, out + header + 4, c);
+    } else if (t == SP_GGUF_TYPE_IQ4_NL) {  // d = max |x| / 127, each code the table's nearest to x / d
+        float d = amax / 127;
+        h = sp_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (int j = 0; j < 32; j++) {
+            c[j] = 0;
+            for (int k = 1; k < 16; k++)
+                if (fabsf(x[j] - d * (float)iq4nl[k]) < fabsf(x[j] - d * (float)iq4nl[c[j]])) c[j] = k;
+        }
+        put_nibbles(out + 2, c);
     } else {  // MXFP4: the largest magnitude within 6 x 2^(e - 127)
         int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 1;
         e = e < 1 ? 1 : e > 254 ? 254 : e;
@@ -849,6 +862,7 @@ static float dequant_block(uint32_t t, const unsigned char *b, int j) {
         float p = sp_f16_to_f32(h0) * (float)get_five(b + 4, b + 8, j);
         return p + sp_f16_to_f32(h1);
     }
+    if (t == SP_GGUF_TYPE_IQ4_NL) return sp_f16_to_f32(h0) * (float)iq4nl[get_nibble(b + 2, j)];
     int c = get_nibble(b + 1, j);
     float v = e2m1[c & 7] * ldexpf(1.0f, (int)b[0] - 127);
     return c & 8 ? -v : v;
@@ -1052,10 +1066,11 @@ static char *plain_rope_copy(const struct fixture *fx, const char *dir) {
 
 /* Logits of tokens 0 .. n-1 (ids 3 + 7 i mod 256) through model m, in one
  * batch, on device d (float activations). */
-static float *device_logits(struct sp_model *m, int64_t n, enum sp_device d) {
+/* Logits of n tokens on device d, the routed experts through `experts` where it is not NULL. */
+static float *source_logits(struct sp_model *m, int64_t n, enum sp_device d, const struct sp_expert_source *experts) {
     struct sp_ctx *c;
     struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .kv_type = SP_KV_F32, .n_threads = 2,
-                              .device = d, .float_activations = true};
+                              .device = d, .float_activations = true, .experts = experts};
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
     int32_t tok[32], pos[32], seq[32];
     for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)((3 + 7 * i) % 256), pos[i] = (int32_t)i, seq[i] = 0;
@@ -1066,6 +1081,7 @@ static float *device_logits(struct sp_model *m, int64_t n, enum sp_device d) {
     return out;
 }
 
+static float *device_logits(struct sp_model *m, int64_t n, enum sp_device d) { return source_logits(m, n, d, NULL); }
 static float *model_logits(struct sp_model *m, int64_t n) { return device_logits(m, n, SP_DEVICE_CPU); }
 
 /* max |got - ref| <= tol * max |ref| over n logits. */
@@ -1108,10 +1124,12 @@ static void test_gguf_models(void **state) {
     }
 }
 
-/* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 reads, as
- * the model's matrix, exactly the values ggml's layout gives its blocks
- * (llama's q / k rows reordered, qwen3_moe's experts sliced), and the
- * models run. */
+/* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 and
+ * IQ4_NL reads, as the model's matrix, exactly the values ggml's layout
+ * gives its blocks (llama's q / k rows reordered, qwen3_moe's experts
+ * sliced), and the models run; an MoE's IQ4_NL experts (the file's own
+ * blocks) give the same bits through an expert cache of one expert, and
+ * its repacked ones are refused by an expert cache by name. */
 static void test_gguf_quantized(void **state) {
     static const struct {
         const struct fixture *fx;
@@ -1121,7 +1139,8 @@ static void test_gguf_quantized(void **state) {
                  {&fx_qwen3_moe, SP_GGUF_TYPE_Q8_0},
                  {&fx_qwen3_moe, SP_GGUF_TYPE_MXFP4},
                  {&fx_qwen3, SP_GGUF_TYPE_Q5_0},
-                 {&fx_qwen3_moe, SP_GGUF_TYPE_Q5_1}};
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_Q5_1},
+                 {&fx_qwen3_moe, SP_GGUF_TYPE_IQ4_NL}};
     static const struct {
         enum sp_role role;
         const char *gguf;
@@ -1173,6 +1192,31 @@ static void test_gguf_quantized(void **state) {
         assert_true(checked >= 4);
         float *lg = model_logits(m, 8);
         for (int64_t i = 0; i < 8 * 256; i++) assert_true(isfinite(lg[i]));
+        if (fx->experts) {
+            struct sp_expert_store_params ep = {0};
+            sp_expert_store_params_for(&ep, SP_DEVICE_CPU, false);
+            struct sp_expert_store *s;
+            assert_int_equal(sp_expert_store_create(m, sp_expert_store_min_budget(m), &ep, &s), SP_OK);
+            struct sp_expert_source src = sp_expert_store_source(s);
+            if (qt == SP_GGUF_TYPE_IQ4_NL) {  // the file's blocks: streamed
+                float *lc = source_logits(m, 8, SP_DEVICE_CPU, &src);
+                if (memcmp(lc, lg, (size_t)(8 * 256) * sizeof *lc))
+                    fail_msg("%s %s: an expert cache changed the logits", fx->arch, sp_gguf_type_name(qt));
+                free(lc);
+            } else {  // repacked in memory: refused by name at the first token
+                struct sp_ctx *c;
+                struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 32, .n_threads = 2, .experts = &src};
+                assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+                int32_t tok = 3, pos = 0, seq = 0;
+                struct sp_batch bt = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+                float *out = malloc((size_t)m->arch.vocab * sizeof *out);
+                assert_int_not_equal(sp_ctx_forward(c, &bt, out), SP_OK);
+                assert_non_null(strstr(sp_error_msg(), "repacked into memory"));
+                free(out);
+                sp_ctx_free(c);
+            }
+            sp_expert_store_free(s);
+        }
         free(lg);
         sp_gguf_close(g);
         sp_model_close(m);
