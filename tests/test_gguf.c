@@ -1375,24 +1375,13 @@ static void kq_random(uint32_t t, struct sp_rng *rng, unsigned char *b) {
  * ggml's loops do: per 128 (n), four shifts (s) of two runs of 16 (the
  * second from byte 16 of the 32). b is the row's first block. */
 static float kq_value(uint32_t t, const unsigned char *b, int j) {
-    static const int kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-    if (t == SP_GGUF_TYPE_IQ4_NL || t == SP_GGUF_TYPE_IQ4_XS) {
-        bool xs = t == SP_GGUF_TYPE_IQ4_XS;
-        b += (size_t)(j / kq_elems(t)) * kq_bytes(t);
-        j %= kq_elems(t);
+    if (t == SP_GGUF_TYPE_IQ4_NL) return dequant_block(t, b + (size_t)(j / 32) * 18, j % 32);
+    if (t == SP_GGUF_TYPE_IQ4_XS) {
         uint16_t dh;
         memcpy(&dh, b, 2);
-        float dl = sp_f16_to_f32(dh);
-        const unsigned char *qs = b + 2;
-        if (xs) {
-            int ib = j / 32, sh = b[2] | b[3] << 8;
-            int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((sh >> 2 * ib) & 3) << 4;
-            dl = dl * (float)(ls - 32);
-            qs = b + 8 + 16 * ib;
-            j %= 32;
-        }
-        int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
-        return dl * (float)kvalues[q];
+        int ib = j / 32, sh = b[2] | b[3] << 8;
+        int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((sh >> 2 * ib) & 3) << 4;
+        return sp_f16_to_f32(dh) * (float)(ls - 32) * (float)iq4nl[get_nibble(b + 8 + 16 * ib, j % 32)];
     }
     if (t == SP_GGUF_TYPE_Q2_K || t == SP_GGUF_TYPE_Q3_K) {
         int n = j / 128, s = j % 128 / 32, run = j % 32 / 16, l = j % 16, is = 8 * n + 2 * s + run;

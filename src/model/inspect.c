@@ -15,12 +15,12 @@ static void slot_format(const struct sp_model *m, const struct sp_wslot *s, char
     struct sp_qparams p;
     *params = numel;
     snprintf(name, cap, "%s", w ? sp_dtype_name(w->dtype) : "?");
-    const struct sp_qtype_traits *tr = NULL;
-    if (w && sp_qconfig_lookup(&m->qcfg, s->module, &p) && p.quantized) tr = sp_qtype_traits(p.type);
-    if (tr && tr->block_bytes && !s->t[SP_PARAM_SCALES] && w->dtype == SP_DTYPE_U8) {  // whole blocks
+    if (sp_model_slot_blocks(m, s, &p)) {  // whole blocks
+        const struct sp_qtype_traits *tr = sp_qtype_traits(p.type);
         *params = numel / tr->block_bytes * tr->group;
         snprintf(name, cap, "%s", tr->name);
-    } else if (tr && s->t[SP_PARAM_SCALES]) {
+    } else if (w && s->t[SP_PARAM_SCALES] && sp_qconfig_lookup(&m->qcfg, s->module, &p) && p.quantized) {
+        const struct sp_qtype_traits *tr = sp_qtype_traits(p.type);
         *params = (int64_t)((uint64_t)numel * sp_dtype_size(w->dtype) * 8 / (uint64_t)tr->bits);
         if (tr->has_biases)
             snprintf(name, cap, "%s-g%d/%s", tr->name, p.group, sp_dtype_name(s->t[SP_PARAM_SCALES]->dtype));

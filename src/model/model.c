@@ -115,6 +115,12 @@ static enum sp_status check_codes(const struct sp_model *m, const struct sp_wslo
     return check_dims(m, w, s->stacked, rows, packed, what);
 }
 
+bool sp_model_slot_blocks(const struct sp_model *m, const struct sp_wslot *s, struct sp_qparams *p) {
+    const struct sp_st_tensor *w = s->t[SP_PARAM_WEIGHT];
+    return w && !s->t[SP_PARAM_SCALES] && w->dtype == SP_DTYPE_U8 && sp_qconfig_lookup(&m->qcfg, s->module, p) &&
+           p->quantized && sp_qtype_traits(p->type)->block_bytes;
+}
+
 enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_role role, int64_t expert,
                                struct sp_linear *out) {
     memset(out, 0, sizeof *out);
@@ -150,9 +156,7 @@ enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_
     q->interleaved = s->row_blocks;
     enum sp_status st;
     struct sp_qparams p;
-    bool quantized = sp_qconfig_lookup(&m->qcfg, s->module, &p) && p.quantized;
-    if (!sc && quantized && w->dtype == SP_DTYPE_U8 && sp_qtype_traits(p.type)->block_bytes) {
-        /* a block format: its scales are in its blocks */
+    if (sp_model_slot_blocks(m, s, &p)) {  // its scales are in its blocks
         if ((st = check_codes(m, s, &p, rows, cols, what)) != SP_OK) return st;
         if (qb) return tensor_error(m, qb, "a .biases tensor, but the format has none: ", sp_qtype_name(p.type));
         q->type = p.type;

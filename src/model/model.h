@@ -68,6 +68,11 @@ size_t sp_model_huge_bytes(const struct sp_model *m);
 /* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */
 size_t sp_model_copied_bytes(const struct sp_model *m);
 
+/* Whether slot s holds a block format's codes (quant/qtype.h's
+ * block_bytes): U8 codes without scales of a module the config quantizes
+ * so; *p its parameters. */
+bool sp_model_slot_blocks(const struct sp_model *m, const struct sp_wslot *s, struct sp_qparams *p);
+
 /* The linear layer of (layer, role, expert); expert is -1 for non-expert
  * roles and 0..E-1 for routed experts. */
 enum sp_status sp_model_linear(const struct sp_model *m, int64_t layer, enum sp_role role, int64_t expert,

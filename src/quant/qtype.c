@@ -265,7 +265,8 @@ static void q2_k_block(const uint8_t *restrict b, float *restrict y) {
  * or (q - 0) where the high bit is set. Scale j's low 4 bits are the low
  * (j < 8) or high nibble of byte j % 8, its high 2 bits bits 2 (j / 4) of
  * byte 8 + j % 4. */
-static int q3_k_scale(const uint8_t *s, int j) {
+int sp_q3_k_scale(const uint8_t *block, int j) {
+    const uint8_t *s = block + 96;
     int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4, hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
     return (lo | hi << 4) - 32;
 }
@@ -277,7 +278,7 @@ static void q3_k_block(const uint8_t *restrict b, float *restrict y) {
     for (int e = 0; e < 256; e++) {
         int k = e % 128 / 32, q = b[32 + 32 * (e / 128) + e % 32] >> (2 * k) & 3;
         bool high = b[e % 32] >> (4 * (e / 128) + k) & 1;
-        y[e] = d * (float)q3_k_scale(b + 96, e / 16) * (float)(q - (high ? 0 : 4));
+        y[e] = d * (float)sp_q3_k_scale(b, e / 16) * (float)(q - (high ? 0 : 4));
     }
 }
 
@@ -302,17 +303,17 @@ static void iq4_nl_block(const uint8_t *restrict b, float *restrict y) {
     iq4_codes(b + 2, sp_f16_to_f32(dh), y);
 }
 
-static int iq4_xs_scale(const uint8_t *b, int i) {
+int sp_iq4_xs_scale(const uint8_t *block, int i) {
     uint16_t h;
-    memcpy(&h, b + 2, 2);
-    return ((b[4 + i / 2] >> (4 * (i % 2)) & 15) | (h >> (2 * i) & 3) << 4) - 32;
+    memcpy(&h, block + 2, 2);
+    return ((block[4 + i / 2] >> (4 * (i % 2)) & 15) | (h >> (2 * i) & 3) << 4) - 32;
 }
 
 static void iq4_xs_block(const uint8_t *restrict b, float *restrict y) {
     uint16_t dh;
     memcpy(&dh, b, 2);
     float d = sp_f16_to_f32(dh);
-    for (int i = 0; i < 8; i++) iq4_codes(b + 8 + 16 * i, d * (float)iq4_xs_scale(b, i), y + 32 * i);
+    for (int i = 0; i < 8; i++) iq4_codes(b + 8 + 16 * i, d * (float)sp_iq4_xs_scale(b, i), y + 32 * i);
 }
 
 /* Columns [c0, c0 + n) of a row of blocks (c0 a block's start), through each block's decoder. */

@@ -501,10 +501,7 @@ static void dequant_q3_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
         uint16_t dh;
         memcpy(&dh, b + 108, 2);
         int8_t sc[16];
-        for (int j = 0; j < 16; j++) {  // 6-bit scales: low 4 bits in byte j % 8, high 2 in byte 8 + j % 4
-            const uint8_t *s6 = b + 96;
-            sc[j] = (int8_t)(((j < 8 ? s6[j] & 15 : s6[j - 8] >> 4) | (s6[8 + j % 4] >> (2 * (j / 4)) & 3) << 4) - 32);
-        }
+        for (int j = 0; j < 16; j++) sc[j] = (int8_t)sp_q3_k_scale(b, j);
         float ds[16];
         times_d(_mm_loadu_si128((const __m128i *)(const void *)sc), sp_f16_to_f32(dh), ds);
         __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);
@@ -544,14 +541,10 @@ static void dequant_iq4_xs(const struct sp_qmat *w, int64_t r, int64_t k0, int64
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
                        (size_t)(k0 / 256) * 136;
     for (int64_t e = 0; e < kn; e += 256, b += 136, out += 256) {
-        uint16_t dh, sh;
+        uint16_t dh;
         memcpy(&dh, b, 2);
-        memcpy(&sh, b + 2, 2);
         float d = sp_f16_to_f32(dh);
-        for (int i = 0; i < 8; i++) {
-            int ls = (b[4 + i / 2] >> (4 * (i % 2)) & 15) | (sh >> (2 * i) & 3) << 4;
-            iq4_run(b + 8 + 16 * i, d * (float)(ls - 32), out + 32 * i);
-        }
+        for (int i = 0; i < 8; i++) iq4_run(b + 8 + 16 * i, d * (float)sp_iq4_xs_scale(b, i), out + 32 * i);
     }
 }
 
