@@ -82,6 +82,8 @@ static const struct fmtdef fmts[] = {
     {"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_U8},
     {"q2_k", SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT},
     {"q3_k", SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT},
+    {"q4_k", SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT},
+    {"q5_k", SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT},
     {"q6_k", SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT},
     {"iq4_nl", SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT},
     {"iq4_xs", SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT},
@@ -89,8 +91,10 @@ static const struct fmtdef fmts[] = {
 
 /* Where a ggml block keeps its f16 scales (byte offsets; -1 past the last). */
 static const int *f16_scales(enum sp_qtype t) {
-    static const int q2[] = {80, 82, -1}, q3[] = {108, -1}, q6[] = {208, -1}, iq4[] = {0, -1}, none[] = {-1};
+    static const int q2[] = {80, 82, -1}, q3[] = {108, -1}, q6[] = {208, -1}, iq4[] = {0, -1}, k4[] = {0, 2, -1},
+                     none[] = {-1};
     return t == SP_QTYPE_Q2_K   ? q2
+           : t == SP_QTYPE_Q4_K || t == SP_QTYPE_Q5_K ? k4
            : t == SP_QTYPE_Q3_K ? q3
            : t == SP_QTYPE_Q6_K ? q6
            : t == SP_QTYPE_IQ4_NL || t == SP_QTYPE_IQ4_XS ? iq4

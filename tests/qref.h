@@ -52,7 +52,9 @@ enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8, ACTS_BF16, ACTS_COUNT };
 static inline enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat *m) {
     if (m->type == SP_QTYPE_BF16 && k->bf16_rows) return ACTS_BF16;
     if (!sp_qtype_is_quantized(m->type)) return ACTS_FLOAT;
-    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
+    /* ggml's block formats: int8 in the int8 sets, float in the others */
+    bool blocks = sp_qtype_traits(m->type)->block_bytes != 0;
+    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4 || blocks;
     switch (k->isa) {
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVXVNNI:
@@ -63,7 +65,7 @@ static inline enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat
     case SP_KERNELS_AVXVNNI_INT16:
     case SP_KERNELS_AVX512_INT16:
     case SP_KERNELS_AMX_INT16:
-        return ACTS_INT16;
+        return blocks ? ACTS_FLOAT : ACTS_INT16;
     default:
         return ACTS_FLOAT;
     }
@@ -111,6 +113,10 @@ static inline void mat_free(struct mat *o) {
     free(o->biases);
 }
 
+/* Columns that share a scale of the int8 / int16 rounding of activations:
+ * a weight group (ggml's block formats: a block). */
+static inline int64_t act_group(const struct sp_qmat *m) { return m->group; }
+
 /* What a product of row r of m (dequantized: w) with x may be off by:
  * TOL_MATMUL (TOL_Q16 for int16 activations) x sum |w x|, plus for int8,
  * int16 and bf16 activations Q8_SIGMAS standard deviations of their
@@ -126,11 +132,12 @@ static inline double qref_allowed(const struct sp_qmat *m, int64_t r, const floa
     /* int8 (int16) activations: x_i rounded to a multiple of amax / 127
      * (32767) of its group, the error multiplying w_i less the group's bias */
     double steps = acts == ACTS_INT8 ? 127 : 32767;
-    for (int64_t g0 = 0; (acts == ACTS_INT8 || acts == ACTS_INT16) && g0 < m->cols; g0 += m->group) {
+    const int64_t ag = act_group(m);
+    for (int64_t g0 = 0; (acts == ACTS_INT8 || acts == ACTS_INT16) && g0 < m->cols; g0 += ag) {
         size_t gi = (size_t)(r * (m->cols / m->group) + g0 / m->group);
         double b = m->biases ? sp_dtype_load_float(m->scale_dtype, m->biases, gi) : 0.0;
         double amax = 0.0, c2 = 0.0;
-        for (int64_t i = g0; i < g0 + m->group; i++) {
+        for (int64_t i = g0; i < g0 + ag; i++) {
             amax = fmax(amax, fabs(xt[i]));
             c2 += ((double)w[i] - b) * ((double)w[i] - b);
         }

@@ -1433,8 +1433,7 @@ static float kq_value(uint32_t t, const unsigned char *b, int j) {
 /* A one-layer llama of width 256 (heads of 64) whose matrices are K- and
  * IQ-quants of random blocks - q / k Q4_K, v Q3_K, o Q2_K, gate Q5_K, up
  * IQ4_XS, down Q6_K, the head IQ4_NL - reads every value as llama.cpp's
- * layout gives it (Q4_K and Q5_K repacked into affine 4 / 5-bit with f32
- * scales, the others as their own blocks, the file's bytes), q / k rows
+ * layout gives it (each as its own blocks, the file's bytes), q / k rows
  * reordered back, and runs. */
 static void test_gguf_kquants(void **state) {
     static const struct {
@@ -1507,15 +1506,15 @@ static void test_gguf_kquants(void **state) {
         struct sp_linear lin;
         assert_int_equal(sp_model_linear(m, mats[i].role == SP_ROLE_LM_HEAD ? -1 : 0, mats[i].role, -1, &lin), SP_OK);
         uint32_t gt = mats[i].type;
-        assert_int_equal(lin.w.type, gt == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_AFFINE4
-                                     : gt == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_AFFINE5
+        assert_int_equal(lin.w.type, gt == SP_GGUF_TYPE_Q4_K   ? SP_QTYPE_Q4_K
+                                     : gt == SP_GGUF_TYPE_Q5_K ? SP_QTYPE_Q5_K
                                      : gt == SP_GGUF_TYPE_Q2_K ? SP_QTYPE_Q2_K
                                      : gt == SP_GGUF_TYPE_Q3_K ? SP_QTYPE_Q3_K
                                      : gt == SP_GGUF_TYPE_IQ4_NL ? SP_QTYPE_IQ4_NL
                                      : gt == SP_GGUF_TYPE_IQ4_XS ? SP_QTYPE_IQ4_XS
                                                                : SP_QTYPE_Q6_K);
-        if (sp_qtype_traits(lin.w.type)->block_bytes) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);
         bool reorder = mats[i].role == SP_ROLE_ATTN_Q || mats[i].role == SP_ROLE_ATTN_K;
+        if (!reorder) assert_memory_equal(lin.w.codes, data[i], nbytes[i]);  // the file's bytes
         for (int64_t r = 0; r < lin.w.rows; r++) {
             /* Hugging Face row h 64 + a 32 + c is GGUF row h 64 + 2 c + a */
             int64_t src = reorder ? r / 64 * 64 + 2 * (r % 32) + (r % 64) / 32 : r;

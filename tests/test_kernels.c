@@ -132,6 +132,8 @@ static void test_other_formats(void **state) {
     const int64_t blocks[] = {256, 768};  // ggml's blocks of 256
     check_format(SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, blocks, 2);
+    check_format(SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, blocks, 2);
+    check_format(SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, blocks, 2);
     check_format(SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, blocks, 2);
@@ -141,7 +143,7 @@ static void test_other_formats(void **state) {
  * SIMD code of the set's own: one-hot tokens (token c is 1 at column c)
  * read each decoded value back exactly, which must be the reference's. */
 static void test_block_decoders_exact(void **state) {
-    static const enum sp_qtype types[] = {SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q6_K, SP_QTYPE_IQ4_NL,
+    static const enum sp_qtype types[] = {SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q4_K, SP_QTYPE_Q5_K, SP_QTYPE_Q6_K, SP_QTYPE_IQ4_NL,
                                           SP_QTYPE_IQ4_XS};
     const int64_t rows = 3, cols = 768;
     struct sp_rng rng;
@@ -156,7 +158,7 @@ static void test_block_decoders_exact(void **state) {
         for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
             const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
             if (!k) continue;
-            k->matmul_rows(&M.m, 0, rows, x, cols, cols, y, rows, scratch);
+            k->matmul_rows_float(&M.m, 0, rows, x, cols, cols, y, rows, scratch);
             for (int64_t r = 0; r < rows; r++) {
                 sp_qmat_dequant_row_ref(&M.m, r, ref);
                 for (int64_t c = 0; c < cols; c++)
@@ -211,6 +213,42 @@ static void test_int8_extremes(void **state) {
     }
 }
 
+/* ggml's block formats at their largest codes and integer sub-scales
+ * (every byte 0xff: Q6_K codes 63 with scales -1, Q4_K / Q5_K codes 15 / 31
+ * with scales and mins 63, Q2_K 3 with 15 and 15, Q3_K 7 with 31, IQ4's
+ * +113 with 31) and the f16 scales 1, times activations that round to
+ * +-127 (and a mix): the int8 products' int16 pair sums and int32 block
+ * sums must stay exact in every set. */
+static void test_block_int8_extremes(void **state) {
+    static const struct {
+        enum sp_qtype t;
+        int f16_at[2];  // where the block's f16 scales are (-1: none)
+    } cases[] = {{SP_QTYPE_Q2_K, {80, 82}}, {SP_QTYPE_Q3_K, {108, -1}}, {SP_QTYPE_Q4_K, {0, 2}},
+                 {SP_QTYPE_Q5_K, {0, 2}},   {SP_QTYPE_Q6_K, {208, -1}}, {SP_QTYPE_IQ4_NL, {0, -1}},
+                 {SP_QTYPE_IQ4_XS, {0, -1}}};
+    const int64_t rows = 5, cols = 768, sizes[] = {1, 3, 4, 9};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const struct sp_qtype_traits *tr = sp_qtype_traits(cases[c].t);
+        size_t rb = sp_qtype_row_bytes(cases[c].t, cols);
+        struct mat M = {.codes = malloc(rows * rb)};
+        memset(M.codes, 0xff, rows * rb);
+        for (size_t b = 0; b < rows * rb; b += (size_t)tr->block_bytes)
+            for (int i = 0; i < 2; i++)
+                if (cases[c].f16_at[i] >= 0) memcpy((uint8_t *)M.codes + b + cases[c].f16_at[i], &(uint16_t){0x3c00}, 2);
+        M.m = (struct sp_qmat){.type = cases[c].t, .group = tr->group, .rows = rows, .cols = cols, .codes = M.codes,
+                               .scale_dtype = SP_DTYPE_COUNT};
+        float *x = malloc((size_t)(9 * cols) * sizeof *x);
+        for (int64_t t = 0; t < 9; t++)
+            for (int64_t i = 0; i < cols; i++) x[t * cols + i] = t % 3 == 0 ? 2.0f : t % 3 == 1 ? -2.0f : (i % 5 ? 2.0f : -2.0f);
+        for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
+            const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
+            for (size_t b = 0; k && b < sizeof sizes / sizeof *sizes; b++) check_matmul_on(k, &M, sizes[b], x, cols);
+        }
+        free(x);
+        mat_free(&M);
+    }
+}
+
 /* The AVX2 product by tokens adds a whole mxfp4 group in int16 when its
  * activations allow (columns c with c % 8 < 4 share a lane, the others the
  * other lane; each lane's 16 |int8| must sum to at most 1365, 24 x 1365 =
@@ -255,7 +293,10 @@ static void test_batch_invariance(void **state) {
         /* int8 products: groups in eights plus a rest, a lone 32-column block;
          * 57 groups, whose per-group rows round up to 64 and are padded (q8_ldg) */
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
-        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824}};
+        {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
+        /* ggml's block formats (int8 products of their own) */
+        {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 768},
+        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -433,7 +474,10 @@ static void test_vnni_sets_match_avx2(void **state) {
         {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 576}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},
         {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880},    {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
-        {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520}};
+        {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520},    {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 512},
+        {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 256},  {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512},
+        {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 768},  {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 256},
+        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 160}, {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512}};
     for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {
         const struct sp_kernels *k = sp_kernels_of(pairs[v].set), *avx2 = sp_kernels_of(pairs[v].base);
         if (!k || !avx2) {
@@ -1024,6 +1068,7 @@ int main(void) {
         cmocka_unit_test(test_linear_apply),
         cmocka_unit_test(test_linear_chunk),
         cmocka_unit_test(test_int8_extremes),
+        cmocka_unit_test(test_block_int8_extremes),
         cmocka_unit_test(test_mx4_wide_runs),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_matmul_pair),

@@ -323,6 +323,8 @@ static void test_k_quants_against_ggml(void **state) {
         enum sp_qtype t;
     } cases[] = {{"q2_k", SP_QTYPE_Q2_K},
                  {"q3_k", SP_QTYPE_Q3_K},
+                 {"q4_k", SP_QTYPE_Q4_K},
+                 {"q5_k", SP_QTYPE_Q5_K},
                  {"q6_k", SP_QTYPE_Q6_K},
                  {"iq4_nl", SP_QTYPE_IQ4_NL},
                  {"iq4_xs", SP_QTYPE_IQ4_XS}};
@@ -401,6 +403,35 @@ static void test_q2_q3_k(void **state) {
     assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q3_K, 512), 220);
 }
 
+/* Q4_K and Q5_K round trips: each value within half a step (its 32's
+ * range over 15 / 31) of itself, give or take the rounding of the steps
+ * and mins to 63 steps of the block's largest (a 32 of values far below
+ * the block's largest may round to nothing). */
+static void test_q4_q5_k(void **state) {
+    struct sp_rng r;
+    sp_rng_seed(&r, 9);
+    float x[512], out[512], range[16], top_range[2] = {0.0f, 0.0f};
+    uint8_t b[2 * 176];
+    for (int i = 0; i < 512; i++) x[i] = sp_rng_normal(&r) * (i < 256 ? 1.0f : 1e-3f) + (i % 64 < 32 ? 0.5f : 0.0f);
+    for (int j = 0; j < 16; j++) {
+        float lo = x[32 * j], hi = x[32 * j];
+        for (int i = 1; i < 32; i++) lo = fminf(lo, x[32 * j + i]), hi = fmaxf(hi, x[32 * j + i]);
+        range[j] = hi - fminf(lo, 0.0f);
+        top_range[j / 8] = fmaxf(top_range[j / 8], range[j]);
+    }
+    for (int t = 0; t < 2; t++) {
+        enum sp_qtype q = t ? SP_QTYPE_Q5_K : SP_QTYPE_Q4_K;
+        float steps = t ? 31.0f : 15.0f;
+        sp_qtype_quantize_row_ref(q, x, 512, 256, b, NULL, NULL, SP_DTYPE_COUNT);
+        struct sp_qmat m = {q, 256, 1, 512, b, NULL, NULL, SP_DTYPE_COUNT, false};
+        sp_qmat_dequant_row_ref(&m, 0, out);
+        for (int i = 0; i < 512; i++)
+            assert_true(fabsf(out[i] - x[i]) <= range[i / 32] * 0.5f / steps + top_range[i / 256] / 63.0f);
+    }
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q4_K, 512), 288);
+    assert_int_equal(sp_qtype_row_bytes(SP_QTYPE_Q5_K, 512), 352);
+}
+
 static void test_float_formats(void **state) {
     float x[8] = {1.0f, -2.5f, 3.1415926f, 0.0f, -0.0f, 65504.0f, 1e-8f, -7.75f};
     uint16_t h[8], bf[8];
@@ -448,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_float_formats),          cmocka_unit_test(test_shapes_and_sizes),
         cmocka_unit_test(test_q6_k),                   cmocka_unit_test(test_k_quants_against_ggml),
         cmocka_unit_test(test_q2_q3_k),                cmocka_unit_test(test_iq4),
+        cmocka_unit_test(test_q4_q5_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

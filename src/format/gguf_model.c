@@ -373,7 +373,7 @@ static bool hf_name(const char *name, char *stem, size_t cap, const char **suffi
 }
 
 /* How a GGUF tensor type is read: as floats, as blocks of a format of
- * sparrow's own (the same bytes: Q2_K, Q3_K, Q6_K, IQ4_NL, IQ4_XS), or repacked, block by block and
+ * sparrow's own (the same bytes: Q2_K .. Q6_K, IQ4_NL, IQ4_XS), or repacked, block by block and
  * exactly, into the MLX format whose products compute the same values
  * (Q8_0: d q = d u - 128 d for the code u = q + 128, affine 8-bit; Q4_0:
  * d (q - 8), affine 4-bit with bias -8 d; Q4_1: d q + m; Q5_0: d (q - 16),
@@ -402,12 +402,11 @@ static const struct gguf_read reads[] = {
     {SP_GGUF_TYPE_Q5_0, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true, false},
     {SP_GGUF_TYPE_Q5_1, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F16, true, false},
     {SP_GGUF_TYPE_MXFP4, SP_DTYPE_U8, "mxfp4", 4, SP_DTYPE_U8, false, false},
-    /* K-quants: super-blocks of 256 whose groups of 32 carry a 6-bit scale and min */
-    {SP_GGUF_TYPE_Q4_K, SP_DTYPE_U8, "affine", 4, SP_DTYPE_F32, true, false},
-    {SP_GGUF_TYPE_Q5_K, SP_DTYPE_U8, "affine", 5, SP_DTYPE_F32, true, false},
-    /* groups of 16 with scales of their own, which no MLX format holds */
+    /* K-quants: super-blocks of 256 with 6-bit scales (and mins) a 32 or 16 inside */
     {SP_GGUF_TYPE_Q2_K, SP_DTYPE_U8, "q2_k", 2, SP_DTYPE_COUNT, false, true},
     {SP_GGUF_TYPE_Q3_K, SP_DTYPE_U8, "q3_k", 3, SP_DTYPE_COUNT, false, true},
+    {SP_GGUF_TYPE_Q4_K, SP_DTYPE_U8, "q4_k", 4, SP_DTYPE_COUNT, false, true},
+    {SP_GGUF_TYPE_Q5_K, SP_DTYPE_U8, "q5_k", 5, SP_DTYPE_COUNT, false, true},
     {SP_GGUF_TYPE_Q6_K, SP_DTYPE_U8, "q6_k", 6, SP_DTYPE_COUNT, false, true},
     /* codes into a table of 16 non-uniform values */
     {SP_GGUF_TYPE_IQ4_NL, SP_DTYPE_U8, "iq4_nl", 4, SP_DTYPE_COUNT, false, true},
@@ -441,48 +440,6 @@ static void fives(const unsigned char *qh, const unsigned char *qs, unsigned cha
         unsigned q = (j < 16 ? qs[j] & 15u : qs[j - 16] >> 4) | ((h >> j) & 1u) << 4, bit = 5u * (unsigned)j;
         out[bit >> 3] |= (unsigned char)(q << (bit & 7));
         if ((bit & 7) > 3) out[(bit >> 3) + 1] |= (unsigned char)(q >> (8 - (bit & 7)));
-    }
-}
-
-/* The 6-bit scale and min of group j (0..7) of a Q4_K / Q5_K super-block
- * from its 12 packed bytes q. */
-static void scale_min_k4(int j, const unsigned char *q, unsigned *sc, unsigned *m) {
-    if (j < 4) {
-        *sc = q[j] & 63u;
-        *m = q[j + 4] & 63u;
-    } else {
-        *sc = (q[j + 4] & 15u) | (unsigned)(q[j - 4] >> 6) << 4;
-        *m = (unsigned)(q[j + 4] >> 4) | (unsigned)(q[j] >> 6) << 4;
-    }
-}
-
-/* One Q4_K / Q5_K super-block into 8 groups of 32: codes (16 / 20 bytes a
- * group), f32 scale d sc and bias -dmin m, ggml's d1 q - m1 exactly (d sc
- * and dmin m are exact in f32). Q4_K: d, dmin, scales[12], qs[128]; Q5_K:
- * d, dmin, scales[12], qh[32], qs[128]; each 64 elements take 32 bytes of
- * qs, the first 32 their low nibbles, the next 32 their high ones (Q5_K's
- * fifth bits: bit 2 j and 2 j + 1 of qh[l] for chunk j). */
-static void repack_super(enum sp_gguf_type t, const unsigned char *src, unsigned char *codes, float *scales,
-                         float *biases) {
-    bool five = t == SP_GGUF_TYPE_Q5_K;
-    float d = sp_f16_to_f32(rd16(src)), dmin = sp_f16_to_f32(rd16(src + 2));
-    const unsigned char *sc12 = src + 4, *qh = src + 16, *qs = src + (five ? 48 : 16);
-    size_t cb = five ? 20 : 16;
-    for (int g = 0; g < 8; g++) {
-        unsigned sc, m;
-        scale_min_k4(g, sc12, &sc, &m);
-        scales[g] = d * (float)sc;
-        biases[g] = -(dmin * (float)m);
-        const unsigned char *q = qs + 32 * (g / 2);
-        unsigned char *out = codes + (size_t)g * cb;
-        memset(out, 0, cb);
-        for (int l = 0; l < 32; l++) {
-            unsigned v = g % 2 ? q[l] >> 4 : q[l] & 15u;
-            if (five) v |= (unsigned)(qh[l] >> g & 1u) << 4;
-            unsigned bit = (five ? 5u : 4u) * (unsigned)l;
-            out[bit >> 3] |= (unsigned char)(v << (bit & 7));
-            if ((bit & 7) + (five ? 5u : 4u) > 8) out[(bit >> 3) + 1] |= (unsigned char)(v >> (8 - (bit & 7)));
-        }
     }
 }
 
@@ -605,14 +562,6 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
     unsigned char *codes = *at, *scales = codes + (size_t)(rows * blocks) * cb, *biases = scales + (size_t)(rows * blocks) * sb;
     for (int64_t o = 0; o < rows; o++) {
         const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * (size_t)(cols / tr->block) * tr->block_bytes;
-        if (tr->block != BLOCK) {  // K-quants: 8 groups a super-block
-            for (int64_t k = 0; k < cols / tr->block; k++) {
-                size_t i = (size_t)(o * blocks + 8 * k);
-                repack_super(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, (float *)(void *)(scales + i * sb),
-                             (float *)(void *)(biases + i * sb));
-            }
-            continue;
-        }
         for (int64_t k = 0; k < blocks; k++) {
             size_t i = (size_t)(o * blocks + k);
             if (!repack_block(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, scales + i * sb,

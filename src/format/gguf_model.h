@@ -25,13 +25,13 @@
  * dense layers, the rotated part of a head as partial_rotary_factor; its
  * MTP blocks past the model's are left out). Tensor types: F32, F16 and BF16 as they are
  * in the mapping; Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 repacked exactly, at open,
- * into MLX's affine 8-, 5- and 4-bit and mxfp4 (group 32), Q4_K and Q5_K
- * into affine 4- and 5-bit with f32 scales and biases (d sc and -dmin m,
- * exact), in memory the file owns, so the CPU and CUDA products read them
- * (a copy of those weights: they are not streamed from the file by the
- * expert cache); Q2_K, Q3_K and Q6_K (groups of 16) and IQ4_NL and IQ4_XS
- * (codes into a table), which no MLX format holds, as they are: sparrow's
- * q2_k / q3_k / q6_k / iq4_nl / iq4_xs blocks. Anything else is refused with a message naming the
+ * into MLX's affine 8-, 5- and 4-bit and mxfp4 (group 32), in memory the
+ * file owns, so the CPU and CUDA products read them (a copy of those
+ * weights: they are not streamed from the file by the expert cache); the
+ * K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K and IQ4_NL and IQ4_XS as they
+ * are: sparrow's q2_k .. q6_k / iq4_nl / iq4_xs blocks, the file's bytes
+ * (only q / k rows that RoPE's order needs moved are copied). Anything else
+ * is refused with a message naming the
  * key or tensor.
  */
 #ifndef SP_FORMAT_GGUF_MODEL_H

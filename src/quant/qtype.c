@@ -282,6 +282,47 @@ static void q3_k_block(const uint8_t *restrict b, float *restrict y) {
     }
 }
 
+/* Q4_K, a block of 256: f16 d and dmin, 12 bytes of 6-bit scales and
+ * mins (sp_k4_scale_min), qs[128]; element e is in group g = e / 32, its
+ * code the low (g even) or high nibble of qs[32 (g / 2) + e % 32], and
+ * stands for (d sc) q - (dmin m), in that order as ggml's reference
+ * computes it. Q5_K, a block of 256: the same with qh[32] before qs, bit g
+ * of qh[e % 32] the code's fifth bit. Scale and min j (0..7): for j < 4
+ * the low 6 bits of bytes j and j + 4; else the low and high nibbles of
+ * byte j + 4 with bits 6-7 of bytes j - 4 and j as their high 2 bits. */
+void sp_k4_scale_min(const uint8_t *block, int j, int *sc, int *m) {
+    const uint8_t *q = block + 4;
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+static void k4_block(const uint8_t *restrict b, bool five, float *restrict y) {
+    uint16_t dh, mh;
+    memcpy(&dh, b, 2);
+    memcpy(&mh, b + 2, 2);
+    float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
+    const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int g = 0; g < 8; g++) {
+        int sc, m;
+        sp_k4_scale_min(b, g, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (g / 2);
+        for (int l = 0; l < 32; l++) {
+            int v = g % 2 ? q[l] >> 4 : q[l] & 15;
+            if (five) v += (qh[l] >> g & 1) << 4;
+            y[32 * g + l] = d1 * (float)v - m1;
+        }
+    }
+}
+
+static void q4_k_block(const uint8_t *restrict b, float *restrict y) { k4_block(b, false, y); }
+static void q5_k_block(const uint8_t *restrict b, float *restrict y) { k4_block(b, true, y); }
+
 /* IQ4_NL, a block of 32: f16 d, then 16 bytes of 4-bit codes (element j
  * in the low nibble of byte j, j + 16 in its high one) into a table of 16
  * values: d x value. IQ4_XS, a block of 256: f16 d, 2 bytes of the high
@@ -336,6 +377,12 @@ static void dequant_q2_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64
 }
 static void dequant_q3_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
     dequant_blocks(m, row, c0, n, out, q3_k_block);
+}
+static void dequant_q4_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, q4_k_block);
+}
+static void dequant_q5_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
+    dequant_blocks(m, row, c0, n, out, q5_k_block);
 }
 static void dequant_q6_k(const struct sp_qmat *m, int64_t row, int64_t c0, int64_t n, float *out) {
     dequant_blocks(m, row, c0, n, out, q6_k_block);
@@ -459,6 +506,59 @@ static void quantize_q3_k(const float *x, int64_t n, int group, void *codes, voi
     }
 }
 
+/* Plain roundings into Q4_K and Q5_K (not ggml's searched ones), for
+ * tests: each 32's min (at most 0) and range over 15 / 31 steps, the
+ * steps and mins in 63 steps of the block's largest. */
+static void quantize_k4(const float *x, int64_t n, bool five, uint8_t *codes) {
+    int top = five ? 31 : 15, bytes = five ? 176 : 144;
+    for (int64_t b0 = 0; b0 < n; b0 += 256, x += 256) {
+        uint8_t *b = codes + (size_t)(b0 / 256) * (size_t)bytes, *qh = b + 16, *qs = b + (five ? 48 : 16);
+        float step[8], lo[8], smax = 0.0f, mmax = 0.0f;
+        for (int g = 0; g < 8; g++) {
+            float mn = x[32 * g], mx = x[32 * g];
+            for (int i = 1; i < 32; i++) mn = fminf(mn, x[32 * g + i]), mx = fmaxf(mx, x[32 * g + i]);
+            lo[g] = fminf(mn, 0.0f);
+            step[g] = (mx - lo[g]) / (float)top;
+            smax = fmaxf(smax, step[g]);
+            mmax = fmaxf(mmax, -lo[g]);
+        }
+        uint16_t dh = sp_f32_to_f16(smax / 63.0f), mh = sp_f32_to_f16(mmax / 63.0f);
+        float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
+        memset(b, 0, (size_t)bytes);
+        memcpy(b, &dh, 2);
+        memcpy(b + 2, &mh, 2);
+        uint8_t *s12 = b + 4;
+        for (int g = 0; g < 8; g++) {
+            int sc = d > 0.0f ? (int)fminf(63.0f, rintf(step[g] / d)) : 0;
+            int mi = dmin > 0.0f ? (int)fminf(63.0f, rintf(-lo[g] / dmin)) : 0;
+            if (g < 4) {
+                s12[g] |= (uint8_t)sc;
+                s12[g + 4] |= (uint8_t)mi;
+            } else {
+                s12[g + 4] |= (uint8_t)((sc & 15) | (mi & 15) << 4);
+                s12[g - 4] |= (uint8_t)((sc >> 4) << 6);
+                s12[g] |= (uint8_t)((mi >> 4) << 6);
+            }
+            float d1 = d * (float)sc, m1 = dmin * (float)mi;
+            for (int l = 0; l < 32; l++) {
+                float q = d1 > 0.0f ? rintf((x[32 * g + l] + m1) / d1) : 0.0f;
+                int v = q < 0.0f ? 0 : q > (float)top ? top : (int)q;
+                qs[32 * (g / 2) + l] |= (uint8_t)((v & 15) << (4 * (g % 2)));
+                if (five) qh[l] |= (uint8_t)((v >> 4) << g);
+            }
+        }
+    }
+}
+
+static void quantize_q4_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                          enum sp_dtype sdt) {
+    quantize_k4(x, n, false, codes);
+}
+static void quantize_q5_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
+                          enum sp_dtype sdt) {
+    quantize_k4(x, n, true, codes);
+}
+
 /* A plain rounding into Q6_K (not ggml's searched one): each 16 elements'
  * scale max |x| / 31, the block's d the largest of those / 127. */
 static void quantize_q6_k(const float *x, int64_t n, int group, void *codes, void *scales, void *biases,
@@ -555,6 +655,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define DEQ_NVFP4 dequant_fp4
 #define DEQ_Q2_K dequant_q2_k
 #define DEQ_Q3_K dequant_q3_k
+#define DEQ_Q4_K dequant_q4_k
+#define DEQ_Q5_K dequant_q5_k
 #define DEQ_Q6_K dequant_q6_k
 #define DEQ_IQ4_NL dequant_iq4_nl
 #define DEQ_IQ4_XS dequant_iq4_xs
@@ -572,6 +674,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define QUANT_NVFP4 quantize_nvfp4
 #define QUANT_Q2_K quantize_q2_k
 #define QUANT_Q3_K quantize_q3_k
+#define QUANT_Q4_K quantize_q4_k
+#define QUANT_Q5_K quantize_q5_k
 #define QUANT_Q6_K quantize_q6_k
 #define QUANT_IQ4_NL quantize_iq4_nl
 #define QUANT_IQ4_XS quantize_iq4_xs
@@ -589,6 +693,8 @@ static void quantize_mxfp8(const float *x, int64_t n, int group, void *codes, vo
 #define SCALE_NVFP4 SP_DTYPE_U8
 #define SCALE_Q2_K SP_DTYPE_COUNT
 #define SCALE_Q3_K SP_DTYPE_COUNT
+#define SCALE_Q4_K SP_DTYPE_COUNT
+#define SCALE_Q5_K SP_DTYPE_COUNT
 #define SCALE_Q6_K SP_DTYPE_COUNT
 #define SCALE_IQ4_NL SP_DTYPE_COUNT
 #define SCALE_IQ4_XS SP_DTYPE_COUNT
@@ -625,7 +731,7 @@ enum sp_status sp_qtype_from_mode(const char *mode, int bits, enum sp_qtype *out
     }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "quantization mode \"%s\" with %d bits is not supported (affine: 2, 3, 4, 5, 6, 8 bits; "
-                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q2_k: 2; q3_k: 3; q6_k: 6; iq4_nl: 4; iq4_xs: 4)",
+                     "mxfp4: 4; mxfp8: 8; nvfp4: 4; q2_k: 2; q3_k: 3; q4_k: 4; q5_k: 5; q6_k: 6; iq4_nl: 4; iq4_xs: 4)",
                      mode, bits);
 }
 

@@ -43,6 +43,8 @@
     X(NVFP4, "nvfp4", "nvfp4", 4, 16, false, 0)                                \
     X(Q2_K, "q2_k", "q2_k", 2, 256, false, 84)                                 \
     X(Q3_K, "q3_k", "q3_k", 3, 256, false, 110)                                \
+    X(Q4_K, "q4_k", "q4_k", 4, 256, false, 144)                               \
+    X(Q5_K, "q5_k", "q5_k", 5, 256, false, 176)                               \
     X(Q6_K, "q6_k", "q6_k", 6, 256, false, 210)                               \
     X(IQ4_NL, "iq4_nl", "iq4_nl", 4, 32, false, 18)                            \
     X(IQ4_XS, "iq4_xs", "iq4_xs", 4, 256, false, 136)
@@ -150,6 +152,7 @@ uint8_t sp_float_to_e8m0(float amax_over_max);  // round(log2(x)) + 127, clamped
 extern const int8_t sp_iq4_values[16];  // IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
 int sp_q3_k_scale(const uint8_t *block, int j);   // a Q3_K block's scale j (0..15), less 32
 int sp_iq4_xs_scale(const uint8_t *block, int i); // an IQ4_XS block's scale i (0..7), less 32
+void sp_k4_scale_min(const uint8_t *block, int j, int *sc, int *m);  // a Q4_K / Q5_K block's scale and min j (0..7)
 
 /* Extracts element i (0-based) of a row of b-bit codes packed LSB-first. */
 static inline uint32_t sp_unpack_bits(const uint8_t *row, int64_t i, int b) {

@@ -29,7 +29,10 @@
  * columns): to int8 in the products of 4-bit formats (error <= 1/254 of
  * the group's largest value per element, a sixteenth of the 4-bit weights'
  * own rounding step), to int16 in those of 8-bit formats (1/65534); their
- * -int16 twins use int16 for both. matmul_rows_float keeps activations in
+ * -int16 twins use int16 for both. ggml's block formats (GGUF's K-quants
+ * and IQ4s) take int8 activations with one scale per block (256 columns,
+ * IQ4_NL's 32), as ggml's own kernels do, in those sets (and amx), and float
+ * activations in the others. matmul_rows_float keeps activations in
  * float. tests/test_kernels.c holds each set to the scalar reference of
  * quant/qtype.h with named tolerances (relative to sum |w_i x_i|, plus the
  * standard deviation of int8 rounding); bench/act_precision.sh measures

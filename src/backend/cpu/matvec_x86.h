@@ -548,6 +548,41 @@ static void dequant_iq4_xs(const struct sp_qmat *w, int64_t r, int64_t k0, int64
     }
 }
 
+/* Q4_K and Q5_K as the reference decodes them ((d sc) q - (dmin m) a
+ * 32), 64 codes a step: each 32 bytes of qs hold two 32s, the first in
+ * their low nibbles; Q5_K's fifth bit of 32 g at bit g of qh[l]. */
+static void dequant_k4(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out, bool five) {
+    const size_t bb = five ? 176 : 144;
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
+                       (size_t)(k0 / 256) * bb;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    for (int64_t e = 0; e < kn; e += 256, b += bb, out += 256) {
+        uint16_t dh, mh;
+        memcpy(&dh, b, 2);
+        memcpy(&mh, b + 2, 2);
+        float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(b + 16)) : _mm256_setzero_si256();
+        const uint8_t *qs = b + (five ? 48 : 16);
+        for (int g = 0; g < 8; g++) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * (g / 2)));
+            __m256i q = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(c, 4) : c, m4);
+            if (five)
+                q = _mm256_or_si256(q, _mm256_slli_epi16(
+                                           _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(g)), one), 4));
+            int sc, m;
+            sp_k4_scale_min(b, g, &sc, &m);
+            __m256 vs = _mm256_set1_ps(d * (float)sc), vm = _mm256_set1_ps(dmin * (float)m);
+            scaled_min_bytes(q, vs, vm, vs, vm, out + 32 * g);
+        }
+    }
+}
+static void dequant_q4_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    dequant_k4(w, r, k0, kn, out, false);
+}
+static void dequant_q5_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
+    dequant_k4(w, r, k0, kn, out, true);
+}
+
 /* Columns [k0, k0 + kn) of row r of a Q6_K matrix (whole blocks), the
  * values quant/qtype.c's reference gives ((d x scale) x (code - 32)),
  * 32 codes a step: element l + 32 k of each 128 has its low bits in a
@@ -3027,10 +3062,336 @@ static dequant_fn block_decoder(const struct sp_qmat *w) {
     switch (w->type) {
     case SP_QTYPE_Q2_K: return dequant_q2_k;
     case SP_QTYPE_Q3_K: return dequant_q3_k;
+    case SP_QTYPE_Q4_K: return dequant_q4_k;
+    case SP_QTYPE_Q5_K: return dequant_q5_k;
     case SP_QTYPE_Q6_K: return dequant_q6_k;
     case SP_QTYPE_IQ4_NL: return dequant_iq4_nl;
     case SP_QTYPE_IQ4_XS: return dequant_iq4_xs;
     default: return sp_qmat_dequant_cols_ref;
+    }
+}
+
+/* ---- ggml's block formats with int8 activations ---- */
+
+/* The float product of a block format spends its time turning codes into
+ * floats (2-5 GB/s of codes a thread against the 20 the memory gives).
+ * Here, as in ggml's own kernels, codes stay bytes: each token's
+ * activations are rounded to int8 with one scale dx = amax / 127 per
+ * block of the format (256 elements; IQ4_NL's 32), and vpmaddubsw
+ * multiplies 32 unsigned codes by 32 activations into int16 pair sums,
+ * which vpmaddwd multiplies by the block's integer sub-scales (a 16's or a
+ * 32's) into int32: one block's sum is exact, then one conversion and FMA
+ * by d dx. Each value is d k u - dmin m, u the unsigned code, k and m small
+ * integers a 16 (Q4_K / Q5_K: their scale and min a 32; Q2_K the same a
+ * 16; Q6_K k (u - 32) with m = 32 k; Q3_K m = 4 k); the offsets take the
+ * activations' int16 sums a 16 (dmin dx sum m xsum). IQ4's table values
+ * are signed: their magnitudes multiply the activations with the values'
+ * signs. So a product is the exact dot of the row with the rounded
+ * activations, summed in float a block at a time: the only new error is
+ * the rounding of x, and a token's result does not depend on the others.
+ * The codes of a block are unpacked once for up to 4 tokens. */
+
+/* A batch of tokens rounded for the block formats (bq8_prepare). */
+struct bq8acts {
+    const int8_t *xq;   // (n, cols) int8
+    const float *dx;    // (n, cols / unit): each unit's scale
+    const int16_t *bs;  // (n, cols / 16): the sums of each 16's int8 values
+    int64_t cols, unit;
+};
+
+/* n tokens' activations (x, rows ldx apart) rounded a unit (32 or 256) at a time into scratch. */
+static void bq8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t unit, void *scratch,
+                        struct bq8acts *q) {
+    uint8_t *p = scratch;
+    int8_t *xq = (int8_t *)p;
+    p += (size_t)(n * cols + 63) / 64 * 64;
+    float *dx = (float *)(void *)p;
+    int16_t *bs = (int16_t *)(dx + n * (cols / unit));
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m128i ones8 = _mm_set1_epi8(1), ones16 = _mm_set1_epi16(1);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t u0 = 0; u0 < cols; u0 += unit) {
+            const float *xu = x + t * ldx + u0;
+            __m256 m = _mm256_setzero_ps();
+            for (int64_t i = 0; i < unit; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xu + i)));
+            float amax = hmax(m);
+            __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            dx[t * (cols / unit) + u0 / unit] = amax / 127.0f;
+            for (int64_t c = 0; c < unit; c += 32) {
+                __m256i i32[4];
+                for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xu + c + 8 * i), inv));
+                /* the packs work within 128-bit lanes: put the 8 dwords back in order */
+                __m256i b8 = _mm256_permutevar8x32_epi32(
+                    _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3])),
+                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i *)(void *)(xq + t * cols + u0 + c), b8);
+                for (int h = 0; h < 2; h++) {
+                    __m128i half = h ? _mm256_extracti128_si256(b8, 1) : _mm256_castsi256_si128(b8);
+                    __m128i s = _mm_madd_epi16(_mm_maddubs_epi16(ones8, half), ones16);
+                    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+                    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+                    bs[t * (cols / 16) + (u0 + c) / 16 + h] = (int16_t)_mm_cvtsi128_si32(s);
+                }
+            }
+        }
+    *q = (struct bq8acts){xq, dx, bs, cols, unit};
+}
+
+/* vpshufb masks over 8 int16 sub-scales held in both 128-bit lanes:
+ * bq_pair[k] puts scale 2k in every int16 of the low lane and 2k + 1 in
+ * the high one (a 32 of two 16s); bq_same[g] scale g in both (a 32 of one). */
+#define BQ_W(i) (2 * (i)), (2 * (i) + 1)
+#define BQ_8(i) BQ_W(i), BQ_W(i), BQ_W(i), BQ_W(i), BQ_W(i), BQ_W(i), BQ_W(i), BQ_W(i)
+static const uint8_t bq_pair[4][32] __attribute__((aligned(32))) = {
+    {BQ_8(0), BQ_8(1)}, {BQ_8(2), BQ_8(3)}, {BQ_8(4), BQ_8(5)}, {BQ_8(6), BQ_8(7)}};
+static const uint8_t bq_same[8][32] __attribute__((aligned(32))) = {
+    {BQ_8(0), BQ_8(0)}, {BQ_8(1), BQ_8(1)}, {BQ_8(2), BQ_8(2)}, {BQ_8(3), BQ_8(3)},
+    {BQ_8(4), BQ_8(4)}, {BQ_8(5), BQ_8(5)}, {BQ_8(6), BQ_8(6)}, {BQ_8(7), BQ_8(7)}};
+#undef BQ_8
+#undef BQ_W
+
+ALWAYS __m256i bq_scales(__m256i s8x2, const uint8_t *mask) {
+    return _mm256_shuffle_epi8(s8x2, _mm256_load_si256((const __m256i *)(const void *)mask));
+}
+/* 8 small signed (or unsigned) bytes as int16 in both 128-bit lanes */
+ALWAYS __m256i bq_i16x2(__m128i b, bool is_signed) {
+    return _mm256_broadcastsi128_si256(is_signed ? _mm_cvtepi8_epi16(b) : _mm_cvtepu8_epi16(b));
+}
+ALWAYS __m256i bq_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS float bq_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+#define BQ_UNROLL _Pragma("GCC unroll 8")
+
+/* The running state of a row's product for nt tokens: their activations
+ * at the current block, and int32 block sums / float totals. */
+struct bq_toks {
+    const int8_t *x[4];
+    const int16_t *bs[4];
+    const float *dx[4];
+    __m256i isum[4];
+    __m256 acc[4];
+};
+
+/* isum[t] += (u x codes) . (token t's 32 activations at x offset e) x k (int16 pair-sum multipliers) */
+ALWAYS void bq_chunk(struct bq_toks *s, int nt, __m256i u, __m256i k, int64_t e) {
+    BQ_UNROLL for (int t = 0; t < nt; t++)
+        s->isum[t] = _mm256_add_epi32(s->isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, bq_load(s->x[t] + e)), k));
+}
+/* the same with signed values v (|v| x the activations with v's signs) */
+ALWAYS void bq_chunk_signed(struct bq_toks *s, int nt, __m256i v, __m256i k, int64_t e) {
+    __m256i u = _mm256_abs_epi8(v);
+    BQ_UNROLL for (int t = 0; t < nt; t++)
+        s->isum[t] = _mm256_add_epi32(
+            s->isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(bq_load(s->x[t] + e), v)), k));
+}
+/* A block ends: acc[t] += d dx isum - dmin dx (m . the 16s' sums), m the
+ * block's 16 int16 offsets (offsets false: none); the next block's state. */
+ALWAYS void bq_block_end(struct bq_toks *s, int nt, float d, bool offsets, float dmin, __m256i m, int64_t elems) {
+    BQ_UNROLL for (int t = 0; t < nt; t++) {
+        float dx = *s->dx[t];
+        s->acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s->isum[t]), _mm256_set1_ps(d * dx), s->acc[t]);
+        if (offsets) {
+            __m256i o = _mm256_madd_epi16(m, bq_load(s->bs[t]));
+            s->acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dmin * dx), s->acc[t]);
+        }
+        s->isum[t] = _mm256_setzero_si256();
+        s->x[t] += elems;
+        s->bs[t] += elems / 16;
+        s->dx[t] += 1;
+    }
+}
+
+/* One block of each format (b its bytes) into s for nt tokens. */
+ALWAYS void bq_q4_k(const uint8_t *b, bool five, struct bq_toks *s, int nt) {
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    /* the 6-bit scales and mins (sp_k4_scale_min) as bytes, 4 to a word */
+    uint32_t s_lo = w[0] & 0x3f3f3f3fu, s_hi = (w[2] & 0x0f0f0f0fu) | (w[0] >> 6 & 0x03030303u) << 4;
+    uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = (w[2] >> 4 & 0x0f0f0f0fu) | (w[1] >> 6 & 0x03030303u) << 4;
+    __m256i sc = bq_i16x2(_mm_setr_epi32((int)s_lo, (int)s_hi, 0, 0), false);
+    __m128i mn = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
+    __m256i m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));  // a 32's min for each of its 16s
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
+    const uint8_t *qs = b + (five ? 48 : 16);
+    BQ_UNROLL for (int j = 0; j < 4; j++) {
+        __m256i c = bq_load(qs + 32 * j);
+        __m256i lo = _mm256_and_si256(c, m4), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+        if (five) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+        }
+        bq_chunk(s, nt, lo, bq_scales(sc, bq_same[2 * j]), 64 * j);
+        bq_chunk(s, nt, hi, bq_scales(sc, bq_same[2 * j + 1]), 64 * j + 32);
+    }
+    bq_block_end(s, nt, bq_f16(b), true, bq_f16(b + 2), m, 256);
+}
+
+ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
+    __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(b + 192));
+    __m256i sc[2] = {bq_i16x2(sc8, true), bq_i16x2(_mm_srli_si128(sc8, 8), true)};
+    __m256i m = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 5);  // 32 k
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    BQ_UNROLL for (int h = 0; h < 2; h++) {
+        __m256i la = bq_load(b + 64 * h), lb = bq_load(b + 64 * h + 32), hb = bq_load(b + 128 + 32 * h);
+        __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_slli_epi16(bit_pair(hb, 1), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_slli_epi16(bit_pair(hb, 2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_slli_epi16(bit_pair(hb, 3), 4)),
+        };
+        BQ_UNROLL for (int k = 0; k < 4; k++) bq_chunk(s, nt, q[k], bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
+    }
+    float d = bq_f16(b + 208);
+    bq_block_end(s, nt, d, true, d, m, 256);
+}
+
+ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) {
+    __m128i k8, m8;
+    if (three) {
+        /* 6-bit scales less 32 (sp_q3_k_scale): low nibbles of bytes 96..103, then their high
+         * nibbles; bits 2 (j / 4) of byte 104 + j % 4 on top */
+        uint64_t lo;
+        uint32_t hi;
+        memcpy(&lo, b + 96, 8);
+        memcpy(&hi, b + 104, 4);
+        __m128i l4 = _mm_set_epi64x((long long)(lo >> 4 & 0x0f0f0f0f0f0f0f0fu), (long long)(lo & 0x0f0f0f0f0f0f0f0fu));
+        __m128i h2 = _mm_setr_epi32((int)(hi & 0x03030303u), (int)(hi >> 2 & 0x03030303u),
+                                    (int)(hi >> 4 & 0x03030303u), (int)(hi >> 6 & 0x03030303u));
+        k8 = _mm_sub_epi8(_mm_or_si128(l4, _mm_slli_epi16(h2, 4)), _mm_set1_epi8(32));
+        m8 = k8;
+    } else {
+        __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)b);
+        k8 = _mm_and_si128(sb, _mm_set1_epi8(15));
+        m8 = _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15));
+    }
+    __m256i sc[2] = {bq_i16x2(k8, three), bq_i16x2(_mm_srli_si128(k8, 8), three)};
+    __m256i m = three ? _mm256_slli_epi16(_mm256_cvtepi8_epi16(m8), 2) : _mm256_cvtepu8_epi16(m8);  // Q3_K: 4 k
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i hm = three ? bq_load(b) : _mm256_setzero_si256();
+    BQ_UNROLL for (int h = 0; h < 2; h++) {
+        __m256i qs = bq_load(b + (three ? 32 : 16) + 32 * h);
+        BQ_UNROLL for (int k = 0; k < 4; k++) {
+            __m256i u = bit_pair(qs, k);
+            if (three)
+                u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + k), one), 2));
+            bq_chunk(s, nt, u, bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
+        }
+    }
+    float d = bq_f16(b + (three ? 108 : 80));
+    bq_block_end(s, nt, d, true, three ? d : bq_f16(b + 82), m, 256);
+}
+
+/* 16 bytes of IQ4 codes as 32 signed table values (element j: low nibble of byte j, j + 16 high) */
+ALWAYS __m256i bq_iq4_values(const uint8_t *qs) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)sp_iq4_values), m4 = _mm_set1_epi8(15);
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(c, m4))),
+                                   _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(c, 4), m4)), 1);
+}
+
+ALWAYS void bq_iq4_xs(const uint8_t *b, struct bq_toks *s, int nt) {
+    /* the 6-bit scales less 32 (sp_iq4_xs_scale): nibble i % 2 of byte 4 + i / 2, bits 2 i of the 16 at 2 */
+    uint32_t lo;
+    uint16_t hi;
+    memcpy(&lo, b + 4, 4);
+    memcpy(&hi, b + 2, 2);
+    uint64_t h2 = 0;
+    BQ_UNROLL for (int i = 0; i < 8; i++) h2 |= (uint64_t)(hi >> (2 * i) & 3u) << (8 * i + 4);
+    __m128i l4 = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(lo & 0x0f0f0f0fu)), _mm_cvtsi32_si128((int)(lo >> 4 & 0x0f0f0f0fu)));
+    __m128i k8 = _mm_sub_epi8(_mm_or_si128(l4, _mm_cvtsi64_si128((long long)h2)), _mm_set1_epi8(32));
+    __m256i sc = bq_i16x2(k8, true);
+    BQ_UNROLL for (int i = 0; i < 8; i++)
+        bq_chunk_signed(s, nt, bq_iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
+    bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 256);
+}
+
+ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
+    bq_chunk_signed(s, nt, bq_iq4_values(b + 2), _mm256_set1_epi16(1), 0);
+    bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 32);
+}
+
+/* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy]. */
+ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const struct bq8acts *q, int64_t t0, int nt,
+                   float *y, int64_t ldy) {
+    const struct sp_qtype_traits *tr = sp_qtype_traits(T);
+    const int64_t nb = w->cols / tr->group, bb = tr->block_bytes;
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
+    struct bq_toks s;
+    for (int t = 0; t < nt; t++) {
+        s.x[t] = q->xq + (t0 + t) * q->cols;
+        s.bs[t] = q->bs + (t0 + t) * (q->cols / 16);
+        s.dx[t] = q->dx + (t0 + t) * (q->cols / q->unit);
+        s.isum[t] = _mm256_setzero_si256();
+        s.acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++, b += bb) {
+        switch (T) {
+        case SP_QTYPE_Q4_K: bq_q4_k(b, false, &s, nt); break;
+        case SP_QTYPE_Q5_K: bq_q4_k(b, true, &s, nt); break;
+        case SP_QTYPE_Q6_K: bq_q6_k(b, &s, nt); break;
+        case SP_QTYPE_Q2_K: bq_q2_q3_k(b, false, &s, nt); break;
+        case SP_QTYPE_Q3_K: bq_q2_q3_k(b, true, &s, nt); break;
+        case SP_QTYPE_IQ4_XS: bq_iq4_xs(b, &s, nt); break;
+        case SP_QTYPE_IQ4_NL: bq_iq4_nl(b, &s, nt); break;
+        default: break;
+        }
+    }
+    for (int t = 0; t < nt; t++) y[t * ldy] = hsum(s.acc[t]);
+}
+
+/* Rows [r0, r1) of a matrix of format T times the tokens of q, 4 at a time. */
+#define BQ_ROWS(ID, T)                                                                                            \
+    static void bq_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n, \
+                             float *y, int64_t ldy) {                                                            \
+        for (int64_t r = r0; r < r1; r++) {                                                                     \
+            int64_t t = 0;                                                                                      \
+            for (; t + 4 <= n; t += 4) bq_row(T, w, r, q, t, 4, y + t * ldy + r, ldy);                          \
+            switch (n - t) {                                                                                    \
+            case 3: bq_row(T, w, r, q, t, 3, y + t * ldy + r, ldy); break;                                      \
+            case 2: bq_row(T, w, r, q, t, 2, y + t * ldy + r, ldy); break;                                      \
+            case 1: bq_row(T, w, r, q, t, 1, y + t * ldy + r, ldy); break;                                      \
+            default: break;                                                                                     \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+BQ_ROWS(q2_k, SP_QTYPE_Q2_K)
+BQ_ROWS(q3_k, SP_QTYPE_Q3_K)
+BQ_ROWS(q4_k, SP_QTYPE_Q4_K)
+BQ_ROWS(q5_k, SP_QTYPE_Q5_K)
+BQ_ROWS(q6_k, SP_QTYPE_Q6_K)
+BQ_ROWS(iq4_nl, SP_QTYPE_IQ4_NL)
+BQ_ROWS(iq4_xs, SP_QTYPE_IQ4_XS)
+#undef BQ_ROWS
+
+typedef void (*bq_rows_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,
+                           float *y, int64_t ldy);
+/* The int8 product of a block format, or NULL for the other formats. */
+static bq_rows_fn bq_rows_for(enum sp_qtype t) {
+    switch (t) {
+    case SP_QTYPE_Q2_K: return bq_rows_q2_k;
+    case SP_QTYPE_Q3_K: return bq_rows_q3_k;
+    case SP_QTYPE_Q4_K: return bq_rows_q4_k;
+    case SP_QTYPE_Q5_K: return bq_rows_q5_k;
+    case SP_QTYPE_Q6_K: return bq_rows_q6_k;
+    case SP_QTYPE_IQ4_NL: return bq_rows_iq4_nl;
+    case SP_QTYPE_IQ4_XS: return bq_rows_iq4_xs;
+    default: return NULL;
+    }
+}
+
+/* Rows [r0, r1) of w (a block format with a bq_rows) times x's n tokens,
+ * rounded Q8_TOKENS at a time into scratch. */
+static void bq8_rows(const struct sp_qmat *w, bq_rows_fn rows, int64_t r0, int64_t r1, const float *x, int64_t ldx,
+                     int64_t n, float *y, int64_t ldy, void *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
+        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
+        struct bq8acts q;
+        bq8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->type == SP_QTYPE_IQ4_NL ? 32 : 256, scratch, &q);
+        rows(w, r0, r1, &q, nq, y + t0 * ldy, ldy);
     }
 }
 
@@ -3292,6 +3653,8 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
 #endif
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+        else if (acts == ACTS_INT8 && bq_rows_for(m->w[i]->type))
+            bq8_rows(m->w[i], bq_rows_for(m->w[i]->type), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
         else  // decoded a block at a time, whatever n: one summation order
             blocked_rows(m->w[i], block_decoder(m->w[i]), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
     }

@@ -417,6 +417,8 @@ static bool weight_of(struct cuda *c, const struct sp_linear *l, struct sp_cuda_
     case SP_QTYPE_MXFP8: w->fmt = SP_CUDA_FMT_MXFP8; break;
     case SP_QTYPE_Q2_K: w->fmt = SP_CUDA_FMT_Q2_K; break;
     case SP_QTYPE_Q3_K: w->fmt = SP_CUDA_FMT_Q3_K; break;
+    case SP_QTYPE_Q4_K: w->fmt = SP_CUDA_FMT_Q4_K; break;
+    case SP_QTYPE_Q5_K: w->fmt = SP_CUDA_FMT_Q5_K; break;
     case SP_QTYPE_Q6_K: w->fmt = SP_CUDA_FMT_Q6_K; break;
     case SP_QTYPE_IQ4_NL: w->fmt = SP_CUDA_FMT_IQ4_NL; break;
     case SP_QTYPE_IQ4_XS: w->fmt = SP_CUDA_FMT_IQ4_XS; break;

@@ -36,7 +36,7 @@ constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (
 
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
-enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q6K, K_IQ4NL, K_IQ4XS };
+enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q4K, K_Q5K, K_Q6K, K_IQ4NL, K_IQ4XS };
 
 /* IQ4_NL / IQ4_XS code -> value (quant/qtype.h's sp_iq4_values) */
 __constant__ int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -153,6 +153,29 @@ __device__ __forceinline__ void decode8(const sp_cuda_weight &w, int64_t r, int6
             int jj = j0 + j;
             uint32_t c = jj < 16 ? qs[jj] & 15u : qs[jj - 16] >> 4;
             o[j] = __fmul_rn(dl, (float)iq4_values[c]);
+        }
+    } else if constexpr (K == K_Q4K || K == K_Q5K) {
+        /* unit u is elements l .. l + 7 of the 32 g of block u / 32 (quant/qtype.c's layouts) */
+        constexpr bool FIVE = K == K_Q5K;
+        constexpr int BB = FIVE ? 176 : 144;
+        const uint8_t *b = static_cast<const uint8_t *>(w.codes) + r * (w.cols / 256 * BB) + u / 32 * BB;
+        int e = (int)(u % 32) * 8, g = e / 32, l = e % 32;
+        const uint8_t *sm = b + 4, *q = b + (FIVE ? 48 : 16) + 32 * (g / 2) + l, *qh = b + 16 + l;
+        uint32_t sc, m;
+        if (g < 4) {
+            sc = sm[g] & 63u;
+            m = sm[g + 4] & 63u;
+        } else {
+            sc = (sm[g + 4] & 15u) | (uint32_t)(sm[g - 4] >> 6) << 4;
+            m = (uint32_t)(sm[g + 4] >> 4) | (uint32_t)(sm[g] >> 6) << 4;
+        }
+        float d1 = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(b)), (float)sc);
+        float m1 = __fmul_rn(__half2float(*reinterpret_cast<const __half *>(b + 2)), (float)m);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t v = g % 2 ? q[j] >> 4 : q[j] & 15u;
+            if constexpr (FIVE) v |= (uint32_t)(qh[j] >> g & 1u) << 4;
+            o[j] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
         }
     } else if constexpr (K == K_Q6K) {
         /* unit u is elements l .. l + 7 of run k of half h of block u / 32 (quant/qtype.c's layout) */
@@ -304,6 +327,8 @@ int dispatch(const sp_cuda_weight &w, const L &l) {
     case SP_CUDA_FMT_MXFP8: return l.template go<K_MXFP8, 8, 0>();
     case SP_CUDA_FMT_Q2_K: return l.template go<K_Q2K, 2, 0>();
     case SP_CUDA_FMT_Q3_K: return l.template go<K_Q3K, 3, 0>();
+    case SP_CUDA_FMT_Q4_K: return l.template go<K_Q4K, 4, 0>();
+    case SP_CUDA_FMT_Q5_K: return l.template go<K_Q5K, 5, 0>();
     case SP_CUDA_FMT_Q6_K: return l.template go<K_Q6K, 6, 0>();
     case SP_CUDA_FMT_IQ4_NL: return l.template go<K_IQ4NL, 4, 0>();
     case SP_CUDA_FMT_IQ4_XS: return l.template go<K_IQ4XS, 4, 0>();

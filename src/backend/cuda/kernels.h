@@ -38,6 +38,8 @@ enum sp_cuda_fmt {
     SP_CUDA_FMT_MXFP8,   // E4M3 codes, E8M0 scale per 32
     SP_CUDA_FMT_Q2_K,    // ggml's K-quant blocks of 256 (quant/qtype.c), scales inside
     SP_CUDA_FMT_Q3_K,
+    SP_CUDA_FMT_Q4_K,
+    SP_CUDA_FMT_Q5_K,
     SP_CUDA_FMT_Q6_K,
     SP_CUDA_FMT_IQ4_NL,
     SP_CUDA_FMT_IQ4_XS,
