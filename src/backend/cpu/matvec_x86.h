@@ -3314,9 +3314,10 @@ ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
     bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 32);
 }
 
-/* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy]. */
+/* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy];
+ * ahead: asking for the bytes PREFETCH_AHEAD_4BIT ahead block by block. */
 ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const struct bq8acts *q, int64_t t0, int nt,
-                   float *y, int64_t ldy) {
+                   bool ahead, float *y, int64_t ldy) {
     const struct sp_qtype_traits *tr = sp_qtype_traits(T);
     const int64_t nb = w->cols / tr->group, bb = tr->block_bytes;
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
@@ -3329,6 +3330,8 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
         s.acc[t] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++, b += bb) {
+        if (ahead)
+            for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)b + PREFETCH_AHEAD_4BIT + o, _MM_HINT_T0);
         switch (T) {
         case SP_QTYPE_Q4_K: bq_q4_k(b, false, &s, nt); break;
         case SP_QTYPE_Q5_K: bq_q4_k(b, true, &s, nt); break;
@@ -3343,17 +3346,29 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
     for (int t = 0; t < nt; t++) y[t * ldy] = hsum(s.acc[t]);
 }
 
-/* Rows [r0, r1) of a matrix of format T times the tokens of q, 4 at a time. */
+/* Rows [r0, r1) of a matrix of format T times the tokens of q: up to 4
+ * tokens in one pass over each row, asking for the bytes ahead (2-core
+ * EPYC VM, avx2, 8 layers of Qwen3-30B-A3B Q4_K_M: decode 1.2-1.3x the
+ * tokens a second; a row asked for whole before its pass, 1.07x); more 4
+ * at a time, rows read again from the cache (there asking ahead cost
+ * prefill a tenth). */
 #define BQ_ROWS(ID, T)                                                                                            \
     static void bq_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n, \
                              float *y, int64_t ldy) {                                                            \
         for (int64_t r = r0; r < r1; r++) {                                                                     \
+            switch (n) {                                                                                        \
+            case 1: bq_row(T, w, r, q, 0, 1, true, y + r, ldy); continue;                                       \
+            case 2: bq_row(T, w, r, q, 0, 2, true, y + r, ldy); continue;                                       \
+            case 3: bq_row(T, w, r, q, 0, 3, true, y + r, ldy); continue;                                       \
+            case 4: bq_row(T, w, r, q, 0, 4, true, y + r, ldy); continue;                                       \
+            default: break;                                                                                     \
+            }                                                                                                   \
             int64_t t = 0;                                                                                      \
-            for (; t + 4 <= n; t += 4) bq_row(T, w, r, q, t, 4, y + t * ldy + r, ldy);                          \
+            for (; t + 4 <= n; t += 4) bq_row(T, w, r, q, t, 4, false, y + t * ldy + r, ldy);                   \
             switch (n - t) {                                                                                    \
-            case 3: bq_row(T, w, r, q, t, 3, y + t * ldy + r, ldy); break;                                      \
-            case 2: bq_row(T, w, r, q, t, 2, y + t * ldy + r, ldy); break;                                      \
-            case 1: bq_row(T, w, r, q, t, 1, y + t * ldy + r, ldy); break;                                      \
+            case 3: bq_row(T, w, r, q, t, 3, false, y + t * ldy + r, ldy); break;                               \
+            case 2: bq_row(T, w, r, q, t, 2, false, y + t * ldy + r, ldy); break;                               \
+            case 1: bq_row(T, w, r, q, t, 1, false, y + t * ldy + r, ldy); break;                               \
             default: break;                                                                                     \
             }                                                                                                   \
         }                                                                                                       \
