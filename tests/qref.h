@@ -52,15 +52,15 @@ enum acts { ACTS_FLOAT, ACTS_INT16, ACTS_INT8, ACTS_BF16, ACTS_COUNT };
 static inline enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat *m) {
     if (m->type == SP_QTYPE_BF16 && k->bf16_rows) return ACTS_BF16;
     if (!sp_qtype_is_quantized(m->type)) return ACTS_FLOAT;
-    /* ggml's block formats: int8 in the int8 sets, float in the others */
+    /* ggml's block formats: int8 (one scale a block) in the int8 sets, float in the others */
     bool blocks = sp_qtype_traits(m->type)->block_bytes != 0;
-    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4 || blocks;
+    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
     switch (k->isa) {
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVXVNNI:
     case SP_KERNELS_AVX512:
     case SP_KERNELS_AMX:
-        return four_bit ? ACTS_INT8 : ACTS_INT16;
+        return four_bit || blocks ? ACTS_INT8 : ACTS_INT16;
     case SP_KERNELS_AVX2_INT16:
     case SP_KERNELS_AVXVNNI_INT16:
     case SP_KERNELS_AVX512_INT16:
@@ -113,10 +113,6 @@ static inline void mat_free(struct mat *o) {
     free(o->biases);
 }
 
-/* Columns that share a scale of the int8 / int16 rounding of activations:
- * a weight group (ggml's block formats: a block). */
-static inline int64_t act_group(const struct sp_qmat *m) { return m->group; }
-
 /* What a product of row r of m (dequantized: w) with x may be off by:
  * TOL_MATMUL (TOL_Q16 for int16 activations) x sum |w x|, plus for int8,
  * int16 and bf16 activations Q8_SIGMAS standard deviations of their
@@ -132,12 +128,11 @@ static inline double qref_allowed(const struct sp_qmat *m, int64_t r, const floa
     /* int8 (int16) activations: x_i rounded to a multiple of amax / 127
      * (32767) of its group, the error multiplying w_i less the group's bias */
     double steps = acts == ACTS_INT8 ? 127 : 32767;
-    const int64_t ag = act_group(m);
-    for (int64_t g0 = 0; (acts == ACTS_INT8 || acts == ACTS_INT16) && g0 < m->cols; g0 += ag) {
+    for (int64_t g0 = 0; (acts == ACTS_INT8 || acts == ACTS_INT16) && g0 < m->cols; g0 += m->group) {
         size_t gi = (size_t)(r * (m->cols / m->group) + g0 / m->group);
         double b = m->biases ? sp_dtype_load_float(m->scale_dtype, m->biases, gi) : 0.0;
         double amax = 0.0, c2 = 0.0;
-        for (int64_t i = g0; i < g0 + ag; i++) {
+        for (int64_t i = g0; i < g0 + m->group; i++) {
             amax = fmax(amax, fabs(xt[i]));
             c2 += ((double)w[i] - b) * ((double)w[i] - b);
         }

@@ -265,7 +265,7 @@ static void q2_k_block(const uint8_t *restrict b, float *restrict y) {
  * or (q - 0) where the high bit is set. Scale j's low 4 bits are the low
  * (j < 8) or high nibble of byte j % 8, its high 2 bits bits 2 (j / 4) of
  * byte 8 + j % 4. */
-int sp_q3_k_scale(const uint8_t *block, int j) {
+static int q3_k_scale(const uint8_t *block, int j) {
     const uint8_t *s = block + 96;
     int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4, hi = s[8 + j % 4] >> (2 * (j / 4)) & 3;
     return (lo | hi << 4) - 32;
@@ -278,19 +278,19 @@ static void q3_k_block(const uint8_t *restrict b, float *restrict y) {
     for (int e = 0; e < 256; e++) {
         int k = e % 128 / 32, q = b[32 + 32 * (e / 128) + e % 32] >> (2 * k) & 3;
         bool high = b[e % 32] >> (4 * (e / 128) + k) & 1;
-        y[e] = d * (float)sp_q3_k_scale(b, e / 16) * (float)(q - (high ? 0 : 4));
+        y[e] = d * (float)q3_k_scale(b, e / 16) * (float)(q - (high ? 0 : 4));
     }
 }
 
 /* Q4_K, a block of 256: f16 d and dmin, 12 bytes of 6-bit scales and
- * mins (sp_k4_scale_min), qs[128]; element e is in group g = e / 32, its
+ * mins (k4_scale_min), qs[128]; element e is in group g = e / 32, its
  * code the low (g even) or high nibble of qs[32 (g / 2) + e % 32], and
  * stands for (d sc) q - (dmin m), in that order as ggml's reference
  * computes it. Q5_K, a block of 256: the same with qh[32] before qs, bit g
  * of qh[e % 32] the code's fifth bit. Scale and min j (0..7): for j < 4
  * the low 6 bits of bytes j and j + 4; else the low and high nibbles of
  * byte j + 4 with bits 6-7 of bytes j - 4 and j as their high 2 bits. */
-void sp_k4_scale_min(const uint8_t *block, int j, int *sc, int *m) {
+static void k4_scale_min(const uint8_t *block, int j, int *sc, int *m) {
     const uint8_t *q = block + 4;
     if (j < 4) {
         *sc = q[j] & 63;
@@ -309,7 +309,7 @@ static void k4_block(const uint8_t *restrict b, bool five, float *restrict y) {
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int g = 0; g < 8; g++) {
         int sc, m;
-        sp_k4_scale_min(b, g, &sc, &m);
+        k4_scale_min(b, g, &sc, &m);
         float d1 = d * (float)sc, m1 = dmin * (float)m;
         const uint8_t *q = qs + 32 * (g / 2);
         for (int l = 0; l < 32; l++) {
@@ -344,7 +344,7 @@ static void iq4_nl_block(const uint8_t *restrict b, float *restrict y) {
     iq4_codes(b + 2, sp_f16_to_f32(dh), y);
 }
 
-int sp_iq4_xs_scale(const uint8_t *block, int i) {
+static int iq4_xs_scale(const uint8_t *block, int i) {
     uint16_t h;
     memcpy(&h, block + 2, 2);
     return ((block[4 + i / 2] >> (4 * (i % 2)) & 15) | (h >> (2 * i) & 3) << 4) - 32;
@@ -354,7 +354,7 @@ static void iq4_xs_block(const uint8_t *restrict b, float *restrict y) {
     uint16_t dh;
     memcpy(&dh, b, 2);
     float d = sp_f16_to_f32(dh);
-    for (int i = 0; i < 8; i++) iq4_codes(b + 8 + 16 * i, d * (float)sp_iq4_xs_scale(b, i), y + 32 * i);
+    for (int i = 0; i < 8; i++) iq4_codes(b + 8 + 16 * i, d * (float)iq4_xs_scale(b, i), y + 32 * i);
 }
 
 /* Columns [c0, c0 + n) of a row of blocks (c0 a block's start), through each block's decoder. */

@@ -150,9 +150,6 @@ uint8_t sp_float_to_e4m3(float v);      // round to nearest even, saturating at 
 uint8_t sp_float_to_e2m1(float y);      // nearest code, ties to even, sign from signbit
 uint8_t sp_float_to_e8m0(float amax_over_max);  // round(log2(x)) + 127, clamped; 127 for 0
 extern const int8_t sp_iq4_values[16];  // IQ4_NL / IQ4_XS code -> value (ggml's kvalues_iq4nl)
-int sp_q3_k_scale(const uint8_t *block, int j);   // a Q3_K block's scale j (0..15), less 32
-int sp_iq4_xs_scale(const uint8_t *block, int i); // an IQ4_XS block's scale i (0..7), less 32
-void sp_k4_scale_min(const uint8_t *block, int j, int *sc, int *m);  // a Q4_K / Q5_K block's scale and min j (0..7)
 
 /* Extracts element i (0-based) of a row of b-bit codes packed LSB-first. */
 static inline uint32_t sp_unpack_bits(const uint8_t *row, int64_t i, int b) {

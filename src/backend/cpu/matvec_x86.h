@@ -470,6 +470,90 @@ ALWAYS __m256i bit_pair(__m256i v, int k) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
 }
 
+/* The codes and scales of ggml's blocks as bytes, for the float decoders
+ * below and the int8 products (bq_*): each layout written once. */
+
+/* Q3_K's codes of run k (0..3) of half h as unsigned bytes 0..7 (the
+ * value's q + 4): the low bits from qs (that half's 32 bytes), the high bit
+ * at bit 4 h + k of hmask hm. */
+ALWAYS __m256i q3_k_codes(__m256i qs, __m256i hm, int h, int k) {
+    __m256i high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + k)), _mm256_set1_epi8(1));
+    return _mm256_or_si256(bit_pair(qs, k), _mm256_slli_epi16(high, 2));
+}
+
+/* Q3_K's 16 6-bit scales less 32 (quant/qtype.c's q3_k_scale) as int8: the low nibbles
+ * of bytes 96..103, then their high nibbles, bits 2 (j / 4) of byte 104 + j
+ * % 4 on top. */
+ALWAYS __m128i q3_k_scales(const uint8_t *b) {
+    uint64_t lo;
+    uint32_t hi;
+    memcpy(&lo, b + 96, 8);
+    memcpy(&hi, b + 104, 4);
+    __m128i l4 = _mm_set_epi64x((long long)(lo >> 4 & 0x0f0f0f0f0f0f0f0fu), (long long)(lo & 0x0f0f0f0f0f0f0f0fu));
+    __m128i h2 = _mm_setr_epi32((int)(hi & 0x03030303u), (int)(hi >> 2 & 0x03030303u), (int)(hi >> 4 & 0x03030303u),
+                                (int)(hi >> 6 & 0x03030303u));
+    return _mm_sub_epi8(_mm_or_si128(l4, _mm_slli_epi16(h2, 4)), _mm_set1_epi8(32));
+}
+
+/* Q4_K / Q5_K's codes of the 32 g: nibble g % 2 of qs[32 (g / 2) ..] (qs
+ * the block's codes), Q5_K's fifth bit at bit g of qh. */
+ALWAYS __m256i k4_codes(const uint8_t *qs, __m256i qh, bool five, int g) {
+    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * (g / 2)));
+    __m256i q = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(15));
+    if (five)
+        q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(g)),
+                                                                  _mm256_set1_epi8(1)), 4));
+    return q;
+}
+
+/* Q4_K / Q5_K's 8 6-bit scales (*sc) and mins (*mn) as bytes 0..7
+ * (quant/qtype.c's k4_scale_min), from the 12 bytes at b + 4, 4 to a word. */
+ALWAYS void k4_scales_mins(const uint8_t *b, __m128i *sc, __m128i *mn) {
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    uint32_t s_lo = w[0] & 0x3f3f3f3fu, s_hi = (w[2] & 0x0f0f0f0fu) | (w[0] >> 6 & 0x03030303u) << 4;
+    uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = (w[2] >> 4 & 0x0f0f0f0fu) | (w[1] >> 6 & 0x03030303u) << 4;
+    *sc = _mm_setr_epi32((int)s_lo, (int)s_hi, 0, 0);
+    *mn = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
+}
+
+/* Q6_K's codes (0..63, the value's q + 32) of runs 0..3 of half h:
+ * element l + 32 k has its low bits in a nibble of ql[l + 32 (k % 2)] (the
+ * high one for k >= 2) and its high bits at bit 2 k of qh[l]. */
+ALWAYS void q6_k_codes(const uint8_t *b, int h, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+    __m256i la = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+    __m256i lb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_slli_epi16(bit_pair(hb, 0), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_slli_epi16(bit_pair(hb, 1), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_slli_epi16(bit_pair(hb, 2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_slli_epi16(bit_pair(hb, 3), 4));
+}
+
+/* 16 bytes of IQ4 codes (element j: low nibble of byte j, j + 16 high) as
+ * 32 signed table values. */
+ALWAYS __m256i iq4_values(const uint8_t *qs) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)sp_iq4_values), m4 = _mm_set1_epi8(15);
+    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(c, m4))),
+                                   _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(c, 4), m4)), 1);
+}
+
+/* IQ4_XS's 8 6-bit scales less 32 (quant/qtype.c's iq4_xs_scale) as int8: nibble i % 2
+ * of byte 4 + i / 2, bits 2 i of the 16 at byte 2 on top. */
+ALWAYS __m128i iq4_xs_scales(const uint8_t *b) {
+    uint32_t lo;
+    uint16_t hi;
+    memcpy(&lo, b + 4, 4);
+    memcpy(&hi, b + 2, 2);
+    uint64_t h2 = 0;
+    for (int i = 0; i < 8; i++) h2 |= (uint64_t)(hi >> (2 * i) & 3u) << (8 * i + 4);
+    __m128i l4 = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(lo & 0x0f0f0f0fu)), _mm_cvtsi32_si128((int)(lo >> 4 & 0x0f0f0f0fu)));
+    return _mm_sub_epi8(_mm_or_si128(l4, _mm_cvtsi64_si128((long long)h2)), _mm_set1_epi8(32));
+}
+
 /* Q2_K and Q3_K as quant/qtype.c's references decode them (element l + 32 k
  * of each 128: bits 2 k of qs[l]; Q3_K's high bit at bit 4 h + k of
  * hmask[l]), 32 codes a step, for columns [k0, k0 + kn) of row r. */
@@ -496,20 +580,17 @@ static void dequant_q2_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
 static void dequant_q3_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
                        (size_t)(k0 / 256) * 110;
-    const __m256i one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    const __m256i four = _mm256_set1_epi8(4);
     for (int64_t e = 0; e < kn; e += 256, b += 110, out += 256) {
         uint16_t dh;
         memcpy(&dh, b + 108, 2);
-        int8_t sc[16];
-        for (int j = 0; j < 16; j++) sc[j] = (int8_t)sp_q3_k_scale(b, j);
         float ds[16];
-        times_d(_mm_loadu_si128((const __m128i *)(const void *)sc), sp_f16_to_f32(dh), ds);
+        times_d(q3_k_scales(b), sp_f16_to_f32(dh), ds);
         __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)b);
         for (int h = 0; h < 2; h++) {
             __m256i qs = _mm256_loadu_si256((const __m256i *)(const void *)(b + 32 + 32 * h));
             for (int k = 0; k < 4; k++) {
-                __m256i high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + k)), one);
-                __m256i q = _mm256_sub_epi8(_mm256_or_si256(bit_pair(qs, k), _mm256_slli_epi16(high, 2)), four);
+                __m256i q = _mm256_sub_epi8(q3_k_codes(qs, hm, h, k), four);
                 scaled_bytes(q, _mm256_set1_ps(ds[8 * h + 2 * k]), _mm256_set1_ps(ds[8 * h + 2 * k + 1]),
                              out + 128 * h + 32 * k);
             }
@@ -517,14 +598,10 @@ static void dequant_q3_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
     }
 }
 
-/* 16 bytes of IQ4 codes (element j low nibble of byte j, j + 16 high) as 32 table values, times dl. */
+/* 16 bytes of IQ4 codes as 32 table values, times dl. */
 ALWAYS void iq4_run(const uint8_t *qs, float dl, float *out) {
-    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)sp_iq4_values), m4 = _mm_set1_epi8(15);
-    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)qs);
-    __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(c, m4));
-    __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(c, 4), m4));
     __m256 s = _mm256_set1_ps(dl);
-    scaled_bytes(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), s, s, out);
+    scaled_bytes(iq4_values(qs), s, s, out);
 }
 
 static void dequant_iq4_nl(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
@@ -544,7 +621,9 @@ static void dequant_iq4_xs(const struct sp_qmat *w, int64_t r, int64_t k0, int64
         uint16_t dh;
         memcpy(&dh, b, 2);
         float d = sp_f16_to_f32(dh);
-        for (int i = 0; i < 8; i++) iq4_run(b + 8 + 16 * i, d * (float)sp_iq4_xs_scale(b, i), out + 32 * i);
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)(void *)sc, iq4_xs_scales(b));
+        for (int i = 0; i < 8; i++) iq4_run(b + 8 + 16 * i, d * (float)sc[i], out + 32 * i);
     }
 }
 
@@ -555,7 +634,6 @@ static void dequant_k4(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t k
     const size_t bb = five ? 176 : 144;
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
                        (size_t)(k0 / 256) * bb;
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     for (int64_t e = 0; e < kn; e += 256, b += bb, out += 256) {
         uint16_t dh, mh;
         memcpy(&dh, b, 2);
@@ -563,16 +641,14 @@ static void dequant_k4(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t k
         float d = sp_f16_to_f32(dh), dmin = sp_f16_to_f32(mh);
         __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(b + 16)) : _mm256_setzero_si256();
         const uint8_t *qs = b + (five ? 48 : 16);
+        __m128i scv, mnv;
+        k4_scales_mins(b, &scv, &mnv);
+        uint8_t sc[16], mn[16];
+        _mm_storeu_si128((__m128i *)(void *)sc, scv);
+        _mm_storeu_si128((__m128i *)(void *)mn, mnv);
         for (int g = 0; g < 8; g++) {
-            __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * (g / 2)));
-            __m256i q = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(c, 4) : c, m4);
-            if (five)
-                q = _mm256_or_si256(q, _mm256_slli_epi16(
-                                           _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(g)), one), 4));
-            int sc, m;
-            sp_k4_scale_min(b, g, &sc, &m);
-            __m256 vs = _mm256_set1_ps(d * (float)sc), vm = _mm256_set1_ps(dmin * (float)m);
-            scaled_min_bytes(q, vs, vm, vs, vm, out + 32 * g);
+            __m256 vs = _mm256_set1_ps(d * (float)sc[g]), vm = _mm256_set1_ps(dmin * (float)mn[g]);
+            scaled_min_bytes(k4_codes(qs, qh, five, g), vs, vm, vs, vm, out + 32 * g);
         }
     }
 }
@@ -591,26 +667,15 @@ static void dequant_q5_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t
 static void dequant_q6_k(const struct sp_qmat *w, int64_t r, int64_t k0, int64_t kn, float *out) {
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * sp_qtype_row_bytes(w->type, w->cols) +
                        (size_t)(k0 / 256) * 210;
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const __m256i c32 = _mm256_set1_epi8(32);
     for (int64_t e = 0; e < kn; e += 256, b += 210, out += 256) {
         uint16_t dh;
         memcpy(&dh, b + 208, 2);
         float ds[16];
         times_d(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)), sp_f16_to_f32(dh), ds);
         for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-            __m256i la = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-            __m256i lb = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
-            __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(lb, m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4)),
-            };
+            __m256i q[4];
+            q6_k_codes(b, h, q);
             for (int k = 0; k < 4; k++)
                 scaled_bytes(_mm256_sub_epi8(q[k], c32), _mm256_set1_ps(ds[8 * h + 2 * k]),
                              _mm256_set1_ps(ds[8 * h + 2 * k + 1]), out + 128 * h + 32 * k);
@@ -3206,27 +3271,13 @@ ALWAYS void bq_block_end(struct bq_toks *s, int nt, float d, bool offsets, float
 
 /* One block of each format (b its bytes) into s for nt tokens. */
 ALWAYS void bq_q4_k(const uint8_t *b, bool five, struct bq_toks *s, int nt) {
-    uint32_t w[3];
-    memcpy(w, b + 4, 12);
-    /* the 6-bit scales and mins (sp_k4_scale_min) as bytes, 4 to a word */
-    uint32_t s_lo = w[0] & 0x3f3f3f3fu, s_hi = (w[2] & 0x0f0f0f0fu) | (w[0] >> 6 & 0x03030303u) << 4;
-    uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = (w[2] >> 4 & 0x0f0f0f0fu) | (w[1] >> 6 & 0x03030303u) << 4;
-    __m256i sc = bq_i16x2(_mm_setr_epi32((int)s_lo, (int)s_hi, 0, 0), false);
-    __m128i mn = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
+    __m128i sc8, mn;
+    k4_scales_mins(b, &sc8, &mn);
+    __m256i sc = bq_i16x2(sc8, false);
     __m256i m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));  // a 32's min for each of its 16s
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (five ? 48 : 16);
-    BQ_UNROLL for (int j = 0; j < 4; j++) {
-        __m256i c = bq_load(qs + 32 * j);
-        __m256i lo = _mm256_and_si256(c, m4), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
-        if (five) {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
-        }
-        bq_chunk(s, nt, lo, bq_scales(sc, bq_same[2 * j]), 64 * j);
-        bq_chunk(s, nt, hi, bq_scales(sc, bq_same[2 * j + 1]), 64 * j + 32);
-    }
+    BQ_UNROLL for (int g = 0; g < 8; g++) bq_chunk(s, nt, k4_codes(qs, qh, five, g), bq_scales(sc, bq_same[g]), 32 * g);
     bq_block_end(s, nt, bq_f16(b), true, bq_f16(b + 2), m, 256);
 }
 
@@ -3234,15 +3285,9 @@ ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
     __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(b + 192));
     __m256i sc[2] = {bq_i16x2(sc8, true), bq_i16x2(_mm_srli_si128(sc8, 8), true)};
     __m256i m = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 5);  // 32 k
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     BQ_UNROLL for (int h = 0; h < 2; h++) {
-        __m256i la = bq_load(b + 64 * h), lb = bq_load(b + 64 * h + 32), hb = bq_load(b + 128 + 32 * h);
-        __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_slli_epi16(bit_pair(hb, 1), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_slli_epi16(bit_pair(hb, 2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_slli_epi16(bit_pair(hb, 3), 4)),
-        };
+        __m256i q[4];
+        q6_k_codes(b, h, q);
         BQ_UNROLL for (int k = 0; k < 4; k++) bq_chunk(s, nt, q[k], bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
     }
     float d = bq_f16(b + 208);
@@ -3252,17 +3297,7 @@ ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
 ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) {
     __m128i k8, m8;
     if (three) {
-        /* 6-bit scales less 32 (sp_q3_k_scale): low nibbles of bytes 96..103, then their high
-         * nibbles; bits 2 (j / 4) of byte 104 + j % 4 on top */
-        uint64_t lo;
-        uint32_t hi;
-        memcpy(&lo, b + 96, 8);
-        memcpy(&hi, b + 104, 4);
-        __m128i l4 = _mm_set_epi64x((long long)(lo >> 4 & 0x0f0f0f0f0f0f0f0fu), (long long)(lo & 0x0f0f0f0f0f0f0f0fu));
-        __m128i h2 = _mm_setr_epi32((int)(hi & 0x03030303u), (int)(hi >> 2 & 0x03030303u),
-                                    (int)(hi >> 4 & 0x03030303u), (int)(hi >> 6 & 0x03030303u));
-        k8 = _mm_sub_epi8(_mm_or_si128(l4, _mm_slli_epi16(h2, 4)), _mm_set1_epi8(32));
-        m8 = k8;
+        k8 = m8 = q3_k_scales(b);
     } else {
         __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)b);
         k8 = _mm_and_si128(sb, _mm_set1_epi8(15));
@@ -3270,14 +3305,11 @@ ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) 
     }
     __m256i sc[2] = {bq_i16x2(k8, three), bq_i16x2(_mm_srli_si128(k8, 8), three)};
     __m256i m = three ? _mm256_slli_epi16(_mm256_cvtepi8_epi16(m8), 2) : _mm256_cvtepu8_epi16(m8);  // Q3_K: 4 k
-    const __m256i one = _mm256_set1_epi8(1);
     __m256i hm = three ? bq_load(b) : _mm256_setzero_si256();
     BQ_UNROLL for (int h = 0; h < 2; h++) {
         __m256i qs = bq_load(b + (three ? 32 : 16) + 32 * h);
         BQ_UNROLL for (int k = 0; k < 4; k++) {
-            __m256i u = bit_pair(qs, k);
-            if (three)
-                u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + k), one), 2));
+            __m256i u = three ? q3_k_codes(qs, hm, h, k) : bit_pair(qs, k);
             bq_chunk(s, nt, u, bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
         }
     }
@@ -3285,32 +3317,15 @@ ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) 
     bq_block_end(s, nt, d, true, three ? d : bq_f16(b + 82), m, 256);
 }
 
-/* 16 bytes of IQ4 codes as 32 signed table values (element j: low nibble of byte j, j + 16 high) */
-ALWAYS __m256i bq_iq4_values(const uint8_t *qs) {
-    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)sp_iq4_values), m4 = _mm_set1_epi8(15);
-    __m128i c = _mm_loadu_si128((const __m128i *)(const void *)qs);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(c, m4))),
-                                   _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(c, 4), m4)), 1);
-}
-
 ALWAYS void bq_iq4_xs(const uint8_t *b, struct bq_toks *s, int nt) {
-    /* the 6-bit scales less 32 (sp_iq4_xs_scale): nibble i % 2 of byte 4 + i / 2, bits 2 i of the 16 at 2 */
-    uint32_t lo;
-    uint16_t hi;
-    memcpy(&lo, b + 4, 4);
-    memcpy(&hi, b + 2, 2);
-    uint64_t h2 = 0;
-    BQ_UNROLL for (int i = 0; i < 8; i++) h2 |= (uint64_t)(hi >> (2 * i) & 3u) << (8 * i + 4);
-    __m128i l4 = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(lo & 0x0f0f0f0fu)), _mm_cvtsi32_si128((int)(lo >> 4 & 0x0f0f0f0fu)));
-    __m128i k8 = _mm_sub_epi8(_mm_or_si128(l4, _mm_cvtsi64_si128((long long)h2)), _mm_set1_epi8(32));
-    __m256i sc = bq_i16x2(k8, true);
+    __m256i sc = bq_i16x2(iq4_xs_scales(b), true);
     BQ_UNROLL for (int i = 0; i < 8; i++)
-        bq_chunk_signed(s, nt, bq_iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
+        bq_chunk_signed(s, nt, iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
     bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 256);
 }
 
 ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
-    bq_chunk_signed(s, nt, bq_iq4_values(b + 2), _mm256_set1_epi16(1), 0);
+    bq_chunk_signed(s, nt, iq4_values(b + 2), _mm256_set1_epi16(1), 0);
     bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 32);
 }
 
@@ -3400,8 +3415,9 @@ static bq_rows_fn bq_rows_for(enum sp_qtype t) {
 
 /* Rows [r0, r1) of w (a block format with a bq_rows) times x's n tokens,
  * rounded Q8_TOKENS at a time into scratch. */
-static void bq8_rows(const struct sp_qmat *w, bq_rows_fn rows, int64_t r0, int64_t r1, const float *x, int64_t ldx,
-                     int64_t n, float *y, int64_t ldy, void *scratch) {
+static void bq8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
+                     float *y, int64_t ldy, void *scratch) {
+    const bq_rows_fn rows = bq_rows_for(w->type);
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
         struct bq8acts q;
@@ -3669,7 +3685,7 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
         else if (acts == ACTS_INT8 && bq_rows_for(m->w[i]->type))
-            bq8_rows(m->w[i], bq_rows_for(m->w[i]->type), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+            bq8_rows(m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
         else  // decoded a block at a time, whatever n: one summation order
             blocked_rows(m->w[i], block_decoder(m->w[i]), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
     }
