@@ -218,7 +218,8 @@ static void test_int8_extremes(void **state) {
  * with scales and mins 63, Q2_K 3 with 15 and 15, Q3_K 7 with 31, IQ4's
  * +113 with 31) and the f16 scales 1, times activations that round to
  * +-127 (and a mix): the int8 products' int16 pair sums and int32 block
- * sums must stay exact in every set. */
+ * sums must stay exact in every set, by rows (up to 7 tokens) and by
+ * tokens. */
 static void test_block_int8_extremes(void **state) {
     static const struct {
         enum sp_qtype t;
@@ -226,7 +227,7 @@ static void test_block_int8_extremes(void **state) {
     } cases[] = {{SP_QTYPE_Q2_K, {80, 82}}, {SP_QTYPE_Q3_K, {108, -1}}, {SP_QTYPE_Q4_K, {0, 2}},
                  {SP_QTYPE_Q5_K, {0, 2}},   {SP_QTYPE_Q6_K, {208, -1}}, {SP_QTYPE_IQ4_NL, {0, -1}},
                  {SP_QTYPE_IQ4_XS, {0, -1}}};
-    const int64_t rows = 5, cols = 768, sizes[] = {1, 3, 4, 9};
+    const int64_t rows = 5, cols = 768, sizes[] = {1, 3, 4, 9, 20};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const struct sp_qtype_traits *tr = sp_qtype_traits(cases[c].t);
         size_t rb = sp_qtype_row_bytes(cases[c].t, cols);
@@ -237,8 +238,8 @@ static void test_block_int8_extremes(void **state) {
                 if (cases[c].f16_at[i] >= 0) memcpy((uint8_t *)M.codes + b + cases[c].f16_at[i], &(uint16_t){0x3c00}, 2);
         M.m = (struct sp_qmat){.type = cases[c].t, .group = tr->group, .rows = rows, .cols = cols, .codes = M.codes,
                                .scale_dtype = SP_DTYPE_COUNT};
-        float *x = malloc((size_t)(9 * cols) * sizeof *x);
-        for (int64_t t = 0; t < 9; t++)
+        float *x = malloc((size_t)(20 * cols) * sizeof *x);
+        for (int64_t t = 0; t < 20; t++)
             for (int64_t i = 0; i < cols; i++) x[t * cols + i] = t % 3 == 0 ? 2.0f : t % 3 == 1 ? -2.0f : (i % 5 ? 2.0f : -2.0f);
         for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
             const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
@@ -294,9 +295,11 @@ static void test_batch_invariance(void **state) {
          * 57 groups, whose per-group rows round up to 64 and are padded (q8_ldg) */
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
-        /* ggml's block formats (int8 products of their own) */
+        /* ggml's block formats (int8 products of their own: the K-quants
+         * by tokens from 8 tokens on, the rest and the others 4 a pass) */
         {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 768},
-        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}};
+        {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 512},
+        {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;

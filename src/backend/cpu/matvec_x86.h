@@ -3230,14 +3230,31 @@ ALWAYS float bq_f16(const uint8_t *p) {
 }
 #define BQ_UNROLL _Pragma("GCC unroll 8")
 
-/* The running state of a row's product for nt tokens: their activations
- * at the current block, and int32 block sums / float totals. */
+/* How a block's offsets scale: none (IQ4), by dmin (Q2_K, Q4_K, Q5_K), or
+ * by d like the codes (Q3_K, Q6_K: one integer, one product). */
+enum bq_offsets { BQ_NO_OFFSETS, BQ_BY_DMIN, BQ_BY_D };
+
+/* Where a block ends, for each token (a lane): acc += (d dx) S, less (dmin
+ * dx) O, S the block's exact int32 sum of codes x sub-scales x activations
+ * and O its offsets' (mins x the activations' sums). Both products (by rows
+ * and by tokens) end each block with these operations lane for lane, so a
+ * token's result has the same bits whichever computes it. */
+#define BQ_BLOCK_END(P, acc, S, O, d, dmin, dx, kind) BQ_BLOCK_END_(P, acc, S, O, d, dmin, dx, kind)
+#define BQ_BLOCK_END_(P, acc, S, O, d, dmin, dx, kind)                                                     \
+    ((kind) == BQ_NO_OFFSETS ? P##_fmadd_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx), acc)               \
+     : (kind) == BQ_BY_D     ? P##_fmadd_ps(P##_cvtepi32_ps(P##_sub_epi32(S, O)), P##_mul_ps(P##_set1_ps(d), dx), acc) \
+                             : P##_fnmadd_ps(P##_cvtepi32_ps(O), P##_mul_ps(P##_set1_ps(dmin), dx),                   \
+                                             P##_fmadd_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx), acc)))
+
+/* The running state of a row's product for nt <= 4 tokens: their
+ * activations at the current block, the block's int32 sums (8 lanes a
+ * token) and the float totals (lane t: token t). */
 struct bq_toks {
     const int8_t *x[4];
     const int16_t *bs[4];
     const float *dx[4];
     __m256i isum[4];
-    __m256 acc[4];
+    __m128 acc;
 };
 
 /* isum[t] += (u x codes) . (token t's 32 activations at x offset e) x k (int16 pair-sum multipliers) */
@@ -3252,16 +3269,46 @@ ALWAYS void bq_chunk_signed(struct bq_toks *s, int nt, __m256i v, __m256i k, int
         s->isum[t] = _mm256_add_epi32(
             s->isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(bq_load(s->x[t] + e), v)), k));
 }
-/* A block ends: acc[t] += d dx isum - dmin dx (m . the 16s' sums), m the
- * block's 16 int16 offsets (offsets false: none); the next block's state. */
-ALWAYS void bq_block_end(struct bq_toks *s, int nt, float d, bool offsets, float dmin, __m256i m, int64_t elems) {
+
+/* Lane t < nt: the sum of v[t]'s 8 int32 lanes (zero past nt). */
+ALWAYS __m128i bq_hsum4(const __m256i v[4], int nt) {
+    __m256i z = _mm256_setzero_si256();
+    __m256i a = _mm256_hadd_epi32(v[0], nt > 1 ? v[1] : z), b = nt > 2 ? _mm256_hadd_epi32(v[2], nt > 3 ? v[3] : z) : z;
+    __m256i c = _mm256_hadd_epi32(a, b);
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
+/* A block ends (BQ_BLOCK_END), m the block's 16 int16 offsets (one a 16
+ * of columns); the next block's state. Offsets scaled by d are taken off
+ * before the lanes are added up (the same integer); one token adds its
+ * sums and offsets in one tree. */
+ALWAYS void bq_block_end(struct bq_toks *s, int nt, float d, enum bq_offsets kind, float dmin, __m256i m,
+                         int64_t elems) {
+    __m256i o[4];
     BQ_UNROLL for (int t = 0; t < nt; t++) {
-        float dx = *s->dx[t];
-        s->acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s->isum[t]), _mm256_set1_ps(d * dx), s->acc[t]);
-        if (offsets) {
-            __m256i o = _mm256_madd_epi16(m, bq_load(s->bs[t]));
-            s->acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dmin * dx), s->acc[t]);
+        o[t] = kind == BQ_NO_OFFSETS ? _mm256_setzero_si256() : _mm256_madd_epi16(m, bq_load(s->bs[t]));
+        if (kind == BQ_BY_D) s->isum[t] = _mm256_sub_epi32(s->isum[t], o[t]);
+    }
+    __m128i S, O = _mm_setzero_si128();
+    __m128 dx;
+    if (nt == 1) {
+        dx = _mm_set_ss(*s->dx[0]);
+        __m256i h = kind == BQ_BY_DMIN ? _mm256_hadd_epi32(s->isum[0], o[0]) : s->isum[0];
+        __m128i l = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        if (kind == BQ_BY_DMIN) {  // l: two partial sums of S, then two of O
+            S = _mm_hadd_epi32(l, l);
+            O = _mm_shuffle_epi32(S, 0x55);
+        } else {
+            l = _mm_add_epi32(l, _mm_shuffle_epi32(l, 0x4e));
+            S = _mm_add_epi32(l, _mm_shuffle_epi32(l, 0xb1));
         }
+    } else {
+        dx = _mm_setr_ps(*s->dx[0], *s->dx[1], nt > 2 ? *s->dx[2] : 0.0f, nt > 3 ? *s->dx[3] : 0.0f);
+        S = bq_hsum4(s->isum, nt);
+        if (kind == BQ_BY_DMIN) O = bq_hsum4(o, nt);
+    }
+    s->acc = BQ_BLOCK_END(_mm, s->acc, S, O, d, dmin, dx, kind);
+    BQ_UNROLL for (int t = 0; t < nt; t++) {
         s->isum[t] = _mm256_setzero_si256();
         s->x[t] += elems;
         s->bs[t] += elems / 16;
@@ -3278,7 +3325,7 @@ ALWAYS void bq_q4_k(const uint8_t *b, bool five, struct bq_toks *s, int nt) {
     __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (five ? 48 : 16);
     BQ_UNROLL for (int g = 0; g < 8; g++) bq_chunk(s, nt, k4_codes(qs, qh, five, g), bq_scales(sc, bq_same[g]), 32 * g);
-    bq_block_end(s, nt, bq_f16(b), true, bq_f16(b + 2), m, 256);
+    bq_block_end(s, nt, bq_f16(b), BQ_BY_DMIN, bq_f16(b + 2), m, 256);
 }
 
 ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
@@ -3291,7 +3338,7 @@ ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
         BQ_UNROLL for (int k = 0; k < 4; k++) bq_chunk(s, nt, q[k], bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
     }
     float d = bq_f16(b + 208);
-    bq_block_end(s, nt, d, true, d, m, 256);
+    bq_block_end(s, nt, d, BQ_BY_D, d, m, 256);
 }
 
 ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) {
@@ -3314,19 +3361,19 @@ ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) 
         }
     }
     float d = bq_f16(b + (three ? 108 : 80));
-    bq_block_end(s, nt, d, true, three ? d : bq_f16(b + 82), m, 256);
+    bq_block_end(s, nt, d, three ? BQ_BY_D : BQ_BY_DMIN, three ? d : bq_f16(b + 82), m, 256);
 }
 
 ALWAYS void bq_iq4_xs(const uint8_t *b, struct bq_toks *s, int nt) {
     __m256i sc = bq_i16x2(iq4_xs_scales(b), true);
     BQ_UNROLL for (int i = 0; i < 8; i++)
         bq_chunk_signed(s, nt, iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
-    bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 256);
+    bq_block_end(s, nt, bq_f16(b), BQ_NO_OFFSETS, 0.0f, _mm256_setzero_si256(), 256);
 }
 
 ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
     bq_chunk_signed(s, nt, iq4_values(b + 2), _mm256_set1_epi16(1), 0);
-    bq_block_end(s, nt, bq_f16(b), false, 0.0f, _mm256_setzero_si256(), 32);
+    bq_block_end(s, nt, bq_f16(b), BQ_NO_OFFSETS, 0.0f, _mm256_setzero_si256(), 32);
 }
 
 /* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy];
@@ -3342,8 +3389,8 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
         s.bs[t] = q->bs + (t0 + t) * (q->cols / 16);
         s.dx[t] = q->dx + (t0 + t) * (q->cols / q->unit);
         s.isum[t] = _mm256_setzero_si256();
-        s.acc[t] = _mm256_setzero_ps();
     }
+    s.acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += bb) {
         if (ahead)
             for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)b + PREFETCH_AHEAD_4BIT + o, _MM_HINT_T0);
@@ -3358,15 +3405,17 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
         default: break;
         }
     }
-    for (int t = 0; t < nt; t++) y[t * ldy] = hsum(s.acc[t]);
+    float out[4];
+    _mm_storeu_ps(out, s.acc);
+    for (int t = 0; t < nt; t++) y[t * ldy] = out[t];
 }
 
 /* Rows [r0, r1) of a matrix of format T times the tokens of q: up to 4
  * tokens in one pass over each row, asking for the bytes ahead (2-core
  * EPYC VM, avx2, 8 layers of Qwen3-30B-A3B Q4_K_M: decode 1.2-1.3x the
  * tokens a second; a row asked for whole before its pass, 1.07x); more 4
- * at a time, rows read again from the cache (there asking ahead cost
- * prefill a tenth). */
+ * at a time, rows read again from the cache (IQ4 in prefill, and the few
+ * tokens the product by tokens leaves). */
 #define BQ_ROWS(ID, T)                                                                                            \
     static void bq_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n, \
                              float *y, int64_t ldy) {                                                            \
@@ -3413,16 +3462,313 @@ static bq_rows_fn bq_rows_for(enum sp_qtype t) {
     }
 }
 
+/* ---- ggml's K-quants by tokens ----
+ *
+ * The product above unpacks a row's codes again for every 4 tokens. Here,
+ * for prefill, the codes of BT_ROWS rows are unpacked once into bytes (in
+ * column order, with each row's integer sub-scales and offsets), and the
+ * tokens sit side by side, BT_TOKENS to a vector (lane t: token t, 4
+ * activations a dword), so that a broadcast dword of a row's codes
+ * multiplies 4 columns of every token of the vector at once (vpdpbusd,
+ * or vpmaddubsw into int16 on AVX2, widened before a sum could overflow).
+ * Each 16 or 32 columns' sums are multiplied by their sub-scale in int32,
+ * the offsets come from the activations' sums a 16 (vpmaddwd by pairs of
+ * offsets), and each block ends with BQ_BLOCK_END as in the product by
+ * rows: a token's result has the same bits either way. */
+#if HAVE_ZMM
+#define BT_TOKENS 16
+#define BT_P _mm512
+typedef __m512i bt_i;
+typedef __m512 bt_f;
+ALWAYS bt_i bt_load(const void *p) { return _mm512_loadu_si512(p); }
+ALWAYS bt_i bt_bcast(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+ALWAYS bt_i bt_dot(bt_i acc, bt_i u, bt_i x) { return _mm512_dpbusd_epi32(acc, u, x); }
+ALWAYS bt_i bt_widen(bt_i s) { return s; }
+ALWAYS bt_i bt_add(bt_i a, bt_i b) { return _mm512_add_epi32(a, b); }
+ALWAYS bt_i bt_mul(bt_i a, bt_i b) { return _mm512_mullo_epi32(a, b); }
+ALWAYS bt_i bt_madd(bt_i a, bt_i b) { return _mm512_madd_epi16(a, b); }
+ALWAYS bt_i bt_zero(void) { return _mm512_setzero_si512(); }
+ALWAYS bt_f bt_zerof(void) { return _mm512_setzero_ps(); }
+ALWAYS bt_f bt_loadf(const float *p) { return _mm512_loadu_ps(p); }
+ALWAYS void bt_storef(float *p, bt_f v) { _mm512_storeu_ps(p, v); }
+#else
+#define BT_TOKENS 8
+#define BT_P _mm256
+typedef __m256i bt_i;
+typedef __m256 bt_f;
+ALWAYS bt_i bt_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS bt_i bt_bcast(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+ALWAYS bt_i bt_dot(bt_i acc, bt_i u, bt_i x) { return u8_acc(acc, u, x); }
+ALWAYS bt_i bt_widen(bt_i s) { return u8_widen(s); }
+ALWAYS bt_i bt_add(bt_i a, bt_i b) { return _mm256_add_epi32(a, b); }
+ALWAYS bt_i bt_mul(bt_i a, bt_i b) { return _mm256_mullo_epi32(a, b); }
+ALWAYS bt_i bt_madd(bt_i a, bt_i b) { return _mm256_madd_epi16(a, b); }
+ALWAYS bt_i bt_zero(void) { return _mm256_setzero_si256(); }
+ALWAYS bt_f bt_zerof(void) { return _mm256_setzero_ps(); }
+ALWAYS bt_f bt_loadf(const float *p) { return _mm256_loadu_ps(p); }
+ALWAYS void bt_storef(float *p, bt_f v) { _mm256_storeu_ps(p, v); }
+#endif
+#define BT_ROWS 4
+#define BT_EACH_ROW _Pragma("GCC unroll 8")
+
+/* Columns a sub-scale covers, how the offsets scale, and (AVX2 without
+ * VNNI) how many 4-column steps of int16 pair sums stay exact: each is at
+ * most 2 x 127 x the largest code (Q2_K 3, Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63). */
+ALWAYS int bt_sub(enum sp_qtype T) { return T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K ? 32 : 16; }
+ALWAYS enum bq_offsets bt_kind(enum sp_qtype T) {
+    return T == SP_QTYPE_Q6_K || T == SP_QTYPE_Q3_K ? BQ_BY_D : BQ_BY_DMIN;
+}
+ALWAYS int bt_exact_steps(enum sp_qtype T) {
+    if (HAVE_DPWSSD) return 8;  // int32 sums
+    return T == SP_QTYPE_Q6_K ? 2 : T == SP_QTYPE_Q5_K ? 4 : 8;
+}
+ALWAYS bool bt_takes(enum sp_qtype T) {
+    return T == SP_QTYPE_Q2_K || T == SP_QTYPE_Q3_K || T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K || T == SP_QTYPE_Q6_K;
+}
+
+/* The tokens side by side and the unpacked rows, carved out of scratch
+ * after bq8_prepare's buffers (sp_kernels_scratch_bytes counts them). */
+struct bt_work {
+    int8_t *xt;     // (blocks, cols / 4, BT_TOKENS) dwords of 4 activations
+    int32_t *bst;   // (blocks, cols / 32, BT_TOKENS) the activations' int16 sums of two 16s
+    float *dxt;     // (blocks, cols / 256, BT_TOKENS)
+    uint8_t *ub;    // (BT_ROWS, cols) codes as bytes, column order
+    int32_t *ks;    // (BT_ROWS, cols / 16) sub-scales
+    int32_t *mp;    // (BT_ROWS, cols / 32) offsets of two 16s as int16 pairs
+    float *d, *dm;  // (BT_ROWS, cols / 256) each block's d and dmin
+};
+
+ALWAYS void *bt_carve(uint8_t **p, size_t bytes) {
+    void *r = *p;
+    *p += (bytes + 63) / 64 * 64;
+    return r;
+}
+
+static void bt_layout(void *scratch, int64_t cols, struct bt_work *wk) {
+    const int64_t nt = Q8_TOKENS, nb = cols / 256;
+    uint8_t *p = scratch;
+    bt_carve(&p, (size_t)(nt * cols));                                       // bq8_prepare's xq
+    bt_carve(&p, (size_t)(nt * nb) * sizeof(float) + (size_t)(nt * (cols / 16)) * sizeof(int16_t));  // dx, bs
+    wk->xt = bt_carve(&p, (size_t)(nt * cols));
+    wk->bst = bt_carve(&p, (size_t)(nt * (cols / 32)) * sizeof(int32_t));
+    wk->dxt = bt_carve(&p, (size_t)(nt * nb) * sizeof(float));
+    wk->ub = bt_carve(&p, (size_t)(BT_ROWS * cols));
+    wk->ks = bt_carve(&p, (size_t)(BT_ROWS * (cols / 16)) * sizeof(int32_t));
+    wk->mp = bt_carve(&p, (size_t)(BT_ROWS * (cols / 32)) * sizeof(int32_t));
+    wk->d = bt_carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
+    wk->dm = bt_carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
+}
+
+/* q's n tokens side by side, BT_TOKENS a block (zero past n). */
+static void bt_tokens(const struct bq8acts *q, int64_t n, const struct bt_work *wk) {
+    const int64_t cols = q->cols, nb = cols / 256;
+    for (int64_t b = 0; b * BT_TOKENS < n; b++) {
+        float *xt = (float *)(void *)(wk->xt + b * cols * BT_TOKENS);
+        float *bst = (float *)(void *)(wk->bst + b * (cols / 32) * BT_TOKENS);
+        for (int h = 0; h < BT_TOKENS / 8; h++) {
+            const void *x[8], *bs[8];
+            for (int t = 0; t < 8; t++) {
+                int64_t tg = b * BT_TOKENS + 8 * h + t;
+                x[t] = tg < n ? (const void *)(q->xq + tg * cols) : NULL;
+                bs[t] = tg < n ? (const void *)(q->bs + tg * (cols / 16)) : NULL;
+            }
+            for (int64_t k = 0; k < cols; k += 32) transpose8x8(x, k, xt + (k / 4) * BT_TOKENS + 8 * h, BT_TOKENS);
+            for (int64_t k = 0; k < cols / 8; k += 32) transpose8x8(bs, k, bst + (k / 4) * BT_TOKENS + 8 * h, BT_TOKENS);
+        }
+        for (int64_t j = 0; j < nb; j++)
+            for (int t = 0; t < BT_TOKENS; t++) {
+                int64_t tg = b * BT_TOKENS + t;
+                wk->dxt[(b * nb + j) * BT_TOKENS + t] = tg < n ? q->dx[tg * nb + j] : 0.0f;
+            }
+    }
+}
+
+ALWAYS int32_t bt_pair(int a, int b) { return (int32_t)((uint32_t)(uint16_t)(int16_t)a | (uint32_t)(uint16_t)(int16_t)b << 16); }
+
+/* Row r of w into slot i of wk: codes, sub-scales, offsets, d and dmin. */
+ALWAYS void bt_unpack(enum sp_qtype T, const struct sp_qmat *w, int64_t r, int i, const struct bt_work *wk) {
+    const int64_t cols = w->cols, nb = cols / 256, bb = sp_qtype_traits(T)->block_bytes;
+    const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
+    uint8_t *ub = wk->ub + i * cols;
+    int32_t *ks = wk->ks + i * (cols / 16), *mp = wk->mp + i * (cols / 32);
+    for (int64_t j = 0; j < nb; j++, b += bb, ub += 256, ks += 16, mp += 8) {
+        int8_t k8[16], m8[16] = {0};
+        if (T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K) {
+            bool five = T == SP_QTYPE_Q5_K;
+            __m128i sc, mn;
+            k4_scales_mins(b, &sc, &mn);
+            _mm_storeu_si128((__m128i *)(void *)k8, sc);
+            _mm_storeu_si128((__m128i *)(void *)m8, mn);
+            __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                _mm256_storeu_si256((__m256i *)(void *)(ub + 32 * g), k4_codes(b + (five ? 48 : 16), qh, five, g));
+                ks[g] = (uint8_t)k8[g];
+                mp[g] = bt_pair((uint8_t)m8[g], (uint8_t)m8[g]);
+            }
+            wk->d[i * nb + j] = bq_f16(b);
+            wk->dm[i * nb + j] = bq_f16(b + 2);
+            continue;
+        }
+        if (T == SP_QTYPE_Q6_K) {
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                q6_k_codes(b, h, q);
+                for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(void *)(ub + 128 * h + 32 * k), q[k]);
+            }
+            memcpy(k8, b + 192, 16);
+            for (int s = 0; s < 16; s++) ks[s] = k8[s];
+            for (int p = 0; p < 8; p++) mp[p] = bt_pair(32 * k8[2 * p], 32 * k8[2 * p + 1]);
+            wk->d[i * nb + j] = wk->dm[i * nb + j] = bq_f16(b + 208);
+            continue;
+        }
+        /* Q2_K, Q3_K */
+        bool three = T == SP_QTYPE_Q3_K;
+        if (three) {
+            _mm_storeu_si128((__m128i *)(void *)k8, q3_k_scales(b));
+        } else {
+            __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)b);
+            _mm_storeu_si128((__m128i *)(void *)k8, _mm_and_si128(sb, _mm_set1_epi8(15)));
+            _mm_storeu_si128((__m128i *)(void *)m8, _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15)));
+        }
+        __m256i hm = three ? bq_load(b) : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = bq_load(b + (three ? 32 : 16) + 32 * h);
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_si256((__m256i *)(void *)(ub + 128 * h + 32 * k),
+                                    three ? q3_k_codes(qs, hm, h, k) : bit_pair(qs, k));
+        }
+        for (int s = 0; s < 16; s++) ks[s] = three ? k8[s] : (uint8_t)k8[s];
+        for (int p = 0; p < 8; p++)
+            mp[p] = three ? bt_pair(4 * k8[2 * p], 4 * k8[2 * p + 1]) : bt_pair((uint8_t)m8[2 * p], (uint8_t)m8[2 * p + 1]);
+        float d = bq_f16(b + (three ? 108 : 80));
+        wk->d[i * nb + j] = d;
+        wk->dm[i * nb + j] = three ? d : bq_f16(b + 82);
+    }
+}
+
+/* The BT_ROWS unpacked rows times token block tb: out[i * BT_TOKENS + t]. */
+ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int64_t tb, float *out) {
+    const int sub = bt_sub(T), qps = sub / 4, steps = bt_exact_steps(T), nsub = 256 / sub;
+    const enum bq_offsets kind = bt_kind(T);
+    const int64_t nb = cols / 256;
+    const int8_t *xt = wk->xt + tb * cols * BT_TOKENS;
+    const int32_t *bst = wk->bst + tb * (cols / 32) * BT_TOKENS;
+    const float *dxt = wk->dxt + tb * nb * BT_TOKENS;
+    bt_f acc[BT_ROWS];
+    BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) acc[i] = bt_zerof();
+    for (int64_t j = 0; j < nb; j++) {
+        bt_i S[BT_ROWS], O[BT_ROWS];
+        BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) S[i] = O[i] = bt_zero();
+        BQ_UNROLL for (int s = 0; s < nsub; s++) {
+            const int64_t c0 = j * 256 + s * sub;
+            bt_i part[BT_ROWS], sum[BT_ROWS];
+            BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) part[i] = sum[i] = bt_zero();
+            BQ_UNROLL for (int k = 0; k < qps; k++) {
+                bt_i x = bt_load(xt + (c0 / 4 + k) * 4 * BT_TOKENS);
+                BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) part[i] = bt_dot(part[i], bt_bcast(wk->ub + i * cols + c0 + 4 * k), x);
+                if ((k + 1) % steps == 0 || k + 1 == qps)
+                    BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) sum[i] = bt_add(sum[i], bt_widen(part[i])), part[i] = bt_zero();
+            }
+            BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++)
+                S[i] = bt_add(S[i], bt_mul(sum[i], bt_bcast(wk->ks + i * (cols / 16) + j * 16 + s)));
+        }
+        for (int p = 0; p < 8; p++) {
+            bt_i xs = bt_load(bst + (j * 8 + p) * BT_TOKENS);
+            BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) O[i] = bt_add(O[i], bt_madd(bt_bcast(wk->mp + i * (cols / 32) + j * 8 + p), xs));
+        }
+        bt_f dx = bt_loadf(dxt + j * BT_TOKENS);
+        BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++)
+            acc[i] = BQ_BLOCK_END(BT_P, acc[i], S[i], O[i], wk->d[i * nb + j], wk->dm[i * nb + j], dx, kind);
+    }
+    BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) bt_storef(out + i * BT_TOKENS, acc[i]);
+}
+
+/* Rows [r0, r1) of a K-quant matrix times n tokens of q by tokens. */
+ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,
+                    float *y, int64_t ldy, void *scratch) {
+    struct bt_work wk;
+    bt_layout(scratch, w->cols, &wk);
+    bt_tokens(q, n, &wk);
+    const size_t row_bytes = (size_t)(w->cols / 256) * sp_qtype_traits(T)->block_bytes;
+    float out[BT_ROWS * BT_TOKENS];
+    for (int64_t r = r0; r < r1; r += BT_ROWS) {
+        int nr = r1 - r < BT_ROWS ? (int)(r1 - r) : BT_ROWS;
+        for (int i = 0; i < BT_ROWS; i++) {
+            /* the next rows' bytes on their way meanwhile */
+            const char *ahead = (const char *)w->codes + (size_t)(r + BT_ROWS + i) * row_bytes;
+            if (r + BT_ROWS + i < r1)
+                for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+            bt_unpack(T, w, i < nr ? r + i : r, i, &wk);
+        }
+        for (int64_t tb = 0; tb * BT_TOKENS < n; tb++) {
+            bt_pass(T, &wk, w->cols, tb, out);
+            int nt = n - tb * BT_TOKENS < BT_TOKENS ? (int)(n - tb * BT_TOKENS) : BT_TOKENS;
+            for (int t = 0; t < nt; t++)
+                for (int i = 0; i < nr; i++) y[(tb * BT_TOKENS + t) * ldy + r + i] = out[i * BT_TOKENS + t];
+        }
+    }
+}
+
+#define BT_ROWS_FN(ID, T)                                                                                         \
+    static void bt_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,  \
+                             float *y, int64_t ldy, void *scratch) {                                              \
+        bt_rows(T, w, r0, r1, q, n, y, ldy, scratch);                                                             \
+    }
+BT_ROWS_FN(q2_k, SP_QTYPE_Q2_K)
+BT_ROWS_FN(q3_k, SP_QTYPE_Q3_K)
+BT_ROWS_FN(q4_k, SP_QTYPE_Q4_K)
+BT_ROWS_FN(q5_k, SP_QTYPE_Q5_K)
+BT_ROWS_FN(q6_k, SP_QTYPE_Q6_K)
+#undef BT_ROWS_FN
+
+typedef void (*bt_rows_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,
+                           float *y, int64_t ldy, void *scratch);
+static bt_rows_fn bt_rows_for(enum sp_qtype t) {
+    switch (t) {
+    case SP_QTYPE_Q2_K: return bt_rows_q2_k;
+    case SP_QTYPE_Q3_K: return bt_rows_q3_k;
+    case SP_QTYPE_Q4_K: return bt_rows_q4_k;
+    case SP_QTYPE_Q5_K: return bt_rows_q5_k;
+    case SP_QTYPE_Q6_K: return bt_rows_q6_k;
+    default: return NULL;
+    }
+}
+
+/* Tokens of a batch of nq that go by tokens: whole vectors, and a last
+ * part one if it fills half of one (the rest go 4 at a time by rows). */
+ALWAYS int64_t bt_blocked(int64_t nq) {
+    if (nq <= SP_KERNELS_DECODE_MAX_TOKENS) return 0;
+    int64_t whole = nq / BT_TOKENS * BT_TOKENS;
+    return nq - whole >= BT_TOKENS / 2 ? nq : whole;
+}
+
 /* Rows [r0, r1) of w (a block format with a bq_rows) times x's n tokens,
- * rounded Q8_TOKENS at a time into scratch. */
+ * rounded Q8_TOKENS at a time into scratch: the K-quants by tokens where
+ * bt_blocked says, the rest 4 tokens a pass by rows. */
 static void bq8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
                      float *y, int64_t ldy, void *scratch) {
     const bq_rows_fn rows = bq_rows_for(w->type);
+    const bt_rows_fn by_tokens = bt_rows_for(w->type);
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
         struct bq8acts q;
         bq8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->type == SP_QTYPE_IQ4_NL ? 32 : 256, scratch, &q);
-        rows(w, r0, r1, &q, nq, y + t0 * ldy, ldy);
+        int64_t blocked = by_tokens ? bt_blocked(nq) : 0;
+        if (blocked) by_tokens(w, r0, r1, &q, blocked, y + t0 * ldy, ldy, scratch);
+        if (blocked == nq) continue;
+        struct bq8acts rest = q;
+        rest.xq += blocked * q.cols;
+        rest.dx += blocked * (q.cols / q.unit);
+        rest.bs += blocked * (q.cols / 16);
+        rows(w, r0, r1, &rest, nq - blocked, y + (t0 + blocked) * ldy, ldy);
     }
 }
 
