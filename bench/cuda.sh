@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/performance.md in one go, on a machine with an
+# NVIDIA GPU: the CUDA build's GPU tests, then for each shape (synthetic
+# weights, fewer layers) batch-1 prefill and decode (medians of 3 runs, each
+# against the copy bandwidth measured after it), the decode step's breakdown
+# (--steps), batches of 8 and 32 sequences, and the exact path.
+#
+#   bench/cuda.sh [BUILD] [WORK]     BUILD: build/cuda (make CUDA=1); WORK: where
+#                                     the models are written (several GB each)
+#
+# SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests.
+set -u
+cd "$(dirname "$0")/.."
+B="${1:-build/cuda}"
+W="${2:-${TMPDIR:-/tmp}/sparrow-cuda}"
+mkdir -p "$W"
+rc=0
+
+if [ "${TESTS:-1}" = 1 ]; then
+    for t in test_backend_ops test_forward test_gguf; do
+        echo "== $t"
+        "$B/tests/$t" || rc=1
+    done
+fi
+
+# name: config, format, layers
+shape() {
+    case "$1" in
+        qwen3) echo "bench/configs/qwen3-30b-a3b.json affine4 4" ;;
+        ling) echo "bench/configs/ling-flash-2.0.json mxfp4 6" ;;
+        gptoss) echo "bench/configs/gpt-oss-120b.json mxfp4 6" ;;
+        *) return 1 ;;
+    esac
+}
+
+for s in ${SHAPES:-qwen3 ling gptoss}; do
+    read -r cfg quant layers < <(shape "$s") || { echo "unknown shape $s" >&2; exit 2; }
+    dir="$W/$s-$quant-$layers"
+    if [ ! -f "$dir/config.json" ]; then
+        rm -rf "$dir"
+        "$B/sparrow" bench --synthetic "$cfg" --quant "$quant" --layers "$layers" --out "$dir" --prompt 8 \
+            --gen 1 >/dev/null || { rc=1; continue; }
+    fi
+    echo "== $s ($cfg, $quant, $layers layers)"
+    "$B/sparrow" bench --model "$dir" --device cuda --repeat 3 || rc=1
+    "$B/sparrow" bench --model "$dir" --device cuda --steps | grep -v '^{' || rc=1
+    for n in 8 32; do
+        "$B/sparrow" bench --model "$dir" --device cuda --seqs "$n" --repeat 2 | tail -1 || rc=1
+    done
+    "$B/sparrow" bench --model "$dir" --device cuda --precision exact | tail -1 || rc=1
+done
+exit $rc
