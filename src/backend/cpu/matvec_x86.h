@@ -3478,44 +3478,37 @@ static bq_rows_fn bq_rows_for(enum sp_qtype t) {
 #if HAVE_ZMM
 #define BT_TOKENS 16
 #define BT_P _mm512
+#define BT_SI si512
 typedef __m512i bt_i;
 typedef __m512 bt_f;
-ALWAYS bt_i bt_load(const void *p) { return _mm512_loadu_si512(p); }
-ALWAYS bt_i bt_bcast(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
 ALWAYS bt_i bt_dot(bt_i acc, bt_i u, bt_i x) { return _mm512_dpbusd_epi32(acc, u, x); }
 ALWAYS bt_i bt_widen(bt_i s) { return s; }
-ALWAYS bt_i bt_add(bt_i a, bt_i b) { return _mm512_add_epi32(a, b); }
-ALWAYS bt_i bt_mul(bt_i a, bt_i b) { return _mm512_mullo_epi32(a, b); }
-ALWAYS bt_i bt_madd(bt_i a, bt_i b) { return _mm512_madd_epi16(a, b); }
-ALWAYS bt_i bt_zero(void) { return _mm512_setzero_si512(); }
-ALWAYS bt_f bt_zerof(void) { return _mm512_setzero_ps(); }
-ALWAYS bt_f bt_loadf(const float *p) { return _mm512_loadu_ps(p); }
-ALWAYS void bt_storef(float *p, bt_f v) { _mm512_storeu_ps(p, v); }
 #else
 #define BT_TOKENS 8
 #define BT_P _mm256
+#define BT_SI si256
 typedef __m256i bt_i;
 typedef __m256 bt_f;
-ALWAYS bt_i bt_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS bt_i bt_dot(bt_i acc, bt_i u, bt_i x) { return u8_acc(acc, u, x); }
+ALWAYS bt_i bt_widen(bt_i s) { return u8_widen(s); }
+#endif
+/* BT_OP(_add_epi32): _mm512_add_epi32 or _mm256_add_epi32 */
+#define BT_CAT_(a, b) a##b
+#define BT_CAT(a, b) BT_CAT_(a, b)
+#define BT_OP(op) BT_CAT(BT_P, op)
+ALWAYS bt_i bt_load(const void *p) { return BT_OP(BT_CAT(_loadu_, BT_SI))(p); }
 ALWAYS bt_i bt_bcast(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
+    return BT_OP(_set1_epi32)(v);
 }
-ALWAYS bt_i bt_dot(bt_i acc, bt_i u, bt_i x) { return u8_acc(acc, u, x); }
-ALWAYS bt_i bt_widen(bt_i s) { return u8_widen(s); }
-ALWAYS bt_i bt_add(bt_i a, bt_i b) { return _mm256_add_epi32(a, b); }
-ALWAYS bt_i bt_mul(bt_i a, bt_i b) { return _mm256_mullo_epi32(a, b); }
-ALWAYS bt_i bt_madd(bt_i a, bt_i b) { return _mm256_madd_epi16(a, b); }
-ALWAYS bt_i bt_zero(void) { return _mm256_setzero_si256(); }
-ALWAYS bt_f bt_zerof(void) { return _mm256_setzero_ps(); }
-ALWAYS bt_f bt_loadf(const float *p) { return _mm256_loadu_ps(p); }
-ALWAYS void bt_storef(float *p, bt_f v) { _mm256_storeu_ps(p, v); }
-#endif
+ALWAYS bt_i bt_add(bt_i a, bt_i b) { return BT_OP(_add_epi32)(a, b); }
+ALWAYS bt_i bt_mul(bt_i a, bt_i b) { return BT_OP(_mullo_epi32)(a, b); }
+ALWAYS bt_i bt_madd(bt_i a, bt_i b) { return BT_OP(_madd_epi16)(a, b); }
+ALWAYS bt_i bt_zero(void) { return BT_OP(BT_CAT(_setzero_, BT_SI))(); }
+ALWAYS bt_f bt_zerof(void) { return BT_OP(_setzero_ps)(); }
+ALWAYS bt_f bt_loadf(const float *p) { return BT_OP(_loadu_ps)(p); }
+ALWAYS void bt_storef(float *p, bt_f v) { BT_OP(_storeu_ps)(p, v); }
 #define BT_ROWS 4
 #define BT_EACH_ROW _Pragma("GCC unroll 8")
 
