@@ -295,11 +295,13 @@ static void test_batch_invariance(void **state) {
          * 57 groups, whose per-group rows round up to 64 and are padded (q8_ldg) */
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
-        /* ggml's block formats (int8 products of their own: the K-quants
-         * by tokens from 8 tokens on, the rest and the others 4 a pass) */
+        /* ggml's block formats (int8 products of their own: the K-quants,
+         * and IQ4_XS with VNNI, by tokens from 8 tokens on, the rest and
+         * the others 4 a pass) */
         {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 768},
         {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 512},
-        {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}};
+        {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96},
+        {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -398,7 +400,9 @@ static void test_vocab_reductions(void **state) {
 
 /* matmul_rows_pair gives each matrix what matmul_rows gives it, to the bit,
  * over a range of rows and leaves every other output alone: two matrices
- * of one format (the activations rounded once for both) and, as the
+ * of one format (the activations rounded once for both), ggml's block
+ * formats of one rounding unit (rounded once, the K-quants' tokens laid
+ * side by side once, the other format taking them by rows) and, as the
  * fallback, of two formats. */
 static void test_matmul_pair(void **state) {
     struct sp_rng rng;
@@ -410,7 +414,11 @@ static void test_matmul_pair(void **state) {
         {{SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}, {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 96}},
         {{SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030}, {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 1030}},
         {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 640}, {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 640}},
-        {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 640}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640}}};
+        {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 640}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 640}},
+        {{SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}},
+        {{SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 768}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 768}},
+        {{SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 512}},
+        {{SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96}}};
     const int64_t rows = 21, r0 = 3, r1 = 19, ldy = rows + 2, sizes[] = {1, 4, 5, 12, 13, 33, 40};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);

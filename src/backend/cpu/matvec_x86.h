@@ -3164,14 +3164,28 @@ struct bq8acts {
     int64_t cols, unit;
 };
 
+/* bytes (rounded up to whole cache lines) taken from *p */
+ALWAYS void *carve(uint8_t **p, size_t bytes) {
+    void *r = *p;
+    *p += (bytes + 63) / 64 * 64;
+    return r;
+}
+
+/* Where n tokens' rounded activations lie from *p on (*p moved past them). */
+static void bq8_carve(uint8_t **p, int64_t n, int64_t cols, int64_t unit, int8_t **xq, float **dx, int16_t **bs) {
+    *xq = carve(p, (size_t)(n * cols));
+    *dx = carve(p, (size_t)(n * (cols / unit)) * sizeof(float) + (size_t)(n * (cols / 16)) * sizeof(int16_t));
+    *bs = (int16_t *)(*dx + n * (cols / unit));
+}
+
 /* n tokens' activations (x, rows ldx apart) rounded a unit (32 or 256) at a time into scratch. */
 static void bq8_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, int64_t unit, void *scratch,
                         struct bq8acts *q) {
     uint8_t *p = scratch;
-    int8_t *xq = (int8_t *)p;
-    p += (size_t)(n * cols + 63) / 64 * 64;
-    float *dx = (float *)(void *)p;
-    int16_t *bs = (int16_t *)(dx + n * (cols / unit));
+    int8_t *xq;
+    float *dx;
+    int16_t *bs;
+    bq8_carve(&p, n, cols, unit, &xq, &dx, &bs);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m128i ones8 = _mm_set1_epi8(1), ones16 = _mm_set1_epi16(1);
     for (int64_t t = 0; t < n; t++)
@@ -3462,7 +3476,7 @@ static bq_rows_fn bq_rows_for(enum sp_qtype t) {
     }
 }
 
-/* ---- ggml's K-quants by tokens ----
+/* ---- ggml's K-quants (and, with VNNI, IQ4_XS) by tokens ----
  *
  * The product above unpacks a row's codes again for every 4 tokens. Here,
  * for prefill, the codes of BT_ROWS rows are unpacked once into bytes (in
@@ -3515,16 +3529,13 @@ ALWAYS void bt_storef(float *p, bt_f v) { BT_OP(_storeu_ps)(p, v); }
 /* Columns a sub-scale covers, how the offsets scale, and (AVX2 without
  * VNNI) how many 4-column steps of int16 pair sums stay exact: each is at
  * most 2 x 127 x the largest code (Q2_K 3, Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63). */
-ALWAYS int bt_sub(enum sp_qtype T) { return T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K ? 32 : 16; }
+ALWAYS int bt_sub(enum sp_qtype T) { return T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K || T == SP_QTYPE_IQ4_XS ? 32 : 16; }
 ALWAYS enum bq_offsets bt_kind(enum sp_qtype T) {
-    return T == SP_QTYPE_Q6_K || T == SP_QTYPE_Q3_K ? BQ_BY_D : BQ_BY_DMIN;
+    return T == SP_QTYPE_Q6_K || T == SP_QTYPE_Q3_K || T == SP_QTYPE_IQ4_XS ? BQ_BY_D : BQ_BY_DMIN;
 }
 ALWAYS int bt_exact_steps(enum sp_qtype T) {
     if (HAVE_DPWSSD) return 8;  // int32 sums
     return T == SP_QTYPE_Q6_K ? 2 : T == SP_QTYPE_Q5_K ? 4 : 8;
-}
-ALWAYS bool bt_takes(enum sp_qtype T) {
-    return T == SP_QTYPE_Q2_K || T == SP_QTYPE_Q3_K || T == SP_QTYPE_Q4_K || T == SP_QTYPE_Q5_K || T == SP_QTYPE_Q6_K;
 }
 
 /* The tokens side by side and the unpacked rows, carved out of scratch
@@ -3539,25 +3550,21 @@ struct bt_work {
     float *d, *dm;  // (BT_ROWS, cols / 256) each block's d and dmin
 };
 
-ALWAYS void *bt_carve(uint8_t **p, size_t bytes) {
-    void *r = *p;
-    *p += (bytes + 63) / 64 * 64;
-    return r;
-}
-
 static void bt_layout(void *scratch, int64_t cols, struct bt_work *wk) {
     const int64_t nt = Q8_TOKENS, nb = cols / 256;
     uint8_t *p = scratch;
-    bt_carve(&p, (size_t)(nt * cols));                                       // bq8_prepare's xq
-    bt_carve(&p, (size_t)(nt * nb) * sizeof(float) + (size_t)(nt * (cols / 16)) * sizeof(int16_t));  // dx, bs
-    wk->xt = bt_carve(&p, (size_t)(nt * cols));
-    wk->bst = bt_carve(&p, (size_t)(nt * (cols / 32)) * sizeof(int32_t));
-    wk->dxt = bt_carve(&p, (size_t)(nt * nb) * sizeof(float));
-    wk->ub = bt_carve(&p, (size_t)(BT_ROWS * cols));
-    wk->ks = bt_carve(&p, (size_t)(BT_ROWS * (cols / 16)) * sizeof(int32_t));
-    wk->mp = bt_carve(&p, (size_t)(BT_ROWS * (cols / 32)) * sizeof(int32_t));
-    wk->d = bt_carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
-    wk->dm = bt_carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
+    int8_t *xq;
+    float *dx;
+    int16_t *bs;
+    bq8_carve(&p, nt, cols, 256, &xq, &dx, &bs);  // bq8_prepare's, kept
+    wk->xt = carve(&p, (size_t)(nt * cols));
+    wk->bst = carve(&p, (size_t)(nt * (cols / 32)) * sizeof(int32_t));
+    wk->dxt = carve(&p, (size_t)(nt * nb) * sizeof(float));
+    wk->ub = carve(&p, (size_t)(BT_ROWS * cols));
+    wk->ks = carve(&p, (size_t)(BT_ROWS * (cols / 16)) * sizeof(int32_t));
+    wk->mp = carve(&p, (size_t)(BT_ROWS * (cols / 32)) * sizeof(int32_t));
+    wk->d = carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
+    wk->dm = carve(&p, (size_t)(BT_ROWS * nb) * sizeof(float));
 }
 
 /* q's n tokens side by side, BT_TOKENS a block (zero past n). */
@@ -3608,6 +3615,17 @@ ALWAYS void bt_unpack(enum sp_qtype T, const struct sp_qmat *w, int64_t r, int i
             }
             wk->d[i * nb + j] = bq_f16(b);
             wk->dm[i * nb + j] = bq_f16(b + 2);
+            continue;
+        }
+        if (T == SP_QTYPE_IQ4_XS) {  // table value + 128 (1 .. 241), offsets 128 x the sub-scale
+            _mm_storeu_si128((__m128i *)(void *)k8, iq4_xs_scales(b));
+            for (int g = 0; g < 8; g++) {
+                _mm256_storeu_si256((__m256i *)(void *)(ub + 32 * g),
+                                    _mm256_add_epi8(iq4_values(b + 8 + 16 * g), _mm256_set1_epi8(-128)));
+                ks[g] = k8[g];
+                mp[g] = bt_pair(128 * k8[g], 128 * k8[g]);
+            }
+            wk->d[i * nb + j] = wk->dm[i * nb + j] = bq_f16(b);
             continue;
         }
         if (T == SP_QTYPE_Q6_K) {
@@ -3684,12 +3702,9 @@ ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int
     BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) bt_storef(out + i * BT_TOKENS, acc[i]);
 }
 
-/* Rows [r0, r1) of a K-quant matrix times n tokens of q by tokens. */
-ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,
-                    float *y, int64_t ldy, void *scratch) {
-    struct bt_work wk;
-    bt_layout(scratch, w->cols, &wk);
-    bt_tokens(q, n, &wk);
+/* Rows [r0, r1) of a K-quant matrix times the n tokens laid out in wk (bt_tokens). */
+ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bt_work *wk,
+                    int64_t n, float *y, int64_t ldy) {
     const size_t row_bytes = (size_t)(w->cols / 256) * sp_qtype_traits(T)->block_bytes;
     float out[BT_ROWS * BT_TOKENS];
     for (int64_t r = r0; r < r1; r += BT_ROWS) {
@@ -3699,10 +3714,10 @@ ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_
             const char *ahead = (const char *)w->codes + (size_t)(r + BT_ROWS + i) * row_bytes;
             if (r + BT_ROWS + i < r1)
                 for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-            bt_unpack(T, w, i < nr ? r + i : r, i, &wk);
+            bt_unpack(T, w, i < nr ? r + i : r, i, wk);
         }
         for (int64_t tb = 0; tb * BT_TOKENS < n; tb++) {
-            bt_pass(T, &wk, w->cols, tb, out);
+            bt_pass(T, wk, w->cols, tb, out);
             int nt = n - tb * BT_TOKENS < BT_TOKENS ? (int)(n - tb * BT_TOKENS) : BT_TOKENS;
             for (int t = 0; t < nt; t++)
                 for (int i = 0; i < nr; i++) y[(tb * BT_TOKENS + t) * ldy + r + i] = out[i * BT_TOKENS + t];
@@ -3711,19 +3726,20 @@ ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_
 }
 
 #define BT_ROWS_FN(ID, T)                                                                                         \
-    static void bt_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,  \
-                             float *y, int64_t ldy, void *scratch) {                                              \
-        bt_rows(T, w, r0, r1, q, n, y, ldy, scratch);                                                             \
+    static void bt_rows_##ID(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bt_work *wk, int64_t n, \
+                             float *y, int64_t ldy) {                                                             \
+        bt_rows(T, w, r0, r1, wk, n, y, ldy);                                                                     \
     }
 BT_ROWS_FN(q2_k, SP_QTYPE_Q2_K)
 BT_ROWS_FN(q3_k, SP_QTYPE_Q3_K)
 BT_ROWS_FN(q4_k, SP_QTYPE_Q4_K)
 BT_ROWS_FN(q5_k, SP_QTYPE_Q5_K)
 BT_ROWS_FN(q6_k, SP_QTYPE_Q6_K)
+BT_ROWS_FN(iq4_xs, SP_QTYPE_IQ4_XS)
 #undef BT_ROWS_FN
 
-typedef void (*bt_rows_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bq8acts *q, int64_t n,
-                           float *y, int64_t ldy, void *scratch);
+typedef void (*bt_rows_fn)(const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bt_work *wk, int64_t n,
+                           float *y, int64_t ldy);
 static bt_rows_fn bt_rows_for(enum sp_qtype t) {
     switch (t) {
     case SP_QTYPE_Q2_K: return bt_rows_q2_k;
@@ -3731,6 +3747,9 @@ static bt_rows_fn bt_rows_for(enum sp_qtype t) {
     case SP_QTYPE_Q4_K: return bt_rows_q4_k;
     case SP_QTYPE_Q5_K: return bt_rows_q5_k;
     case SP_QTYPE_Q6_K: return bt_rows_q6_k;
+    /* IQ4_XS's codes + 128 reach 241: pairs of their products overflow
+     * vpmaddubsw's int16, so only where vpdpbusd sums them in int32 */
+    case SP_QTYPE_IQ4_XS: return HAVE_DPWSSD ? bt_rows_iq4_xs : NULL;
     default: return NULL;
     }
 }
@@ -3743,28 +3762,6 @@ ALWAYS int64_t bt_blocked(int64_t nq) {
     return nq - whole >= BT_TOKENS / 2 ? nq : whole;
 }
 
-/* Rows [r0, r1) of w (a block format with a bq_rows) times x's n tokens,
- * rounded Q8_TOKENS at a time into scratch: the K-quants by tokens where
- * bt_blocked says, the rest 4 tokens a pass by rows. */
-static void bq8_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
-                     float *y, int64_t ldy, void *scratch) {
-    const bq_rows_fn rows = bq_rows_for(w->type);
-    const bt_rows_fn by_tokens = bt_rows_for(w->type);
-    for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
-        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
-        struct bq8acts q;
-        bq8_prepare(x + t0 * ldx, ldx, nq, w->cols, w->type == SP_QTYPE_IQ4_NL ? 32 : 256, scratch, &q);
-        int64_t blocked = by_tokens ? bt_blocked(nq) : 0;
-        if (blocked) by_tokens(w, r0, r1, &q, blocked, y + t0 * ldy, ldy, scratch);
-        if (blocked == nq) continue;
-        struct bq8acts rest = q;
-        rest.xq += blocked * q.cols;
-        rest.dx += blocked * (q.cols / q.unit);
-        rest.bs += blocked * (q.cols / 16);
-        rows(w, r0, r1, &rest, nq - blocked, y + (t0 + blocked) * ldy, ldy);
-    }
-}
-
 /* The matrices a product takes with the same activations: one, or two of
  * one format, group and width (an MLP's gate and up), with their outputs. */
 struct shared_x {
@@ -3772,6 +3769,45 @@ struct shared_x {
     float *y[2];
     int n;
 };
+
+/* The rounding unit of a block format: its block (IQ4_NL's 32), else 256. */
+ALWAYS int64_t bq8_unit(const struct sp_qmat *w) { return w->type == SP_QTYPE_IQ4_NL ? 32 : 256; }
+
+/* Rows [r0, r1) of m's matrices (block formats with a bq_rows, one
+ * width and rounding unit) times x's n tokens, rounded Q8_TOKENS at a
+ * time into scratch once for all of them (and laid out side by side once
+ * where bt_blocked says): the K-quants by tokens there, the rest 4 tokens
+ * a pass by rows. */
+static void bq8_rows_all(const struct shared_x *m, int64_t r0, int64_t r1, const float *x, int64_t ldx, int64_t n,
+                         int64_t ldy, void *scratch) {
+    const struct sp_qmat *w0 = m->w[0];
+    bool any_by_tokens = false;
+    for (int i = 0; i < m->n; i++) any_by_tokens = any_by_tokens || bt_rows_for(m->w[i]->type);
+    for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
+        int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
+        struct bq8acts q;
+        bq8_prepare(x + t0 * ldx, ldx, nq, w0->cols, bq8_unit(w0), scratch, &q);
+        int64_t blocked = any_by_tokens ? bt_blocked(nq) : 0;
+        struct bt_work wk;
+        if (blocked) {
+            bt_layout(scratch, w0->cols, &wk);
+            bt_tokens(&q, blocked, &wk);
+        }
+        for (int i = 0; i < m->n; i++) {
+            const bt_rows_fn by_tokens = bt_rows_for(m->w[i]->type);
+            float *y = m->y[i] + t0 * ldy;
+            int64_t done = by_tokens ? blocked : 0;
+            if (done) by_tokens(m->w[i], r0, r1, &wk, done, y, ldy);
+            if (done == nq) continue;
+            struct bq8acts rest = q;
+            rest.xq += done * q.cols;
+            rest.dx += done * (q.cols / q.unit);
+            rest.bs += done * (q.cols / 16);
+            bq_rows_for(m->w[i]->type)(m->w[i], r0, r1, &rest, nq - done, y + done * ldy, ldy);
+        }
+    }
+}
+
 
 /* ---- interleaved matrices through the products on rows in row order ---- */
 
@@ -4014,6 +4050,12 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
         (acts == ACTS_INT8 && im->q8[0] ? q8_rows_all : q16_rows_all)(im, m, r0, r1, x, ldx, n, ldy, scratch);
         return;
     }
+    bool blocks = !im && acts == ACTS_INT8;
+    for (int i = 0; i < m->n; i++) blocks = blocks && bq_rows_for(m->w[i]->type) && bq8_unit(m->w[i]) == bq8_unit(m->w[0]);
+    if (blocks) {
+        bq8_rows_all(m, r0, r1, x, ldx, n, ldy, scratch);
+        return;
+    }
     for (int i = 0; i < m->n; i++) {
 #if HAVE_ZMM
         if (bf16 && im == &impl_bf16) {
@@ -4021,10 +4063,11 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
             continue;
         }
 #endif
+        const struct shared_x one = {{m->w[i]}, {m->y[i]}, 1};
         if (im)
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
         else if (acts == ACTS_INT8 && bq_rows_for(m->w[i]->type))
-            bq8_rows(m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+            bq8_rows_all(&one, r0, r1, x, ldx, n, ldy, scratch);
         else  // decoded a block at a time, whatever n: one summation order
             blocked_rows(m->w[i], block_decoder(m->w[i]), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
     }
