@@ -329,6 +329,12 @@ static void check_batch_invariance(struct sp_model *m, const struct ref *r) {
     struct sp_batch b = {.n = 2 * n, .tokens = tok, .pos = pos, .seq = seq};
     assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_OK);
     for (int64_t i = 0; i < n; i++) assert_memory_equal(mixed + 2 * i * V, whole + i * V, (size_t)V * sizeof(float));
+    /* the same batch again, asking for its greedy choices: the host's arg max of those logits */
+    int32_t want_ids[32], ids[32];
+    for (int64_t i = 0; i < 2 * n; i++) want_ids[i] = sp_argmax(mixed + i * V, V);
+    b.argmax = ids;
+    assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_OK);
+    assert_memory_equal(ids, want_ids, (size_t)(2 * n) * sizeof *ids);
     /* bad input is an error, not a crash */
     int32_t bad = (int32_t)V, zero = 0, big = 64;
     struct sp_batch bb = {.n = 1, .tokens = &bad, .pos = &zero, .seq = &zero};

@@ -122,6 +122,8 @@ struct sp_batch {
     const bool *want_logits;    // (n) or NULL: logits for every token
     const bool *snapshot;       // (n) or NULL: after these tokens, their sequence's recurrent state is
                                 // copied to its snapshot slot (ops->state_copy)
+    int32_t *argmax;            // NULL, or (rows wanting logits): each such row's greedy choice, in
+                                // order, instead of its logits (ops->argmax); may be tokens
 };
 
 /* ---- what a backend is sized and set up for ---- */
@@ -403,6 +405,12 @@ struct sp_backend_ops {
      * of the host's logits. Returns how many rows. */
     int64_t (*logits)(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
                       struct sp_tensor x, const bool *want, float *logits);
+    /* Optional (NULL: logits, then the host's arg max): the same rows'
+     * greedy choices into ids: the index of the largest logit, the first
+     * of equal ones, NaN passed over (0 where every logit is NaN). Returns
+     * how many rows. */
+    int64_t (*argmax)(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                      struct sp_tensor x, const bool *want, int32_t *ids);
 };
 
 /* The instance every backend's state begins with. */

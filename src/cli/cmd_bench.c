@@ -38,7 +38,6 @@
 #include "model/quantize.h"
 #include "model/synth.h"
 #include "runtime/plan.h"
-#include "runtime/sampler.h"
 
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--batch N] [--threads N] [--kv-type T]\n"
@@ -160,7 +159,10 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     unsigned long long steal0, total0, steal1, total1;
     bool ticks = cpu_ticks(&steal0, &total0);
     double t0 = sp_now_s();
-    /* each sequence's prompt in chunks; its last token's logits to its row */
+    /* each sequence's prompt in chunks; its last token's greedy choice is
+     * its first decoded token (the logits stay where they were computed,
+     * as a server's greedy requests leave them) */
+    int32_t *next = tok + prompt * ns;
     for (int q = 0; q < ns && st == SP_OK; q++)
         for (int64_t s = 0; s < prompt && st == SP_OK; s += B) {
             int64_t k = prompt - s < B ? prompt - s : B;
@@ -169,24 +171,21 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
                 seq[i] = q;
                 want[i] = s + i == prompt - 1;
             }
-            struct sp_batch b = {.n = k, .tokens = tok + q * prompt + s, .pos = pos, .seq = seq, .want_logits = want};
-            st = sp_ctx_forward(c, &b, logits + (size_t)q * (size_t)V);
+            struct sp_batch b = {.n = k, .tokens = tok + q * prompt + s, .pos = pos, .seq = seq, .want_logits = want,
+                                 .argmax = next + q};
+            st = sp_ctx_forward(c, &b, logits);
         }
     double t1 = sp_now_s();
     r->has_tier = sp_ctx_tier_stats(c, &r->tier[0]);
     r->has_steps = cp->time_steps;
     sp_ctx_step_times(c, &r->steps[0], true);
-    int32_t *next = tok + prompt * ns;
     for (int q = 0; q < ns; q++) {
         seq[q] = q;
         want[q] = true;
     }
     for (int64_t i = 0; i < gen && st == SP_OK; i++) {
-        for (int q = 0; q < ns; q++) {
-            next[q] = sp_argmax(logits + (size_t)q * (size_t)V, V);
-            pos[q] = (int32_t)(prompt + i);
-        }
-        struct sp_batch b = {.n = ns, .tokens = next, .pos = pos, .seq = seq, .want_logits = want};
+        for (int q = 0; q < ns; q++) pos[q] = (int32_t)(prompt + i);
+        struct sp_batch b = {.n = ns, .tokens = next, .pos = pos, .seq = seq, .want_logits = want, .argmax = next};
         st = sp_ctx_forward(c, &b, logits);
     }
     double t2 = sp_now_s();

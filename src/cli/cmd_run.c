@@ -361,8 +361,11 @@ int sp_cmd_run(int argc, char **argv) {
     size_t sent = 0;
     int64_t generated = 0;
     const char *why = "length";
+    /* greedy: each step after the first asks the forward pass for its choice, not its logits */
+    bool greedy = sp_sampler_greedy(smp);
+    int32_t picked = -1;
     for (int64_t i = 0; i < o.max_tokens; i++) {
-        int32_t next = sp_sampler_sample(smp, logits);
+        int32_t next = picked >= 0 ? picked : sp_sampler_sample(smp, logits);
         sp_sampler_accept(smp, next);
         generated++;
         bool is_eos = false;
@@ -385,7 +388,7 @@ int sp_cmd_run(int argc, char **argv) {
         }
         if (i + 1 == o.max_tokens) break;
         int32_t p = (int32_t)(n + i), sq = 0;
-        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq};
+        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq, .argmax = greedy ? &picked : NULL};
         if (sp_ctx_forward(c, &b, logits) != SP_OK) goto fail;
     }
     if (dt && strcmp(why, "stop") != 0) {

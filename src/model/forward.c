@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/cpu/kernels.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -1610,7 +1611,11 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
     STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
-         m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
+         m = b->argmax && be->ops->argmax
+                 ? be->ops->argmax(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, b->argmax)
+                 : be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
+    if (b->argmax && !be->ops->argmax)
+        for (int64_t r = 0; r < m; r++) b->argmax[r] = (int32_t)sp_kernels()->argmax(logits + r * a->vocab, a->vocab);
     if (c->p.time_steps) read_marks(c);
     st = be->ops->error ? be->ops->error(be) : SP_OK;
     track_states(c, b, st == SP_OK);

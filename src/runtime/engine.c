@@ -75,6 +75,7 @@ struct sp_engine {
     bool *b_want;
     bool *b_snap;  // recurrent models: a prompt's state snapshot after this token
     int *b_slot_of_row;  // logits row -> slot
+    int32_t *b_pick;     // (n_slots) each row's greedy choice, where the whole step samples greedily
     float *logits;       // (n_slots, vocab)
     float *scratch;      // (vocab) for logprobs
     float *scratch2;     // (vocab) for constrained sampling
@@ -228,6 +229,7 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->b_want);
     sp_free(e->b_snap);
     sp_free(e->b_slot_of_row);
+    sp_free(e->b_pick);
     sp_free(e->logits);
     sp_free(e->scratch);
     sp_free(e->scratch2);
@@ -285,6 +287,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->b_want = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
     e->b_snap = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
     e->b_slot_of_row = sp_malloc((size_t)S * sizeof(int), SP_MEM_SERVER);
+    e->b_pick = sp_malloc((size_t)S * sizeof(int32_t), SP_MEM_SERVER);
     e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch2 = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
@@ -293,7 +296,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->st.n_layers = m->arch.n_layers;
     if (!e->layer_hits || !e->layer_misses) goto nomem;
     if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_snap ||
-        !e->b_slot_of_row || !e->logits || !e->scratch)
+        !e->b_slot_of_row || !e->b_pick || !e->logits || !e->scratch)
         goto nomem;
     struct sp_sampler_params sp = sp_sampler_defaults();
     sp.penalty_last_n = 4096;
@@ -714,13 +717,23 @@ static bool constraint_ready(struct sp_engine *e, struct slot *s) {
 }
 
 /* After a forward pass: sample the next token of a slot from its logits row. */
-static void after_logits(struct sp_engine *e, struct slot *s, float *row) {
+/* Whether s's next token is the arg max of its logits as they are (a
+ * choice the forward pass can make where it computed them). */
+static bool greedy_only(const struct slot *s) {
+    return !s->req->gp.grammar && s->req->gp.top_logprobs < 0 && sp_sampler_greedy(s->smp);
+}
+
+/* s's next token from its logits row, or where picked >= 0 (greedy_only)
+ * that one. */
+static void after_logits(struct sp_engine *e, struct slot *s, float *row, int32_t picked) {
     struct sp_req *r = s->req;
     struct sp_tok_info ti;
     bool want_info = r->gp.top_logprobs >= 0;
     if (want_info) memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
     int32_t tok;
-    if (r->gp.grammar) {
+    if (picked >= 0) {
+        tok = picked;
+    } else if (r->gp.grammar) {
         if (!constraint_ready(e, s)) {
             finish(e, s, SP_FINISH_ERROR, false, "the output constraint needs the tokenizer's token texts and memory");
             return;
@@ -891,9 +904,11 @@ static bool step(struct sp_engine *e) {
         }
     }
     if (!n) return false;
+    bool greedy = rows > 0;
+    for (int k = 0; k < rows && greedy; k++) greedy = greedy_only(&e->slots[e->b_slot_of_row[k]]);
     double t0 = sp_now_s();
     struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
-                         .snapshot = e->b_snap};
+                         .snapshot = e->b_snap, .argmax = greedy ? e->b_pick : NULL};
     uint64_t faults = sp_map_faults();
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
     /* a fault during the pass read zeros for weights: no token of it may go out */
@@ -933,7 +948,7 @@ static bool step(struct sp_engine *e) {
     }
     for (int k = 0; k < rows; k++) {
         struct slot *s = &e->slots[e->b_slot_of_row[k]];
-        if (s->req) after_logits(e, s, e->logits + (size_t)k * (size_t)e->vocab);
+        if (s->req) after_logits(e, s, e->logits + (size_t)k * (size_t)e->vocab, greedy ? e->b_pick[k] : -1);
     }
     return true;
 }

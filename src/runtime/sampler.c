@@ -209,6 +209,11 @@ static void penalize(const struct sp_sampler_params *p, float *logits, int64_t t
  * distributions' top-p mass without it. */
 #define SORTED_FIRST 256
 
+bool sp_sampler_greedy(const struct sp_sampler *s) {
+    const struct sp_sampler_params *p = &s->p;
+    return p->temp <= 0.0f && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+}
+
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     const struct sp_sampler_params *p = &s->p;
     int64_t V = s->vocab;

@@ -15,6 +15,7 @@
 #ifndef SP_RUNTIME_SAMPLER_H
 #define SP_RUNTIME_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/rng.h"
@@ -46,6 +47,9 @@ void sp_sampler_reset(struct sp_sampler *s);
  * (larger values are clamped to it); -1 (all history) stays -1. */
 void sp_sampler_configure(struct sp_sampler *s, const struct sp_sampler_params *p);
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits);
+/* Whether sample takes the largest logit as it is (greedy, no penalty):
+ * then sp_argmax of the logits, or a backend's greedy choice, is its choice. */
+bool sp_sampler_greedy(const struct sp_sampler *s);
 /* Index of the largest logit (first on ties; NaN is passed over). */
 int32_t sp_argmax(const float *logits, int64_t n);
 
