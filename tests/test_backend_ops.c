@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/half.h"
+#include "runtime/sampler.h"
 
 /* A result off by more than this relative to the reference's magnitude
  * (sum of |terms|) where every input stays float: the backend sums in
@@ -734,6 +735,11 @@ static void test_logits(void **state) {
             if (!(ratio <= 1.0))
                 fail_msg("%s logits %s: row %lld of token %lld off by %.3g x tolerance", targets[ti].label,
                          sp_qtype_name(hf[fi].t), (long long)br, (long long)bt, ratio);
+            if (b->ops->argmax) {  /* the greedy choices of the same rows: the host's arg max of their logits */
+                int32_t ids[9];
+                assert_int_equal(b->ops->argmax(b, norm, 1e-5f, &head, x, want, ids), m);
+                for (int64_t r = 0; r < m; r++) assert_int_equal(ids[r], sp_argmax(logits + r * VOCAB, VOCAB));
+            }
             free(logits);
             free(normed);
             free(xv);
@@ -741,6 +747,48 @@ static void test_logits(void **state) {
             mat_free(&H);
             done_backend(b);
         }
+}
+
+/* Greedy choices among equal logits: rows 3, 10, 17, ... of the head are
+ * one large row, so about half the tokens have them all largest, and the
+ * choice is the first of them (3), as the host's arg max chooses. */
+static void test_argmax_ties(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 52);
+    for (int ti = 0; ti < n_targets; ti++) {
+        struct sp_backend *b = make_backend(&targets[ti], SP_KV_F16);
+        if (!b->ops->argmax) {
+            done_backend(b);
+            continue;
+        }
+        struct mat H;
+        mat_make(&H, SP_QTYPE_F32, 1, SP_DTYPE_COUNT, VOCAB, D, &rng);
+        float *u = randn(D, 100.0f, &rng), *hw = H.codes;
+        for (int64_t r = 3; r < VOCAB; r += 7) memcpy(hw + r * D, u, D * sizeof *u);
+        struct sp_linear head = linear_of(&H);
+        assert_int_equal(b->ops->prepare(b, &head), SP_OK);
+        enum { N = 16 };
+        float *xv = randn(N * D, 1.0f, &rng), *logits = malloc(N * VOCAB * sizeof *logits), ones[D];
+        for (int i = 0; i < D; i++) ones[i] = 1.0f;
+        const float *norm;
+        struct sp_vector vn = {ones, SP_DTYPE_F32, D};
+        assert_int_equal(b->ops->vector(b, &vn, &norm), SP_OK);
+        struct sp_tensor x = tensor_of(b, N, D, xv);
+        assert_int_equal(b->ops->logits(b, norm, 1e-5f, &head, x, NULL, logits), N);
+        int32_t ids[N];
+        assert_int_equal(b->ops->argmax(b, norm, 1e-5f, &head, x, NULL, ids), N);
+        int tied = 0;
+        for (int t = 0; t < N; t++) {
+            assert_int_equal(ids[t], sp_argmax(logits + t * VOCAB, VOCAB));
+            tied += ids[t] == 3;
+        }
+        if (tied == 0) fail_msg("%s: no token's largest logits were the tied rows", targets[ti].label);
+        free(u);
+        free(xv);
+        free(logits);
+        mat_free(&H);
+        done_backend(b);
+    }
 }
 
 /* A device backend refuses the CPU's interleaved rows at prepare, and keeps
@@ -819,6 +867,7 @@ int main(void) {
         cmocka_unit_test(test_mlp),
         cmocka_unit_test(test_gather_scatter),
         cmocka_unit_test(test_logits),
+        cmocka_unit_test(test_argmax_ties),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -117,6 +117,7 @@ struct cuda {
     struct qtag qa_holds;
     float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
     float *logit_host;             // (LOGIT_ROWS, vocab), pinned host memory
+    uint64_t *d_best;              // (LOGIT_ROWS) greedy choices, packed (sp_cuda_argmax)
     int64_t logit_cap;             // rows of those
     int32_t *d_tok, *d_pos, *d_seq;
     int32_t *d_idx;                // gather rows, scatter offsets and lists, logits rows
@@ -1122,10 +1123,11 @@ static void cuda_scatter_add(struct sp_backend *b, struct sp_tensor out, struct 
 }
 
 /* The wanted rows LOGIT_ROWS at a time: normed into logit_rows, through
- * the head, then to the host. */
-static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
-                           struct sp_tensor x, const bool *want, float *logits) {
-    struct cuda *c = cuda_of(b);
+ * the head, then to the host: their logits, or where ids is set only each
+ * row's greedy choice (a few bytes a row instead of the vocabulary's
+ * floats, and no pass over them on the host). */
+static int64_t head_rows(struct cuda *c, const float *norm, float eps, const struct sp_linear *head,
+                         struct sp_tensor x, const bool *want, float *logits, int32_t *ids) {
     int64_t d = x.cols, V = head->w.rows, m = 0;
     if (V > c->shape.vocab) {
         fail(c, SP_ERR_ARG, "cuda: an lm_head wider than the vocabulary the backend was made for");
@@ -1136,6 +1138,8 @@ static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, c
         if (!want || want[t]) c->h_idx[m++] = (int32_t)t;
     if (!c->err && dev_reserve(c, (void **)&c->d_idx, &c->idx_cap, m, sizeof(int32_t)))
         upload(c, c->d_idx, c->h_idx, (size_t)m * sizeof(int32_t), "logits rows");
+    /* through pinned memory: a copy to pageable memory runs at a fraction of the link's speed */
+    uint64_t *best = (uint64_t *)(void *)c->logit_host;
     for (int64_t j0 = 0; j0 < m && !c->err; j0 += c->logit_cap) {
         int64_t k = m - j0 < c->logit_cap ? m - j0 : c->logit_cap;
         const struct sp_cuda_qx *q = norm_q(c, k, d);
@@ -1146,16 +1150,33 @@ static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, c
             break;
         norm_holds(c, q, c->logit_rows, d, k, d);
         if (!product(c, head, c->logit_rows, d, c->logit_out, V, k)) break;
-        /* through pinned memory: a copy to pageable memory runs at a fraction of the link's speed */
-        if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
-                                     cudaMemcpyDeviceToHost, c->stream),
-                  "reading logits back") &&
-            check(c, cudaStreamSynchronize(c->stream), "queued work"))
+        if (ids) {
+            if (check(c, (cudaError_t)sp_cuda_argmax(c->logit_out, V, k, V, c->d_best, c->stream), "greedy choice") &&
+                check(c, cudaMemcpyAsync(best, c->d_best, (size_t)k * sizeof *best, cudaMemcpyDeviceToHost, c->stream),
+                      "reading greedy choices back") &&
+                check(c, cudaStreamSynchronize(c->stream), "queued work"))
+                for (int64_t i = 0; i < k; i++) ids[j0 + i] = sp_cuda_best_index(best[i]);
+        } else if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
+                                            cudaMemcpyDeviceToHost, c->stream),
+                         "reading logits back") &&
+                   check(c, cudaStreamSynchronize(c->stream), "queued work")) {
             memcpy(logits + j0 * V, c->logit_host, (size_t)(k * V) * sizeof(float));
+        }
     }
     check(c, cudaStreamSynchronize(c->stream), "queued work");
-    if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
+    if (c->err && ids) memset(ids, 0, (size_t)m * sizeof *ids);
+    else if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
     return m;
+}
+
+static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                           struct sp_tensor x, const bool *want, float *logits) {
+    return head_rows(cuda_of(b), norm, eps, head, x, want, logits, NULL);
+}
+
+static int64_t cuda_argmax(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                           struct sp_tensor x, const bool *want, int32_t *ids) {
+    return head_rows(cuda_of(b), norm, eps, head, x, want, NULL, ids);
 }
 
 /* ---- bandwidth ---- */
@@ -1286,7 +1307,7 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
               (4 * P + 1) * sizeof(int32_t) +
               (size_t)(s->n_layers + 1) * (size_t)(s->n_experts + 1) * sizeof(struct sp_cuda_mlp_item);
     size_t q = p->float_activations ? 0 : 2 * (size_t)(q_rows(p) * q_cols(p)) * (1 + 2 * sizeof(float) / SP_CUDA_QBLOCK);
-    return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) +
+    return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) + L * sizeof(uint64_t) +
            (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item) + moe;
 }
 
@@ -1348,6 +1369,7 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_floats(c, B * s->mlp_width, &c->ff_b)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->vocab, &c->logit_out)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)c->logit_cap * sizeof(uint64_t), (void **)&c->d_best)) != SP_OK ||
         (st = dev_floats(c, c->w_cap, &c->d_w)) != SP_OK ||
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_tok)) != SP_OK ||
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_pos)) != SP_OK ||
@@ -1446,4 +1468,5 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .scatter_add = cuda_scatter_add,
     .moe = cuda_moe,
     .logits = cuda_logits,
+    .argmax = cuda_argmax,
 };

@@ -958,27 +958,46 @@ struct down_launch {
     }
 };
 
-/* x's rows rounded to int8 blocks of QB (a warp a block): d = max |x| / 127,
- * codes rint(x / d). */
+/* x's rows rounded to int8 blocks of QB: d = max |x| / 127, codes
+ * rint(x / d). */
 constexpr int QUANT_WARPS = 8;
 
-/* One block of QB values, a lane's value v each: its codes into q[0 .. QB), {d, sum} into *qd. */
-__device__ __forceinline__ void quantize_block(float v, int lane, int8_t *q, float2 *qd) {
-    float amax = warp_max(fabsf(v)), d = __fdiv_rn(amax, 127.0f);
-    int c = amax > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
-    c = c > 127 ? 127 : c < -127 ? -127 : c;
-    float sum = warp_sum(v);
-    q[lane] = (int8_t)c;
-    if (lane == 0) *qd = make_float2(d, sum);
+/* A block of QB values is QLANES lanes' 4 consecutive values each (a
+ * warp takes 4 blocks, lanes 8m .. 8m + 7 the m-th). */
+constexpr int QLANES = QB / 4;
+
+/* One block: this lane's 4 values v (the block's values 4 (lane % QLANES)
+ * onwards); its codes into q (the block's first) and {d, sum} into *qd
+ * where `write` (every lane of the warp takes part in the shuffles). */
+__device__ __forceinline__ void quantize4(float4 v, bool write, int8_t *q, float2 *qd) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    float sum = __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w));
+#pragma unroll
+    for (int o = 1; o < QLANES; o *= 2) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+    }
+    if (!write) return;
+    float d = __fdiv_rn(amax, 127.0f);
+    auto code = [&](float x) {
+        int c = amax > 0.0f ? __float2int_rn(__fdiv_rn(x, d)) : 0;
+        return (signed char)(c > 127 ? 127 : c < -127 ? -127 : c);
+    };
+    int part = threadIdx.x % QLANES;
+    *reinterpret_cast<char4 *>(q + 4 * part) = make_char4(code(v.x), code(v.y), code(v.z), code(v.w));
+    if (part == 0) *qd = make_float2(d, sum);
 }
+
+/* 4 values from p (any alignment). */
+__device__ __forceinline__ float4 load4(const float *p) { return make_float4(p[0], p[1], p[2], p[3]); }
 
 __global__ void __launch_bounds__(QUANT_WARPS * WARP)
     k_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, int8_t *q, float2 *qd, int64_t ldq, int64_t ldd) {
-    int64_t per_row = cols / QB, blk = (int64_t)blockIdx.x * QUANT_WARPS + threadIdx.x / WARP;
-    if (blk >= n * per_row) return;
-    int lane = threadIdx.x % WARP;
-    int64_t t = blk / per_row, b = blk % per_row;
-    quantize_block(x[t * ldx + b * QB + lane], lane, q + t * ldq + b * QB, qd + t * ldd + b);
+    int64_t per_row = cols / QB, blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / QLANES;
+    bool in = blk < n * per_row;
+    int64_t t = in ? blk / per_row : 0, b = in ? blk % per_row : 0;
+    float4 v = in ? load4(x + t * ldx + b * QB + 4 * (threadIdx.x % QLANES)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    quantize4(v, in, q + t * ldq + b * QB, qd + t * ldd + b);
 }
 
 /* Row i of dst's int8 rows (codes and block pairs) = row rows[i] of src's, a block a row. */
@@ -1010,7 +1029,11 @@ __global__ void k_rope_table(const int32_t *pos, int64_t n, const float *inv_fre
     cs[t * 2 * half + half + i] = __fmul_rn((float)sin((double)ang), scale);
 }
 
-constexpr int NORM_THREADS = 1024;
+/* A block a row. A thread keeps up to NORM_VEC float4s of its row in
+ * registers (rows of up to 4096 columns in one pass of loads: a norm of one
+ * row waits on memory once, not once a step); longer rows, or rows not
+ * 16-byte aligned, are read again from memory. */
+constexpr int NORM_THREADS = 256, NORM_VEC = 4;
 
 /* Sum over the block (NORM_THREADS) in a fixed order; every thread gets it. */
 __device__ double block_sum_d(double v, double *red) {
@@ -1020,6 +1043,24 @@ __device__ double block_sum_d(double v, double *red) {
     double s = 0;
     for (int i = 0; i < NORM_THREADS / WARP; i++) s += red[i];
     return s;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+__device__ __forceinline__ double squares4(float4 v) {
+    double s = (double)v.x * (double)v.x;
+    s += (double)v.y * (double)v.y;
+    s += (double)v.z * (double)v.z;
+    return s + (double)v.w * (double)v.w;
+}
+
+/* v / rms times g (where has_g), as the scalar path rounds it. */
+__device__ __forceinline__ float4 norm4(float4 v, float scale, bool has_g, float4 g) {
+    float4 o = make_float4(__fmul_rn(v.x, scale), __fmul_rn(v.y, scale), __fmul_rn(v.z, scale), __fmul_rn(v.w, scale));
+    if (!has_g) return o;
+    return make_float4(__fmul_rn(o.x, g.x), __fmul_rn(o.y, g.y), __fmul_rn(o.z, g.z), __fmul_rn(o.w, g.w));
 }
 
 /* Row r of x (x[rows[r]] where rows is set) into row r of out as
@@ -1033,33 +1074,53 @@ __global__ void __launch_bounds__(NORM_THREADS)
     float *xr = x + (rows ? (int64_t)rows[blockIdx.x] : (int64_t)blockIdx.x) * ldx;
     float *rr = res ? res + (int64_t)blockIdx.x * ldr : nullptr;
     float *o = out + (int64_t)blockIdx.x * ldo;
+    int8_t *qr = q.q ? q.q + (int64_t)blockIdx.x * q.ldq : nullptr;
+    float2 *dr = q.q ? reinterpret_cast<float2 *>(q.d) + (int64_t)blockIdx.x * q.ldd : nullptr;
+    auto al = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
     double ss = 0;
-    bool vec = cols % 4 == 0 && ((uintptr_t)xr & 15) == 0 && (!rr || ((uintptr_t)rr & 15) == 0);
-    if (vec) {  // a float4 a thread: one round of loads for 4096 columns
-        for (int64_t c = 4 * threadIdx.x; c < cols; c += 4 * NORM_THREADS) {
-            float4 v = *reinterpret_cast<const float4 *>(xr + c);
+    if (cols % 4 == 0 && cols <= 4 * NORM_THREADS * NORM_VEC && al(xr) && (!rr || al(rr)) && al(o) && (!w || al(w))) {
+        float4 v[NORM_VEC], a[NORM_VEC], g[NORM_VEC];
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {  // every load first
+            int64_t c = 4 * (threadIdx.x + k * NORM_THREADS);
+            if (c >= cols) continue;
+            v[k] = *reinterpret_cast<const float4 *>(xr + c);
+            if (rr) a[k] = *reinterpret_cast<const float4 *>(rr + c);
+            if (w) g[k] = *reinterpret_cast<const float4 *>(w + c);
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            int64_t c = 4 * (threadIdx.x + k * NORM_THREADS);
+            if (c >= cols) continue;
             if (rr) {
-                float4 a = *reinterpret_cast<const float4 *>(rr + c);
-                v.x = __fadd_rn(v.x, a.x), v.y = __fadd_rn(v.y, a.y);
-                v.z = __fadd_rn(v.z, a.z), v.w = __fadd_rn(v.w, a.w);
-                *reinterpret_cast<float4 *>(xr + c) = v;
+                v[k] = add4(v[k], a[k]);
+                *reinterpret_cast<float4 *>(xr + c) = v[k];
                 if (zero_r) *reinterpret_cast<float4 *>(rr + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
-            ss += (double)v.x * (double)v.x;
-            ss += (double)v.y * (double)v.y;
-            ss += (double)v.z * (double)v.z;
-            ss += (double)v.w * (double)v.w;
+            ss += squares4(v[k]);
         }
-    } else {
-        for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) {
-            float v = xr[c];
-            if (rr) {
-                v = __fadd_rn(v, rr[c]);
-                xr[c] = v;
-                if (zero_r) rr[c] = 0.0f;
-            }
-            ss += (double)v * (double)v;
+        ss = block_sum_d(ss, red);
+        float scale = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            int64_t c = 4 * (threadIdx.x + k * NORM_THREADS);
+            if (k * NORM_THREADS * 4 >= cols) break;  // the whole block past the row: no shuffle is waited on
+            bool in = c < cols;
+            float4 y = in ? norm4(v[k], scale, w, g[k]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (in) *reinterpret_cast<float4 *>(o + c) = y;
+            /* the QLANES lanes of a block hold its values in order (cols a multiple of QB) */
+            if (qr) quantize4(y, in, qr + c / QB * QB, dr + c / QB);
         }
+        return;
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += NORM_THREADS) {
+        float v = xr[c];
+        if (rr) {
+            v = __fadd_rn(v, rr[c]);
+            xr[c] = v;
+            if (zero_r) rr[c] = 0.0f;
+        }
+        ss += (double)v * (double)v;
     }
     ss = block_sum_d(ss, red);  // its barrier also makes the sums written above seen by the block
     float scale = (float)(1.0 / sqrt(ss / (double)cols + (double)eps));
@@ -1067,13 +1128,13 @@ __global__ void __launch_bounds__(NORM_THREADS)
         float v = __fmul_rn(xr[c], scale);
         o[c] = w ? __fmul_rn(v, w[c]) : v;
     }
-    if (!q.q) return;
+    if (!qr) return;
     __syncthreads();
-    int lane = threadIdx.x % WARP;
-    int8_t *qr = q.q + (int64_t)blockIdx.x * q.ldq;
-    float2 *dr = reinterpret_cast<float2 *>(q.d) + (int64_t)blockIdx.x * q.ldd;
-    for (int64_t b = threadIdx.x / WARP; b < cols / QB; b += NORM_THREADS / WARP)
-        quantize_block(o[b * QB + lane], lane, qr + b * QB, dr + b);
+    for (int64_t c0 = 0; c0 < cols; c0 += 4 * NORM_THREADS) {  // the same blocks a pass as above
+        int64_t c = c0 + 4 * threadIdx.x;
+        bool in = c < cols;
+        quantize4(in ? load4(o + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in, qr + c / QB * QB, dr + c / QB);
+    }
 }
 
 __global__ void k_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t cols) {
@@ -1111,13 +1172,49 @@ __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t
     *o = v;
 }
 
+/* ---- greedy choice ---- */
+
+/* A block takes ARGMAX_SPAN values of a row, each candidate as one 64-bit
+ * word ordered as the choice ranks them; the row's best by atomicMax. */
+constexpr int ARGMAX_THREADS = 256, ARGMAX_SPAN = 8192;
+
+/* Value v (not NaN) at index i as a word: the larger word the better (the
+ * larger value, -0 equal to +0; of equal values the lower index); 0 is
+ * below every candidate. */
+__device__ __forceinline__ unsigned long long pack_best(float v, int64_t i) {
+    uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    b = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return (unsigned long long)b << 32 | (0xffffffffu - (uint32_t)i);
+}
+
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *x, int64_t ldx, int64_t cols, unsigned long long *best) {
+    __shared__ unsigned long long red[ARGMAX_THREADS / WARP];
+    const float *row = x + (int64_t)blockIdx.y * ldx;
+    int64_t c0 = (int64_t)blockIdx.x * ARGMAX_SPAN, c1 = c0 + ARGMAX_SPAN < cols ? c0 + ARGMAX_SPAN : cols;
+    unsigned long long b = 0;
+#pragma unroll 8
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += ARGMAX_THREADS) {
+        float v = row[c];
+        if (v == v) b = max(b, pack_best(v, c));
+    }
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o /= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, o));
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = b;
+    __syncthreads();
+    if (threadIdx.x) return;
+    for (int i = 0; i < ARGMAX_THREADS / WARP; i++) b = max(b, red[i]);
+    if (b) atomicMax(best + blockIdx.y, b);
+}
+
 /* ---- routing ---- */
 
-/* Routing: a block a token, a thread an expert (ROUTE_THREADS covers the
- * most experts). Each choice is a block-wide arg max over the candidates
- * left (the largest score, ties to the lower index, NaN lowest): the same
- * choices as the host's repeated arg max, k rounds of shuffles. */
-constexpr int ROUTE_THREADS = SP_CUDA_ROUTE_MAX_EXPERTS;
+/* Routing: a warp a token, lane l holding experts l, l + 32, l + 64, ...
+ * (V of them, 32 V >= the experts) in registers. Each choice is a warp-wide
+ * arg max over the candidates left (the largest score, ties to the lower
+ * index, NaN lowest): the same choices as the host's repeated arg max,
+ * with no barrier between them. */
+constexpr int ROUTE_WARPS = 4;
 
 /* A score as the choices compare it: NaN below everything. */
 __device__ __forceinline__ float rank_key(float v) { return v != v ? -INFINITY : v; }
@@ -1127,127 +1224,141 @@ __device__ __forceinline__ bool beats(float k, int i, float bk, int bi) {
     return i >= 0 && (bi < 0 || k > bk || (k == bk && i < bi));
 }
 
-/* The thread whose (key, alive) wins over the block; every thread gets it,
- * -1 where none is alive. red_k, red_i: a slot a warp. */
-__device__ int block_argmax(float key, bool alive, float *red_k, int *red_i) {
-    float k = key;
-    int idx = alive ? (int)threadIdx.x : -1;
+/* The best of the lane's candidates (bit j of alive: key[j], index
+ * j * WARP + lane), then the best over the warp: every lane gets its index,
+ * -1 where no lane has a candidate. */
+template <int V>
+__device__ __forceinline__ int warp_argmax(const float (&key)[V], uint32_t alive) {
+    int lane = threadIdx.x % WARP, idx = -1;
+    float k = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        if ((alive >> j & 1u) && beats(key[j], j * WARP + lane, k, idx)) k = key[j], idx = j * WARP + lane;
 #pragma unroll
     for (int o = WARP / 2; o > 0; o /= 2) {
         float ok = __shfl_xor_sync(0xffffffffu, k, o);
         int oi = __shfl_xor_sync(0xffffffffu, idx, o);
         if (beats(ok, oi, k, idx)) k = ok, idx = oi;
     }
-    __syncthreads();
-    if (threadIdx.x % WARP == 0) red_k[threadIdx.x / WARP] = k, red_i[threadIdx.x / WARP] = idx;
-    __syncthreads();
-    float bk = -INFINITY;
-    int bi = -1;
-    for (int w = 0; w < (int)blockDim.x / WARP; w++)
-        if (beats(red_k[w], red_i[w], bk, bi)) bk = red_k[w], bi = red_i[w];
-    return bi;
+    return idx;
 }
 
-struct op_sum {
-    __device__ double operator()(double a, double b) const { return a + b; }
-};
-struct op_max {
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-/* op over the block's threads (from init) in a fixed order; every thread
- * gets it. red: a slot a warp. */
-template <class T, class Op>
-__device__ T block_reduce(T v, T *red, Op op, T init) {
+/* v[e / WARP] of the lane holding expert e, on every lane. */
+template <int V>
+__device__ __forceinline__ float warp_pick(const float (&v)[V], int e) {
+    float mine = 0.0f;
 #pragma unroll
-    for (int o = WARP / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
-    __syncthreads();
-    T r = init;
-    for (int i = 0; i < (int)blockDim.x / WARP; i++) r = op(r, red[i]);
-    return r;
+    for (int j = 0; j < V; j++)
+        if (j == e / WARP) mine = v[j];
+    return __shfl_sync(0xffffffffu, mine, e % WARP);
 }
 
 /* Scores (softmax or sigmoid of the logits), the groups kept (ranked by
- * the sum of their two best biased scores), the k best kept experts by
- * biased score, then their weights on thread 0 (the host's sums, in its
- * order). */
-__global__ void __launch_bounds__(ROUTE_THREADS) k_route(struct sp_cuda_route r, const float *logits, int64_t ldl,
-                                                         int32_t *sel, float *wout) {
-    __shared__ float sc[SP_CUDA_ROUTE_MAX_EXPERTS], bz[SP_CUDA_ROUTE_MAX_EXPERTS], gs[SP_CUDA_ROUTE_MAX_EXPERTS];
-    __shared__ bool gkeep[SP_CUDA_ROUTE_MAX_EXPERTS];
-    __shared__ int32_t chosen[SP_CUDA_ROUTE_MAX_K];
-    __shared__ double red[ROUTE_THREADS / WARP];
-    __shared__ float red_k[ROUTE_THREADS / WARP];
-    __shared__ int red_i[ROUTE_THREADS / WARP];
-    int i = threadIdx.x, E = (int)r.n_experts, K = (int)r.k;
-    bool in = i < E;
-    const float *lg = logits + (int64_t)blockIdx.x * ldl;
+ * the sum of their two best biased scores, in expert order), the k best
+ * kept experts by biased score, then their weights (the host's sums, in
+ * its order): lane j writes choice j. */
+template <int V>
+__global__ void __launch_bounds__(ROUTE_WARPS * WARP)
+    k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *wout) {
+    __shared__ float bz_all[ROUTE_WARPS][V * WARP];
+    int lane = threadIdx.x % WARP;
+    int64_t t = (int64_t)blockIdx.x * ROUTE_WARPS + threadIdx.x / WARP;
+    if (t >= n) return;  // a whole warp: nothing below waits on the block
+    int E = (int)r.n_experts, K = (int)r.k;
+    const float *lg = logits + t * ldl;
     bool group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
-    float v = in ? lg[i] : -INFINITY;
+    float v[V], key[V];
+    uint32_t in = 0;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int e = j * WARP + lane;
+        v[j] = e < E ? lg[e] : -INFINITY;
+        if (e < E) in |= 1u << j;
+    }
     if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) {
-        float mx = block_reduce(v, reinterpret_cast<float *>(red), op_max(), -INFINITY);
-        float e = in ? expf(__fsub_rn(v, mx)) : 0.0f;
-        double s = block_reduce((double)e, red, op_sum(), 0.0);
-        v = (float)((double)e / s);
-    } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK && in) {
-        v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < V; j++) mx = fmaxf(mx, v[j]);
+        mx = warp_max(mx);
+        double s = 0;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            v[j] = (in >> j & 1u) ? expf(__fsub_rn(v[j], mx)) : 0.0f;
+            s += (double)v[j];
+        }
+        s = warp_sum_d(s);
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = (float)((double)v[j] / s);
+    } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK) {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (in >> j & 1u) v[j] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j])));
     }
-    bool alive = in;  // a candidate still
-    if (in) {
-        sc[i] = v;
-        bz[i] = group ? __fadd_rn(v, r.bias ? r.bias[i] : 0.0f) : v;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int e = j * WARP + lane;
+        key[j] = rank_key(group && (in >> j & 1u) ? __fadd_rn(v[j], r.bias ? r.bias[e] : 0.0f) : v[j]);
     }
-    __syncthreads();
+    uint32_t alive = in;  // candidates still
     int G = (int)r.n_group;
     if (group && G > 1) {
         int per = E / G;
-        if (i < G) {  // a group's score: the sum of its two best
+        float *bz = bz_all[threadIdx.x / WARP];
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (in >> j & 1u) bz[j * WARP + lane] = key[j];
+        __syncwarp();
+        float gk[V];  // group j * WARP + lane's score: the sum of its two best
+        uint32_t galive = 0;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int g = j * WARP + lane;
+            gk[j] = -INFINITY;
+            if (g >= G) continue;
             float m1 = -INFINITY, m2 = -INFINITY;
-            for (int j = i * per; j < (i + 1) * per; j++) {
-                float b = rank_key(bz[j]);
+            for (int x = g * per; x < (g + 1) * per; x++) {
+                float b = bz[x];
                 if (b > m1) m2 = m1, m1 = b;
                 else if (b > m2) m2 = b;
             }
-            gs[i] = per >= 2 ? __fadd_rn(m1, m2) : m1;
+            gk[j] = rank_key(per >= 2 ? __fadd_rn(m1, m2) : m1);
+            galive |= 1u << j;
         }
-        if (i < G) gkeep[i] = false;
-        __syncthreads();
-        bool galive = i < G;
-        float gk = galive ? rank_key(gs[i]) : -INFINITY;
-        for (int j = 0; j < r.topk_group; j++) {
-            int g = block_argmax(gk, galive, red_k, red_i);
-            if (i == g) galive = false, gkeep[g] = true;
+        alive = 0;
+        for (int p = 0; p < r.topk_group; p++) {
+            int g = warp_argmax(gk, galive);
+            if (g < 0) break;
+            if (g % WARP == lane) galive &= ~(1u << (g / WARP));
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if ((in >> j & 1u) && (j * WARP + lane) / per == g) alive |= 1u << j;
         }
-        __syncthreads();
-        alive = in && gkeep[i / per];
     }
-    float key = in ? rank_key(bz[i]) : -INFINITY;
-    for (int j = 0; j < K; j++) {
-        int e = block_argmax(key, alive, red_k, red_i);
-        if (i == 0) chosen[j] = e < 0 ? 0 : e;
-        if (i == e) alive = false;
+    int my_e = 0;
+    float my_s = 0.0f;
+    for (int c = 0; c < K; c++) {
+        int e = warp_argmax(key, alive);
+        e = e < 0 ? 0 : e;
+        float s = warp_pick(v, e);
+        if (e % WARP == lane) alive &= ~(1u << (e / WARP));
+        if (lane == c) my_e = e, my_s = s;
     }
-    __syncthreads();
-    if (i != 0) return;
-    int32_t *so = sel + (int64_t)blockIdx.x * K;
-    float *wo = wout + (int64_t)blockIdx.x * K;
+    int32_t *so = sel + t * K;
+    float *wo = wout + t * K;
     double s = 0;
-    for (int j = 0; j < K; j++) so[j] = chosen[j];
     if (r.kind == SP_CUDA_ROUTE_TOPK_SOFTMAX) {
-        float mx = -INFINITY, e[SP_CUDA_ROUTE_MAX_K];
-        for (int j = 0; j < K; j++) mx = fmaxf(mx, sc[chosen[j]]);
-        for (int j = 0; j < K; j++) s += (double)(e[j] = expf(__fsub_rn(sc[chosen[j]], mx)));
-        for (int j = 0; j < K; j++) wo[j] = (float)((double)e[j] / s);
+        float mx = -INFINITY;
+        for (int c = 0; c < K; c++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_s, c));
+        float ex = expf(__fsub_rn(my_s, mx));
+        for (int c = 0; c < K; c++) s += (double)__shfl_sync(0xffffffffu, ex, c);
+        if (lane < K) so[lane] = my_e, wo[lane] = (float)((double)ex / s);
         return;
     }
-    for (int j = 0; j < K; j++) s += sc[chosen[j]];
-    for (int j = 0; j < K; j++) {
-        float p = sc[chosen[j]];
-        if (!group) wo[j] = r.norm_topk ? (float)((double)p / s) : p;
-        else wo[j] = __fmul_rn(K > 1 ? (float)((double)p / (s + 1e-20)) : p, r.routed_scale);
-    }
+    for (int c = 0; c < K; c++) s += __shfl_sync(0xffffffffu, my_s, c);
+    if (lane >= K) return;
+    so[lane] = my_e;
+    if (!group) wo[lane] = r.norm_topk ? (float)((double)my_s / s) : my_s;
+    else wo[lane] = __fmul_rn(K > 1 ? (float)((double)my_s / (s + 1e-20)) : my_s, r.routed_scale);
 }
 
 constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROUP_THREADS;
@@ -1629,8 +1740,8 @@ extern "C" int sp_cuda_quantize(const float *x, int64_t ldx, int64_t n, int64_t 
     if (n <= 0 || cols <= 0) return 0;
     if (cols % SP_CUDA_QBLOCK || q->ldq % 16 || q->ldq < cols || q->ldd < cols / SP_CUDA_QBLOCK)
         return (int)cudaErrorInvalidValue;
-    int64_t blocks = n * (cols / QB);
-    k_quantize<<<(unsigned)((blocks + QUANT_WARPS - 1) / QUANT_WARPS), QUANT_WARPS * WARP, 0,
+    int64_t lanes = n * (cols / QB) * QLANES;
+    k_quantize<<<(unsigned)((lanes + QUANT_WARPS * WARP - 1) / (QUANT_WARPS * WARP)), QUANT_WARPS * WARP, 0,
                  static_cast<cudaStream_t>(stream)>>>(x, ldx, n, cols, q->q, reinterpret_cast<float2 *>(q->d), q->ldq,
                                                       q->ldd);
     return (int)cudaGetLastError();
@@ -1794,13 +1905,33 @@ extern "C" int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct 
     return (int)cudaGetLastError();
 }
 
+extern "C" int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t cols, uint64_t *best, void *stream) {
+    if (n <= 0) return 0;
+    if (cols <= 0 || cols > (int64_t)UINT32_MAX || n > MAX_GRID_Y) return (int)cudaErrorInvalidValue;
+    static_assert(sizeof(uint64_t) == sizeof(unsigned long long), "the packed candidates are 64-bit words");
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    cudaError_t e = cudaMemsetAsync(best, 0, (size_t)n * sizeof *best, s);
+    if (e != cudaSuccess) return (int)e;
+    dim3 grid((unsigned)((cols + ARGMAX_SPAN - 1) / ARGMAX_SPAN), (unsigned)n);
+    k_argmax<<<grid, ARGMAX_THREADS, 0, s>>>(x, ldx, cols, reinterpret_cast<unsigned long long *>(best));
+    return (int)cudaGetLastError();
+}
+
 extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int64_t n, int32_t *sel,
                              float *w, void *stream) {
     if (n <= 0) return 0;
-    if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts)
+    if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts ||
+        r->n_group > r->n_experts)
         return (int)cudaErrorInvalidValue;
-    int threads = (int)((r->n_experts + WARP - 1) / WARP * WARP);
-    k_route<<<(unsigned)n, threads, 0, static_cast<cudaStream_t>(stream)>>>(*r, logits, ldl, sel, w);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    unsigned blocks = (unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), threads = ROUTE_WARPS * WARP;
+    int64_t per_lane = (r->n_experts + WARP - 1) / WARP;
+    if (per_lane <= 1) k_route<1><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
+    else if (per_lane <= 2) k_route<2><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
+    else if (per_lane <= 4) k_route<4><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
+    else if (per_lane <= 8) k_route<8><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
+    else if (per_lane <= 16) k_route<16><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
+    else k_route<32><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
     return (int)cudaGetLastError();
 }
 

@@ -122,6 +122,14 @@ int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct
 int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
                      int64_t blocks, int nt, const float *h, int64_t ldh, const struct sp_cuda_qx *hq, float *out,
                      int64_t ldo, void *stream);
+/* The greedy choice of each of n rows of cols floats (row t at x + t *
+ * ldx): the index of its largest value, the first of equal ones, NaN
+ * passed over; packed into best[t] (device memory), which
+ * sp_cuda_best_index turns into the index (0 where every value is NaN). */
+int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t cols, uint64_t *best, void *stream);
+static inline int32_t sp_cuda_best_index(uint64_t best) {
+    return best ? (int32_t)(0xffffffffu - (uint32_t)best) : 0;
+}
 /* Routing on the device (backend.h's enum sp_route, in the same order). */
 enum sp_cuda_route_kind {
     SP_CUDA_ROUTE_SOFTMAX_TOPK,
