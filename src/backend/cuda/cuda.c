@@ -941,7 +941,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         r->xvec = r->xvec && ((uintptr_t)it->x.data & 15) == 0 && it->x.ld % 4 == 0;
         struct sp_cuda_mlp_item *d = &c->h_items[nv++];
         *d = item_weights(w, fused);
-        d->x = it->x.data, d->ldx = it->x.ld, d->n = cnt, d->row = it->row;
+        d->x = it->x.data, d->ldx = it->x.ld, d->n = cnt, d->row = d->xrow = it->row;
     }
     if (c->err || nv == 0) return;
     for (int64_t k = 0; k < nr; k++) {
@@ -1059,23 +1059,28 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
         int64_t items = nk < E ? nk : E, token_blocks = items + (nk + nt - 1) / nt;
         if (t->shared) items++, token_blocks += (nt0 + nt - 1) / nt;
         bool from_qa = q && qa_holds(c, x, h.ld, nt0, d);
-        const struct sp_cuda_qx *xq = !q ? NULL : from_qa ? &c->qb : &c->qa;
+        /* one token: every item reads its row where it is (rounded into qa), nothing gathered */
+        bool one = nt0 == 1;
+        const struct sp_cuda_qx *xq = !q ? NULL : from_qa && !one ? &c->qb : &c->qa;
         if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
             !check(c, (cudaError_t)sp_cuda_route(&r, c->moe_logits, E, nt0, c->moe_sel, c->moe_w, c->stream),
                    "routing") ||
-            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, t->shared, c->moe_x, d, nt,
-                                                      jblocks, rblocks, items, c->moe_items, c->moe_rows, c->moe_ew,
-                                                      c->moe_toff, c->moe_tlist, c->stream),
+            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, t->shared,
+                                                      one ? x : c->moe_x, one ? h.ld : d, one, nt, jblocks, rblocks,
+                                                      items, c->moe_items, c->moe_rows, c->moe_ew, c->moe_toff,
+                                                      c->moe_tlist, c->stream),
                    "grouping by expert"))
             break;
-        if (from_qa ? !check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),
-                             "rows to experts")
-                    : !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, rows, d, c->stream),
-                             "rows to experts") ||
-                          (q && !quantize(c, c->moe_x, d, rows, d, &c->qa, 0)))
+        if (one ? q && !from_qa && !quantize(c, x, h.ld, 1, d, &c->qa, 0)
+            : from_qa ? !check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),
+                               "rows to experts")
+                      : !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, rows, d, c->stream),
+                               "rows to experts") ||
+                            (q && !quantize(c, c->moe_x, d, rows, d, &c->qa, 0)))
             break;
         if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
-                                                        jblocks * token_blocks, nt, d % 4 == 0, xq, c->moe_h, ff,
+                                                        jblocks * token_blocks, nt,
+                                                        d % 4 == 0 && (!one || ((uintptr_t)x & 15) == 0), xq, c->moe_h, ff,
                                                         act->alpha, act->limit, act->u_offset, c->stream),
                    "experts' gate and up") ||
             (q && !quantize(c, c->moe_h, ff, rows, ff, &c->qb, 0)) ||

@@ -723,7 +723,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 
 /* An item's activations: its own float rows, or its rows of the int8 rows. */
 __device__ __forceinline__ facts item_acts(const facts &a, const sp_cuda_mlp_item &it) { return {it.x, it.ldx, a.vec}; }
-__device__ __forceinline__ qacts item_acts(const qacts &a, const sp_cuda_mlp_item &it) { return a.rows(it.row); }
+__device__ __forceinline__ qacts item_acts(const qacts &a, const sp_cuda_mlp_item &it) { return a.rows(it.xrow); }
 
 /* The item whose blocks include block b: the last of items[0 .. n) with
  * blk <= b (items' first blocks increase), found by the whole warp 32
@@ -1371,7 +1371,7 @@ constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROU
  * after the experts': token t's row n K + t, weight 1, last in its list. */
 __global__ void __launch_bounds__(GROUP_THREADS)
     k_moe_group(const int32_t *sel, const float *w, int n, int K, int E, const sp_cuda_mlp_item *table, bool shared,
-                const float *gath, int64_t ldx, int nt, int64_t jblocks, int64_t rblocks, int max_items,
+                const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks, int64_t rblocks, int max_items,
                 sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
     using scan = cub::BlockScan<int, GROUP_THREADS>;
     __shared__ typename scan::TempStorage tmp;
@@ -1398,10 +1398,11 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     if (tid == 0) n_items = total;
     if (shared && tid == 0) {
         sp_cuda_mlp_item it = table[E];
-        it.x = gath + (int64_t)nk * ldx;
+        it.x = one_row ? gath : gath + (int64_t)nk * ldx;
         it.ldx = ldx;
         it.n = n;
         it.row = nk;
+        it.xrow = one_row ? 0 : nk;
         it.blk_gate_up = (int64_t)tb_total * jblocks;
         it.blk_down = (int64_t)tb_total * rblocks;
         items[total] = it;
@@ -1413,10 +1414,11 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         off[e] = o[j];
         if (!c[j]) continue;
         sp_cuda_mlp_item it = table[e];
-        it.x = gath + (int64_t)o[j] * ldx;
+        it.x = one_row ? gath : gath + (int64_t)o[j] * ldx;
         it.ldx = ldx;
         it.n = c[j];
         it.row = o[j];
+        it.xrow = one_row ? 0 : o[j];
         it.blk_gate_up = (int64_t)to[j] * jblocks;
         it.blk_down = (int64_t)to[j] * rblocks;
         items[io[j]] = it;
@@ -1937,16 +1939,16 @@ extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits,
 
 extern "C" int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
                                  const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
-                                 int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
+                                 bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
                                  struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff,
                                  int32_t *tlist, void *stream) {
     if (n <= 0) return 0;
     if (n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || k > SP_CUDA_ROUTE_MAX_K ||
-        n * (k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS)
+        n * (k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS || (one_row && n != 1))
         return (int)cudaErrorInvalidValue;
     k_moe_group<<<1, GROUP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-        sel, w, (int)n, (int)k, (int)n_experts, table, shared, gath, ldx, nt, jblocks, rblocks, (int)max_items, items,
-        rows, ew, toff, tlist);
+        sel, w, (int)n, (int)k, (int)n_experts, table, shared, gath, ldx, one_row, nt, jblocks, rblocks,
+        (int)max_items, items, rows, ew, toff, tlist);
     return (int)cudaGetLastError();
 }
 

@@ -92,13 +92,14 @@ bool sp_cuda_vec_ok(const struct sp_cuda_weight *w);
 /* One gated MLP of a batch as the MLP launchers take it (an array of them
  * in device memory): the arrays of gate (or of the fused gate_up, outputs
  * alternating gate, up), up (unused when fused) and down, with their
- * output biases (or NULL), applied to n rows of x; the activation goes to
- * rows [row, row + n) of h and the result to those rows of out. */
+ * output biases (or NULL), applied to n rows of x (or of the int8 rows
+ * from xrow); the activation goes to rows [row, row + n) of h and the
+ * result to those rows of out. */
 struct sp_cuda_mlp_item {
     const void *codes[3], *scales[3], *biases[3];
     const void *bias[3];
     const float *x;
-    int64_t ldx, n, row;
+    int64_t ldx, n, row, xrow;
     int64_t ff;                      // outputs of gate (columns of down)
     int64_t blk_gate_up, blk_down;   // the item's first block in each launch (sp_cuda_mlp_blocks)
 };
@@ -112,7 +113,7 @@ int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt);
  * w gives the format, group, bias type and columns that every item's
  * gate and up share. The activations: each item's x (xvec: every x is
  * 16-byte aligned with ldx a multiple of 4), or where xq is not NULL its
- * rows [row, row + n) of xq (w as sp_cuda_q_ok takes). */
+ * rows [xrow, xrow + n) of xq (w as sp_cuda_q_ok takes). */
 int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
                         int n_items, int64_t blocks, int nt, bool xvec, const struct sp_cuda_qx *xq, float *h,
                         int64_t ldh, float alpha, float limit, float u_offset, void *stream);
@@ -154,8 +155,10 @@ int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ld
 /* The n x k routed pairs of sel and w listed by expert for the batched MLP
  * kernels: items[0 ..) one an expert chosen, in increasing order, from
  * table[e] (its weights and ff) with n its pairs' tokens, x its first row
- * of gath (rows ldx apart), row that row, and its blocks for nt tokens a
- * block (jblocks and rblocks: gate_up's and down's blocks a token block);
+ * of gath (rows ldx apart), row and xrow that row, and its blocks for nt
+ * tokens a block (jblocks and rblocks: gate_up's and down's blocks a token
+ * block); where one_row (a batch of one token), x is gath and xrow 0 for
+ * every item, so the token's row needs no gathering;
  * items up to max_items past those are never a block's. rows[i] is the
  * token of pair i in that order (sp_cuda_gather's rows), ew[i] its weight;
  * toff (n + 1) and tlist (n x k) list each token's pairs in increasing
@@ -167,7 +170,7 @@ int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ld
  * SP_CUDA_MOE_MAX_PAIRS. */
 #define SP_CUDA_MOE_MAX_PAIRS 4096
 int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
-                      const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, int nt,
+                      const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, bool one_row, int nt,
                       int64_t jblocks, int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items,
                       int32_t *rows, float *ew, int32_t *toff, int32_t *tlist, void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
