@@ -1063,13 +1063,11 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
         bool one = nt0 == 1;
         const struct sp_cuda_qx *xq = !q ? NULL : from_qa && !one ? &c->qb : &c->qa;
         if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
-            !check(c, (cudaError_t)sp_cuda_route(&r, c->moe_logits, E, nt0, c->moe_sel, c->moe_w, c->stream),
-                   "routing") ||
-            !check(c, (cudaError_t)sp_cuda_moe_group(c->moe_sel, c->moe_w, nt0, K, E, t->d, t->shared,
+            !check(c, (cudaError_t)sp_cuda_moe_group(&r, c->moe_logits, E, c->moe_sel, c->moe_w, nt0, t->d, t->shared,
                                                       one ? x : c->moe_x, one ? h.ld : d, one, nt, jblocks, rblocks,
                                                       items, c->moe_items, c->moe_rows, c->moe_ew, c->moe_toff,
                                                       c->moe_tlist, c->stream),
-                   "grouping by expert"))
+                   "routing and grouping by expert"))
             break;
         if (one ? q && !from_qa && !quantize(c, x, h.ld, 1, d, &c->qa, 0)
             : from_qa ? !check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),

@@ -1253,19 +1253,16 @@ __device__ __forceinline__ float warp_pick(const float (&v)[V], int e) {
     return __shfl_sync(0xffffffffu, mine, e % WARP);
 }
 
-/* Scores (softmax or sigmoid of the logits), the groups kept (ranked by
- * the sum of their two best biased scores, in expert order), the k best
- * kept experts by biased score, then their weights (the host's sums, in
- * its order): lane j writes choice j. */
+/* Token t routed by the whole warp: scores (softmax or sigmoid of its
+ * logits lg), the groups kept (ranked by the sum of their two best biased
+ * scores, in expert order; bz: the warp's V x WARP floats of shared
+ * memory), the k best kept experts by biased score, then their weights
+ * (the host's sums, in its order): lane j writes choice j. */
 template <int V>
-__global__ void __launch_bounds__(ROUTE_WARPS * WARP)
-    k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *wout) {
-    __shared__ float bz_all[ROUTE_WARPS][V * WARP];
+__device__ void route_token(const struct sp_cuda_route &r, const float *lg, int64_t t, int32_t *sel, float *wout,
+                            float *bz) {
     int lane = threadIdx.x % WARP;
-    int64_t t = (int64_t)blockIdx.x * ROUTE_WARPS + threadIdx.x / WARP;
-    if (t >= n) return;  // a whole warp: nothing below waits on the block
     int E = (int)r.n_experts, K = (int)r.k;
-    const float *lg = logits + t * ldl;
     bool group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
     float v[V], key[V];
     uint32_t in = 0;
@@ -1303,7 +1300,6 @@ __global__ void __launch_bounds__(ROUTE_WARPS * WARP)
     int G = (int)r.n_group;
     if (group && G > 1) {
         int per = E / G;
-        float *bz = bz_all[threadIdx.x / WARP];
 #pragma unroll
         for (int j = 0; j < V; j++)
             if (in >> j & 1u) bz[j * WARP + lane] = key[j];
@@ -1361,7 +1357,20 @@ __global__ void __launch_bounds__(ROUTE_WARPS * WARP)
     else wo[lane] = __fmul_rn(K > 1 ? (float)((double)my_s / (s + 1e-20)) : my_s, r.routed_scale);
 }
 
+/* Routing apart from grouping: a warp a token. */
+template <int V>
+__global__ void __launch_bounds__(ROUTE_WARPS * WARP)
+    k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *wout) {
+    __shared__ float bz[ROUTE_WARPS][V * WARP];
+    int64_t t = (int64_t)blockIdx.x * ROUTE_WARPS + threadIdx.x / WARP;
+    if (t < n) route_token<V>(r, logits + t * ldl, t, sel, wout, bz[threadIdx.x / WARP]);
+}
+
 constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROUP_THREADS;
+/* Routing inside the grouping's block (a launch fewer) for batches of up
+ * to GROUP_ROUTE_MAX tokens: a warp a token, as many warps as ROUTE_FLOATS
+ * of shared scratch hold. */
+constexpr int GROUP_ROUTE_MAX = 64, ROUTE_FLOATS = 8192;
 
 /* One block: experts' counts, then their offsets, item numbers and first
  * blocks by scans over the experts; each pair's place in its expert's
@@ -1369,15 +1378,25 @@ constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROU
  * pairs that chose it 32 at a time; then each token's pairs sorted by
  * expert. With shared, table[E] (the shared expert) is one more item,
  * after the experts': token t's row n K + t, weight 1, last in its list. */
+template <int V>
 __global__ void __launch_bounds__(GROUP_THREADS)
-    k_moe_group(const int32_t *sel, const float *w, int n, int K, int E, const sp_cuda_mlp_item *table, bool shared,
-                const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks, int64_t rblocks, int max_items,
-                sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
+    k_moe_group(struct sp_cuda_route r, const float *logits, int64_t ldl, bool route_here, int32_t *sel, float *w,
+                int n, const sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, bool one_row, int nt,
+                int64_t jblocks, int64_t rblocks, int max_items, sp_cuda_mlp_item *items, int32_t *rows, float *ew,
+                int32_t *toff, int32_t *tlist) {
     using scan = cub::BlockScan<int, GROUP_THREADS>;
     __shared__ typename scan::TempStorage tmp;
     __shared__ int cnt[SP_CUDA_ROUTE_MAX_EXPERTS], off[SP_CUDA_ROUTE_MAX_EXPERTS];
     __shared__ int n_items;
-    int tid = threadIdx.x, lane = tid % WARP, nk = n * K, S = K + (shared ? 1 : 0);  // S: a token's list
+    __shared__ float bz[ROUTE_FLOATS];
+    int tid = threadIdx.x, lane = tid % WARP, K = (int)r.k, E = (int)r.n_experts;
+    int nk = n * K, S = K + (shared ? 1 : 0);  // S: a token's list
+    if (route_here) {  /* sel and w, seen by the block after the barrier below */
+        constexpr int W = ROUTE_FLOATS / (V * WARP) < GROUP_THREADS / WARP ? ROUTE_FLOATS / (V * WARP)
+                                                                           : GROUP_THREADS / WARP;
+        if (tid / WARP < W)
+            for (int t = tid / WARP; t < n; t += W) route_token<V>(r, logits + t * ldl, t, sel, w, bz + tid / WARP * V * WARP);
+    }
     for (int e = tid; e < SP_CUDA_ROUTE_MAX_EXPERTS; e += GROUP_THREADS) cnt[e] = 0;
     __syncthreads();
     for (int i = tid; i < nk; i += GROUP_THREADS) atomicAdd(&cnt[sel[i]], 1);
@@ -1473,41 +1492,50 @@ __device__ __forceinline__ int64_t kv_at(const sp_cuda_kv &kv, const sp_cuda_att
 
 constexpr int PRO_WARPS = 4;
 
-/* A block a (token, PRO_WARPS heads), a warp a head: norm, then rotate
- * (each lane a pair of elements, once the norm's writes are seen:
- * __syncwarp), then store. */
+/* A block a (token, PRO_WARPS heads), a warp a head, kept in shared
+ * memory from one round of loads (the head, the norm's weights and the
+ * rotation's cos and sin are loaded together): norm, then rotate (each
+ * lane a pair of elements, once the norm's writes are seen: __syncwarp),
+ * then store the head back and, for a k head, it and its v head into the
+ * cache. */
 template <int DT>
 __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
+    __shared__ float head[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM], rot[PRO_WARPS][2 * SP_CUDA_MAX_HEAD_DIM];
     int64_t t = blockIdx.x, hd = a.head_dim, half = a.rot / 2;
-    int lane = threadIdx.x % WARP;
-    float *row = qkv + t * ldq;
-    const float *cs = a.rope_cs + t * a.rot;
-    int64_t h = (int64_t)blockIdx.y * PRO_WARPS + threadIdx.x / WARP;
-    if (h < a.n_heads + a.n_kv_heads) {
-        float *v = row + h * hd;
-        if (a.q_norm) {
-            const float *nw = h < a.n_heads ? a.q_norm : a.k_norm;
-            double ss = 0;
-            for (int64_t i = lane; i < hd; i += WARP) ss += (double)v[i] * (double)v[i];
-            ss = warp_sum_d(ss);
-            float scale = (float)(1.0 / sqrt(ss / (double)hd + (double)a.eps));
-            for (int64_t i = lane; i < hd; i += WARP) v[i] = __fmul_rn(__fmul_rn(v[i], scale), nw[i]);
-            __syncwarp();
-        }
-        for (int64_t i = lane; i < half; i += WARP) {
-            float x1 = v[i], x2 = v[i + half], c = cs[i], s = cs[half + i];
-            v[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-            v[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-        }
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int64_t h = (int64_t)blockIdx.y * PRO_WARPS + wid;
+    if (h >= a.n_heads + a.n_kv_heads) return;  // a whole warp: nothing below waits on the block
+    float *row = qkv + t * ldq, *v = row + h * hd, *sv = head[wid], *cs = rot[wid];
+    const float *nw = !a.q_norm ? nullptr : h < a.n_heads ? a.q_norm : a.k_norm;
+    double ss = 0;
+    for (int64_t i = lane; i < hd; i += WARP) {
+        float x = v[i];
+        sv[i] = x;
+        if (nw) cs[2 * half + i] = nw[i];  // the norm's weights after the angles
+        ss += (double)x * (double)x;
+    }
+    for (int64_t i = lane; i < 2 * half; i += WARP) cs[i] = a.rope_cs[t * a.rot + i];
+    __syncwarp();
+    if (nw) {
+        ss = warp_sum_d(ss);
+        float scale = (float)(1.0 / sqrt(ss / (double)hd + (double)a.eps));
+        for (int64_t i = lane; i < hd; i += WARP) sv[i] = __fmul_rn(__fmul_rn(sv[i], scale), cs[2 * half + i]);
         __syncwarp();
-        if (h < a.n_heads) return;
-        int64_t kvh = h - a.n_heads, s = a.seq[t], p = a.pos[t];
-        const float *vv = row + (a.n_heads + a.n_kv_heads + kvh) * hd;
-        int64_t ko = kv_at(kv, a, 0, s, p, kvh), vo = kv_at(kv, a, 1, s, p, kvh);
-        for (int64_t i = lane; i < hd; i += WARP) {
-            stf<DT>(kv.data, ko + i, v[i]);
-            stf<DT>(kv.data, vo + i, vv[i]);
-        }
+    }
+    for (int64_t i = lane; i < half; i += WARP) {
+        float x1 = sv[i], x2 = sv[i + half], c = cs[i], s = cs[half + i];
+        sv[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+        sv[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    }
+    __syncwarp();
+    for (int64_t i = lane; i < hd; i += WARP) v[i] = sv[i];
+    if (h < a.n_heads) return;
+    int64_t kvh = h - a.n_heads, s = a.seq[t], p = a.pos[t];
+    const float *vv = row + (a.n_heads + a.n_kv_heads + kvh) * hd;
+    int64_t ko = kv_at(kv, a, 0, s, p, kvh), vo = kv_at(kv, a, 1, s, p, kvh);
+    for (int64_t i = lane; i < hd; i += WARP) {
+        stf<DT>(kv.data, ko + i, sv[i]);
+        stf<DT>(kv.data, vo + i, vv[i]);
     }
 }
 
@@ -1919,37 +1947,64 @@ extern "C" int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t co
     return (int)cudaGetLastError();
 }
 
-extern "C" int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int64_t n, int32_t *sel,
-                             float *w, void *stream) {
-    if (n <= 0) return 0;
-    if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts ||
-        r->n_group > r->n_experts)
-        return (int)cudaErrorInvalidValue;
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    unsigned blocks = (unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), threads = ROUTE_WARPS * WARP;
-    int64_t per_lane = (r->n_experts + WARP - 1) / WARP;
-    if (per_lane <= 1) k_route<1><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    else if (per_lane <= 2) k_route<2><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    else if (per_lane <= 4) k_route<4><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    else if (per_lane <= 8) k_route<8><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    else if (per_lane <= 16) k_route<16><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    else k_route<32><<<blocks, threads, 0, s>>>(*r, logits, ldl, n, sel, w);
-    return (int)cudaGetLastError();
+namespace {
+/* f.template go<V>() with V the experts a lane of the routing holds. */
+template <class F>
+int by_experts(int64_t n_experts, const F &f) {
+    int64_t per_lane = (n_experts + WARP - 1) / WARP;
+    if (per_lane <= 1) return f.template go<1>();
+    if (per_lane <= 2) return f.template go<2>();
+    if (per_lane <= 4) return f.template go<4>();
+    if (per_lane <= 8) return f.template go<8>();
+    if (per_lane <= 16) return f.template go<16>();
+    return f.template go<32>();
 }
 
-extern "C" int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
-                                 const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
-                                 bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
-                                 struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff,
-                                 int32_t *tlist, void *stream) {
+struct moe_group_launch {
+    const sp_cuda_route *r;
+    const float *logits;
+    int64_t ldl;
+    int32_t *sel;
+    float *w;
+    int64_t n;
+    const sp_cuda_mlp_item *table;
+    bool shared;
+    const float *gath;
+    int64_t ldx;
+    bool one_row;
+    int nt;
+    int64_t jblocks, rblocks, max_items;
+    sp_cuda_mlp_item *items;
+    int32_t *rows;
+    float *ew;
+    int32_t *toff, *tlist;
+    cudaStream_t s;
+    template <int V>
+    int go() const {
+        bool here = n <= GROUP_ROUTE_MAX;
+        if (!here)
+            k_route<V><<<(unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * WARP, 0, s>>>(*r, logits, ldl,
+                                                                                                     n, sel, w);
+        k_moe_group<V><<<1, GROUP_THREADS, 0, s>>>(*r, logits, ldl, here, sel, w, (int)n, table, shared, gath, ldx,
+                                                   one_row, nt, jblocks, rblocks, (int)max_items, items, rows, ew, toff,
+                                                   tlist);
+        return (int)cudaGetLastError();
+    }
+};
+}  // namespace
+
+extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel,
+                                 float *w, int64_t n, const struct sp_cuda_mlp_item *table, bool shared,
+                                 const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks,
+                                 int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items, int32_t *rows,
+                                 float *ew, int32_t *toff, int32_t *tlist, void *stream) {
     if (n <= 0) return 0;
-    if (n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || k > SP_CUDA_ROUTE_MAX_K ||
-        n * (k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS || (one_row && n != 1))
+    if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts ||
+        r->n_group > r->n_experts || n * (r->k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS || (one_row && n != 1))
         return (int)cudaErrorInvalidValue;
-    k_moe_group<<<1, GROUP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-        sel, w, (int)n, (int)k, (int)n_experts, table, shared, gath, ldx, one_row, nt, jblocks, rblocks,
-        (int)max_items, items, rows, ew, toff, tlist);
-    return (int)cudaGetLastError();
+    moe_group_launch l = {r,  logits, ldl,     sel,     w,         n,     table, shared, gath, ldx,  one_row,
+                          nt, jblocks, rblocks, max_items, items, rows, ew,    toff,   tlist, static_cast<cudaStream_t>(stream)};
+    return by_experts(r->n_experts, l);
 }
 
 extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }

@@ -148,31 +148,29 @@ struct sp_cuda_route {
     float routed_scale;
     const float *bias;  // (n_experts) or NULL
 };
-/* Token t's k experts (sel, best first) and weights (w), rows of k, from
- * its router logits (logits + t * ldl), for t < n. */
-int sp_cuda_route(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *w,
-                  void *stream);
-/* The n x k routed pairs of sel and w listed by expert for the batched MLP
- * kernels: items[0 ..) one an expert chosen, in increasing order, from
- * table[e] (its weights and ff) with n its pairs' tokens, x its first row
- * of gath (rows ldx apart), row and xrow that row, and its blocks for nt
- * tokens a block (jblocks and rblocks: gate_up's and down's blocks a token
- * block); where one_row (a batch of one token), x is gath and xrow 0 for
- * every item, so the token's row needs no gathering;
- * items up to max_items past those are never a block's. rows[i] is the
- * token of pair i in that order (sp_cuda_gather's rows), ew[i] its weight;
- * toff (n + 1) and tlist (n x k) list each token's pairs in increasing
- * expert order (sp_cuda_scatter_add's off and list). Each token's k
- * experts are distinct. With shared, table[n_experts] is a shared expert
- * of the experts' formats and ff: one more item after the others, on
- * rows n k + t of gath (rows[n k + t] = t, weight 1), last in each
- * token's list (then k + 1 long). n x (k + shared) at most
+/* Routes n tokens, token t's k experts (sel, best first) and weights
+ * (w), rows of k, from its router logits (logits + t * ldl); then lists
+ * the n x k routed pairs by expert for the batched MLP kernels: items[0
+ * ..) one an expert chosen, in increasing order, from table[e] (its
+ * weights and ff) with n its pairs' tokens, x its first row of gath (rows
+ * ldx apart), row and xrow that row, and its blocks for nt tokens a block
+ * (jblocks and rblocks: gate_up's and down's blocks a token block); where
+ * one_row (a batch of one token), x is gath and xrow 0 for every item, so
+ * the token's row needs no gathering; items up to max_items past those are
+ * never a block's. rows[i] is the token of pair i in that order
+ * (sp_cuda_gather's rows), ew[i] its weight; toff (n + 1) and tlist (n x
+ * k) list each token's pairs in increasing expert order
+ * (sp_cuda_scatter_add's off and list). With shared, table[n_experts] is a
+ * shared expert of the experts' formats and ff: one more item after the
+ * others, on rows n k + t of gath (rows[n k + t] = t, weight 1), last in
+ * each token's list (then k + 1 long). n x (k + shared) at most
  * SP_CUDA_MOE_MAX_PAIRS. */
 #define SP_CUDA_MOE_MAX_PAIRS 4096
-int sp_cuda_moe_group(const int32_t *sel, const float *w, int64_t n, int64_t k, int64_t n_experts,
-                      const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, bool one_row, int nt,
-                      int64_t jblocks, int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items,
-                      int32_t *rows, float *ew, int32_t *toff, int32_t *tlist, void *stream);
+int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel, float *w,
+                      int64_t n, const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
+                      bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
+                      struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist,
+                      void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
 int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
                   void *stream);
