@@ -3702,7 +3702,8 @@ ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int
     BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) bt_storef(out + i * BT_TOKENS, acc[i]);
 }
 
-/* Rows [r0, r1) of a K-quant matrix times the n tokens laid out in wk (bt_tokens). */
+/* Rows [r0, r1) of a matrix whose format goes by tokens (the K-quants; IQ4_XS
+ * where VNNI sums in int32) times the n tokens laid out in wk (bt_tokens). */
 ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bt_work *wk,
                     int64_t n, float *y, int64_t ldy) {
     const size_t row_bytes = (size_t)(w->cols / 256) * sp_qtype_traits(T)->block_bytes;
@@ -3807,7 +3808,6 @@ static void bq8_rows_all(const struct shared_x *m, int64_t r0, int64_t r1, const
         }
     }
 }
-
 
 /* ---- interleaved matrices through the products on rows in row order ---- */
 
@@ -4063,13 +4063,14 @@ static void shared_rows(enum acts acts, bool bf16, const struct impl *im, const 
             continue;
         }
 #endif
-        const struct shared_x one = {{m->w[i]}, {m->y[i]}, 1};
-        if (im)
+        if (im) {
             float_rows(im, m->w[i], r0, r1, x, ldx, n, m->y[i], ldy, scratch);
-        else if (acts == ACTS_INT8 && bq_rows_for(m->w[i]->type))
+        } else if (acts == ACTS_INT8 && bq_rows_for(m->w[i]->type)) {
+            const struct shared_x one = {{m->w[i]}, {m->y[i]}, 1};
             bq8_rows_all(&one, r0, r1, x, ldx, n, ldy, scratch);
-        else  // decoded a block at a time, whatever n: one summation order
+        } else {  // decoded a block at a time, whatever n: one summation order
             blocked_rows(m->w[i], block_decoder(m->w[i]), r0, r1, x, ldx, n, m->y[i], ldy, scratch);
+        }
     }
 }
 
