@@ -716,15 +716,14 @@ static bool constraint_ready(struct sp_engine *e, struct slot *s) {
     return s->gm || sp_gmatch_new(s->req->gp.grammar, &s->gm) == SP_OK;
 }
 
-/* After a forward pass: sample the next token of a slot from its logits row. */
 /* Whether s's next token is the arg max of its logits as they are (a
  * choice the forward pass can make where it computed them). */
 static bool greedy_only(const struct slot *s) {
     return !s->req->gp.grammar && s->req->gp.top_logprobs < 0 && sp_sampler_greedy(s->smp);
 }
 
-/* s's next token from its logits row, or where picked >= 0 (greedy_only)
- * that one. */
+/* After a forward pass: s's next token sampled from its logits row, or
+ * where picked >= 0 (greedy_only) that one. */
 static void after_logits(struct sp_engine *e, struct slot *s, float *row, int32_t picked) {
     struct sp_req *r = s->req;
     struct sp_tok_info ti;

@@ -209,15 +209,17 @@ static void penalize(const struct sp_sampler_params *p, float *logits, int64_t t
  * distributions' top-p mass without it. */
 #define SORTED_FIRST 256
 
-bool sp_sampler_greedy(const struct sp_sampler *s) {
-    const struct sp_sampler_params *p = &s->p;
-    return p->temp <= 0.0f && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f;
+/* Whether any of the penalties is on. */
+static bool penalized(const struct sp_sampler_params *p) {
+    return p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
 }
+
+bool sp_sampler_greedy(const struct sp_sampler *s) { return s->p.temp <= 0.0f && !penalized(&s->p); }
 
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     const struct sp_sampler_params *p = &s->p;
     int64_t V = s->vocab;
-    if (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+    if (penalized(p)) {
         if (p->penalty_last_n > 0) {
             /* the tokens of the window, each once: its count is negated when
              * done, then restored */

@@ -1069,13 +1069,17 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
                                                       c->moe_tlist, c->stream),
                    "routing and grouping by expert"))
             break;
-        if (one ? q && !from_qa && !quantize(c, x, h.ld, 1, d, &c->qa, 0)
-            : from_qa ? !check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),
-                               "rows to experts")
-                      : !check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, rows, d, c->stream),
-                               "rows to experts") ||
-                            (q && !quantize(c, c->moe_x, d, rows, d, &c->qa, 0)))
-            break;
+        bool placed;  // the activations where the items read them
+        if (one)
+            placed = !q || from_qa || quantize(c, x, h.ld, 1, d, &c->qa, 0);
+        else if (from_qa)
+            placed = check(c, (cudaError_t)sp_cuda_gather_q(&c->qb, &c->qa, c->moe_rows, rows, d, c->stream),
+                           "rows to experts");
+        else
+            placed = check(c, (cudaError_t)sp_cuda_gather(c->moe_x, d, x, h.ld, c->moe_rows, rows, d, c->stream),
+                           "rows to experts") &&
+                     (!q || quantize(c, c->moe_x, d, rows, d, &c->qa, 0));
+        if (!placed) break;
         if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
                                                         jblocks * token_blocks, nt,
                                                         d % 4 == 0 && (!one || ((uintptr_t)x & 15) == 0), xq, c->moe_h, ff,

@@ -1086,7 +1086,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
             if (c >= cols) continue;
             v[k] = *reinterpret_cast<const float4 *>(xr + c);
             if (rr) a[k] = *reinterpret_cast<const float4 *>(rr + c);
-            if (w) g[k] = *reinterpret_cast<const float4 *>(w + c);
+            g[k] = w ? *reinterpret_cast<const float4 *>(w + c) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         }
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) {
@@ -1500,26 +1500,26 @@ constexpr int PRO_WARPS = 4;
  * cache. */
 template <int DT>
 __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
-    __shared__ float head[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM], rot[PRO_WARPS][2 * SP_CUDA_MAX_HEAD_DIM];
+    __shared__ float head[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM], gain[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM],
+        angles[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM];
     int64_t t = blockIdx.x, hd = a.head_dim, half = a.rot / 2;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t h = (int64_t)blockIdx.y * PRO_WARPS + wid;
     if (h >= a.n_heads + a.n_kv_heads) return;  // a whole warp: nothing below waits on the block
-    float *row = qkv + t * ldq, *v = row + h * hd, *sv = head[wid], *cs = rot[wid];
+    float *row = qkv + t * ldq, *v = row + h * hd, *sv = head[wid], *sg = gain[wid], *cs = angles[wid];
     const float *nw = !a.q_norm ? nullptr : h < a.n_heads ? a.q_norm : a.k_norm;
     double ss = 0;
     for (int64_t i = lane; i < hd; i += WARP) {
         float x = v[i];
         sv[i] = x;
-        if (nw) cs[2 * half + i] = nw[i];  // the norm's weights after the angles
-        ss += (double)x * (double)x;
+        if (nw) sg[i] = nw[i], ss += (double)x * (double)x;
     }
     for (int64_t i = lane; i < 2 * half; i += WARP) cs[i] = a.rope_cs[t * a.rot + i];
     __syncwarp();
     if (nw) {
         ss = warp_sum_d(ss);
         float scale = (float)(1.0 / sqrt(ss / (double)hd + (double)a.eps));
-        for (int64_t i = lane; i < hd; i += WARP) sv[i] = __fmul_rn(__fmul_rn(sv[i], scale), cs[2 * half + i]);
+        for (int64_t i = lane; i < hd; i += WARP) sv[i] = __fmul_rn(__fmul_rn(sv[i], scale), sg[i]);
         __syncwarp();
     }
     for (int64_t i = lane; i < half; i += WARP) {
