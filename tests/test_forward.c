@@ -880,6 +880,68 @@ static void test_cuda_int8_activations(void **state) {
     check_quantized_variants(TOL_INT8_LOGITS);
 }
 
+/* GRAPH_STEPS steps after a prompt of each sequence: sequence 0 alone, then
+ * both sequences a token each (steps 8 to 15), then sequence 0 again, with
+ * the CUDA backend's step graphs on or off; every
+ * step's logits into out (two rows a step), its graph counts into counts. */
+#define GRAPH_STEPS 24
+static void graph_steps(struct sp_model *m, const struct ref *r, bool graphs, float *out, int64_t counts[2]) {
+    struct sp_ctx *c;
+    struct sp_ctx_params p = {.n_ctx = 128, .n_seq = 2, .max_batch = 64, .device = device, .n_threads = 2,
+                              .float_activations = float_acts, .graphs = graphs};
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s", sp_error_msg());
+    int64_t V = r->vocab, np = r->na < 16 ? r->na : 16;
+    float *prompt = malloc((size_t)(np * V) * sizeof(float));
+    run_seq(c, r->a, np, np, 0, prompt, V);
+    run_seq(c, r->b, np, 5, 1, prompt, V);
+    for (int64_t i = 0; i < GRAPH_STEPS; i++) {
+        bool both = i >= 8 && i < 16;
+        int32_t tok[2] = {r->b[(np + i) % r->nb], r->a[i % r->na]};
+        int32_t pos[2] = {(int32_t)(np + i), (int32_t)(np + i - 8)}, seq[2] = {0, 1};
+        struct sp_batch b = {.n = both ? 2 : 1, .tokens = tok, .pos = pos, .seq = seq};
+        if (sp_ctx_forward(c, &b, out + 2 * i * V) != SP_OK) fail_msg("%s", sp_error_msg());
+    }
+    free(prompt);
+    sp_ctx_graph_counts(c, &counts[0], &counts[1]);
+    sp_ctx_free(c);
+}
+
+/* Steps replayed as CUDA graphs (updated with each step's tokens and
+ * positions, a graph a batch size) give the logits of the same steps
+ * queued op by op, bit for bit, and do replay: every step of at most 64
+ * tokens here. */
+static void test_cuda_graphs(void **state) {
+    if (!use_cuda()) skip();
+    for (int acts = 0; acts < 2; acts++) {
+        float_acts = acts == 0;
+        for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
+            char dir[256];
+            snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
+            struct sp_model *m;
+            assert_int_equal(sp_model_open(dir, &m), SP_OK);
+            struct ref r;
+            load_ref(archs[i], &r);
+            size_t bytes = (size_t)(2 * GRAPH_STEPS * r.vocab) * sizeof(float);
+            float *off = calloc(1, bytes), *on = calloc(1, bytes);
+            int64_t c_off[2], c_on[2];
+            graph_steps(m, &r, false, off, c_off);
+            graph_steps(m, &r, true, on, c_on);
+            print_message("%s (%s activations): %lld replays, %lld graphs built\n", archs[i],
+                          float_acts ? "float" : "int8", (long long)c_on[0], (long long)c_on[1]);
+            assert_int_equal(c_off[0], 0);
+            /* the prompts' steps (1 + 4) and every decode step */
+            assert_true(c_on[0] >= 5 + GRAPH_STEPS);
+            assert_true(c_on[1] < c_on[0]);
+            assert_memory_equal(off, on, bytes);
+            free(off);
+            free(on);
+            free(r.la);
+            free(r.lb);
+            sp_model_close(m);
+        }
+    }
+}
+
 /* argv[1], when given, picks the tests to run by name ("test_cuda_*"). */
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -899,6 +961,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_int8_activations, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_graphs, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

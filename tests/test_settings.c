@@ -24,6 +24,7 @@ static void test_defaults(void **state) {
     assert_false(s.mmap);
     assert_false(s.row_order);
     assert_false(s.cpu_experts);
+    assert_false(s.cuda_graphs);
     assert_int_equal(s.kernels_from, SP_ORIGIN_DEFAULT);
     assert_int_equal(s.precision_from, SP_ORIGIN_DEFAULT);
     assert_string_equal(s.hf_hub_cache, "/home/u/.cache/huggingface/hub");
@@ -38,7 +39,7 @@ static void test_defaults(void **state) {
 static void test_environment(void **state) {
     char *env[] = {"SPARROW_KERNELS=avx2f", "SPARROW_IO=pread",      "SPARROW_EXPERT_POLICY=clock", "SPARROW_PREFETCH=0",
                    "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=1",
-                   NULL};
+                   "SPARROW_CUDA_GRAPHS=1", NULL};
     struct sp_settings s;
     load_ok(&s, env);
     assert_string_equal(s.kernels, "avx2f");
@@ -49,6 +50,7 @@ static void test_environment(void **state) {
     assert_true(s.mmap);
     assert_true(s.row_order);
     assert_true(s.cpu_experts);
+    assert_true(s.cuda_graphs);
     assert_string_equal(s.tmp_dir, "/scratch");
     /* "0" and "" are off for on-switches; prefetch is off only at "0" */
     char *off[] = {"SPARROW_MMAP=0", "SPARROW_ROW_ORDER=", "SPARROW_PREFETCH=1",
@@ -144,6 +146,9 @@ static void test_flags(void **state) {
     assert_true(s.row_order);
     assert_int_equal(sp_settings_set(&s, "--cpu-experts", NULL), SP_OK);
     assert_true(s.cpu_experts);
+    s.cuda_graphs = false;
+    assert_int_equal(sp_settings_set(&s, "--cuda-graphs", NULL), SP_OK);
+    assert_true(s.cuda_graphs);
     /* --precision over SPARROW_KERNELS: the variable's set is dropped */
     assert_int_equal(sp_settings_set(&s, "--precision", "exact"), SP_OK);
     assert_int_equal(s.precision, SP_PRECISION_EXACT);

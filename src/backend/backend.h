@@ -163,6 +163,7 @@ struct sp_backend_params {
     int n_threads;      // CPU threads (0: physical cores); the CPU backend writes back what it took
     bool float_activations;  // products keep activations in float (--precision exact) where a backend
                              // would round them (CUDA: int8 for 4-bit codes); the CPU's kernel set decides there
+    bool graphs;        // steps of few tokens recorded and replayed (CUDA graphs); else queued op by op
 };
 
 /* Ops, for supports(). */
@@ -306,6 +307,10 @@ struct sp_backend_ops {
     int (*mark)(struct sp_backend *b);
     double (*mark_seconds)(struct sp_backend *b, int from, int to);
     void (*marks_clear)(struct sp_backend *b);
+    /* Optional, for backends that record steps and replay them (CUDA
+     * graphs): how many replays ran, and how many of their recordings were
+     * built anew rather than updated into the step before's. */
+    void (*graph_counts)(const struct sp_backend *b, int64_t *replayed, int64_t *built);
 
     /* Optional, for a tier of experts in the backend's memory
      * (model/expert_tier.h): arena gives `bytes` of it (freed with the

@@ -82,6 +82,8 @@ struct result {
     struct sp_expert_store_stats es;
     bool has_tier;                        // a device expert cache: its counters after prefill and at the end
     struct sp_expert_tier_stats tier[2];
+    bool has_graphs;                      // a backend that replays recorded steps: its counts after prefill and at the end
+    int64_t replayed[2], built[2];
     size_t rss_anon, rss_file, rss_peak;  // measured at the end of the run, context still alive
     size_t weights_huge;                  // bytes of the weight files in 2 MiB pages (mapped or copied)
     bool has_steps;                       // --steps: the forward pass's steps, timed
@@ -177,6 +179,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
         }
     double t1 = sp_now_s();
     r->has_tier = sp_ctx_tier_stats(c, &r->tier[0]);
+    r->has_graphs = sp_ctx_graph_counts(c, &r->replayed[0], &r->built[0]);
     r->has_steps = cp->time_steps;
     sp_ctx_step_times(c, &r->steps[0], true);
     for (int q = 0; q < ns; q++) {
@@ -200,6 +203,7 @@ static enum sp_status run_once(const struct sp_model *m, const struct sp_ctx_par
     r->has_experts = store != NULL;
     if (store) sp_expert_store_stats(store, &r->es);
     sp_ctx_tier_stats(c, &r->tier[1]);
+    sp_ctx_graph_counts(c, &r->replayed[1], &r->built[1]);
     rss_now(&r->rss_anon, &r->rss_file, &r->rss_peak);
     r->weights_huge = sp_model_huge_bytes(m);
 done:
@@ -344,6 +348,10 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         printf("; %s expert cache %.1f MiB (%lld experts): decode hit rate %.1f%%, %.2f MiB a token copied in, %.2f GB/s",
                sp_device_name(dev), (double)t1->budget / 1048576.0, (long long)t1->slots, 100.0 * d_hit,
                h2d_tok / 1048576.0, r->decode_s > 0 ? (double)d_bytes / r->decode_s / 1e9 : 0.0);
+    if (r->has_graphs)
+        printf("; decode steps replayed as graphs: %lld of %lld (%lld built)",
+               (long long)(r->replayed[1] - r->replayed[0]), (long long)(r->gen / (r->seqs > 0 ? r->seqs : 1)),
+               (long long)(r->built[1] - r->built[0]));
     if (r->steal_pct >= 0.5) printf("; the hypervisor kept %.0f%% of the CPU time (steal)", r->steal_pct);
     printf("\n");
     struct sp_buf b = SP_BUF_INIT;
@@ -377,6 +385,10 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     sp_jw_key(&w, "efficiency_pct"); sp_jw_num(&w, eff);
     if (r->steal_pct >= 0) {
         sp_jw_key(&w, "steal_pct"); sp_jw_num(&w, r->steal_pct);
+    }
+    if (r->has_graphs) {
+        sp_jw_key(&w, "decode_graph_replays"); sp_jw_int(&w, r->replayed[1] - r->replayed[0]);
+        sp_jw_key(&w, "decode_graphs_built"); sp_jw_int(&w, r->built[1] - r->built[0]);
     }
     sp_jw_key(&w, "rss_anon_bytes"); sp_jw_uint(&w, r->rss_anon);
     sp_jw_key(&w, "rss_file_bytes"); sp_jw_uint(&w, r->rss_file);
@@ -615,7 +627,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
                                .float_activations = o->set.precision == SP_PRECISION_EXACT,
-                               .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts};
+                               .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts, .graphs = o->set.cuda_graphs};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */

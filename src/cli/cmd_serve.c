@@ -203,6 +203,7 @@ int sp_cmd_serve(int argc, char **argv) {
     if ((rc = sp_cli_kernels_use(&set)) || (rc = sp_cli_device(&set, &ep.device))) return rc;
     ep.expert_params = sp_cli_expert_params(&set);
     ep.float_activations = set.precision == SP_PRECISION_EXACT;
+    ep.graphs = set.cuda_graphs;
     pin.cache_dir = set.cache_dir;
     /* Signals are taken synchronously by the main thread; every thread
      * started from here on inherits the blocked mask. */

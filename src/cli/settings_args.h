@@ -43,9 +43,11 @@
     "                         row order; needs a build with make CUDA=1)\n"                                      \
     "  --cpu-experts          with a GPU expert cache, let the CPU compute some of the experts the GPU\n"     \
     "                         lacks while the others are copied in (default: copy them all)\n"               \
+    "  --cuda-graphs          with --device cuda, record steps of up to 64 tokens and replay them as CUDA\n" \
+    "                         graphs (default: every kernel queued as it comes)\n"                         \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
-    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=1; a flag\n" \
-    "  overrides its variable.\n"                                                                               \
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=1,\n"       \
+    "  SPARROW_CUDA_GRAPHS=1; a flag overrides its variable.\n"                                                \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code

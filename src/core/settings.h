@@ -24,6 +24,7 @@
  * --row-order   SPARROW_ROW_ORDER      on when set to other than "" or "0"
  * --device      SPARROW_DEVICE         cpu | cuda (checked by the CLI against the build)
  * --cpu-experts SPARROW_CPU_EXPERTS    on when set to other than "" or "0"
+ * --cuda-graphs SPARROW_CUDA_GRAPHS    on when set to other than "" or "0"
  *
  * --kernels and --precision both choose the kernel set: given together at
  * the same level (two flags, or two variables) they are an error; a flag
@@ -71,6 +72,7 @@ struct sp_settings {
     bool row_order;    // weight matrices stay in row order: none interleaved for the kernels
     int device;        // where the forward pass runs: an index of sp_settings_device_name (backend.h's sp_device order)
     bool cpu_experts;  // the CPU may compute experts a device's expert cache lacks while it copies others in
+    bool cuda_graphs;  // the CUDA backend records small steps and replays them as CUDA graphs
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder

@@ -218,7 +218,7 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
                   .lin_k_heads = a->lin_k_heads, .lin_v_heads = a->lin_v_heads, .lin_k_dim = a->lin_k_dim,
                   .lin_v_dim = a->lin_v_dim, .lin_conv = a->lin_conv},
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
-        .n_threads = p->n_threads, .float_activations = p->float_activations};
+        .n_threads = p->n_threads, .float_activations = p->float_activations, .graphs = p->graphs};
     for (int64_t L = 0; L < a->n_layers; L++) {
         enum sp_layer_kind k = a->layer_kind[L];
         bp.shape.n_kv_layers += k == SP_LAYER_ATTENTION || k == SP_LAYER_MLA;
@@ -1077,6 +1077,13 @@ bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out)
     if (!c->tier) return false;
     sp_expert_tier_stats(c->tier, out);
     out->cpu_experts = c->cpu_experts;
+    return true;
+}
+
+bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *built) {
+    *replayed = *built = 0;
+    if (!c->be->ops->graph_counts) return false;
+    c->be->ops->graph_counts(c->be, replayed, built);
     return true;
 }
 

@@ -98,6 +98,7 @@ struct sp_ctx_params {
     double cpu_expert_gbs, copy_gbs;  // the rates that choose between the two (0: measured at creation)
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
+    bool graphs;             // a device backend records small steps and replays them as graphs (--cuda-graphs)
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:
@@ -176,5 +177,8 @@ void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset);
 struct sp_expert_tier_stats;
 /* The counters of the context's device expert tier (false: it has none). */
 bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out);
+/* How many steps (or their first parts) the backend replayed as recorded
+ * graphs, and how many recordings it built anew (false: it records none). */
+bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *built);
 
 #endif

@@ -28,6 +28,14 @@ _Static_assert((int)SP_CUDA_ROUTE_SOFTMAX_TOPK == (int)SP_ROUTE_SOFTMAX_TOPK &&
 #define LOGIT_ROWS 64
 /* Bytes compared at a time where a host pointer prepared before comes again. */
 #define COMPARE_BYTES ((size_t)64 << 20)
+/* Steps of up to GRAPH_TOKENS tokens (decode steps, continuous batches)
+ * may run as CUDA graphs (p.graphs). Recording and updating a step costs
+ * the host about 0.1 ms that it cannot overlap with the GPU, more than the
+ * launches save where the host keeps ahead of the GPU (an H100 decoding
+ * the large MoE shapes): off by default. Uploads while recording go
+ * through GRAPH_STAGE_BYTES of pinned memory. */
+#define GRAPH_TOKENS 64
+#define GRAPH_STAGE_BYTES ((size_t)256 << 10)
 
 /* A weight array copied to the device, found by its host address (a tied
  * embedding is the lm_head too) or by its device address (a linear
@@ -143,6 +151,18 @@ struct cuda {
     /* ops->mark: events recorded on the stream, created as needed */
     cudaEvent_t *marks;
     int n_marks, cap_marks, made_marks;
+    /* A step of n <= GRAPH_TOKENS tokens is recorded from ops->embed to its
+     * first wait on the device (normally the logits' read-back), then
+     * replayed through graph[n]: the recording updated into it where only
+     * parameters changed, built anew where the launches did. */
+    bool graphs;      // steps are recorded (p.graphs)
+    bool recording;   // the stream is being captured
+    bool replay_unwaited;  // a replay launched since the last wait may still read stage
+    int64_t graph_n;  // the recorded step's tokens
+    cudaGraphExec_t graph[GRAPH_TOKENS + 1];
+    int64_t replayed, built;
+    char *stage;  // (GRAPH_STAGE_BYTES) pinned: the recorded step's uploads, read when it is replayed
+    size_t stage_used;
 };
 
 static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
@@ -179,8 +199,11 @@ static void fail(struct cuda *c, enum sp_status st, const char *msg) {
     snprintf(c->err_msg, sizeof c->err_msg, "%s", msg);
 }
 
+static void end_recording(struct cuda *c);
+
 static enum sp_status cuda_error(struct sp_backend *b) {
     struct cuda *c = cuda_of(b);
+    end_recording(c);
     /* a kernel that faulted shows in its stream's state (not ready: still running) */
     cudaError_t q = c->err == SP_OK ? cudaStreamQuery(c->stream) : cudaSuccess;
     if (q != cudaErrorNotReady) check(c, q, "queued work");
@@ -250,10 +273,78 @@ static bool dev_reserve(struct cuda *c, void **buf, int64_t *cap, int64_t n, siz
     return true;
 }
 
-/* bytes of host memory at src copied into dev in stream order (from pageable
- * memory the copy is staged before the call returns: src may change after). */
+/* ---- steps as graphs ---- */
+
+/* Ends a recording: the step so far replayed through its graph (updated in
+ * place, or built anew where the launches differ from the last step of as
+ * many tokens). Every wait on the device and every copy from pageable
+ * memory comes after it; the rest of the step runs as it is queued. */
+static void end_recording(struct cuda *c) {
+    if (!c->recording) return;
+    c->recording = false;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!check(c, e, "recording a step") || c->err) {  // a failed op: nothing of the step runs
+        if (g) cudaGraphDestroy(g);
+        return;
+    }
+    cudaGraphExec_t *x = &c->graph[c->graph_n];
+    if (*x) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(*x, g, &info) != cudaSuccess) {
+            cudaGetLastError();
+            cudaGraphExecDestroy(*x);
+            *x = NULL;
+        }
+    }
+    if (!*x && check(c, cudaGraphInstantiate(x, g, 0), "building a step's graph")) c->built++;
+    cudaGraphDestroy(g);
+    if (*x && check(c, cudaGraphLaunch(*x, c->stream), "replaying a step")) {
+        c->replayed++;
+        c->replay_unwaited = true;
+    }
+}
+
+/* Waits for queued work (a recording ended first). */
+static bool wait_queue(struct cuda *c) {
+    end_recording(c);
+    bool ok = check(c, cudaStreamSynchronize(c->stream), "queued work");
+    if (ok) c->replay_unwaited = false;
+    return ok;
+}
+
+/* A step of n tokens begins: recorded where graphs are on and the step is
+ * small (the step before it, had it failed before its end, is dropped). */
+static void begin_recording(struct cuda *c, int64_t n) {
+    if (c->recording) {
+        c->recording = false;
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(c->stream, &g) != cudaSuccess) cudaGetLastError();
+        if (g) cudaGraphDestroy(g);
+    }
+    if (!c->graphs || c->err || n > GRAPH_TOKENS || c->n_marks) return;  // marks time ops one by one
+    if (c->replay_unwaited && !wait_queue(c)) return;  // stage is reused
+    if (!check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "recording a step")) return;
+    c->recording = true;
+    c->graph_n = n;
+    c->stage_used = 0;
+}
+
+/* bytes of host memory at src copied into dev in stream order, src free to
+ * change once the call returns: from pageable memory the driver stages
+ * the copy before returning; while recording, the bytes go to stage, which
+ * the replay reads (a recording without room left there ends first). */
 static bool upload(struct cuda *c, void *dev, const void *src, size_t bytes, const char *what) {
-    return bytes == 0 || check(c, cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
+    if (bytes == 0) return true;
+    size_t at = (c->stage_used + 15) & ~(size_t)15;
+    if (c->recording && at + bytes <= GRAPH_STAGE_BYTES) {
+        memcpy(c->stage + at, src, bytes);
+        c->stage_used = at + bytes;
+        src = c->stage + at;
+    } else {
+        end_recording(c);
+    }
+    return check(c, cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, c->stream), what);
 }
 
 static bool host_reserve(struct cuda *c, int64_t n) {
@@ -319,6 +410,7 @@ static enum sp_status map_put(struct cuda *c, struct wmap *m, int64_t i) {
 /* Whether dev holds the same bytes as host (read back in pieces). */
 static enum sp_status same_bytes(struct cuda *c, const void *host, const void *dev, size_t bytes, bool *same) {
     *same = true;
+    end_recording(c);
     size_t piece = bytes < COMPARE_BYTES ? bytes : COMPARE_BYTES;
     char *buf = sp_malloc(piece ? piece : 1, SP_MEM_MISC);
     if (!buf) return sp_errorf(SP_ERR_NOMEM, "out of memory");
@@ -361,6 +453,7 @@ static enum sp_status device_copy(struct cuda *c, const void *host, size_t bytes
     void *dev;
     if ((st = weight_alloc(c, bytes, &dev)) != SP_OK) return st;
     /* from pageable memory: staged before the call returns */
+    end_recording(c);
     cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess)
         return sp_errorf(status_of(e), "cuda: copying a weight to the device: %s", cudaGetErrorString(e));
@@ -544,6 +637,7 @@ static enum sp_status cuda_vector(struct sp_backend *b, const struct sp_vector *
     sp_vector_to_f32(v, h);
     enum sp_status st = dev_floats(c, v->n, &d);
     if (st == SP_OK) {
+        end_recording(c);
         cudaError_t e = cudaMemcpyAsync(d, h, (size_t)v->n * sizeof *h, cudaMemcpyHostToDevice, c->stream);
         if (e != cudaSuccess) st = sp_errorf(status_of(e), "cuda: copying a vector: %s", cudaGetErrorString(e));
     }
@@ -556,6 +650,7 @@ static void cuda_write(struct sp_backend *b, struct sp_tensor t, const float *sr
     struct cuda *c = cuda_of(b);
     if (c->err || t.rows <= 0 || t.cols <= 0) return;
     touched_t(c, t);
+    end_recording(c);  // from pageable memory
     check(c, cudaMemcpy2DAsync(t.data, (size_t)t.ld * sizeof(float), src, (size_t)t.cols * sizeof(float),
                                (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyHostToDevice, c->stream),
           "write");
@@ -565,19 +660,17 @@ static float *cuda_host(struct sp_backend *b, struct sp_tensor t, float *staging
     struct cuda *c = cuda_of(b);
     size_t bytes = (size_t)(t.rows * t.cols) * sizeof(float);
     if (!c->err && t.rows > 0 && t.cols > 0) {
+        end_recording(c);  // to pageable memory
         check(c, cudaMemcpy2DAsync(staging, (size_t)t.cols * sizeof(float), t.data, (size_t)t.ld * sizeof(float),
                                    (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyDeviceToHost, c->stream),
               "reading a tensor back");
-        check(c, cudaStreamSynchronize(c->stream), "queued work");
+        wait_queue(c);
     }
     if (c->err && bytes) memset(staging, 0, bytes);
     return staging;
 }
 
-static void cuda_sync(struct sp_backend *b) {
-    struct cuda *c = cuda_of(b);
-    check(c, cudaStreamSynchronize(c->stream), "queued work");
-}
+static void cuda_sync(struct sp_backend *b) { wait_queue(cuda_of(b)); }
 
 static bool cuda_supports(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt) {
     return (unsigned)op < SP_OP_COUNT && (unsigned)fmt < SP_QTYPE_COUNT;
@@ -645,6 +738,7 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
     struct sp_cuda_weight w;
     int64_t n = bt->n;
     if (c->err || n <= 0 || !batch_fits(c, n) || !weight_of(c, e, &w)) return;
+    begin_recording(c, n);
     touched_t(c, x);
     if (!upload(c, c->d_tok, bt->tokens, (size_t)n * sizeof(int32_t), "tokens") ||
         !upload(c, c->d_pos, bt->pos, (size_t)n * sizeof(int32_t), "positions") ||
@@ -1161,16 +1255,16 @@ static int64_t head_rows(struct cuda *c, const float *norm, float eps, const str
             if (check(c, (cudaError_t)sp_cuda_argmax(c->logit_out, V, k, V, c->d_best, c->stream), "greedy choice") &&
                 check(c, cudaMemcpyAsync(best, c->d_best, (size_t)k * sizeof *best, cudaMemcpyDeviceToHost, c->stream),
                       "reading greedy choices back") &&
-                check(c, cudaStreamSynchronize(c->stream), "queued work"))
+                wait_queue(c))
                 for (int64_t i = 0; i < k; i++) ids[j0 + i] = sp_cuda_best_index(best[i]);
         } else if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
                                             cudaMemcpyDeviceToHost, c->stream),
                          "reading logits back") &&
-                   check(c, cudaStreamSynchronize(c->stream), "queued work")) {
+                   wait_queue(c)) {
             memcpy(logits + j0 * V, c->logit_host, (size_t)(k * V) * sizeof(float));
         }
     }
-    check(c, cudaStreamSynchronize(c->stream), "queued work");
+    wait_queue(c);
     if (c->err && ids) memset(ids, 0, (size_t)m * sizeof *ids);
     else if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
     return m;
@@ -1226,6 +1320,7 @@ enum sp_status sp_cuda_copy_gbs(size_t bytes, double *gbs) {
 
 static int cuda_mark(struct sp_backend *b) {
     struct cuda *c = cuda_of(b);
+    end_recording(c);  // times between ops are the queue's
     if (c->n_marks == MARKS) return -1;
     if (!c->marks && !(c->marks = sp_calloc(MARKS, sizeof *c->marks, SP_MEM_MISC))) return -1;
     if (c->n_marks == c->made_marks) {
@@ -1246,14 +1341,28 @@ static double cuda_mark_seconds(struct sp_backend *b, int from, int to) {
 
 static void cuda_marks_clear(struct sp_backend *b) { cuda_of(b)->n_marks = 0; }
 
+static void cuda_graph_counts(const struct sp_backend *b, int64_t *replayed, int64_t *built) {
+    const struct cuda *c = (const struct cuda *)b;
+    *replayed = c->replayed;
+    *built = c->built;
+}
+
 /* ---- the backend ---- */
 
 static void cuda_destroy(struct sp_backend *b) {
     struct cuda *c = cuda_of(b);
+    if (c->recording) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+    }
     if (c->has_stream) {
         cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);
     }
+    for (int64_t n = 0; n <= GRAPH_TOKENS; n++)
+        if (c->graph[n]) cudaGraphExecDestroy(c->graph[n]);
+    if (c->stage) cudaFreeHost(c->stage);
     for (int64_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     for (int64_t i = 0; i < c->n_pinned; i++) cudaHostUnregister(c->pinned[i]);
     sp_free(c->pinned);
@@ -1418,6 +1527,12 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
                        (long long)(c->logit_cap * s->vocab * (int64_t)sizeof(float)), cudaGetErrorString(e));
         goto fail;
     }
+    c->graphs = p->graphs;
+    if (c->graphs && cudaMallocHost((void **)&c->stage, GRAPH_STAGE_BYTES) != cudaSuccess) {
+        cudaGetLastError();  // steps run as they are queued
+        c->stage = NULL;
+        c->graphs = false;
+    }
     c->items_cap = s->n_experts + 2;
     c->h_items = sp_calloc((size_t)c->items_cap, sizeof *c->h_items, SP_MEM_MISC);
     c->runs = sp_calloc((size_t)c->items_cap, sizeof *c->runs, SP_MEM_MISC);
@@ -1457,6 +1572,7 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .mark = cuda_mark,
     .mark_seconds = cuda_mark_seconds,
     .marks_clear = cuda_marks_clear,
+    .graph_counts = cuda_graph_counts,
     .kv_bytes = cuda_kv_bytes,
     .kv_copy_seq = cuda_kv_copy_seq,
     .state_copy = cuda_state_copy,
