@@ -1371,6 +1371,10 @@ constexpr int GROUP_THREADS = 1024, GROUP_PER = SP_CUDA_ROUTE_MAX_EXPERTS / GROU
  * to GROUP_ROUTE_MAX tokens: a warp a token, as many warps as ROUTE_FLOATS
  * of shared scratch hold. */
 constexpr int GROUP_ROUTE_MAX = 64, ROUTE_FLOATS = 8192;
+/* ... where a lane holds at most GROUP_ROUTE_V experts: with more, routing
+ * spills to local memory under a 1024-thread block's register budget
+ * (k_route's smaller blocks keep them in registers). */
+constexpr int GROUP_ROUTE_V = 2;
 
 /* One block: experts' counts, then their offsets, item numbers and first
  * blocks by scans over the experts; each pair's place in its expert's
@@ -1391,7 +1395,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     __shared__ float bz[ROUTE_FLOATS];
     int tid = threadIdx.x, lane = tid % WARP, K = (int)r.k, E = (int)r.n_experts;
     int nk = n * K, S = K + (shared ? 1 : 0);  // S: a token's list
-    if (route_here) {  /* sel and w, seen by the block after the barrier below */
+    if (V <= GROUP_ROUTE_V && route_here) {  /* sel and w, seen by the block after the barrier below */
         constexpr int W = ROUTE_FLOATS / (V * WARP) < GROUP_THREADS / WARP ? ROUTE_FLOATS / (V * WARP)
                                                                            : GROUP_THREADS / WARP;
         if (tid / WARP < W)
@@ -1480,6 +1484,53 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         toff[t] = t * S;
     }
     if (tid == 0) toff[n] = n * S;
+}
+
+/* k_moe_group's work for one token (a decode step of one sequence) by a
+ * single warp, without the block's scans and barriers: lane c holds the
+ * token's c-th choice; its rank among the choices (ties by choice order)
+ * is its item, its pair's row and its place in the token's list, so the
+ * items and rows come in expert order as k_moe_group's do; the shared
+ * expert, where there is one, is item K. */
+template <int V>
+__global__ void __launch_bounds__(WARP)
+    k_moe_one(struct sp_cuda_route r, const float *logits, int32_t *sel, float *w, const sp_cuda_mlp_item *table,
+              bool shared, const float *x, int64_t ldx, int64_t jblocks, int64_t rblocks, int max_items,
+              sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
+    __shared__ float bz[V * WARP];
+    int lane = threadIdx.x, K = (int)r.k, S = K + (shared ? 1 : 0);
+    route_token<V>(r, logits, 0, sel, w, bz);
+    int e = lane < K ? sel[lane] : 0, g = 0;  // a lane reads back what it wrote
+    for (int j = 0; j < K; j++) {
+        int ej = __shfl_sync(0xffffffffu, e, j);
+        g += ej < e || (ej == e && j < lane);
+    }
+    auto place = [&](const sp_cuda_mlp_item &from, int at) {
+        sp_cuda_mlp_item it = from;
+        it.x = x;
+        it.ldx = ldx;
+        it.n = 1;
+        it.row = at;
+        it.xrow = 0;
+        it.blk_gate_up = (int64_t)at * jblocks;
+        it.blk_down = (int64_t)at * rblocks;
+        items[at] = it;
+        rows[at] = 0;
+        tlist[at] = at;
+    };
+    if (lane < K) {
+        place(table[e], g);
+        ew[g] = w[lane];
+    }
+    if (shared && lane == 0) {
+        place(table[r.n_experts], K);
+        ew[K] = 1.0f;
+    }
+    for (int m = S + lane; m < max_items; m += WARP) {
+        items[m].n = 0;
+        items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
+    }
+    if (lane == 0) toff[0] = 0, toff[1] = S;
 }
 
 /* ---- attention ---- */
@@ -1981,7 +2032,12 @@ struct moe_group_launch {
     cudaStream_t s;
     template <int V>
     int go() const {
-        bool here = n <= GROUP_ROUTE_MAX;
+        if (n == 1 && one_row) {
+            k_moe_one<V><<<1, WARP, 0, s>>>(*r, logits, sel, w, table, shared, gath, ldx, jblocks, rblocks,
+                                            (int)max_items, items, rows, ew, toff, tlist);
+            return (int)cudaGetLastError();
+        }
+        bool here = n <= GROUP_ROUTE_MAX && V <= GROUP_ROUTE_V;
         if (!here)
             k_route<V><<<(unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * WARP, 0, s>>>(*r, logits, ldl,
                                                                                                      n, sel, w);
