@@ -75,6 +75,14 @@ static void load_ref(const char *arch, struct ref *r) {
     r->lb = read_f32(path, (size_t)(r->nb * r->vocab));
 }
 
+/* tests/fixtures/<arch> opened into *m, its reference into *r. */
+static void open_fixture(const char *arch, struct sp_model **m, struct ref *r) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
+    if (sp_model_open(dir, m) != SP_OK) fail_msg("%s: %s", dir, sp_error_msg());
+    load_ref(arch, r);
+}
+
 /* Runs tokens [0, n) of one sequence in batches of `chunk`, logits for all. */
 static void run_seq(struct sp_ctx *c, const int32_t *tok, int64_t n, int64_t chunk, int seq, float *logits, int64_t vocab) {
     int32_t pos[256], sq[256];
@@ -203,12 +211,9 @@ static void check_model(const char *label, struct sp_model *m, const struct ref 
 }
 
 static void check_arch(const char *arch, enum sp_kv_type kv, double tol) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
     struct sp_model *m;
-    if (sp_model_open(dir, &m) != SP_OK) fail_msg("%s", sp_error_msg());
     struct ref r;
-    load_ref(arch, &r);
+    open_fixture(arch, &m, &r);
     check_model(arch, m, &r, r.la, r.lb, kv, tol, true);
     free(r.la);
     free(r.lb);
@@ -390,12 +395,9 @@ static void test_batch_invariance(void **state) {
  * state or snapshot holds: a gap is an error, a snapshot taken mid-batch
  * is resumed and copied to another sequence with the same bits. */
 static void check_recurrent_states(const char *arch) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "tests/fixtures/%s", arch);
     struct sp_model *m;
-    assert_int_equal(sp_model_open(dir, &m), SP_OK);
     struct ref r;
-    load_ref(arch, &r);
+    open_fixture(arch, &m, &r);
     check_batch_invariance(m, &r);
     struct sp_ctx *c;
     struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .device = device, .n_threads = 2,
@@ -475,12 +477,9 @@ static void test_interleaved_weights(void **state) {
     const struct sp_quantize_opts quants[] = {{.type = SP_QTYPE_AFFINE4, .group = 64},
                                               {.type = SP_QTYPE_MXFP4, .group = 32}};
     for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
-        char dir[256];
-        snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
         struct sp_model *src;
-        assert_int_equal(sp_model_open(dir, &src), SP_OK);
         struct ref r;
-        load_ref(archs[i], &r);
+        open_fixture(archs[i], &src, &r);
         for (size_t k = 0; k < 2; k++) {
             char *qdir = th_tmpdir();
             assert_int_equal(sp_quantize_model(src, qdir, &quants[k]), SP_OK);
@@ -584,12 +583,9 @@ static void check_expert_cache(struct sp_model *m, const struct ref *r, const ch
 static void each_moe_fixture(void (*fn)(struct sp_model *m, const struct ref *r, const char *arch)) {
     const char *moe_archs[] = {"qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe", "bailing_hybrid"};
     for (size_t i = 0; i < sizeof moe_archs / sizeof *moe_archs; i++) {
-        char dir[256];
-        snprintf(dir, sizeof dir, "tests/fixtures/%s", moe_archs[i]);
         struct sp_model *m;
-        assert_int_equal(sp_model_open(dir, &m), SP_OK);
         struct ref r;
-        load_ref(moe_archs[i], &r);
+        open_fixture(moe_archs[i], &m, &r);
         fn(m, &r, moe_archs[i]);
         free(r.la);
         free(r.lb);
@@ -915,12 +911,9 @@ static void test_cuda_graphs(void **state) {
     for (int acts = 0; acts < 2; acts++) {
         float_acts = acts == 0;
         for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
-            char dir[256];
-            snprintf(dir, sizeof dir, "tests/fixtures/%s", archs[i]);
             struct sp_model *m;
-            assert_int_equal(sp_model_open(dir, &m), SP_OK);
             struct ref r;
-            load_ref(archs[i], &r);
+            open_fixture(archs[i], &m, &r);
             size_t bytes = (size_t)(2 * GRAPH_STEPS * r.vocab) * sizeof(float);
             float *off = calloc(1, bytes), *on = calloc(1, bytes);
             int64_t c_off[2], c_on[2];
