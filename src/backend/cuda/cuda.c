@@ -30,7 +30,7 @@ _Static_assert((int)SP_CUDA_ROUTE_SOFTMAX_TOPK == (int)SP_ROUTE_SOFTMAX_TOPK &&
 #define COMPARE_BYTES ((size_t)64 << 20)
 /* Steps of up to GRAPH_TOKENS tokens (decode steps, continuous batches)
  * may run as CUDA graphs (p.graphs). Recording and updating a step costs
- * the host about 0.1 ms that it cannot overlap with the GPU, more than the
+ * the host 30-100 us that it cannot overlap with the GPU, more than the
  * launches save where the host keeps ahead of the GPU (an H100 decoding
  * the large MoE shapes): off by default. Uploads while recording go
  * through GRAPH_STAGE_BYTES of pinned memory. */
@@ -305,6 +305,16 @@ static void end_recording(struct cuda *c) {
     }
 }
 
+/* A recording dropped, nothing of it run (a step that failed before its
+ * end, or the backend freed). */
+static void drop_recording(struct cuda *c) {
+    if (!c->recording) return;
+    c->recording = false;
+    cudaGraph_t g = NULL;
+    if (cudaStreamEndCapture(c->stream, &g) != cudaSuccess) cudaGetLastError();
+    if (g) cudaGraphDestroy(g);
+}
+
 /* Waits for queued work (a recording ended first). */
 static bool wait_queue(struct cuda *c) {
     end_recording(c);
@@ -314,14 +324,9 @@ static bool wait_queue(struct cuda *c) {
 }
 
 /* A step of n tokens begins: recorded where graphs are on and the step is
- * small (the step before it, had it failed before its end, is dropped). */
+ * small. */
 static void begin_recording(struct cuda *c, int64_t n) {
-    if (c->recording) {
-        c->recording = false;
-        cudaGraph_t g = NULL;
-        if (cudaStreamEndCapture(c->stream, &g) != cudaSuccess) cudaGetLastError();
-        if (g) cudaGraphDestroy(g);
-    }
+    drop_recording(c);
     if (!c->graphs || c->err || n > GRAPH_TOKENS || c->n_marks) return;  // marks time ops one by one
     if (c->replay_unwaited && !wait_queue(c)) return;  // stage is reused
     if (!check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "recording a step")) return;
@@ -1351,11 +1356,7 @@ static void cuda_graph_counts(const struct sp_backend *b, int64_t *replayed, int
 
 static void cuda_destroy(struct sp_backend *b) {
     struct cuda *c = cuda_of(b);
-    if (c->recording) {
-        cudaGraph_t g = NULL;
-        cudaStreamEndCapture(c->stream, &g);
-        if (g) cudaGraphDestroy(g);
-    }
+    drop_recording(c);
     if (c->has_stream) {
         cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);

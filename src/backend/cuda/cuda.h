@@ -14,7 +14,8 @@
  * refused: load them in row order (--row-order, which --device cuda
  * implies). Index arrays an op takes (tokens, positions, rows) are copied
  * up by the op from pageable memory, so the caller may reuse them as soon
- * as it returns.
+ * as it returns. With p.graphs, a step of up to 64 tokens is recorded from
+ * ops->embed to its first wait and replayed as a CUDA graph.
  */
 #ifndef SP_BACKEND_CUDA_CUDA_H
 #define SP_BACKEND_CUDA_CUDA_H
