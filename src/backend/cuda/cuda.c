@@ -702,6 +702,7 @@ static float *state_of(const struct cuda *c, int64_t L, int64_t slot) {
 static void cuda_state_copy(struct sp_backend *b, int src, int dst) {
     struct cuda *c = cuda_of(b);
     if (c->err || src == dst) return;
+    end_recording(c);  // between steps: a step that failed before its end is run as far as it got
     for (int64_t L = 0; L < c->shape.n_state_layers; L++)
         if (!check(c, cudaMemcpyAsync(state_of(c, L, dst), state_of(c, L, src), (size_t)c->state_floats * sizeof(float),
                                       cudaMemcpyDeviceToDevice, c->stream),
@@ -716,6 +717,7 @@ static size_t cuda_kv_bytes(const struct sp_backend *b) { return ((const struct 
 static void cuda_kv_copy_seq(struct sp_backend *b, int src, int dst, int64_t n) {
     struct cuda *c = cuda_of(b);
     if (c->err || src == dst || n <= 0) return;
+    end_recording(c);  // as in cuda_state_copy
     size_t per = kv_seq_bytes(&c->base.p), row = per / (size_t)c->base.p.n_ctx;
     for (int64_t L = 0; L < c->shape.n_kv_layers * 2; L++) {
         char *base = (char *)c->kv + (size_t)L * (size_t)c->base.p.n_seq * per;
