@@ -30,7 +30,7 @@ _Static_assert((int)SP_CUDA_ROUTE_SOFTMAX_TOPK == (int)SP_ROUTE_SOFTMAX_TOPK &&
 #define COMPARE_BYTES ((size_t)64 << 20)
 /* Steps of up to GRAPH_TOKENS tokens (decode steps, continuous batches)
  * may run as CUDA graphs (p.graphs). Recording and updating a step costs
- * the host 30-100 us that it cannot overlap with the GPU, more than the
+ * the host 27-93 us that it cannot overlap with the GPU, more than the
  * launches save where the host keeps ahead of the GPU (an H100 decoding
  * the large MoE shapes): off by default. Uploads while recording go
  * through GRAPH_STAGE_BYTES of pinned memory. */
