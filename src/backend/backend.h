@@ -164,6 +164,7 @@ struct sp_backend_params {
     bool float_activations;  // products keep activations in float (--precision exact) where a backend
                              // would round them (CUDA: int8 for 4-bit codes); the CPU's kernel set decides there
     bool graphs;        // steps of few tokens recorded and replayed (CUDA graphs); else queued op by op
+    bool no_overlap;    // no kernel starts before the one before it ends (CUDA: programmatic dependent launch off)
 };
 
 /* Ops, for supports(). */

@@ -24,7 +24,7 @@ const char *sp_settings_device_name(int device) {
     return device >= 0 && device < (int)(sizeof device_names / sizeof *device_names) - 1 ? device_names[device] : "?";
 }
 
-enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, ID_COUNT };
+enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, ID_COUNT };
 
 /* NAME: any name (a value follows the flag); CHOICE: one of `choices`;
  * ON: the flag turns it on, the variable when set to other than "" or
@@ -47,6 +47,7 @@ static const struct def {
     {DEVICE, "--device", "SPARROW_DEVICE", CHOICE, device_names},
     {CPU_EXPERTS, "--cpu-experts", "SPARROW_CPU_EXPERTS", ON, NULL},
     {GRAPHS, "--cuda-graphs", "SPARROW_CUDA_GRAPHS", ON, NULL},
+    {OVERLAP, "--no-cuda-overlap", "SPARROW_CUDA_OVERLAP", OFF, NULL},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -85,6 +86,7 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case DEVICE: s->device = v; break;
     case CPU_EXPERTS: s->cpu_experts = v; break;
     case GRAPHS: s->cuda_graphs = v; break;
+    case OVERLAP: s->no_cuda_overlap = v; break;
     case ID_COUNT: break;
     }
     return SP_OK;

@@ -25,6 +25,7 @@
  * --device      SPARROW_DEVICE         cpu | cuda (checked by the CLI against the build)
  * --cpu-experts SPARROW_CPU_EXPERTS    on when set to other than "" or "0"
  * --cuda-graphs SPARROW_CUDA_GRAPHS    on when set to other than "" or "0"
+ * --no-cuda-overlap SPARROW_CUDA_OVERLAP=0
  *
  * --kernels and --precision both choose the kernel set: given together at
  * the same level (two flags, or two variables) they are an error; a flag
@@ -73,6 +74,7 @@ struct sp_settings {
     int device;        // where the forward pass runs: an index of sp_settings_device_name (backend.h's sp_device order)
     bool cpu_experts;  // the CPU may compute experts a device's expert cache lacks while it copies others in
     bool cuda_graphs;  // the CUDA backend records small steps and replays them as CUDA graphs
+    bool no_cuda_overlap;  // the CUDA backend's kernels wait for the one before to end before they start
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder

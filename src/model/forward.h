@@ -99,6 +99,7 @@ struct sp_ctx_params {
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
     bool graphs;             // a device backend records small steps and replays them as graphs (--cuda-graphs)
+    bool no_overlap;         // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

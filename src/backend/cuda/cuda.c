@@ -759,11 +759,11 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
           "RoPE angles");
 }
 
-/* Where a norm's n rows of cols outputs are rounded to int8 as they are
- * written (qa, for the products that read them next), or NULL: products
- * with int8 activations read nearly every normed row (attention's,
- * routers' and experts' inputs), and the rounding costs the norm one more
- * pass over a row it holds. */
+/* Where a norm's (or attention's merge's) n rows of cols outputs are
+ * rounded to int8 as they are written (qa, for the products that read them
+ * next), or NULL: products with int8 activations read nearly every normed
+ * row (attention's, routers' and experts' inputs) and attention's output,
+ * and the rounding costs the kernel one more pass over a row it holds. */
 static const struct sp_cuda_qx *norm_q(const struct cuda *c, int64_t n, int64_t cols) {
     return !c->float_acts && cols % SP_CUDA_QBLOCK == 0 && cols <= c->q_cols && n <= c->q_rows ? &c->qa : NULL;
 }
@@ -888,9 +888,13 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
         if (ly->window > 0 && v > ly->window) v = ly->window;
         if (v > visible) visible = v;
     }
-    check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
-                                            c->att_part_floats, c->stream),
-          "attention");
+    /* rounded to int8 as the heads are merged, for the output product */
+    int64_t cols = s->n_heads * s->head_dim;
+    const struct sp_cuda_qx *q = s->head_dim % SP_CUDA_QBLOCK == 0 ? norm_q(c, n, cols) : NULL;
+    if (check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
+                                                c->att_part_floats, q, c->stream),
+              "attention"))
+        norm_holds(c, q, att.data, att.ld, n, cols);
 }
 
 static void cuda_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g) {
@@ -1156,12 +1160,13 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
         int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K, rows = nt0 * S;
         const float *x = h.data + t0 * h.ld;
         int nt = sp_cuda_mlp_tokens((nk + E - 1) / E);
-        /* at most one item an expert used and a block of tokens more than an even share */
+        /* at most one item an expert used and a block of tokens more than an even share;
+         * one token: a block an item, every item reading its row where it is (rounded into qa) */
+        bool one = nt0 == 1;
         int64_t items = nk < E ? nk : E, token_blocks = items + (nk + nt - 1) / nt;
         if (t->shared) items++, token_blocks += (nt0 + nt - 1) / nt;
+        if (one) token_blocks = items;
         bool from_qa = q && qa_holds(c, x, h.ld, nt0, d);
-        /* one token: every item reads its row where it is (rounded into qa), nothing gathered */
-        bool one = nt0 == 1;
         const struct sp_cuda_qx *xq = !q ? NULL : from_qa && !one ? &c->qb : &c->qa;
         if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
             !check(c, (cudaError_t)sp_cuda_moe_group(&r, c->moe_logits, E, c->moe_sel, c->moe_w, nt0, t->d, t->shared,
@@ -1529,6 +1534,12 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         st = sp_errorf(status_of(e), "cuda: %lld bytes of pinned memory for logits: %s",
                        (long long)(c->logit_cap * s->vocab * (int64_t)sizeof(float)), cudaGetErrorString(e));
         goto fail;
+    }
+    {  /* kernels overlap their predecessors' ends on devices that can (compute capability 9.0 on) */
+        int dev = 0, major = 0;
+        sp_cuda_set_overlap(!p->no_overlap && cudaGetDevice(&dev) == cudaSuccess &&
+                            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                            major >= 9);
     }
     c->graphs = p->graphs;
     if (c->graphs && cudaMallocHost((void **)&c->stage, GRAPH_STAGE_BYTES) != cudaSuccess) {

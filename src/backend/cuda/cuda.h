@@ -15,7 +15,10 @@
  * implies). Index arrays an op takes (tokens, positions, rows) are copied
  * up by the op from pageable memory, so the caller may reuse them as soon
  * as it returns. With p.graphs, a step of up to 64 tokens is recorded from
- * ops->embed to its first wait and replayed as a CUDA graph.
+ * ops->embed to its first wait and replayed as a CUDA graph. Unless
+ * p.no_overlap, kernels are launched to start while the one before them
+ * ends (programmatic dependent launch, compute capability 9.0 on); the
+ * setting is the process's, the last backend created sets it.
  */
 #ifndef SP_BACKEND_CUDA_CUDA_H
 #define SP_BACKEND_CUDA_CUDA_H

@@ -34,6 +34,60 @@ constexpr int ATT_WARPS = 4;  // warps of an attention block, 32 cached position
 constexpr int MAX_GRID_Y = 65535;
 constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (32 a warp)
 
+/* Programmatic dependent launch (sm_90 on; sp_cuda_set_overlap): a
+ * kernel's blocks may start while the kernel before it in the stream
+ * still runs. Every block of every kernel waits for it (dep_wait: the
+ * kernels before it ended, their writes seen) before it touches anything
+ * but weights, so that a kernel's end implies its predecessors' ends;
+ * then lets the next kernel's blocks start (dep_launch), which may read
+ * their weights while this one works. Both are no-ops for a kernel
+ * launched without the attribute. */
+__device__ __forceinline__ void dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void dep_start() {
+    dep_wait();
+    dep_launch();
+}
+
+/* Chunks of each of its rows a lane of k_vrows brings to L2 before it waits. */
+constexpr uint32_t PREFETCH_CHUNKS = 2;
+
+/* Brings the 128-byte line at p into L2, without waiting for it. */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+bool overlap = false;  // launches with programmatic dependent launch
+
+/* k<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where overlap is on. */
+template <class... P, class... A>
+int launch_smem(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = overlap ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
+}
+
+template <class... P, class... A>
+int launch(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t s, A &&...args) {
+    return launch_smem(k, grid, block, 0, s, static_cast<A &&>(args)...);
+}
+
 /* What a product's kernel decodes: plain floats of one type, affine codes,
  * or one of the microscaling formats. */
 enum kind { K_F32, K_F16, K_BF16, K_AFFINE, K_MXFP4, K_NVFP4, K_MXFP8, K_Q2K, K_Q3K, K_Q4K, K_Q5K, K_Q6K, K_IQ4NL, K_IQ4XS };
@@ -231,6 +285,7 @@ __device__ __forceinline__ float warp_max(float v) {
 template <int K, int BITS, int SDT>
 __global__ void __launch_bounds__(ROW_WARPS * WARP)
     k_rows(sp_cuda_weight w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n) {
+    dep_start();
     int lane = threadIdx.x % WARP;
     int64_t r = (int64_t)blockIdx.x * ROW_WARPS + threadIdx.x / WARP, t0 = (int64_t)blockIdx.y * TOKENS;
     if (r >= w.rows) return;
@@ -274,6 +329,7 @@ __global__ void __launch_bounds__(ROW_WARPS * WARP)
 template <int DT>
 __global__ void __launch_bounds__(COL_THREADS)
     k_cols(sp_cuda_weight w, const float *x, int64_t ldx, float *y, int64_t ldy, int64_t n) {
+    dep_start();
     int64_t o = (int64_t)blockIdx.x * COL_THREADS + threadIdx.x, t0 = (int64_t)blockIdx.y * TOKENS;
     if (o >= w.rows) return;
     int nt = n - t0 < TOKENS ? (int)(n - t0) : TOKENS;
@@ -296,6 +352,7 @@ __global__ void __launch_bounds__(COL_THREADS)
 /* Rows tokens[t] of w into x, a block a token. */
 template <int K, int BITS, int SDT>
 __global__ void k_embed(sp_cuda_weight w, const int32_t *tokens, float *x, int64_t ldx) {
+    dep_start();
     int64_t r = tokens[blockIdx.x];
     float *xr = x + (int64_t)blockIdx.x * ldx;
     if constexpr (K == K_F32 || K == K_F16 || K == K_BF16) {
@@ -362,7 +419,7 @@ struct rows_launch {
     template <int K, int BITS, int SDT>
     int go() const {
         dim3 grid((unsigned)((w->rows + ROW_WARPS - 1) / ROW_WARPS), (unsigned)((n + TOKENS - 1) / TOKENS));
-        k_rows<K, BITS, SDT><<<grid, ROW_WARPS * WARP, 0, s>>>(*w, x, ldx, y, ldy, n);
+        launch(k_rows<K, BITS, SDT>, grid, ROW_WARPS * WARP, s, *w, x, ldx, y, ldy, n);
         return (int)cudaGetLastError();
     }
 };
@@ -376,7 +433,7 @@ struct embed_launch {
     cudaStream_t s;
     template <int K, int BITS, int SDT>
     int go() const {
-        k_embed<K, BITS, SDT><<<(unsigned)n, 128, 0, s>>>(*w, tokens, x, ldx);
+        launch(k_embed<K, BITS, SDT>, (unsigned)n, 128, s, *w, tokens, x, ldx);
         return (int)cudaGetLastError();
     }
 };
@@ -674,14 +731,30 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t r0 = (SPLIT ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * VWARPS + wid) * VR;
     int64_t t0 = (int64_t)blockIdx.y * NT;
-    if (r0 >= w.rows) return;
-    int nt = n - t0 < NT ? (int)(n - t0) : NT;
     int64_t row_bytes = w.cols / EC * 16;
     vrow rw[VR];
 #pragma unroll
     for (int r = 0; r < VR; r++)
         rw[r] = vrow_of<K, SDT>(w.codes, w.scales, w.biases, r0 + r < w.rows ? r0 + r : w.rows - 1, w.cols, w.group,
                                 row_bytes);
+    /* the lane's first chunks of its rows on their way to L2 while the kernel before still runs */
+    if (r0 < w.rows && blockIdx.y == 0) {
+        uint32_t first = SPLIT ? lane + WARP * wid : lane, step = SPLIT ? WARP * VWARPS : WARP;
+#pragma unroll
+        for (int r = 0; r < VR; r++)
+            for (uint32_t c = first, k = 0; c < (uint32_t)(w.cols / EC) && k < PREFETCH_CHUNKS; c += step, k++) {
+                prefetch_l2(rw[r].q + c);
+                if constexpr (K == K_AFFINE || K == K_MXFP4) {  // the chunk's group: its scale (and bias)
+                    constexpr int SB = K == K_MXFP4 ? 1 : SDT == SP_CUDA_F32 ? 4 : 2;
+                    uint32_t g = c / (uint32_t)(w.group / EC);
+                    prefetch_l2(rw[r].s + g * SB);
+                    if constexpr (K == K_AFFINE) prefetch_l2(rw[r].b + g * SB);
+                }
+            }
+    }
+    dep_start();
+    if (r0 >= w.rows) return;
+    int nt = n - t0 < NT ? (int)(n - t0) : NT;
     float acc[VR][NT];
 #pragma unroll
     for (int r = 0; r < VR; r++)
@@ -749,6 +822,7 @@ template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
     k_mlp_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, A a, float *h,
                   int64_t ldh, float alpha, float limit, float u_offset) {
+    dep_start();
     constexpr int EC = vec_elems<K, BITS>(), J = VR / 2;
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
     int lane = threadIdx.x % WARP;
@@ -808,6 +882,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
     k_mlp_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, A h, float *out, int64_t ldo) {
+    dep_start();
     constexpr int EC = vec_elems<K, BITS>();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
     int lane = threadIdx.x % WARP;
@@ -905,10 +980,10 @@ struct vrows_launch {
             unsigned ty = (unsigned)((n + NT - 1) / NT);
             if (vsplit<K, BITS>(*w)) {
                 dim3 grid((unsigned)((w->rows + VR - 1) / VR), ty);
-                k_vrows<K, BITS, SDT, NT, A, true><<<grid, VWARPS * WARP, 0, s>>>(*w, a, y, ldy, n);
+                launch(k_vrows<K, BITS, SDT, NT, A, true>, grid, VWARPS * WARP, s, *w, a, y, ldy, n);
             } else {
                 dim3 grid((unsigned)((w->rows + VR * VWARPS - 1) / (VR * VWARPS)), ty);
-                k_vrows<K, BITS, SDT, NT, A, false><<<grid, VWARPS * WARP, 0, s>>>(*w, a, y, ldy, n);
+                launch(k_vrows<K, BITS, SDT, NT, A, false>, grid, VWARPS * WARP, s, *w, a, y, ldy, n);
             }
             return (int)cudaGetLastError();
         }
@@ -931,8 +1006,8 @@ struct gate_up_launch {
     int go() const {
         if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
-            k_mlp_gate_up<K, BITS, SDT, NT, A>
-                <<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, fused, a, h, ldh, alpha, limit, u_offset);
+            launch(k_mlp_gate_up<K, BITS, SDT, NT, A>, (unsigned)blocks, VWARPS * WARP, s, *w, items, n_items, fused, a,
+                   h, ldh, alpha, limit, u_offset);
             return (int)cudaGetLastError();
         }
     }
@@ -952,7 +1027,8 @@ struct down_launch {
     int go() const {
         if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
-            k_mlp_down<K, BITS, SDT, NT, A><<<(unsigned)blocks, VWARPS * WARP, 0, s>>>(*w, items, n_items, h, out, ldo);
+            launch(k_mlp_down<K, BITS, SDT, NT, A>, (unsigned)blocks, VWARPS * WARP, s, *w, items, n_items, h, out,
+                   ldo);
             return (int)cudaGetLastError();
         }
     }
@@ -993,6 +1069,7 @@ __device__ __forceinline__ float4 load4(const float *p) { return make_float4(p[0
 
 __global__ void __launch_bounds__(QUANT_WARPS * WARP)
     k_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, int8_t *q, float2 *qd, int64_t ldq, int64_t ldd) {
+    dep_start();
     int64_t per_row = cols / QB, blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / QLANES;
     bool in = blk < n * per_row;
     int64_t t = in ? blk / per_row : 0, b = in ? blk % per_row : 0;
@@ -1002,6 +1079,7 @@ __global__ void __launch_bounds__(QUANT_WARPS * WARP)
 
 /* Row i of dst's int8 rows (codes and block pairs) = row rows[i] of src's, a block a row. */
 __global__ void k_gather_q(sp_cuda_qx dst, sp_cuda_qx src, const int32_t *rows, int64_t cols) {
+    dep_start();
     int64_t r = rows[blockIdx.x], i = blockIdx.x;
     const uint4 *sq = reinterpret_cast<const uint4 *>(src.q + r * src.ldq);
     uint4 *dq = reinterpret_cast<uint4 *>(dst.q + i * dst.ldq);
@@ -1021,6 +1099,7 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 __global__ void k_rope_table(const int32_t *pos, int64_t n, const float *inv_freq, int64_t half, float scale,
                              float *cs) {
+    dep_start();
     int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n * half) return;
     int64_t t = k / half, i = k % half;
@@ -1070,6 +1149,7 @@ __device__ __forceinline__ float4 norm4(float4 v, float scale, bool has_g, float
 __global__ void __launch_bounds__(NORM_THREADS)
     k_rmsnorm(float *x, int64_t ldx, const int32_t *rows, float *res, int64_t ldr, bool zero_r, const float *w,
               float eps, float *out, int64_t ldo, int64_t cols, sp_cuda_qx q) {
+    dep_start();
     __shared__ double red[NORM_THREADS / WARP];
     float *xr = x + (rows ? (int64_t)rows[blockIdx.x] : (int64_t)blockIdx.x) * ldx;
     float *rr = res ? res + (int64_t)blockIdx.x * ldr : nullptr;
@@ -1138,12 +1218,14 @@ __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 __global__ void k_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t cols) {
+    dep_start();
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (c < cols) dst[r * ldd + c] = __fadd_rn(dst[r * ldd + c], src[r * lds + c]);
 }
 
 __global__ void k_glu(float *out, int64_t ldo, const float *g, const float *u, int64_t lds, int64_t w, float alpha,
                       float limit, float u_offset) {
+    dep_start();
     int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (j >= w) return;
     float gi = u ? g[t * lds + j] : g[t * lds + 2 * j], ui = u ? u[t * lds + j] : g[t * lds + 2 * j + 1];
@@ -1157,12 +1239,14 @@ __global__ void k_glu(float *out, int64_t ldo, const float *g, const float *u, i
 constexpr int MOVE_THREADS = 256;
 
 __global__ void k_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const int32_t *rows, int64_t cols) {
+    dep_start();
     int64_t c = (int64_t)blockIdx.y * MOVE_THREADS + threadIdx.x;
     if (c < cols) dst[(int64_t)blockIdx.x * ldd + c] = src[(int64_t)rows[blockIdx.x] * lds + c];
 }
 
 __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
                               const int32_t *list, const float *w, int64_t cols) {
+    dep_start();
     int32_t a = off[blockIdx.x], b = off[blockIdx.x + 1];
     int64_t c = (int64_t)blockIdx.y * MOVE_THREADS + threadIdx.x;
     if (a == b || c >= cols) return;
@@ -1189,6 +1273,7 @@ __device__ __forceinline__ unsigned long long pack_best(float v, int64_t i) {
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     k_argmax(const float *x, int64_t ldx, int64_t cols, unsigned long long *best) {
+    dep_start();
     __shared__ unsigned long long red[ARGMAX_THREADS / WARP];
     const float *row = x + (int64_t)blockIdx.y * ldx;
     int64_t c0 = (int64_t)blockIdx.x * ARGMAX_SPAN, c1 = c0 + ARGMAX_SPAN < cols ? c0 + ARGMAX_SPAN : cols;
@@ -1251,6 +1336,28 @@ __device__ __forceinline__ float warp_pick(const float (&v)[V], int e) {
     for (int j = 0; j < V; j++)
         if (j == e / WARP) mine = v[j];
     return __shfl_sync(0xffffffffu, mine, e % WARP);
+}
+
+/* The weights of a token's K choices, lane c holding choice c (expert
+ * my_e, score my_s), as the host sums them, in its order; lane c writes
+ * choice c into so and wo. */
+__device__ __forceinline__ void route_weights(const struct sp_cuda_route &r, bool group, int my_e, float my_s,
+                                              int32_t *so, float *wo) {
+    int lane = threadIdx.x % WARP, K = (int)r.k;
+    double s = 0;
+    if (r.kind == SP_CUDA_ROUTE_TOPK_SOFTMAX) {
+        float mx = -INFINITY;
+        for (int c = 0; c < K; c++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_s, c));
+        float ex = expf(__fsub_rn(my_s, mx));
+        for (int c = 0; c < K; c++) s += (double)__shfl_sync(0xffffffffu, ex, c);
+        if (lane < K) so[lane] = my_e, wo[lane] = (float)((double)ex / s);
+        return;
+    }
+    for (int c = 0; c < K; c++) s += __shfl_sync(0xffffffffu, my_s, c);
+    if (lane >= K) return;
+    so[lane] = my_e;
+    if (!group) wo[lane] = r.norm_topk ? (float)((double)my_s / s) : my_s;
+    else wo[lane] = __fmul_rn(K > 1 ? (float)((double)my_s / (s + 1e-20)) : my_s, r.routed_scale);
 }
 
 /* Token t routed by the whole warp: scores (softmax or sigmoid of its
@@ -1339,28 +1446,14 @@ __device__ void route_token(const struct sp_cuda_route &r, const float *lg, int6
         if (e % WARP == lane) alive &= ~(1u << (e / WARP));
         if (lane == c) my_e = e, my_s = s;
     }
-    int32_t *so = sel + t * K;
-    float *wo = wout + t * K;
-    double s = 0;
-    if (r.kind == SP_CUDA_ROUTE_TOPK_SOFTMAX) {
-        float mx = -INFINITY;
-        for (int c = 0; c < K; c++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, my_s, c));
-        float ex = expf(__fsub_rn(my_s, mx));
-        for (int c = 0; c < K; c++) s += (double)__shfl_sync(0xffffffffu, ex, c);
-        if (lane < K) so[lane] = my_e, wo[lane] = (float)((double)ex / s);
-        return;
-    }
-    for (int c = 0; c < K; c++) s += __shfl_sync(0xffffffffu, my_s, c);
-    if (lane >= K) return;
-    so[lane] = my_e;
-    if (!group) wo[lane] = r.norm_topk ? (float)((double)my_s / s) : my_s;
-    else wo[lane] = __fmul_rn(K > 1 ? (float)((double)my_s / (s + 1e-20)) : my_s, r.routed_scale);
+    route_weights(r, group, my_e, my_s, sel + t * K, wout + t * K);
 }
 
 /* Routing apart from grouping: a warp a token. */
 template <int V>
 __global__ void __launch_bounds__(ROUTE_WARPS * WARP)
     k_route(struct sp_cuda_route r, const float *logits, int64_t ldl, int64_t n, int32_t *sel, float *wout) {
+    dep_start();
     __shared__ float bz[ROUTE_WARPS][V * WARP];
     int64_t t = (int64_t)blockIdx.x * ROUTE_WARPS + threadIdx.x / WARP;
     if (t < n) route_token<V>(r, logits + t * ldl, t, sel, wout, bz[threadIdx.x / WARP]);
@@ -1388,6 +1481,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
                 int n, const sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, bool one_row, int nt,
                 int64_t jblocks, int64_t rblocks, int max_items, sp_cuda_mlp_item *items, int32_t *rows, float *ew,
                 int32_t *toff, int32_t *tlist) {
+    dep_start();
     using scan = cub::BlockScan<int, GROUP_THREADS>;
     __shared__ typename scan::TempStorage tmp;
     __shared__ int cnt[SP_CUDA_ROUTE_MAX_EXPERTS], off[SP_CUDA_ROUTE_MAX_EXPERTS];
@@ -1486,24 +1580,102 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     if (tid == 0) toff[n] = n * S;
 }
 
-/* k_moe_group's work for one token (a decode step of one sequence) by a
- * single warp, without the block's scans and barriers: lane c holds the
- * token's c-th choice; its rank among the choices (ties by choice order)
- * is its item, its pair's row and its place in the token's list, so the
- * items and rows come in expert order as k_moe_group's do; the shared
- * expert, where there is one, is item K. */
-template <int V>
-__global__ void __launch_bounds__(WARP)
+/* k_moe_group's work for one token (a decode step of one sequence) by one
+ * block, an expert a thread, so that no choice waits on the one before:
+ * the scores as route_token computes them (the softmax's sum in its
+ * order), each group's two best, then each candidate's rank among the
+ * groups' and among the experts' candidates as a count of the better ones
+ * (pack_best's order is warp_argmax's); warp 0 weighs the choices as
+ * route_token does and lays out the items, rows, weights and lists as
+ * k_moe_group does (the items in expert order; the shared expert, where
+ * there is one, is item K). */
+__global__ void __launch_bounds__(SP_CUDA_ROUTE_MAX_EXPERTS)
     k_moe_one(struct sp_cuda_route r, const float *logits, int32_t *sel, float *w, const sp_cuda_mlp_item *table,
               bool shared, const float *x, int64_t ldx, int64_t jblocks, int64_t rblocks, int max_items,
               sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
-    __shared__ float bz[V * WARP];
-    int lane = threadIdx.x, K = (int)r.k, S = K + (shared ? 1 : 0);
-    route_token<V>(r, logits, 0, sel, w, bz);
-    int e = lane < K ? sel[lane] : 0, g = 0;  // a lane reads back what it wrote
-    for (int j = 0; j < K; j++) {
-        int ej = __shfl_sync(0xffffffffu, e, j);
-        g += ej < e || (ej == e && j < lane);
+    dep_start();
+    __shared__ float val[SP_CUDA_ROUTE_MAX_EXPERTS];
+    __shared__ __align__(16) unsigned long long word[SP_CUDA_ROUTE_MAX_EXPERTS];  // candidates; 0: none
+    __shared__ int pick[SP_CUDA_ROUTE_MAX_K];
+    __shared__ float score[SP_CUDA_ROUTE_MAX_K];
+    __shared__ float top;
+    __shared__ double total;
+    int e = threadIdx.x, lane = e % WARP, warps = blockDim.x / WARP;
+    int E = (int)r.n_experts, K = (int)r.k, S = K + (shared ? 1 : 0), G = (int)r.n_group;
+    bool in = e < E, group = r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK;
+    float v = in ? logits[e] : -INFINITY, bias = group && in && r.bias ? r.bias[e] : 0.0f;
+    if (e < K) pick[e] = 0, score[e] = 0.0f;
+    if (r.kind == SP_CUDA_ROUTE_SOFTMAX_TOPK || r.kind == SP_CUDA_ROUTE_SOFTMAX_GROUP_TOPK) {
+        float mx = warp_max(v);
+        if (lane == 0) val[e / WARP] = mx;
+        __syncthreads();
+        if (e < WARP) {
+            mx = warp_max(lane < warps ? val[lane] : -INFINITY);
+            if (lane == 0) top = mx;
+        }
+        __syncthreads();
+        v = in ? expf(__fsub_rn(v, top)) : 0.0f;
+        val[e] = v;
+        __syncthreads();
+        if (e < WARP) {  /* lane l's experts in route_token's order, then its butterfly */
+            double s = 0;
+            for (int j = 0; j < warps; j++) s += (double)val[j * WARP + lane];
+            s = warp_sum_d(s);
+            if (lane == 0) total = s;
+        }
+        __syncthreads();
+        v = (float)((double)v / total);
+    } else if (r.kind == SP_CUDA_ROUTE_SIGMOID_GROUP_TOPK && in) {
+        v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
+    }
+    float key = rank_key(group && in ? __fadd_rn(v, bias) : v);
+    bool alive = in;
+    if (group && G > 1) {
+        int per = E / G;
+        val[e] = key;
+        __syncthreads();
+        if (e < G) {  /* group e's score: the sum of its two best */
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int i = e * per; i < (e + 1) * per; i++) {
+                float b = val[i];
+                if (b > m1) m2 = m1, m1 = b;
+                else if (b > m2) m2 = b;
+            }
+            word[e] = pack_best(rank_key(per >= 2 ? __fadd_rn(m1, m2) : m1), e);
+        }
+        __syncthreads();
+        if (in) {
+            unsigned long long mine = word[e / per];
+            int better = 0;
+            for (int g = 0; g < G; g++) better += word[g] > mine;
+            alive = better < r.topk_group;
+        }
+        __syncthreads();
+    }
+    unsigned long long mine = alive ? pack_best(key, e) : 0ull;
+    word[e] = mine;
+    __syncthreads();
+    if (alive) {
+        const ulonglong2 *w2 = reinterpret_cast<const ulonglong2 *>(word);
+        int better = 0;
+#pragma unroll 8
+        for (int i = 0; i < (int)blockDim.x / 2; i++) {
+            ulonglong2 p = w2[i];
+            better += (p.x > mine) + (p.y > mine);
+        }
+        if (better < K) pick[better] = e, score[better] = v;
+    }
+    __syncthreads();
+    for (int m = S + e; m < max_items; m += blockDim.x) {
+        items[m].n = 0;
+        items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
+    }
+    if (e >= WARP) return;
+    int my_e = lane < K ? pick[lane] : 0, g = 0;
+    route_weights(r, group, my_e, lane < K ? score[lane] : 0.0f, sel, w);
+    for (int j = 0; j < K; j++) {  /* the choice's place in expert order */
+        int ej = __shfl_sync(0xffffffffu, my_e, j);
+        g += ej < my_e || (ej == my_e && j < lane);
     }
     auto place = [&](const sp_cuda_mlp_item &from, int at) {
         sp_cuda_mlp_item it = from;
@@ -1519,16 +1691,12 @@ __global__ void __launch_bounds__(WARP)
         tlist[at] = at;
     };
     if (lane < K) {
-        place(table[e], g);
+        place(table[my_e], g);
         ew[g] = w[lane];
     }
     if (shared && lane == 0) {
-        place(table[r.n_experts], K);
+        place(table[E], K);
         ew[K] = 1.0f;
-    }
-    for (int m = S + lane; m < max_items; m += WARP) {
-        items[m].n = 0;
-        items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
     }
     if (lane == 0) toff[0] = 0, toff[1] = S;
 }
@@ -1551,6 +1719,7 @@ constexpr int PRO_WARPS = 4;
  * cache. */
 template <int DT>
 __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
+    dep_start();
     __shared__ float head[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM], gain[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM],
         angles[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM];
     int64_t t = blockIdx.x, hd = a.head_dim, half = a.rot / 2;
@@ -1654,6 +1823,7 @@ __device__ __forceinline__ void kv_load8(const void *p, int64_t o, float *v) {
 template <int DT, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
     k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *part) {
+    dep_start();
     __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][SP_CUDA_MAX_HEAD_DIM];
@@ -1751,9 +1921,13 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
 }
 
 /* A block a (token, query head): its chunks' parts merged in order, then
- * divided by the softmax's sum (with the sink logit's share). */
+ * divided by the softmax's sum (with the sink logit's share); with q (a
+ * head a whole number of QB blocks), the head also rounded to int8 as
+ * k_quantize rounds it. */
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
-    k_attn_merge(sp_cuda_attn a, const float *part, int64_t zmax, float *att, int64_t lda) {
+    k_attn_merge(sp_cuda_attn a, const float *part, int64_t zmax, float *att, int64_t lda, sp_cuda_qx q) {
+    dep_start();
+    __shared__ __align__(16) float head[SP_CUDA_MAX_HEAD_DIM];
     int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, pos = a.pos[t];
     int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
     int64_t S = (pos - lo + ATT_CHUNK) / ATT_CHUNK;
@@ -1765,7 +1939,19 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
         float v = 0.0f;
         for (int64_t i = 0; i < S; i++) v = fmaf(pp[i * (hd + 2) + 2 + d], expf(__fsub_rn(pp[i * (hd + 2)], m)), v);
-        att[t * lda + h * hd + d] = __fmul_rn(v, inv);
+        v = __fmul_rn(v, inv);
+        att[t * lda + h * hd + d] = v;
+        head[d] = v;
+    }
+    if (!q.q) return;
+    __syncthreads();
+    int8_t *qr = q.q + t * q.ldq + h * hd;
+    float2 *dr = reinterpret_cast<float2 *>(q.d) + t * q.ldd + h * hd / QB;
+    for (int64_t c0 = 0; c0 < hd; c0 += 4 * ATT_WARPS * WARP) {  // whole warps: the blocks' lanes shuffle
+        int64_t c = c0 + 4 * threadIdx.x;
+        bool in = c < hd;
+        quantize4(in ? *reinterpret_cast<const float4 *>(head + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in,
+                  qr + c / QB * QB, dr + c / QB);
     }
 }
 
@@ -1784,9 +1970,9 @@ extern "C" int sp_cuda_linear(const struct sp_cuda_weight *w, const float *x, in
         int err;
         if (w->transposed) {
             dim3 grid((unsigned)((w->rows + COL_THREADS - 1) / COL_THREADS), (unsigned)((m + TOKENS - 1) / TOKENS));
-            if (w->elem == SP_CUDA_F32) k_cols<SP_CUDA_F32><<<grid, COL_THREADS, 0, s>>>(*w, xs, ldx, ys, ldy, m);
-            else if (w->elem == SP_CUDA_F16) k_cols<SP_CUDA_F16><<<grid, COL_THREADS, 0, s>>>(*w, xs, ldx, ys, ldy, m);
-            else k_cols<SP_CUDA_BF16><<<grid, COL_THREADS, 0, s>>>(*w, xs, ldx, ys, ldy, m);
+            if (w->elem == SP_CUDA_F32) launch(k_cols<SP_CUDA_F32>, grid, COL_THREADS, s, *w, xs, ldx, ys, ldy, m);
+            else if (w->elem == SP_CUDA_F16) launch(k_cols<SP_CUDA_F16>, grid, COL_THREADS, s, *w, xs, ldx, ys, ldy, m);
+            else launch(k_cols<SP_CUDA_BF16>, grid, COL_THREADS, s, *w, xs, ldx, ys, ldy, m);
             err = (int)cudaGetLastError();
         } else if (sp_cuda_vec_ok(w)) {
             int nt = vec_tokens(m);
@@ -1822,9 +2008,8 @@ extern "C" int sp_cuda_quantize(const float *x, int64_t ldx, int64_t n, int64_t 
     if (cols % SP_CUDA_QBLOCK || q->ldq % 16 || q->ldq < cols || q->ldd < cols / SP_CUDA_QBLOCK)
         return (int)cudaErrorInvalidValue;
     int64_t lanes = n * (cols / QB) * QLANES;
-    k_quantize<<<(unsigned)((lanes + QUANT_WARPS * WARP - 1) / (QUANT_WARPS * WARP)), QUANT_WARPS * WARP, 0,
-                 static_cast<cudaStream_t>(stream)>>>(x, ldx, n, cols, q->q, reinterpret_cast<float2 *>(q->d), q->ldq,
-                                                      q->ldd);
+    launch(k_quantize, (unsigned)((lanes + QUANT_WARPS * WARP - 1) / (QUANT_WARPS * WARP)), QUANT_WARPS * WARP,
+           static_cast<cudaStream_t>(stream), x, ldx, n, cols, q->q, reinterpret_cast<float2 *>(q->d), q->ldq, q->ldd);
     return (int)cudaGetLastError();
 }
 
@@ -1887,8 +2072,8 @@ extern "C" int sp_cuda_rope_table(const int32_t *pos, int64_t n, const float *in
                                   float *cs, void *stream) {
     int64_t k = n * (rot / 2);
     if (k <= 0) return 0;
-    k_rope_table<<<(unsigned)((k + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(pos, n, inv_freq, rot / 2,
-                                                                                             scale, cs);
+    launch(k_rope_table, (unsigned)((k + 255) / 256), 256, static_cast<cudaStream_t>(stream), pos, n, inv_freq, rot / 2,
+           scale, cs);
     return (int)cudaGetLastError();
 }
 
@@ -1905,8 +2090,8 @@ extern "C" int sp_cuda_rmsnorm(const float *x, int64_t ldx, const int32_t *rows,
     if (!norm_q(q, cols, &qx)) return (int)cudaErrorInvalidValue;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     /* x is only read without a residual */
-    k_rmsnorm<<<(unsigned)n, NORM_THREADS, 0, s>>>(const_cast<float *>(x), ldx, rows, nullptr, 0, false, w, eps, out,
-                                                   ldo, cols, qx);
+    launch(k_rmsnorm, (unsigned)n, NORM_THREADS, s, const_cast<float *>(x), ldx, rows, nullptr, 0, false, w, eps, out,
+           ldo, cols, qx);
     return (int)cudaGetLastError();
 }
 
@@ -1916,8 +2101,8 @@ extern "C" int sp_cuda_add_rmsnorm(float *x, int64_t ldx, float *r, int64_t ldr,
     if (n <= 0) return 0;
     sp_cuda_qx qx;
     if (!norm_q(q, cols, &qx)) return (int)cudaErrorInvalidValue;
-    k_rmsnorm<<<(unsigned)n, NORM_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(x, ldx, nullptr, r, ldr, zero_r, w,
-                                                                                   eps, out, ldo, cols, qx);
+    launch(k_rmsnorm, (unsigned)n, NORM_THREADS, static_cast<cudaStream_t>(stream), x, ldx, nullptr, r, ldr, zero_r, w,
+           eps, out, ldo, cols, qx);
     return (int)cudaGetLastError();
 }
 
@@ -1925,7 +2110,7 @@ extern "C" int sp_cuda_gather_q(const struct sp_cuda_qx *dst, const struct sp_cu
                                 int64_t n, int64_t cols, void *stream) {
     if (n <= 0 || cols <= 0) return 0;
     if (cols % QB || dst->ldq % 16 || src->ldq % 16) return (int)cudaErrorInvalidValue;
-    k_gather_q<<<(unsigned)n, 128, 0, static_cast<cudaStream_t>(stream)>>>(*dst, *src, rows, cols);
+    launch(k_gather_q, (unsigned)n, 128, static_cast<cudaStream_t>(stream), *dst, *src, rows, cols);
     return (int)cudaGetLastError();
 }
 
@@ -1935,7 +2120,7 @@ extern "C" int sp_cuda_add(float *dst, int64_t ldd, const float *src, int64_t ld
     for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {
         int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
         dim3 grid((unsigned)((cols + 255) / 256), (unsigned)m);
-        k_add<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst + r0 * ldd, ldd, src + r0 * lds, lds, cols);
+        launch(k_add, grid, 256, static_cast<cudaStream_t>(stream), dst + r0 * ldd, ldd, src + r0 * lds, lds, cols);
         int err = (int)cudaGetLastError();
         if (err) return err;
     }
@@ -1948,9 +2133,8 @@ extern "C" int sp_cuda_glu(float *out, int64_t ldo, const float *g, const float 
     for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {
         int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
         dim3 grid((unsigned)((w + 255) / 256), (unsigned)m);
-        k_glu<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(out + r0 * ldo, ldo, g + r0 * lds,
-                                                                   u ? u + r0 * lds : nullptr, lds, w, alpha, limit,
-                                                                   u_offset);
+        launch(k_glu, grid, 256, static_cast<cudaStream_t>(stream), out + r0 * ldo, ldo, g + r0 * lds,
+               u ? u + r0 * lds : nullptr, lds, w, alpha, limit, u_offset);
         int err = (int)cudaGetLastError();
         if (err) return err;
     }
@@ -1962,7 +2146,7 @@ extern "C" int sp_cuda_gather(float *dst, int64_t ldd, const float *src, int64_t
     if (n <= 0) return 0;
     if (cols <= 0) return 0;
     dim3 grid((unsigned)n, (unsigned)((cols + MOVE_THREADS - 1) / MOVE_THREADS));
-    k_gather<<<grid, MOVE_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(dst, ldd, src, lds, rows, cols);
+    launch(k_gather, grid, MOVE_THREADS, static_cast<cudaStream_t>(stream), dst, ldd, src, lds, rows, cols);
     return (int)cudaGetLastError();
 }
 
@@ -1971,7 +2155,8 @@ extern "C" int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, in
     if (n <= 0) return 0;
     if (cols <= 0) return 0;
     dim3 grid((unsigned)n, (unsigned)((cols + MOVE_THREADS - 1) / MOVE_THREADS));
-    k_scatter_add<<<grid, MOVE_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(out, ldo, src, lds, off, list, w, cols);
+    launch(k_scatter_add, grid, MOVE_THREADS, static_cast<cudaStream_t>(stream), out, ldo, src, lds, off, list, w,
+           cols);
     return (int)cudaGetLastError();
 }
 
@@ -1980,9 +2165,9 @@ extern "C" int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct 
     if (n <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     dim3 grid((unsigned)n, (unsigned)((a->n_heads + a->n_kv_heads + PRO_WARPS - 1) / PRO_WARPS));
-    if (kv->dt == SP_CUDA_F32) k_prologue<SP_CUDA_F32><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
-    else if (kv->dt == SP_CUDA_F16) k_prologue<SP_CUDA_F16><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
-    else k_prologue<SP_CUDA_BF16><<<grid, PRO_WARPS * WARP, 0, s>>>(*a, *kv, qkv, ldq);
+    if (kv->dt == SP_CUDA_F32) launch(k_prologue<SP_CUDA_F32>, grid, PRO_WARPS * WARP, s, *a, *kv, qkv, ldq);
+    else if (kv->dt == SP_CUDA_F16) launch(k_prologue<SP_CUDA_F16>, grid, PRO_WARPS * WARP, s, *a, *kv, qkv, ldq);
+    else launch(k_prologue<SP_CUDA_BF16>, grid, PRO_WARPS * WARP, s, *a, *kv, qkv, ldq);
     return (int)cudaGetLastError();
 }
 
@@ -1994,7 +2179,7 @@ extern "C" int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t co
     cudaError_t e = cudaMemsetAsync(best, 0, (size_t)n * sizeof *best, s);
     if (e != cudaSuccess) return (int)e;
     dim3 grid((unsigned)((cols + ARGMAX_SPAN - 1) / ARGMAX_SPAN), (unsigned)n);
-    k_argmax<<<grid, ARGMAX_THREADS, 0, s>>>(x, ldx, cols, reinterpret_cast<unsigned long long *>(best));
+    launch(k_argmax, grid, ARGMAX_THREADS, s, x, ldx, cols, reinterpret_cast<unsigned long long *>(best));
     return (int)cudaGetLastError();
 }
 
@@ -2032,18 +2217,12 @@ struct moe_group_launch {
     cudaStream_t s;
     template <int V>
     int go() const {
-        if (n == 1 && one_row) {
-            k_moe_one<V><<<1, WARP, 0, s>>>(*r, logits, sel, w, table, shared, gath, ldx, jblocks, rblocks,
-                                            (int)max_items, items, rows, ew, toff, tlist);
-            return (int)cudaGetLastError();
-        }
         bool here = n <= GROUP_ROUTE_MAX && V <= GROUP_ROUTE_V;
         if (!here)
-            k_route<V><<<(unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * WARP, 0, s>>>(*r, logits, ldl,
-                                                                                                     n, sel, w);
-        k_moe_group<V><<<1, GROUP_THREADS, 0, s>>>(*r, logits, ldl, here, sel, w, (int)n, table, shared, gath, ldx,
-                                                   one_row, nt, jblocks, rblocks, (int)max_items, items, rows, ew, toff,
-                                                   tlist);
+            launch(k_route<V>, (unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * WARP, s, *r, logits, ldl,
+                   n, sel, w);
+        launch(k_moe_group<V>, 1, GROUP_THREADS, s, *r, logits, ldl, here, sel, w, (int)n, table, shared, gath, ldx,
+               one_row, nt, jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
         return (int)cudaGetLastError();
     }
 };
@@ -2058,10 +2237,18 @@ extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *log
     if (r->n_experts > SP_CUDA_ROUTE_MAX_EXPERTS || r->k > SP_CUDA_ROUTE_MAX_K || r->k > r->n_experts ||
         r->n_group > r->n_experts || n * (r->k + (shared ? 1 : 0)) > SP_CUDA_MOE_MAX_PAIRS || (one_row && n != 1))
         return (int)cudaErrorInvalidValue;
+    if (n == 1 && one_row) {
+        unsigned threads = (unsigned)((r->n_experts + WARP - 1) / WARP * WARP);
+        launch(k_moe_one, 1, threads, static_cast<cudaStream_t>(stream), *r, logits, sel, w, table, shared, gath, ldx,
+               jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
+        return (int)cudaGetLastError();
+    }
     moe_group_launch l = {r,  logits, ldl,     sel,     w,         n,     table, shared, gath, ldx,  one_row,
                           nt, jblocks, rblocks, max_items, items, rows, ew,    toff,   tlist, static_cast<cudaStream_t>(stream)};
     return by_experts(r->n_experts, l);
 }
+
+extern "C" void sp_cuda_set_overlap(bool on) { overlap = on; }
 
 extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }
 
@@ -2070,19 +2257,20 @@ namespace {
 template <int DT>
 int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
               int64_t ldq, float *part) {
-    if (hd == 64) k_attn<DT, 2><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
-    else if (hd == 128) k_attn<DT, 4><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
-    else k_attn<DT, 8><<<grid, ATT_WARPS * WARP, 0, s>>>(a, kv, q, ldq, part);
+    if (hd == 64) launch(k_attn<DT, 2>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
+    else if (hd == 128) launch(k_attn<DT, 4>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
+    else launch(k_attn<DT, 8>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
     return (int)cudaGetLastError();
 }
 }  // namespace
 
 extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
                                  int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
-                                 int64_t part_floats, void *stream) {
+                                 int64_t part_floats, const struct sp_cuda_qx *qo, void *stream) {
     if (n <= 0) return 0;
     int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
-    if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats)
+    if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats ||
+        (qo && a->head_dim % QB))
         return (int)cudaErrorInvalidValue;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int64_t slice = part_floats / row;  // tokens whose chunks fit part at once
@@ -2095,15 +2283,21 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
         int hd = (int)a->head_dim;
         bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
-        if (kv->dt == SP_CUDA_F32) k_attn<SP_CUDA_F32, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+        if (kv->dt == SP_CUDA_F32) launch(k_attn<SP_CUDA_F32, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
         else if (!fast && kv->dt == SP_CUDA_F16)
-            k_attn<SP_CUDA_F16, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
-        else if (!fast) k_attn<SP_CUDA_BF16, 0><<<grid, ATT_WARPS * WARP, 0, s>>>(as, *kv, q, ldq, part);
+            launch(k_attn<SP_CUDA_F16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
+        else if (!fast) launch(k_attn<SP_CUDA_BF16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
         else if (kv->dt == SP_CUDA_F16) err = attn_fast<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, part);
         else err = attn_fast<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, part);
         if (err) return err;
-        k_attn_merge<<<dim3((unsigned)m, (unsigned)a->n_heads), ATT_WARPS * WARP, 0, s>>>(as, part, zmax,
-                                                                                       att + t0 * lda, lda);
+        sp_cuda_qx qs = {};
+        if (qo) {  // its rows from t0 on
+            qs = *qo;
+            qs.q += t0 * qs.ldq;
+            qs.d += 2 * t0 * qs.ldd;
+        }
+        launch(k_attn_merge, dim3((unsigned)m, (unsigned)a->n_heads), ATT_WARPS * WARP, s, as, part, zmax,
+               att + t0 * lda, lda, qs);
         err = (int)cudaGetLastError();
         if (err) return err;
     }
@@ -2113,6 +2307,7 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
 /* ---- gates and Gated DeltaNet ---- */
 
 __global__ void k_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t cols, bool one) {
+    dep_start();
     int64_t r = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     float gv = g[r * ldg + (one ? 0 : i)];
@@ -2125,7 +2320,7 @@ extern "C" int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, 
     for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {
         int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
         dim3 grid((unsigned)((cols + 255) / 256), (unsigned)m);
-        k_gate<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(x + r0 * ldx, ldx, g + r0 * ldg, ldg, cols, one);
+        launch(k_gate, grid, 256, static_cast<cudaStream_t>(stream), x + r0 * ldx, ldx, g + r0 * ldg, ldg, cols, one);
         int err = (int)cudaGetLastError();
         if (err) return err;
     }
@@ -2141,6 +2336,7 @@ __device__ __forceinline__ float *state_slot(const sp_cuda_states &st, int64_t s
 
 /* The causal conv and SiLU, a thread per channel, tokens in batch order. */
 __global__ void k_delta_conv(sp_cuda_delta d, float *qkv, int64_t ldq, int64_t n) {
+    dep_start();
     int64_t C = 2 * d.k_heads * d.k_dim + d.v_heads * d.v_dim, ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= C) return;
     int K = (int)d.conv;
@@ -2179,6 +2375,7 @@ __device__ float block_sum_f(float v, float *red) {
  * then S = decay S + k u^T. */
 __global__ void k_delta_heads(sp_cuda_delta d, const float *qkv, int64_t ldq, const float *z, int64_t ldz,
                               const float *ba, int64_t ldba, float *out, int64_t ldo, int64_t n) {
+    dep_start();
     extern __shared__ float sh[];
     float *sq = sh, *sk = sh + d.k_dim, *red = sh + 2 * d.k_dim;
     int64_t h = blockIdx.x, Dk = d.k_dim, Dv = d.v_dim, kh = h / (d.v_heads / d.k_heads), j = threadIdx.x;
@@ -2235,12 +2432,12 @@ extern "C" int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, in
     if (n <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int64_t C = 2 * d->k_heads * d->k_dim + d->v_heads * d->v_dim;
-    k_delta_conv<<<(unsigned)((C + 127) / 128), 128, 0, s>>>(*d, qkv, ldq, n);
+    launch(k_delta_conv, (unsigned)((C + 127) / 128), 128, s, *d, qkv, ldq, n);
     int err = (int)cudaGetLastError();
     if (err) return err;
     int threads = (int)((d->v_dim + WARP - 1) / WARP * WARP);
     size_t smem = (size_t)(2 * d->k_dim + WARP) * sizeof(float);
-    k_delta_heads<<<(unsigned)d->v_heads, threads, smem, s>>>(*d, qkv, ldq, z, ldz, ba, ldba, out, ldo, n);
+    launch_smem(k_delta_heads, (unsigned)d->v_heads, threads, smem, s, *d, qkv, ldq, z, ldz, ba, ldba, out, ldo, n);
     return (int)cudaGetLastError();
 }
 
@@ -2249,6 +2446,7 @@ extern "C" int sp_cuda_gated_delta(const struct sp_cuda_delta *d, float *qkv, in
 /* One head (a block; thread j keeps column j of its state), tokens in batch
  * order: q and k RMS-normed and rotated, S = decay S + k^T v, o = scale q S. */
 __global__ void k_lightning(struct sp_cuda_lightning l, const float *qkv, int64_t ldq, float *out, int64_t ldo, int64_t n) {
+    dep_start();
     extern __shared__ float sh[];
     int64_t H = l.heads, D = l.dim, h = blockIdx.x, j = threadIdx.x, half = l.rot / 2;
     float *sq = sh, *sk = sh + D, *red = sh + 2 * D;
@@ -2308,6 +2506,7 @@ __global__ void k_lightning(struct sp_cuda_lightning l, const float *qkv, int64_
 
 /* RMS over each run of `per` outputs of a token, times the weight. */
 __global__ void k_group_rmsnorm(float *x, int64_t ldx, const float *w, int64_t per, float eps) {
+    dep_start();
     __shared__ float red[32];
     float *g = x + (int64_t)blockIdx.x * ldx + (int64_t)blockIdx.y * per;
     const float *wg = w + (int64_t)blockIdx.y * per;
@@ -2323,13 +2522,13 @@ extern "C" int sp_cuda_lightning(const struct sp_cuda_lightning *l, const float 
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int threads = (int)((l->dim + WARP - 1) / WARP * WARP);
     size_t smem = (size_t)(2 * l->dim + WARP) * sizeof(float);
-    k_lightning<<<(unsigned)l->heads, threads, smem, s>>>(*l, qkv, ldq, out, ldo, n);
+    launch_smem(k_lightning, (unsigned)l->heads, threads, smem, s, *l, qkv, ldq, out, ldo, n);
     int err = (int)cudaGetLastError();
     if (err) return err;
     for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {  // x: tokens, y: groups
         int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
         dim3 grid((unsigned)m, (unsigned)l->groups);
-        k_group_rmsnorm<<<grid, 256, 0, s>>>(out + r0 * ldo, ldo, l->norm, l->heads * l->dim / l->groups, l->eps);
+        launch(k_group_rmsnorm, grid, 256, s, out + r0 * ldo, ldo, l->norm, l->heads * l->dim / l->groups, l->eps);
         if ((err = (int)cudaGetLastError())) return err;
     }
     return 0;

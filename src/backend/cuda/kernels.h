@@ -231,14 +231,20 @@ int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct sp_cuda_kv 
  * order) for a token seeing `positions` of them: each takes head_dim + 2
  * floats of the scratch for each query head. */
 int64_t sp_cuda_attn_chunks(int64_t positions);
+/* Whether kernels are launched to overlap the end of the kernel before
+ * them in the stream (programmatic dependent launch; devices of compute
+ * capability 9.0 on). */
+void sp_cuda_set_overlap(bool on);
 /* att row t, head h = softmax over token t's visible cached positions of
  * its q head's scores (with its sink logit's share) times the values;
  * max_visible: the most positions a token of the n sees. part: scratch of
  * part_floats floats, at least n_heads x sp_cuda_attn_chunks(max_visible)
- * x (head_dim + 2) (tokens go in slices that fit). */
+ * x (head_dim + 2) (tokens go in slices that fit). With q (head_dim a
+ * multiple of SP_CUDA_QBLOCK), att's rows also into q's rows, as
+ * sp_cuda_quantize rounds them. */
 int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv, int64_t ldq,
                       float *att, int64_t lda, int64_t n, int64_t max_visible, float *part, int64_t part_floats,
-                      void *stream);
+                      const struct sp_cuda_qx *q, void *stream);
 
 /* x *= sigmoid(g) elementwise (n rows of cols), g of one column a row where `one`. */
 int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t n, int64_t cols, bool one, void *stream);
