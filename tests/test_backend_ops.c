@@ -662,6 +662,151 @@ static void test_mlp(void **state) {
             }
 }
 
+/* ---- batches against single tokens, to the bit ---- */
+
+/* A shape past the one above: rows of 2880 columns (90 chunks of 32: lane
+ * classes of 2 and 3 chunks, and the vector kernels' split over warps) and
+ * experts 1024 wide. */
+#define BIG_D 2880
+#define BIG_FF 1024
+#define BIG_BATCH 64
+
+static struct sp_backend *make_big_backend(const struct target *t) {
+    struct sp_backend_params p = {
+        .shape = {.n_layers = 1, .n_kv_layers = 1, .d_model = BIG_D, .vocab = VOCAB, .n_heads = HEADS,
+                  .n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .mlp_width = 2 * BIG_FF, .n_experts = EXPERTS,
+                  .expert_ff = BIG_FF, .rot_dims = ROT, .inv_freq = inv_freq, .rope_scale = 1.0f},
+        .n_ctx = 8, .n_seq = 1, .max_batch = BIG_BATCH, .kv_type = SP_KV_F16, .n_threads = 2,
+        .float_activations = t->float_acts};
+    struct sp_backend *b;
+    if (sp_backend_create(t->dev, &p, &b) != SP_OK) fail_msg("%s: %s", t->label, sp_error_msg());
+    return b;
+}
+
+/* Token t's row of a batch (cols floats) against the token alone, bit for bit. */
+static void same_row_bits(const float *got, const float *want, int64_t cols, const char *what, int64_t t) {
+    for (int64_t c = 0; c < cols; c++)
+        if (memcmp(&got[c], &want[c], sizeof(float)) != 0)
+            fail_msg("%s: token %lld, output %lld: %.9g in the batch, %.9g alone", what, (long long)t, (long long)c,
+                     got[c], want[c]);
+}
+
+/* A token's products and MLPs with int8 activations give the same bits in
+ * a batch as alone: a device runs batches of 16 tokens or more on tensor
+ * cores and single tokens on its vector kernels, whose sums' order the
+ * tensor-core kernels reproduce. Rows and tokens that are not whole tiles,
+ * groups of 1 to 4 chunks, affine scales of each type, mxfp4. */
+static void test_batch_bits(void **state) {
+    static const struct fmt bf[] = {{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16},
+                                    {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16},
+                                    {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32},
+                                    {SP_QTYPE_MXFP4, 32, SP_DTYPE_COUNT}};
+    static const int64_t shapes[][2] = {{40, 256}, {133, BIG_FF}, {70, BIG_D}};
+    static const int64_t counts[] = {1, 17, 33, 5};  // tokens of each MLP item
+    enum { N = 37 };
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 52);
+    int ran = 0;
+    char what[160];
+    for (int ti = 0; ti < n_targets; ti++) {
+        if (targets[ti].dev == SP_DEVICE_CPU || targets[ti].float_acts) continue;
+        ran++;
+        struct sp_backend *b = make_big_backend(&targets[ti]);
+        for (size_t fi = 0; fi < sizeof bf / sizeof *bf; fi++) {
+            for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                if (cols % bf[fi].group) continue;
+                struct mat M;
+                mat_make(&M, bf[fi].t, bf[fi].group, bf[fi].sdt, rows, cols, &rng);
+                struct sp_linear l = linear_of(&M);
+                float *bv = randn(rows, 1.0f, &rng);
+                if (si == 1) l.bias = bv, l.bias_dtype = SP_DTYPE_F32;
+                assert_int_equal(b->ops->prepare(b, &l), SP_OK);
+                float *x = randn(N * cols, 1.0f, &rng);
+                struct sp_tensor xt = tensor_of(b, N, cols, x), yt, y1;
+                assert_int_equal(sp_backend_tensor(b, N, rows, &yt), SP_OK);
+                assert_int_equal(sp_backend_tensor(b, 1, rows, &y1), SP_OK);
+                b->ops->linear(b, &l, xt, yt);
+                float *all = read_back(b, yt);
+                snprintf(what, sizeof what, "%.64s linear %.16s g%d %lldx%lld", targets[ti].label,
+                         sp_qtype_name(bf[fi].t), bf[fi].group, (long long)rows, (long long)cols);
+                for (int64_t t = 0; t < N; t++) {
+                    b->ops->linear(b, &l, sp_tensor_rows(xt, t, 1), y1);
+                    float *one = read_back(b, y1);
+                    same_row_bits(all + t * rows, one, rows, what, t);
+                    free(one);
+                }
+                assert_int_equal(b->ops->error(b), SP_OK);
+                free(all);
+                free(x);
+                free(bv);
+                mat_free(&M);
+            }
+            for (int fused = 0; fused < 2 && BIG_D % bf[fi].group == 0; fused++) {
+                const struct sp_glu act = fused ? (struct sp_glu){1.702f, 7.0f, 1.0f} : (struct sp_glu){1.0f, INFINITY, 0.0f};
+                struct mat G[4], U[4], GU[4], Dn[4];
+                struct sp_linear lg[4], lu[4], lgu[4], ld[4];
+                struct sp_mlp_item items[4];
+                int64_t total = 0;
+                for (int i = 0; i < 4; i++) total += counts[i];
+                float *xv = randn(total * BIG_D, 1.0f, &rng);
+                struct sp_tensor x = tensor_of(b, total, BIG_D, xv), out, out1;
+                assert_int_equal(sp_backend_tensor(b, total, BIG_D, &out), SP_OK);
+                assert_int_equal(sp_backend_tensor(b, 1, BIG_D, &out1), SP_OK);
+                int64_t row = 0;
+                for (int i = 0; i < 4; i++) {
+                    if (fused) {
+                        mat_make(&GU[i], bf[fi].t, bf[fi].group, bf[fi].sdt, 2 * BIG_FF, BIG_D, &rng);
+                        lgu[i] = linear_of(&GU[i]);
+                        lgu[i].interleaved = true;
+                        assert_int_equal(b->ops->prepare(b, &lgu[i]), SP_OK);
+                    } else {
+                        mat_make(&G[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_FF, BIG_D, &rng);
+                        mat_make(&U[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_FF, BIG_D, &rng);
+                        lg[i] = linear_of(&G[i]);
+                        lu[i] = linear_of(&U[i]);
+                        assert_int_equal(b->ops->prepare(b, &lg[i]), SP_OK);
+                        assert_int_equal(b->ops->prepare(b, &lu[i]), SP_OK);
+                    }
+                    mat_make(&Dn[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_D, BIG_FF, &rng);
+                    ld[i] = linear_of(&Dn[i]);
+                    assert_int_equal(b->ops->prepare(b, &ld[i]), SP_OK);
+                    items[i] = (struct sp_mlp_item){fused ? NULL : &lg[i], fused ? NULL : &lu[i],
+                                                    fused ? &lgu[i] : NULL, &ld[i], sp_tensor_rows(x, row, counts[i]),
+                                                    row};
+                    row += counts[i];
+                }
+                b->ops->mlp(b, items, 4, &act, out);
+                float *all = read_back(b, out);
+                snprintf(what, sizeof what, "%.64s mlp %.16s g%d%s", targets[ti].label, sp_qtype_name(bf[fi].t),
+                         bf[fi].group, fused ? " (gate_up fused)" : "");
+                for (int i = 0; i < 4; i++)
+                    for (int64_t t = 0; t < counts[i]; t++) {
+                        struct sp_mlp_item one = items[i];
+                        one.x = sp_tensor_rows(items[i].x, t, 1);
+                        one.row = 0;
+                        b->ops->mlp(b, &one, 1, &act, out1);
+                        float *got = read_back(b, out1);
+                        same_row_bits(all + (items[i].row + t) * BIG_D, got, BIG_D, what, items[i].row + t);
+                        free(got);
+                    }
+                assert_int_equal(b->ops->error(b), SP_OK);
+                for (int i = 0; i < 4; i++) {
+                    if (fused)
+                        mat_free(&GU[i]);
+                    else
+                        mat_free(&G[i]), mat_free(&U[i]);
+                    mat_free(&Dn[i]);
+                }
+                free(all);
+                free(xv);
+            }
+        }
+        done_backend(b);
+    }
+    if (!ran) skip();
+}
+
 static void test_gather_scatter(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 49);
@@ -866,6 +1011,7 @@ int main(void) {
         cmocka_unit_test(test_embed_norm_add),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_mlp),
+        cmocka_unit_test(test_batch_bits),
         cmocka_unit_test(test_gather_scatter),
         cmocka_unit_test(test_logits),
         cmocka_unit_test(test_argmax_ties),

@@ -1002,6 +1002,11 @@ static struct sp_cuda_mlp_item item_weights(const struct sp_cuda_weight w[3], bo
 
 /* A run's activations as int8: each item's x into its rows of qa, then
  * (after gate and up) the rows of ff_b they wrote into qb. */
+/* Tokens a block of r's kernels takes. */
+static int mlp_tokens(const struct mlp_run *r) {
+    return sp_cuda_mlp_tokens(r->max_n, r->q && sp_cuda_mma_ok(&r->gate) && sp_cuda_mma_ok(&r->down));
+}
+
 static bool quantize_items(struct cuda *c, const struct mlp_run *r) {
     for (int64_t i = r->first; i < r->first + r->count; i++) {
         const struct sp_cuda_mlp_item *d = &c->h_items[i];
@@ -1051,7 +1056,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
     if (c->err || nv == 0) return;
     for (int64_t k = 0; k < nr; k++) {
         struct mlp_run *r = &c->runs[k];
-        int nt = sp_cuda_mlp_tokens(r->max_n);
+        int nt = mlp_tokens(r);
         for (int64_t i = r->first; i < r->first + r->count; i++) {
             struct sp_cuda_mlp_item *d = &c->h_items[i];
             d->blk_gate_up = r->blocks_gate_up;
@@ -1063,7 +1068,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
     if (!upload(c, c->d_items, c->h_items, (size_t)nv * sizeof *c->h_items, "MLP items")) return;
     for (int64_t k = 0; k < nr && !c->err; k++) {
         struct mlp_run *r = &c->runs[k];
-        int nt = sp_cuda_mlp_tokens(r->max_n);
+        int nt = mlp_tokens(r);
         if (r->q && !quantize_items(c, r)) break;
         if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&r->gate, r->fused, c->d_items + r->first, (int)r->count,
                                                         r->blocks_gate_up, nt, r->xvec, r->q ? &c->qa : NULL, c->ff_b,
@@ -1155,11 +1160,16 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
                               .routed_scale = m->routed_scale, .bias = m->bias};
     int64_t ff = t->down.cols, S = K + t->shared, slice = c->moe_pairs / S;
     bool q = int8_acts(c, &t->gate, false) && int8_acts(c, &t->down, false);
-    int64_t jblocks = sp_cuda_mlp_blocks(false, ff, 1, 1), rblocks = sp_cuda_mlp_blocks(true, t->down.rows, 1, 1);
+    bool mma = q && sp_cuda_mma_ok(&t->gate) && sp_cuda_mma_ok(&t->down);
     for (int64_t t0 = 0; t0 < n && !c->err; t0 += slice) {
         int64_t nt0 = n - t0 < slice ? n - t0 : slice, nk = nt0 * K, rows = nt0 * S;
         const float *x = h.data + t0 * h.ld;
-        int nt = sp_cuda_mlp_tokens((nk + E - 1) / E);
+        /* experts of half a tensor-core block of tokens on average or more: there, an expert's
+         * weights are read once where the vector kernels' blocks of 8 tokens read them twice or
+         * more (measured faster from there on the Ling-flash-2.0, gpt-oss and Qwen3 shapes) */
+        int64_t avg = (nk + E - 1) / E;
+        int nt = mma && 2 * avg >= SP_CUDA_MMA_TOKENS ? SP_CUDA_MMA_TOKENS : sp_cuda_mlp_tokens(avg, false);
+        int64_t jblocks = sp_cuda_mlp_blocks(false, ff, 1, nt), rblocks = sp_cuda_mlp_blocks(true, t->down.rows, 1, nt);
         /* at most one item an expert used and a block of tokens more than an even share;
          * one token: a block an item, every item reading its row where it is (rounded into qa) */
         bool one = nt0 == 1;
@@ -1535,11 +1545,13 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
                        (long long)(c->logit_cap * s->vocab * (int64_t)sizeof(float)), cudaGetErrorString(e));
         goto fail;
     }
-    {  /* kernels overlap their predecessors' ends on devices that can (compute capability 9.0 on) */
+    {  /* kernels overlap their predecessors' ends, products run on tensor cores, where the device can */
         int dev = 0, major = 0;
-        sp_cuda_set_overlap(!p->no_overlap && cudaGetDevice(&dev) == cudaSuccess &&
-                            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                            major >= 9);
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            major = 0;
+        cudaGetLastError();
+        sp_cuda_set_device(major, !p->no_overlap);
     }
     c->graphs = p->graphs;
     if (c->graphs && cudaMallocHost((void **)&c->stage, GRAPH_STAGE_BYTES) != cudaSuccess) {

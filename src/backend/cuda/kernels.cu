@@ -7,10 +7,11 @@
  * 8-bit, mxfp4, f16, bf16) take a faster path: 16-byte loads of codes,
  * several rows a warp sharing each load of the activations, and the
  * batched MLP kernels (all of a call's gates and ups in one launch, the
- * activation fused, then all its downs in one). Every sum is spelled out (fmaf,
- * __fadd_rn, __fmul_rn) so that the compiler's contractions cannot make
- * one instantiation round differently from another: a token's result is
- * the same in any batch. Decoding follows quant/qtype.c's reference
+ * activation fused, then all its downs in one); batches with int8
+ * activations run on tensor cores, adding as the vector kernels add.
+ * Every sum is spelled out (fmaf, __fadd_rn, __fmul_rn) so that the
+ * compiler's contractions cannot make one instantiation round differently
+ * from another: a token's result is the same in any batch. Decoding follows quant/qtype.c's reference
  * exactly, scale x code rounded before the bias is added.
  */
 #include "backend/cuda/kernels.h"
@@ -914,13 +915,251 @@ __global__ void __launch_bounds__(VWARPS * WARP)
             }
 }
 
+/* ---- tensor-core products: int8 activations, 4-bit codes ----
+ *
+ * Batches of MMA_TOKENS tokens a block: mma.sync m16n8k32 (s8 x s8 into
+ * s32), a chunk (QB elements) a k step, a warp 16 rows (the A tile) by 16
+ * tokens (two n8 tiles). The integer sums are exact, so only their scaling
+ * and adding could differ from vdot's, and they run as vdot runs them:
+ * lane class l's chunks (l, l + 32, ...; where the vector kernel splits the
+ * chunks over the block's warps, class 32 w + l of warp w, step 128) in
+ * one chain, the classes added as warp_sum's butterfly adds them (the
+ * leaves in bit-reversed order, pairwise, through a stack of partial
+ * sums), then the warps' sums in warp order. A token's result is the
+ * vector kernels' to the bit, in any batch. */
+constexpr int MMA_TOKENS = SP_CUDA_MMA_TOKENS;
+constexpr int MMA_WARPS = 4;  // warps of a block, a 16-row tile each
+constexpr int MMA_STACK = 5;  // log2(WARP): the butterfly's levels
+
+bool tensor_cores = false;  // the device runs mma.sync on int8 (compute capability 8.0 on)
+
+__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+    __trap();
+#endif
+}
+
+/* The 4 codes in half h of word v as int8 bytes in element order, as
+ * qdecode makes them. */
+template <int K>
+__device__ __forceinline__ uint32_t qbytes4(uint32_t v, int h) {
+    if constexpr (K == K_MXFP4) return (uint32_t)mx2_bytes(v >> (16 * h));
+    else return __byte_perm(v & 0x0f0f0f0fu, (v >> 4) & 0x0f0f0f0fu, h ? 0x7362u : 0x5140u);
+}
+
+/* One row's scale and bias (affine) for chunk c, as vdot takes them. */
+template <int K, int SDT>
+__device__ __forceinline__ void mma_scale(const vrow &rw, uint32_t c, uint32_t cpg, float &s, float &b) {
+    if constexpr (K == K_AFFINE) {
+        s = ldf<SDT>(rw.s, c / cpg);
+        b = ldf<SDT>(rw.b, c / cpg);
+    } else {
+        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[c / cpg])));
+        b = 0.0f;
+    }
+}
+
+/* res[n][e] = row (e < 2 ? lo : hi) . token n * 8 + 2 (lane % 4) + e % 2
+ * of a's first nt tokens (the rest read as zeros), over `chunks` chunks;
+ * lo and hi: this lane's rows of the tile (lane / 4 and lane / 4 + 8); W:
+ * the vector kernel's warps over the chunks (1, or VWARPS where it
+ * splits). */
+template <int K, int SDT, int W>
+__device__ __forceinline__ void mma_dot(const vrow &lo, const vrow &hi, uint32_t chunks, uint32_t cpg, const qacts &a,
+                                        int nt, float (&res)[2][4]) {
+    constexpr bool AFF = K == K_AFFINE;
+    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    const int8_t *xq[2];  // B: token n * 8 + g's bytes 4 tq .. of each chunk
+    const float2 *xd[2][2];  // token n * 8 + 2 tq + j's block pairs
+    bool xin[2], din[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+        int t = n * 8 + g;
+        xin[n] = t < nt;
+        xq[n] = a.q + (int64_t)(xin[n] ? t : 0) * a.ldq + 4 * tq;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int u = n * 8 + 2 * tq + j;
+            din[n][j] = u < nt;
+            xd[n][j] = a.d + (int64_t)(din[n][j] ? u : 0) * a.ldd;
+        }
+    }
+    int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        float st[MMA_STACK][2][4], acc[2][4];
+        for (int p = 0; p < WARP; p++) {
+            uint32_t cls = (uint32_t)(w * WARP) + (__brev((uint32_t)p) >> 27);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+            for (uint32_t c = cls; c < chunks; c += W * WARP) {
+                uint4 q0 = __ldg(lo.q + c), q1 = __ldg(hi.q + c);
+                float s0, b0, s1, b1;
+                mma_scale<K, SDT>(lo, c, cpg, s0, b0);
+                mma_scale<K, SDT>(hi, c, cpg, s1, b1);
+                uint32_t af[4] = {qbytes4<K>(word_of(q0, wa), h), qbytes4<K>(word_of(q1, wa), h),
+                                  qbytes4<K>(word_of(q0, 2 + wa), h), qbytes4<K>(word_of(q1, 2 + wa), h)};
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    const uint32_t *bp = reinterpret_cast<const uint32_t *>(xq[n] + 32 * (int64_t)c);
+                    uint32_t bx0 = xin[n] ? __ldg(bp) : 0u, bx1 = xin[n] ? __ldg(bp + 4) : 0u;
+                    int32_t cc[4];
+                    mma_s8(cc, af, bx0, bx1);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float2 d = din[n][e & 1] ? __ldg(xd[n][e & 1] + c) : make_float2(0.0f, 0.0f);
+                        float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
+                        float v = AFF ? fmaf(bc, d.y, acc[n][e]) : acc[n][e];
+                        acc[n][e] = fmaf((float)cc[e], __fmul_rn(sc, d.x), v);
+                    }
+                }
+            }
+            /* leaf p of the butterfly: merged with the partial sums it completes */
+            int ones = __ffs(~p) - 1;
+#pragma unroll
+            for (int l = 0; l < MMA_STACK; l++)
+                if (l < ones)
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[n][e] = __fadd_rn(st[l][n][e], acc[n][e]);
+#pragma unroll
+            for (int l = 0; l < MMA_STACK; l++)
+                if (l == ones)
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) st[l][n][e] = acc[n][e];
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) res[n][e] = w == 0 ? acc[n][e] : __fadd_rn(res[n][e], acc[n][e]);
+    }
+}
+
+/* k_vrows on tensor cores: a warp rows [r0, r0 + 16) for the block's
+ * MMA_TOKENS tokens; the blocks of a row block's token blocks run one
+ * after another (x), so its rows are read from L2 after the first. */
+template <int K, int SDT, int W>
+__global__ void __launch_bounds__(MMA_WARPS * WARP)
+    k_mma_rows(sp_cuda_weight w, qacts a, float *y, int64_t ldy, int64_t n) {
+    dep_start();
+    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int64_t r0 = ((int64_t)blockIdx.y * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = (int64_t)blockIdx.x * MMA_TOKENS;
+    if (r0 >= w.rows) return;
+    int nt = n - t0 < MMA_TOKENS ? (int)(n - t0) : MMA_TOKENS;
+    int64_t row_bytes = w.cols / QB * 16, ra = r0 + g, rb = r0 + g + 8;
+    vrow lo = vrow_of<K, SDT>(w.codes, w.scales, w.biases, ra < w.rows ? ra : w.rows - 1, w.cols, w.group, row_bytes);
+    vrow hi = vrow_of<K, SDT>(w.codes, w.scales, w.biases, rb < w.rows ? rb : w.rows - 1, w.cols, w.group, row_bytes);
+    float res[2][4];
+    mma_dot<K, SDT, W>(lo, hi, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), a.rows(t0), nt, res);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t r = e < 2 ? ra : rb;
+            int t = k * 8 + 2 * tq + (e & 1);
+            if (r >= w.rows || t >= nt) continue;
+            float v = res[k][e];
+            y[(t0 + t) * ldy + r] = w.bias ? __fadd_rn(v, ldf_rt(w.bias_dt, w.bias, r)) : v;
+        }
+}
+
+/* k_mlp_gate_up on tensor cores: a warp takes outputs [j0, j0 + 8) of an
+ * item (the tile's rows 0-7 their gate rows, 8-15 their up rows) for the
+ * block's MMA_TOKENS tokens; an item's token blocks of the same outputs
+ * are neighbours, as in k_mma_rows. */
+template <int K, int SDT>
+__global__ void __launch_bounds__(MMA_WARPS * WARP)
+    k_mma_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, qacts a, float *h,
+                  int64_t ldh, float alpha, float limit, float u_offset) {
+    dep_start();
+    const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
+    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int64_t ff = it.ff, b = (int64_t)blockIdx.x - it.blk_gate_up;
+    int64_t tblocks = (it.n + MMA_TOKENS - 1) / MMA_TOKENS + !it.n;  // an item of no tokens: one, which returns
+    int64_t j0 = (b / tblocks * MMA_WARPS + threadIdx.x / WARP) * 8, t0 = b % tblocks * MMA_TOKENS;
+    if (j0 >= ff || t0 >= it.n) return;  // past the item's blocks: a grid sized for the most items could be
+    int nt = it.n - t0 < MMA_TOKENS ? (int)(it.n - t0) : MMA_TOKENS;
+    int64_t row_bytes = w.cols / QB * 16, j = j0 + g < ff ? j0 + g : ff - 1;
+    vrow gate = vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], fused ? 2 * j : j, w.cols, w.group, row_bytes);
+    vrow up = fused ? vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], 2 * j + 1, w.cols, w.group, row_bytes)
+                    : vrow_of<K, SDT>(it.codes[1], it.scales[1], it.biases[1], j, w.cols, w.group, row_bytes);
+    float res[2][4];
+    mma_dot<K, SDT, 1>(gate, up, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), item_acts(a, it).rows(t0), nt,
+                       res);
+    if (j0 + g >= ff) return;
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int t = k * 8 + 2 * tq + e;
+            if (t >= nt) continue;
+            float gi = res[k][e], ui = res[k][2 + e];
+            if (fused) {
+                if (it.bias[0]) {
+                    gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], 2 * j));
+                    ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[0], 2 * j + 1));
+                }
+            } else {
+                if (it.bias[0]) gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], j));
+                if (it.bias[1]) ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[1], j));
+            }
+            gi = gi > limit ? limit : gi;  // as k_glu
+            ui = ui > limit ? limit : ui < -limit ? -limit : ui;
+            float sig = __fdiv_rn(gi, __fadd_rn(1.0f, expf(__fmul_rn(-gi, alpha))));
+            h[(it.row + t0 + t) * ldh + j] = __fmul_rn(__fadd_rn(ui, u_offset), sig);
+        }
+}
+
+/* k_mlp_down on tensor cores: a warp rows [r0, r0 + 16) of an item's down
+ * for the block's MMA_TOKENS tokens. */
+template <int K, int SDT>
+__global__ void __launch_bounds__(MMA_WARPS * WARP)
+    k_mma_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, qacts hq, float *out, int64_t ldo) {
+    dep_start();
+    const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
+    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int64_t b = (int64_t)blockIdx.x - it.blk_down, tblocks = (it.n + MMA_TOKENS - 1) / MMA_TOKENS + !it.n;
+    int64_t r0 = (b / tblocks * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = b % tblocks * MMA_TOKENS;
+    if (r0 >= w.rows || t0 >= it.n) return;
+    int nt = it.n - t0 < MMA_TOKENS ? (int)(it.n - t0) : MMA_TOKENS;
+    int64_t cols = it.ff, row_bytes = cols / QB * 16, ra = r0 + g, rb = r0 + g + 8;
+    vrow lo = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], ra < w.rows ? ra : w.rows - 1, cols, w.group,
+                              row_bytes);
+    vrow hi = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], rb < w.rows ? rb : w.rows - 1, cols, w.group,
+                              row_bytes);
+    float res[2][4];
+    mma_dot<K, SDT, 1>(lo, hi, (uint32_t)(cols / QB), (uint32_t)(w.group / QB), hq.rows(it.row + t0), nt, res);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t r = e < 2 ? ra : rb;
+            int t = k * 8 + 2 * tq + (e & 1);
+            if (r >= w.rows || t >= nt) continue;
+            float v = res[k][e];
+            out[(it.row + t0 + t) * ldo + r] = it.bias[2] ? __fadd_rn(v, ldf_rt(w.bias_dt, it.bias[2], r)) : v;
+        }
+}
+
 /* Calls l.template go<K, BITS, SDT, NT>() for w's format (one the vector
- * kernels take) and a token count of nt (1, 2, 4 or 8). */
+ * kernels take) and a token count of nt (1, 2, 4 or 8; MMA_TOKENS: the
+ * tensor-core kernels). */
 template <int K, int BITS, int SDT, class L>
 int vdispatch_nt(int nt, const L &l) {
     if (nt <= 1) return l.template go<K, BITS, SDT, 1>();
     if (nt <= 2) return l.template go<K, BITS, SDT, 2>();
     if (nt <= 4) return l.template go<K, BITS, SDT, 4>();
+    if (nt == MMA_TOKENS) return l.template go<K, BITS, SDT, MMA_TOKENS>();
     return l.template go<K, BITS, SDT, 8>();
 }
 
@@ -955,6 +1194,12 @@ constexpr bool reads() {
     return std::is_same<A, facts>::value || K == K_MXFP4 || (K == K_AFFINE && BITS == 4);
 }
 
+/* ... and the tensor-core kernels: int8 activations of 4-bit codes. */
+template <int K, int BITS, class A>
+constexpr bool mma_reads() {
+    return std::is_same<A, qacts>::value && (K == K_MXFP4 || (K == K_AFFINE && BITS == 4));
+}
+
 /* Whether k_vrows splits w's chunks over a block's warps: a matrix of
  * fewer rows than SPLIT_ROWS with at least half a chunk a lane when split
  * (the router, attention's products), whose blocks would otherwise be
@@ -975,7 +1220,18 @@ struct vrows_launch {
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        if constexpr (NT == MMA_TOKENS) {
+            if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+            else {
+                dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS),
+                          (unsigned)((w->rows + 16 * MMA_WARPS - 1) / (16 * MMA_WARPS)));
+                if (vsplit<K, BITS>(*w))
+                    launch(k_mma_rows<K, SDT, VWARPS>, grid, MMA_WARPS * WARP, s, *w, a, y, ldy, n);
+                else
+                    launch(k_mma_rows<K, SDT, 1>, grid, MMA_WARPS * WARP, s, *w, a, y, ldy, n);
+                return (int)cudaGetLastError();
+            }
+        } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
             unsigned ty = (unsigned)((n + NT - 1) / NT);
             if (vsplit<K, BITS>(*w)) {
@@ -1004,7 +1260,14 @@ struct gate_up_launch {
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        if constexpr (NT == MMA_TOKENS) {
+            if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+            else {
+                launch(k_mma_gate_up<K, SDT>, (unsigned)blocks, MMA_WARPS * WARP, s, *w, items, n_items, fused, a, h,
+                       ldh, alpha, limit, u_offset);
+                return (int)cudaGetLastError();
+            }
+        } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
             launch(k_mlp_gate_up<K, BITS, SDT, NT, A>, (unsigned)blocks, VWARPS * WARP, s, *w, items, n_items, fused, a,
                    h, ldh, alpha, limit, u_offset);
@@ -1025,7 +1288,13 @@ struct down_launch {
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
-        if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        if constexpr (NT == MMA_TOKENS) {
+            if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+            else {
+                launch(k_mma_down<K, SDT>, (unsigned)blocks, MMA_WARPS * WARP, s, *w, items, n_items, h, out, ldo);
+                return (int)cudaGetLastError();
+            }
+        } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
             launch(k_mlp_down<K, BITS, SDT, NT, A>, (unsigned)blocks, VWARPS * WARP, s, *w, items, n_items, h, out,
                    ldo);
@@ -2021,17 +2290,17 @@ extern "C" int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_
         int64_t m = n - t0 < (int64_t)MAX_GRID_Y * TOKENS ? n - t0 : (int64_t)MAX_GRID_Y * TOKENS;
         qacts a = qacts_of(*x);
         a.q += t0 * a.ldq, a.d += t0 * a.ldd;
-        int err = vdispatch(*w, vec_tokens(m),
-                            vrows_launch<qacts>{w, a, y + t0 * ldy, ldy, m, static_cast<cudaStream_t>(stream)});
+        int nt = m >= MMA_TOKENS && sp_cuda_mma_ok(w) ? MMA_TOKENS : vec_tokens(m);
+        int err = vdispatch(*w, nt, vrows_launch<qacts>{w, a, y + t0 * ldy, ldy, m, static_cast<cudaStream_t>(stream)});
         if (err) return err;
     }
     return 0;
 }
 
-extern "C" int sp_cuda_mlp_tokens(int64_t n) { return vec_tokens(n); }
+extern "C" int sp_cuda_mlp_tokens(int64_t n, bool mma) { return mma && n >= MMA_TOKENS ? MMA_TOKENS : vec_tokens(n); }
 
 extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt) {
-    int64_t per = down ? VR * VWARPS : VR / 2 * VWARPS;
+    int64_t per = nt == MMA_TOKENS ? (down ? 16 : 8) * MMA_WARPS : down ? VR * VWARPS : VR / 2 * VWARPS;
     return (outputs + per - 1) / per * ((n + nt - 1) / nt);
 }
 
@@ -2248,7 +2517,12 @@ extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *log
     return by_experts(r->n_experts, l);
 }
 
-extern "C" void sp_cuda_set_overlap(bool on) { overlap = on; }
+extern "C" void sp_cuda_set_device(int major, bool overlap_on) {
+    overlap = overlap_on && major >= 9;
+    tensor_cores = major >= 8;
+}
+
+extern "C" bool sp_cuda_mma_ok(const struct sp_cuda_weight *w) { return tensor_cores && sp_cuda_q_ok(w); }
 
 extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }
 

@@ -80,6 +80,11 @@ struct sp_cuda_qx {
 int sp_cuda_quantize(const float *x, int64_t ldx, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream);
 /* Whether the int8 products take w (mxfp4 and affine 4-bit that sp_cuda_vec_ok takes). */
 bool sp_cuda_q_ok(const struct sp_cuda_weight *w);
+/* Tokens a block of the tensor-core products takes: int8 products of
+ * SP_CUDA_MMA_TOKENS tokens or more run on tensor cores where the device
+ * has them (sp_cuda_mma_ok), with the vector kernels' results to the bit. */
+#define SP_CUDA_MMA_TOKENS 16
+bool sp_cuda_mma_ok(const struct sp_cuda_weight *w);
 /* sp_cuda_linear from the int8 rows x (of w's columns). */
 int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_cuda_qx *x, float *y, int64_t ldy, int64_t n,
                      void *stream);
@@ -103,8 +108,10 @@ struct sp_cuda_mlp_item {
     int64_t ff;                      // outputs of gate (columns of down)
     int64_t blk_gate_up, blk_down;   // the item's first block in each launch (sp_cuda_mlp_blocks)
 };
-/* Tokens per block (1, 2, 4 or 8) for items of at most n tokens. */
-int sp_cuda_mlp_tokens(int64_t n);
+/* Tokens per block (1, 2, 4 or 8) for items of at most n tokens; with mma
+ * (int8 activations and weights sp_cuda_mma_ok takes), SP_CUDA_MMA_TOKENS
+ * (the tensor-core kernels) where n is that many or more. */
+int sp_cuda_mlp_tokens(int64_t n, bool mma);
 /* Blocks of an item of n tokens with `outputs` outputs (gate's, or
  * down's rows), nt tokens per block. */
 int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt);
@@ -231,10 +238,11 @@ int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct sp_cuda_kv 
  * order) for a token seeing `positions` of them: each takes head_dim + 2
  * floats of the scratch for each query head. */
 int64_t sp_cuda_attn_chunks(int64_t positions);
-/* Whether kernels are launched to overlap the end of the kernel before
- * them in the stream (programmatic dependent launch; devices of compute
- * capability 9.0 on). */
-void sp_cuda_set_overlap(bool on);
+/* The device's compute capability (major) and whether kernels are launched
+ * to overlap the end of the kernel before them in the stream (programmatic
+ * dependent launch, 9.0 on); tensor-core products need 8.0 on. For the
+ * process: the last backend created sets it. */
+void sp_cuda_set_device(int major, bool overlap);
 /* att row t, head h = softmax over token t's visible cached positions of
  * its q head's scores (with its sink logit's share) times the values;
  * max_visible: the most positions a token of the n sees. part: scratch of
