@@ -815,6 +815,26 @@ __device__ __forceinline__ const sp_cuda_mlp_item &item_of(const sp_cuda_mlp_ite
     return items[best];
 }
 
+/* Output j of an item's activation from its gate and up sums gi and ui:
+ * their biases added (rows 2 j and 2 j + 1 of a fused gate_up's), then as
+ * k_glu. */
+__device__ __forceinline__ float glu_out(const sp_cuda_weight &w, const sp_cuda_mlp_item &it, bool fused, int64_t j,
+                                         float gi, float ui, float alpha, float limit, float u_offset) {
+    if (fused) {
+        if (it.bias[0]) {
+            gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], 2 * j));
+            ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[0], 2 * j + 1));
+        }
+    } else {
+        if (it.bias[0]) gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], j));
+        if (it.bias[1]) ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[1], j));
+    }
+    gi = gi > limit ? limit : gi;
+    ui = ui > limit ? limit : ui < -limit ? -limit : ui;
+    float sig = __fdiv_rn(gi, __fadd_rn(1.0f, expf(__fmul_rn(-gi, alpha))));
+    return __fmul_rn(__fadd_rn(ui, u_offset), sig);
+}
+
 /* Gate and up of a batch of MLPs, the activation into h: a warp takes
  * outputs j0 and j0 + 1 of an item (rows 2 j .. 2 j + 1 of a fused
  * gate_up, or row j of gate and of up) for the tokens [t0, t0 + NT). w:
@@ -859,21 +879,8 @@ __global__ void __launch_bounds__(VWARPS * WARP)
         for (int t = 0; t < NT; t++) {
             int64_t j = j0 + jj;
             if (lane != jj * NT + t || j >= ff || t >= nt) continue;
-            float gi = acc[2 * jj][t], ui = acc[2 * jj + 1][t];
-            if (fused) {
-                if (it.bias[0]) {
-                    gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], 2 * j));
-                    ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[0], 2 * j + 1));
-                }
-            } else {
-                if (it.bias[0]) gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], j));
-                if (it.bias[1]) ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[1], j));
-            }
-            /* as k_glu */
-            gi = gi > limit ? limit : gi;
-            ui = ui > limit ? limit : ui < -limit ? -limit : ui;
-            float sig = __fdiv_rn(gi, __fadd_rn(1.0f, expf(__fmul_rn(-gi, alpha))));
-            h[(it.row + t0 + t) * ldh + j] = __fmul_rn(__fadd_rn(ui, u_offset), sig);
+            h[(it.row + t0 + t) * ldh + j] =
+                glu_out(w, it, fused, j, acc[2 * jj][t], acc[2 * jj + 1][t], alpha, limit, u_offset);
         }
 }
 
@@ -1103,20 +1110,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
         for (int e = 0; e < 2; e++) {
             int t = k * 8 + 2 * tq + e;
             if (t >= nt) continue;
-            float gi = res[k][e], ui = res[k][2 + e];
-            if (fused) {
-                if (it.bias[0]) {
-                    gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], 2 * j));
-                    ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[0], 2 * j + 1));
-                }
-            } else {
-                if (it.bias[0]) gi = __fadd_rn(gi, ldf_rt(w.bias_dt, it.bias[0], j));
-                if (it.bias[1]) ui = __fadd_rn(ui, ldf_rt(w.bias_dt, it.bias[1], j));
-            }
-            gi = gi > limit ? limit : gi;  // as k_glu
-            ui = ui > limit ? limit : ui < -limit ? -limit : ui;
-            float sig = __fdiv_rn(gi, __fadd_rn(1.0f, expf(__fmul_rn(-gi, alpha))));
-            h[(it.row + t0 + t) * ldh + j] = __fmul_rn(__fadd_rn(ui, u_offset), sig);
+            h[(it.row + t0 + t) * ldh + j] = glu_out(w, it, fused, j, res[k][e], res[k][2 + e], alpha, limit, u_offset);
         }
 }
 
