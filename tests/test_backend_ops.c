@@ -577,6 +577,55 @@ static void ref_mlp(const struct sp_qmat *gate, const struct sp_qmat *up, const 
     }
 }
 
+/* Four MLPs of format f (gate and up fused into one matrix or apart), d
+ * wide with ff outputs each, prepared on b: items[i] takes counts[i] rows
+ * of x from row r (the items' rows one after another) and writes its
+ * outputs at row r + shift. Not to be moved: the items point into it. */
+struct mlps {
+    struct mat g[4], u[4], gu[4], dn[4];
+    struct sp_linear lg[4], lu[4], lgu[4], ld[4];
+    struct sp_mlp_item items[4];
+    bool fused;
+};
+
+static void mlps_make(struct mlps *m, struct sp_backend *b, const struct fmt *f, bool fused, int64_t d, int64_t ff,
+                      const int64_t *counts, struct sp_tensor x, int64_t shift, struct sp_rng *rng) {
+    m->fused = fused;
+    int64_t row = 0;
+    for (int i = 0; i < 4; i++) {
+        if (fused) {
+            mat_make(&m->gu[i], f->t, f->group, f->sdt, 2 * ff, d, rng);
+            m->lgu[i] = linear_of(&m->gu[i]);
+            m->lgu[i].interleaved = true;
+            assert_int_equal(b->ops->prepare(b, &m->lgu[i]), SP_OK);
+        } else {
+            mat_make(&m->g[i], f->t, f->group, f->sdt, ff, d, rng);
+            mat_make(&m->u[i], f->t, f->group, f->sdt, ff, d, rng);
+            m->lg[i] = linear_of(&m->g[i]);
+            m->lu[i] = linear_of(&m->u[i]);
+            assert_int_equal(b->ops->prepare(b, &m->lg[i]), SP_OK);
+            assert_int_equal(b->ops->prepare(b, &m->lu[i]), SP_OK);
+        }
+        mat_make(&m->dn[i], f->t, f->group, f->sdt, d, ff, rng);
+        m->ld[i] = linear_of(&m->dn[i]);
+        assert_int_equal(b->ops->prepare(b, &m->ld[i]), SP_OK);
+        m->items[i] = (struct sp_mlp_item){fused ? NULL : &m->lg[i], fused ? NULL : &m->lu[i],
+                                           fused ? &m->lgu[i] : NULL, &m->ld[i], sp_tensor_rows(x, row, counts[i]),
+                                           row + shift};
+        row += counts[i];
+    }
+}
+
+static void mlps_free(struct mlps *m) {
+    for (int i = 0; i < 4; i++) {
+        if (m->fused)
+            mat_free(&m->gu[i]);
+        else
+            mat_free(&m->g[i]), mat_free(&m->u[i]);
+        mat_free(&m->dn[i]);
+    }
+}
+
 static void test_mlp(void **state) {
     struct sp_rng rng;
     sp_rng_seed(&rng, 48);
@@ -591,9 +640,7 @@ static void test_mlp(void **state) {
             for (int fused = 0; fused < 2; fused++) {
                 struct sp_backend *b = make_backend(&targets[ti], SP_KV_F16);
                 const struct sp_glu *act = &acts[fused];
-                struct mat G[4], U[4], GU[4], Dn[4];
-                struct sp_linear lg[4], lu[4], lgu[4], ld[4];
-                struct sp_mlp_item items[4];
+                struct mlps m;
                 int64_t rows = 0;
                 for (int i = 0; i < 4; i++) rows += counts[i];
                 float *xv = randn(rows * D, 1.0f, &rng);
@@ -602,40 +649,18 @@ static void test_mlp(void **state) {
                 float *poison = malloc(BATCH * D * sizeof *poison);
                 for (int64_t i = 0; i < BATCH * D; i++) poison[i] = 12345.0f;
                 b->ops->write(b, out, poison);
-                int64_t row = 0;
-                for (int i = 0; i < 4; i++) {
-                    if (fused) {
-                        mat_make(&GU[i], mf[fi].t, mf[fi].group, mf[fi].sdt, 2 * FF, D, &rng);
-                        lgu[i] = linear_of(&GU[i]);
-                        lgu[i].interleaved = true;
-                        assert_int_equal(b->ops->prepare(b, &lgu[i]), SP_OK);
-                    } else {
-                        mat_make(&G[i], mf[fi].t, mf[fi].group, mf[fi].sdt, FF, D, &rng);
-                        mat_make(&U[i], mf[fi].t, mf[fi].group, mf[fi].sdt, FF, D, &rng);
-                        lg[i] = linear_of(&G[i]);
-                        lu[i] = linear_of(&U[i]);
-                        assert_int_equal(b->ops->prepare(b, &lg[i]), SP_OK);
-                        assert_int_equal(b->ops->prepare(b, &lu[i]), SP_OK);
-                    }
-                    mat_make(&Dn[i], mf[fi].t, mf[fi].group, mf[fi].sdt, D, FF, &rng);
-                    ld[i] = linear_of(&Dn[i]);
-                    assert_int_equal(b->ops->prepare(b, &ld[i]), SP_OK);
-                    /* items take their rows out of order of x: item i's x is rows [row, row + cnt) of x,
-                     * its outputs land 3 rows further down */
-                    items[i] = (struct sp_mlp_item){fused ? NULL : &lg[i], fused ? NULL : &lu[i], fused ? &lgu[i] : NULL,
-                                                    &ld[i], sp_tensor_rows(x, row, counts[i]), row + 3};
-                    row += counts[i];
-                }
+                /* items take their rows out of order of x: item i's outputs land 3 rows further down */
+                mlps_make(&m, b, &mf[fi], fused, D, FF, counts, x, 3, &rng);
                 assert_true(b->ops->supports(b, SP_OP_MLP, mf[fi].t));
-                b->ops->mlp(b, items, 4, act, out);
+                b->ops->mlp(b, m.items, 4, act, out);
                 float *got = read_back(b, out);
-                row = 0;
+                int64_t row = 0;
                 double ref[D], allowed[D], worst = 0;
-                enum acts ac = target_acts(&targets[ti], &Dn[0].m, false);
+                enum acts ac = target_acts(&targets[ti], &m.dn[0].m, false);
                 for (int i = 0; i < 4; i++) {
                     for (int64_t t = 0; t < counts[i]; t++) {
-                        ref_mlp(fused ? NULL : &G[i].m, fused ? NULL : &U[i].m, fused ? &GU[i].m : NULL, &Dn[i].m, act,
-                                ac, xv + (row + t) * D, ref, allowed);
+                        ref_mlp(fused ? NULL : &m.g[i].m, fused ? NULL : &m.u[i].m, fused ? &m.gu[i].m : NULL,
+                                &m.dn[i].m, act, ac, xv + (row + t) * D, ref, allowed);
                         for (int64_t r = 0; r < D; r++) {
                             double e = fabs(got[(row + 3 + t) * D + r] - ref[r]) / (allowed[r] + DBL_MIN);
                             if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
@@ -648,13 +673,7 @@ static void test_mlp(void **state) {
                 if (!(worst <= 1.0))
                     fail_msg("%s mlp %s%s: off by %.3g x tolerance", targets[ti].label, sp_qtype_name(mf[fi].t),
                              fused ? " (gate_up fused, clamped SwiGLU)" : "", worst);
-                for (int i = 0; i < 4; i++) {
-                    if (fused)
-                        mat_free(&GU[i]);
-                    else
-                        mat_free(&G[i]), mat_free(&U[i]);
-                    mat_free(&Dn[i]);
-                }
+                mlps_free(&m);
                 free(got);
                 free(poison);
                 free(xv);
@@ -743,61 +762,32 @@ static void test_batch_bits(void **state) {
                 mat_free(&M);
             }
             for (int fused = 0; fused < 2 && BIG_D % bf[fi].group == 0; fused++) {
-                const struct sp_glu act = fused ? (struct sp_glu){1.702f, 7.0f, 1.0f} : (struct sp_glu){1.0f, INFINITY, 0.0f};
-                struct mat G[4], U[4], GU[4], Dn[4];
-                struct sp_linear lg[4], lu[4], lgu[4], ld[4];
-                struct sp_mlp_item items[4];
+                const struct sp_glu act =
+                    fused ? (struct sp_glu){1.702f, 7.0f, 1.0f} : (struct sp_glu){1.0f, INFINITY, 0.0f};
+                struct mlps m;
                 int64_t total = 0;
                 for (int i = 0; i < 4; i++) total += counts[i];
                 float *xv = randn(total * BIG_D, 1.0f, &rng);
                 struct sp_tensor x = tensor_of(b, total, BIG_D, xv), out, out1;
                 assert_int_equal(sp_backend_tensor(b, total, BIG_D, &out), SP_OK);
                 assert_int_equal(sp_backend_tensor(b, 1, BIG_D, &out1), SP_OK);
-                int64_t row = 0;
-                for (int i = 0; i < 4; i++) {
-                    if (fused) {
-                        mat_make(&GU[i], bf[fi].t, bf[fi].group, bf[fi].sdt, 2 * BIG_FF, BIG_D, &rng);
-                        lgu[i] = linear_of(&GU[i]);
-                        lgu[i].interleaved = true;
-                        assert_int_equal(b->ops->prepare(b, &lgu[i]), SP_OK);
-                    } else {
-                        mat_make(&G[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_FF, BIG_D, &rng);
-                        mat_make(&U[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_FF, BIG_D, &rng);
-                        lg[i] = linear_of(&G[i]);
-                        lu[i] = linear_of(&U[i]);
-                        assert_int_equal(b->ops->prepare(b, &lg[i]), SP_OK);
-                        assert_int_equal(b->ops->prepare(b, &lu[i]), SP_OK);
-                    }
-                    mat_make(&Dn[i], bf[fi].t, bf[fi].group, bf[fi].sdt, BIG_D, BIG_FF, &rng);
-                    ld[i] = linear_of(&Dn[i]);
-                    assert_int_equal(b->ops->prepare(b, &ld[i]), SP_OK);
-                    items[i] = (struct sp_mlp_item){fused ? NULL : &lg[i], fused ? NULL : &lu[i],
-                                                    fused ? &lgu[i] : NULL, &ld[i], sp_tensor_rows(x, row, counts[i]),
-                                                    row};
-                    row += counts[i];
-                }
-                b->ops->mlp(b, items, 4, &act, out);
+                mlps_make(&m, b, &bf[fi], fused, BIG_D, BIG_FF, counts, x, 0, &rng);
+                b->ops->mlp(b, m.items, 4, &act, out);
                 float *all = read_back(b, out);
                 snprintf(what, sizeof what, "%.64s mlp %.16s g%d%s", targets[ti].label, sp_qtype_name(bf[fi].t),
                          bf[fi].group, fused ? " (gate_up fused)" : "");
                 for (int i = 0; i < 4; i++)
                     for (int64_t t = 0; t < counts[i]; t++) {
-                        struct sp_mlp_item one = items[i];
-                        one.x = sp_tensor_rows(items[i].x, t, 1);
+                        struct sp_mlp_item one = m.items[i];
+                        one.x = sp_tensor_rows(m.items[i].x, t, 1);
                         one.row = 0;
                         b->ops->mlp(b, &one, 1, &act, out1);
                         float *got = read_back(b, out1);
-                        same_row_bits(all + (items[i].row + t) * BIG_D, got, BIG_D, what, items[i].row + t);
+                        same_row_bits(all + (m.items[i].row + t) * BIG_D, got, BIG_D, what, m.items[i].row + t);
                         free(got);
                     }
                 assert_int_equal(b->ops->error(b), SP_OK);
-                for (int i = 0; i < 4; i++) {
-                    if (fused)
-                        mat_free(&GU[i]);
-                    else
-                        mat_free(&G[i]), mat_free(&U[i]);
-                    mat_free(&Dn[i]);
-                }
+                mlps_free(&m);
                 free(all);
                 free(xv);
             }
