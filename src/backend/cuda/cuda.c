@@ -1000,13 +1000,13 @@ static struct sp_cuda_mlp_item item_weights(const struct sp_cuda_weight w[3], bo
                                      .ff = w[2].cols};
 }
 
-/* A run's activations as int8: each item's x into its rows of qa, then
- * (after gate and up) the rows of ff_b they wrote into qb. */
 /* Tokens a block of r's kernels takes. */
 static int mlp_tokens(const struct mlp_run *r) {
     return sp_cuda_mlp_tokens(r->max_n, r->q && sp_cuda_mma_ok(&r->gate) && sp_cuda_mma_ok(&r->down));
 }
 
+/* A run's activations as int8: each item's x into its rows of qa, then
+ * (after gate and up) the rows of ff_b they wrote into qb. */
 static bool quantize_items(struct cuda *c, const struct mlp_run *r) {
     for (int64_t i = r->first; i < r->first + r->count; i++) {
         const struct sp_cuda_mlp_item *d = &c->h_items[i];
