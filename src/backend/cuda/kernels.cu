@@ -11,8 +11,9 @@
  * activations run on tensor cores, adding as the vector kernels add.
  * Every sum is spelled out (fmaf, __fadd_rn, __fmul_rn) so that the
  * compiler's contractions cannot make one instantiation round differently
- * from another: a token's result is the same in any batch. Decoding follows quant/qtype.c's reference
- * exactly, scale x code rounded before the bias is added.
+ * from another: a token's result is the same in any batch. Decoding
+ * follows quant/qtype.c's reference exactly, scale x code rounded before
+ * the bias is added.
  */
 #include "backend/cuda/kernels.h"
 
@@ -35,7 +36,7 @@ constexpr int ATT_WARPS = 4;  // warps of an attention block, 32 cached position
 constexpr int MAX_GRID_Y = 65535;
 constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (32 a warp)
 
-/* Programmatic dependent launch (sm_90 on; sp_cuda_set_overlap): a
+/* Programmatic dependent launch (sm_90 on; sp_cuda_set_device): a
  * kernel's blocks may start while the kernel before it in the stream
  * still runs. Every block of every kernel waits for it (dep_wait: the
  * kernels before it ended, their writes seen) before it touches anything
@@ -66,7 +67,7 @@ constexpr uint32_t PREFETCH_CHUNKS = 2;
 /* Brings the 128-byte line at p into L2, without waiting for it. */
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-bool overlap = false;  // launches with programmatic dependent launch
+bool overlap = false;  // kernels launched with programmatic dependent launch (sp_cuda_set_device)
 
 /* k<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where overlap is on. */
 template <class... P, class... A>
