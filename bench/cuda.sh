@@ -3,8 +3,10 @@
 # NVIDIA GPU: the CUDA build's GPU tests, then for each shape (synthetic
 # weights, fewer layers) batch-1 prefill and decode (medians of 3 runs, each
 # against the copy bandwidth measured after it), the decode step's breakdown
-# (--steps), batches of 8 and 32 sequences, the exact path, and decode with
-# the steps replayed as CUDA graphs (--cuda-graphs) beside the same without.
+# (--steps), batches of 8 and 32 sequences, the exact path, decode with
+# the steps replayed as CUDA graphs (--cuda-graphs) beside the same without,
+# and decode with kernels waiting for the one before to end
+# (SPARROW_CUDA_OVERLAP=0) beside the default.
 #
 #   bench/cuda.sh [BUILD] [WORK]     BUILD: build/cuda (make CUDA=1); WORK: where
 #                                     the models are written (several GB each)
@@ -53,6 +55,10 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
     for g in 0 1 0 1; do
         echo "-- SPARROW_CUDA_GRAPHS=$g"
         SPARROW_CUDA_GRAPHS=$g "$B/sparrow" bench --model "$dir" --device cuda --repeat 2 | tail -1 || rc=1
+    done
+    for o in 0 1 0 1; do
+        echo "-- SPARROW_CUDA_OVERLAP=$o"
+        SPARROW_CUDA_OVERLAP=$o "$B/sparrow" bench --model "$dir" --device cuda --repeat 2 | tail -1 || rc=1
     done
 done
 exit $rc
