@@ -1053,6 +1053,24 @@ __device__ __forceinline__ void mma_dot(const vrow &lo, const vrow &hi, uint32_t
     }
 }
 
+/* A tile's results (mma_dot's res) into rows ra and rb (this lane's, of
+ * `rows`) of the tile's first nt tokens' rows of y (ldy apart), each plus
+ * its bias where there is one. */
+__device__ __forceinline__ void mma_store(const float (&res)[2][4], int64_t ra, int64_t rb, int64_t rows, int nt,
+                                          float *y, int64_t ldy, int bias_dt, const void *bias) {
+    int tq = threadIdx.x % WARP & 3;
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t r = e < 2 ? ra : rb;
+            int t = k * 8 + 2 * tq + (e & 1);
+            if (r >= rows || t >= nt) continue;
+            float v = res[k][e];
+            y[t * ldy + r] = bias ? __fadd_rn(v, ldf_rt(bias_dt, bias, r)) : v;
+        }
+}
+
 /* k_vrows on tensor cores: a warp rows [r0, r0 + 16) for the block's
  * MMA_TOKENS tokens; the blocks of a row block's token blocks run one
  * after another (x), so its rows are read from L2 after the first. */
@@ -1060,7 +1078,7 @@ template <int K, int SDT, int W>
 __global__ void __launch_bounds__(MMA_WARPS * WARP)
     k_mma_rows(sp_cuda_weight w, qacts a, float *y, int64_t ldy, int64_t n) {
     dep_start();
-    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int g = threadIdx.x % WARP >> 2;
     int64_t r0 = ((int64_t)blockIdx.y * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = (int64_t)blockIdx.x * MMA_TOKENS;
     if (r0 >= w.rows) return;
     int nt = n - t0 < MMA_TOKENS ? (int)(n - t0) : MMA_TOKENS;
@@ -1069,16 +1087,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
     vrow hi = vrow_of<K, SDT>(w.codes, w.scales, w.biases, rb < w.rows ? rb : w.rows - 1, w.cols, w.group, row_bytes);
     float res[2][4];
     mma_dot<K, SDT, W>(lo, hi, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), a.rows(t0), nt, res);
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int64_t r = e < 2 ? ra : rb;
-            int t = k * 8 + 2 * tq + (e & 1);
-            if (r >= w.rows || t >= nt) continue;
-            float v = res[k][e];
-            y[(t0 + t) * ldy + r] = w.bias ? __fadd_rn(v, ldf_rt(w.bias_dt, w.bias, r)) : v;
-        }
+    mma_store(res, ra, rb, w.rows, nt, y + t0 * ldy, ldy, w.bias_dt, w.bias);
 }
 
 /* k_mlp_gate_up on tensor cores: a warp takes outputs [j0, j0 + 8) of an
@@ -1122,7 +1131,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
     k_mma_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, qacts hq, float *out, int64_t ldo) {
     dep_start();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
-    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int g = threadIdx.x % WARP >> 2;
     int64_t b = (int64_t)blockIdx.x - it.blk_down, tblocks = (it.n + MMA_TOKENS - 1) / MMA_TOKENS + !it.n;
     int64_t r0 = (b / tblocks * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = b % tblocks * MMA_TOKENS;
     if (r0 >= w.rows || t0 >= it.n) return;
@@ -1134,16 +1143,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
                               row_bytes);
     float res[2][4];
     mma_dot<K, SDT, 1>(lo, hi, (uint32_t)(cols / QB), (uint32_t)(w.group / QB), hq.rows(it.row + t0), nt, res);
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int64_t r = e < 2 ? ra : rb;
-            int t = k * 8 + 2 * tq + (e & 1);
-            if (r >= w.rows || t >= nt) continue;
-            float v = res[k][e];
-            out[(it.row + t0 + t) * ldo + r] = it.bias[2] ? __fadd_rn(v, ldf_rt(w.bias_dt, it.bias[2], r)) : v;
-        }
+    mma_store(res, ra, rb, w.rows, nt, out + (it.row + t0) * ldo, ldo, w.bias_dt, it.bias[2]);
 }
 
 /* Calls l.template go<K, BITS, SDT, NT>() for w's format (one the vector
