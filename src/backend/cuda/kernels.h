@@ -172,7 +172,7 @@ struct sp_cuda_route {
  * others, on rows n k + t of gath (rows[n k + t] = t, weight 1), last in
  * each token's list (then k + 1 long). n x (k + shared) at most
  * SP_CUDA_MOE_MAX_PAIRS. */
-#define SP_CUDA_MOE_MAX_PAIRS 4096
+#define SP_CUDA_MOE_MAX_PAIRS 4608  // a 512-token chunk of top-8 routing with a shared expert at once
 int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel, float *w,
                       int64_t n, const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
                       bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
