@@ -926,18 +926,17 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 /* ---- tensor-core products: int8 activations, 4-bit codes ----
  *
  * Batches of MMA_TOKENS tokens a block: mma.sync m16n8k32 (s8 x s8 into
- * s32), a chunk (QB elements) a k step, a warp 16 rows (the A tile) by 16
- * tokens (two n8 tiles). The integer sums are exact, so only their scaling
- * and adding could differ from vdot's, and they run as vdot runs them:
- * lane class l's chunks (l, l + 32, ...; where the vector kernel splits the
- * chunks over the block's warps, class 32 w + l of warp w, step 128) in
- * one chain, the classes added as warp_sum's butterfly adds them (the
- * leaves in bit-reversed order, pairwise, through a stack of partial
- * sums), then the warps' sums in warp order. A token's result is the
- * vector kernels' to the bit, in any batch. */
+ * s32), a chunk (QB elements) a k step, a block 64 rows (16 a warp, the A
+ * tile) by 16 tokens (two n8 tiles), which its warps share through shared
+ * memory. The integer sums are exact, so only their scaling and adding
+ * could differ from vdot's, and they run as vdot runs them: lane class
+ * l's chunks (l, l + 32, ...; where the vector kernel splits the chunks
+ * over the block's warps, class 32 w + l of warp w, step 128) in one
+ * chain, the classes added as warp_sum's butterfly adds them, then the
+ * warps' sums in warp order. A token's result is the vector kernels' to
+ * the bit, in any batch. */
 constexpr int MMA_TOKENS = SP_CUDA_MMA_TOKENS;
-constexpr int MMA_WARPS = 4;  // warps of a block, a 16-row tile each
-constexpr int MMA_STACK = 5;  // log2(WARP): the butterfly's levels
+constexpr int MMA_WARPS = 4;  // warps of a block, 16 rows of its tile each
 
 bool tensor_cores = false;  // the device runs mma.sync on int8 (compute capability 8.0 on)
 
@@ -972,88 +971,224 @@ __device__ __forceinline__ void mma_scale(const vrow &rw, uint32_t c, uint32_t c
     }
 }
 
-/* res[n][e] = row (e < 2 ? lo : hi) . token n * 8 + 2 (lane % 4) + e % 2
- * of a's first nt tokens (the rest read as zeros), over `chunks` chunks;
- * lo and hi: this lane's rows of the tile (lane / 4 and lane / 4 + 8); W:
- * the vector kernel's warps over the chunks (1, or VWARPS where it
- * splits). */
-template <int K, int SDT, int W>
-__device__ __forceinline__ void mma_dot(const vrow &lo, const vrow &hi, uint32_t chunks, uint32_t cpg, const qacts &a,
-                                        int nt, float (&res)[2][4]) {
-    constexpr bool AFF = K == K_AFFINE;
-    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
-    const int8_t *xq[2];  // B: token n * 8 + g's bytes 4 tq .. of each chunk
-    const float2 *xd[2][2];  // token n * 8 + 2 tq + j's block pairs
-    bool xin[2], din[2][2];
+/* A block's tile goes through shared memory in stages, MMA_STAGES deep
+ * (cp.async; the scales through registers, loaded a stage ahead). A stage
+ * holds MMA_KS chunks of each of 4 lane classes for the tile's 64 rows and
+ * its tokens: classes b, b + 1, b + 16, b + 17 with b = brev5(2 G), the
+ * butterfly's leaves 2 G, 2 G + 16, 2 G + 1 and 2 G + 17, so that a stage
+ * reads whole 32-byte sectors and each pair of leaves the butterfly adds
+ * first ends together. */
+constexpr int MMA_ROWS = 16 * MMA_WARPS;  // rows of a block's tile
+constexpr int MMA_KS = 2;                 // chunks of a class in a stage
+constexpr int MMA_SLOTS = 4 * MMA_KS;     // chunks of a row (or token) in a stage
+constexpr int MMA_STAGES = 3;
+constexpr int MMA_PAIRS = 3;  // levels of each half's stack of leaf pairs (8 pairs)
+/* Bytes of a row's, a token's codes in a stage: padded by 16 so that the
+ * 8 rows (tokens) a load instruction reads start 4 banks apart. */
+constexpr int MMA_W_LD = MMA_SLOTS * 16 + 16, MMA_X_LD = MMA_SLOTS * 32 + 16;
+constexpr int MMA_S_LD = MMA_SLOTS + 1;  // scale entries of a row (odd: rows on different banks)
+
+template <int K>
+struct mma_sizes {
+    static constexpr bool AFF = K == K_AFFINE;
+    static constexpr int W = MMA_ROWS * MMA_W_LD, X = MMA_TOKENS * MMA_X_LD, D = MMA_TOKENS * MMA_SLOTS * 8,
+                         S = MMA_ROWS * MMA_S_LD * (AFF ? 8 : 4);
+    static constexpr int STAGE = W + X + D + S, ALL = MMA_STAGES * STAGE;
+};
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async8(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* A pair of leaves' sum v, the i-th of its half of the butterfly, pushed
+ * onto that half's stack st: added to the partial sums it completes, as
+ * warp_sum adds them. Returns whether v is now the half's whole sum. */
+__device__ __forceinline__ bool mma_push(float (&st)[MMA_PAIRS][2][4], float (&v)[2][4], int i) {
+    int ones = __ffs(~i) - 1;
 #pragma unroll
-    for (int n = 0; n < 2; n++) {
-        int t = n * 8 + g;
-        xin[n] = t < nt;
-        xq[n] = a.q + (int64_t)(xin[n] ? t : 0) * a.ldq + 4 * tq;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int u = n * 8 + 2 * tq + j;
-            din[n][j] = u < nt;
-            xd[n][j] = a.d + (int64_t)(din[n][j] ? u : 0) * a.ldd;
-        }
-    }
-    int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
-#pragma unroll
-    for (int w = 0; w < W; w++) {
-        float st[MMA_STACK][2][4], acc[2][4];
-        for (int p = 0; p < WARP; p++) {
-            uint32_t cls = (uint32_t)(w * WARP) + (__brev((uint32_t)p) >> 27);
+    for (int l = 0; l < MMA_PAIRS; l++)
+        if (l < ones)
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
-            for (uint32_t c = cls; c < chunks; c += W * WARP) {
-                uint4 q0 = __ldg(lo.q + c), q1 = __ldg(hi.q + c);
-                float s0, b0, s1, b1;
-                mma_scale<K, SDT>(lo, c, cpg, s0, b0);
-                mma_scale<K, SDT>(hi, c, cpg, s1, b1);
-                uint32_t af[4] = {qbytes4<K>(word_of(q0, wa), h), qbytes4<K>(word_of(q1, wa), h),
-                                  qbytes4<K>(word_of(q0, 2 + wa), h), qbytes4<K>(word_of(q1, 2 + wa), h)};
+                for (int e = 0; e < 4; e++) v[n][e] = __fadd_rn(st[l][n][e], v[n][e]);
 #pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    const uint32_t *bp = reinterpret_cast<const uint32_t *>(xq[n] + 32 * (int64_t)c);
-                    uint32_t bx0 = xin[n] ? __ldg(bp) : 0u, bx1 = xin[n] ? __ldg(bp + 4) : 0u;
-                    int32_t cc[4];
-                    mma_s8(cc, af, bx0, bx1);
+    for (int l = 0; l < MMA_PAIRS; l++)
+        if (l == ones)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float2 d = din[n][e & 1] ? __ldg(xd[n][e & 1] + c) : make_float2(0.0f, 0.0f);
-                        float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
-                        float v = AFF ? fmaf(bc, d.y, acc[n][e]) : acc[n][e];
-                        acc[n][e] = fmaf((float)cc[e], __fmul_rn(sc, d.x), v);
-                    }
-                }
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[l][n][e] = v[n][e];
+    return ones >= MMA_PAIRS;
+}
+
+/* The block's tile: rows row_of(0 .. MMA_ROWS) of a matrix of `chunks`
+ * chunks (cpg a group) times tokens 0 .. nt of a (the rest not read).
+ * Warp w ends with res for its rows 16 w + lane / 4 (res[.][0, 1]) and
+ * 16 w + lane / 4 + 8 (res[.][2, 3]), tokens n * 8 + 2 (lane % 4) + e % 2.
+ * Each chunk's integer sum is exact and is scaled and added as vdot adds
+ * it: lane class l's chunks (l, l + 32 W, ... where W == 1; class
+ * 32 v + l of the vector kernel's warp v, step 128, where W == VWARPS) in
+ * one chain, the classes as warp_sum's butterfly adds them, then (W ==
+ * VWARPS) the warps' sums in warp order. Every thread of the block calls
+ * it. */
+template <int K, int SDT, int W, class R>
+__device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint32_t cpg, const qacts &a, int nt,
+                                         float (&res)[2][4]) {
+    using Z = mma_sizes<K>;
+    constexpr bool AFF = Z::AFF;
+    constexpr uint32_t STEP = WARP * W;
+    extern __shared__ __align__(16) char mma_smem[];
+    int t = threadIdx.x, lane = t % WARP, wid = t / WARP, g = lane >> 2, tq = lane & 3;
+    uint32_t kb_n = ((chunks + STEP - 1) / STEP + MMA_KS - 1) / MMA_KS;  // stages a group of classes
+    int stages = (int)(W * 8 * kb_n);
+    /* stage s: vector warp v, leaf group G, chains' chunks kb MMA_KS ..; its slot k * 4 + j is chunk
+     * 32 v + brev5(2 G) + {0, 1, 16, 17}[j] + STEP (kb MMA_KS + k) */
+    auto first_of = [&](int s) -> uint32_t {  // slot 0's chunk
+        uint32_t v = (uint32_t)s / (8 * kb_n), grp = (uint32_t)s / kb_n % 8, kb = (uint32_t)s % kb_n;
+        return 32 * v + (__brev(2 * grp) >> 27) + STEP * kb * MMA_KS;
+    };
+    auto chunk_of = [&](uint32_t first, int k, int j) { return first + (j & 1) + 16 * (j >> 1) + STEP * k; };
+    /* loads: thread t the codes and scales of row t / 2's chains' chunk t % 2, and token t / 8's slot t % 8 */
+    int lr = t >> 1, lk = t & 1, lu = t >> 3, ls = t & 7;
+    vrow mine = row_of(lr);
+    auto stage_at = [&](int s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
+    auto issue = [&](int s) {
+        if (s < stages) {
+            char *base = stage_at(s);
+            uint32_t first = first_of(s);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t c = chunk_of(first, lk, j);
+                if (c < chunks) cp_async16(base + lr * MMA_W_LD + (lk * 4 + j) * 16, mine.q + c);
             }
-            /* leaf p of the butterfly: merged with the partial sums it completes */
-            int ones = __ffs(~p) - 1;
-#pragma unroll
-            for (int l = 0; l < MMA_STACK; l++)
-                if (l < ones)
-#pragma unroll
-                    for (int n = 0; n < 2; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[n][e] = __fadd_rn(st[l][n][e], acc[n][e]);
-#pragma unroll
-            for (int l = 0; l < MMA_STACK; l++)
-                if (l == ones)
-#pragma unroll
-                    for (int n = 0; n < 2; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) st[l][n][e] = acc[n][e];
+            uint32_t c = chunk_of(first, ls >> 2, ls & 3);
+            if (c < chunks && lu < nt) {
+                const int8_t *xq = a.q + lu * a.ldq + 32 * (int64_t)c;
+                char *xs = base + Z::W + lu * MMA_X_LD + ls * 32;
+                cp_async16(xs, xq);
+                cp_async16(xs + 16, xq + 16);
+                cp_async8(base + Z::W + Z::X + (lu * MMA_SLOTS + ls) * 8, a.d + lu * a.ldd + c);
+            }
         }
+        cp_async_commit();
+    };
+    auto scales_load = [&](int s, float (&sv)[4][2]) {
+        uint32_t first = first_of(s);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t c = chunk_of(first, lk, j);
+            sv[j][0] = sv[j][1] = 0.0f;
+            if (c < chunks) mma_scale<K, SDT>(mine, c, cpg, sv[j][0], sv[j][1]);
+        }
+    };
+    auto scales_store = [&](int s, const float (&sv)[4][2]) {
+        char *sb = stage_at(s) + Z::W + Z::X + Z::D;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int e = lr * MMA_S_LD + lk * 4 + j;
+            if constexpr (AFF) reinterpret_cast<float2 *>(sb)[e] = make_float2(sv[j][0], sv[j][1]);
+            else reinterpret_cast<float *>(sb)[e] = sv[j][0];
+        }
+    };
+    for (int s = 0; s < MMA_STAGES - 1; s++) {
+        if (s < stages) {
+            float sv[4][2];
+            scales_load(s, sv);
+            scales_store(s, sv);
+        }
+        issue(s);
+    }
+    int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
+    int rlo = 16 * wid + g, rhi = rlo + 8;
+    float acc[4][2][4], stl[MMA_PAIRS][2][4], str[MMA_PAIRS][2][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) res[n][e] = w == 0 ? acc[n][e] : __fadd_rn(res[n][e], acc[n][e]);
+            for (int e = 0; e < 4; e++) acc[j][n][e] = 0.0f;
+    for (int s = 0; s < stages; s++) {
+        float sv[4][2];
+        bool ahead = s + MMA_STAGES - 1 < stages;
+        if (ahead) scales_load(s + MMA_STAGES - 1, sv);
+        cp_async_wait<MMA_STAGES - 2>();
+        __syncthreads();
+        issue(s + MMA_STAGES - 1);
+        const char *base = stage_at(s);
+        const char *ws = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
+        uint32_t first = first_of(s);
+#pragma unroll
+        for (int k = 0; k < MMA_KS; k++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (chunk_of(first, k, j) >= chunks) continue;
+                int sl = k * 4 + j;
+                const uint32_t *lo = reinterpret_cast<const uint32_t *>(ws + rlo * MMA_W_LD + sl * 16);
+                const uint32_t *hi = reinterpret_cast<const uint32_t *>(ws + rhi * MMA_W_LD + sl * 16);
+                uint32_t af[4] = {qbytes4<K>(lo[wa], h), qbytes4<K>(hi[wa], h), qbytes4<K>(lo[2 + wa], h),
+                                  qbytes4<K>(hi[2 + wa], h)};
+                float s0, b0 = 0.0f, s1, b1 = 0.0f;
+                if constexpr (AFF) {
+                    float2 p0 = reinterpret_cast<const float2 *>(ss)[rlo * MMA_S_LD + sl];
+                    float2 p1 = reinterpret_cast<const float2 *>(ss)[rhi * MMA_S_LD + sl];
+                    s0 = p0.x, b0 = p0.y, s1 = p1.x, b1 = p1.y;
+                } else {
+                    s0 = reinterpret_cast<const float *>(ss)[rlo * MMA_S_LD + sl];
+                    s1 = reinterpret_cast<const float *>(ss)[rhi * MMA_S_LD + sl];
+                }
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    const uint32_t *xp = reinterpret_cast<const uint32_t *>(xs + (n * 8 + g) * MMA_X_LD + sl * 32);
+                    int32_t cc[4];
+                    mma_s8(cc, af, xp[tq], xp[4 + tq]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float2 d = reinterpret_cast<const float2 *>(ds)[(n * 8 + 2 * tq + (e & 1)) * MMA_SLOTS + sl];
+                        float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
+                        float v = AFF ? fmaf(bc, d.y, acc[j][n][e]) : acc[j][n][e];
+                        acc[j][n][e] = fmaf((float)cc[e], __fmul_rn(sc, d.x), v);
+                    }
+                }
+            }
+        if (ahead) scales_store(s + MMA_STAGES - 1, sv);
+        uint32_t kb = (uint32_t)s % kb_n, grp = (uint32_t)s / kb_n % 8, v = (uint32_t)s / (8 * kb_n);
+        if (kb + 1 < kb_n) continue;
+        /* the group's leaves end: leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16, then pushed */
+        float pl[2][4], pr[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
+                pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
+            }
+        mma_push(stl, pl, (int)grp);
+        if (!mma_push(str, pr, (int)grp)) continue;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float tree = __fadd_rn(pl[n][e], pr[n][e]);
+                res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
+            }
     }
+    cp_async_wait<0>();
 }
 
-/* A tile's results (mma_dot's res) into rows ra and rb (this lane's, of
+/* A tile's results (mma_tile's res) into rows ra and rb (this lane's, of
  * `rows`) of the tile's first nt tokens' rows of y (ldy apart), each plus
  * its bias where there is one. */
 __device__ __forceinline__ void mma_store(const float (&res)[2][4], int64_t ra, int64_t rb, int64_t rows, int nt,
@@ -1071,49 +1206,55 @@ __device__ __forceinline__ void mma_store(const float (&res)[2][4], int64_t ra, 
         }
 }
 
-/* k_vrows on tensor cores: a warp rows [r0, r0 + 16) for the block's
+/* k_vrows on tensor cores: a block rows [r0, r0 + MMA_ROWS) for
  * MMA_TOKENS tokens; the blocks of a row block's token blocks run one
  * after another (x), so its rows are read from L2 after the first. */
 template <int K, int SDT, int W>
 __global__ void __launch_bounds__(MMA_WARPS * WARP)
     k_mma_rows(sp_cuda_weight w, qacts a, float *y, int64_t ldy, int64_t n) {
     dep_start();
-    int g = threadIdx.x % WARP >> 2;
-    int64_t r0 = ((int64_t)blockIdx.y * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = (int64_t)blockIdx.x * MMA_TOKENS;
+    int64_t r0 = (int64_t)blockIdx.y * MMA_ROWS, t0 = (int64_t)blockIdx.x * MMA_TOKENS;
     if (r0 >= w.rows) return;
     int nt = n - t0 < MMA_TOKENS ? (int)(n - t0) : MMA_TOKENS;
-    int64_t row_bytes = w.cols / QB * 16, ra = r0 + g, rb = r0 + g + 8;
-    vrow lo = vrow_of<K, SDT>(w.codes, w.scales, w.biases, ra < w.rows ? ra : w.rows - 1, w.cols, w.group, row_bytes);
-    vrow hi = vrow_of<K, SDT>(w.codes, w.scales, w.biases, rb < w.rows ? rb : w.rows - 1, w.cols, w.group, row_bytes);
+    int64_t row_bytes = w.cols / QB * 16;
+    auto row_of = [&](int i) {
+        int64_t r = r0 + i < w.rows ? r0 + i : w.rows - 1;
+        return vrow_of<K, SDT>(w.codes, w.scales, w.biases, r, w.cols, w.group, row_bytes);
+    };
     float res[2][4];
-    mma_dot<K, SDT, W>(lo, hi, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), a.rows(t0), nt, res);
-    mma_store(res, ra, rb, w.rows, nt, y + t0 * ldy, ldy, w.bias_dt, w.bias);
+    mma_tile<K, SDT, W>(row_of, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), a.rows(t0), nt, res);
+    int64_t ra = r0 + 16 * (threadIdx.x / WARP) + (threadIdx.x % WARP >> 2);
+    mma_store(res, ra, ra + 8, w.rows, nt, y + t0 * ldy, ldy, w.bias_dt, w.bias);
 }
 
-/* k_mlp_gate_up on tensor cores: a warp takes outputs [j0, j0 + 8) of an
- * item (the tile's rows 0-7 their gate rows, 8-15 their up rows) for the
- * block's MMA_TOKENS tokens; an item's token blocks of the same outputs
- * are neighbours, as in k_mma_rows. */
+/* k_mlp_gate_up on tensor cores: a block takes outputs [j0, j0 +
+ * MMA_ROWS / 2) of an item for MMA_TOKENS tokens, warp w outputs j0 + 8 w
+ * .. (its tile rows 0-7 their gate rows, 8-15 their up rows); an item's
+ * token blocks of the same outputs are neighbours, as in k_mma_rows. */
 template <int K, int SDT>
 __global__ void __launch_bounds__(MMA_WARPS * WARP)
     k_mma_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, qacts a, float *h,
                   int64_t ldh, float alpha, float limit, float u_offset) {
     dep_start();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
-    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    int lane = threadIdx.x % WARP, tq = lane & 3;
     int64_t ff = it.ff, b = (int64_t)blockIdx.x - it.blk_gate_up;
     int64_t tblocks = (it.n + MMA_TOKENS - 1) / MMA_TOKENS + !it.n;  // an item of no tokens: one, which returns
-    int64_t j0 = (b / tblocks * MMA_WARPS + threadIdx.x / WARP) * 8, t0 = b % tblocks * MMA_TOKENS;
+    int64_t j0 = b / tblocks * (MMA_ROWS / 2), t0 = b % tblocks * MMA_TOKENS;
     if (j0 >= ff || t0 >= it.n) return;  // past the item's blocks: a grid sized for the most items could be
     int nt = it.n - t0 < MMA_TOKENS ? (int)(it.n - t0) : MMA_TOKENS;
-    int64_t row_bytes = w.cols / QB * 16, j = j0 + g < ff ? j0 + g : ff - 1;
-    vrow gate = vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], fused ? 2 * j : j, w.cols, w.group, row_bytes);
-    vrow up = fused ? vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], 2 * j + 1, w.cols, w.group, row_bytes)
-                    : vrow_of<K, SDT>(it.codes[1], it.scales[1], it.biases[1], j, w.cols, w.group, row_bytes);
+    int64_t row_bytes = w.cols / QB * 16;
+    auto row_of = [&](int i) {
+        int64_t j = j0 + i / 16 * 8 + i % 8;
+        j = j < ff ? j : ff - 1;
+        bool up = i % 16 >= 8;
+        if (fused) return vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], 2 * j + up, w.cols, w.group, row_bytes);
+        return vrow_of<K, SDT>(it.codes[up], it.scales[up], it.biases[up], j, w.cols, w.group, row_bytes);
+    };
     float res[2][4];
-    mma_dot<K, SDT, 1>(gate, up, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), item_acts(a, it).rows(t0), nt,
-                       res);
-    if (j0 + g >= ff) return;
+    mma_tile<K, SDT, 1>(row_of, (uint32_t)(w.cols / QB), (uint32_t)(w.group / QB), item_acts(a, it).rows(t0), nt, res);
+    int64_t j = j0 + threadIdx.x / WARP * 8 + (lane >> 2);
+    if (j >= ff) return;
 #pragma unroll
     for (int k = 0; k < 2; k++)
 #pragma unroll
@@ -1124,26 +1265,26 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
         }
 }
 
-/* k_mlp_down on tensor cores: a warp rows [r0, r0 + 16) of an item's down
- * for the block's MMA_TOKENS tokens. */
+/* k_mlp_down on tensor cores: a block rows [r0, r0 + MMA_ROWS) of an
+ * item's down for MMA_TOKENS tokens. */
 template <int K, int SDT>
 __global__ void __launch_bounds__(MMA_WARPS * WARP)
     k_mma_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, qacts hq, float *out, int64_t ldo) {
     dep_start();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
-    int g = threadIdx.x % WARP >> 2;
     int64_t b = (int64_t)blockIdx.x - it.blk_down, tblocks = (it.n + MMA_TOKENS - 1) / MMA_TOKENS + !it.n;
-    int64_t r0 = (b / tblocks * MMA_WARPS + threadIdx.x / WARP) * 16, t0 = b % tblocks * MMA_TOKENS;
+    int64_t r0 = b / tblocks * MMA_ROWS, t0 = b % tblocks * MMA_TOKENS;
     if (r0 >= w.rows || t0 >= it.n) return;
     int nt = it.n - t0 < MMA_TOKENS ? (int)(it.n - t0) : MMA_TOKENS;
-    int64_t cols = it.ff, row_bytes = cols / QB * 16, ra = r0 + g, rb = r0 + g + 8;
-    vrow lo = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], ra < w.rows ? ra : w.rows - 1, cols, w.group,
-                              row_bytes);
-    vrow hi = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], rb < w.rows ? rb : w.rows - 1, cols, w.group,
-                              row_bytes);
+    int64_t cols = it.ff, row_bytes = cols / QB * 16;
+    auto row_of = [&](int i) {
+        int64_t r = r0 + i < w.rows ? r0 + i : w.rows - 1;
+        return vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], r, cols, w.group, row_bytes);
+    };
     float res[2][4];
-    mma_dot<K, SDT, 1>(lo, hi, (uint32_t)(cols / QB), (uint32_t)(w.group / QB), hq.rows(it.row + t0), nt, res);
-    mma_store(res, ra, rb, w.rows, nt, out + (it.row + t0) * ldo, ldo, w.bias_dt, it.bias[2]);
+    mma_tile<K, SDT, 1>(row_of, (uint32_t)(cols / QB), (uint32_t)(w.group / QB), hq.rows(it.row + t0), nt, res);
+    int64_t ra = r0 + 16 * (threadIdx.x / WARP) + (threadIdx.x % WARP >> 2);
+    mma_store(res, ra, ra + 8, w.rows, nt, out + (it.row + t0) * ldo, ldo, w.bias_dt, it.bias[2]);
 }
 
 /* Calls l.template go<K, BITS, SDT, NT>() for w's format (one the vector
@@ -1206,6 +1347,22 @@ bool vsplit(const sp_cuda_weight &w) {
     return w.rows < SPLIT_ROWS && w.cols / vec_elems<K, BITS>() >= WARP * VWARPS / 2;
 }
 
+/* Tensor-core kernel KERN of format K, whose shared memory is past the
+ * default limit: the limit raised on each device the first time. */
+template <int K, auto KERN, class... A>
+int mma_launch(dim3 grid, cudaStream_t s, A &&...args) {
+    static uint64_t raised;  // a bit a device
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (!(raised >> (dev & 63) & 1)) {
+        int e = (int)cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_sizes<K>::ALL);
+        if (e) return e;
+        raised |= 1ull << (dev & 63);
+    }
+    launch_smem(KERN, grid, MMA_WARPS * WARP, mma_sizes<K>::ALL, s, static_cast<A &&>(args)...);
+    return (int)cudaGetLastError();
+}
+
 template <class A>
 struct vrows_launch {
     const sp_cuda_weight *w;
@@ -1218,13 +1375,9 @@ struct vrows_launch {
         if constexpr (NT == MMA_TOKENS) {
             if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
             else {
-                dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS),
-                          (unsigned)((w->rows + 16 * MMA_WARPS - 1) / (16 * MMA_WARPS)));
-                if (vsplit<K, BITS>(*w))
-                    launch(k_mma_rows<K, SDT, VWARPS>, grid, MMA_WARPS * WARP, s, *w, a, y, ldy, n);
-                else
-                    launch(k_mma_rows<K, SDT, 1>, grid, MMA_WARPS * WARP, s, *w, a, y, ldy, n);
-                return (int)cudaGetLastError();
+                dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS), (unsigned)((w->rows + MMA_ROWS - 1) / MMA_ROWS));
+                if (vsplit<K, BITS>(*w)) return mma_launch<K, k_mma_rows<K, SDT, VWARPS>>(grid, s, *w, a, y, ldy, n);
+                return mma_launch<K, k_mma_rows<K, SDT, 1>>(grid, s, *w, a, y, ldy, n);
             }
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
@@ -1258,9 +1411,8 @@ struct gate_up_launch {
         if constexpr (NT == MMA_TOKENS) {
             if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
             else {
-                launch(k_mma_gate_up<K, SDT>, (unsigned)blocks, MMA_WARPS * WARP, s, *w, items, n_items, fused, a, h,
-                       ldh, alpha, limit, u_offset);
-                return (int)cudaGetLastError();
+                return mma_launch<K, k_mma_gate_up<K, SDT>>((unsigned)blocks, s, *w, items, n_items, fused, a, h, ldh,
+                                                            alpha, limit, u_offset);
             }
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
@@ -1286,8 +1438,7 @@ struct down_launch {
         if constexpr (NT == MMA_TOKENS) {
             if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
             else {
-                launch(k_mma_down<K, SDT>, (unsigned)blocks, MMA_WARPS * WARP, s, *w, items, n_items, h, out, ldo);
-                return (int)cudaGetLastError();
+                return mma_launch<K, k_mma_down<K, SDT>>((unsigned)blocks, s, *w, items, n_items, h, out, ldo);
             }
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
@@ -2295,7 +2446,7 @@ extern "C" int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_
 extern "C" int sp_cuda_mlp_tokens(int64_t n, bool mma) { return mma && n >= MMA_TOKENS ? MMA_TOKENS : vec_tokens(n); }
 
 extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt) {
-    int64_t per = nt == MMA_TOKENS ? (down ? 16 : 8) * MMA_WARPS : down ? VR * VWARPS : VR / 2 * VWARPS;
+    int64_t per = nt == MMA_TOKENS ? (down ? MMA_ROWS : MMA_ROWS / 2) : down ? VR * VWARPS : VR / 2 * VWARPS;
     return (outputs + per - 1) / per * ((n + nt - 1) / nt);
 }
 
