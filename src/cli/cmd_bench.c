@@ -42,7 +42,7 @@
 static const char usage[] =
     "usage: sparrow bench --model MODEL [--prompt N] [--gen N] [--batch N] [--threads N] [--kv-type T]\n"
     "                     [--mem-limit SIZE] [--expert-cache SIZE] [--gpu-mem-limit SIZE] [--cold]\n"
-    "                     [--compare-mmap] [--repeat N]\n"
+    "                     [--compare-mmap] [--repeat N] [--warmup N]\n"
     "                     [--steps]\n"
     "       sparrow bench --synthetic CONFIG.json --quant affine4|affine8|mxfp4|bf16 [--layers N]\n"
     "                     [--out DIR] [same flags as with --model]\n"
@@ -63,6 +63,9 @@ static const char usage[] =
     "  --compare-mmap    also run with experts read through the mapping, and print the ratio\n"
     "  --repeat N        N runs, each followed by its own bandwidth measurement, then a summary line:\n"
     "                    medians and bests (a shared machine's noise shows in their spread)\n"
+    "  --warmup N        N runs first, not counted, of the same prompt and 2 decoded tokens (default 1;\n"
+    "                    0: none): a process's first run also pays one-time costs (loading the GPU's\n"
+    "                    kernels, first touches of memory)\n"
     "  --steps           also time each step of the forward pass (products, attention, routing,\n"
     "                    experts, ...): its share of prefill and of decode, and the multiply-adds\n"
     "                    a second of the products, and how many tokens each routed expert took on\n"
@@ -601,7 +604,7 @@ static bool synth_cleanup(struct synth *s) {
 }
 
 struct bench_opts {
-    int64_t prompt, gen, batch, threads, repeat, seqs;
+    int64_t prompt, gen, batch, threads, repeat, warmup, seqs;
     bool cold, compare, steps;
     struct sp_plan_inputs pin;
     struct sp_settings set;
@@ -642,6 +645,14 @@ static int bench_model(const char *model, struct bench_opts *o) {
         sp_errorf(SP_ERR_NOMEM, "out of memory");
         goto done;
     }
+    for (int64_t i = 0; i < o->warmup; i++) {
+        struct result r;
+        if (run_once(m, &cp, expert_cache, &ep, prompt, gen < 2 ? gen : 2, o->cold, &r) != SP_OK) {
+            sp_free(stats);
+            goto done;
+        }
+    }
+    if (o->warmup) fprintf(stderr, "bench: %lld warm-up run%s done (not counted)\n", (long long)o->warmup, o->warmup == 1 ? "" : "s");
     for (int64_t i = 0; i < o->repeat; i++) {
         struct result r;
         if (run_once(m, &cp, expert_cache, &ep, prompt, gen, o->cold, &r) != SP_OK) {
@@ -671,7 +682,7 @@ done:
 
 int sp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1, .seqs = 1};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .batch = SP_DEFAULT_BATCH, .repeat = 1, .warmup = 1, .seqs = 1};
     struct synth syn = {0};
     int rc = sp_cli_settings_init(&o.set);
     if (rc) return rc;
@@ -708,6 +719,8 @@ int sp_cmd_bench(int argc, char **argv) {
             if (!v || !sp_arg_int("--batch", v, 1, 1 << 16, &o.batch)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--repeat", &v)) {
             if (!v || !sp_arg_int("--repeat", v, 1, REPEAT_MAX, &o.repeat)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--warmup", &v)) {
+            if (!v || !sp_arg_int("--warmup", v, 0, REPEAT_MAX, &o.warmup)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--threads", &v)) {
             if (!v || !sp_arg_int("--threads", v, 1, 1024, &o.threads)) return SP_EXIT_USAGE;
         } else if (sp_arg_value(argc, argv, &i, "--kv-type", &v)) {

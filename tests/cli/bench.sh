@@ -70,6 +70,12 @@ run "the ratio is the expert-cache run's decode over the mmap run's" 0 node -e '
     if (Math.abs(r.decode_expert_cache_over_mmap - c.decode_tok_s / m.decode_tok_s) > 0.0005 + 1e-9) process.exit(1);' "$TMP/cmp.json"
 run "--repeat 0" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --repeat 0 "${SMALL[@]}"
 expect "is refused" "$TMP/err" "--repeat"
+run "--warmup 2" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --warmup 2 "${SMALL[@]}"
+expect "says its uncounted runs" "$TMP/err" "bench: 2 warm-up runs done (not counted)"
+[ "$(grep -c '^{"bench":"resident"' "$TMP/out")" = 1 ] && ok "and reports only the counted run" || not_ok "and reports only the counted run" "$TMP/out"
+run "--warmup 0" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --warmup 0 "${SMALL[@]}"
+if grep -q "warm-up" "$TMP/err"; then not_ok "makes none" "$TMP/err"; else ok "makes none"; fi
+run "--warmup -1" 2 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --warmup -1 "${SMALL[@]}"
 run "--batch 3: the 8-token prompt in chunks" 0 "$SPARROW" bench --synthetic "$CFG" --quant affine4 --batch 3 "${SMALL[@]}"
 grep '^{"bench":"resident"' "$TMP/out" >"$TMP/b.json"
 run "all 8 prompt tokens prefilled, 4 decoded" 0 node -e '
