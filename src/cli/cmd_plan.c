@@ -1,6 +1,7 @@
 /* cmd_plan.c - `sparrow plan MODEL`: the memory plan, from tensor headers
  * alone (nothing is loaded). */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -10,14 +11,43 @@
 
 static const char usage[] =
     "usage: sparrow plan MODEL [--ctx N] [--parallel N] [--kv-type f16|bf16|f32] [--mem-limit SIZE]\n"
-    "                    [--expert-cache SIZE] [--device cpu|cuda] [--gpu-mem-limit SIZE] [--json] [--calibrate]\n"
+    "                    [--expert-cache SIZE] [--device cpu|cuda] [--gpu-mem-limit SIZE] [--devices LIST]\n"
+    "                    [--json] [--calibrate]\n"
     "  Prints what stays resident, the routed-expert cache budget, the bytes read per\n"
     "  token from memory and disk, and the expected decode speed. Sizes take K, M, G, T.\n"
     "  With --device cuda, also what the device holds: every expert, or a device expert\n"
     "  cache of what --gpu-mem-limit (default: the device's free memory) leaves; the plan\n"
     "  is made from headers alone, so it needs no GPU when --gpu-mem-limit is given.\n"
+    "  --devices 0,1,... plans for those devices (--gpu-mem-limit each): each MoE layer's\n"
+    "  experts split over them, the rest on each, and what each reads and sends a token.\n"
     "  --calibrate measures RAM and disk read bandwidth here (reading the model's first\n"
     "  file) and stores them for later plans.\n";
+
+/* --devices: distinct device numbers (0 .. 63) separated by commas; their count. */
+static bool parse_devices(const char *v, int *n) {
+    uint64_t seen = 0;
+    *n = 0;
+    for (const char *p = v;; p++) {
+        char *end;
+        if (*p < '0' || *p > '9') break;
+        long d = strtol(p, &end, 10);
+        if (d > 63) {
+            fprintf(stderr, "error: --devices: device %ld is past 63\n", d);
+            return false;
+        }
+        if (seen >> d & 1) {
+            fprintf(stderr, "error: --devices: device %ld given twice\n", d);
+            return false;
+        }
+        seen |= 1ull << d;
+        ++*n;
+        p = end;
+        if (!*p) return true;
+        if (*p != ',') break;
+    }
+    fprintf(stderr, "error: --devices: expected device numbers separated by commas (e.g. 0,1), got '%s'\n", v);
+    return false;
+}
 
 int sp_cmd_plan(int argc, char **argv) {
     const char *model = NULL;
@@ -60,6 +90,8 @@ int sp_cmd_plan(int argc, char **argv) {
             in.expert_cache_set = true;
         } else if (sp_arg_value(argc, argv, &i, "--gpu-mem-limit", &v)) {
             if (!v || !sp_arg_size("--gpu-mem-limit", v, &in.gpu_mem_limit)) return SP_EXIT_USAGE;
+        } else if (sp_arg_value(argc, argv, &i, "--devices", &v)) {
+            if (!v || !parse_devices(v, &in.n_devices)) return SP_EXIT_USAGE;
         } else if (argv[i][0] == '-') {
             return sp_arg_unknown(argv[0], argv[i]);
         } else if (!model) {

@@ -155,8 +155,20 @@ static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan
     p->gpu_base_bytes = p->resident_weight_bytes +
                         sp_ctx_device_bytes(&m->arch, in->device, p->ctx, p->parallel,
                                             in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, in->kv_type);
-    int64_t total_experts = p->n_experts * p->n_moe_layers;
-    if (p->gpu_base_bytes + p->routed_expert_bytes <= p->gpu_usable) {
+    /* device d's share of every MoE layer's experts: experts [E d / n, E (d + 1) / n) of each; the
+     * figures are the largest share's (ceil(E / n) a layer) */
+    int nd = p->n_devices;
+    int64_t all_experts = p->n_experts * p->n_moe_layers;
+    int64_t total_experts = (p->n_experts + nd - 1) / nd * p->n_moe_layers;
+    size_t share =
+        all_experts ? (size_t)((double)p->routed_expert_bytes * (double)total_experts / (double)all_experts) : 0;
+    p->device_experts = total_experts;
+    p->device_expert_bytes = share;
+    double routed_share = routed_per_token / nd;
+    p->device_bytes_per_token = (size_t)((double)p->bytes_per_token - routed_per_token + routed_share);
+    p->link_bytes_per_token =
+        nd > 1 ? (size_t)(p->n_moe_layers * m->arch.d_model) * sizeof(float) * 2 * (size_t)(nd - 1) / (size_t)nd : 0;
+    if (p->gpu_base_bytes + share <= p->gpu_usable) {
         p->gpu_cached_experts = total_experts;
         p->gpu_hit_rate = 1.0;
         return SP_OK;
@@ -178,7 +190,7 @@ static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan
     p->gpu_cached_experts = (int64_t)(p->gpu_expert_cache / slot);
     if (p->gpu_cached_experts > total_experts) p->gpu_cached_experts = total_experts;
     p->gpu_hit_rate = total_experts ? (double)p->gpu_cached_experts / (double)total_experts : 1.0;
-    p->h2d_bytes_per_token = (size_t)(routed_per_token * (1.0 - p->gpu_hit_rate));
+    p->h2d_bytes_per_token = (size_t)(routed_share * (1.0 - p->gpu_hit_rate));
     return SP_OK;
 }
 
@@ -266,7 +278,13 @@ enum sp_status sp_plan_make(const struct sp_model *m, const struct sp_plan_input
     p->tokens_per_s = t > 0 ? 1.0 / t : 0.0;
     p->host_cache = p->strategy == SP_STRATEGY_EXPERT_CACHE ? p->expert_cache : 0;
     p->device = in->device;
-    if (in->device == SP_DEVICE_CPU) return SP_OK;
+    p->n_devices = in->n_devices > 1 ? in->n_devices : 1;
+    if (in->device == SP_DEVICE_CPU) {
+        if (p->n_devices > 1)
+            return sp_errorf(SP_ERR_ARG, "%d devices: a plan over several devices needs a GPU device (--device cuda)",
+                             p->n_devices);
+        return SP_OK;
+    }
     enum sp_status st = plan_device(m, in, p, routed_per_token);
     /* every expert on the device: the host's tier has nothing to serve */
     if (st == SP_OK && !p->gpu_expert_cache) p->host_cache = 0;
@@ -321,6 +339,11 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
         KU("cached_experts", p->gpu_cached_experts);
         KN("expected_hit_rate", p->gpu_hit_rate);
         KU("h2d_bytes_per_token", p->h2d_bytes_per_token);
+        KU("devices", p->n_devices);
+        KU("device_experts", p->device_experts);
+        KU("device_expert_bytes", p->device_expert_bytes);
+        KU("device_bytes_per_token", p->device_bytes_per_token);
+        KU("link_bytes_per_token", p->link_bytes_per_token);
         sp_jw_end(w);
     }
 #undef KU
@@ -411,16 +434,29 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
                   p->bw.ram_gbs, p->bw.disk_gbs,
                   p->bw.measured ? "measured by --calibrate" : "conservative defaults; run sparrow plan --calibrate");
     if (p->device == SP_DEVICE_CPU) return;
-    const char *dev = sp_device_name(p->device);
-    sp_buf_printf(out, "%-15s memory %.2f GiB from %s; usable %.2f GiB; %.2f GiB every token needs (weights, KV cache, "
-                       "buffers)\n",
-                  dev, gib(p->gpu_limit), p->gpu_limit_source, gib(p->gpu_usable), gib(p->gpu_base_bytes));
+    char dev[32];
+    if (p->n_devices > 1) snprintf(dev, sizeof dev, "%s x%d", sp_device_name(p->device), p->n_devices);
+    else snprintf(dev, sizeof dev, "%s", sp_device_name(p->device));
+    const char *each = p->n_devices > 1 ? " each" : "";
+    sp_buf_printf(out, "%-15s memory %.2f GiB%s from %s; usable %.2f GiB; %.2f GiB every token needs (weights, KV cache, "
+                       "buffers)%s\n",
+                  dev, gib(p->gpu_limit), each, p->gpu_limit_source, gib(p->gpu_usable), gib(p->gpu_base_bytes),
+                  p->n_devices > 1 ? " on each" : "");
+    if (p->n_devices > 1)
+        sp_buf_printf(out, "%-15s each MoE layer's %lld experts split over the devices: at most %lld a layer on one, %lld "
+                           "in all (%.2f GiB)\n",
+                      dev, (long long)p->n_experts, (long long)(p->device_experts / (p->n_moe_layers ? p->n_moe_layers : 1)),
+                      (long long)p->device_experts, gib(p->device_expert_bytes));
     if (!p->gpu_expert_cache)
-        sp_buf_printf(out, "%-15s every routed expert on the device (%.2f GiB)\n", dev, gib(p->routed_expert_bytes));
+        sp_buf_printf(out, "%-15s every routed expert on the device%s (%.2f GiB)\n", dev,
+                      p->n_devices > 1 ? " holding it" : "", gib(p->device_expert_bytes));
     else
-        sp_buf_printf(out, "%-15s expert cache of %.2f GiB = %lld of %lld experts (%.1f%%); %.2f MiB a token copied in "
+        sp_buf_printf(out, "%-15s expert cache of %.2f GiB%s = %lld of %lld experts (%.1f%%); %.2f MiB a token copied in "
                            "from the host (uniform routing)\n",
-                      dev, gib(p->gpu_expert_cache), (long long)p->gpu_cached_experts,
-                      (long long)(p->n_experts * p->n_moe_layers), 100.0 * p->gpu_hit_rate,
-                      (double)p->h2d_bytes_per_token / 1048576.0);
+                      dev, gib(p->gpu_expert_cache), each, (long long)p->gpu_cached_experts,
+                      (long long)p->device_experts, 100.0 * p->gpu_hit_rate, (double)p->h2d_bytes_per_token / 1048576.0);
+    if (p->n_devices > 1)
+        sp_buf_printf(out, "per device      %.2f MiB of weights read a decoded token (its share of the routed experts, "
+                           "uniform routing); %.1f KiB sent (the MoE layers' outputs summed over the devices)\n",
+                      (double)p->device_bytes_per_token / 1048576.0, (double)p->link_bytes_per_token / 1024.0);
 }

@@ -21,7 +21,12 @@
  * less a reserve) holds what every token needs, the KV cache and the
  * backend's buffers first; the routed experts all go on it where they fit,
  * else into a device expert cache of what is left (model/expert_tier.h),
- * over the host's tier as above.
+ * over the host's tier as above. Over several devices (n_devices > 1,
+ * expert parallelism), each holds what every token needs and its share of
+ * each MoE layer's routed experts (at most ceil(experts / n_devices) a
+ * layer), reads that share of a token's experts (uniform routing), and
+ * sends the MoE layers' outputs for a sum over the devices (a ring
+ * all-reduce of float32 rows: 2 (n - 1) / n of a row a layer).
  *
  * The expected speed assumes uniform routing (hit rate = the fraction of
  * experts the cache holds) and bandwidths that --calibrate measures and
@@ -51,7 +56,8 @@ struct sp_plan_inputs {
     bool expert_cache_set;  // --expert-cache was given (0 is then an error)
     const char *cache_dir;  // the folder of bandwidth.json (NULL: the default bandwidths)
     enum sp_device device;  // where the forward pass runs
-    uint64_t gpu_mem_limit; // device memory to use (0: what is free on it now)
+    uint64_t gpu_mem_limit; // device memory to use (0: what is free on it now), on each device
+    int n_devices;          // devices of that kind the routed experts are split over (0, 1: one)
 };
 
 /* How sp_plan_load brings weights in; zero is the default of each. */
@@ -98,8 +104,14 @@ struct sp_plan {
      * strategy is expert-cache and the experts do not all live on the
      * device, else 0 */
     uint64_t host_cache;
-    /* the device tier (device other than the CPU) */
+    /* the device tier (device other than the CPU); over several devices
+     * the gpu_ figures are each device's (the one holding the most experts) */
     enum sp_device device;
+    int n_devices;                 // 1, or the devices the routed experts are split over
+    int64_t device_experts;        // routed experts (all layers) the device holds or caches from
+    size_t device_expert_bytes;    // their bytes
+    size_t device_bytes_per_token; // weights a device reads a decoded token (its share of the routed experts)
+    size_t link_bytes_per_token;   // what a device sends a decoded token (0 for one device)
     uint64_t gpu_limit;            // device memory to use
     const char *gpu_limit_source;  // "--gpu-mem-limit" or "free device memory"
     uint64_t gpu_usable;           // the limit less the reserve (the CUDA context's and allocations' slack)

@@ -50,6 +50,37 @@ run "plan for an 80 GiB GPU" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 24
 expect "every expert on the GPU" "$TMP/out" "every routed expert on the device"
 run "a GPU too small for what every token needs" 1 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --device cuda --gpu-mem-limit 2G
 expect "says what does not fit on it" "$TMP/err" "do not hold what every token needs there"
+# several GPUs: each MoE layer's experts split over them, the rest on each.
+# Ling-flash-2.0 in bf16 (192 GiB) does not fit one 141 GiB GPU, and does two
+run "bf16 Ling-flash-2.0 on one 141 GiB GPU" 0 "$SPARROW" plan "$TMP/flash" --mem-limit 512G --ctx 8192 --device cuda --gpu-mem-limit 141G
+expect "caches experts" "$TMP/out" "cuda            expert cache of"
+run "... on two" 0 "$SPARROW" plan "$TMP/flash" --mem-limit 512G --ctx 8192 --device cuda --gpu-mem-limit 141G --devices 0,1
+expect "splits the experts" "$TMP/out" "cuda x2         each MoE layer's 256 experts split over the devices: at most 128 a layer on one, 3968 in all"
+expect "and holds them all" "$TMP/out" "cuda x2         every routed expert on the device holding it"
+expect "says what a device reads and sends" "$TMP/out" "KiB sent (the MoE layers' outputs summed over the devices)"
+run "... on two, --json" 0 "$SPARROW" plan "$TMP/flash" --mem-limit 512G --ctx 8192 --device cuda --gpu-mem-limit 141G --devices 0,1 --json
+cp "$TMP/out" "$TMP/gpu2.json"
+run "each device's share in JSON" 0 node -e '
+    const p = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")), g = p.gpu;
+    const routed = 8 * 31 * p.expert_bytes;  // a token: 8 experts in each of 31 MoE layers
+    if (g.devices !== 2 || g.experts !== "resident" || g.device_experts !== 128 * 31 ||
+        g.device_expert_bytes * 2 !== p.routed_expert_bytes || g.base_bytes + g.device_expert_bytes > g.usable_bytes ||
+        Math.abs(g.device_bytes_per_token - (p.bytes_per_token - routed / 2)) > 1 ||
+        g.link_bytes_per_token !== 31 * 4096 * 4 * 2 / 2 || g.h2d_bytes_per_token !== 0) process.exit(1);' "$TMP/gpu2.json"
+run "three 24 GiB GPUs" 0 "$SPARROW" plan "$TMP/flash-mxfp4" --mem-limit 64G --ctx 8192 --device cuda --gpu-mem-limit 24G --devices 0,1,2 --json
+cp "$TMP/out" "$TMP/gpu3.json"
+run "each caches its share" 0 node -e '
+    const p = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")), g = p.gpu;
+    if (g.devices !== 3 || g.device_experts !== 86 * 31 || !(g.cached_experts > 0 && g.cached_experts <= g.device_experts) ||
+        g.link_bytes_per_token !== 31 * 4096 * 4 * 2 * 2 / 3 - ((31 * 4096 * 4 * 2 * 2) % 3) / 3) process.exit(1);' "$TMP/gpu3.json"
+run "--devices 0,0" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,0
+expect "names the device given twice" "$TMP/err" "device 0 given twice"
+run "--devices a" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices a
+expect "says what it expected" "$TMP/err" "expected device numbers separated by commas"
+run "--devices 0,64" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,64
+run "--devices 0, (a comma last)" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,
+run "--devices on the CPU" 1 "$SPARROW" plan "$TMP/flash" --mem-limit 512G --devices 0,1
+expect "says it needs a GPU device" "$TMP/err" "needs a GPU device"
 
 # Qwen3.5-122B-A10B in mxfp4, shapes only: 36 Gated DeltaNet layers, whose
 # recurrent state the plan counts (the same at any context)
