@@ -394,6 +394,36 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp
     return dt;
 }
 
+/* The plan's device tier as text: over several devices, each one's. */
+static void report_device(const struct sp_plan *p, struct sp_buf *out) {
+    bool several = p->n_devices > 1;
+    char dev[32];
+    if (several) snprintf(dev, sizeof dev, "%s x%d", sp_device_name(p->device), p->n_devices);
+    else snprintf(dev, sizeof dev, "%s", sp_device_name(p->device));
+    const char *each = several ? " each" : "";
+    sp_buf_printf(out, "%-15s memory %.2f GiB%s from %s; usable %.2f GiB; %.2f GiB every token needs (weights, KV cache, "
+                       "buffers)%s\n",
+                  dev, gib(p->gpu_limit), each, p->gpu_limit_source, gib(p->gpu_usable), gib(p->gpu_base_bytes),
+                  several ? " on each" : "");
+    if (several)
+        sp_buf_printf(out, "%-15s each MoE layer's %lld experts split over the devices: at most %lld a layer on one, %lld "
+                           "in all (%.2f GiB)\n",
+                      dev, (long long)p->n_experts, (long long)(p->device_experts / (p->n_moe_layers ? p->n_moe_layers : 1)),
+                      (long long)p->device_experts, gib(p->device_expert_bytes));
+    if (!p->gpu_expert_cache)
+        sp_buf_printf(out, "%-15s every routed expert on the device%s (%.2f GiB)\n", dev, several ? " holding it" : "",
+                      gib(p->device_expert_bytes));
+    else
+        sp_buf_printf(out, "%-15s expert cache of %.2f GiB%s = %lld of %lld experts (%.1f%%); %.2f MiB a token copied in "
+                           "from the host (uniform routing)\n",
+                      dev, gib(p->gpu_expert_cache), each, (long long)p->gpu_cached_experts,
+                      (long long)p->device_experts, 100.0 * p->gpu_hit_rate, (double)p->h2d_bytes_per_token / 1048576.0);
+    if (several)
+        sp_buf_printf(out, "per device      %.2f MiB of weights read a decoded token (its share of the routed experts, "
+                           "uniform routing); %.1f KiB sent (the MoE layers' outputs summed over the devices)\n",
+                      (double)p->device_bytes_per_token / 1048576.0, (double)p->link_bytes_per_token / 1024.0);
+}
+
 void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
     if (json) {
         struct sp_jw w;
@@ -433,30 +463,5 @@ void sp_plan_report(const struct sp_plan *p, bool json, struct sp_buf *out) {
     sp_buf_printf(out, "expected        %.2f tok/s decode bound at RAM %.1f GB/s, disk %.2f GB/s (%s)\n", p->tokens_per_s,
                   p->bw.ram_gbs, p->bw.disk_gbs,
                   p->bw.measured ? "measured by --calibrate" : "conservative defaults; run sparrow plan --calibrate");
-    if (p->device == SP_DEVICE_CPU) return;
-    char dev[32];
-    if (p->n_devices > 1) snprintf(dev, sizeof dev, "%s x%d", sp_device_name(p->device), p->n_devices);
-    else snprintf(dev, sizeof dev, "%s", sp_device_name(p->device));
-    const char *each = p->n_devices > 1 ? " each" : "";
-    sp_buf_printf(out, "%-15s memory %.2f GiB%s from %s; usable %.2f GiB; %.2f GiB every token needs (weights, KV cache, "
-                       "buffers)%s\n",
-                  dev, gib(p->gpu_limit), each, p->gpu_limit_source, gib(p->gpu_usable), gib(p->gpu_base_bytes),
-                  p->n_devices > 1 ? " on each" : "");
-    if (p->n_devices > 1)
-        sp_buf_printf(out, "%-15s each MoE layer's %lld experts split over the devices: at most %lld a layer on one, %lld "
-                           "in all (%.2f GiB)\n",
-                      dev, (long long)p->n_experts, (long long)(p->device_experts / (p->n_moe_layers ? p->n_moe_layers : 1)),
-                      (long long)p->device_experts, gib(p->device_expert_bytes));
-    if (!p->gpu_expert_cache)
-        sp_buf_printf(out, "%-15s every routed expert on the device%s (%.2f GiB)\n", dev,
-                      p->n_devices > 1 ? " holding it" : "", gib(p->device_expert_bytes));
-    else
-        sp_buf_printf(out, "%-15s expert cache of %.2f GiB%s = %lld of %lld experts (%.1f%%); %.2f MiB a token copied in "
-                           "from the host (uniform routing)\n",
-                      dev, gib(p->gpu_expert_cache), each, (long long)p->gpu_cached_experts,
-                      (long long)p->device_experts, 100.0 * p->gpu_hit_rate, (double)p->h2d_bytes_per_token / 1048576.0);
-    if (p->n_devices > 1)
-        sp_buf_printf(out, "per device      %.2f MiB of weights read a decoded token (its share of the routed experts, "
-                           "uniform routing); %.1f KiB sent (the MoE layers' outputs summed over the devices)\n",
-                      (double)p->device_bytes_per_token / 1048576.0, (double)p->link_bytes_per_token / 1024.0);
+    if (p->device != SP_DEVICE_CPU) report_device(p, out);
 }
