@@ -664,6 +664,20 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+/* One row's scale and bias of chunk c with int8 activations (cpg chunks
+ * a group): affine its group's, mxfp4 half its power of two (codes are
+ * twice their values) and no bias. */
+template <int K, int SDT>
+__device__ __forceinline__ void chunk_scale(const vrow &rw, uint32_t c, uint32_t cpg, float &s, float &b) {
+    if constexpr (K == K_AFFINE) {
+        s = ldf<SDT>(rw.s, c / cpg);
+        b = ldf<SDT>(rw.b, c / cpg);
+    } else {
+        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[c / cpg])));
+        b = 0.0f;
+    }
+}
+
 /* The same with int8 activations (mxfp4 and affine 4-bit; a chunk is a
  * block of QB): each chunk's codes as int8 (qdecode), four products a
  * dp4a, the chunk's integer sum scaled once: mxfp4 by half its scale
@@ -681,16 +695,7 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
 #pragma unroll
         for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
 #pragma unroll
-        for (int r = 0; r < VR; r++) {
-            if constexpr (K == K_AFFINE) {
-                uint32_t g = c / cpg;
-                s[r] = ldf<SDT>(rw[r].s, g);
-                b[r] = ldf<SDT>(rw[r].b, g);
-            } else {
-                s[r] = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw[r].s[c / cpg])));
-                b[r] = 0.0f;
-            }
-        }
+        for (int r = 0; r < VR; r++) chunk_scale<K, SDT>(rw[r], c, cpg, s[r], b[r]);
         int32_t wv[VR][8];
 #pragma unroll
         for (int r = 0; r < VR; r++) qdecode<K>(q[r], wv[r]);
@@ -959,18 +964,6 @@ __device__ __forceinline__ uint32_t qbytes4(uint32_t v, int h) {
     else return __byte_perm(v & 0x0f0f0f0fu, (v >> 4) & 0x0f0f0f0fu, h ? 0x7362u : 0x5140u);
 }
 
-/* One row's scale and bias (affine) for chunk c, as vdot takes them. */
-template <int K, int SDT>
-__device__ __forceinline__ void mma_scale(const vrow &rw, uint32_t c, uint32_t cpg, float &s, float &b) {
-    if constexpr (K == K_AFFINE) {
-        s = ldf<SDT>(rw.s, c / cpg);
-        b = ldf<SDT>(rw.b, c / cpg);
-    } else {
-        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[c / cpg])));
-        b = 0.0f;
-    }
-}
-
 /* A block's tile goes through shared memory in stages, MMA_STAGES deep
  * (cp.async; the scales through registers, loaded a stage ahead). A stage
  * holds MMA_KS chunks of each of 4 lane classes for the tile's 64 rows and
@@ -1089,7 +1082,7 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         for (int j = 0; j < 4; j++) {
             uint32_t c = chunk_of(first, lk, j);
             sv[j][0] = sv[j][1] = 0.0f;
-            if (c < chunks) mma_scale<K, SDT>(mine, c, cpg, sv[j][0], sv[j][1]);
+            if (c < chunks) chunk_scale<K, SDT>(mine, c, cpg, sv[j][0], sv[j][1]);
         }
     };
     auto scales_store = [&](int s, const float (&sv)[4][2]) {
@@ -1248,7 +1241,8 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
         int64_t j = j0 + i / 16 * 8 + i % 8;
         j = j < ff ? j : ff - 1;
         bool up = i % 16 >= 8;
-        if (fused) return vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], 2 * j + up, w.cols, w.group, row_bytes);
+        if (fused)
+            return vrow_of<K, SDT>(it.codes[0], it.scales[0], it.biases[0], 2 * j + up, w.cols, w.group, row_bytes);
         return vrow_of<K, SDT>(it.codes[up], it.scales[up], it.biases[up], j, w.cols, w.group, row_bytes);
     };
     float res[2][4];
@@ -2436,8 +2430,8 @@ extern "C" int sp_cuda_linear_q(const struct sp_cuda_weight *w, const struct sp_
         int64_t m = n - t0 < (int64_t)MAX_GRID_Y * TOKENS ? n - t0 : (int64_t)MAX_GRID_Y * TOKENS;
         qacts a = qacts_of(*x);
         a.q += t0 * a.ldq, a.d += t0 * a.ldd;
-        int nt = m >= MMA_TOKENS && sp_cuda_mma_ok(w) ? MMA_TOKENS : vec_tokens(m);
-        int err = vdispatch(*w, nt, vrows_launch<qacts>{w, a, y + t0 * ldy, ldy, m, static_cast<cudaStream_t>(stream)});
+        int err = vdispatch(*w, sp_cuda_mlp_tokens(m, sp_cuda_mma_ok(w)),
+                            vrows_launch<qacts>{w, a, y + t0 * ldy, ldy, m, static_cast<cudaStream_t>(stream)});
         if (err) return err;
     }
     return 0;
