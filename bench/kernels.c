@@ -79,6 +79,10 @@ static const struct fmtdef fmts[] = {
     {"affine4-g64", SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16},
     {"affine4-g128", SP_QTYPE_AFFINE4, 128, SP_DTYPE_BF16},
     {"affine8-g64", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
+    {"affine2-g64", SP_QTYPE_AFFINE2, 64, SP_DTYPE_BF16},
+    {"affine3-g64", SP_QTYPE_AFFINE3, 64, SP_DTYPE_BF16},
+    {"affine5-g32", SP_QTYPE_AFFINE5, 32, SP_DTYPE_F16},  // GGUF's Q5_0 and Q5_1 as read
+    {"affine6-g64", SP_QTYPE_AFFINE6, 64, SP_DTYPE_BF16},
     {"mxfp4", SP_QTYPE_MXFP4, 32, SP_DTYPE_U8},
     {"q2_k", SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT},
     {"q3_k", SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT},

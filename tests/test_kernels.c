@@ -114,6 +114,13 @@ static void check_affine(enum sp_qtype t) {
 
 static void test_affine4(void **state) { check_affine(SP_QTYPE_AFFINE4); }
 static void test_affine8(void **state) { check_affine(SP_QTYPE_AFFINE8); }
+/* MLX's 2, 3, 5 and 6 bits: codes that straddle bytes and words */
+static void test_affine_packed(void **state) {
+    check_affine(SP_QTYPE_AFFINE2);
+    check_affine(SP_QTYPE_AFFINE3);
+    check_affine(SP_QTYPE_AFFINE5);
+    check_affine(SP_QTYPE_AFFINE6);
+}
 
 static void test_mxfp4(void **state) {
     const int64_t cols[] = {32, 96, 288, 640};
@@ -123,10 +130,6 @@ static void test_mxfp4(void **state) {
 /* Formats without a SIMD fast path must still be right in every set. */
 static void test_other_formats(void **state) {
     const int64_t cols[] = {128, 256};
-    check_format(SP_QTYPE_AFFINE2, 64, SP_DTYPE_BF16, cols, 2);
-    check_format(SP_QTYPE_AFFINE3, 32, SP_DTYPE_F16, cols, 2);
-    check_format(SP_QTYPE_AFFINE5, 64, SP_DTYPE_F32, cols, 2);
-    check_format(SP_QTYPE_AFFINE6, 128, SP_DTYPE_BF16, cols, 2);
     check_format(SP_QTYPE_MXFP8, 32, SP_DTYPE_U8, cols, 2);
     check_format(SP_QTYPE_NVFP4, 16, SP_DTYPE_U8, cols, 2);
     const int64_t blocks[] = {256, 768};  // ggml's blocks of 256
@@ -301,7 +304,10 @@ static void test_batch_invariance(void **state) {
         {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 768},
         {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96},
-        {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512}};
+        {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512},
+        /* MLX's packed 3, 5 and 6 bits (GGUF's Q5_0 and Q5_1 become affine 5-bit) */
+        {SP_QTYPE_AFFINE3, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_AFFINE5, 32, SP_DTYPE_F16, 2880},
+        {SP_QTYPE_AFFINE6, 128, SP_DTYPE_F32, 384}};
     for (int isa = 0; isa < SP_KERNELS_ISA_COUNT; isa++) {
         const struct sp_kernels *k = sp_kernels_of((enum sp_kernels_isa)isa);
         if (!k) continue;
@@ -488,7 +494,9 @@ static void test_vnni_sets_match_avx2(void **state) {
         {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520},    {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 256},  {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 768},  {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 256},
-        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 160}, {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512}};
+        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 160}, {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512},
+        {SP_QTYPE_AFFINE2, 32, SP_DTYPE_BF16, 256}, {SP_QTYPE_AFFINE3, 64, SP_DTYPE_F16, 320},
+        {SP_QTYPE_AFFINE5, 32, SP_DTYPE_F16, 2880}, {SP_QTYPE_AFFINE6, 128, SP_DTYPE_F32, 384}};
     for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {
         const struct sp_kernels *k = sp_kernels_of(pairs[v].set), *avx2 = sp_kernels_of(pairs[v].base);
         if (!k || !avx2) {
@@ -1073,6 +1081,7 @@ int main(void) {
         cmocka_unit_test(test_plain_formats),
         cmocka_unit_test(test_affine4),
         cmocka_unit_test(test_affine8),
+        cmocka_unit_test(test_affine_packed),
         cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_other_formats),
         cmocka_unit_test(test_block_decoders_exact),

@@ -157,9 +157,86 @@ ALWAYS __m256i add_part(__m256i a, __m256i b) { return HAVE_DPWSSD ? _mm256_add_
 #define PREFETCH_AHEAD 1024
 #define PREFETCH_AHEAD_4BIT 8192
 
-enum fmt { FMT_F32, FMT_BF16, FMT_F16, FMT_A4, FMT_A8, FMT_MX4 };
+/* FMT_A2 .. FMT_A6: affine codes of 2, 3, 5 or 6 bits, packed as MLX
+ * packs them (one LSB-first bit stream a row; GGUF's Q5_0 and Q5_1 are
+ * read into affine 5-bit). */
+enum fmt { FMT_F32, FMT_BF16, FMT_F16, FMT_A4, FMT_A8, FMT_MX4, FMT_A2, FMT_A3, FMT_A5, FMT_A6 };
 
 ALWAYS bool fmt_grouped(int fmt) { return fmt >= FMT_A4; }
+ALWAYS bool fmt_packed(int fmt) { return fmt >= FMT_A2; }
+ALWAYS bool fmt_affine(int fmt) { return fmt == FMT_A4 || fmt == FMT_A8 || fmt_packed(fmt); }
+ALWAYS int packed_bits(int fmt) { return fmt == FMT_A2 ? 2 : fmt == FMT_A3 ? 3 : fmt == FMT_A5 ? 5 : 6; }
+
+/* Packed codes as integers. A code of b bits starting at stream bit i b
+ * lies within the 16 bits from byte i b / 8 on (i b % 8 + b <= 13). */
+#define PK_WIN(B, i) (uint8_t)((i) * (B) / 8), (uint8_t)((i) * (B) / 8 + 1)
+#define PK_WINS(B)                                                                                            \
+    {PK_WIN(B, 0), PK_WIN(B, 1), PK_WIN(B, 2),  PK_WIN(B, 3),  PK_WIN(B, 4),  PK_WIN(B, 5),  PK_WIN(B, 6),  \
+     PK_WIN(B, 7), PK_WIN(B, 8), PK_WIN(B, 9), PK_WIN(B, 10), PK_WIN(B, 11), PK_WIN(B, 12), PK_WIN(B, 13), \
+     PK_WIN(B, 14), PK_WIN(B, 15)}
+/* vpshufb masks: int16 lane i of 16 codes gets the two bytes holding code i */
+static const uint8_t pk_windows[4][32] __attribute__((aligned(32))) = {PK_WINS(2), PK_WINS(3), PK_WINS(5), PK_WINS(6)};
+#if HAVE_ZMM
+#define PK_SHIFT(B, i) (int16_t)((i) * (B) % 8)
+#else  // a left shift by 8 - s as a product, then 8 right
+#define PK_SHIFT(B, i) (int16_t)(1 << (8 - (i) * (B) % 8))
+#endif
+#define PK_SHIFTS(B)                                                                                          \
+    {PK_SHIFT(B, 0), PK_SHIFT(B, 1), PK_SHIFT(B, 2),   PK_SHIFT(B, 3),   PK_SHIFT(B, 4),   PK_SHIFT(B, 5),   \
+     PK_SHIFT(B, 6), PK_SHIFT(B, 7), PK_SHIFT(B, 8),   PK_SHIFT(B, 9),   PK_SHIFT(B, 10),  PK_SHIFT(B, 11),  \
+     PK_SHIFT(B, 12), PK_SHIFT(B, 13), PK_SHIFT(B, 14), PK_SHIFT(B, 15)}
+static const int16_t pk_shifts[4][16] __attribute__((aligned(32))) = {PK_SHIFTS(2), PK_SHIFTS(3), PK_SHIFTS(5), PK_SHIFTS(6)};
+#undef PK_SHIFTS
+#undef PK_SHIFT
+#undef PK_WINS
+#undef PK_WIN
+ALWAYS int packed_index(int bits) { return bits == 2 ? 0 : bits == 3 ? 1 : bits == 5 ? 2 : 3; }
+
+/* 16 codes of `bits` bits from the first 2 bits bytes of v, as int16. */
+ALWAYS __m256i packed16(int bits, __m128i v) {
+    const int i = packed_index(bits);
+    __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(v), _mm256_load_si256((const __m256i *)(const void *)pk_windows[i]));
+    __m256i k = _mm256_load_si256((const __m256i *)(const void *)pk_shifts[i]);
+#if HAVE_ZMM
+    w = _mm256_srlv_epi16(w, k);
+#else
+    w = _mm256_srli_epi16(_mm256_mullo_epi16(w, k), 8);
+#endif
+    return _mm256_and_si256(w, _mm256_set1_epi16((int16_t)((1 << bits) - 1)));
+}
+
+/* The 32 codes (4 bits bytes) at p as two vectors of 16 int16, reading no
+ * byte past them. */
+ALWAYS void packed32(int bits, const uint8_t *p, __m256i *w0, __m256i *w1) {
+    uint32_t u;
+    __m128i lo, hi;
+    switch (bits) {
+    case 2:
+        lo = _mm_loadl_epi64((const __m128i *)(const void *)p);
+        *w0 = packed16(2, lo);
+        *w1 = packed16(2, _mm_srli_si128(lo, 4));
+        return;
+    case 3:
+        memcpy(&u, p + 8, 4);
+        lo = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p), (int)u, 2);
+        *w0 = packed16(3, lo);
+        *w1 = packed16(3, _mm_srli_si128(lo, 6));
+        return;
+    case 5:
+        memcpy(&u, p + 16, 4);
+        lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+        hi = _mm_cvtsi32_si128((int)u);
+        *w0 = packed16(5, lo);
+        *w1 = packed16(5, _mm_alignr_epi8(hi, lo, 10));
+        return;
+    default:
+        lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+        hi = _mm_loadl_epi64((const __m128i *)(const void *)(p + 16));
+        *w0 = packed16(6, lo);
+        *w1 = packed16(6, _mm_alignr_epi8(hi, lo, 12));
+        return;
+    }
+}
 
 ALWAYS float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -196,7 +273,7 @@ ALWAYS float e8m0(uint8_t s) { return sp_bits_f32(s ? (uint32_t)s << 23 : 0x0040
 ALWAYS void group_params(int fmt, int sdt, const uint8_t *sc, const uint8_t *bi, int64_t g, __m256 *s, __m256 *b) {
     if (fmt == FMT_MX4) {
         *s = _mm256_set1_ps(e8m0(sc[g]));
-    } else if (fmt == FMT_A4 || fmt == FMT_A8) {
+    } else if (fmt_affine(fmt)) {
         *s = _mm256_set1_ps(load_scale(sdt, sc, g));
         *b = _mm256_set1_ps(load_scale(sdt, bi, g));
     }
@@ -209,6 +286,16 @@ ALWAYS __m256 decode8(int fmt, const uint8_t *c, int64_t k, __m256 s, __m256 b) 
      * bits 4i..4i+3. Broadcasting the word and shifting lane i right by 4i
      * (vpsrlvd) puts code i at the bottom of lane i. */
     const __m256i shift4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    if (fmt_packed(fmt)) {
+        /* the 8 codes are `bits` bytes: qword j from code 2j on, lane 2j + h code 2j + h */
+        const int bits = packed_bits(fmt);
+        uint64_t u = 0;
+        memcpy(&u, c + k * bits / 8, (size_t)bits);
+        __m256i q = _mm256_srlv_epi64(_mm256_set1_epi64x((long long)u), _mm256_setr_epi64x(0, 2 * bits, 4 * bits, 6 * bits));
+        q = _mm256_srlv_epi32(_mm256_shuffle_epi32(q, 0xa0), _mm256_setr_epi32(0, bits, 0, bits, 0, bits, 0, bits));
+        q = _mm256_and_si256(q, _mm256_set1_epi32((1 << bits) - 1));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s, b);
+    }
     switch (fmt) {
     case FMT_F32:
         return _mm256_loadu_ps((const float *)(const void *)(c + 4 * k));
@@ -246,6 +333,7 @@ ALWAYS __m256 decode8(int fmt, const uint8_t *c, int64_t k, __m256 s, __m256 b) 
 
 /* Byte offset of column k in a row of codes. */
 ALWAYS int64_t code_offset(int fmt, int64_t k) {
+    if (fmt_packed(fmt)) return k * packed_bits(fmt) / 8;  // k a multiple of 8
     switch (fmt) {
     case FMT_F32:
         return 4 * k;
@@ -329,7 +417,7 @@ ALWAYS void fused_rows(const struct sp_qmat *w, int64_t r0, int64_t r1, const fl
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)w->codes + (size_t)r * f.row_bytes;
         const uint8_t *sc = fmt_grouped(fmt) ? (const uint8_t *)w->scales + (size_t)r * f.scale_row_bytes : NULL;
-        const uint8_t *bi = fmt == FMT_A4 || fmt == FMT_A8 ? (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes : NULL;
+        const uint8_t *bi = fmt_affine(fmt) ? (const uint8_t *)w->biases + (size_t)r * f.scale_row_bytes : NULL;
         float tot[4] = {0};
         for (int64_t k0 = 0; k0 < f.cols; k0 += KC) {
             int64_t kn = f.cols - k0 < KC ? f.cols - k0 : KC, k8 = kn & ~(int64_t)7;
@@ -876,6 +964,10 @@ static void q16_prepare(const float *x, int64_t ldx, int64_t n, int64_t cols, in
  * numbers -12..12 by table lookup, in the high byte as quad_codes has
  * them); 1/512 goes into the scale. */
 ALWAYS void q16_codes(int fmt, const uint8_t *c, int64_t b, __m256i *w0, __m256i *w1) {
+    if (fmt_packed(fmt)) {
+        packed32(packed_bits(fmt), c + b * 4 * packed_bits(fmt), w0, w1);
+        return;
+    }
     if (fmt == FMT_A8) {
         *w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32)));
         *w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(c + b * 32 + 16)));
@@ -3097,11 +3189,28 @@ IMPL_QUANT(a8_f32, FMT_A8, SP_DTYPE_F32)
 IMPL_QUANT(a8_bf16, FMT_A8, SP_DTYPE_BF16)
 IMPL_QUANT(a8_f16, FMT_A8, SP_DTYPE_F16)
 IMPL_QUANT4(mx4, FMT_MX4, SP_DTYPE_U8)
+IMPL_QUANT(a2_f32, FMT_A2, SP_DTYPE_F32)
+IMPL_QUANT(a2_bf16, FMT_A2, SP_DTYPE_BF16)
+IMPL_QUANT(a2_f16, FMT_A2, SP_DTYPE_F16)
+IMPL_QUANT(a3_f32, FMT_A3, SP_DTYPE_F32)
+IMPL_QUANT(a3_bf16, FMT_A3, SP_DTYPE_BF16)
+IMPL_QUANT(a3_f16, FMT_A3, SP_DTYPE_F16)
+IMPL_QUANT(a5_f32, FMT_A5, SP_DTYPE_F32)
+IMPL_QUANT(a5_bf16, FMT_A5, SP_DTYPE_BF16)
+IMPL_QUANT(a5_f16, FMT_A5, SP_DTYPE_F16)
+IMPL_QUANT(a6_f32, FMT_A6, SP_DTYPE_F32)
+IMPL_QUANT(a6_bf16, FMT_A6, SP_DTYPE_BF16)
+IMPL_QUANT(a6_f16, FMT_A6, SP_DTYPE_F16)
 
 /* The fast path for w, or NULL when the portable product must serve. */
 static const struct impl *impl_for(const struct sp_qmat *w) {
     const struct impl *const affine4[] = {&impl_a4_f32, &impl_a4_bf16, &impl_a4_f16};
     const struct impl *const affine8[] = {&impl_a8_f32, &impl_a8_bf16, &impl_a8_f16};
+    const struct impl *const packed[4][3] = {{&impl_a2_f32, &impl_a2_bf16, &impl_a2_f16},
+                                             {&impl_a3_f32, &impl_a3_bf16, &impl_a3_f16},
+                                             {&impl_a5_f32, &impl_a5_bf16, &impl_a5_f16},
+                                             {&impl_a6_f32, &impl_a6_bf16, &impl_a6_f16}};
+    bool groups = w->group == 32 || w->group == 64 || w->group == 128;
     int si = w->scale_dtype == SP_DTYPE_F32 ? 0 : w->scale_dtype == SP_DTYPE_BF16 ? 1 : w->scale_dtype == SP_DTYPE_F16 ? 2 : -1;
     switch (w->type) {
     case SP_QTYPE_F32:
@@ -3111,9 +3220,14 @@ static const struct impl *impl_for(const struct sp_qmat *w) {
     case SP_QTYPE_F16:
         return &impl_f16;
     case SP_QTYPE_AFFINE4:
-        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine4[si] : NULL;
+        return si >= 0 && groups ? affine4[si] : NULL;
     case SP_QTYPE_AFFINE8:
-        return si >= 0 && (w->group == 32 || w->group == 64 || w->group == 128) ? affine8[si] : NULL;
+        return si >= 0 && groups ? affine8[si] : NULL;
+    case SP_QTYPE_AFFINE2:
+    case SP_QTYPE_AFFINE3:
+    case SP_QTYPE_AFFINE5:
+    case SP_QTYPE_AFFINE6:
+        return si >= 0 && groups ? packed[packed_index(sp_qtype_traits(w->type)->bits)][si] : NULL;
     case SP_QTYPE_MXFP4:
         return w->group == 32 ? &impl_mx4 : NULL;
     default:
