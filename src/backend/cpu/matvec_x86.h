@@ -597,10 +597,12 @@ ALWAYS __m256i k4_codes(const uint8_t *qs, __m256i qh, bool five, int g) {
 /* Q4_K / Q5_K's 8 6-bit scales (*sc) and mins (*mn) as bytes 0..7
  * (quant/qtype.c's k4_scale_min), from the 12 bytes at b + 4, 4 to a word. */
 ALWAYS void k4_scales_mins(const uint8_t *b, __m128i *sc, __m128i *mn) {
-    uint32_t w[3];
-    memcpy(w, b + 4, 12);
-    uint32_t s_lo = w[0] & 0x3f3f3f3fu, s_hi = (w[2] & 0x0f0f0f0fu) | (w[0] >> 6 & 0x03030303u) << 4;
-    uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = (w[2] >> 4 & 0x0f0f0f0fu) | (w[1] >> 6 & 0x03030303u) << 4;
+    uint32_t w0, w1, w2;  // three words (not an array, which went through the stack)
+    memcpy(&w0, b + 4, 4);
+    memcpy(&w1, b + 8, 4);
+    memcpy(&w2, b + 12, 4);
+    uint32_t s_lo = w0 & 0x3f3f3f3fu, s_hi = (w2 & 0x0f0f0f0fu) | (w0 >> 6 & 0x03030303u) << 4;
+    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = (w2 >> 4 & 0x0f0f0f0fu) | (w1 >> 6 & 0x03030303u) << 4;
     *sc = _mm_setr_epi32((int)s_lo, (int)s_hi, 0, 0);
     *mn = _mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0);
 }
@@ -3504,12 +3506,24 @@ ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
     bq_block_end(s, nt, bq_f16(b), BQ_NO_OFFSETS, 0.0f, _mm256_setzero_si256(), 32);
 }
 
+/* A block format's elements and bytes a block, as constants where T is
+ * (the traits table's values; its loop of prefetches then unrolls). */
+ALWAYS int64_t bq_group(enum sp_qtype T) {
+#define SP_X(e, name, mode, bits, group, biases, block) T == SP_QTYPE_##e ? (group) :
+    return SP_QTYPE_LIST(SP_X) 0;
+#undef SP_X
+}
+ALWAYS int64_t bq_block_bytes(enum sp_qtype T) {
+#define SP_X(e, name, mode, bits, group, biases, block) T == SP_QTYPE_##e ? (block) :
+    return SP_QTYPE_LIST(SP_X) 0;
+#undef SP_X
+}
+
 /* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy];
  * ahead: asking for the bytes PREFETCH_AHEAD_4BIT ahead block by block. */
 ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const struct bq8acts *q, int64_t t0, int nt,
                    bool ahead, float *y, int64_t ldy) {
-    const struct sp_qtype_traits *tr = sp_qtype_traits(T);
-    const int64_t nb = w->cols / tr->group, bb = tr->block_bytes;
+    const int64_t nb = w->cols / bq_group(T), bb = bq_block_bytes(T);
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
     struct bq_toks s;
     for (int t = 0; t < nt; t++) {
@@ -3709,7 +3723,7 @@ ALWAYS int32_t bt_pair(int a, int b) { return (int32_t)((uint32_t)(uint16_t)(int
 
 /* Row r of w into slot i of wk: codes, sub-scales, offsets, d and dmin. */
 ALWAYS void bt_unpack(enum sp_qtype T, const struct sp_qmat *w, int64_t r, int i, const struct bt_work *wk) {
-    const int64_t cols = w->cols, nb = cols / 256, bb = sp_qtype_traits(T)->block_bytes;
+    const int64_t cols = w->cols, nb = cols / 256, bb = bq_block_bytes(T);
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
     uint8_t *ub = wk->ub + i * cols;
     int32_t *ks = wk->ks + i * (cols / 16), *mp = wk->mp + i * (cols / 32);
@@ -3820,7 +3834,7 @@ ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int
  * where VNNI sums in int32) times the n tokens laid out in wk (bt_tokens). */
 ALWAYS void bt_rows(enum sp_qtype T, const struct sp_qmat *w, int64_t r0, int64_t r1, const struct bt_work *wk,
                     int64_t n, float *y, int64_t ldy) {
-    const size_t row_bytes = (size_t)(w->cols / 256) * sp_qtype_traits(T)->block_bytes;
+    const size_t row_bytes = (size_t)(w->cols / 256) * (size_t)bq_block_bytes(T);
     float out[BT_ROWS * BT_TOKENS];
     for (int64_t r = r0; r < r1; r += BT_ROWS) {
         int nr = r1 - r < BT_ROWS ? (int)(r1 - r) : BT_ROWS;
