@@ -305,6 +305,9 @@ static void test_batch_invariance(void **state) {
         {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 256}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 96},
         {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512},
+        /* blocks added eight at a time: an eight and a part, two and a part */
+        {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 2304}, {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 4352},
+        {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 608},
         /* MLX's packed 3, 5 and 6 bits (GGUF's Q5_0 and Q5_1 become affine 5-bit) */
         {SP_QTYPE_AFFINE3, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_AFFINE5, 32, SP_DTYPE_F16, 2880},
         {SP_QTYPE_AFFINE6, 128, SP_DTYPE_F32, 384}};
@@ -495,6 +498,7 @@ static void test_vnni_sets_match_avx2(void **state) {
         {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 256},  {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q5_K, 256, SP_DTYPE_COUNT, 768},  {SP_QTYPE_Q6_K, 256, SP_DTYPE_COUNT, 256},
         {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 160}, {SP_QTYPE_IQ4_XS, 256, SP_DTYPE_COUNT, 512},
+        {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 2304}, {SP_QTYPE_IQ4_NL, 32, SP_DTYPE_COUNT, 608},
         {SP_QTYPE_AFFINE2, 32, SP_DTYPE_BF16, 256}, {SP_QTYPE_AFFINE3, 64, SP_DTYPE_F16, 320},
         {SP_QTYPE_AFFINE5, 32, SP_DTYPE_F16, 2880}, {SP_QTYPE_AFFINE6, 128, SP_DTYPE_F32, 384}};
     for (size_t v = 0; v < sizeof pairs / sizeof *pairs; v++) {

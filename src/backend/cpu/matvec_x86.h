@@ -3364,26 +3364,48 @@ ALWAYS float bq_f16(const uint8_t *p) {
  * by d like the codes (Q3_K, Q6_K: one integer, one product). */
 enum bq_offsets { BQ_NO_OFFSETS, BQ_BY_DMIN, BQ_BY_D };
 
-/* Where a block ends, for each token (a lane): acc += (d dx) S, less (dmin
- * dx) O, S the block's exact int32 sum of codes x sub-scales x activations
- * and O its offsets' (mins x the activations' sums). Both products (by rows
- * and by tokens) end each block with these operations lane for lane, so a
- * token's result has the same bits whichever computes it. */
-#define BQ_BLOCK_END(P, acc, S, O, d, dmin, dx, kind) BQ_BLOCK_END_(P, acc, S, O, d, dmin, dx, kind)
-#define BQ_BLOCK_END_(P, acc, S, O, d, dmin, dx, kind)                                                     \
-    ((kind) == BQ_NO_OFFSETS ? P##_fmadd_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx), acc)               \
-     : (kind) == BQ_BY_D     ? P##_fmadd_ps(P##_cvtepi32_ps(P##_sub_epi32(S, O)), P##_mul_ps(P##_set1_ps(d), dx), acc) \
-                             : P##_fnmadd_ps(P##_cvtepi32_ps(O), P##_mul_ps(P##_set1_ps(dmin), dx),                   \
-                                             P##_fmadd_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx), acc)))
+ALWAYS uint16_t bq_h(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+/* A block's value for each token (a lane): (d dx) S less (dmin dx) O, S
+ * the block's exact int32 sum of codes x sub-scales x activations and O
+ * its offsets' (mins x the activations' sums; formats whose offsets scale
+ * by d take them off S in integers and pass O = 0, dmin = 0). A row's
+ * blocks are added 8 at a time, ((v0 + v1) + (v2 + v3)) + ((v4 + v5) +
+ * (v6 + v7)) with +0 past its last block, and the eights in row order
+ * from 0. Both products (by rows and by tokens) do exactly these
+ * operations, so a token's result has the same bits whichever computes it;
+ * the product by rows of one token holds 8 blocks' integer sums and adds
+ * them up together, where one tree a block cost it a fifth of its
+ * instructions. */
+#define BQ_VALUE(P, S, O, d, dmin, dx) BQ_VALUE_(P, S, O, d, dmin, dx)
+#define BQ_VALUE_(P, S, O, d, dmin, dx)                                                                       \
+    P##_fnmadd_ps(P##_cvtepi32_ps(O), P##_mul_ps(P##_set1_ps(dmin), dx),                                      \
+                  P##_mul_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx)))
+#define BQ_EIGHT(add, v) add(add(add((v)[0], (v)[1]), add((v)[2], (v)[3])), add(add((v)[4], (v)[5]), add((v)[6], (v)[7])))
 
 /* The running state of a row's product for nt <= 4 tokens: their
  * activations at the current block, the block's int32 sums (8 lanes a
  * token) and the float totals (lane t: token t). */
+struct bq_eight {
+    __m256i so[8];  // one token: block j's S and O lanes added in pairs
+    __m128 v[8];    // more tokens: block j's values
+};
 struct bq_toks {
     const int8_t *x[4];
     const int16_t *bs[4];
     const float *dx[4];
     __m256i isum[4];
+    int j;               // blocks of the current eight so far
+    const float *dx8;    // one token: the eight's first scale
+    const uint8_t *b8;   // one token: the eight's first block
+    int64_t bb;          // bytes a block
+    int doff;            // where a block's d is (f16; dmin after it for BQ_BY_DMIN)
+    enum bq_offsets kind;
+    struct bq_eight *e;  // apart, so that the rest stays in registers
     __m128 acc;
 };
 
@@ -3408,42 +3430,94 @@ ALWAYS __m128i bq_hsum4(const __m256i v[4], int nt) {
     return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
 }
 
-/* A block ends (BQ_BLOCK_END), m the block's 16 int16 offsets (one a 16
- * of columns); the next block's state. Offsets scaled by d are taken off
- * before the lanes are added up (the same integer); one token adds its
- * sums and offsets in one tree. */
-ALWAYS void bq_block_end(struct bq_toks *s, int nt, float d, enum bq_offsets kind, float dmin, __m256i m,
+/* The eight (or the row's last blocks) ends: acc += its sum (BQ_VALUE). */
+ALWAYS void bq_eight_end(struct bq_toks *s, int nt) {
+    struct bq_eight *e = s->e;
+    const int n = s->j;
+    if (nt == 1) {
+        uint32_t w[8];  // d and dmin of each block, read again from the blocks
+        for (int k = 0; k < 8; k++) {
+            w[k] = 0;
+            if (k >= n)
+                e->so[k] = _mm256_setzero_si256();
+            else if (s->kind == BQ_BY_DMIN)
+                memcpy(&w[k], s->b8 + k * s->bb + s->doff, 4);
+            else
+                w[k] = bq_h(s->b8 + k * s->bb + s->doff);
+        }
+        /* lanes S0 O0 S1 O1 | S2 O2 S3 O3 (X) and blocks 4-7 (Y), exact */
+        __m256i a0 = _mm256_hadd_epi32(e->so[0], e->so[1]), a1 = _mm256_hadd_epi32(e->so[2], e->so[3]);
+        __m256i a2 = _mm256_hadd_epi32(e->so[4], e->so[5]), a3 = _mm256_hadd_epi32(e->so[6], e->so[7]);
+        __m256 fx = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(a0, a1, 0x20), _mm256_permute2x128_si256(a0, a1, 0x31)));
+        __m256 fy = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(a2, a3, 0x20), _mm256_permute2x128_si256(a2, a3, 0x31)));
+        __m256i dd = _mm256_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3], (int)w[4], (int)w[5], (int)w[6], (int)w[7]);
+        __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 dx = _mm256_maskload_ps(s->dx8, keep);  // 0 past the row's blocks
+        /* (d dx, dmin dx) a block, in the lanes of its S and O */
+        __m256 px = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(dd)),
+                                  _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)));
+        __m256 py = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1)),
+                                  _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)));
+        /* odd lanes: block values v0 .. v3 (vx), v4 .. v7 (vy) */
+        __m256 vx = _mm256_fnmadd_ps(fx, px, _mm256_moveldup_ps(_mm256_mul_ps(fx, px)));
+        __m256 vy = _mm256_fnmadd_ps(fy, py, _mm256_moveldup_ps(_mm256_mul_ps(fy, py)));
+        vx = _mm256_add_ps(vx, _mm256_shuffle_ps(vx, vx, 0x4e));  // lane 1: v0 + v1, lane 5: v2 + v3
+        vy = _mm256_add_ps(vy, _mm256_shuffle_ps(vy, vy, 0x4e));
+        __m256 q = _mm256_add_ps(_mm256_permute2f128_ps(vx, vy, 0x20), _mm256_permute2f128_ps(vx, vy, 0x31));
+        __m128 g = _mm_add_ss(_mm_movehdup_ps(_mm256_castps256_ps128(q)), _mm_movehdup_ps(_mm256_extractf128_ps(q, 1)));
+        s->acc = _mm_add_ss(s->acc, g);
+    } else {
+        for (int k = n; k < 8; k++) e->v[k] = _mm_setzero_ps();
+        s->acc = _mm_add_ps(s->acc, BQ_EIGHT(_mm_add_ps, e->v));
+    }
+    s->j = 0;
+    s->dx8 = s->dx[0];
+    s->b8 += 8 * s->bb;
+}
+
+/* A block ends, m its 16 int16 offsets (one a 16 of columns), dh and mh
+ * its d and dmin (f16 bits): its value (BQ_VALUE) kept for its eight, and
+ * the next block's state. */
+ALWAYS void bq_block_end(struct bq_toks *s, int nt, uint16_t dh, enum bq_offsets kind, uint16_t mh, __m256i m,
                          int64_t elems) {
     __m256i o[4];
     BQ_UNROLL for (int t = 0; t < nt; t++) {
         o[t] = kind == BQ_NO_OFFSETS ? _mm256_setzero_si256() : _mm256_madd_epi16(m, bq_load(s->bs[t]));
-        if (kind == BQ_BY_D) s->isum[t] = _mm256_sub_epi32(s->isum[t], o[t]);
+        if (kind != BQ_BY_DMIN) {
+            s->isum[t] = _mm256_sub_epi32(s->isum[t], o[t]);
+            o[t] = _mm256_setzero_si256();
+        }
     }
-    __m128i S, O = _mm_setzero_si128();
-    __m128 dx;
-    if (nt == 1) {
-        dx = _mm_set_ss(*s->dx[0]);
-        __m256i h = kind == BQ_BY_DMIN ? _mm256_hadd_epi32(s->isum[0], o[0]) : s->isum[0];
-        __m128i l = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        if (kind == BQ_BY_DMIN) {  // l: two partial sums of S, then two of O
-            S = _mm_hadd_epi32(l, l);
-            O = _mm_shuffle_epi32(S, 0x55);
-        } else {
+    struct bq_eight *e = s->e;
+    if (elems == 32) {
+        /* IQ4_NL's blocks of 32, which only this product takes: each added
+         * as it ends (an eight's bookkeeping cost more than it saved) */
+        __m128 dx = _mm_setr_ps(*s->dx[0], nt > 1 ? *s->dx[1] : 0.0f, nt > 2 ? *s->dx[2] : 0.0f, nt > 3 ? *s->dx[3] : 0.0f);
+        __m128i S;
+        if (nt == 1) {
+            __m128i l = _mm_add_epi32(_mm256_castsi256_si128(s->isum[0]), _mm256_extracti128_si256(s->isum[0], 1));
             l = _mm_add_epi32(l, _mm_shuffle_epi32(l, 0x4e));
             S = _mm_add_epi32(l, _mm_shuffle_epi32(l, 0xb1));
+        } else {
+            S = bq_hsum4(s->isum, nt);
         }
+        __m128 d = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
+        s->acc = _mm_fmadd_ps(_mm_cvtepi32_ps(S), _mm_mul_ps(d, dx), s->acc);
+    } else if (nt == 1) {
+        e->so[s->j] = _mm256_hadd_epi32(s->isum[0], o[0]);
     } else {
-        dx = _mm_setr_ps(*s->dx[0], *s->dx[1], nt > 2 ? *s->dx[2] : 0.0f, nt > 3 ? *s->dx[3] : 0.0f);
-        S = bq_hsum4(s->isum, nt);
-        if (kind == BQ_BY_DMIN) O = bq_hsum4(o, nt);
+        __m128 dx = _mm_setr_ps(*s->dx[0], *s->dx[1], nt > 2 ? *s->dx[2] : 0.0f, nt > 3 ? *s->dx[3] : 0.0f);
+        __m128i S = bq_hsum4(s->isum, nt), O = kind == BQ_BY_DMIN ? bq_hsum4(o, nt) : _mm_setzero_si128();
+        __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)dh, kind == BQ_BY_DMIN ? (short)mh : 0, 0, 0, 0, 0, 0, 0));
+        e->v[s->j] = BQ_VALUE(_mm, S, O, _mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), dx);
     }
-    s->acc = BQ_BLOCK_END(_mm, s->acc, S, O, d, dmin, dx, kind);
     BQ_UNROLL for (int t = 0; t < nt; t++) {
         s->isum[t] = _mm256_setzero_si256();
         s->x[t] += elems;
         s->bs[t] += elems / 16;
         s->dx[t] += 1;
     }
+    if (elems != 32 && ++s->j == 8) bq_eight_end(s, nt);
 }
 
 /* One block of each format (b its bytes) into s for nt tokens. */
@@ -3455,7 +3529,7 @@ ALWAYS void bq_q4_k(const uint8_t *b, bool five, struct bq_toks *s, int nt) {
     __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (five ? 48 : 16);
     BQ_UNROLL for (int g = 0; g < 8; g++) bq_chunk(s, nt, k4_codes(qs, qh, five, g), bq_scales(sc, bq_same[g]), 32 * g);
-    bq_block_end(s, nt, bq_f16(b), BQ_BY_DMIN, bq_f16(b + 2), m, 256);
+    bq_block_end(s, nt, bq_h(b), BQ_BY_DMIN, bq_h(b + 2), m, 256);
 }
 
 ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
@@ -3467,8 +3541,7 @@ ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
         q6_k_codes(b, h, q);
         BQ_UNROLL for (int k = 0; k < 4; k++) bq_chunk(s, nt, q[k], bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
     }
-    float d = bq_f16(b + 208);
-    bq_block_end(s, nt, d, BQ_BY_D, d, m, 256);
+    bq_block_end(s, nt, bq_h(b + 208), BQ_BY_D, bq_h(b + 208), m, 256);
 }
 
 ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) {
@@ -3490,20 +3563,20 @@ ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) 
             bq_chunk(s, nt, u, bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
         }
     }
-    float d = bq_f16(b + (three ? 108 : 80));
-    bq_block_end(s, nt, d, three ? BQ_BY_D : BQ_BY_DMIN, three ? d : bq_f16(b + 82), m, 256);
+    uint16_t d = bq_h(b + (three ? 108 : 80));
+    bq_block_end(s, nt, d, three ? BQ_BY_D : BQ_BY_DMIN, three ? d : bq_h(b + 82), m, 256);
 }
 
 ALWAYS void bq_iq4_xs(const uint8_t *b, struct bq_toks *s, int nt) {
     __m256i sc = bq_i16x2(iq4_xs_scales(b), true);
     BQ_UNROLL for (int i = 0; i < 8; i++)
         bq_chunk_signed(s, nt, iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
-    bq_block_end(s, nt, bq_f16(b), BQ_NO_OFFSETS, 0.0f, _mm256_setzero_si256(), 256);
+    bq_block_end(s, nt, bq_h(b), BQ_NO_OFFSETS, bq_h(b), _mm256_setzero_si256(), 256);
 }
 
 ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
     bq_chunk_signed(s, nt, iq4_values(b + 2), _mm256_set1_epi16(1), 0);
-    bq_block_end(s, nt, bq_f16(b), BQ_NO_OFFSETS, 0.0f, _mm256_setzero_si256(), 32);
+    bq_block_end(s, nt, bq_h(b), BQ_NO_OFFSETS, bq_h(b), _mm256_setzero_si256(), 32);
 }
 
 /* A block format's elements and bytes a block, as constants where T is
@@ -3519,6 +3592,14 @@ ALWAYS int64_t bq_block_bytes(enum sp_qtype T) {
 #undef SP_X
 }
 
+/* Where a block keeps d (and dmin after it), and how its offsets scale. */
+ALWAYS int bq_d_at(enum sp_qtype T) { return T == SP_QTYPE_Q6_K ? 208 : T == SP_QTYPE_Q3_K ? 108 : T == SP_QTYPE_Q2_K ? 80 : 0; }
+ALWAYS enum bq_offsets bq_kind(enum sp_qtype T) {
+    return T == SP_QTYPE_Q6_K || T == SP_QTYPE_Q3_K                                ? BQ_BY_D
+           : T == SP_QTYPE_IQ4_XS || T == SP_QTYPE_IQ4_NL                          ? BQ_NO_OFFSETS
+                                                                                   : BQ_BY_DMIN;
+}
+
 /* Row r of w (format T) times nt tokens of q from token t0, into y[t * ldy];
  * ahead: asking for the bytes PREFETCH_AHEAD_4BIT ahead block by block. */
 ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const struct bq8acts *q, int64_t t0, int nt,
@@ -3526,12 +3607,20 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
     const int64_t nb = w->cols / bq_group(T), bb = bq_block_bytes(T);
     const uint8_t *b = (const uint8_t *)w->codes + (size_t)r * (size_t)(nb * bb);
     struct bq_toks s;
+    struct bq_eight eight;
+    s.e = &eight;
     for (int t = 0; t < nt; t++) {
         s.x[t] = q->xq + (t0 + t) * q->cols;
         s.bs[t] = q->bs + (t0 + t) * (q->cols / 16);
         s.dx[t] = q->dx + (t0 + t) * (q->cols / q->unit);
         s.isum[t] = _mm256_setzero_si256();
     }
+    s.j = 0;
+    s.dx8 = s.dx[0];
+    s.b8 = b;
+    s.bb = bb;
+    s.doff = bq_d_at(T);
+    s.kind = bq_kind(T);
     s.acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += bb) {
         if (ahead)
@@ -3547,6 +3636,7 @@ ALWAYS void bq_row(enum sp_qtype T, const struct sp_qmat *w, int64_t r, const st
         default: break;
         }
     }
+    if (s.j) bq_eight_end(&s, nt);
     float out[4];
     _mm_storeu_ps(out, s.acc);
     for (int t = 0; t < nt; t++) y[t * ldy] = out[t];
@@ -3615,8 +3705,8 @@ static bq_rows_fn bq_rows_for(enum sp_qtype t) {
  * or vpmaddubsw into int16 on AVX2, widened before a sum could overflow).
  * Each 16 or 32 columns' sums are multiplied by their sub-scale in int32,
  * the offsets come from the activations' sums a 16 (vpmaddwd by pairs of
- * offsets), and each block ends with BQ_BLOCK_END as in the product by
- * rows: a token's result has the same bits either way. */
+ * offsets), and each block's value (BQ_VALUE) is added 8 at a time as in
+ * the product by rows: a token's result has the same bits either way. */
 #if HAVE_ZMM
 #define BT_TOKENS 16
 #define BT_P _mm512
@@ -3801,7 +3891,7 @@ ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int
     const int8_t *xt = wk->xt + tb * cols * BT_TOKENS;
     const int32_t *bst = wk->bst + tb * (cols / 32) * BT_TOKENS;
     const float *dxt = wk->dxt + tb * nb * BT_TOKENS;
-    bt_f acc[BT_ROWS];
+    bt_f acc[BT_ROWS], v[BT_ROWS][8];
     BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) acc[i] = bt_zerof();
     for (int64_t j = 0; j < nb; j++) {
         bt_i S[BT_ROWS], O[BT_ROWS];
@@ -3824,8 +3914,18 @@ ALWAYS void bt_pass(enum sp_qtype T, const struct bt_work *wk, int64_t cols, int
             BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) O[i] = bt_add(O[i], bt_madd(bt_bcast(wk->mp + i * (cols / 32) + j * 8 + p), xs));
         }
         bt_f dx = bt_loadf(dxt + j * BT_TOKENS);
-        BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++)
-            acc[i] = BQ_BLOCK_END(BT_P, acc[i], S[i], O[i], wk->d[i * nb + j], wk->dm[i * nb + j], dx, kind);
+        BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) {
+            if (kind != BQ_BY_DMIN) {
+                S[i] = BT_OP(_sub_epi32)(S[i], O[i]);
+                O[i] = bt_zero();
+            }
+            v[i][j % 8] = BQ_VALUE(BT_P, S[i], O[i], wk->d[i * nb + j], kind == BQ_BY_DMIN ? wk->dm[i * nb + j] : 0.0f, dx);
+        }
+        if (j % 8 == 7 || j == nb - 1)
+            BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) {
+                for (int64_t k = j % 8 + 1; k < 8; k++) v[i][k] = bt_zerof();
+                acc[i] = BT_OP(_add_ps)(acc[i], BQ_EIGHT(BT_OP(_add_ps), v[i]));
+            }
     }
     BT_EACH_ROW for (int i = 0; i < BT_ROWS; i++) bt_storef(out + i * BT_TOKENS, acc[i]);
 }
