@@ -3475,11 +3475,11 @@ ALWAYS void bq_eight_end(struct bq_toks *s, int nt) {
     s->b8 += 8 * s->bb;
 }
 
-/* A block ends, m its 16 int16 offsets (one a 16 of columns), dh and mh
- * its d and dmin (f16 bits): its value (BQ_VALUE) kept for its eight, and
- * the next block's state. */
-ALWAYS void bq_block_end(struct bq_toks *s, int nt, uint16_t dh, enum bq_offsets kind, uint16_t mh, __m256i m,
-                         int64_t elems) {
+/* Block b ends, m its 16 int16 offsets (one a 16 of columns): its value
+ * (BQ_VALUE) kept for its eight, and the next block's state. */
+ALWAYS void bq_block_end(struct bq_toks *s, int nt, const uint8_t *b, __m256i m, int64_t elems) {
+    const enum bq_offsets kind = s->kind;
+    const uint16_t dh = bq_h(b + s->doff), mh = kind == BQ_BY_DMIN ? bq_h(b + s->doff + 2) : 0;
     __m256i o[4];
     BQ_UNROLL for (int t = 0; t < nt; t++) {
         o[t] = kind == BQ_NO_OFFSETS ? _mm256_setzero_si256() : _mm256_madd_epi16(m, bq_load(s->bs[t]));
@@ -3508,7 +3508,7 @@ ALWAYS void bq_block_end(struct bq_toks *s, int nt, uint16_t dh, enum bq_offsets
     } else {
         __m128 dx = _mm_setr_ps(*s->dx[0], *s->dx[1], nt > 2 ? *s->dx[2] : 0.0f, nt > 3 ? *s->dx[3] : 0.0f);
         __m128i S = bq_hsum4(s->isum, nt), O = kind == BQ_BY_DMIN ? bq_hsum4(o, nt) : _mm_setzero_si128();
-        __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)dh, kind == BQ_BY_DMIN ? (short)mh : 0, 0, 0, 0, 0, 0, 0));
+        __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)dh, (short)mh, 0, 0, 0, 0, 0, 0));
         e->v[s->j] = BQ_VALUE(_mm, S, O, _mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), dx);
     }
     BQ_UNROLL for (int t = 0; t < nt; t++) {
@@ -3529,7 +3529,7 @@ ALWAYS void bq_q4_k(const uint8_t *b, bool five, struct bq_toks *s, int nt) {
     __m256i qh = five ? bq_load(b + 16) : _mm256_setzero_si256();
     const uint8_t *qs = b + (five ? 48 : 16);
     BQ_UNROLL for (int g = 0; g < 8; g++) bq_chunk(s, nt, k4_codes(qs, qh, five, g), bq_scales(sc, bq_same[g]), 32 * g);
-    bq_block_end(s, nt, bq_h(b), BQ_BY_DMIN, bq_h(b + 2), m, 256);
+    bq_block_end(s, nt, b, m, 256);
 }
 
 ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
@@ -3541,7 +3541,7 @@ ALWAYS void bq_q6_k(const uint8_t *b, struct bq_toks *s, int nt) {
         q6_k_codes(b, h, q);
         BQ_UNROLL for (int k = 0; k < 4; k++) bq_chunk(s, nt, q[k], bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
     }
-    bq_block_end(s, nt, bq_h(b + 208), BQ_BY_D, bq_h(b + 208), m, 256);
+    bq_block_end(s, nt, b, m, 256);
 }
 
 ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) {
@@ -3563,20 +3563,19 @@ ALWAYS void bq_q2_q3_k(const uint8_t *b, bool three, struct bq_toks *s, int nt) 
             bq_chunk(s, nt, u, bq_scales(sc[h], bq_pair[k]), 128 * h + 32 * k);
         }
     }
-    uint16_t d = bq_h(b + (three ? 108 : 80));
-    bq_block_end(s, nt, d, three ? BQ_BY_D : BQ_BY_DMIN, three ? d : bq_h(b + 82), m, 256);
+    bq_block_end(s, nt, b, m, 256);
 }
 
 ALWAYS void bq_iq4_xs(const uint8_t *b, struct bq_toks *s, int nt) {
     __m256i sc = bq_i16x2(iq4_xs_scales(b), true);
     BQ_UNROLL for (int i = 0; i < 8; i++)
         bq_chunk_signed(s, nt, iq4_values(b + 8 + 16 * i), bq_scales(sc, bq_same[i]), 32 * i);
-    bq_block_end(s, nt, bq_h(b), BQ_NO_OFFSETS, bq_h(b), _mm256_setzero_si256(), 256);
+    bq_block_end(s, nt, b, _mm256_setzero_si256(), 256);
 }
 
 ALWAYS void bq_iq4_nl(const uint8_t *b, struct bq_toks *s, int nt) {
     bq_chunk_signed(s, nt, iq4_values(b + 2), _mm256_set1_epi16(1), 0);
-    bq_block_end(s, nt, bq_h(b), BQ_NO_OFFSETS, bq_h(b), _mm256_setzero_si256(), 32);
+    bq_block_end(s, nt, b, _mm256_setzero_si256(), 32);
 }
 
 /* A block format's elements and bytes a block, as constants where T is
