@@ -3387,13 +3387,14 @@ ALWAYS uint16_t bq_h(const uint8_t *p) {
                   P##_mul_ps(P##_cvtepi32_ps(S), P##_mul_ps(P##_set1_ps(d), dx)))
 #define BQ_EIGHT(add, v) add(add(add((v)[0], (v)[1]), add((v)[2], (v)[3])), add(add((v)[4], (v)[5]), add((v)[6], (v)[7])))
 
-/* The running state of a row's product for nt <= 4 tokens: their
- * activations at the current block, the block's int32 sums (8 lanes a
- * token) and the float totals (lane t: token t). */
+/* What an eight of blocks keeps until it ends (bq_eight_end). */
 struct bq_eight {
     __m256i so[8];  // one token: block j's S and O lanes added in pairs
     __m128 v[8];    // more tokens: block j's values
 };
+/* The running state of a row's product for nt <= 4 tokens: their
+ * activations at the current block, the block's int32 sums (8 lanes a
+ * token), the current eight and the float totals (lane t: token t). */
 struct bq_toks {
     const int8_t *x[4];
     const int16_t *bs[4];
