@@ -664,16 +664,16 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-/* One row's scale and bias of chunk c with int8 activations (cpg chunks
- * a group): affine its group's, mxfp4 half its power of two (codes are
- * twice their values) and no bias. */
+/* One row's scale and bias of group g with int8 activations: affine its
+ * group's, mxfp4 half its power of two (codes are twice their values) and
+ * no bias. */
 template <int K, int SDT>
-__device__ __forceinline__ void chunk_scale(const vrow &rw, uint32_t c, uint32_t cpg, float &s, float &b) {
+__device__ __forceinline__ void group_scale(const vrow &rw, uint32_t g, float &s, float &b) {
     if constexpr (K == K_AFFINE) {
-        s = ldf<SDT>(rw.s, c / cpg);
-        b = ldf<SDT>(rw.b, c / cpg);
+        s = ldf<SDT>(rw.s, g);
+        b = ldf<SDT>(rw.b, g);
     } else {
-        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[c / cpg])));
+        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[g])));
         b = 0.0f;
     }
 }
@@ -695,7 +695,7 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
 #pragma unroll
         for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
 #pragma unroll
-        for (int r = 0; r < VR; r++) chunk_scale<K, SDT>(rw[r], c, cpg, s[r], b[r]);
+        for (int r = 0; r < VR; r++) group_scale<K, SDT>(rw[r], c / cpg, s[r], b[r]);
         int32_t wv[VR][8];
 #pragma unroll
         for (int r = 0; r < VR; r++) qdecode<K>(q[r], wv[r]);
@@ -1045,21 +1045,32 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     int t = threadIdx.x, lane = t % WARP, wid = t / WARP, g = lane >> 2, tq = lane & 3;
     uint32_t kb_n = ((chunks + STEP - 1) / STEP + MMA_KS - 1) / MMA_KS;  // stages a group of classes
     int stages = (int)(W * 8 * kb_n);
-    /* stage s: vector warp v, leaf group G, chains' chunks kb MMA_KS ..; its slot k * 4 + j is chunk
-     * 32 v + brev5(2 G) + {0, 1, 16, 17}[j] + STEP (kb MMA_KS + k) */
-    auto first_of = [&](int s) -> uint32_t {  // slot 0's chunk
-        uint32_t v = (uint32_t)s / (8 * kb_n), grp = (uint32_t)s / kb_n % 8, kb = (uint32_t)s % kb_n;
-        return 32 * v + (__brev(2 * grp) >> 27) + STEP * kb * MMA_KS;
+    /* stage (v, grp, kb), the stages in that order: vector warp v, leaf group grp, chains' chunks
+     * kb MMA_KS ..; its slot k * 4 + j is chunk 32 v + brev5(2 grp) + {0, 1, 16, 17}[j] + STEP (kb
+     * MMA_KS + k). Stepped through, not divided out: the loop's integer work is its overhead. */
+    struct spos {
+        uint32_t v, grp, kb;
+    };
+    auto first_at = [&](const spos &p) { return 32 * p.v + (__brev(2 * p.grp) >> 27) + STEP * p.kb * MMA_KS; };
+    auto advance = [&](spos &p) {
+        if (++p.kb < kb_n) return;
+        p.kb = 0;
+        if (++p.grp < 8) return;
+        p.grp = 0;
+        p.v++;
     };
     auto chunk_of = [&](uint32_t first, int k, int j) { return first + (j & 1) + 16 * (j >> 1) + STEP * k; };
+    int gsh = __ffs((int)cpg) - 1;  // chunks a group: 1, 2 or 4 (groups of 32, 64, 128)
+    bool gpow2 = (cpg & (cpg - 1)) == 0;
     /* loads: thread t the codes and scales of row t / 2's chains' chunk t % 2, and token t / 8's slot t % 8 */
     int lr = t >> 1, lk = t & 1, lu = t >> 3, ls = t & 7;
     vrow mine = row_of(lr);
+    const int8_t *xrow = a.q + (lu < nt ? lu : 0) * a.ldq;  // token lu's int8 row and block sums
+    const float2 *drow = a.d + (lu < nt ? lu : 0) * a.ldd;
     auto stage_at = [&](int s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
-    auto issue = [&](int s) {
+    auto issue = [&](int s, uint32_t first) {
         if (s < stages) {
             char *base = stage_at(s);
-            uint32_t first = first_of(s);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 uint32_t c = chunk_of(first, lk, j);
@@ -1067,22 +1078,21 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
             }
             uint32_t c = chunk_of(first, ls >> 2, ls & 3);
             if (c < chunks && lu < nt) {
-                const int8_t *xq = a.q + lu * a.ldq + 32 * (int64_t)c;
+                const int8_t *xq = xrow + 32 * c;
                 char *xs = base + Z::W + lu * MMA_X_LD + ls * 32;
                 cp_async16(xs, xq);
                 cp_async16(xs + 16, xq + 16);
-                cp_async8(base + Z::W + Z::X + (lu * MMA_SLOTS + ls) * 8, a.d + lu * a.ldd + c);
+                cp_async8(base + Z::W + Z::X + (ls * MMA_TOKENS + lu) * 8, drow + c);
             }
         }
         cp_async_commit();
     };
-    auto scales_load = [&](int s, float (&sv)[4][2]) {
-        uint32_t first = first_of(s);
+    auto scales_load = [&](uint32_t first, float (&sv)[4][2]) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             uint32_t c = chunk_of(first, lk, j);
             sv[j][0] = sv[j][1] = 0.0f;
-            if (c < chunks) chunk_scale<K, SDT>(mine, c, cpg, sv[j][0], sv[j][1]);
+            if (c < chunks) group_scale<K, SDT>(mine, gpow2 ? c >> gsh : c / cpg, sv[j][0], sv[j][1]);
         }
     };
     auto scales_store = [&](int s, const float (&sv)[4][2]) {
@@ -1094,13 +1104,15 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
             else reinterpret_cast<float *>(sb)[e] = sv[j][0];
         }
     };
-    for (int s = 0; s < MMA_STAGES - 1; s++) {
+    spos cur = {0, 0, 0}, ah = {0, 0, 0};  // the stage computed, the stage loaded
+    for (int s = 0; s < MMA_STAGES - 1; s++, advance(ah)) {
+        uint32_t first = first_at(ah);
         if (s < stages) {
             float sv[4][2];
-            scales_load(s, sv);
+            scales_load(first, sv);
             scales_store(s, sv);
         }
-        issue(s);
+        issue(s, first);
     }
     int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
     int rlo = 16 * wid + g, rhi = rlo + 8;
@@ -1114,13 +1126,15 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     for (int s = 0; s < stages; s++) {
         float sv[4][2];
         bool ahead = s + MMA_STAGES - 1 < stages;
-        if (ahead) scales_load(s + MMA_STAGES - 1, sv);
+        uint32_t first_ah = first_at(ah);
+        if (ahead) scales_load(first_ah, sv);
         cp_async_wait<MMA_STAGES - 2>();
         __syncthreads();
-        issue(s + MMA_STAGES - 1);
+        issue(s + MMA_STAGES - 1, first_ah);
+        advance(ah);
         const char *base = stage_at(s);
         const char *ws = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
-        uint32_t first = first_of(s);
+        uint32_t first = first_at(cur);
 #pragma unroll
         for (int k = 0; k < MMA_KS; k++)
 #pragma unroll
@@ -1145,18 +1159,21 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
                     const uint32_t *xp = reinterpret_cast<const uint32_t *>(xs + (n * 8 + g) * MMA_X_LD + sl * 32);
                     int32_t cc[4];
                     mma_s8(cc, af, xp[tq], xp[4 + tq]);
+                    float4 dd = reinterpret_cast<const float4 *>(ds)[(sl * MMA_TOKENS + n * 8 + 2 * tq) / 2];
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float2 d = reinterpret_cast<const float2 *>(ds)[(n * 8 + 2 * tq + (e & 1)) * MMA_SLOTS + sl];
+                        float dx = e & 1 ? dd.z : dd.x, dy = e & 1 ? dd.w : dd.y;
                         float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
-                        float v = AFF ? fmaf(bc, d.y, acc[j][n][e]) : acc[j][n][e];
-                        acc[j][n][e] = fmaf((float)cc[e], __fmul_rn(sc, d.x), v);
+                        float v = AFF ? fmaf(bc, dy, acc[j][n][e]) : acc[j][n][e];
+                        acc[j][n][e] = fmaf((float)cc[e], __fmul_rn(sc, dx), v);
                     }
                 }
             }
         if (ahead) scales_store(s + MMA_STAGES - 1, sv);
-        uint32_t kb = (uint32_t)s % kb_n, grp = (uint32_t)s / kb_n % 8, v = (uint32_t)s / (8 * kb_n);
-        if (kb + 1 < kb_n) continue;
+        spos at = cur;
+        advance(cur);
+        uint32_t grp = at.grp, v = at.v;
+        if (at.kb + 1 < kb_n) continue;
         /* the group's leaves end: leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16, then pushed */
         float pl[2][4], pr[2][4];
 #pragma unroll
