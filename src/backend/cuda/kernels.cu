@@ -581,34 +581,78 @@ __device__ __forceinline__ vrow vrow_of(const void *codes, const void *scales, c
     return v;
 }
 
+/* One chunk of VR rows as loaded: the codes, and each row's group scale
+ * and bias (affine; mxfp4 its power of two, no bias; floats neither). */
+struct vchunk {
+    uint4 q[VR];
+    float s[VR], b[VR];
+};
+
+template <int K, int SDT>
+__device__ __forceinline__ void vload(const vrow (&rw)[VR], uint32_t c, uint32_t cpg, vchunk &o) {
+#pragma unroll
+    for (int r = 0; r < VR; r++) o.q[r] = __ldg(rw[r].q + c);
+#pragma unroll
+    for (int r = 0; r < VR; r++) {
+        o.s[r] = o.b[r] = 0.0f;
+        if constexpr (K == K_AFFINE) {
+            uint32_t g = c / cpg;
+            o.s[r] = ldf<SDT>(rw[r].s, g);
+            o.b[r] = ldf<SDT>(rw[r].b, g);
+        } else if constexpr (K == K_MXFP4) {
+            o.s[r] = e8m0(static_cast<uint8_t>(rw[r].s[c / cpg]));
+        }
+    }
+}
+
+/* A lane's first PRE chunks (first, first + step, ...), loaded before the
+ * kernel waits for the one before it: weights depend on no earlier
+ * kernel, so a short row's product has its codes at hand when its
+ * activations come (one chunk a lane is the whole row of the attention
+ * products split over a block, and of a 1024-column down). */
+constexpr int PRE = 1;
+struct vpre {
+    vchunk c[PRE];
+};
+
+template <int K, int SDT>
+__device__ __forceinline__ void vpreload(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, uint32_t first,
+                                         uint32_t step, vpre &p) {
+#pragma unroll
+    for (int k = 0; k < PRE; k++)
+        if (first + k * step < chunks) vload<K, SDT>(rw, first + k * step, cpg, p.c[k]);
+}
+
+/* Runs body(chunk, c) over a lane's chunks in order: the preloaded ones,
+ * then the rest loaded as they come. */
+template <int K, int SDT, class F>
+__device__ __forceinline__ void vchunks(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, uint32_t first,
+                                        uint32_t step, const vpre &p, F &&body) {
+#pragma unroll
+    for (int k = 0; k < PRE; k++)
+        if (first + k * step < chunks) body(p.c[k], first + k * step);
+#pragma unroll 2
+    for (uint32_t c = first + PRE * step; c < chunks; c += step) {
+        vchunk ch;
+        vload<K, SDT>(rw, c, cpg, ch);
+        body(ch, c);
+    }
+}
+
 /* acc[r][t] += row r . token t's activations over `chunks` chunks, the
  * lane's share (chunks first, first + step, ...: the lane's own, and with
  * several warps on the rows, its warp's), summed over the warp; cpg:
- * chunks per group. */
+ * chunks per group; p: the lane's preloaded chunks (vpreload). */
 template <int K, int BITS, int SDT, int NT>
 __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const facts &a, int nt,
-                                     uint32_t first, uint32_t step, float (&acc)[VR][NT]) {
+                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT]) {
     constexpr int EC = vec_elems<K, BITS>(), UPC = EC / 8;
     const float *x = a.x;
     int64_t ldx = a.ld;
     bool xvec = a.vec;
-#pragma unroll 2
-    for (uint32_t c = first; c < chunks; c += step) {
-        uint4 q[VR];
-        float s[VR], b[VR];
-#pragma unroll
-        for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
-#pragma unroll
-        for (int r = 0; r < VR; r++) {
-            s[r] = b[r] = 0.0f;
-            if constexpr (K == K_AFFINE) {
-                uint32_t g = c / cpg;
-                s[r] = ldf<SDT>(rw[r].s, g);
-                b[r] = ldf<SDT>(rw[r].b, g);
-            } else if constexpr (K == K_MXFP4) {
-                s[r] = e8m0(static_cast<uint8_t>(rw[r].s[c / cpg]));
-            }
-        }
+    vchunks<K, SDT>(rw, chunks, cpg, first, step, p, [&](const vchunk &ch, uint32_t c) {
+        const uint4 *q = ch.q;
+        const float *s = ch.s, *b = ch.b;
         /* mxfp4: twice each code's value, a whole number, by byte permutes
          * (mx2_unit); the chunk (in one group) summed apart, then scaled by
          * its power of two, halved */
@@ -657,7 +701,7 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
 #pragma unroll
                 for (int t = 0; t < NT; t++) acc[r][t] = fmaf(part[r][t], __fmul_rn(0.5f, s[r]), acc[r][t]);
         }
-    }
+    });
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
@@ -686,19 +730,18 @@ __device__ __forceinline__ void group_scale(const vrow &rw, uint32_t g, float &s
  * Integer sums are exact, so a token's result is the same in any batch. */
 template <int K, int BITS, int SDT, int NT>
 __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const qacts &a, int nt,
-                                     uint32_t first, uint32_t step, float (&acc)[VR][NT]) {
+                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT]) {
     static_assert(K == K_MXFP4 || (K == K_AFFINE && BITS == 4), "int8 activations: 4-bit codes only");
-#pragma unroll 2
-    for (uint32_t c = first; c < chunks; c += step) {
-        uint4 q[VR];
+    vchunks<K, SDT>(rw, chunks, cpg, first, step, p, [&](const vchunk &ch, uint32_t c) {
         float s[VR], b[VR];
 #pragma unroll
-        for (int r = 0; r < VR; r++) q[r] = __ldg(rw[r].q + c);
-#pragma unroll
-        for (int r = 0; r < VR; r++) group_scale<K, SDT>(rw[r], c / cpg, s[r], b[r]);
+        for (int r = 0; r < VR; r++) {  // as group_scale
+            s[r] = K == K_MXFP4 ? __fmul_rn(0.5f, ch.s[r]) : ch.s[r];
+            b[r] = K == K_MXFP4 ? 0.0f : ch.b[r];
+        }
         int32_t wv[VR][8];
 #pragma unroll
-        for (int r = 0; r < VR; r++) qdecode<K>(q[r], wv[r]);
+        for (int r = 0; r < VR; r++) qdecode<K>(ch.q[r], wv[r]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
@@ -719,7 +762,7 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
                 acc[r][t] = fmaf((float)sum, __fmul_rn(s[r], d.x), v);
             }
         }
-    }
+    });
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
@@ -744,16 +787,20 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
         rw[r] = vrow_of<K, SDT>(w.codes, w.scales, w.biases, r0 + r < w.rows ? r0 + r : w.rows - 1, w.cols, w.group,
                                 row_bytes);
-    /* the lane's first chunks of its rows on their way to L2 while the kernel before still runs */
-    if (r0 < w.rows && blockIdx.y == 0) {
-        uint32_t first = SPLIT ? lane + WARP * wid : lane, step = SPLIT ? WARP * VWARPS : WARP;
+    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    uint32_t first = SPLIT ? lane + WARP * wid : lane, step = SPLIT ? WARP * VWARPS : WARP;
+    /* while the kernel before still runs: the lane's first chunks of its rows loaded, the next on
+     * their way to L2 */
+    vpre pre;
+    if (r0 < w.rows) {
+        vpreload<K, SDT>(rw, chunks, cpg, first, step, pre);
 #pragma unroll
         for (int r = 0; r < VR; r++)
-            for (uint32_t c = first, k = 0; c < (uint32_t)(w.cols / EC) && k < PREFETCH_CHUNKS; c += step, k++) {
+            for (uint32_t c = first + PRE * step, k = 0; c < chunks && k < PREFETCH_CHUNKS; c += step, k++) {
                 prefetch_l2(rw[r].q + c);
                 if constexpr (K == K_AFFINE || K == K_MXFP4) {  // the chunk's group: its scale (and bias)
                     constexpr int SB = K == K_MXFP4 ? 1 : SDT == SP_CUDA_F32 ? 4 : 2;
-                    uint32_t g = c / (uint32_t)(w.group / EC);
+                    uint32_t g = c / cpg;
                     prefetch_l2(rw[r].s + g * SB);
                     if constexpr (K == K_AFFINE) prefetch_l2(rw[r].b + g * SB);
                 }
@@ -767,11 +814,9 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
     if constexpr (SPLIT) {
         __shared__ float part[VWARPS][VR][NT];
-        vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, a.rows(t0), nt, lane + WARP * wid, WARP * VWARPS,
-                               acc);
+        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < VR; r++)
@@ -789,7 +834,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
                 acc[r][t] = v;
             }
     } else {
-        vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, a.rows(t0), nt, lane, WARP, acc);
+        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc);
     }
 #pragma unroll
     for (int r = 0; r < VR; r++)
@@ -877,8 +922,10 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(w.cols / EC), cpg, item_acts(a, it).rows(t0), nt, lane, WARP, acc);
+    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    vpre pre;
+    vpreload<K, SDT>(rw, chunks, cpg, lane, WARP, pre);
+    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, item_acts(a, it).rows(t0), nt, lane, WARP, pre, acc);
 #pragma unroll
     for (int jj = 0; jj < J; jj++)
 #pragma unroll
@@ -892,31 +939,38 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 
 /* Down of a batch of MLPs: a warp takes rows [r0, r0 + VR) of an item's
  * down for the tokens [t0, t0 + NT), reading the item's rows of h. w: the
- * downs' format and rows (each item has its own columns, ff). */
+ * downs' format and rows (each item has its own columns, ff). The items
+ * were written two kernels before at the latest (the kernel before is the
+ * gate and up, or the rounding of its results, which began only once the
+ * items were written), so the lane's first chunks are loaded before the
+ * wait. */
 template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
     k_mlp_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, A h, float *out, int64_t ldo) {
-    dep_start();
     constexpr int EC = vec_elems<K, BITS>();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
     int lane = threadIdx.x % WARP;
     int64_t b = (int64_t)blockIdx.x - it.blk_down, rblocks = (w.rows + VR * VWARPS - 1) / (VR * VWARPS);
     int64_t r0 = ((b % rblocks) * VWARPS + threadIdx.x / WARP) * VR, t0 = b / rblocks * NT;
-    if (r0 >= w.rows || t0 >= it.n) return;
-    int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
+    bool in = r0 < w.rows && t0 < it.n;
     int64_t cols = it.ff, row_bytes = cols / EC * 16;
+    uint32_t chunks = (uint32_t)(cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
     vrow rw[VR];
 #pragma unroll
     for (int r = 0; r < VR; r++)
         rw[r] = vrow_of<K, SDT>(it.codes[2], it.scales[2], it.biases[2], r0 + r < w.rows ? r0 + r : w.rows - 1, cols,
                                 w.group, row_bytes);
+    vpre pre;
+    if (in) vpreload<K, SDT>(rw, chunks, cpg, lane, WARP, pre);
+    dep_start();
+    if (!in) return;
+    int nt = it.n - t0 < NT ? (int)(it.n - t0) : NT;
     float acc[VR][NT];
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    uint32_t cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vdot<K, BITS, SDT, NT>(rw, (uint32_t)(cols / EC), cpg, h.rows(it.row + t0), nt, lane, WARP, acc);
+    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, h.rows(it.row + t0), nt, lane, WARP, pre, acc);
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
