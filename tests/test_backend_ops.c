@@ -84,7 +84,7 @@ static enum acts target_acts(const struct target *t, const struct sp_qmat *m, bo
 #define FF 96   // an expert's width: gate and up side by side are 2 FF
 #define EXPERTS 4
 #define LAYERS 2
-#define CTX 80
+#define CTX 300  // past two of the CUDA kernel's 128-position chunks
 #define SEQS 3
 #define BATCH 48
 
@@ -531,6 +531,16 @@ static void test_attention(void **state) {
                 check_attention(b, targets[ti].label, &ly, qn ? qnv : NULL, kn ? knv : NULL, sinks ? sv : NULL, kvs[ki],
                                 R, &bt, qkv);
                 free(qkv);
+                /* sequence 0 on to the context's end, BATCH tokens a call: tokens seeing several chunks */
+                for (int p0 = 5; p0 < CTX; p0 += BATCH) {
+                    n = 0;
+                    for (int p = p0; p < CTX && p < p0 + BATCH; p++) pos[n] = p, seq[n++] = 0;
+                    bt.n = n;
+                    qkv = randn(n * ld, 1.0f, &rng);
+                    check_attention(b, targets[ti].label, &ly, qn ? qnv : NULL, kn ? knv : NULL, sinks ? sv : NULL,
+                                    kvs[ki], R, &bt, qkv);
+                    free(qkv);
+                }
                 free(qnv);
                 free(knv);
                 free(sv);

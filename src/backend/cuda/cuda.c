@@ -116,6 +116,7 @@ struct cuda {
     float *rope_cs;                // (B, rot)
     float *att_part;               // (att_part_floats): attention's chunks
     int64_t att_part_floats;
+    unsigned *att_done;            // (att_done_count): (token, head)s' chunks done
     float *ff_a, *ff_b;            // (B, mlp_width)
     /* int8 activations of the 4-bit products (unless float_acts): rows of
      * q_cols codes, max(B, moe_pairs) of them; qa for x, qb for the MLPs' h */
@@ -892,7 +893,7 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     int64_t cols = s->n_heads * s->head_dim;
     const struct sp_cuda_qx *q = s->head_dim % SP_CUDA_QBLOCK == 0 ? norm_q(c, n, cols) : NULL;
     if (check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
-                                                c->att_part_floats, q, c->stream),
+                                                c->att_part_floats, c->att_done, q, c->stream),
               "attention"))
         norm_holds(c, q, att.data, att.ld, n, cols);
 }
@@ -1413,6 +1414,11 @@ static int64_t att_part_floats(const struct sp_backend_params *p) {
     return one > ATT_PART_FLOATS ? one : ATT_PART_FLOATS;
 }
 
+/* ... and its counters, one a chunk it can hold (sp_cuda_attention). */
+static int64_t att_done_count(const struct sp_backend_params *p) {
+    return att_part_floats(p) / (p->shape.head_dim + 2);
+}
+
 /* The int8 activation buffers: rows for a batch or ops->moe's pairs, of
  * the widest input a product has. */
 static int64_t q_rows(const struct sp_backend_params *p) {
@@ -1433,7 +1439,7 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     const struct sp_backend_shape *s = &p->shape;
     size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
     size_t floats = (size_t)(s->rot_dims / 2 + 1) + B * (size_t)(s->rot_dims > 0 ? s->rot_dims : 1) +
-                    (size_t)att_part_floats(p) +
+                    (size_t)att_part_floats(p) + (size_t)att_done_count(p) +
                     2 * B * (size_t)s->mlp_width + L * (size_t)(s->d_model + s->vocab) + B;
     size_t moe = 0, P = (size_t)moe_pairs(p);
     if (s->n_experts > 0)  /* ops->moe's buffers and tables */
@@ -1499,6 +1505,7 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
     if ((st = dev_floats(c, half, &c->inv_freq)) != SP_OK ||
         (st = dev_floats(c, B * s->rot_dims, &c->rope_cs)) != SP_OK ||
         (st = dev_floats(c, c->att_part_floats, &c->att_part)) != SP_OK ||
+        (st = dev_floats(c, att_done_count(p), (float **)&c->att_done)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_a)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_b)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||

@@ -2294,15 +2294,30 @@ __device__ __forceinline__ void kv_load8(const void *p, int64_t o, float *v) {
  * once), the warp takes their softmax against its max, then its lanes
  * (over the dimensions) add the values weighted so in position order; the
  * warps are merged in order into the chunk's max, sum and weighted values
- * in part (zmax chunks a row). Chunks are fixed spans of the token's own
- * positions, so what a token gets does not depend on the batch. DPL > 0
+ * in part (zmax chunks a row); the last of a (token, head)'s chunks to be
+ * done merges them (attn_merge). Chunks are fixed spans of the token's
+ * own positions, merged in order, so what a token gets does not depend on
+ * the batch. DPL > 0
  * (a 16-bit cache, head_dim = 32 DPL): each lane's key row and its DPL
  * dimensions of the warp's 32 value rows are loaded at once, every load
  * in flight together (the cache is read from memory, so the round trips,
  * not the bytes, bound this kernel); the sums are the same. */
+/* Where attention's blocks put their work: each chunk's part (zmax chunks
+ * a row), a count of a (token, head)'s chunks done (0 between launches),
+ * and the merged heads (and their int8 rounding where q is set). */
+struct attn_out {
+    float *part;
+    unsigned *done;
+    float *att;
+    int64_t lda;
+    sp_cuda_qx q;
+};
+
+__device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o);
+
 template <int DT, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
-    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, float *part) {
+    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
     dep_start();
     __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
@@ -2312,7 +2327,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
     int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
     int64_t c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
-    if (c0 > pos) return;  // past the token's positions: k_attn_merge reads no such chunk
+    if (c0 > pos) return;  // past the token's positions: neither counted nor merged
     for (int64_t i = threadIdx.x; i < hd; i += ATT_WARPS * WARP) q[i] = qkv[t * ldq + h * hd + i];
     __syncthreads();
     int64_t p0 = c0 + wid * WARP, p = p0 + lane;
@@ -2391,38 +2406,52 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
         wf[w] = wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(wm[w], bm));  // a warp that saw no position adds nothing
         bl = __fadd_rn(bl, __fmul_rn(wl[w], wf[w]));
     }
-    float *out = part + ((t * a.n_heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
+    const float *pp = o.part + (t * a.n_heads + h) * gridDim.z * (hd + 2);
+    float *out = o.part + ((t * a.n_heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
     if (threadIdx.x == 0) out[0] = bm, out[1] = bl;
     for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
         float v = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++) v = fmaf(wacc[w][d], wf[w], v);
         out[2 + d] = v;
     }
+    /* the (token, head)'s last chunk to finish merges them all */
+    __shared__ bool last;
+    int64_t S = (pos - lo + ATT_CHUNK) / ATT_CHUNK;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *done = o.done + t * a.n_heads + h;
+        last = atomicAdd(done, 1u) == (unsigned)(S - 1);
+        if (last) *done = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    attn_merge(a, pp, t, h, S, o);
 }
 
-/* A block a (token, query head): its chunks' parts merged in order, then
- * divided by the softmax's sum (with the sink logit's share); with q (a
- * head a whole number of QB blocks), the head also rounded to int8 as
- * k_quantize rounds it. */
-__global__ void __launch_bounds__(ATT_WARPS * WARP)
-    k_attn_merge(sp_cuda_attn a, const float *part, int64_t zmax, float *att, int64_t lda, sp_cuda_qx q) {
-    dep_start();
+/* Token t's head h from its S chunks' parts pp (read past L1: other
+ * blocks wrote them), by a whole block: merged in order, then divided by
+ * the softmax's sum (with the sink logit's share); with q (a head a whole
+ * number of QB blocks), the head also rounded to int8 as k_quantize
+ * rounds it. */
+__device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o) {
     __shared__ __align__(16) float head[SP_CUDA_MAX_HEAD_DIM];
-    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, pos = a.pos[t];
-    int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    int64_t S = (pos - lo + ATT_CHUNK) / ATT_CHUNK;
-    const float *pp = part + (t * a.n_heads + h) * zmax * (hd + 2);
+    int64_t hd = a.head_dim;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t i = 0; i < S; i++) m = fmaxf(m, pp[i * (hd + 2)]);
-    for (int64_t i = 0; i < S; i++) l = __fadd_rn(l, __fmul_rn(pp[i * (hd + 2) + 1], expf(__fsub_rn(pp[i * (hd + 2)], m))));
+    for (int64_t i = 0; i < S; i++) m = fmaxf(m, __ldcg(pp + i * (hd + 2)));
+    for (int64_t i = 0; i < S; i++)
+        l = __fadd_rn(l, __fmul_rn(__ldcg(pp + i * (hd + 2) + 1), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m))));
     float inv = (float)(1.0 / ((double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0)));
     for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
         float v = 0.0f;
-        for (int64_t i = 0; i < S; i++) v = fmaf(pp[i * (hd + 2) + 2 + d], expf(__fsub_rn(pp[i * (hd + 2)], m)), v);
+        for (int64_t i = 0; i < S; i++)
+            v = fmaf(__ldcg(pp + i * (hd + 2) + 2 + d), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m)), v);
         v = __fmul_rn(v, inv);
-        att[t * lda + h * hd + d] = v;
+        o.att[t * o.lda + h * hd + d] = v;
         head[d] = v;
     }
+    const sp_cuda_qx &q = o.q;
     if (!q.q) return;
     __syncthreads();
     int8_t *qr = q.q + t * q.ldq + h * hd;
@@ -2741,17 +2770,17 @@ namespace {
 /* k_attn's path for a 16-bit cache and head_dim 64, 128 or 256. */
 template <int DT>
 int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
-              int64_t ldq, float *part) {
-    if (hd == 64) launch(k_attn<DT, 2>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
-    else if (hd == 128) launch(k_attn<DT, 4>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
-    else launch(k_attn<DT, 8>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, part);
+              int64_t ldq, const attn_out &o) {
+    if (hd == 64) launch(k_attn<DT, 2>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
+    else if (hd == 128) launch(k_attn<DT, 4>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
+    else launch(k_attn<DT, 8>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
     return (int)cudaGetLastError();
 }
 }  // namespace
 
 extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
                                  int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
-                                 int64_t part_floats, const struct sp_cuda_qx *qo, void *stream) {
+                                 int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, void *stream) {
     if (n <= 0) return 0;
     int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
     if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats ||
@@ -2768,22 +2797,19 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
         int hd = (int)a->head_dim;
         bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
-        if (kv->dt == SP_CUDA_F32) launch(k_attn<SP_CUDA_F32, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
-        else if (!fast && kv->dt == SP_CUDA_F16)
-            launch(k_attn<SP_CUDA_F16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
-        else if (!fast) launch(k_attn<SP_CUDA_BF16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, part);
-        else if (kv->dt == SP_CUDA_F16) err = attn_fast<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, part);
-        else err = attn_fast<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, part);
-        if (err) return err;
-        sp_cuda_qx qs = {};
+        attn_out o = {part, done, att + t0 * lda, lda, {}};
         if (qo) {  // its rows from t0 on
-            qs = *qo;
-            qs.q += t0 * qs.ldq;
-            qs.d += 2 * t0 * qs.ldd;
+            o.q = *qo;
+            o.q.q += t0 * o.q.ldq;
+            o.q.d += 2 * t0 * o.q.ldd;
         }
-        launch(k_attn_merge, dim3((unsigned)m, (unsigned)a->n_heads), ATT_WARPS * WARP, s, as, part, zmax,
-               att + t0 * lda, lda, qs);
-        err = (int)cudaGetLastError();
+        if (kv->dt == SP_CUDA_F32) launch(k_attn<SP_CUDA_F32, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
+        else if (!fast && kv->dt == SP_CUDA_F16)
+            launch(k_attn<SP_CUDA_F16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
+        else if (!fast) launch(k_attn<SP_CUDA_BF16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
+        else if (kv->dt == SP_CUDA_F16) err = attn_fast<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, o);
+        else err = attn_fast<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, o);
+        if (!err) err = (int)cudaGetLastError();
         if (err) return err;
     }
     return 0;
