@@ -42,8 +42,9 @@ constexpr int ATT_CHUNK = 128;  // cached positions a block of attention takes (
  * kernels before it ended, their writes seen) before it touches anything
  * but weights, so that a kernel's end implies its predecessors' ends;
  * then lets the next kernel's blocks start (dep_launch), which may read
- * their weights while this one works. Both are no-ops for a kernel
- * launched without the attribute. */
+ * their weights while this one works (and what the kernels two or more
+ * before them wrote: the one before them has passed its wait). Both are
+ * no-ops for a kernel launched without the attribute. */
 __device__ __forceinline__ void dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -61,7 +62,7 @@ __device__ __forceinline__ void dep_start() {
     dep_launch();
 }
 
-/* Chunks of each of its rows a lane of k_vrows brings to L2 before it waits. */
+/* Chunks of each of its rows a lane of k_vrows brings to L2 before it waits, past those it loads (PRE). */
 constexpr uint32_t PREFETCH_CHUNKS = 2;
 
 /* Brings the 128-byte line at p into L2, without waiting for it. */
