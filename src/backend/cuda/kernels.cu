@@ -582,6 +582,12 @@ __device__ __forceinline__ vrow vrow_of(const void *codes, const void *scales, c
     return v;
 }
 
+/* Chunks a group of w's rows (1 for floats, which have no groups). */
+template <int K, int BITS>
+__device__ __forceinline__ uint32_t chunks_per_group(const sp_cuda_weight &w) {
+    return K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / vec_elems<K, BITS>()) : 1u;
+}
+
 /* One chunk of VR rows as loaded: the codes, and each row's group scale
  * and bias (affine; mxfp4 its power of two, no bias; floats neither). */
 struct vchunk {
@@ -589,21 +595,32 @@ struct vchunk {
     float s[VR], b[VR];
 };
 
+/* One row's scale and bias of group g as the float products use them:
+ * affine its group's, mxfp4 its power of two and no bias, floats none. */
+template <int K, int SDT>
+__device__ __forceinline__ void group_params(const vrow &rw, uint32_t g, float &s, float &b) {
+    s = b = 0.0f;
+    if constexpr (K == K_AFFINE) {
+        s = ldf<SDT>(rw.s, g);
+        b = ldf<SDT>(rw.b, g);
+    } else if constexpr (K == K_MXFP4) {
+        s = e8m0(static_cast<uint8_t>(rw.s[g]));
+    }
+}
+
+/* ... and the scale as the int8 products use it: mxfp4's halved (their
+ * codes are twice their values). */
+template <int K>
+__device__ __forceinline__ float int8_scale(float s) {
+    return K == K_MXFP4 ? __fmul_rn(0.5f, s) : s;
+}
+
 template <int K, int SDT>
 __device__ __forceinline__ void vload(const vrow (&rw)[VR], uint32_t c, uint32_t cpg, vchunk &o) {
 #pragma unroll
     for (int r = 0; r < VR; r++) o.q[r] = __ldg(rw[r].q + c);
 #pragma unroll
-    for (int r = 0; r < VR; r++) {
-        o.s[r] = o.b[r] = 0.0f;
-        if constexpr (K == K_AFFINE) {
-            uint32_t g = c / cpg;
-            o.s[r] = ldf<SDT>(rw[r].s, g);
-            o.b[r] = ldf<SDT>(rw[r].b, g);
-        } else if constexpr (K == K_MXFP4) {
-            o.s[r] = e8m0(static_cast<uint8_t>(rw[r].s[c / cpg]));
-        }
-    }
+    for (int r = 0; r < VR; r++) group_params<K, SDT>(rw[r], c / cpg, o.s[r], o.b[r]);
 }
 
 /* A lane's first PRE chunks (first, first + step, ...), loaded before the
@@ -709,18 +726,11 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-/* One row's scale and bias of group g with int8 activations: affine its
- * group's, mxfp4 half its power of two (codes are twice their values) and
- * no bias. */
+/* One row's scale and bias of group g with int8 activations. */
 template <int K, int SDT>
 __device__ __forceinline__ void group_scale(const vrow &rw, uint32_t g, float &s, float &b) {
-    if constexpr (K == K_AFFINE) {
-        s = ldf<SDT>(rw.s, g);
-        b = ldf<SDT>(rw.b, g);
-    } else {
-        s = __fmul_rn(0.5f, e8m0(static_cast<uint8_t>(rw.s[g])));
-        b = 0.0f;
-    }
+    group_params<K, SDT>(rw, g, s, b);
+    s = int8_scale<K>(s);
 }
 
 /* The same with int8 activations (mxfp4 and affine 4-bit; a chunk is a
@@ -734,12 +744,10 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
                                      uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT]) {
     static_assert(K == K_MXFP4 || (K == K_AFFINE && BITS == 4), "int8 activations: 4-bit codes only");
     vchunks<K, SDT>(rw, chunks, cpg, first, step, p, [&](const vchunk &ch, uint32_t c) {
-        float s[VR], b[VR];
+        float s[VR];
+        const float *b = ch.b;
 #pragma unroll
-        for (int r = 0; r < VR; r++) {  // as group_scale
-            s[r] = K == K_MXFP4 ? __fmul_rn(0.5f, ch.s[r]) : ch.s[r];
-            b[r] = K == K_MXFP4 ? 0.0f : ch.b[r];
-        }
+        for (int r = 0; r < VR; r++) s[r] = int8_scale<K>(ch.s[r]);
         int32_t wv[VR][8];
 #pragma unroll
         for (int r = 0; r < VR; r++) qdecode<K>(ch.q[r], wv[r]);
@@ -788,7 +796,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
         rw[r] = vrow_of<K, SDT>(w.codes, w.scales, w.biases, r0 + r < w.rows ? r0 + r : w.rows - 1, w.cols, w.group,
                                 row_bytes);
-    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = chunks_per_group<K, BITS>(w);
     uint32_t first = SPLIT ? lane + WARP * wid : lane, step = SPLIT ? WARP * VWARPS : WARP;
     /* while the kernel before still runs: the lane's first chunks of its rows loaded, the next on
      * their way to L2 */
@@ -923,8 +931,8 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
-    vpre pre;
+    uint32_t chunks = (uint32_t)(w.cols / EC), cpg = chunks_per_group<K, BITS>(w);
+    vpre pre;  // loaded after the wait: the items were written by the kernel before
     vpreload<K, SDT>(rw, chunks, cpg, lane, WARP, pre);
     vdot<K, BITS, SDT, NT>(rw, chunks, cpg, item_acts(a, it).rows(t0), nt, lane, WARP, pre, acc);
 #pragma unroll
@@ -955,7 +963,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     int64_t r0 = ((b % rblocks) * VWARPS + threadIdx.x / WARP) * VR, t0 = b / rblocks * NT;
     bool in = r0 < w.rows && t0 < it.n;
     int64_t cols = it.ff, row_bytes = cols / EC * 16;
-    uint32_t chunks = (uint32_t)(cols / EC), cpg = K == K_AFFINE || K == K_MXFP4 ? (uint32_t)(w.group / EC) : 1u;
+    uint32_t chunks = (uint32_t)(cols / EC), cpg = chunks_per_group<K, BITS>(w);
     vrow rw[VR];
 #pragma unroll
     for (int r = 0; r < VR; r++)
@@ -2289,20 +2297,6 @@ __device__ __forceinline__ void kv_load8(const void *p, int64_t o, float *v) {
     }
 }
 
-/* A block a (token, query head, chunk of ATT_CHUNK of its visible
- * positions), a warp 32 of them: each lane scores one position (its key
- * row read whole, 16 bytes at a time, every lane's reads in flight at
- * once), the warp takes their softmax against its max, then its lanes
- * (over the dimensions) add the values weighted so in position order; the
- * warps are merged in order into the chunk's max, sum and weighted values
- * in part (zmax chunks a row); the last of a (token, head)'s chunks to be
- * done merges them (attn_merge). Chunks are fixed spans of the token's
- * own positions, merged in order, so what a token gets does not depend on
- * the batch. DPL > 0
- * (a 16-bit cache, head_dim = 32 DPL): each lane's key row and its DPL
- * dimensions of the warp's 32 value rows are loaded at once, every load
- * in flight together (the cache is read from memory, so the round trips,
- * not the bytes, bound this kernel); the sums are the same. */
 /* Where attention's blocks put their work: each chunk's part (zmax chunks
  * a row), a count of a (token, head)'s chunks done (0 between launches),
  * and the merged heads (and their int8 rounding where q is set). */
@@ -2316,6 +2310,20 @@ struct attn_out {
 
 __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o);
 
+/* A block a (token, query head, chunk of ATT_CHUNK of its visible
+ * positions), a warp 32 of them: each lane scores one position (its key
+ * row read whole, 16 bytes at a time, every lane's reads in flight at
+ * once), the warp takes their softmax against its max, then its lanes
+ * (over the dimensions) add the values weighted so in position order; the
+ * warps are merged in order into the chunk's max, sum and weighted values
+ * in part (zmax chunks a row); the last of a (token, head)'s chunks to be
+ * done merges them (attn_merge). Chunks are fixed spans of the token's
+ * own positions, merged in order, so what a token gets does not depend on
+ * the batch. DPL > 0 (a 16-bit cache, head_dim = 32 DPL): each lane's key
+ * row and its DPL dimensions of the warp's 32 value rows are loaded at
+ * once, every load in flight together (the cache is read from memory, so
+ * the round trips, not the bytes, bound this kernel); the sums are the
+ * same. */
 template <int DT, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
     k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
