@@ -17,6 +17,7 @@
 #include "runtime/experts.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
+#include "model/synth.h"
 #include "runtime/sampler.h"
 
 static const char *const archs[] = {"llama", "qwen3", "qwen3_moe", "gpt_oss", "bailing_moe", "qwen3_5_moe",
@@ -935,6 +936,56 @@ static void test_cuda_graphs(void **state) {
     }
 }
 
+/* A router of 256 experts over 2048 columns (Ling-flash-2.0's), whose
+ * one-token product and routing run as one kernel with the product split
+ * over groups of warps: token by token, the bits of the whole prompt at
+ * once (routing, weights and all), bf16 with float activations and mxfp4
+ * with float and int8 ones. */
+static void test_cuda_wide_router(void **state) {
+    if (!use_cuda()) skip();
+    cJSON *cfg;
+    assert_int_equal(sp_json_parse_file("tools/tiny/bailing_moe.json", 1 << 20, &cfg), SP_OK);
+    static const struct {
+        const char *key;
+        double v;
+    } set[] = {{"hidden_size", 2048},         {"num_experts", 256}, {"num_experts_per_tok", 8},
+               {"n_group", 8},                {"topk_group", 4},    {"moe_intermediate_size", 32},
+               {"first_k_dense_replace", 0}, {"num_hidden_layers", 1}};
+    for (size_t i = 0; i < sizeof set / sizeof *set; i++)
+        cJSON_ReplaceItemInObject(cfg, set[i].key, cJSON_CreateNumber(set[i].v));
+    char *dir = th_tmpdir(), *qdir = th_tmpdir();
+    struct sp_synth_opts o = {.dtype = SP_DTYPE_BF16, .seed = 11, .balanced_routing = true};
+    if (sp_synth_write(cfg, dir, &o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
+    cJSON_Delete(cfg);
+    struct sp_model *m, *q;
+    assert_int_equal(sp_model_open(dir, &m), SP_OK);
+    const struct sp_quantize_opts mx = {.type = SP_QTYPE_MXFP4, .group = 32};
+    assert_int_equal(sp_quantize_model(m, qdir, &mx), SP_OK);
+    assert_int_equal(sp_model_open(qdir, &q), SP_OK);
+    enum { N = 24 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 37 + 5) % 512);
+    const int64_t V = 512;
+    float *whole = malloc((size_t)(N * V) * sizeof(float)), *one = malloc((size_t)(N * V) * sizeof(float));
+    for (int k = 0; k < 3; k++) {
+        float_acts = k < 2;
+        struct sp_ctx *c;
+        struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 2, .max_batch = 32, .device = device, .n_threads = 2,
+                                  .float_activations = float_acts};
+        assert_int_equal(sp_ctx_create(k == 0 ? m : q, &p, &c), SP_OK);
+        run_seq(c, tok, N, N, 0, whole, V);
+        run_seq(c, tok, N, 1, 1, one, V);
+        assert_memory_equal(whole, one, (size_t)(N * V) * sizeof(float));
+        sp_ctx_free(c);
+    }
+    free(whole);
+    free(one);
+    sp_model_close(q);
+    sp_model_close(m);
+    th_rmdir(qdir);
+    th_rmdir(dir);
+}
+
 /* argv[1], when given, picks the tests to run by name ("test_cuda_*"). */
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -955,6 +1006,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_graphs, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_wide_router, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -364,6 +364,13 @@ struct sp_backend_ops {
      * the softmax's sum where ly has sinks). */
     void (*attention)(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
                       struct sp_tensor qkv, struct sp_tensor att);
+    /* Optional (NULL: linear, then attention): qkv = q(h), or where k and
+     * v are set q(h), k(h) and v(h) side by side, then attention as
+     * above, whose first steps (norms, rotations, cache stores) may run
+     * inside the products' kernel; the same values. */
+    void (*linear_attention)(struct sp_backend *b, const struct sp_linear *q, const struct sp_linear *k,
+                             const struct sp_linear *v, struct sp_tensor h, const struct sp_attn_layer *ly,
+                             const struct sp_batch *bt, struct sp_tensor qkv, struct sp_tensor att);
     /* x *= sigmoid(g) elementwise, g of x's shape or of one column (one
      * gate a row). NULL where the backend lacks it. */
     void (*gate)(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g);

@@ -117,6 +117,7 @@ struct cuda {
     float *att_part;               // (att_part_floats): attention's chunks
     int64_t att_part_floats;
     unsigned *att_done;            // (att_done_count): (token, head)s' chunks done
+    unsigned *heads_done;          // (max_batch x heads) sp_cuda_linear_heads' blocks done
     float *ff_a, *ff_b;            // (B, mlp_width)
     /* int8 activations of the 4-bit products (unless float_acts): rows of
      * q_cols codes, max(B, moe_pairs) of them; qa for x, qb for the MLPs' h */
@@ -867,23 +868,22 @@ static void cuda_linear(struct sp_backend *b, const struct sp_linear *l, struct 
     if (!c->err) product(c, l, x.data, x.ld, y.data, y.ld, x.rows);
 }
 
-static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
-                           struct sp_tensor qkv, struct sp_tensor att) {
-    struct cuda *c = cuda_of(b);
+/* The attention kernels' view of layer ly and of the cache (the batch's
+ * positions and sequences came with ops->embed). */
+static void attn_of(const struct cuda *c, const struct sp_attn_layer *ly, struct sp_cuda_attn *a, struct sp_cuda_kv *kv) {
     const struct sp_backend_shape *s = &c->shape;
-    int64_t n = bt->n;
-    if (c->err || n <= 0 || !batch_fits(c, n)) return;
-    touched_t(c, qkv);
-    touched_t(c, att);
-    /* the batch's positions and sequences came with ops->embed */
-    struct sp_cuda_attn a = {.layer = ly->layer, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
-                             .head_dim = s->head_dim, .rot = s->rot_dims, .q_norm = ly->q_norm, .k_norm = ly->k_norm,
-                             .sinks = ly->sinks, .window = ly->window, .eps = ly->eps, .rope_cs = c->rope_cs,
-                             .pos = c->d_pos, .seq = c->d_seq};
-    struct sp_cuda_kv kv = {c->kv, c->kv_dt, c->base.p.n_seq, c->base.p.n_ctx};
-    if (!check(c, (cudaError_t)sp_cuda_attn_prologue(&a, &kv, qkv.data, qkv.ld, n, c->stream), "attention prologue"))
-        return;
-    int64_t visible = 0;
+    *a = (struct sp_cuda_attn){.layer = ly->layer, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
+                               .head_dim = s->head_dim, .rot = s->rot_dims, .q_norm = ly->q_norm, .k_norm = ly->k_norm,
+                               .sinks = ly->sinks, .window = ly->window, .eps = ly->eps, .rope_cs = c->rope_cs,
+                               .pos = c->d_pos, .seq = c->d_seq};
+    *kv = (struct sp_cuda_kv){c->kv, c->kv_dt, c->base.p.n_seq, c->base.p.n_ctx};
+}
+
+/* Attention after its first step (the heads normed, rotated and stored). */
+static void attend(struct cuda *c, const struct sp_attn_layer *ly, const struct sp_batch *bt, struct sp_tensor qkv,
+                   struct sp_tensor att, const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv) {
+    const struct sp_backend_shape *s = &c->shape;
+    int64_t n = bt->n, visible = 0;
     for (int64_t t = 0; t < n; t++) {
         int64_t v = bt->pos[t] + 1;
         if (ly->window > 0 && v > ly->window) v = ly->window;
@@ -892,10 +892,64 @@ static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly,
     /* rounded to int8 as the heads are merged, for the output product */
     int64_t cols = s->n_heads * s->head_dim;
     const struct sp_cuda_qx *q = s->head_dim % SP_CUDA_QBLOCK == 0 ? norm_q(c, n, cols) : NULL;
-    if (check(c, (cudaError_t)sp_cuda_attention(&a, &kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
+    if (check(c, (cudaError_t)sp_cuda_attention(a, kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
                                                 c->att_part_floats, c->att_done, q, c->stream),
               "attention"))
         norm_holds(c, q, att.data, att.ld, n, cols);
+}
+
+static void cuda_attention(struct sp_backend *b, const struct sp_attn_layer *ly, const struct sp_batch *bt,
+                           struct sp_tensor qkv, struct sp_tensor att) {
+    struct cuda *c = cuda_of(b);
+    int64_t n = bt->n;
+    if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    touched_t(c, qkv);
+    touched_t(c, att);
+    struct sp_cuda_attn a;
+    struct sp_cuda_kv kv;
+    attn_of(c, ly, &a, &kv);
+    if (check(c, (cudaError_t)sp_cuda_attn_prologue(&a, &kv, qkv.data, qkv.ld, n, c->stream), "attention prologue"))
+        attend(c, ly, bt, qkv, att, &a, &kv);
+}
+
+/* The products and the heads' first step in one launch where
+ * sp_cuda_linear_heads takes them (a few tokens: the vector kernels),
+ * h rounded into qa first where they read int8 and qa does not hold it;
+ * else the products, then cuda_attention. */
+static void cuda_linear_attention(struct sp_backend *b, const struct sp_linear *lq, const struct sp_linear *lk,
+                                  const struct sp_linear *lv, struct sp_tensor h, const struct sp_attn_layer *ly,
+                                  const struct sp_batch *bt, struct sp_tensor qkv, struct sp_tensor att) {
+    struct cuda *c = cuda_of(b);
+    int64_t n = bt->n, parts = lk ? 3 : 1;
+    if (c->err || n <= 0 || !batch_fits(c, n)) return;
+    const struct sp_linear *l[3] = {lq, lk, lv};
+    struct sp_cuda_weight w[3];
+    bool q = true, floats = true;  // every part reads int8 activations, or none does
+    for (int64_t i = 0; i < parts; i++) {
+        if (!weight_of(c, l[i], &w[i])) return;
+        bool qi = int8_acts(c, &w[i], l[i]->float_activations);
+        q = q && qi;
+        floats = floats && !qi;
+    }
+    struct sp_cuda_attn a;
+    struct sp_cuda_kv kv;
+    attn_of(c, ly, &a, &kv);
+    if ((q || floats) && sp_cuda_linear_heads_ok(w, (int)parts, q, &a, n)) {
+        touched_t(c, qkv);
+        touched_t(c, att);
+        if (q && !qa_holds(c, h.data, h.ld, n, w[0].cols) && !quantize(c, h.data, h.ld, n, w[0].cols, &c->qa, 0)) return;
+        if (check(c, (cudaError_t)sp_cuda_linear_heads(w, (int)parts, h.data, h.ld, q ? &c->qa : NULL, qkv.data,
+                                                       qkv.ld, n, &a, &kv, c->heads_done, c->stream),
+                  "attention's products"))
+            attend(c, ly, bt, qkv, att, &a, &kv);
+        return;
+    }
+    int64_t off = 0;
+    for (int64_t i = 0; i < parts; i++) {
+        if (!product(c, l[i], h.data, h.ld, qkv.data + off, qkv.ld, n)) return;
+        off += w[i].rows;
+    }
+    cuda_attention(b, ly, bt, qkv, att);
 }
 
 static void cuda_gate(struct sp_backend *b, struct sp_tensor x, struct sp_tensor g) {
@@ -1440,6 +1494,7 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
     size_t B = (size_t)p->max_batch, L = B < LOGIT_ROWS ? B : LOGIT_ROWS;
     size_t floats = (size_t)(s->rot_dims / 2 + 1) + B * (size_t)(s->rot_dims > 0 ? s->rot_dims : 1) +
                     (size_t)att_part_floats(p) + (size_t)att_done_count(p) +
+                    B * (size_t)(s->n_heads + s->n_kv_heads) +
                     2 * B * (size_t)s->mlp_width + L * (size_t)(s->d_model + s->vocab) + B;
     size_t moe = 0, P = (size_t)moe_pairs(p);
     if (s->n_experts > 0)  /* ops->moe's buffers and tables */
@@ -1506,6 +1561,7 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_floats(c, B * s->rot_dims, &c->rope_cs)) != SP_OK ||
         (st = dev_floats(c, c->att_part_floats, &c->att_part)) != SP_OK ||
         (st = dev_floats(c, att_done_count(p), (float **)&c->att_done)) != SP_OK ||
+        (st = dev_floats(c, B * (s->n_heads + s->n_kv_heads), (float **)&c->heads_done)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_a)) != SP_OK ||
         (st = dev_floats(c, B * s->mlp_width, &c->ff_b)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||
@@ -1619,6 +1675,7 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .add = cuda_add,
     .linear = cuda_linear,
     .attention = cuda_attention,
+    .linear_attention = cuda_linear_attention,
     .mlp = cuda_mlp,
     .gather = cuda_gather,
     .scatter_add = cuda_scatter_add,

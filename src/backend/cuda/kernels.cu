@@ -779,17 +779,16 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
 }
 
 /* Rows [r0, r0 + VR) of w by a warp, for tokens [t0, t0 + NT); SPLIT:
- * by the block's VWARPS warps, each a share of the chunks, their sums
- * added in warp order (for matrices of few rows, so that their products
- * keep enough loads in flight; chosen by the shape alone, so a token's
- * result still does not depend on the batch). */
+ * by VWARPS warps (wid: this one's place among them; part: their sums in
+ * shared memory), each a share of the chunks, their sums added in warp
+ * order (for matrices of few rows, so that their products keep enough
+ * loads in flight; chosen by the shape alone, so a token's result still
+ * does not depend on the batch). */
 template <int K, int BITS, int SDT, int NT, class A, bool SPLIT>
-__global__ void __launch_bounds__(VWARPS * WARP)
-    k_vrows(sp_cuda_weight w, A a, float *y, int64_t ldy, int64_t n) {
+__device__ __forceinline__ void vrows(const sp_cuda_weight &w, const A &a, float *y, int64_t ldy, int64_t n, int64_t r0,
+                                      int64_t t0, int wid, float (*part)[VR][NT]) {
     constexpr int EC = vec_elems<K, BITS>();
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    int64_t r0 = (SPLIT ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * VWARPS + wid) * VR;
-    int64_t t0 = (int64_t)blockIdx.y * NT;
+    int lane = threadIdx.x % WARP;
     int64_t row_bytes = w.cols / EC * 16;
     vrow rw[VR];
 #pragma unroll
@@ -824,7 +823,6 @@ __global__ void __launch_bounds__(VWARPS * WARP)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     if constexpr (SPLIT) {
-        __shared__ float part[VWARPS][VR][NT];
         vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc);
         if (lane == 0)
 #pragma unroll
@@ -853,6 +851,17 @@ __global__ void __launch_bounds__(VWARPS * WARP)
                 float s = acc[r][t];
                 y[(t0 + t) * ldy + r0 + r] = w.bias ? __fadd_rn(s, ldf_rt(w.bias_dt, w.bias, r0 + r)) : s;
             }
+}
+
+/* SPLIT: part holds the warps' sums (every warp of the block has the
+ * same rows, so the block leaves vrows together). */
+template <int K, int BITS, int SDT, int NT, class A, bool SPLIT>
+__global__ void __launch_bounds__(VWARPS * WARP)
+    k_vrows(sp_cuda_weight w, A a, float *y, int64_t ldy, int64_t n) {
+    __shared__ float part[SPLIT ? VWARPS : 1][VR][NT];
+    int wid = threadIdx.x / WARP;
+    int64_t r0 = (SPLIT ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * VWARPS + wid) * VR;
+    vrows<K, BITS, SDT, NT, A, SPLIT>(w, a, y, ldy, n, r0, (int64_t)blockIdx.y * NT, wid, part);
 }
 
 /* An item's activations: its own float rows, or its rows of the int8 rows. */
@@ -2200,26 +2209,24 @@ __device__ __forceinline__ int64_t kv_at(const sp_cuda_kv &kv, const sp_cuda_att
 
 constexpr int PRO_WARPS = 4;
 
-/* A block a (token, PRO_WARPS heads), a warp a head, kept in shared
- * memory from one round of loads (the head, the norm's weights and the
- * rotation's cos and sin are loaded together): norm, then rotate (each
+/* Head h of token t of qkv by warp wid of PRO_WARPS, kept in shared
+ * memory (HD floats a warp) from one round of loads (the head, the norm's
+ * weights and the rotation's cos and sin are loaded together; the head
+ * past L1, as other blocks may have written it): norm, then rotate (each
  * lane a pair of elements, once the norm's writes are seen: __syncwarp),
  * then store the head back and, for a k head, it and its v head into the
  * cache. */
-template <int DT>
-__global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
-    dep_start();
-    __shared__ float head[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM], gain[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM],
-        angles[PRO_WARPS][SP_CUDA_MAX_HEAD_DIM];
-    int64_t t = blockIdx.x, hd = a.head_dim, half = a.rot / 2;
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    int64_t h = (int64_t)blockIdx.y * PRO_WARPS + wid;
-    if (h >= a.n_heads + a.n_kv_heads) return;  // a whole warp: nothing below waits on the block
+template <int DT, int HD>
+__device__ __forceinline__ void prologue_head(const sp_cuda_attn &a, const sp_cuda_kv &kv, float *qkv, int64_t ldq,
+                                              int64_t t, int64_t h, int wid) {
+    __shared__ float head[PRO_WARPS][HD], gain[PRO_WARPS][HD], angles[PRO_WARPS][HD];
+    int64_t hd = a.head_dim, half = a.rot / 2;
+    int lane = threadIdx.x % WARP;
     float *row = qkv + t * ldq, *v = row + h * hd, *sv = head[wid], *sg = gain[wid], *cs = angles[wid];
     const float *nw = !a.q_norm ? nullptr : h < a.n_heads ? a.q_norm : a.k_norm;
     double ss = 0;
     for (int64_t i = lane; i < hd; i += WARP) {
-        float x = v[i];
+        float x = __ldcg(v + i);
         sv[i] = x;
         if (nw) sg[i] = nw[i], ss += (double)x * (double)x;
     }
@@ -2244,8 +2251,70 @@ __global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, s
     int64_t ko = kv_at(kv, a, 0, s, p, kvh), vo = kv_at(kv, a, 1, s, p, kvh);
     for (int64_t i = lane; i < hd; i += WARP) {
         stf<DT>(kv.data, ko + i, sv[i]);
-        stf<DT>(kv.data, vo + i, vv[i]);
+        stf<DT>(kv.data, vo + i, __ldcg(vv + i));
     }
+}
+
+/* A block a (token, PRO_WARPS heads), a warp a head. */
+template <int DT>
+__global__ void __launch_bounds__(PRO_WARPS * WARP) k_prologue(sp_cuda_attn a, sp_cuda_kv kv, float *qkv, int64_t ldq) {
+    dep_start();
+    int wid = threadIdx.x / WARP;
+    int64_t h = (int64_t)blockIdx.y * PRO_WARPS + wid;
+    if (h < a.n_heads + a.n_kv_heads) prologue_head<DT, SP_CUDA_MAX_HEAD_DIM>(a, kv, qkv, ldq, blockIdx.x, h, wid);
+}
+
+/* Heads of at most this many dimensions have their first step in the
+ * product's kernel (k_vrows_heads): its shared memory stays small. */
+constexpr int HEADS_MAX_DIM = 256;
+
+/* Attention's q, k and v products as one matrix of q's rows, then k's,
+ * then v's: parts 1 (one fused matrix, part 0) or 3, each part's arrays
+ * in w's format and columns. */
+struct qkv_parts {
+    const void *codes[3], *scales[3], *biases[3], *bias[3];
+    int64_t rows[3];
+    int n;
+};
+
+/* k_vrows (split over the block's warps) on attention's q, k and v rows,
+ * then each head's first step (prologue_head) in the same launch, by the
+ * last of the head's blocks for a block of tokens to finish (a count a
+ * (token block, head) in done, reset by it; a v head's blocks count with
+ * its k head's): fewer launches a layer, the same bits. */
+template <int K, int BITS, int SDT, int NT, class A, int DT>
+__global__ void __launch_bounds__(VWARPS * WARP)
+    k_vrows_heads(sp_cuda_weight w, qkv_parts qp, A a, float *y, int64_t ldy, int64_t n, sp_cuda_attn at,
+                  sp_cuda_kv kv, unsigned *done) {
+    static_assert(PRO_WARPS == VWARPS, "a warp a head");
+    __shared__ float part[VWARPS][VR][NT];
+    int wid = threadIdx.x / WARP;
+    int64_t r0 = (int64_t)blockIdx.x * VR, t0 = (int64_t)blockIdx.y * NT;
+    int i = qp.n == 1 || r0 < qp.rows[0] ? 0 : r0 < qp.rows[0] + qp.rows[1] ? 1 : 2;
+    int64_t first = i == 0 ? 0 : i == 1 ? qp.rows[0] : qp.rows[0] + qp.rows[1];
+    sp_cuda_weight wi = w;
+    wi.codes = i == 0 ? qp.codes[0] : i == 1 ? qp.codes[1] : qp.codes[2];
+    wi.scales = i == 0 ? qp.scales[0] : i == 1 ? qp.scales[1] : qp.scales[2];
+    wi.biases = i == 0 ? qp.biases[0] : i == 1 ? qp.biases[1] : qp.biases[2];
+    wi.bias = i == 0 ? qp.bias[0] : i == 1 ? qp.bias[1] : qp.bias[2];
+    wi.rows = i == 0 ? qp.rows[0] : i == 1 ? qp.rows[1] : qp.rows[2];
+    vrows<K, BITS, SDT, NT, A, true>(wi, a, y + first, ldy, n, r0 - first, t0, wid, part);
+    int64_t hd = at.head_dim, qrows = at.n_heads * hd, heads = at.n_heads + at.n_kv_heads;
+    int64_t h = r0 < qrows ? r0 / hd : at.n_heads + (r0 - qrows) % (at.n_kv_heads * hd) / hd;
+    unsigned per = (unsigned)((h < at.n_heads ? 1 : 2) * hd / VR);
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = done + blockIdx.y * heads + h;
+        last = atomicAdd(c, 1u) == per - 1;
+        if (last) *c = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int64_t nt = n - t0 < NT ? n - t0 : NT;
+    for (int64_t t = wid; t < nt; t += VWARPS) prologue_head<DT, HEADS_MAX_DIM>(at, kv, y, ldy, t0 + t, h, wid);
 }
 
 /* 16-bit cache elements (f16 or bf16) as floats: 8 of a uint4, or DPL of
@@ -2687,6 +2756,79 @@ extern "C" int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct 
     else if (kv->dt == SP_CUDA_F16) launch(k_prologue<SP_CUDA_F16>, grid, PRO_WARPS * WARP, s, *a, *kv, qkv, ldq);
     else launch(k_prologue<SP_CUDA_BF16>, grid, PRO_WARPS * WARP, s, *a, *kv, qkv, ldq);
     return (int)cudaGetLastError();
+}
+
+namespace {
+template <class A>
+struct heads_launch {
+    const sp_cuda_weight *w;
+    qkv_parts qp;
+    A a;
+    float *y;
+    int64_t ldy, n;
+    sp_cuda_attn at;
+    sp_cuda_kv kv;
+    unsigned *done;
+    cudaStream_t s;
+    template <int K, int BITS, int SDT, int NT>
+    int go() const {
+        if constexpr (NT == MMA_TOKENS || !reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
+        else {
+            dim3 grid((unsigned)((at.n_heads + 2 * at.n_kv_heads) * at.head_dim / VR), (unsigned)((n + NT - 1) / NT));
+            if (kv.dt == SP_CUDA_F32)
+                launch(k_vrows_heads<K, BITS, SDT, NT, A, SP_CUDA_F32>, grid, VWARPS * WARP, s, *w, qp, a, y, ldy, n,
+                       at, kv, done);
+            else if (kv.dt == SP_CUDA_F16)
+                launch(k_vrows_heads<K, BITS, SDT, NT, A, SP_CUDA_F16>, grid, VWARPS * WARP, s, *w, qp, a, y, ldy, n,
+                       at, kv, done);
+            else
+                launch(k_vrows_heads<K, BITS, SDT, NT, A, SP_CUDA_BF16>, grid, VWARPS * WARP, s, *w, qp, a, y, ldy, n,
+                       at, kv, done);
+            return (int)cudaGetLastError();
+        }
+    }
+};
+
+struct split_ok {
+    const sp_cuda_weight *w;
+    template <int K, int BITS, int SDT, int NT>
+    int go() const { return vsplit<K, BITS>(*w); }
+};
+}  // namespace
+
+extern "C" bool sp_cuda_linear_heads_ok(const struct sp_cuda_weight *w, int parts, bool int8,
+                                        const struct sp_cuda_attn *a, int64_t n) {
+    int64_t hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
+    if (n < 1 || n >= MMA_TOKENS || hd > HEADS_MAX_DIM || hd % VR || a->rot > hd || (parts != 1 && parts != 3))
+        return false;
+    if (parts == 1 ? w[0].rows != q + 2 * kv : w[0].rows != q || w[1].rows != kv || w[2].rows != kv) return false;
+    for (int i = 0; i < parts; i++) {
+        const sp_cuda_weight &p = w[i];
+        if (p.fmt != w[0].fmt || p.elem != w[0].elem || p.scale_dt != w[0].scale_dt || p.bits != w[0].bits ||
+            p.group != w[0].group || p.cols != w[0].cols || !p.bias != !w[0].bias ||
+            (p.bias && p.bias_dt != w[0].bias_dt) || !sp_cuda_vec_ok(&p) || (int8 && !sp_cuda_q_ok(&p)) ||
+            vdispatch(p, 1, split_ok{&p}) != 1)
+            return false;
+    }
+    return true;
+}
+
+extern "C" int sp_cuda_linear_heads(const struct sp_cuda_weight *w, int parts, const float *x, int64_t ldx,
+                                    const struct sp_cuda_qx *xq, float *qkv, int64_t ldq, int64_t n,
+                                    const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, unsigned *done,
+                                    void *stream) {
+    if (!sp_cuda_linear_heads_ok(w, parts, xq != NULL, a, n)) return (int)cudaErrorInvalidValue;
+    qkv_parts qp = {};
+    qp.n = parts;
+    for (int i = 0; i < parts; i++) {
+        qp.codes[i] = w[i].codes, qp.scales[i] = w[i].scales, qp.biases[i] = w[i].biases, qp.bias[i] = w[i].bias;
+        qp.rows[i] = w[i].rows;
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int nt = vec_tokens(n);
+    if (xq) return vdispatch(*w, nt, heads_launch<qacts>{w, qp, qacts_of(*xq), qkv, ldq, n, *a, *kv, done, s});
+    return vdispatch(*w, nt,
+                     heads_launch<facts>{w, qp, {x, ldx, aligned16(x) && ldx % 4 == 0}, qkv, ldq, n, *a, *kv, done, s});
 }
 
 extern "C" int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t cols, uint64_t *best, void *stream) {

@@ -234,6 +234,20 @@ struct sp_cuda_attn {
  * token's k and v heads into the cache. */
 int sp_cuda_attn_prologue(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, float *qkv, int64_t ldq,
                           int64_t n, void *stream);
+/* Whether sp_cuda_linear_heads takes w[0 .. parts) (attention's q, k and
+ * v rows: one fused matrix, or q, k and v of one format and width) for n
+ * tokens (int8: with int8 activations): the vector kernels' formats,
+ * products they split over a block's warps, fewer tokens than a
+ * tensor-core tile, heads of at most 256 dimensions. */
+bool sp_cuda_linear_heads_ok(const struct sp_cuda_weight *w, int parts, bool int8, const struct sp_cuda_attn *a,
+                             int64_t n);
+/* qkv = w(x) for n rows of x (or where xq is set, of its int8 rows) as
+ * sp_cuda_linear (sp_cuda_linear_q) computes each part, side by side,
+ * then sp_cuda_attn_prologue on it, in one launch: the same bits. done:
+ * n x (n_heads + n_kv_heads) counts in device memory, 0 between launches. */
+int sp_cuda_linear_heads(const struct sp_cuda_weight *w, int parts, const float *x, int64_t ldx,
+                         const struct sp_cuda_qx *xq, float *qkv, int64_t ldq, int64_t n, const struct sp_cuda_attn *a,
+                         const struct sp_cuda_kv *kv, unsigned *done, void *stream);
 /* Chunks of cached positions that attention scores apart (and merges in
  * order) for a token seeing `positions` of them: each takes head_dim + 2
  * floats of the scratch for each query head. */
