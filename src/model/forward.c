@@ -1596,11 +1596,11 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         } else {
             double q_macs = (double)n * (double)d * (double)((a->attn_gate ? 2 : 1) * qd + 2 * kvd);
             struct sp_tensor att = sp_tensor_rows(c->att, 0, n), qkv = sp_tensor_rows(c->qkv, 0, n);
-            if (!a->attn_gate && be->ops->linear_attention) {  // the products' time in attention's
+            /* one op where the backend has it, but for --steps, which times the products apart */
+            if (!a->attn_gate && be->ops->linear_attention && !c->p.time_steps) {
                 bool f = a->fused_qkv;
-                STEP(c, SP_STEP_ATTENTION, q_macs + attention_macs(c, b, ly->att.window),
-                     be->ops->linear_attention(be, f ? &ly->qkv : &ly->q, f ? NULL : &ly->k, f ? NULL : &ly->v, h,
-                                               &ly->att, b, qkv, att));
+                be->ops->linear_attention(be, f ? &ly->qkv : &ly->q, f ? NULL : &ly->k, f ? NULL : &ly->v, h, &ly->att,
+                                          b, qkv, att);
             } else {
                 STEP(c, SP_STEP_QKV, q_macs, qkv_products(c, ly, n));
                 STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, ly->att.window),
