@@ -986,6 +986,75 @@ static void test_cuda_wide_router(void **state) {
     th_rmdir(dir);
 }
 
+/* Heads of 64 and 128 dimensions (gpt-oss's and Qwen3's), whose prompt
+ * attention takes 16 tokens a block from the cache rows their chunks span,
+ * read once into shared memory: a 200-token prompt in steps of 64 (the
+ * later steps seeing the earlier ones' positions; gpt-oss's window of 40
+ * moving across them) gives the bits of the same prompt token by token (a
+ * block a token, reading the cache alone), with f16 and bf16 caches, and
+ * the CPU's logits within 1e-3 of the largest; with int8 activations on
+ * affine4 weights, the bits of token by token too. */
+static void test_cuda_wide_heads(void **state) {
+    if (!use_cuda()) skip();
+    enum { N = 200, V = 512 };
+    static const struct {
+        const char *config;
+        int head_dim, window;
+    } shapes[] = {{"tools/tiny/qwen3_moe.json", 64, 0}, {"tools/tiny/qwen3_moe.json", 128, 0}, {"tools/tiny/gpt_oss.json", 64, 40}};
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 53 + 7) % V);
+    float *ref = malloc((size_t)(N * V) * sizeof(float)), *whole = malloc((size_t)(N * V) * sizeof(float)),
+          *one = malloc((size_t)(N * V) * sizeof(float));
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        cJSON *cfg;
+        assert_int_equal(sp_json_parse_file(shapes[sh].config, 1 << 20, &cfg), SP_OK);
+        cJSON_ReplaceItemInObject(cfg, "head_dim", cJSON_CreateNumber(shapes[sh].head_dim));
+        if (shapes[sh].window) cJSON_ReplaceItemInObject(cfg, "sliding_window", cJSON_CreateNumber(shapes[sh].window));
+        char *dir = th_tmpdir(), *qdir = th_tmpdir();
+        struct sp_synth_opts o = {.dtype = SP_DTYPE_F32, .seed = 5};
+        if (sp_synth_write(cfg, dir, &o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
+        assert_int_equal(cJSON_GetObjectItem(cfg, "vocab_size")->valueint, V);
+        cJSON_Delete(cfg);
+        struct sp_model *m, *q;
+        assert_int_equal(sp_model_open(dir, &m), SP_OK);
+        const struct sp_quantize_opts a4 = {.type = SP_QTYPE_AFFINE4, .group = 64};
+        assert_int_equal(sp_quantize_model(m, qdir, &a4), SP_OK);
+        assert_int_equal(sp_model_open(qdir, &q), SP_OK);
+        for (int k = 0; k < 3; k++) {
+            enum sp_kv_type kv = k == 1 ? SP_KV_BF16 : SP_KV_F16;
+            struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 1, .max_batch = 64, .kv_type = kv, .n_threads = 2,
+                                      .float_activations = k < 2};
+            struct sp_ctx *c;
+            if (k < 2) {
+                p.device = SP_DEVICE_CPU;
+                assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+                run_seq(c, tok, N, 64, 0, ref, V);
+                sp_ctx_free(c);
+            }
+            p.device = SP_DEVICE_CUDA;
+            assert_int_equal(sp_ctx_create(k < 2 ? m : q, &p, &c), SP_OK);
+            run_seq(c, tok, N, 64, 0, whole, V);
+            sp_ctx_free(c);
+            assert_int_equal(sp_ctx_create(k < 2 ? m : q, &p, &c), SP_OK);
+            run_seq(c, tok, N, 1, 0, one, V);
+            sp_ctx_free(c);
+            char what[128];
+            snprintf(what, sizeof what, "%s, head_dim %d, kv %s, %s", shapes[sh].config, shapes[sh].head_dim,
+                     sp_kv_type_name(kv), k < 2 ? "float activations" : "affine4, int8 activations");
+            if (k < 2) compare(what, whole, ref, N, V, 1e-3);
+            assert_memory_equal(whole, one, (size_t)(N * V) * sizeof(float));
+            print_message("%s: the prompt in steps of 64 = token by token\n", what);
+        }
+        sp_model_close(q);
+        sp_model_close(m);
+        th_rmdir(qdir);
+        th_rmdir(dir);
+    }
+    free(ref);
+    free(whole);
+    free(one);
+}
+
 /* argv[1], when given, picks the tests to run by name ("test_cuda_*"). */
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -1007,6 +1076,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_graphs, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_wide_router, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_wide_heads, back_to_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1594,7 +1594,6 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
         } else if (ly->kind == SP_LAYER_MLA) {
             mla(c, ly, b, tmp);
         } else {
-            double q_macs = (double)n * (double)d * (double)((a->attn_gate ? 2 : 1) * qd + 2 * kvd);
             struct sp_tensor att = sp_tensor_rows(c->att, 0, n), qkv = sp_tensor_rows(c->qkv, 0, n);
             /* one op where the backend has it, but for --steps, which times the products apart */
             if (!a->attn_gate && be->ops->linear_attention && !c->p.time_steps) {
@@ -1602,6 +1601,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
                 be->ops->linear_attention(be, f ? &ly->qkv : &ly->q, f ? NULL : &ly->k, f ? NULL : &ly->v, h, &ly->att,
                                           b, qkv, att);
             } else {
+                double q_macs = (double)n * (double)d * (double)((a->attn_gate ? 2 : 1) * qd + 2 * kvd);
                 STEP(c, SP_STEP_QKV, q_macs, qkv_products(c, ly, n));
                 STEP(c, SP_STEP_ATTENTION, attention_macs(c, b, ly->att.window),
                      be->ops->attention(be, &ly->att, b, qkv, att);

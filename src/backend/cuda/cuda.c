@@ -884,16 +884,18 @@ static void attend(struct cuda *c, const struct sp_attn_layer *ly, const struct 
                    struct sp_tensor att, const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv) {
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n, visible = 0;
+    bool one_seq = true;
     for (int64_t t = 0; t < n; t++) {
         int64_t v = bt->pos[t] + 1;
         if (ly->window > 0 && v > ly->window) v = ly->window;
         if (v > visible) visible = v;
+        one_seq = one_seq && bt->seq[t] == bt->seq[0];
     }
     /* rounded to int8 as the heads are merged, for the output product */
     int64_t cols = s->n_heads * s->head_dim;
     const struct sp_cuda_qx *q = s->head_dim % SP_CUDA_QBLOCK == 0 ? norm_q(c, n, cols) : NULL;
     if (check(c, (cudaError_t)sp_cuda_attention(a, kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
-                                                c->att_part_floats, c->att_done, q, c->stream),
+                                                c->att_part_floats, c->att_done, q, one_seq, c->stream),
               "attention"))
         norm_holds(c, q, att.data, att.ld, n, cols);
 }
@@ -1022,14 +1024,6 @@ static void mlp_item(struct cuda *c, const struct sp_mlp_item *it, const struct 
     product(c, it->down, fb, ld, out.data + it->row * out.ld, out.ld, cnt);
 }
 
-/* Whether a and b are read by the same instantiation of a kernel, with
- * the same columns. */
-static bool same_format(const struct sp_cuda_weight *a, const struct sp_cuda_weight *b) {
-    return a->fmt == b->fmt && a->elem == b->elem && a->bits == b->bits && a->group == b->group &&
-           (a->fmt != SP_CUDA_FMT_AFFINE || a->scale_dt == b->scale_dt) && !a->bias == !b->bias &&
-           (!a->bias || a->bias_dt == b->bias_dt) && a->cols == b->cols;
-}
-
 /* it's gate (or gate_up), up and down into w; whether the batched MLP
  * kernels take them. */
 static bool vec_item(struct cuda *c, const struct sp_mlp_item *it, struct sp_cuda_weight w[3]) {
@@ -1041,7 +1035,7 @@ static bool vec_item(struct cuda *c, const struct sp_mlp_item *it, struct sp_cud
     }
     if (!weight_of(c, it->down, &w[2])) return false;
     int64_t ff = w[2].cols;
-    return sp_cuda_vec_ok(&w[0]) && sp_cuda_vec_ok(&w[1]) && sp_cuda_vec_ok(&w[2]) && same_format(&w[0], &w[1]) &&
+    return sp_cuda_vec_ok(&w[0]) && sp_cuda_vec_ok(&w[1]) && sp_cuda_vec_ok(&w[2]) && sp_cuda_same_format(&w[0], &w[1]) &&
            w[0].rows == (it->gate_up ? 2 * ff : ff) && w[1].rows == w[0].rows;
 }
 
@@ -1093,7 +1087,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         }
         struct mlp_run *r = nr ? &c->runs[nr - 1] : NULL;
         bool fused = it->gate_up != NULL;
-        if (!r || r->fused != fused || !same_format(&r->gate, &w[0]) || !same_format(&r->down, &w[2]) ||
+        if (!r || r->fused != fused || !sp_cuda_same_format(&r->gate, &w[0]) || !sp_cuda_same_format(&r->down, &w[2]) ||
             r->down.rows != w[2].rows) {
             r = &c->runs[nr++];
             *r = (struct mlp_run){.first = nv, .gate = w[0], .down = w[2], .fused = fused, .xvec = true,
@@ -1169,15 +1163,15 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
         struct sp_cuda_weight w[3];
         ok = vec_item(c, &it, w);
         if (ok && e == 0) t->gate = w[0], t->down = w[2];
-        ok = ok && same_format(&t->gate, &w[0]) && same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
+        ok = ok && sp_cuda_same_format(&t->gate, &w[0]) && sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
              !t->gate.bias == !w[1].bias;
         h[e] = item_weights(w, t->fused);
     }
     if (ok && m->shared_gate) {  // the shared expert rides along where the experts' kernels read it as they are
         struct sp_mlp_item it = {m->shared_gate, m->shared_up, NULL, m->shared_down, {0}, 0};
         struct sp_cuda_weight w[3];
-        t->shared = !t->fused && vec_item(c, &it, w) && same_format(&t->gate, &w[0]) &&
-                    same_format(&t->down, &w[2]) && t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
+        t->shared = !t->fused && vec_item(c, &it, w) && sp_cuda_same_format(&t->gate, &w[0]) &&
+                    sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
         if (t->shared) h[E] = item_weights(w, false);
     }
     size_t bytes = (size_t)(E + t->shared) * sizeof *h;

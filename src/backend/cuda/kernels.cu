@@ -1430,18 +1430,24 @@ bool vsplit(const sp_cuda_weight &w) {
     return w.rows < SPLIT_ROWS && w.cols / vec_elems<K, BITS>() >= WARP * VWARPS / 2;
 }
 
-/* Tensor-core kernel KERN of format K, whose shared memory is past the
- * default limit: the limit raised on each device the first time. */
-template <int K, auto KERN, class... A>
-int mma_launch(dim3 grid, cudaStream_t s, A &&...args) {
+/* Kernel KERN's limit of dynamic shared memory raised to bytes (past the
+ * default) on the current device, the first time. */
+template <auto KERN>
+int raise_smem(size_t bytes) {
     static uint64_t raised;  // a bit a device
     int dev = 0;
     cudaGetDevice(&dev);
-    if (!(raised >> (dev & 63) & 1)) {
-        int e = (int)cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_sizes<K>::ALL);
-        if (e) return e;
-        raised |= 1ull << (dev & 63);
-    }
+    if (raised >> (dev & 63) & 1) return 0;
+    int e = (int)cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (!e) raised |= 1ull << (dev & 63);
+    return e;
+}
+
+/* Tensor-core kernel KERN of format K, whose shared memory is past the
+ * default limit. */
+template <int K, auto KERN, class... A>
+int mma_launch(dim3 grid, cudaStream_t s, A &&...args) {
+    if (int e = raise_smem<KERN>(mma_sizes<K>::ALL)) return e;
     launch_smem(KERN, grid, MMA_WARPS * WARP, mma_sizes<K>::ALL, s, static_cast<A &&>(args)...);
     return (int)cudaGetLastError();
 }
@@ -2277,6 +2283,13 @@ struct qkv_parts {
     int n;
 };
 
+/* Element i of a part's array, selected rather than indexed (a kernel
+ * parameter indexed at run time is copied to local memory). */
+template <class T>
+__device__ __forceinline__ T qkv_part(const T (&v)[3], int i) {
+    return i == 0 ? v[0] : i == 1 ? v[1] : v[2];
+}
+
 /* k_vrows (split over the block's warps) on attention's q, k and v rows,
  * then each head's first step (prologue_head) in the same launch, by the
  * last of the head's blocks for a block of tokens to finish (a count a
@@ -2293,11 +2306,8 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     int i = qp.n == 1 || r0 < qp.rows[0] ? 0 : r0 < qp.rows[0] + qp.rows[1] ? 1 : 2;
     int64_t first = i == 0 ? 0 : i == 1 ? qp.rows[0] : qp.rows[0] + qp.rows[1];
     sp_cuda_weight wi = w;
-    wi.codes = i == 0 ? qp.codes[0] : i == 1 ? qp.codes[1] : qp.codes[2];
-    wi.scales = i == 0 ? qp.scales[0] : i == 1 ? qp.scales[1] : qp.scales[2];
-    wi.biases = i == 0 ? qp.biases[0] : i == 1 ? qp.biases[1] : qp.biases[2];
-    wi.bias = i == 0 ? qp.bias[0] : i == 1 ? qp.bias[1] : qp.bias[2];
-    wi.rows = i == 0 ? qp.rows[0] : i == 1 ? qp.rows[1] : qp.rows[2];
+    wi.codes = qkv_part(qp.codes, i), wi.scales = qkv_part(qp.scales, i), wi.biases = qkv_part(qp.biases, i);
+    wi.bias = qkv_part(qp.bias, i), wi.rows = qkv_part(qp.rows, i);
     vrows<K, BITS, SDT, NT, A, true>(wi, a, y + first, ldy, n, r0 - first, t0, wid, part);
     int64_t hd = at.head_dim, qrows = at.n_heads * hd, heads = at.n_heads + at.n_kv_heads;
     int64_t h = r0 < qrows ? r0 / hd : at.n_heads + (r0 - qrows) % (at.n_kv_heads * hd) / hd;
@@ -2379,122 +2389,101 @@ struct attn_out {
 
 __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o);
 
-/* A block a (token, query head, chunk of ATT_CHUNK of its visible
- * positions), a warp 32 of them: each lane scores one position (its key
- * row read whole, 16 bytes at a time, every lane's reads in flight at
- * once), the warp takes their softmax against its max, then its lanes
- * (over the dimensions) add the values weighted so in position order; the
- * warps are merged in order into the chunk's max, sum and weighted values
- * in part (zmax chunks a row); the last of a (token, head)'s chunks to be
- * done merges them (attn_merge). Chunks are fixed spans of the token's
- * own positions, merged in order, so what a token gets does not depend on
- * the batch. DPL > 0 (a 16-bit cache, head_dim = 32 DPL): each lane's key
- * row and its DPL dimensions of the warp's 32 value rows are loaded at
- * once, every load in flight together (the cache is read from memory, so
- * the round trips, not the bytes, bound this kernel); the sums are the
- * same. */
-template <int DT, int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * WARP)
-    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
-    dep_start();
-    __shared__ float q[SP_CUDA_MAX_HEAD_DIM];
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][SP_CUDA_MAX_HEAD_DIM];
-    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
-    int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    int64_t c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
-    if (c0 > pos) return;  // past the token's positions: neither counted nor merged
-    for (int64_t i = threadIdx.x; i < hd; i += ATT_WARPS * WARP) q[i] = qkv[t * ldq + h * hd + i];
-    __syncthreads();
-    int64_t p0 = c0 + wid * WARP, p = p0 + lane;
-    const float scale = 1.0f / sqrtf((float)hd);
+/* What an attention block keeps in shared memory: the token's query head,
+ * and each warp's max, sum and weighted values (heads up to HD). */
+template <int HD>
+struct attn_smem {
+    float q[HD];
+    float wm[ATT_WARPS], wl[ATT_WARPS];
+    float wacc[ATT_WARPS][HD];
+};
+
+/* A cache row's 16-bit elements: G, from global memory (past L1's
+ * coherence: the cache is written by kernels before this one), else from
+ * shared memory. */
+template <bool G, class T>
+__device__ __forceinline__ T ld_row(const T *p) {
+    if constexpr (G) return __ldg(p);
+    else return *p;
+}
+
+/* A warp's share of a chunk for query q (HD = 32 DPL dimensions, a 16-bit
+ * cache): cnt positions (<= 0: none), the lane's key row at krow (lane <
+ * cnt), the warp's value rows from vrow, vstep elements apart. Each lane
+ * scores its position (its key row read whole, 16 bytes at a time, every
+ * read in flight at once), the warp takes their softmax against its max m
+ * (sum l), then each lane adds its DPL dimensions of the value rows
+ * weighted so, in position order, into acc (every row's load in flight
+ * together: from memory, the round trips bound this, not the bytes). */
+template <int DT, int DPL, bool G>
+__device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, const uint16_t *vrow, int64_t vstep,
+                                          int64_t cnt, float scale, float &m, float &l, float *acc) {
+    int lane = threadIdx.x % WARP;
     float sc = -INFINITY;
-    if (p <= pos) {
-        int64_t ko = kv_at(kv, a, 0, s, p, kvh);
+    if (lane < cnt) {
+        constexpr int U = DPL * WARP / 8;  // 16-byte units of a key row
+        uint4 raw[U];
+        const uint4 *kp = reinterpret_cast<const uint4 *>(krow);
+#pragma unroll
+        for (int u = 0; u < U; u++) raw[u] = ld_row<G>(kp + u);
         float dot = 0.0f;
-        if constexpr (DPL > 0) {
-            constexpr int U = DPL * WARP / 8;  // 16-byte units of a key row
-            uint4 raw[U];
-            const uint4 *kp = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(kv.data) + ko);
 #pragma unroll
-            for (int u = 0; u < U; u++) raw[u] = __ldg(kp + u);
+        for (int u = 0; u < U; u++) {
+            float k8[8];
+            unpack8<DT>(raw[u], k8);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                float k8[8];
-                unpack8<DT>(raw[u], k8);
-#pragma unroll
-                for (int j = 0; j < 8; j++) dot = fmaf(q[u * 8 + j], k8[j], dot);
-            }
-        } else if (hd % 8 == 0) {
-            for (int64_t e = 0; e < hd; e += 8) {
-                float k8[8];
-                kv_load8<DT>(kv.data, ko + e, k8);
-#pragma unroll
-                for (int j = 0; j < 8; j++) dot = fmaf(q[e + j], k8[j], dot);
-            }
-        } else {
-            for (int64_t e = 0; e < hd; e++) dot = fmaf(q[e], ldf<DT>(kv.data, ko + e), dot);
+            for (int j = 0; j < 8; j++) dot = fmaf(q[u * 8 + j], k8[j], dot);
         }
         sc = __fmul_rn(dot, scale);
     }
-    float m = warp_max(sc);  // -inf where the warp has no position
-    float e = p <= pos ? expf(__fsub_rn(sc, m)) : 0.0f;
-    float l = warp_sum(e);
-    int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;  // the warp's positions (<= 0: none)
-    int64_t vo = kv_at(kv, a, 1, s, p0 > pos ? pos : p0, kvh), vstep = a.n_kv_heads * hd;
-    if constexpr (DPL > 0) {
-        using row_t = typename std::conditional<DPL == 2, uint32_t, typename std::conditional<DPL == 4, uint2, uint4>::type>::type;
-        row_t raw[WARP];
-        const uint16_t *vp = static_cast<const uint16_t *>(kv.data) + vo + lane * DPL;
+    m = warp_max(sc);  // -inf where the warp has no position
+    float e = lane < cnt ? expf(__fsub_rn(sc, m)) : 0.0f;
+    l = warp_sum(e);
+    using row_t = typename std::conditional<DPL == 2, uint32_t, typename std::conditional<DPL == 4, uint2, uint4>::type>::type;
+    row_t raw[WARP];
+    const uint16_t *vp = vrow + lane * DPL;
 #pragma unroll
-        for (int j = 0; j < WARP; j++)
-            if (j < cnt) raw[j] = __ldg(reinterpret_cast<const row_t *>(vp + j * vstep));
-        float v[DPL];
+    for (int j = 0; j < WARP; j++)
+        if (j < cnt) raw[j] = ld_row<G>(reinterpret_cast<const row_t *>(vp + j * vstep));
+    float v[DPL];
 #pragma unroll
-        for (int k = 0; k < DPL; k++) v[k] = 0.0f;
+    for (int k = 0; k < DPL; k++) v[k] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < WARP; j++) {
-            float ej = __shfl_sync(0xffffffffu, e, j);
-            if (j >= cnt) continue;
-            float f[DPL];
-            unpack<DT, DPL>(raw[j], f);
+    for (int j = 0; j < WARP; j++) {
+        float ej = __shfl_sync(0xffffffffu, e, j);
+        if (j >= cnt) continue;
+        float f[DPL];
+        unpack<DT, DPL>(raw[j], f);
 #pragma unroll
-            for (int k = 0; k < DPL; k++) v[k] = fmaf(ej, f[k], v[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < DPL; k++) wacc[wid][lane * DPL + k] = v[k];
-    } else
-    for (int64_t d0 = 0; d0 < hd; d0 += WARP) {  // every lane in every pass: the shuffles take the whole warp
-        int64_t d = d0 + lane;
-        float v = 0.0f;
-#pragma unroll 8
-        for (int j = 0; j < WARP; j++) {
-            float ej = __shfl_sync(0xffffffffu, e, j);
-            if (j < cnt && d < hd) v = fmaf(ej, ldf<DT>(kv.data, vo + j * vstep + d), v);
-        }
-        if (d < hd) wacc[wid][d] = v;
+        for (int k = 0; k < DPL; k++) v[k] = fmaf(ej, f[k], v[k]);
     }
-    if (lane == 0) wm[wid] = m, wl[wid] = l;
+#pragma unroll
+    for (int k = 0; k < DPL; k++) acc[lane * DPL + k] = v[k];
+}
+
+/* The block's warps (their max, sum and values in sm) merged in order into
+ * chunk z's part of token t's head h (zmax chunks a row); the last of the
+ * head's S chunks to be done merges them all (attn_merge). */
+template <int HD>
+__device__ void attn_chunk(const sp_cuda_attn &a, const attn_out &o, const attn_smem<HD> &sm, int64_t t, int64_t h,
+                           int64_t z, int64_t zmax, int64_t S) {
+    int64_t hd = a.head_dim;
     __syncthreads();
-    float bm = wm[0], bl = 0.0f, wf[ATT_WARPS];
-    for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, wm[w]);
+    float bm = sm.wm[0], bl = 0.0f, wf[ATT_WARPS];
+    for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, sm.wm[w]);
     for (int w = 0; w < ATT_WARPS; w++) {
-        wf[w] = wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(wm[w], bm));  // a warp that saw no position adds nothing
-        bl = __fadd_rn(bl, __fmul_rn(wl[w], wf[w]));
+        wf[w] = sm.wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm.wm[w], bm));  // a warp that saw no position adds nothing
+        bl = __fadd_rn(bl, __fmul_rn(sm.wl[w], wf[w]));
     }
-    const float *pp = o.part + (t * a.n_heads + h) * gridDim.z * (hd + 2);
-    float *out = o.part + ((t * a.n_heads + h) * gridDim.z + blockIdx.z) * (hd + 2);
+    const float *pp = o.part + (t * a.n_heads + h) * zmax * (hd + 2);
+    float *out = o.part + ((t * a.n_heads + h) * zmax + z) * (hd + 2);
     if (threadIdx.x == 0) out[0] = bm, out[1] = bl;
     for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
         float v = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) v = fmaf(wacc[w][d], wf[w], v);
+        for (int w = 0; w < ATT_WARPS; w++) v = fmaf(sm.wacc[w][d], wf[w], v);
         out[2 + d] = v;
     }
-    /* the (token, head)'s last chunk to finish merges them all */
     __shared__ bool last;
-    int64_t S = (pos - lo + ATT_CHUNK) / ATT_CHUNK;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -2506,6 +2495,147 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     if (!last) return;
     __threadfence();
     attn_merge(a, pp, t, h, S, o);
+}
+
+/* A block a (token, query head, chunk of ATT_CHUNK of its visible
+ * positions), a warp 32 of them: each lane scores one position, the warp
+ * takes their softmax against its max, then its lanes (over the
+ * dimensions) add the values weighted so in position order (attn_warp
+ * where DPL > 0: a 16-bit cache, head_dim = 32 DPL); then attn_chunk.
+ * Chunks are fixed spans of the token's own positions, merged in order,
+ * so what a token gets does not depend on the batch. */
+template <int DT, int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * WARP)
+    k_attn(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
+    dep_start();
+    constexpr int HD = DPL > 0 ? DPL * WARP : SP_CUDA_MAX_HEAD_DIM;
+    __shared__ attn_smem<HD> sm;
+    int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
+    int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+    int64_t c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
+    if (c0 > pos) return;  // past the token's positions: neither counted nor merged
+    for (int64_t i = threadIdx.x; i < hd; i += ATT_WARPS * WARP) sm.q[i] = qkv[t * ldq + h * hd + i];
+    __syncthreads();
+    int64_t p0 = c0 + wid * WARP, p = p0 + lane;
+    int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;  // the warp's positions (<= 0: none)
+    int64_t vo = kv_at(kv, a, 1, s, p0 > pos ? pos : p0, kvh), vstep = a.n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float m, l;
+    if constexpr (DPL > 0) {
+        const uint16_t *data = static_cast<const uint16_t *>(kv.data);
+        attn_warp<DT, DPL, true>(sm.q, data + kv_at(kv, a, 0, s, p <= pos ? p : pos, kvh), data + vo, vstep, cnt,
+                                 scale, m, l, sm.wacc[wid]);
+    } else {
+        float sc = -INFINITY;
+        if (p <= pos) {
+            int64_t ko = kv_at(kv, a, 0, s, p, kvh);
+            float dot = 0.0f;
+            if (hd % 8 == 0) {
+                for (int64_t e = 0; e < hd; e += 8) {
+                    float k8[8];
+                    kv_load8<DT>(kv.data, ko + e, k8);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) dot = fmaf(sm.q[e + j], k8[j], dot);
+                }
+            } else {
+                for (int64_t e = 0; e < hd; e++) dot = fmaf(sm.q[e], ldf<DT>(kv.data, ko + e), dot);
+            }
+            sc = __fmul_rn(dot, scale);
+        }
+        m = warp_max(sc);  // -inf where the warp has no position
+        float e = p <= pos ? expf(__fsub_rn(sc, m)) : 0.0f;
+        l = warp_sum(e);
+        for (int64_t d0 = 0; d0 < hd; d0 += WARP) {  // every lane in every pass: the shuffles take the whole warp
+            int64_t d = d0 + lane;
+            float v = 0.0f;
+#pragma unroll 8
+            for (int j = 0; j < WARP; j++) {
+                float ej = __shfl_sync(0xffffffffu, e, j);
+                if (j < cnt && d < hd) v = fmaf(ej, ldf<DT>(kv.data, vo + j * vstep + d), v);
+            }
+            if (d < hd) sm.wacc[wid][d] = v;
+        }
+    }
+    if (lane == 0) sm.wm[wid] = m, sm.wl[wid] = l;
+    attn_chunk(a, o, sm, t, h, blockIdx.z, gridDim.z, (pos - lo + ATT_CHUNK) / ATT_CHUNK);
+}
+
+constexpr int ATT_TILE = 16;  // tokens of k_attn_tile's block
+/* Cache rows k_attn_tile holds: a chunk for each of its tokens, which with
+ * consecutive positions under a window start up to ATT_TILE - 1 apart. */
+constexpr int ATT_TILE_ROWS = ATT_CHUNK + ATT_TILE;
+
+/* Shared memory of k_attn_tile for heads of HD: its key rows, then its
+ * value rows, each padded by 16 bytes (a warp's lanes reading one offset
+ * of 32 rows then fall in different banks). */
+template <int HD>
+struct attn_tile_sizes {
+    static constexpr int ROW = HD + 8;
+    static constexpr size_t BYTES = 2 * ATT_TILE_ROWS * ROW * sizeof(uint16_t);
+};
+
+/* k_attn for a launch whose tokens are all of one sequence (a prompt; a
+ * 16-bit cache, head_dim = 32 DPL): a block a (ATT_TILE tokens, query
+ * head, chunk) reads the positions its tokens' chunks span from the cache
+ * into shared memory once, then takes each token as k_attn takes it (the
+ * same sums), from there; where the span is past ATT_TILE_ROWS (positions
+ * far apart), each token from the cache, as k_attn. */
+template <int DT, int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * WARP)
+    k_attn_tile(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o, int64_t n) {
+    dep_start();
+    constexpr int HD = DPL * WARP, RS = attn_tile_sizes<HD>::ROW, U = HD / 8;
+    extern __shared__ uint4 tile_mem[];
+    uint16_t *keys = reinterpret_cast<uint16_t *>(tile_mem), *vals = keys + ATT_TILE_ROWS * RS;
+    __shared__ attn_smem<HD> sm;
+    int64_t t0 = (int64_t)blockIdx.x * ATT_TILE, h = blockIdx.y, z = blockIdx.z;
+    int64_t nt = n - t0 < ATT_TILE ? n - t0 : ATT_TILE;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t0];
+    auto first_of = [&](int64_t pos) {  // the first position of a token's chunk z
+        int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+        return lo + z * ATT_CHUNK;
+    };
+    int64_t base = INT64_MAX, top = -1;  // the positions the tokens' chunks span
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t pos = a.pos[t0 + i], c0 = first_of(pos), end = c0 + ATT_CHUNK - 1 < pos ? c0 + ATT_CHUNK - 1 : pos;
+        if (c0 > pos) continue;
+        base = c0 < base ? c0 : base;
+        top = end > top ? end : top;
+    }
+    if (top < 0) return;  // past every token's positions
+    int64_t rows = top - base + 1;
+    bool held = rows <= ATT_TILE_ROWS;
+    const uint16_t *data = static_cast<const uint16_t *>(kv.data);
+    for (int64_t i = threadIdx.x; held && i < rows * U; i += ATT_WARPS * WARP) {
+        int64_t r = i / U, u = i % U;
+        const uint4 *kp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 0, s, base + r, kvh)) + u;
+        const uint4 *vp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, base + r, kvh)) + u;
+        reinterpret_cast<uint4 *>(keys + r * RS)[u] = __ldg(kp);
+        reinterpret_cast<uint4 *>(vals + r * RS)[u] = __ldg(vp);
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t t = t0 + i, pos = a.pos[t], c0 = first_of(pos);
+        if (c0 > pos) continue;  // the same for the whole block
+        __syncthreads();         // the rows loaded; the last token's q and warps' sums read
+        for (int64_t d = threadIdx.x; d < HD; d += ATT_WARPS * WARP) sm.q[d] = qkv[t * ldq + h * HD + d];
+        __syncthreads();
+        int64_t p0 = c0 + wid * WARP, p = p0 + lane, pv = p0 > pos ? pos : p0;
+        int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;
+        int64_t pk = p <= pos ? p : pos;
+        float m, l;
+        if (held)
+            attn_warp<DT, DPL, false>(sm.q, keys + (pk - base) * RS, vals + (pv - base) * RS, RS, cnt, scale, m, l,
+                                      sm.wacc[wid]);
+        else
+            attn_warp<DT, DPL, true>(sm.q, data + kv_at(kv, a, 0, s, pk, kvh), data + kv_at(kv, a, 1, s, pv, kvh),
+                                     a.n_kv_heads * HD, cnt, scale, m, l, sm.wacc[wid]);
+        if (lane == 0) sm.wm[wid] = m, sm.wl[wid] = l;
+        attn_chunk(a, o, sm, t, h, z, gridDim.z, (pos - (c0 - z * ATT_CHUNK) + ATT_CHUNK) / ATT_CHUNK);
+    }
 }
 
 /* Token t's head h from its S chunks' parts pp (read past L1: other
@@ -2796,6 +2926,12 @@ struct split_ok {
 };
 }  // namespace
 
+extern "C" bool sp_cuda_same_format(const struct sp_cuda_weight *a, const struct sp_cuda_weight *b) {
+    return a->fmt == b->fmt && a->elem == b->elem && a->bits == b->bits && a->group == b->group &&
+           (a->fmt != SP_CUDA_FMT_AFFINE || a->scale_dt == b->scale_dt) && !a->bias == !b->bias &&
+           (!a->bias || a->bias_dt == b->bias_dt) && a->cols == b->cols;
+}
+
 extern "C" bool sp_cuda_linear_heads_ok(const struct sp_cuda_weight *w, int parts, bool int8,
                                         const struct sp_cuda_attn *a, int64_t n) {
     int64_t hd = a->head_dim, q = a->n_heads * hd, kv = a->n_kv_heads * hd;
@@ -2804,9 +2940,7 @@ extern "C" bool sp_cuda_linear_heads_ok(const struct sp_cuda_weight *w, int part
     if (parts == 1 ? w[0].rows != q + 2 * kv : w[0].rows != q || w[1].rows != kv || w[2].rows != kv) return false;
     for (int i = 0; i < parts; i++) {
         const sp_cuda_weight &p = w[i];
-        if (p.fmt != w[0].fmt || p.elem != w[0].elem || p.scale_dt != w[0].scale_dt || p.bits != w[0].bits ||
-            p.group != w[0].group || p.cols != w[0].cols || !p.bias != !w[0].bias ||
-            (p.bias && p.bias_dt != w[0].bias_dt) || !sp_cuda_vec_ok(&p) || (int8 && !sp_cuda_q_ok(&p)) ||
+        if (!sp_cuda_same_format(&p, &w[0]) || !sp_cuda_vec_ok(&p) || (int8 && !sp_cuda_q_ok(&p)) ||
             vdispatch(p, 1, split_ok{&p}) != 1)
             return false;
     }
@@ -2927,11 +3061,28 @@ int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp
     else launch(k_attn<DT, 8>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
     return (int)cudaGetLastError();
 }
+
+/* k_attn_tile for m tokens (grid.x: ATT_TILE a block), heads of 32 DPL. */
+template <int DT, int DPL>
+int attn_tiled(dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q, int64_t ldq,
+               const attn_out &o, int64_t m) {
+    constexpr size_t bytes = attn_tile_sizes<DPL * WARP>::BYTES;
+    if (int e = raise_smem<k_attn_tile<DT, DPL>>(bytes)) return e;
+    launch_smem(k_attn_tile<DT, DPL>, grid, ATT_WARPS * WARP, bytes, s, a, kv, q, ldq, o, m);
+    return (int)cudaGetLastError();
+}
+
+template <int DT>
+int attn_tiled(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
+               int64_t ldq, const attn_out &o, int64_t m) {
+    return hd == 64 ? attn_tiled<DT, 2>(grid, s, a, kv, q, ldq, o, m) : attn_tiled<DT, 4>(grid, s, a, kv, q, ldq, o, m);
+}
 }  // namespace
 
 extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
                                  int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
-                                 int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, void *stream) {
+                                 int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, bool one_seq,
+                                 void *stream) {
     if (n <= 0) return 0;
     int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
     if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats ||
@@ -2948,13 +3099,19 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
         int hd = (int)a->head_dim;
         bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
+        bool tiled = one_seq && m >= ATT_TILE && fast && hd != 256;
         attn_out o = {part, done, att + t0 * lda, lda, {}};
         if (qo) {  // its rows from t0 on
             o.q = *qo;
             o.q.q += t0 * o.q.ldq;
             o.q.d += 2 * t0 * o.q.ldd;
         }
-        if (kv->dt == SP_CUDA_F32) launch(k_attn<SP_CUDA_F32, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
+        if (tiled) {
+            dim3 tgrid((unsigned)((m + ATT_TILE - 1) / ATT_TILE), grid.y, grid.z);
+            err = kv->dt == SP_CUDA_F16 ? attn_tiled<SP_CUDA_F16>(hd, tgrid, s, as, *kv, q, ldq, o, m)
+                                        : attn_tiled<SP_CUDA_BF16>(hd, tgrid, s, as, *kv, q, ldq, o, m);
+        } else if (kv->dt == SP_CUDA_F32)
+            launch(k_attn<SP_CUDA_F32, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
         else if (!fast && kv->dt == SP_CUDA_F16)
             launch(k_attn<SP_CUDA_F16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
         else if (!fast) launch(k_attn<SP_CUDA_BF16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
