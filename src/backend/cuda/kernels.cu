@@ -1116,10 +1116,12 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     extern __shared__ __align__(16) char mma_smem[];
     int t = threadIdx.x, lane = t % WARP, wid = t / WARP, g = lane >> 2, tq = lane & 3;
     uint32_t kb_n = ((chunks + STEP - 1) / STEP + MMA_KS - 1) / MMA_KS;  // stages a group of classes
-    int stages = (int)(W * 8 * kb_n);
+    uint32_t vn = (chunks + WARP - 1) / WARP < W ? (chunks + WARP - 1) / WARP : W;  // vector warps with chunks
     /* stage (v, grp, kb), the stages in that order: vector warp v, leaf group grp, chains' chunks
      * kb MMA_KS ..; its slot k * 4 + j is chunk 32 v + brev5(2 grp) + {0, 1, 16, 17}[j] + STEP (kb
-     * MMA_KS + k). Stepped through, not divided out: the loop's integer work is its overhead. */
+     * MMA_KS + k). Stepped through, not divided out: the loop's integer work is its overhead. A
+     * stage of no chunk (its first past the last: a short row's later groups, classes or warps)
+     * is neither loaded nor computed: its leaves are zeros. */
     struct spos {
         uint32_t v, grp, kb;
     };
@@ -1131,6 +1133,10 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         p.grp = 0;
         p.v++;
     };
+    auto next_live = [&](spos &p) {  // to the next stage with a chunk (v == vn: none left)
+        do advance(p);
+        while (p.v < vn && first_at(p) >= chunks);
+    };
     auto chunk_of = [&](uint32_t first, int k, int j) { return first + (j & 1) + 16 * (j >> 1) + STEP * k; };
     int gsh = __ffs((int)cpg) - 1;  // chunks a group: 1, 2 or 4 (groups of 32, 64, 128)
     bool gpow2 = (cpg & (cpg - 1)) == 0;
@@ -1140,8 +1146,8 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     const int8_t *xrow = a.q + (lu < nt ? lu : 0) * a.ldq;  // token lu's int8 row and block sums
     const float2 *drow = a.d + (lu < nt ? lu : 0) * a.ldd;
     auto stage_at = [&](int s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
-    auto issue = [&](int s, uint32_t first) {
-        if (s < stages) {
+    auto issue = [&](bool on, int s, uint32_t first) {
+        if (on) {
             char *base = stage_at(s);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -1176,15 +1182,17 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
             else reinterpret_cast<float *>(sb)[e] = sv[j][0];
         }
     };
-    spos cur = {0, 0, 0}, ah = {0, 0, 0};  // the stage computed, the stage loaded
-    for (int s = 0; s < MMA_STAGES - 1; s++, advance(ah)) {
+    spos cur = {0, 0, 0}, ah = {0, 0, 0};  // the stage computed, the stage loaded (chunk 0's: live)
+    for (int s = 0; s < MMA_STAGES - 1; s++) {
+        bool on = ah.v < vn;
         uint32_t first = first_at(ah);
-        if (s < stages) {
+        if (on) {
             float sv[4][2];
             scales_load(first, sv);
             scales_store(s, sv);
         }
-        issue(s, first);
+        issue(on, s, first);
+        if (on) next_live(ah);
     }
     int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
     int rlo = 16 * wid + g, rhi = rlo + 8;
@@ -1195,15 +1203,15 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         for (int n = 0; n < 2; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][n][e] = 0.0f;
-    for (int s = 0; s < stages; s++) {
+    for (int s = 0; cur.v < vn; s++) {  // s: the live stages before cur
         float sv[4][2];
-        bool ahead = s + MMA_STAGES - 1 < stages;
+        bool ahead = ah.v < vn;
         uint32_t first_ah = first_at(ah);
         if (ahead) scales_load(first_ah, sv);
         cp_async_wait<MMA_STAGES - 2>();
         __syncthreads();
-        issue(s + MMA_STAGES - 1, first_ah);
-        advance(ah);
+        issue(ahead, s + MMA_STAGES - 1, first_ah);
+        if (ahead) next_live(ah);
         const char *base = stage_at(s);
         const char *ws = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
         uint32_t first = first_at(cur);
@@ -1242,31 +1250,39 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
                 }
             }
         if (ahead) scales_store(s + MMA_STAGES - 1, sv);
-        spos at = cur;
-        advance(cur);
-        uint32_t grp = at.grp, v = at.v;
-        if (at.kb + 1 < kb_n) continue;
-        /* the group's leaves end: leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16, then pushed */
-        float pl[2][4], pr[2][4];
+        uint32_t gi = cur.v * 8 + cur.grp;
+        next_live(cur);
+        /* the groups ended (the stage's, and those of no chunk before the next live one) */
+        for (uint32_t gn = cur.v < vn ? cur.v * 8 + cur.grp : vn * 8; gi < gn; gi++) {
+            uint32_t grp = gi % 8, v = gi / 8;
+            /* the group's leaves end: leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16, then pushed */
+            float pl[2][4], pr[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; n++)
+            for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
-                pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
+                for (int e = 0; e < 4; e++) {
+                    pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
+                    pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
 #pragma unroll
-                for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
-            }
-        mma_push(stl, pl, (int)grp);
-        if (!mma_push(str, pr, (int)grp)) continue;
+                    for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
+                }
+            mma_push(stl, pl, (int)grp);
+            if (!mma_push(str, pr, (int)grp)) continue;
 #pragma unroll
-        for (int n = 0; n < 2; n++)
+            for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float tree = __fadd_rn(pl[n][e], pr[n][e]);
-                res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
-            }
+                for (int e = 0; e < 4; e++) {
+                    float tree = __fadd_rn(pl[n][e], pr[n][e]);
+                    res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
+                }
+        }
     }
+    /* the warps of no chunk add their sums, zeros, as the vector kernel adds them */
+    for (uint32_t v = vn; v < W; v++)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) res[n][e] = __fadd_rn(res[n][e], 0.0f);
     cp_async_wait<0>();
 }
 
@@ -2413,11 +2429,11 @@ __device__ __forceinline__ T ld_row(const T *p) {
  * scores its position (its key row read whole, 16 bytes at a time, every
  * read in flight at once), the warp takes their softmax against its max m
  * (sum l), then each lane adds its DPL dimensions of the value rows
- * weighted so, in position order, into acc (every row's load in flight
+ * weighted so, in position order, into v (every row's load in flight
  * together: from memory, the round trips bound this, not the bytes). */
 template <int DT, int DPL, bool G>
 __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, const uint16_t *vrow, int64_t vstep,
-                                          int64_t cnt, float scale, float &m, float &l, float *acc) {
+                                          int64_t cnt, float scale, float &m, float &l, float (&v)[DPL]) {
     int lane = threadIdx.x % WARP;
     float sc = -INFINITY;
     if (lane < cnt) {
@@ -2445,7 +2461,6 @@ __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, 
 #pragma unroll
     for (int j = 0; j < WARP; j++)
         if (j < cnt) raw[j] = ld_row<G>(reinterpret_cast<const row_t *>(vp + j * vstep));
-    float v[DPL];
 #pragma unroll
     for (int k = 0; k < DPL; k++) v[k] = 0.0f;
 #pragma unroll
@@ -2457,8 +2472,25 @@ __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, 
 #pragma unroll
         for (int k = 0; k < DPL; k++) v[k] = fmaf(ej, f[k], v[k]);
     }
-#pragma unroll
-    for (int k = 0; k < DPL; k++) acc[lane * DPL + k] = v[k];
+}
+
+/* The weights of a chunk's ATT_WARPS parts (their maxima wm, sums wl) in
+ * their merge: their max bm, the merged sum bl, and each part's factor wf
+ * (a part that saw no position adds nothing). */
+__device__ __forceinline__ void attn_weights(const float *wm, const float *wl, float &bm, float &bl, float *wf) {
+    bm = wm[0], bl = 0.0f;
+    for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, wm[w]);
+    for (int w = 0; w < ATT_WARPS; w++) {
+        wf[w] = wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(wm[w], bm));
+        bl = __fadd_rn(bl, __fmul_rn(wl[w], wf[w]));
+    }
+}
+
+/* Where chunk z's part of token t's head h goes (zmax chunks a row), and
+ * where its first chunk's part is. */
+__device__ __forceinline__ float *attn_part_of(const sp_cuda_attn &a, const attn_out &o, int64_t t, int64_t h, int64_t z,
+                                               int64_t zmax) {
+    return o.part + ((t * a.n_heads + h) * zmax + z) * (a.head_dim + 2);
 }
 
 /* The block's warps (their max, sum and values in sm) merged in order into
@@ -2469,14 +2501,10 @@ __device__ void attn_chunk(const sp_cuda_attn &a, const attn_out &o, const attn_
                            int64_t z, int64_t zmax, int64_t S) {
     int64_t hd = a.head_dim;
     __syncthreads();
-    float bm = sm.wm[0], bl = 0.0f, wf[ATT_WARPS];
-    for (int w = 1; w < ATT_WARPS; w++) bm = fmaxf(bm, sm.wm[w]);
-    for (int w = 0; w < ATT_WARPS; w++) {
-        wf[w] = sm.wm[w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm.wm[w], bm));  // a warp that saw no position adds nothing
-        bl = __fadd_rn(bl, __fmul_rn(sm.wl[w], wf[w]));
-    }
-    const float *pp = o.part + (t * a.n_heads + h) * zmax * (hd + 2);
-    float *out = o.part + ((t * a.n_heads + h) * zmax + z) * (hd + 2);
+    float bm, bl, wf[ATT_WARPS];
+    attn_weights(sm.wm, sm.wl, bm, bl, wf);
+    const float *pp = attn_part_of(a, o, t, h, 0, zmax);
+    float *out = attn_part_of(a, o, t, h, z, zmax);
     if (threadIdx.x == 0) out[0] = bm, out[1] = bl;
     for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
         float v = 0.0f;
@@ -2525,8 +2553,11 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     float m, l;
     if constexpr (DPL > 0) {
         const uint16_t *data = static_cast<const uint16_t *>(kv.data);
+        float v[DPL];
         attn_warp<DT, DPL, true>(sm.q, data + kv_at(kv, a, 0, s, p <= pos ? p : pos, kvh), data + vo, vstep, cnt,
-                                 scale, m, l, sm.wacc[wid]);
+                                 scale, m, l, v);
+#pragma unroll
+        for (int k = 0; k < DPL; k++) sm.wacc[wid][lane * DPL + k] = v[k];
     } else {
         float sc = -INFINITY;
         if (p <= pos) {
@@ -2576,20 +2607,25 @@ struct attn_tile_sizes {
     static constexpr size_t BYTES = 2 * ATT_TILE_ROWS * ROW * sizeof(uint16_t);
 };
 
+constexpr int ATT_TILE_WARPS = 8;  // warps of k_attn_tile's block, a token at a time each
+
 /* k_attn for a launch whose tokens are all of one sequence (a prompt; a
  * 16-bit cache, head_dim = 32 DPL): a block a (ATT_TILE tokens, query
  * head, chunk) reads the positions its tokens' chunks span from the cache
- * into shared memory once, then takes each token as k_attn takes it (the
- * same sums), from there; where the span is past ATT_TILE_ROWS (positions
- * far apart), each token from the cache, as k_attn. */
+ * into shared memory once (where they are more than ATT_TILE_ROWS,
+ * positions far apart, each token reads the cache), then each warp takes
+ * a token at a time whole: the chunk's ATT_WARPS parts of 32 positions
+ * one after another as k_attn's warps take them, merged as its block
+ * merges them (the same sums). The tokens' chunks are counted together
+ * at the end; the last chunk of a token merges its head (attn_merge). */
 template <int DT, int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * WARP)
+__global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
     k_attn_tile(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o, int64_t n) {
     dep_start();
     constexpr int HD = DPL * WARP, RS = attn_tile_sizes<HD>::ROW, U = HD / 8;
     extern __shared__ uint4 tile_mem[];
     uint16_t *keys = reinterpret_cast<uint16_t *>(tile_mem), *vals = keys + ATT_TILE_ROWS * RS;
-    __shared__ attn_smem<HD> sm;
+    __shared__ float qs[ATT_TILE_WARPS][HD];
     int64_t t0 = (int64_t)blockIdx.x * ATT_TILE, h = blockIdx.y, z = blockIdx.z;
     int64_t nt = n - t0 < ATT_TILE ? n - t0 : ATT_TILE;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
@@ -2609,32 +2645,79 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     int64_t rows = top - base + 1;
     bool held = rows <= ATT_TILE_ROWS;
     const uint16_t *data = static_cast<const uint16_t *>(kv.data);
-    for (int64_t i = threadIdx.x; held && i < rows * U; i += ATT_WARPS * WARP) {
+    for (int64_t i = threadIdx.x; held && i < rows * U; i += ATT_TILE_WARPS * WARP) {
         int64_t r = i / U, u = i % U;
         const uint4 *kp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 0, s, base + r, kvh)) + u;
         const uint4 *vp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, base + r, kvh)) + u;
         reinterpret_cast<uint4 *>(keys + r * RS)[u] = __ldg(kp);
         reinterpret_cast<uint4 *>(vals + r * RS)[u] = __ldg(vp);
     }
+    __syncthreads();
     const float scale = 1.0f / sqrtf((float)HD);
-    for (int64_t i = 0; i < nt; i++) {
+    float *q = qs[wid];
+    for (int64_t i = wid; i < nt; i += ATT_TILE_WARPS) {
         int64_t t = t0 + i, pos = a.pos[t], c0 = first_of(pos);
-        if (c0 > pos) continue;  // the same for the whole block
-        __syncthreads();         // the rows loaded; the last token's q and warps' sums read
-        for (int64_t d = threadIdx.x; d < HD; d += ATT_WARPS * WARP) sm.q[d] = qkv[t * ldq + h * HD + d];
-        __syncthreads();
-        int64_t p0 = c0 + wid * WARP, p = p0 + lane, pv = p0 > pos ? pos : p0;
-        int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;
-        int64_t pk = p <= pos ? p : pos;
-        float m, l;
-        if (held)
-            attn_warp<DT, DPL, false>(sm.q, keys + (pk - base) * RS, vals + (pv - base) * RS, RS, cnt, scale, m, l,
-                                      sm.wacc[wid]);
-        else
-            attn_warp<DT, DPL, true>(sm.q, data + kv_at(kv, a, 0, s, pk, kvh), data + kv_at(kv, a, 1, s, pv, kvh),
-                                     a.n_kv_heads * HD, cnt, scale, m, l, sm.wacc[wid]);
-        if (lane == 0) sm.wm[wid] = m, sm.wl[wid] = l;
-        attn_chunk(a, o, sm, t, h, z, gridDim.z, (pos - (c0 - z * ATT_CHUNK) + ATT_CHUNK) / ATT_CHUNK);
+        if (c0 > pos) continue;
+        for (int d = lane; d < HD; d += WARP) q[d] = qkv[t * ldq + h * HD + d];
+        __syncwarp();
+        float wm[ATT_WARPS], wl[ATT_WARPS], wv[ATT_WARPS][DPL];
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) {
+            int64_t p0 = c0 + w * WARP, p = p0 + lane;
+            int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;
+            if (cnt <= 0) {  // what a part of no position gives
+                wm[w] = -INFINITY, wl[w] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < DPL; k++) wv[w][k] = 0.0f;
+                continue;
+            }
+            int64_t pk = p <= pos ? p : pos;
+            if (held)
+                attn_warp<DT, DPL, false>(q, keys + (pk - base) * RS, vals + (p0 - base) * RS, RS, cnt, scale, wm[w],
+                                          wl[w], wv[w]);
+            else
+                attn_warp<DT, DPL, true>(q, data + kv_at(kv, a, 0, s, pk, kvh), data + kv_at(kv, a, 1, s, p0, kvh),
+                                         a.n_kv_heads * HD, cnt, scale, wm[w], wl[w], wv[w]);
+        }
+        float bm, bl, wf[ATT_WARPS];
+        attn_weights(wm, wl, bm, bl, wf);
+        float *out = attn_part_of(a, o, t, h, z, gridDim.z);
+        if (lane == 0) out[0] = bm, out[1] = bl;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++) v = fmaf(wv[w][k], wf[w], v);
+            out[2 + lane * DPL + k] = v;
+        }
+        __syncwarp();  // q read before the next token's
+    }
+    /* the tokens' counts at once (lane i token i), then the merges of those whose last chunk this was */
+    static_assert(ATT_TILE <= WARP, "a lane a token");
+    __shared__ unsigned lasts;
+    __threadfence();
+    __syncthreads();
+    if (wid == 0) {
+        bool last = false;
+        if (lane < nt) {
+            int64_t t = t0 + lane, pos = a.pos[t], c0 = first_of(pos);
+            if (c0 <= pos) {
+                unsigned *done = o.done + t * a.n_heads + h;
+                last = atomicAdd(done, 1u) == (unsigned)((pos - (c0 - z * ATT_CHUNK)) / ATT_CHUNK);
+                if (last) *done = 0u;
+            }
+        }
+        unsigned m = __ballot_sync(0xffffffffu, last);
+        if (lane == 0) lasts = m;
+    }
+    __syncthreads();
+    if (!lasts) return;
+    __threadfence();
+    for (unsigned m = lasts; m; m &= m - 1) {
+        int64_t t = t0 + __ffs((int)m) - 1, pos = a.pos[t];
+        int64_t S = (pos - (first_of(pos) - z * ATT_CHUNK) + ATT_CHUNK) / ATT_CHUNK;
+        attn_merge(a, attn_part_of(a, o, t, h, 0, gridDim.z), t, h, S, o);
+        __syncthreads();  // attn_merge's shared head, for the next
     }
 }
 
@@ -2651,7 +2734,7 @@ __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, in
     for (int64_t i = 0; i < S; i++)
         l = __fadd_rn(l, __fmul_rn(__ldcg(pp + i * (hd + 2) + 1), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m))));
     float inv = (float)(1.0 / ((double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0)));
-    for (int64_t d = threadIdx.x; d < hd; d += ATT_WARPS * WARP) {
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float v = 0.0f;
         for (int64_t i = 0; i < S; i++)
             v = fmaf(__ldcg(pp + i * (hd + 2) + 2 + d), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m)), v);
@@ -2664,7 +2747,7 @@ __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, in
     __syncthreads();
     int8_t *qr = q.q + t * q.ldq + h * hd;
     float2 *dr = reinterpret_cast<float2 *>(q.d) + t * q.ldd + h * hd / QB;
-    for (int64_t c0 = 0; c0 < hd; c0 += 4 * ATT_WARPS * WARP) {  // whole warps: the blocks' lanes shuffle
+    for (int64_t c0 = 0; c0 < hd; c0 += 4 * blockDim.x) {  // whole warps: the blocks' lanes shuffle
         int64_t c = c0 + 4 * threadIdx.x;
         bool in = c < hd;
         quantize4(in ? *reinterpret_cast<const float4 *>(head + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in,
@@ -3068,7 +3151,7 @@ int attn_tiled(dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_k
                const attn_out &o, int64_t m) {
     constexpr size_t bytes = attn_tile_sizes<DPL * WARP>::BYTES;
     if (int e = raise_smem<k_attn_tile<DT, DPL>>(bytes)) return e;
-    launch_smem(k_attn_tile<DT, DPL>, grid, ATT_WARPS * WARP, bytes, s, a, kv, q, ldq, o, m);
+    launch_smem(k_attn_tile<DT, DPL>, grid, ATT_TILE_WARPS * WARP, bytes, s, a, kv, q, ldq, o, m);
     return (int)cudaGetLastError();
 }
 
