@@ -1119,25 +1119,39 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     uint32_t vn = (chunks + WARP - 1) / WARP < W ? (chunks + WARP - 1) / WARP : W;  // vector warps with chunks
     /* stage (v, grp, kb), the stages in that order: vector warp v, leaf group grp, chains' chunks
      * kb MMA_KS ..; its slot k * 4 + j is chunk 32 v + brev5(2 grp) + {0, 1, 16, 17}[j] + STEP (kb
-     * MMA_KS + k). Stepped through, not divided out: the loop's integer work is its overhead. A
-     * stage of no chunk (its first past the last: a short row's later groups, classes or warps)
-     * is neither loaded nor computed: its leaves are zeros. */
+     * MMA_KS + k). Where every chain is one chunk (paired: chunks <= STEP, so that slots k > 0
+     * would hold none), a stage holds two groups instead, grp counting pairs: its slot k * 4 + j is
+     * group 2 grp + k's leaf j. Stepped through, not divided out: the loop's integer work is its
+     * overhead. A stage of no chunk (its first past the last: a short row's later groups, classes
+     * or warps) is neither loaded nor computed: its leaves are zeros. */
+    static_assert(MMA_KS == 2, "a pair of groups a stage");
     struct spos {
         uint32_t v, grp, kb;
     };
-    auto first_at = [&](const spos &p) { return 32 * p.v + (__brev(2 * p.grp) >> 27) + STEP * p.kb * MMA_KS; };
+    struct sbase {  // a stage's first chunk of slots 0-3 and of slots 4-7
+        uint32_t f0, f1;
+    };
+    bool paired = chunks <= STEP;
+    uint32_t groups = paired ? 4 : 8;  // stages' groups a vector warp
+    auto base_at = [&](const spos &p) {
+        uint32_t g0 = paired ? 2 * p.grp : p.grp, f = 32 * p.v + (__brev(2 * g0) >> 27);
+        if (paired) return sbase{f, f + 8};  // brev5(2 (g0 + 1)) = brev5(2 g0) + 8 for even g0
+        f += STEP * p.kb * MMA_KS;
+        return sbase{f, f + STEP};
+    };
+    auto group_at = [&](const spos &p) { return p.v * 8 + (paired ? 2 * p.grp : p.grp); };  // its first group's index
     auto advance = [&](spos &p) {
         if (++p.kb < kb_n) return;
         p.kb = 0;
-        if (++p.grp < 8) return;
+        if (++p.grp < groups) return;
         p.grp = 0;
         p.v++;
     };
     auto next_live = [&](spos &p) {  // to the next stage with a chunk (v == vn: none left)
         do advance(p);
-        while (p.v < vn && first_at(p) >= chunks);
+        while (p.v < vn && base_at(p).f0 >= chunks);
     };
-    auto chunk_of = [&](uint32_t first, int k, int j) { return first + (j & 1) + 16 * (j >> 1) + STEP * k; };
+    auto chunk_of = [&](const sbase &b, int k, int j) { return (k ? b.f1 : b.f0) + (j & 1) + 16 * (j >> 1); };
     int gsh = __ffs((int)cpg) - 1;  // chunks a group: 1, 2 or 4 (groups of 32, 64, 128)
     bool gpow2 = (cpg & (cpg - 1)) == 0;
     /* loads: thread t the codes and scales of row t / 2's chains' chunk t % 2, and token t / 8's slot t % 8 */
@@ -1146,7 +1160,7 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     const int8_t *xrow = a.q + (lu < nt ? lu : 0) * a.ldq;  // token lu's int8 row and block sums
     const float2 *drow = a.d + (lu < nt ? lu : 0) * a.ldd;
     auto stage_at = [&](int s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
-    auto issue = [&](bool on, int s, uint32_t first) {
+    auto issue = [&](bool on, int s, const sbase &first) {
         if (on) {
             char *base = stage_at(s);
 #pragma unroll
@@ -1165,7 +1179,7 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         }
         cp_async_commit();
     };
-    auto scales_load = [&](uint32_t first, float (&sv)[4][2]) {
+    auto scales_load = [&](const sbase &first, float (&sv)[4][2]) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             uint32_t c = chunk_of(first, lk, j);
@@ -1185,7 +1199,7 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     spos cur = {0, 0, 0}, ah = {0, 0, 0};  // the stage computed, the stage loaded (chunk 0's: live)
     for (int s = 0; s < MMA_STAGES - 1; s++) {
         bool on = ah.v < vn;
-        uint32_t first = first_at(ah);
+        sbase first = base_at(ah);
         if (on) {
             float sv[4][2];
             scales_load(first, sv);
@@ -1203,10 +1217,34 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         for (int n = 0; n < 2; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][n][e] = 0.0f;
+    /* group gi (8 a vector warp) ends: its leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16,
+     * then pushed, and the last of the warp's adds its warp's sum */
+    auto close = [&](uint32_t gi) {
+        uint32_t grp = gi % 8, v = gi / 8;
+        float pl[2][4], pr[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
+                pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
+            }
+        mma_push(stl, pl, (int)grp);
+        if (!mma_push(str, pr, (int)grp)) return;
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float tree = __fadd_rn(pl[n][e], pr[n][e]);
+                res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
+            }
+    };
     for (int s = 0; cur.v < vn; s++) {  // s: the live stages before cur
         float sv[4][2];
         bool ahead = ah.v < vn;
-        uint32_t first_ah = first_at(ah);
+        sbase first_ah = base_at(ah);
         if (ahead) scales_load(first_ah, sv);
         cp_async_wait<MMA_STAGES - 2>();
         __syncthreads();
@@ -1214,9 +1252,10 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         if (ahead) next_live(ah);
         const char *base = stage_at(s);
         const char *ws = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
-        uint32_t first = first_at(cur);
+        sbase first = base_at(cur);
 #pragma unroll
-        for (int k = 0; k < MMA_KS; k++)
+        for (int k = 0; k < MMA_KS; k++) {
+            if (k == 1 && paired) close(group_at(cur));  // the pair's first group ends
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 if (chunk_of(first, k, j) >= chunks) continue;
@@ -1249,33 +1288,12 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
                     }
                 }
             }
-        if (ahead) scales_store(s + MMA_STAGES - 1, sv);
-        uint32_t gi = cur.v * 8 + cur.grp;
-        next_live(cur);
-        /* the groups ended (the stage's, and those of no chunk before the next live one) */
-        for (uint32_t gn = cur.v < vn ? cur.v * 8 + cur.grp : vn * 8; gi < gn; gi++) {
-            uint32_t grp = gi % 8, v = gi / 8;
-            /* the group's leaves end: leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16, then pushed */
-            float pl[2][4], pr[2][4];
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
-                    pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
-                }
-            mma_push(stl, pl, (int)grp);
-            if (!mma_push(str, pr, (int)grp)) continue;
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float tree = __fadd_rn(pl[n][e], pr[n][e]);
-                    res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
-                }
         }
+        if (ahead) scales_store(s + MMA_STAGES - 1, sv);
+        uint32_t gi = group_at(cur) + paired;
+        next_live(cur);
+        /* the groups ended (the stage's last, and those of no chunk before the next live stage) */
+        for (uint32_t gn = cur.v < vn ? group_at(cur) : vn * 8; gi < gn; gi++) close(gi);
     }
     /* the warps of no chunk add their sums, zeros, as the vector kernel adds them */
     for (uint32_t v = vn; v < W; v++)
