@@ -936,6 +936,18 @@ static void test_cuda_graphs(void **state) {
     }
 }
 
+/* A synthetic model of cfg (deleted) in a new folder *dir, and it
+ * quantized as qo in another, *qdir: both open, in *m and *q. */
+static void synth_and_quantize(cJSON *cfg, const struct sp_synth_opts *o, const struct sp_quantize_opts *qo,
+                               char **dir, char **qdir, struct sp_model **m, struct sp_model **q) {
+    *dir = th_tmpdir(), *qdir = th_tmpdir();
+    if (sp_synth_write(cfg, *dir, o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
+    cJSON_Delete(cfg);
+    assert_int_equal(sp_model_open(*dir, m), SP_OK);
+    assert_int_equal(sp_quantize_model(*m, *qdir, qo), SP_OK);
+    assert_int_equal(sp_model_open(*qdir, q), SP_OK);
+}
+
 /* A router of 256 experts over 2048 columns (Ling-flash-2.0's), whose
  * one-token product and routing run as one kernel with the product split
  * over groups of warps: token by token, the bits of the whole prompt at
@@ -953,15 +965,11 @@ static void test_cuda_wide_router(void **state) {
                {"first_k_dense_replace", 0}, {"num_hidden_layers", 1}};
     for (size_t i = 0; i < sizeof set / sizeof *set; i++)
         cJSON_ReplaceItemInObject(cfg, set[i].key, cJSON_CreateNumber(set[i].v));
-    char *dir = th_tmpdir(), *qdir = th_tmpdir();
-    struct sp_synth_opts o = {.dtype = SP_DTYPE_BF16, .seed = 11, .balanced_routing = true};
-    if (sp_synth_write(cfg, dir, &o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
-    cJSON_Delete(cfg);
+    char *dir, *qdir;
     struct sp_model *m, *q;
-    assert_int_equal(sp_model_open(dir, &m), SP_OK);
+    const struct sp_synth_opts o = {.dtype = SP_DTYPE_BF16, .seed = 11, .balanced_routing = true};
     const struct sp_quantize_opts mx = {.type = SP_QTYPE_MXFP4, .group = 32};
-    assert_int_equal(sp_quantize_model(m, qdir, &mx), SP_OK);
-    assert_int_equal(sp_model_open(qdir, &q), SP_OK);
+    synth_and_quantize(cfg, &o, &mx, &dir, &qdir, &m, &q);
     enum { N = 24 };
     int32_t tok[N];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 37 + 5) % 512);
@@ -1010,16 +1018,12 @@ static void test_cuda_wide_heads(void **state) {
         assert_int_equal(sp_json_parse_file(shapes[sh].config, 1 << 20, &cfg), SP_OK);
         cJSON_ReplaceItemInObject(cfg, "head_dim", cJSON_CreateNumber(shapes[sh].head_dim));
         if (shapes[sh].window) cJSON_ReplaceItemInObject(cfg, "sliding_window", cJSON_CreateNumber(shapes[sh].window));
-        char *dir = th_tmpdir(), *qdir = th_tmpdir();
-        struct sp_synth_opts o = {.dtype = SP_DTYPE_F32, .seed = 5};
-        if (sp_synth_write(cfg, dir, &o) != SP_OK) fail_msg("synth: %s", sp_error_msg());
         assert_int_equal(cJSON_GetObjectItem(cfg, "vocab_size")->valueint, V);
-        cJSON_Delete(cfg);
+        char *dir, *qdir;
         struct sp_model *m, *q;
-        assert_int_equal(sp_model_open(dir, &m), SP_OK);
+        const struct sp_synth_opts o = {.dtype = SP_DTYPE_F32, .seed = 5};
         const struct sp_quantize_opts a4 = {.type = SP_QTYPE_AFFINE4, .group = 64};
-        assert_int_equal(sp_quantize_model(m, qdir, &a4), SP_OK);
-        assert_int_equal(sp_model_open(qdir, &q), SP_OK);
+        synth_and_quantize(cfg, &o, &a4, &dir, &qdir, &m, &q);
         for (int k = 0; k < 3; k++) {
             enum sp_kv_type kv = k == 1 ? SP_KV_BF16 : SP_KV_F16;
             struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 1, .max_batch = 64, .kv_type = kv, .n_threads = 2,

@@ -884,18 +884,18 @@ static void attend(struct cuda *c, const struct sp_attn_layer *ly, const struct 
                    struct sp_tensor att, const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv) {
     const struct sp_backend_shape *s = &c->shape;
     int64_t n = bt->n, visible = 0;
-    bool one_seq = true;
+    bool one_run = true;  // consecutive positions of one sequence
     for (int64_t t = 0; t < n; t++) {
         int64_t v = bt->pos[t] + 1;
         if (ly->window > 0 && v > ly->window) v = ly->window;
         if (v > visible) visible = v;
-        one_seq = one_seq && bt->seq[t] == bt->seq[0];
+        one_run = one_run && bt->seq[t] == bt->seq[0] && bt->pos[t] == bt->pos[0] + t;
     }
     /* rounded to int8 as the heads are merged, for the output product */
     int64_t cols = s->n_heads * s->head_dim;
     const struct sp_cuda_qx *q = s->head_dim % SP_CUDA_QBLOCK == 0 ? norm_q(c, n, cols) : NULL;
     if (check(c, (cudaError_t)sp_cuda_attention(a, kv, qkv.data, qkv.ld, att.data, att.ld, n, visible, c->att_part,
-                                                c->att_part_floats, c->att_done, q, one_seq, c->stream),
+                                                c->att_part_floats, c->att_done, q, one_run, c->stream),
               "attention"))
         norm_holds(c, q, att.data, att.ld, n, cols);
 }
@@ -1035,8 +1035,8 @@ static bool vec_item(struct cuda *c, const struct sp_mlp_item *it, struct sp_cud
     }
     if (!weight_of(c, it->down, &w[2])) return false;
     int64_t ff = w[2].cols;
-    return sp_cuda_vec_ok(&w[0]) && sp_cuda_vec_ok(&w[1]) && sp_cuda_vec_ok(&w[2]) && sp_cuda_same_format(&w[0], &w[1]) &&
-           w[0].rows == (it->gate_up ? 2 * ff : ff) && w[1].rows == w[0].rows;
+    return sp_cuda_vec_ok(&w[0]) && sp_cuda_vec_ok(&w[1]) && sp_cuda_vec_ok(&w[2]) &&
+           sp_cuda_same_format(&w[0], &w[1]) && w[0].rows == (it->gate_up ? 2 * ff : ff) && w[1].rows == w[0].rows;
 }
 
 /* The weights of an item of the batched kernels (w as vec_item fills it),
@@ -1163,8 +1163,8 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
         struct sp_cuda_weight w[3];
         ok = vec_item(c, &it, w);
         if (ok && e == 0) t->gate = w[0], t->down = w[2];
-        ok = ok && sp_cuda_same_format(&t->gate, &w[0]) && sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
-             !t->gate.bias == !w[1].bias;
+        ok = ok && sp_cuda_same_format(&t->gate, &w[0]) && sp_cuda_same_format(&t->down, &w[2]) &&
+             t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
         h[e] = item_weights(w, t->fused);
     }
     if (ok && m->shared_gate) {  // the shared expert rides along where the experts' kernels read it as they are

@@ -2504,8 +2504,12 @@ __device__ __forceinline__ void attn_weights(const float *wm, const float *wl, f
     }
 }
 
-/* Where chunk z's part of token t's head h goes (zmax chunks a row), and
- * where its first chunk's part is. */
+/* The first cached position a token at pos sees (its window's first). */
+__device__ __forceinline__ int64_t attn_lo(const sp_cuda_attn &a, int64_t pos) {
+    return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+}
+
+/* Where chunk z's part of token t's head h goes (zmax chunks a row). */
 __device__ __forceinline__ float *attn_part_of(const sp_cuda_attn &a, const attn_out &o, int64_t t, int64_t h, int64_t z,
                                                int64_t zmax) {
     return o.part + ((t * a.n_heads + h) * zmax + z) * (a.head_dim + 2);
@@ -2559,8 +2563,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     int64_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
-    int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    int64_t c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
+    int64_t lo = attn_lo(a, pos), c0 = lo + (int64_t)blockIdx.z * ATT_CHUNK;
     if (c0 > pos) return;  // past the token's positions: neither counted nor merged
     for (int64_t i = threadIdx.x; i < hd; i += ATT_WARPS * WARP) sm.q[i] = qkv[t * ldq + h * hd + i];
     __syncthreads();
@@ -2627,12 +2630,11 @@ struct attn_tile_sizes {
 
 constexpr int ATT_TILE_WARPS = 8;  // warps of k_attn_tile's block, a token at a time each
 
-/* k_attn for a launch whose tokens are all of one sequence (a prompt; a
- * 16-bit cache, head_dim = 32 DPL): a block a (ATT_TILE tokens, query
- * head, chunk) reads the positions its tokens' chunks span from the cache
- * into shared memory once (where they are more than ATT_TILE_ROWS,
- * positions far apart, each token reads the cache), then each warp takes
- * a token at a time whole: the chunk's ATT_WARPS parts of 32 positions
+/* k_attn for a launch whose tokens are one run of consecutive positions
+ * of one sequence (a prompt; a 16-bit cache, head_dim = 32 DPL): a block
+ * a (ATT_TILE tokens, query head, chunk) reads the positions its tokens'
+ * chunks span (ATT_TILE_ROWS at most) from the cache into shared memory
+ * once, then each warp takes a token at a time whole: the chunk's ATT_WARPS parts of 32 positions
  * one after another as k_attn's warps take them, merged as its block
  * merges them (the same sums). The tokens' chunks are counted together
  * at the end; the last chunk of a token merges its head (attn_merge). */
@@ -2648,10 +2650,7 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
     int64_t nt = n - t0 < ATT_TILE ? n - t0 : ATT_TILE;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
     int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t0];
-    auto first_of = [&](int64_t pos) {  // the first position of a token's chunk z
-        int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-        return lo + z * ATT_CHUNK;
-    };
+    auto first_of = [&](int64_t pos) { return attn_lo(a, pos) + z * ATT_CHUNK; };  // a token's chunk z's first
     int64_t base = INT64_MAX, top = -1;  // the positions the tokens' chunks span
     for (int64_t i = 0; i < nt; i++) {
         int64_t pos = a.pos[t0 + i], c0 = first_of(pos), end = c0 + ATT_CHUNK - 1 < pos ? c0 + ATT_CHUNK - 1 : pos;
@@ -2660,10 +2659,8 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
         top = end > top ? end : top;
     }
     if (top < 0) return;  // past every token's positions
-    int64_t rows = top - base + 1;
-    bool held = rows <= ATT_TILE_ROWS;
     const uint16_t *data = static_cast<const uint16_t *>(kv.data);
-    for (int64_t i = threadIdx.x; held && i < rows * U; i += ATT_TILE_WARPS * WARP) {
+    for (int64_t i = threadIdx.x; i < (top - base + 1) * U; i += ATT_TILE_WARPS * WARP) {
         int64_t r = i / U, u = i % U;
         const uint4 *kp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 0, s, base + r, kvh)) + u;
         const uint4 *vp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, base + r, kvh)) + u;
@@ -2690,12 +2687,8 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
                 continue;
             }
             int64_t pk = p <= pos ? p : pos;
-            if (held)
-                attn_warp<DT, DPL, false>(q, keys + (pk - base) * RS, vals + (p0 - base) * RS, RS, cnt, scale, wm[w],
-                                          wl[w], wv[w]);
-            else
-                attn_warp<DT, DPL, true>(q, data + kv_at(kv, a, 0, s, pk, kvh), data + kv_at(kv, a, 1, s, p0, kvh),
-                                         a.n_kv_heads * HD, cnt, scale, wm[w], wl[w], wv[w]);
+            attn_warp<DT, DPL, false>(q, keys + (pk - base) * RS, vals + (p0 - base) * RS, RS, cnt, scale, wm[w], wl[w],
+                                      wv[w]);
         }
         float bm, bl, wf[ATT_WARPS];
         attn_weights(wm, wl, bm, bl, wf);
@@ -2721,7 +2714,7 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
             int64_t t = t0 + lane, pos = a.pos[t], c0 = first_of(pos);
             if (c0 <= pos) {
                 unsigned *done = o.done + t * a.n_heads + h;
-                last = atomicAdd(done, 1u) == (unsigned)((pos - (c0 - z * ATT_CHUNK)) / ATT_CHUNK);
+                last = atomicAdd(done, 1u) == (unsigned)((pos - attn_lo(a, pos)) / ATT_CHUNK);
                 if (last) *done = 0u;
             }
         }
@@ -2733,8 +2726,7 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
     __threadfence();
     for (unsigned m = lasts; m; m &= m - 1) {
         int64_t t = t0 + __ffs((int)m) - 1, pos = a.pos[t];
-        int64_t S = (pos - (first_of(pos) - z * ATT_CHUNK) + ATT_CHUNK) / ATT_CHUNK;
-        attn_merge(a, attn_part_of(a, o, t, h, 0, gridDim.z), t, h, S, o);
+        attn_merge(a, attn_part_of(a, o, t, h, 0, gridDim.z), t, h, (pos - attn_lo(a, pos) + ATT_CHUNK) / ATT_CHUNK, o);
         __syncthreads();  // attn_merge's shared head, for the next
     }
 }
@@ -3182,7 +3174,7 @@ int attn_tiled(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const s
 
 extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv,
                                  int64_t ldq, float *att, int64_t lda, int64_t n, int64_t max_visible, float *part,
-                                 int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, bool one_seq,
+                                 int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, bool one_run,
                                  void *stream) {
     if (n <= 0) return 0;
     int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
@@ -3200,7 +3192,7 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
         int hd = (int)a->head_dim;
         bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
-        bool tiled = one_seq && m >= ATT_TILE && fast && hd != 256;
+        bool tiled = one_run && m >= ATT_TILE && fast && hd != 256;
         attn_out o = {part, done, att + t0 * lda, lda, {}};
         if (qo) {  // its rows from t0 on
             o.q = *qo;

@@ -267,11 +267,12 @@ void sp_cuda_set_device(int major, bool overlap);
  * x (head_dim + 2) (tokens go in slices that fit); done: part_floats /
  * (head_dim + 2) counters, zero, left zero. With q (head_dim a multiple
  * of SP_CUDA_QBLOCK), att's rows also into q's rows, as sp_cuda_quantize
- * rounds them. one_seq: the n tokens are all of one sequence (a prompt),
- * so that tokens side by side share the cache's reads (the same sums). */
+ * rounds them. one_run: the n tokens are one run of consecutive
+ * positions of one sequence (a prompt), so that tokens side by side share
+ * the cache's reads (the same sums). */
 int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_cuda_kv *kv, const float *qkv, int64_t ldq,
                       float *att, int64_t lda, int64_t n, int64_t max_visible, float *part, int64_t part_floats,
-                      unsigned *done, const struct sp_cuda_qx *q, bool one_seq, void *stream);
+                      unsigned *done, const struct sp_cuda_qx *q, bool one_run, void *stream);
 
 /* x *= sigmoid(g) elementwise (n rows of cols), g of one column a row where `one`. */
 int sp_cuda_gate(float *x, int64_t ldx, const float *g, int64_t ldg, int64_t n, int64_t cols, bool one, void *stream);
