@@ -2422,6 +2422,8 @@ struct attn_out {
 };
 
 __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o);
+__device__ void attn_merge_warp(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S,
+                                const attn_out &o);
 
 /* What an attention block keeps in shared memory: the token's query head,
  * and each warp's max, sum and weighted values (heads up to HD). */
@@ -2432,15 +2434,6 @@ struct attn_smem {
     float wacc[ATT_WARPS][HD];
 };
 
-/* A cache row's 16-bit elements: G, from global memory (past L1's
- * coherence: the cache is written by kernels before this one), else from
- * shared memory. */
-template <bool G, class T>
-__device__ __forceinline__ T ld_row(const T *p) {
-    if constexpr (G) return __ldg(p);
-    else return *p;
-}
-
 /* A warp's share of a chunk for query q (HD = 32 DPL dimensions, a 16-bit
  * cache): cnt positions (<= 0: none), the lane's key row at krow (lane <
  * cnt), the warp's value rows from vrow, vstep elements apart. Each lane
@@ -2449,7 +2442,7 @@ __device__ __forceinline__ T ld_row(const T *p) {
  * (sum l), then each lane adds its DPL dimensions of the value rows
  * weighted so, in position order, into v (every row's load in flight
  * together: from memory, the round trips bound this, not the bytes). */
-template <int DT, int DPL, bool G>
+template <int DT, int DPL>
 __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, const uint16_t *vrow, int64_t vstep,
                                           int64_t cnt, float scale, float &m, float &l, float (&v)[DPL]) {
     int lane = threadIdx.x % WARP;
@@ -2459,7 +2452,7 @@ __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, 
         uint4 raw[U];
         const uint4 *kp = reinterpret_cast<const uint4 *>(krow);
 #pragma unroll
-        for (int u = 0; u < U; u++) raw[u] = ld_row<G>(kp + u);
+        for (int u = 0; u < U; u++) raw[u] = __ldg(kp + u);
         float dot = 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -2478,7 +2471,7 @@ __device__ __forceinline__ void attn_warp(const float *q, const uint16_t *krow, 
     const uint16_t *vp = vrow + lane * DPL;
 #pragma unroll
     for (int j = 0; j < WARP; j++)
-        if (j < cnt) raw[j] = ld_row<G>(reinterpret_cast<const row_t *>(vp + j * vstep));
+        if (j < cnt) raw[j] = __ldg(reinterpret_cast<const row_t *>(vp + j * vstep));
 #pragma unroll
     for (int k = 0; k < DPL; k++) v[k] = 0.0f;
 #pragma unroll
@@ -2575,8 +2568,8 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     if constexpr (DPL > 0) {
         const uint16_t *data = static_cast<const uint16_t *>(kv.data);
         float v[DPL];
-        attn_warp<DT, DPL, true>(sm.q, data + kv_at(kv, a, 0, s, p <= pos ? p : pos, kvh), data + vo, vstep, cnt,
-                                 scale, m, l, v);
+        attn_warp<DT, DPL>(sm.q, data + kv_at(kv, a, 0, s, p <= pos ? p : pos, kvh), data + vo, vstep, cnt, scale,
+                           m, l, v);
 #pragma unroll
         for (int k = 0; k < DPL; k++) sm.wacc[wid][lane * DPL + k] = v[k];
     } else {
@@ -2614,120 +2607,387 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     attn_chunk(a, o, sm, t, h, blockIdx.z, gridDim.z, (pos - lo + ATT_CHUNK) / ATT_CHUNK);
 }
 
-constexpr int ATT_TILE = 16;  // tokens of k_attn_tile's block
-/* Cache rows k_attn_tile holds: a chunk for each of its tokens, which with
- * consecutive positions under a window start up to ATT_TILE - 1 apart. */
-constexpr int ATT_TILE_ROWS = ATT_CHUNK + ATT_TILE;
+/* ---- attention on tensor cores (heads of 64 or 128, a 16-bit cache) ----
+ * A part (32 positions of a chunk, as a k_attn warp takes them) for up to
+ * 16 query rows at once: scores by mma.sync m16n8k16 (f32 sums), each
+ * row's softmax against its own max, then the values weighted so by
+ * mma.sync again. The query and the weights are split each into two
+ * 16-bit halves (x = hi + lo, both in the cache's type) and both halves
+ * multiplied, so that the products keep about 16 bits of either (against
+ * the 8 or 11 of one half). A row's results depend on its own query
+ * alone: one token (k_attn_mma, a row of 16) gets the bits it gets among
+ * 16 (k_attn_tile). Chunks are spans of ATT_CHUNK positions from a
+ * multiple of ATT_CHUNK (the same for every token, also under a window),
+ * positions a token does not see weighing nothing. */
 
-/* Shared memory of k_attn_tile for heads of HD: its key rows, then its
- * value rows, each padded by 16 bytes (a warp's lanes reading one offset
- * of 32 rows then fall in different banks). */
+template <int DT>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (DT == SP_CUDA_BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+/* x and y as a pair of DT (x in the low half), rounded to nearest: hi;
+ * what that leaves of each, likewise: lo. */
+template <int DT>
+__device__ __forceinline__ void split2(float x, float y, uint32_t &hi, uint32_t &lo) {
+    if constexpr (DT == SP_CUDA_BF16) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        float2 f = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(x, f.x), __fsub_rn(y, f.y));
+        hi = *reinterpret_cast<uint32_t *>(&h), lo = *reinterpret_cast<uint32_t *>(&l);
+    } else {
+        __half2 h = __floats2half2_rn(x, y);
+        float2 f = __half22float2(h);
+        __half2 l = __floats2half2_rn(__fsub_rn(x, f.x), __fsub_rn(y, f.y));
+        hi = *reinterpret_cast<uint32_t *>(&h), lo = *reinterpret_cast<uint32_t *>(&l);
+    }
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+#else
+    __trap();
+#endif
+}
+
+/* The A fragments of query rows q0 (row g) and q1 (row g + 8; NULL: a row
+ * of zeros) over k steps of 16 dimensions, hi and lo halves. The
+ * dimensions go in an order of their own, the same for the keys
+ * (attn_part_mma): k step 2 j + s takes lane (g, tq) dimensions 32 j + 8
+ * tq + 4 s .. + 3, so that a lane's key fragments of a row are whole
+ * 16-byte loads. Rows of floats, 16-byte aligned (shared memory). */
+template <int DT, int HD>
+__device__ __forceinline__ void attn_q_frags(const float *q0, const float *q1, uint32_t (&qh)[HD / 16][4],
+                                             uint32_t (&ql)[HD / 16][4]) {
+    int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        int d = 32 * (kk / 2) + 8 * tq + 4 * (kk % 2);
+        float4 a = q0 ? *reinterpret_cast<const float4 *>(q0 + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 b = q1 ? *reinterpret_cast<const float4 *>(q1 + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        split2<DT>(a.x, a.y, qh[kk][0], ql[kk][0]);
+        split2<DT>(b.x, b.y, qh[kk][1], ql[kk][1]);
+        split2<DT>(a.z, a.w, qh[kk][2], ql[kk][2]);
+        split2<DT>(b.z, b.w, qh[kk][3], ql[kk][3]);
+    }
+}
+
+/* What a part gives each of a lane's two rows (g and g + 8): the max m of
+ * its scores, the sum l of their exponentials against it, and the values
+ * weighted so, o[dn][0, 1] (row g) and o[dn][2, 3] (row g + 8) at
+ * dimensions 8 dn + 2 tq + {0, 1}. A row that sees no position of the part
+ * gets m = -inf, l = 0 and zeros. */
 template <int HD>
-struct attn_tile_sizes {
-    static constexpr int ROW = HD + 8;
-    static constexpr size_t BYTES = 2 * ATT_TILE_ROWS * ROW * sizeof(uint16_t);
+struct attn_part {
+    float m[2], l[2], o[HD / 8][4];
+    /* what a part no row sees gives (the same as computing it) */
+    __device__ void none() {
+        m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[dn][e] = 0.0f;
+    }
 };
 
-constexpr int ATT_TILE_WARPS = 8;  // warps of k_attn_tile's block, a token at a time each
-
-/* k_attn for a launch whose tokens are one run of consecutive positions
- * of one sequence (a prompt; a 16-bit cache, head_dim = 32 DPL): a block
- * a (ATT_TILE tokens, query head, chunk) reads the positions its tokens'
- * chunks span (ATT_TILE_ROWS at most) from the cache into shared memory
- * once, then each warp takes a token at a time whole: the chunk's ATT_WARPS parts of 32 positions
- * one after another as k_attn's warps take them, merged as its block
- * merges them (the same sums). The tokens' chunks are counted together
- * at the end; the last chunk of a token merges its head (attn_merge). */
-template <int DT, int DPL>
-__global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
-    k_attn_tile(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o, int64_t n) {
-    dep_start();
-    constexpr int HD = DPL * WARP, RS = attn_tile_sizes<HD>::ROW, U = HD / 8;
-    extern __shared__ uint4 tile_mem[];
-    uint16_t *keys = reinterpret_cast<uint16_t *>(tile_mem), *vals = keys + ATT_TILE_ROWS * RS;
-    __shared__ float qs[ATT_TILE_WARPS][HD];
-    int64_t t0 = (int64_t)blockIdx.x * ATT_TILE, h = blockIdx.y, z = blockIdx.z;
-    int64_t nt = n - t0 < ATT_TILE ? n - t0 : ATT_TILE;
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t0];
-    auto first_of = [&](int64_t pos) { return attn_lo(a, pos) + z * ATT_CHUNK; };  // a token's chunk z's first
-    int64_t base = INT64_MAX, top = -1;  // the positions the tokens' chunks span
-    for (int64_t i = 0; i < nt; i++) {
-        int64_t pos = a.pos[t0 + i], c0 = first_of(pos), end = c0 + ATT_CHUNK - 1 < pos ? c0 + ATT_CHUNK - 1 : pos;
-        if (c0 > pos) continue;
-        base = c0 < base ? c0 : base;
-        top = end > top ? end : top;
+/* One part for a warp: query fragments qh, ql; key row i of the part at
+ * krow(i) (16-byte loads; G: from global memory); value rows vs[i * RS]
+ * in shared memory; row r (0: g, 1: g + 8) sees positions [vlo[r], vhi[r]]
+ * of the part's 32. */
+template <int DT, int HD, int RS, bool G, class KR>
+__device__ __forceinline__ void attn_part_mma(const uint32_t (&qh)[HD / 16][4], const uint32_t (&ql)[HD / 16][4],
+                                              const KR &krow, const uint16_t *vs, const int (&vlo)[2],
+                                              const int (&vhi)[2], float scale, attn_part<HD> &r) {
+    int lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    float c[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) c[nt][e] = 0.0f;
+        const uint4 *kp = reinterpret_cast<const uint4 *>(krow(8 * nt + g));
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) {
+            uint4 k = G ? __ldg(kp + 4 * j + tq) : kp[4 * j + tq];
+            mma16<DT>(c[nt], qh[2 * j], k.x, k.y);
+            mma16<DT>(c[nt], ql[2 * j], k.x, k.y);
+            mma16<DT>(c[nt], qh[2 * j + 1], k.z, k.w);
+            mma16<DT>(c[nt], ql[2 * j + 1], k.z, k.w);
+        }
     }
-    if (top < 0) return;  // past every token's positions
+    /* each row's softmax over the part: the lane's 8 of it, then its quad's */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int i = 8 * nt + 2 * tq + e;
+                float sc = i >= vlo[h] && i <= vhi[h] ? __fmul_rn(c[nt][2 * h + e], scale) : -INFINITY;
+                c[nt][2 * h + e] = sc;
+                mx = fmaxf(mx, sc);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float sc = c[nt][2 * h + e];
+                float ex = sc == -INFINITY ? 0.0f : expf(__fsub_rn(sc, mx));
+                c[nt][2 * h + e] = ex;
+                sum = __fadd_rn(sum, ex);
+            }
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+        r.m[h] = mx, r.l[h] = sum;
+    }
+    /* the weights as A fragments (k: positions), hi and lo */
+    uint32_t ph[2][4], pl[2][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+        split2<DT>(c[2 * kk][0], c[2 * kk][1], ph[kk][0], pl[kk][0]);
+        split2<DT>(c[2 * kk][2], c[2 * kk][3], ph[kk][1], pl[kk][1]);
+        split2<DT>(c[2 * kk + 1][0], c[2 * kk + 1][1], ph[kk][2], pl[kk][2]);
+        split2<DT>(c[2 * kk + 1][2], c[2 * kk + 1][3], ph[kk][3], pl[kk][3]);
+    }
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) r.o[dn][e] = 0.0f;
+    /* lane L addresses row 16 kk + 8 (L / 8 % 2) + L % 8 at dimensions 8 (dn + L / 16): the B fragments
+     * of n tiles dn and dn + 1 */
+    const uint16_t *va = vs + (8 * (lane / 8 % 2) + lane % 8) * RS + 8 * (lane / 16);
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn += 2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, va + 16 * kk * RS + 8 * dn);
+            mma16<DT>(r.o[dn], ph[kk], b[0], b[1]);
+            mma16<DT>(r.o[dn], pl[kk], b[0], b[1]);
+            mma16<DT>(r.o[dn + 1], ph[kk], b[2], b[3]);
+            mma16<DT>(r.o[dn + 1], pl[kk], b[2], b[3]);
+        }
+}
+
+/* k_attn on tensor cores (a 16-bit cache, heads of HD = 64 or 128): a
+ * block a (token, query head, chunk), its warps the chunk's four parts,
+ * the token one row of 16; each warp stages its part's value rows in
+ * shared memory (the rows a token does not see are those nearest it that
+ * it does: a weight of zero times a finite value), reads its key rows
+ * from the cache; then attn_chunk. */
+template <int DT, int HD>
+__global__ void __launch_bounds__(ATT_WARPS * WARP)
+    k_attn_mma(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
+    dep_start();
+    constexpr int RS = HD + 8, U = HD / 8;  // a row's stride (16 bytes apart: ldmatrix's rows on other banks), units
+    __shared__ __align__(16) attn_smem<HD> sm;
+    __shared__ __align__(16) uint16_t vs[ATT_WARPS][WARP * RS];
+    int64_t t = blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int64_t kvh = h / (a.n_heads / a.n_kv_heads), s = a.seq[t], pos = a.pos[t];
+    int64_t lo = attn_lo(a, pos), z0 = lo / ATT_CHUNK, c0 = (z0 + (int64_t)blockIdx.z) * ATT_CHUNK;
+    if (c0 > pos) return;  // past the token's positions: neither counted nor merged
+    for (int64_t i = threadIdx.x; i < HD; i += ATT_WARPS * WARP) sm.q[i] = qkv[t * ldq + h * HD + i];
+    int64_t p0 = c0 + wid * WARP;
     const uint16_t *data = static_cast<const uint16_t *>(kv.data);
-    for (int64_t i = threadIdx.x; i < (top - base + 1) * U; i += ATT_TILE_WARPS * WARP) {
-        int64_t r = i / U, u = i % U;
-        const uint4 *kp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 0, s, base + r, kvh)) + u;
-        const uint4 *vp = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, base + r, kvh)) + u;
-        reinterpret_cast<uint4 *>(keys + r * RS)[u] = __ldg(kp);
-        reinterpret_cast<uint4 *>(vals + r * RS)[u] = __ldg(vp);
+    auto at = [&](int64_t p) { return p < lo ? lo : p > pos ? pos : p; };
+    uint16_t *v = vs[wid];
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        int u = lane + WARP * k, i = u / U;
+        const uint4 *src = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, at(p0 + i), kvh)) + u % U;
+        *reinterpret_cast<uint4 *>(v + i * RS + 8 * (u % U)) = __ldg(src);
     }
     __syncthreads();
-    const float scale = 1.0f / sqrtf((float)HD);
-    float *q = qs[wid];
-    for (int64_t i = wid; i < nt; i += ATT_TILE_WARPS) {
-        int64_t t = t0 + i, pos = a.pos[t], c0 = first_of(pos);
-        if (c0 > pos) continue;
-        for (int d = lane; d < HD; d += WARP) q[d] = qkv[t * ldq + h * HD + d];
-        __syncwarp();
-        float wm[ATT_WARPS], wl[ATT_WARPS], wv[ATT_WARPS][DPL];
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) {
-            int64_t p0 = c0 + w * WARP, p = p0 + lane;
-            int64_t cnt = pos - p0 + 1 < WARP ? pos - p0 + 1 : WARP;
-            if (cnt <= 0) {  // what a part of no position gives
-                wm[w] = -INFINITY, wl[w] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < DPL; k++) wv[w][k] = 0.0f;
-                continue;
-            }
-            int64_t pk = p <= pos ? p : pos;
-            attn_warp<DT, DPL, false>(q, keys + (pk - base) * RS, vals + (p0 - base) * RS, RS, cnt, scale, wm[w], wl[w],
-                                      wv[w]);
-        }
-        float bm, bl, wf[ATT_WARPS];
-        attn_weights(wm, wl, bm, bl, wf);
-        float *out = attn_part_of(a, o, t, h, z, gridDim.z);
-        if (lane == 0) out[0] = bm, out[1] = bl;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) v = fmaf(wv[w][k], wf[w], v);
-            out[2 + lane * DPL + k] = v;
-        }
-        __syncwarp();  // q read before the next token's
+    attn_part<HD> r;
+    int64_t end = pos < p0 + WARP - 1 ? pos : p0 + WARP - 1;
+    int vlo[2] = {(int)((lo > p0 ? lo : p0) - p0), 1}, vhi[2] = {(int)(end - p0), 0};
+    if (lane >= 4) vlo[0] = 1, vhi[0] = 0;  // rows 1 .. 15: no token
+    if (p0 <= pos && p0 + WARP - 1 >= lo) {
+        uint32_t qh[HD / 16][4], ql[HD / 16][4];
+        attn_q_frags<DT, HD>(lane < 4 ? sm.q : nullptr, nullptr, qh, ql);
+        auto krow = [&](int i) { return data + kv_at(kv, a, 0, s, at(p0 + i), kvh); };
+        attn_part_mma<DT, HD, RS, true>(qh, ql, krow, v, vlo, vhi, 1.0f / sqrtf((float)HD), r);
+    } else {
+        r.none();
     }
-    /* the tokens' counts at once (lane i token i), then the merges of those whose last chunk this was */
-    static_assert(ATT_TILE <= WARP, "a lane a token");
+    if (lane < 4) {
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            sm.wacc[wid][8 * dn + 2 * lane] = r.o[dn][0];
+            sm.wacc[wid][8 * dn + 2 * lane + 1] = r.o[dn][1];
+        }
+        if (lane == 0) sm.wm[wid] = r.m[0], sm.wl[wid] = r.l[0];
+    }
+    attn_chunk(a, o, sm, t, h, blockIdx.z, gridDim.z, pos / ATT_CHUNK - z0 + 1);
+}
+
+constexpr int ATT_TILE = 16;  // tokens of k_attn_tile's block: the rows of a tensor-core tile
+
+/* Shared memory of k_attn_tile for heads of HD, HPB heads a block: a
+ * chunk's key rows, then its value rows (RS elements apart), then the
+ * heads' tokens' queries; once the parts are done, each head's parts'
+ * results (attn_tile_merge) where the rows were. */
+template <int HD, int HPB>
+struct attn_tile_sizes {
+    static constexpr int RS = HD + 8;
+    static constexpr size_t ROWS = 2 * ATT_CHUNK * RS * sizeof(uint16_t), Q = HPB * ATT_TILE * HD * sizeof(float),
+                            BYTES = ROWS + Q;
+};
+
+/* The parts' results of a head's tokens in k_attn_tile. */
+template <int HD>
+struct attn_tile_merge {
+    float wacc[ATT_WARPS][ATT_TILE][HD];
+    float wm[ATT_TILE][ATT_WARPS], wl[ATT_TILE][ATT_WARPS], wf[ATT_TILE][ATT_WARPS], bm[ATT_TILE], bl[ATT_TILE];
+};
+
+/* k_attn_mma for a launch whose tokens are one run of consecutive
+ * positions of one sequence (a prompt): a block a (ATT_TILE tokens, HPB
+ * query heads of one KV head, chunk: the z-th from the first token's
+ * first) reads the chunk's rows into shared memory once, and each warp
+ * takes a part of a head for the 16 tokens at once (their rows), merged
+ * for each token as k_attn_mma's block merges them: the same bits as a
+ * token alone. The tokens' chunks are counted together at the end; the
+ * last chunk of a (token, head) merges it, a warp a (token, head)
+ * (attn_merge_warp). */
+template <int DT, int HD, int HPB>
+__global__ void __launch_bounds__(ATT_WARPS * WARP * HPB)
+    k_attn_tile(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o, int64_t n) {
+    dep_start();
+    using Z = attn_tile_sizes<HD, HPB>;
+    constexpr int RS = Z::RS, U = HD / 8, THREADS = ATT_WARPS * WARP * HPB;
+    static_assert(HPB * sizeof(attn_tile_merge<HD>) <= Z::ROWS, "the merges where the rows were");
+    static_assert(HPB * ATT_TILE <= WARP, "a lane a (token, head)");
+    extern __shared__ uint4 tile_mem[];
+    uint16_t *keys = reinterpret_cast<uint16_t *>(tile_mem), *vals = keys + ATT_CHUNK * RS;
+    float *qs = reinterpret_cast<float *>(reinterpret_cast<char *>(tile_mem) + Z::ROWS);
+    int64_t t0 = (int64_t)blockIdx.x * ATT_TILE, h0 = (int64_t)blockIdx.y * HPB;
+    int nt = n - t0 < ATT_TILE ? (int)(n - t0) : ATT_TILE;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, g = lane >> 2, hh = wid / ATT_WARPS;
+    int64_t kvh = h0 / (a.n_heads / a.n_kv_heads), s = a.seq[t0];
+    int64_t first = a.pos[t0], last = a.pos[t0 + nt - 1], lo = attn_lo(a, first);
+    int64_t z = lo / ATT_CHUNK + (int64_t)blockIdx.z, c0 = z * ATT_CHUNK;
+    if (c0 > last) return;  // past every token's positions
+    const uint16_t *data = static_cast<const uint16_t *>(kv.data);
+    for (int u = threadIdx.x; u < ATT_CHUNK * U; u += THREADS) {  // all in flight at once
+        int i = u / U;
+        int64_t p = c0 + i < lo ? lo : c0 + i > last ? last : c0 + i;  // a token's nearest seen row
+        cp_async16(keys + i * RS + 8 * (u % U), data + kv_at(kv, a, 0, s, p, kvh) + 8 * (u % U));
+        cp_async16(vals + i * RS + 8 * (u % U), data + kv_at(kv, a, 1, s, p, kvh) + 8 * (u % U));
+    }
+    cp_async_commit();
+    for (int i = threadIdx.x; i < HPB * ATT_TILE * HD; i += THREADS) {
+        int k = i / HD % ATT_TILE;
+        qs[i] = k < nt ? qkv[(t0 + k) * ldq + (h0 + i / (ATT_TILE * HD)) * HD + i % HD] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    int64_t p0 = c0 + wid % ATT_WARPS * WARP;
+    attn_part<HD> r;
+    if (p0 <= last && p0 + WARP - 1 >= lo) {
+        int vlo[2], vhi[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int row = g + 8 * k;
+            int64_t pos = first + row, l = attn_lo(a, pos), b = l > p0 ? l : p0;
+            int64_t e = pos < p0 + WARP - 1 ? pos : p0 + WARP - 1;
+            vlo[k] = row < nt ? (int)(b - p0) : 1, vhi[k] = row < nt ? (int)(e - p0) : 0;
+        }
+        uint32_t qh[HD / 16][4], ql[HD / 16][4];
+        const float *q = qs + hh * ATT_TILE * HD;
+        attn_q_frags<DT, HD>(q + g * HD, q + (g + 8) * HD, qh, ql);
+        const uint16_t *kp = keys + (p0 - c0) * RS;
+        auto krow = [&](int i) { return kp + i * RS; };
+        attn_part_mma<DT, HD, RS, false>(qh, ql, krow, vals + (p0 - c0) * RS, vlo, vhi, 1.0f / sqrtf((float)HD), r);
+    } else {
+        r.none();
+    }
+    __syncthreads();  // every warp done with the rows
+    attn_tile_merge<HD> *mgs = reinterpret_cast<attn_tile_merge<HD> *>(tile_mem);
+    {
+        attn_tile_merge<HD> &mg = mgs[hh];
+        int tq = lane & 3, w = wid % ATT_WARPS;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int row = g + 8 * k;
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn++) {
+                mg.wacc[w][row][8 * dn + 2 * tq] = r.o[dn][2 * k];
+                mg.wacc[w][row][8 * dn + 2 * tq + 1] = r.o[dn][2 * k + 1];
+            }
+            if (tq == 0) mg.wm[row][w] = r.m[k], mg.wl[row][w] = r.l[k];
+        }
+    }
+    __syncthreads();
+    /* a token's chunk index among its own (-1: not one of its chunks) */
+    auto rel = [&](int i) {
+        int64_t pos = first + i, z0 = attn_lo(a, pos) / ATT_CHUNK;
+        return i < nt && z >= z0 && z <= pos / ATT_CHUNK ? z - z0 : (int64_t)-1;
+    };
+    if (threadIdx.x < HPB * ATT_TILE) {
+        attn_tile_merge<HD> &mg = mgs[threadIdx.x / ATT_TILE];
+        int i = threadIdx.x % ATT_TILE;
+        attn_weights(mg.wm[i], mg.wl[i], mg.bm[i], mg.bl[i], mg.wf[i]);
+    }
+    __syncthreads();
+    for (int u = threadIdx.x; u < HPB * ATT_TILE * HD; u += THREADS) {
+        int k = u / (ATT_TILE * HD), i = u / HD % ATT_TILE, d = u % HD;
+        int64_t zi = rel(i);
+        if (zi < 0) continue;
+        const attn_tile_merge<HD> &mg = mgs[k];
+        float *out = attn_part_of(a, o, t0 + i, h0 + k, zi, gridDim.z);
+        if (d == 0) out[0] = mg.bm[i], out[1] = mg.bl[i];
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) v = fmaf(mg.wacc[w][i][d], mg.wf[i][w], v);
+        out[2 + d] = v;
+    }
+    /* the (token, head)s' counts at once (lane k ATT_TILE + i: token i, head h0 + k), then the merges
+     * of those whose last chunk this was */
     __shared__ unsigned lasts;
     __threadfence();
     __syncthreads();
     if (wid == 0) {
-        bool last = false;
-        if (lane < nt) {
-            int64_t t = t0 + lane, pos = a.pos[t], c0 = first_of(pos);
-            if (c0 <= pos) {
-                unsigned *done = o.done + t * a.n_heads + h;
-                last = atomicAdd(done, 1u) == (unsigned)((pos - attn_lo(a, pos)) / ATT_CHUNK);
-                if (last) *done = 0u;
-            }
+        bool fin = false;
+        int i = lane % ATT_TILE;
+        if (lane < HPB * ATT_TILE && rel(i) >= 0) {
+            int64_t pos = first + i;
+            unsigned *done = o.done + (t0 + i) * a.n_heads + h0 + lane / ATT_TILE;
+            fin = atomicAdd(done, 1u) == (unsigned)(pos / ATT_CHUNK - attn_lo(a, pos) / ATT_CHUNK);
+            if (fin) *done = 0u;
         }
-        unsigned m = __ballot_sync(0xffffffffu, last);
+        unsigned m = __ballot_sync(0xffffffffu, fin);
         if (lane == 0) lasts = m;
     }
     __syncthreads();
     if (!lasts) return;
     __threadfence();
-    for (unsigned m = lasts; m; m &= m - 1) {
-        int64_t t = t0 + __ffs((int)m) - 1, pos = a.pos[t];
-        attn_merge(a, attn_part_of(a, o, t, h, 0, gridDim.z), t, h, (pos - attn_lo(a, pos) + ATT_CHUNK) / ATT_CHUNK, o);
-        __syncthreads();  // attn_merge's shared head, for the next
+    int k = 0;  // the merges a warp each, in turn
+    for (unsigned m = lasts; m; m &= m - 1, k++) {
+        if (k % (ATT_WARPS * HPB) != wid) continue;
+        int b = __ffs((int)m) - 1, i = b % ATT_TILE;
+        int64_t pos = first + i, h = h0 + b / ATT_TILE;
+        attn_merge_warp(a, attn_part_of(a, o, t0 + i, h, 0, gridDim.z), t0 + i, h,
+                        pos / ATT_CHUNK - attn_lo(a, pos) / ATT_CHUNK + 1, o);
     }
 }
 
@@ -2736,19 +2996,34 @@ __global__ void __launch_bounds__(ATT_TILE_WARPS * WARP)
  * the softmax's sum (with the sink logit's share); with q (a head a whole
  * number of QB blocks), the head also rounded to int8 as k_quantize
  * rounds it. */
-__device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o) {
-    __shared__ __align__(16) float head[SP_CUDA_MAX_HEAD_DIM];
+/* The merge's max m over token t's head h's S chunks' parts pp and the
+ * factor inv its sums are divided by (with the sink logit's share). */
+__device__ __forceinline__ void attn_merge_scale(const sp_cuda_attn &a, const float *pp, int64_t h, int64_t S,
+                                                 float &m, float &inv) {
     int64_t hd = a.head_dim;
-    float m = -INFINITY, l = 0.0f;
+    float l = 0.0f;
+    m = -INFINITY;
     for (int64_t i = 0; i < S; i++) m = fmaxf(m, __ldcg(pp + i * (hd + 2)));
     for (int64_t i = 0; i < S; i++)
         l = __fadd_rn(l, __fmul_rn(__ldcg(pp + i * (hd + 2) + 1), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m))));
-    float inv = (float)(1.0 / ((double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0)));
+    inv = (float)(1.0 / ((double)l + (a.sinks ? exp((double)a.sinks[h] - (double)m) : 0.0)));
+}
+
+/* Dimension d of the merged head. */
+__device__ __forceinline__ float attn_merge_dim(const float *pp, int64_t hd, int64_t S, float m, float inv, int64_t d) {
+    float v = 0.0f;
+    for (int64_t i = 0; i < S; i++)
+        v = fmaf(__ldcg(pp + i * (hd + 2) + 2 + d), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m)), v);
+    return __fmul_rn(v, inv);
+}
+
+__device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S, const attn_out &o) {
+    __shared__ __align__(16) float head[SP_CUDA_MAX_HEAD_DIM];
+    int64_t hd = a.head_dim;
+    float m, inv;
+    attn_merge_scale(a, pp, h, S, m, inv);
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = 0.0f;
-        for (int64_t i = 0; i < S; i++)
-            v = fmaf(__ldcg(pp + i * (hd + 2) + 2 + d), expf(__fsub_rn(__ldcg(pp + i * (hd + 2)), m)), v);
-        v = __fmul_rn(v, inv);
+        float v = attn_merge_dim(pp, hd, S, m, inv, d);
         o.att[t * o.lda + h * hd + d] = v;
         head[d] = v;
     }
@@ -2763,6 +3038,28 @@ __device__ void attn_merge(const sp_cuda_attn &a, const float *pp, int64_t t, in
         quantize4(in ? *reinterpret_cast<const float4 *>(head + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f), in,
                   qr + c / QB * QB, dr + c / QB);
     }
+}
+
+/* attn_merge by one warp (heads of at most 128, a lane 4 dimensions): the
+ * same values, and the same rounding (a lane's 4 values as attn_merge's
+ * thread 4 c holds them). */
+__device__ void attn_merge_warp(const sp_cuda_attn &a, const float *pp, int64_t t, int64_t h, int64_t S,
+                                const attn_out &o) {
+    int64_t hd = a.head_dim, c = 4 * (threadIdx.x % WARP);
+    float m, inv;
+    attn_merge_scale(a, pp, h, S, m, inv);
+    bool in = c < hd;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = attn_merge_dim(pp, hd, S, m, inv, c + k);
+            o.att[t * o.lda + h * hd + c + k] = v[k];
+        }
+    const sp_cuda_qx &q = o.q;
+    if (!q.q) return;
+    quantize4(make_float4(v[0], v[1], v[2], v[3]), in, q.q + t * q.ldq + h * hd + c / QB * QB,
+              reinterpret_cast<float2 *>(q.d) + t * q.ldd + h * hd / QB + c / QB);
 }
 
 }  // namespace
@@ -3145,7 +3442,7 @@ extern "C" bool sp_cuda_mma_ok(const struct sp_cuda_weight *w) { return tensor_c
 extern "C" int64_t sp_cuda_attn_chunks(int64_t positions) { return (positions + ATT_CHUNK - 1) / ATT_CHUNK; }
 
 namespace {
-/* k_attn's path for a 16-bit cache and head_dim 64, 128 or 256. */
+/* k_attn's path for a 16-bit cache and head_dim 64, 128 or 256 (64 and 128: without tensor cores). */
 template <int DT>
 int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
               int64_t ldq, const attn_out &o) {
@@ -3155,20 +3452,39 @@ int attn_fast(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp
     return (int)cudaGetLastError();
 }
 
-/* k_attn_tile for m tokens (grid.x: ATT_TILE a block), heads of 32 DPL. */
-template <int DT, int DPL>
+/* k_attn_mma, heads of 64 or 128. */
+template <int DT>
+int attn_mma(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
+             int64_t ldq, const attn_out &o) {
+    if (hd == 64) launch(k_attn_mma<DT, 64>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
+    else launch(k_attn_mma<DT, 128>, grid, ATT_WARPS * WARP, s, a, kv, q, ldq, o);
+    return (int)cudaGetLastError();
+}
+
+/* k_attn_tile for m tokens (grid.x: ATT_TILE a block; grid.y: the heads), heads of HD: two heads a block
+ * where a KV head's group of query heads is even. */
+template <int DT, int HD, int HPB>
 int attn_tiled(dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q, int64_t ldq,
                const attn_out &o, int64_t m) {
-    constexpr size_t bytes = attn_tile_sizes<DPL * WARP>::BYTES;
-    if (int e = raise_smem<k_attn_tile<DT, DPL>>(bytes)) return e;
-    launch_smem(k_attn_tile<DT, DPL>, grid, ATT_TILE_WARPS * WARP, bytes, s, a, kv, q, ldq, o, m);
+    constexpr size_t bytes = attn_tile_sizes<HD, HPB>::BYTES;
+    if (int e = raise_smem<k_attn_tile<DT, HD, HPB>>(bytes)) return e;
+    grid.y /= HPB;
+    launch_smem(k_attn_tile<DT, HD, HPB>, grid, ATT_WARPS * WARP * HPB, bytes, s, a, kv, q, ldq, o, m);
     return (int)cudaGetLastError();
+}
+
+template <int DT, int HD>
+int attn_tiled(dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q, int64_t ldq,
+               const attn_out &o, int64_t m) {
+    return (a.n_heads / a.n_kv_heads) % 2 == 0 ? attn_tiled<DT, HD, 2>(grid, s, a, kv, q, ldq, o, m)
+                                                : attn_tiled<DT, HD, 1>(grid, s, a, kv, q, ldq, o, m);
 }
 
 template <int DT>
 int attn_tiled(int hd, dim3 grid, cudaStream_t s, const sp_cuda_attn &a, const sp_cuda_kv &kv, const float *q,
                int64_t ldq, const attn_out &o, int64_t m) {
-    return hd == 64 ? attn_tiled<DT, 2>(grid, s, a, kv, q, ldq, o, m) : attn_tiled<DT, 4>(grid, s, a, kv, q, ldq, o, m);
+    return hd == 64 ? attn_tiled<DT, 64>(grid, s, a, kv, q, ldq, o, m)
+                    : attn_tiled<DT, 128>(grid, s, a, kv, q, ldq, o, m);
 }
 }  // namespace
 
@@ -3177,7 +3493,15 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
                                  int64_t part_floats, unsigned *done, const struct sp_cuda_qx *qo, bool one_run,
                                  void *stream) {
     if (n <= 0) return 0;
-    int64_t zmax = sp_cuda_attn_chunks(max_visible), row = a->n_heads * zmax * (a->head_dim + 2);
+    int hd = (int)a->head_dim;
+    bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
+    bool mma = fast && hd != 256 && tensor_cores;
+    /* chunks a token spans: on tensor cores they start at multiples of ATT_CHUNK, so a window's
+     * positions may reach into one chunk more, and a tile's tokens' windows start up to ATT_TILE - 1
+     * apart */
+    int64_t zmax = sp_cuda_attn_chunks(max_visible);
+    if (mma && a->window > 0) zmax = sp_cuda_attn_chunks(max_visible + ATT_TILE - 1) + 1;
+    int64_t row = a->n_heads * zmax * (a->head_dim + 2);
     if (a->head_dim > SP_CUDA_MAX_HEAD_DIM || zmax <= 0 || zmax > 65535 || row > part_floats ||
         (qo && a->head_dim % QB))
         return (int)cudaErrorInvalidValue;
@@ -3190,9 +3514,7 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         as.pos += t0, as.seq += t0;
         const float *q = qkv + t0 * ldq;
         dim3 grid((unsigned)m, (unsigned)a->n_heads, (unsigned)zmax);
-        int hd = (int)a->head_dim;
-        bool fast = kv->dt != SP_CUDA_F32 && (hd == 64 || hd == 128 || hd == 256);
-        bool tiled = one_run && m >= ATT_TILE && fast && hd != 256;
+        bool tiled = one_run && m >= ATT_TILE && mma;
         attn_out o = {part, done, att + t0 * lda, lda, {}};
         if (qo) {  // its rows from t0 on
             o.q = *qo;
@@ -3208,6 +3530,9 @@ extern "C" int sp_cuda_attention(const struct sp_cuda_attn *a, const struct sp_c
         else if (!fast && kv->dt == SP_CUDA_F16)
             launch(k_attn<SP_CUDA_F16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
         else if (!fast) launch(k_attn<SP_CUDA_BF16, 0>, grid, ATT_WARPS * WARP, s, as, *kv, q, ldq, o);
+        else if (mma)
+            err = kv->dt == SP_CUDA_F16 ? attn_mma<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, o)
+                                        : attn_mma<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, o);
         else if (kv->dt == SP_CUDA_F16) err = attn_fast<SP_CUDA_F16>(hd, grid, s, as, *kv, q, ldq, o);
         else err = attn_fast<SP_CUDA_BF16>(hd, grid, s, as, *kv, q, ldq, o);
         if (!err) err = (int)cudaGetLastError();
