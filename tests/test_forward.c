@@ -994,14 +994,15 @@ static void test_cuda_wide_router(void **state) {
     th_rmdir(dir);
 }
 
-/* Heads of 64 and 128 dimensions (gpt-oss's and Qwen3's), whose prompt
- * attention takes 16 tokens a block from the cache rows their chunks span,
- * read once into shared memory: a 200-token prompt in steps of 64 (the
- * later steps seeing the earlier ones' positions; gpt-oss's window of 40
- * moving across them) gives the bits of the same prompt token by token (a
- * block a token, reading the cache alone), with f16 and bf16 caches, and
- * the CPU's logits within 1e-3 of the largest; with int8 activations on
- * affine4 weights, the bits of token by token too. */
+/* Heads of 64 and 128 dimensions (gpt-oss's and Qwen3's), whose attention
+ * runs on tensor cores, a prompt's 16 tokens a block over its chunk's rows
+ * read once into shared memory: a 200-token prompt in steps of 64, and of
+ * 40 (blocks of fewer than 16 tokens), the later steps seeing the earlier
+ * ones' positions (gpt-oss's window of 40 moving across them), gives the
+ * bits of the same prompt token by token (a block a token, reading the
+ * cache alone), with f16 and bf16 caches, and the CPU's logits within 1e-3
+ * of the largest; with int8 activations on affine4 weights, the bits of
+ * token by token too. */
 static void test_cuda_wide_heads(void **state) {
     if (!use_cuda()) skip();
     enum { N = 200, V = 512 };
@@ -1012,7 +1013,7 @@ static void test_cuda_wide_heads(void **state) {
     int32_t tok[N];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 53 + 7) % V);
     float *ref = malloc((size_t)(N * V) * sizeof(float)), *whole = malloc((size_t)(N * V) * sizeof(float)),
-          *one = malloc((size_t)(N * V) * sizeof(float));
+          *one = malloc((size_t)(N * V) * sizeof(float)), *part = malloc((size_t)(N * V) * sizeof(float));
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
         cJSON *cfg;
         assert_int_equal(sp_json_parse_file(shapes[sh].config, 1 << 20, &cfg), SP_OK);
@@ -1042,12 +1043,16 @@ static void test_cuda_wide_heads(void **state) {
             assert_int_equal(sp_ctx_create(k < 2 ? m : q, &p, &c), SP_OK);
             run_seq(c, tok, N, 1, 0, one, V);
             sp_ctx_free(c);
+            assert_int_equal(sp_ctx_create(k < 2 ? m : q, &p, &c), SP_OK);
+            run_seq(c, tok, N, 40, 0, part, V);  // blocks of 16 tokens and one of 8 a step
+            sp_ctx_free(c);
             char what[128];
             snprintf(what, sizeof what, "%s, head_dim %d, kv %s, %s", shapes[sh].config, shapes[sh].head_dim,
                      sp_kv_type_name(kv), k < 2 ? "float activations" : "affine4, int8 activations");
             if (k < 2) compare(what, whole, ref, N, V, 1e-3);
             assert_memory_equal(whole, one, (size_t)(N * V) * sizeof(float));
-            print_message("%s: the prompt in steps of 64 = token by token\n", what);
+            assert_memory_equal(part, one, (size_t)(N * V) * sizeof(float));
+            print_message("%s: the prompt in steps of 64 and of 40 = token by token\n", what);
         }
         sp_model_close(q);
         sp_model_close(m);
@@ -1057,6 +1062,7 @@ static void test_cuda_wide_heads(void **state) {
     free(ref);
     free(whole);
     free(one);
+    free(part);
 }
 
 /* argv[1], when given, picks the tests to run by name ("test_cuda_*"). */
