@@ -2797,7 +2797,8 @@ template <int DT, int HD>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
     k_attn_mma(sp_cuda_attn a, sp_cuda_kv kv, const float *qkv, int64_t ldq, attn_out o) {
     dep_start();
-    constexpr int RS = HD + 8, U = HD / 8;  // a row's stride (16 bytes apart: ldmatrix's rows on other banks), units
+    /* a value row's stride (16 bytes past its data: ldmatrix's 8 rows on different banks), its 16-byte units */
+    constexpr int RS = HD + 8, U = HD / 8;
     __shared__ __align__(16) attn_smem<HD> sm;
     __shared__ __align__(16) uint16_t vs[ATT_WARPS][WARP * RS];
     int64_t t = blockIdx.x, h = blockIdx.y;
