@@ -17,7 +17,7 @@
 # median of 2 runs: the way docs/performance.md compares builds on a noisy
 # machine. QUICK=1 stops at the batch-1 figures. Run from the repository root
 # after npm ci (test_gguf reads the npm tokenizer files).
-set -u
+set -u -o pipefail  # a failing bench fails the script through its pipes too
 cd "$(dirname "$0")/.." || exit 2
 B="${1:-build/cuda}"
 W="${2:-${TMPDIR:-/tmp}/sparrow-cuda}"

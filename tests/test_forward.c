@@ -949,10 +949,10 @@ static void synth_and_quantize(cJSON *cfg, const struct sp_synth_opts *o, const 
 }
 
 /* A router of 256 experts over 2048 columns (Ling-flash-2.0's), whose
- * one-token product and routing run as one kernel with the product split
- * over groups of warps: token by token, the bits of the whole prompt at
- * once (routing, weights and all), bf16 with float activations and mxfp4
- * with float and int8 ones. */
+ * one-token product is split over a block's warps (a matrix of few rows)
+ * before the group-limited routing: token by token, the bits of the whole
+ * prompt at once (routing, weights and all), bf16 with float activations
+ * and mxfp4 with float and int8 ones. */
 static void test_cuda_wide_router(void **state) {
     if (!use_cuda()) skip();
     cJSON *cfg;
