@@ -663,7 +663,7 @@ __device__ __forceinline__ void vchunks(const vrow (&rw)[VR], uint32_t chunks, u
  * chunks per group; p: the lane's preloaded chunks (vpreload). */
 template <int K, int BITS, int SDT, int NT>
 __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const facts &a, int nt,
-                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT]) {
+                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT], float *) {
     constexpr int EC = vec_elems<K, BITS>(), UPC = EC / 8;
     const float *x = a.x;
     int64_t ldx = a.ld;
@@ -733,15 +733,52 @@ __device__ __forceinline__ void group_scale(const vrow &rw, uint32_t g, float &s
     s = int8_scale<K>(s);
 }
 
+/* Floats of a warp's buffer for warp_fold of NT tokens: a row of VR NT
+ * (odd: a lane's row on its own banks) a lane, then the VR NT sums. */
+template <int NT>
+__host__ __device__ constexpr int fold_floats() {
+    return WARP * (VR * NT + 1) + VR * NT;
+}
+
+/* The lanes' sums acc added in lane order, lanes 0 .. n (those with
+ * chunks; the rest hold zeros and are left out), into every lane's acc as
+ * warp_sum leaves them: the order the tensor-core products keep too
+ * (mma_tile), where a butterfly's would cost them a stack of partial sums.
+ * Lane r NT + t adds row r's sums for token t; buf: the warp's
+ * fold_floats<NT>(), in shared memory. */
+template <int NT>
+__device__ __forceinline__ void warp_fold(float (&acc)[VR][NT], int n, float *buf) {
+    constexpr int N = VR * NT, LD = N + 1;
+    int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) buf[lane * LD + r * NT + t] = acc[r][t];
+    __syncwarp();
+    if (lane < N) {
+        float s = buf[lane];
+#pragma unroll 8
+        for (int i = 1; i < n; i++) s = __fadd_rn(s, buf[i * LD + lane]);
+        buf[WARP * LD + lane] = s;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < VR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = buf[WARP * LD + r * NT + t];
+    __syncwarp();
+}
+
 /* The same with int8 activations (mxfp4 and affine 4-bit; a chunk is a
  * block of QB): each chunk's codes as int8 (qdecode), four products a
  * dp4a, the chunk's integer sum scaled once: mxfp4 by half its scale
  * times d, affine by scale x d plus bias x the float sum of the block
- * (so that only s x q meets the rounding of x, as on the CPU).
- * Integer sums are exact, so a token's result is the same in any batch. */
+ * (so that only s x q meets the rounding of x, as on the CPU); the
+ * lanes' sums added in lane order (warp_fold, buf). Integer sums are
+ * exact, so a token's result is the same in any batch. */
 template <int K, int BITS, int SDT, int NT>
 __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint32_t cpg, const qacts &a, int nt,
-                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT]) {
+                                     uint32_t first, uint32_t step, const vpre &p, float (&acc)[VR][NT], float *buf) {
     static_assert(K == K_MXFP4 || (K == K_AFFINE && BITS == 4), "int8 activations: 4-bit codes only");
     vchunks<K, SDT>(rw, chunks, cpg, first, step, p, [&](const vchunk &ch, uint32_t c) {
         float s[VR];
@@ -772,10 +809,14 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
             }
         }
     });
-#pragma unroll
-    for (int r = 0; r < VR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+    uint32_t base = first - threadIdx.x % WARP;  // the warp's first lane's chunk
+    warp_fold(acc, chunks <= base ? 0 : chunks - base < WARP ? (int)(chunks - base) : WARP, buf);
+}
+
+/* A kernel's warp_fold buffers (VWARPS of them; none where A is float). */
+template <class A, int NT>
+__host__ __device__ constexpr int fold_buf_floats() {
+    return std::is_same<A, qacts>::value ? VWARPS * fold_floats<NT>() : 1;
 }
 
 /* Rows [r0, r0 + VR) of w by a warp, for tokens [t0, t0 + NT); SPLIT:
@@ -786,7 +827,7 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
  * does not depend on the batch). */
 template <int K, int BITS, int SDT, int NT, class A, bool SPLIT>
 __device__ __forceinline__ void vrows(const sp_cuda_weight &w, const A &a, float *y, int64_t ldy, int64_t n, int64_t r0,
-                                      int64_t t0, int wid, float (*part)[VR][NT]) {
+                                      int64_t t0, int wid, float (*part)[VR][NT], float *fold) {
     constexpr int EC = vec_elems<K, BITS>();
     int lane = threadIdx.x % WARP;
     int64_t row_bytes = w.cols / EC * 16;
@@ -822,8 +863,9 @@ __device__ __forceinline__ void vrows(const sp_cuda_weight &w, const A &a, float
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    float *buf = fold + wid * fold_floats<NT>();
     if constexpr (SPLIT) {
-        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc);
+        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc, buf);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < VR; r++)
@@ -831,17 +873,19 @@ __device__ __forceinline__ void vrows(const sp_cuda_weight &w, const A &a, float
                 for (int t = 0; t < NT; t++) part[wid][r][t] = acc[r][t];
         __syncthreads();
         if (wid != 0) return;
+        uint32_t vn = (chunks + WARP - 1) / WARP;  // the warps with chunks, their sums added in warp order
 #pragma unroll
         for (int r = 0; r < VR; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 float v = part[0][r][t];
 #pragma unroll
-                for (int k = 1; k < VWARPS; k++) v = __fadd_rn(v, part[k][r][t]);
+                for (int k = 1; k < VWARPS; k++)
+                    if (k < vn) v = __fadd_rn(v, part[k][r][t]);
                 acc[r][t] = v;
             }
     } else {
-        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc);
+        vdot<K, BITS, SDT, NT>(rw, chunks, cpg, a.rows(t0), nt, first, step, pre, acc, buf);
     }
 #pragma unroll
     for (int r = 0; r < VR; r++)
@@ -859,9 +903,10 @@ template <int K, int BITS, int SDT, int NT, class A, bool SPLIT>
 __global__ void __launch_bounds__(VWARPS * WARP)
     k_vrows(sp_cuda_weight w, A a, float *y, int64_t ldy, int64_t n) {
     __shared__ float part[SPLIT ? VWARPS : 1][VR][NT];
+    __shared__ float fold[fold_buf_floats<A, NT>()];
     int wid = threadIdx.x / WARP;
     int64_t r0 = (SPLIT ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * VWARPS + wid) * VR;
-    vrows<K, BITS, SDT, NT, A, SPLIT>(w, a, y, ldy, n, r0, (int64_t)blockIdx.y * NT, wid, part);
+    vrows<K, BITS, SDT, NT, A, SPLIT>(w, a, y, ldy, n, r0, (int64_t)blockIdx.y * NT, wid, part, fold);
 }
 
 /* An item's activations: its own float rows, or its rows of the int8 rows. */
@@ -943,7 +988,9 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     uint32_t chunks = (uint32_t)(w.cols / EC), cpg = chunks_per_group<K, BITS>(w);
     vpre pre;  // loaded after the wait: the items were written by the kernel before
     vpreload<K, SDT>(rw, chunks, cpg, lane, WARP, pre);
-    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, item_acts(a, it).rows(t0), nt, lane, WARP, pre, acc);
+    __shared__ float fold[fold_buf_floats<A, NT>()];
+    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, item_acts(a, it).rows(t0), nt, lane, WARP, pre, acc,
+                           fold + threadIdx.x / WARP * fold_floats<NT>());
 #pragma unroll
     for (int jj = 0; jj < J; jj++)
 #pragma unroll
@@ -988,7 +1035,9 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     for (int r = 0; r < VR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, h.rows(it.row + t0), nt, lane, WARP, pre, acc);
+    __shared__ float fold[fold_buf_floats<A, NT>()];
+    vdot<K, BITS, SDT, NT>(rw, chunks, cpg, h.rows(it.row + t0), nt, lane, WARP, pre, acc,
+                           fold + threadIdx.x / WARP * fold_floats<NT>());
 #pragma unroll
     for (int r = 0; r < VR; r++)
 #pragma unroll
@@ -1009,9 +1058,9 @@ __global__ void __launch_bounds__(VWARPS * WARP)
  * could differ from vdot's, and they run as vdot runs them: lane class
  * l's chunks (l, l + 32, ...; where the vector kernel splits the chunks
  * over the block's warps, class 32 w + l of warp w, step 128) in one
- * chain, the classes added as warp_sum's butterfly adds them, then the
- * warps' sums in warp order. A token's result is the vector kernels' to
- * the bit, in any batch. */
+ * chain, the classes added in lane order (warp_fold), then the warps'
+ * sums in warp order. A token's result is the vector kernels' to the bit,
+ * in any batch. */
 constexpr int MMA_TOKENS = SP_CUDA_MMA_TOKENS;
 constexpr int MMA_WARPS = 4;  // warps of a block, 16 rows of its tile each
 
@@ -1038,16 +1087,14 @@ __device__ __forceinline__ uint32_t qbytes4(uint32_t v, int h) {
 
 /* A block's tile goes through shared memory in stages, MMA_STAGES deep
  * (cp.async; the scales through registers, loaded a stage ahead). A stage
- * holds MMA_KS chunks of each of 4 lane classes for the tile's 64 rows and
- * its tokens: classes b, b + 1, b + 16, b + 17 with b = brev5(2 G), the
- * butterfly's leaves 2 G, 2 G + 16, 2 G + 1 and 2 G + 17, so that a stage
- * reads whole 32-byte sectors and each pair of leaves the butterfly adds
- * first ends together. */
+ * holds MMA_SLOTS chunks of the tile's 64 rows and of its tokens: the
+ * next positions of the order in which the sums are added (mma_tile). */
 constexpr int MMA_ROWS = 16 * MMA_WARPS;  // rows of a block's tile
-constexpr int MMA_KS = 2;                 // chunks of a class in a stage
-constexpr int MMA_SLOTS = 4 * MMA_KS;     // chunks of a row (or token) in a stage
-constexpr int MMA_STAGES = 3;
-constexpr int MMA_PAIRS = 3;  // levels of each half's stack of leaf pairs (8 pairs)
+constexpr int MMA_SLOTS = 8;              // chunks of a row (or token) in a stage
+constexpr int MMA_STAGES = 2;  // 38.4 KB a block at most: 5 blocks an SM (with 3 stages, 3)
+/* The tensor-core kernels are declared for one block an SM at least,
+ * which leaves their registers to ptxas: 78-94 a thread, still 5 blocks
+ * (without it, 64-80, measured 2% slower). */
 /* Bytes of a row's, a token's codes in a stage: padded by 16 so that the
  * 8 rows (tokens) a load instruction reads start 4 banks apart. */
 constexpr int MMA_W_LD = MMA_SLOTS * 16 + 16, MMA_X_LD = MMA_SLOTS * 32 + 16;
@@ -1075,38 +1122,19 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* A pair of leaves' sum v, the i-th of its half of the butterfly, pushed
- * onto that half's stack st: added to the partial sums it completes, as
- * warp_sum adds them. Returns whether v is now the half's whole sum. */
-__device__ __forceinline__ bool mma_push(float (&st)[MMA_PAIRS][2][4], float (&v)[2][4], int i) {
-    int ones = __ffs(~i) - 1;
-#pragma unroll
-    for (int l = 0; l < MMA_PAIRS; l++)
-        if (l < ones)
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) v[n][e] = __fadd_rn(st[l][n][e], v[n][e]);
-#pragma unroll
-    for (int l = 0; l < MMA_PAIRS; l++)
-        if (l == ones)
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) st[l][n][e] = v[n][e];
-    return ones >= MMA_PAIRS;
-}
-
 /* The block's tile: rows row_of(0 .. MMA_ROWS) of a matrix of `chunks`
  * chunks (cpg a group) times tokens 0 .. nt of a (the rest not read).
  * Warp w ends with res for its rows 16 w + lane / 4 (res[.][0, 1]) and
  * 16 w + lane / 4 + 8 (res[.][2, 3]), tokens n * 8 + 2 (lane % 4) + e % 2.
  * Each chunk's integer sum is exact and is scaled and added as vdot adds
- * it: lane class l's chunks (l, l + 32 W, ... where W == 1; class
- * 32 v + l of the vector kernel's warp v, step 128, where W == VWARPS) in
- * one chain, the classes as warp_sum's butterfly adds them, then (W ==
- * VWARPS) the warps' sums in warp order. Every thread of the block calls
- * it. */
+ * it: class c's chunks (c, c + 32 W, ...: those of lane c % 32 of the
+ * vector kernel's warp c / 32, where it splits the chunks over W warps)
+ * in one chain, the classes of a vector warp added in order (warp_fold),
+ * then (W == VWARPS) the vector warps' sums in order. A stage holds the
+ * next MMA_SLOTS positions of that order, class by class (M positions a
+ * class, its chunks in order; a class's last positions may hold none), so
+ * a chain, the warp's sum so far and the sum of the warps before are all
+ * a tile keeps. Every thread of the block calls it. */
 template <int K, int SDT, int W, class R>
 __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint32_t cpg, const qacts &a, int nt,
                                          float (&res)[2][4]) {
@@ -1115,60 +1143,33 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
     constexpr uint32_t STEP = WARP * W;
     extern __shared__ __align__(16) char mma_smem[];
     int t = threadIdx.x, lane = t % WARP, wid = t / WARP, g = lane >> 2, tq = lane & 3;
-    uint32_t kb_n = ((chunks + STEP - 1) / STEP + MMA_KS - 1) / MMA_KS;  // stages a group of classes
-    uint32_t vn = (chunks + WARP - 1) / WARP < W ? (chunks + WARP - 1) / WARP : W;  // vector warps with chunks
-    /* stage (v, grp, kb), the stages in that order: vector warp v, leaf group grp, chains' chunks
-     * kb MMA_KS ..; its slot k * 4 + j is chunk 32 v + brev5(2 grp) + {0, 1, 16, 17}[j] + STEP (kb
-     * MMA_KS + k). Where every chain is one chunk (paired: chunks <= STEP, so that slots k > 0
-     * would hold none), a stage holds two groups instead, grp counting pairs: its slot k * 4 + j is
-     * group 2 grp + k's leaf j. Stepped through, not divided out: the loop's integer work is its
-     * overhead. A stage of no chunk (its first past the last: a short row's later groups, classes
-     * or warps) is neither loaded nor computed: its leaves are zeros. */
-    static_assert(MMA_KS == 2, "a pair of groups a stage");
-    struct spos {
-        uint32_t v, grp, kb;
+    uint32_t nc = chunks < STEP ? chunks : STEP, M = (chunks + STEP - 1) / STEP, npos = nc * M;
+    uint32_t stages = (npos + MMA_SLOTS - 1) / MMA_SLOTS;
+    /* position p's class p / M as __umulhi(p, minv) (exact while p M < 2^32), its chunk (chunks: none) */
+    uint32_t minv = M == 1 ? 0u : 0xffffffffu / M + 1u;
+    auto class_of = [&](uint32_t p) { return M == 1 ? p : __umulhi(p, minv); };
+    auto chunk_at = [&](uint32_t p) {
+        uint32_t c = class_of(p), k = c + STEP * (p - c * M);
+        return p < npos && k < chunks ? k : chunks;
     };
-    struct sbase {  // a stage's first chunk of slots 0-3 and of slots 4-7
-        uint32_t f0, f1;
-    };
-    bool paired = chunks <= STEP;
-    uint32_t groups = paired ? 4 : 8;  // stages' groups a vector warp
-    auto base_at = [&](const spos &p) {
-        uint32_t g0 = paired ? 2 * p.grp : p.grp, f = 32 * p.v + (__brev(2 * g0) >> 27);
-        if (paired) return sbase{f, f + 8};  // brev5(2 (g0 + 1)) = brev5(2 g0) + 8 for even g0
-        f += STEP * p.kb * MMA_KS;
-        return sbase{f, f + STEP};
-    };
-    auto group_at = [&](const spos &p) { return p.v * 8 + (paired ? 2 * p.grp : p.grp); };  // its first group's index
-    auto advance = [&](spos &p) {
-        if (++p.kb < kb_n) return;
-        p.kb = 0;
-        if (++p.grp < groups) return;
-        p.grp = 0;
-        p.v++;
-    };
-    auto next_live = [&](spos &p) {  // to the next stage with a chunk (v == vn: none left)
-        do advance(p);
-        while (p.v < vn && base_at(p).f0 >= chunks);
-    };
-    auto chunk_of = [&](const sbase &b, int k, int j) { return (k ? b.f1 : b.f0) + (j & 1) + 16 * (j >> 1); };
     int gsh = __ffs((int)cpg) - 1;  // chunks a group: 1, 2 or 4 (groups of 32, 64, 128)
     bool gpow2 = (cpg & (cpg - 1)) == 0;
-    /* loads: thread t the codes and scales of row t / 2's chains' chunk t % 2, and token t / 8's slot t % 8 */
+    /* loads: thread t the codes and scales of row t / 2's slots 4 (t % 2) .., and token t / 8's slot t % 8 */
     int lr = t >> 1, lk = t & 1, lu = t >> 3, ls = t & 7;
     vrow mine = row_of(lr);
     const int8_t *xrow = a.q + (lu < nt ? lu : 0) * a.ldq;  // token lu's int8 row and block sums
     const float2 *drow = a.d + (lu < nt ? lu : 0) * a.ldd;
-    auto stage_at = [&](int s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
-    auto issue = [&](bool on, int s, const sbase &first) {
+    auto stage_at = [&](uint32_t s) { return mma_smem + (s % MMA_STAGES) * Z::STAGE; };
+    auto issue = [&](bool on, uint32_t s) {
         if (on) {
             char *base = stage_at(s);
+            uint32_t p0 = s * MMA_SLOTS;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                uint32_t c = chunk_of(first, lk, j);
+                uint32_t c = chunk_at(p0 + lk * 4 + j);
                 if (c < chunks) cp_async16(base + lr * MMA_W_LD + (lk * 4 + j) * 16, mine.q + c);
             }
-            uint32_t c = chunk_of(first, ls >> 2, ls & 3);
+            uint32_t c = chunk_at(p0 + ls);
             if (c < chunks && lu < nt) {
                 const int8_t *xq = xrow + 32 * c;
                 char *xs = base + Z::W + lu * MMA_X_LD + ls * 32;
@@ -1179,15 +1180,15 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
         }
         cp_async_commit();
     };
-    auto scales_load = [&](const sbase &first, float (&sv)[4][2]) {
+    auto scales_load = [&](uint32_t s, float (&sv)[4][2]) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            uint32_t c = chunk_of(first, lk, j);
+            uint32_t c = chunk_at(s * MMA_SLOTS + lk * 4 + j);
             sv[j][0] = sv[j][1] = 0.0f;
             if (c < chunks) group_scale<K, SDT>(mine, gpow2 ? c >> gsh : c / cpg, sv[j][0], sv[j][1]);
         }
     };
-    auto scales_store = [&](int s, const float (&sv)[4][2]) {
+    auto scales_store = [&](uint32_t s, const float (&sv)[4][2]) {
         char *sb = stage_at(s) + Z::W + Z::X + Z::D;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -1196,111 +1197,91 @@ __device__ __forceinline__ void mma_tile(const R &row_of, uint32_t chunks, uint3
             else reinterpret_cast<float *>(sb)[e] = sv[j][0];
         }
     };
-    spos cur = {0, 0, 0}, ah = {0, 0, 0};  // the stage computed, the stage loaded (chunk 0's: live)
-    for (int s = 0; s < MMA_STAGES - 1; s++) {
-        bool on = ah.v < vn;
-        sbase first = base_at(ah);
+    for (uint32_t s = 0; s < MMA_STAGES - 1; s++) {
+        bool on = s < stages;
         if (on) {
             float sv[4][2];
-            scales_load(first, sv);
+            scales_load(s, sv);
             scales_store(s, sv);
         }
-        issue(on, s, first);
-        if (on) next_live(ah);
+        issue(on, s);
     }
     int wa = tq >> 1, h = tq & 1;  // the words and half of a chunk this lane's A bytes are in
     int rlo = 16 * wid + g, rhi = rlo + 8;
-    float acc[4][2][4], stl[MMA_PAIRS][2][4], str[MMA_PAIRS][2][4];
+    float ch[2][4], ws[2][4];  // the class's chain, the vector warp's classes so far
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int n = 0; n < 2; n++)
 #pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][n][e] = 0.0f;
-    /* group gi (8 a vector warp) ends: its leaves 2 G + 1 and 2 G + 17 added to 2 G and 2 G + 16,
-     * then pushed, and the last of the warp's adds its warp's sum */
-    auto close = [&](uint32_t gi) {
-        uint32_t grp = gi % 8, v = gi / 8;
-        float pl[2][4], pr[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                pl[n][e] = __fadd_rn(acc[0][n][e], acc[2][n][e]);
-                pr[n][e] = __fadd_rn(acc[1][n][e], acc[3][n][e]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[j][n][e] = 0.0f;
-            }
-        mma_push(stl, pl, (int)grp);
-        if (!mma_push(str, pr, (int)grp)) return;
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float tree = __fadd_rn(pl[n][e], pr[n][e]);
-                res[n][e] = v == 0 ? tree : __fadd_rn(res[n][e], tree);
-            }
-    };
-    for (int s = 0; cur.v < vn; s++) {  // s: the live stages before cur
+        for (int e = 0; e < 4; e++) ch[n][e] = ws[n][e] = 0.0f;
+    for (uint32_t s = 0; s < stages; s++) {
         float sv[4][2];
-        bool ahead = ah.v < vn;
-        sbase first_ah = base_at(ah);
-        if (ahead) scales_load(first_ah, sv);
+        uint32_t sa = s + MMA_STAGES - 1;
+        bool ahead = sa < stages;
+        if (ahead) scales_load(sa, sv);
+        /* the stage's positions (lane j < MMA_SLOTS: slot j's): bit j of live where it holds a
+         * chunk, of ends where it is its class's last, first where that class is its vector
+         * warp's first, warp where its warp's last, warp0 where that warp is the first */
+        uint32_t pj = s * MMA_SLOTS + lane, cj = class_of(pj), kj = chunk_at(pj);
+        bool lv = lane < MMA_SLOTS && kj < chunks, end = lv && kj + STEP >= chunks;
+        bool wend = end && (cj % WARP == WARP - 1 || cj + 1 == nc);
+        constexpr unsigned ALL = 0xffffffffu;
+        unsigned live = __ballot_sync(ALL, lv), ends = __ballot_sync(ALL, end),
+                 first = __ballot_sync(ALL, end && cj % WARP == 0), warp = __ballot_sync(ALL, wend),
+                 warp0 = __ballot_sync(ALL, wend && cj < WARP);
         cp_async_wait<MMA_STAGES - 2>();
         __syncthreads();
-        issue(ahead, s + MMA_STAGES - 1, first_ah);
-        if (ahead) next_live(ah);
+        issue(ahead, sa);
         const char *base = stage_at(s);
-        const char *ws = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
-        sbase first = base_at(cur);
+        const char *wsm = base, *xs = base + Z::W, *ds = base + Z::W + Z::X, *ss = ds + Z::D;
 #pragma unroll
-        for (int k = 0; k < MMA_KS; k++) {
-            if (k == 1 && paired) close(group_at(cur));  // the pair's first group ends
+        for (int sl = 0; sl < MMA_SLOTS; sl++) {
+            if (!(live >> sl & 1)) continue;
+            const uint32_t *lo = reinterpret_cast<const uint32_t *>(wsm + rlo * MMA_W_LD + sl * 16);
+            const uint32_t *hi = reinterpret_cast<const uint32_t *>(wsm + rhi * MMA_W_LD + sl * 16);
+            uint32_t af[4] = {qbytes4<K>(lo[wa], h), qbytes4<K>(hi[wa], h), qbytes4<K>(lo[2 + wa], h),
+                              qbytes4<K>(hi[2 + wa], h)};
+            float s0, b0 = 0.0f, s1, b1 = 0.0f;
+            if constexpr (AFF) {
+                float2 p0 = reinterpret_cast<const float2 *>(ss)[rlo * MMA_S_LD + sl];
+                float2 p1 = reinterpret_cast<const float2 *>(ss)[rhi * MMA_S_LD + sl];
+                s0 = p0.x, b0 = p0.y, s1 = p1.x, b1 = p1.y;
+            } else {
+                s0 = reinterpret_cast<const float *>(ss)[rlo * MMA_S_LD + sl];
+                s1 = reinterpret_cast<const float *>(ss)[rhi * MMA_S_LD + sl];
+            }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (chunk_of(first, k, j) >= chunks) continue;
-                int sl = k * 4 + j;
-                const uint32_t *lo = reinterpret_cast<const uint32_t *>(ws + rlo * MMA_W_LD + sl * 16);
-                const uint32_t *hi = reinterpret_cast<const uint32_t *>(ws + rhi * MMA_W_LD + sl * 16);
-                uint32_t af[4] = {qbytes4<K>(lo[wa], h), qbytes4<K>(hi[wa], h), qbytes4<K>(lo[2 + wa], h),
-                                  qbytes4<K>(hi[2 + wa], h)};
-                float s0, b0 = 0.0f, s1, b1 = 0.0f;
-                if constexpr (AFF) {
-                    float2 p0 = reinterpret_cast<const float2 *>(ss)[rlo * MMA_S_LD + sl];
-                    float2 p1 = reinterpret_cast<const float2 *>(ss)[rhi * MMA_S_LD + sl];
-                    s0 = p0.x, b0 = p0.y, s1 = p1.x, b1 = p1.y;
-                } else {
-                    s0 = reinterpret_cast<const float *>(ss)[rlo * MMA_S_LD + sl];
-                    s1 = reinterpret_cast<const float *>(ss)[rhi * MMA_S_LD + sl];
-                }
+            for (int n = 0; n < 2; n++) {
+                const uint32_t *xp = reinterpret_cast<const uint32_t *>(xs + (n * 8 + g) * MMA_X_LD + sl * 32);
+                int32_t cc[4];
+                mma_s8(cc, af, xp[tq], xp[4 + tq]);
+                float4 dd = reinterpret_cast<const float4 *>(ds)[(sl * MMA_TOKENS + n * 8 + 2 * tq) / 2];
 #pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    const uint32_t *xp = reinterpret_cast<const uint32_t *>(xs + (n * 8 + g) * MMA_X_LD + sl * 32);
-                    int32_t cc[4];
-                    mma_s8(cc, af, xp[tq], xp[4 + tq]);
-                    float4 dd = reinterpret_cast<const float4 *>(ds)[(sl * MMA_TOKENS + n * 8 + 2 * tq) / 2];
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float dx = e & 1 ? dd.z : dd.x, dy = e & 1 ? dd.w : dd.y;
-                        float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
-                        float v = AFF ? fmaf(bc, dy, acc[j][n][e]) : acc[j][n][e];
-                        acc[j][n][e] = fmaf((float)cc[e], __fmul_rn(sc, dx), v);
-                    }
+                for (int e = 0; e < 4; e++) {
+                    float dx = e & 1 ? dd.z : dd.x, dy = e & 1 ? dd.w : dd.y;
+                    float sc = e < 2 ? s0 : s1, bc = e < 2 ? b0 : b1;
+                    float v = AFF ? fmaf(bc, dy, ch[n][e]) : ch[n][e];
+                    ch[n][e] = fmaf((float)cc[e], __fmul_rn(sc, dx), v);
                 }
             }
+            if (!(ends >> sl & 1)) continue;
+            /* the class ends: into its warp's sum, and at the warp's last class that into res */
+            bool f = first >> sl & 1, wl = W > 1 && (warp >> sl & 1), w0 = warp0 >> sl & 1;
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    ws[n][e] = f ? ch[n][e] : __fadd_rn(ws[n][e], ch[n][e]);
+                    ch[n][e] = 0.0f;
+                    if (wl) res[n][e] = w0 ? ws[n][e] : __fadd_rn(res[n][e], ws[n][e]);
+                }
         }
-        if (ahead) scales_store(s + MMA_STAGES - 1, sv);
-        uint32_t gi = group_at(cur) + paired;
-        next_live(cur);
-        /* the groups ended (the stage's last, and those of no chunk before the next live stage) */
-        for (uint32_t gn = cur.v < vn ? group_at(cur) : vn * 8; gi < gn; gi++) close(gi);
+        if (ahead) scales_store(sa, sv);
     }
-    /* the warps of no chunk add their sums, zeros, as the vector kernel adds them */
-    for (uint32_t v = vn; v < W; v++)
+    if constexpr (W == 1)
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) res[n][e] = __fadd_rn(res[n][e], 0.0f);
+            for (int e = 0; e < 4; e++) res[n][e] = ws[n][e];
     cp_async_wait<0>();
 }
 
@@ -1326,7 +1307,7 @@ __device__ __forceinline__ void mma_store(const float (&res)[2][4], int64_t ra, 
  * MMA_TOKENS tokens; the blocks of a row block's token blocks run one
  * after another (x), so its rows are read from L2 after the first. */
 template <int K, int SDT, int W>
-__global__ void __launch_bounds__(MMA_WARPS * WARP)
+__global__ void __launch_bounds__(MMA_WARPS * WARP, 1)
     k_mma_rows(sp_cuda_weight w, qacts a, float *y, int64_t ldy, int64_t n) {
     dep_start();
     int64_t r0 = (int64_t)blockIdx.y * MMA_ROWS, t0 = (int64_t)blockIdx.x * MMA_TOKENS;
@@ -1348,7 +1329,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
  * .. (its tile rows 0-7 their gate rows, 8-15 their up rows); an item's
  * token blocks of the same outputs are neighbours, as in k_mma_rows. */
 template <int K, int SDT>
-__global__ void __launch_bounds__(MMA_WARPS * WARP)
+__global__ void __launch_bounds__(MMA_WARPS * WARP, 1)
     k_mma_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, qacts a, float *h,
                   int64_t ldh, float alpha, float limit, float u_offset) {
     dep_start();
@@ -1385,7 +1366,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
 /* k_mlp_down on tensor cores: a block rows [r0, r0 + MMA_ROWS) of an
  * item's down for MMA_TOKENS tokens. */
 template <int K, int SDT>
-__global__ void __launch_bounds__(MMA_WARPS * WARP)
+__global__ void __launch_bounds__(MMA_WARPS * WARP, 1)
     k_mma_down(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, qacts hq, float *out, int64_t ldo) {
     dep_start();
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, true);
@@ -1481,8 +1462,9 @@ int raise_smem(size_t bytes) {
  * default limit. */
 template <int K, auto KERN, class... A>
 int mma_launch(dim3 grid, cudaStream_t s, A &&...args) {
-    if (int e = raise_smem<KERN>(mma_sizes<K>::ALL)) return e;
-    launch_smem(KERN, grid, MMA_WARPS * WARP, mma_sizes<K>::ALL, s, static_cast<A &&>(args)...);
+    constexpr int bytes = mma_sizes<K>::ALL;
+    if (int e = raise_smem<KERN>(bytes)) return e;
+    launch_smem(KERN, grid, MMA_WARPS * WARP, bytes, s, static_cast<A &&>(args)...);
     return (int)cudaGetLastError();
 }
 
@@ -1499,7 +1481,8 @@ struct vrows_launch {
             if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
             else {
                 dim3 grid((unsigned)((n + MMA_TOKENS - 1) / MMA_TOKENS), (unsigned)((w->rows + MMA_ROWS - 1) / MMA_ROWS));
-                if (vsplit<K, BITS>(*w)) return mma_launch<K, k_mma_rows<K, SDT, VWARPS>>(grid, s, *w, a, y, ldy, n);
+                if (vsplit<K, BITS>(*w))
+                    return mma_launch<K, k_mma_rows<K, SDT, VWARPS>>(grid, s, *w, a, y, ldy, n);
                 return mma_launch<K, k_mma_rows<K, SDT, 1>>(grid, s, *w, a, y, ldy, n);
             }
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
@@ -1534,8 +1517,8 @@ struct gate_up_launch {
         if constexpr (NT == MMA_TOKENS) {
             if constexpr (!mma_reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
             else {
-                return mma_launch<K, k_mma_gate_up<K, SDT>>((unsigned)blocks, s, *w, items, n_items, fused, a, h, ldh,
-                                                            alpha, limit, u_offset);
+                return mma_launch<K, k_mma_gate_up<K, SDT>>((unsigned)blocks, s, *w, items, n_items, fused, a, h,
+                                                                 ldh, alpha, limit, u_offset);
             }
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
@@ -2335,6 +2318,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
                   sp_cuda_kv kv, unsigned *done) {
     static_assert(PRO_WARPS == VWARPS, "a warp a head");
     __shared__ float part[VWARPS][VR][NT];
+    __shared__ float fold[fold_buf_floats<A, NT>()];
     int wid = threadIdx.x / WARP;
     int64_t r0 = (int64_t)blockIdx.x * VR, t0 = (int64_t)blockIdx.y * NT;
     int i = qp.n == 1 || r0 < qp.rows[0] ? 0 : r0 < qp.rows[0] + qp.rows[1] ? 1 : 2;
@@ -2342,7 +2326,7 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     sp_cuda_weight wi = w;
     wi.codes = qkv_part(qp.codes, i), wi.scales = qkv_part(qp.scales, i), wi.biases = qkv_part(qp.biases, i);
     wi.bias = qkv_part(qp.bias, i), wi.rows = qkv_part(qp.rows, i);
-    vrows<K, BITS, SDT, NT, A, true>(wi, a, y + first, ldy, n, r0 - first, t0, wid, part);
+    vrows<K, BITS, SDT, NT, A, true>(wi, a, y + first, ldy, n, r0 - first, t0, wid, part, fold);
     int64_t hd = at.head_dim, qrows = at.n_heads * hd, heads = at.n_heads + at.n_kv_heads;
     int64_t h = r0 < qrows ? r0 / hd : at.n_heads + (r0 - qrows) % (at.n_kv_heads * hd) / hd;
     unsigned per = (unsigned)((h < at.n_heads ? 1 : 2) * hd / VR);
@@ -2705,6 +2689,19 @@ struct attn_part {
     }
 };
 
+/* The positions of the part from p0 (WARP of them) that the token at pos
+ * sees, as the part's rows [vlo, vhi] (vlo > vhi: none). */
+__device__ __forceinline__ void attn_span(const sp_cuda_attn &a, int64_t pos, int64_t p0, int &vlo, int &vhi) {
+    int64_t l = attn_lo(a, pos), e = pos < p0 + WARP - 1 ? pos : p0 + WARP - 1;
+    vlo = (int)((l > p0 ? l : p0) - p0), vhi = (int)(e - p0);
+}
+
+/* Position p, or the nearest of [lo, hi] (the row read for a position not
+ * seen: its weight is zero, and a seen row's values are finite). */
+__device__ __forceinline__ int64_t attn_nearest(int64_t p, int64_t lo, int64_t hi) {
+    return p < lo ? lo : p > hi ? hi : p;
+}
+
 /* One part for a warp: query fragments qh, ql; key row i of the part at
  * krow(i) (16-byte loads; G: from global memory); value rows vs[i * RS]
  * in shared memory; row r (0: g, 1: g + 8) sees positions [vlo[r], vhi[r]]
@@ -2809,23 +2806,23 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
     for (int64_t i = threadIdx.x; i < HD; i += ATT_WARPS * WARP) sm.q[i] = qkv[t * ldq + h * HD + i];
     int64_t p0 = c0 + wid * WARP;
     const uint16_t *data = static_cast<const uint16_t *>(kv.data);
-    auto at = [&](int64_t p) { return p < lo ? lo : p > pos ? pos : p; };
-    uint16_t *v = vs[wid];
-#pragma unroll
-    for (int k = 0; k < U; k++) {
-        int u = lane + WARP * k, i = u / U;
-        const uint4 *src = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, at(p0 + i), kvh)) + u % U;
-        *reinterpret_cast<uint4 *>(v + i * RS + 8 * (u % U)) = __ldg(src);
-    }
-    __syncthreads();
+    __syncthreads();  // the query
     attn_part<HD> r;
-    int64_t end = pos < p0 + WARP - 1 ? pos : p0 + WARP - 1;
-    int vlo[2] = {(int)((lo > p0 ? lo : p0) - p0), 1}, vhi[2] = {(int)(end - p0), 0};
-    if (lane >= 4) vlo[0] = 1, vhi[0] = 0;  // rows 1 .. 15: no token
     if (p0 <= pos && p0 + WARP - 1 >= lo) {
+        uint16_t *v = vs[wid];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int u = lane + WARP * k, i = u / U;
+            int64_t p = attn_nearest(p0 + i, lo, pos);
+            const uint4 *src = reinterpret_cast<const uint4 *>(data + kv_at(kv, a, 1, s, p, kvh)) + u % U;
+            *reinterpret_cast<uint4 *>(v + i * RS + 8 * (u % U)) = __ldg(src);
+        }
+        __syncwarp();
+        int vlo[2] = {1, 1}, vhi[2] = {0, 0};  // rows 1 .. 15: no token
+        if (lane < 4) attn_span(a, pos, p0, vlo[0], vhi[0]);
         uint32_t qh[HD / 16][4], ql[HD / 16][4];
         attn_q_frags<DT, HD>(lane < 4 ? sm.q : nullptr, nullptr, qh, ql);
-        auto krow = [&](int i) { return data + kv_at(kv, a, 0, s, at(p0 + i), kvh); };
+        auto krow = [&](int i) { return data + kv_at(kv, a, 0, s, attn_nearest(p0 + i, lo, pos), kvh); };
         attn_part_mma<DT, HD, RS, true>(qh, ql, krow, v, vlo, vhi, 1.0f / sqrtf((float)HD), r);
     } else {
         r.none();
@@ -2891,7 +2888,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP * HPB)
     const uint16_t *data = static_cast<const uint16_t *>(kv.data);
     for (int u = threadIdx.x; u < ATT_CHUNK * U; u += THREADS) {  // all in flight at once
         int i = u / U;
-        int64_t p = c0 + i < lo ? lo : c0 + i > last ? last : c0 + i;  // a token's nearest seen row
+        int64_t p = attn_nearest(c0 + i, lo, last);
         cp_async16(keys + i * RS + 8 * (u % U), data + kv_at(kv, a, 0, s, p, kvh) + 8 * (u % U));
         cp_async16(vals + i * RS + 8 * (u % U), data + kv_at(kv, a, 1, s, p, kvh) + 8 * (u % U));
     }
@@ -2909,9 +2906,8 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP * HPB)
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             int row = g + 8 * k;
-            int64_t pos = first + row, l = attn_lo(a, pos), b = l > p0 ? l : p0;
-            int64_t e = pos < p0 + WARP - 1 ? pos : p0 + WARP - 1;
-            vlo[k] = row < nt ? (int)(b - p0) : 1, vhi[k] = row < nt ? (int)(e - p0) : 0;
+            vlo[k] = 1, vhi[k] = 0;
+            if (row < nt) attn_span(a, first + row, p0, vlo[k], vhi[k]);
         }
         uint32_t qh[HD / 16][4], ql[HD / 16][4];
         const float *q = qs + hh * ATT_TILE * HD;
