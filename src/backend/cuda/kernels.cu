@@ -1092,9 +1092,6 @@ __device__ __forceinline__ uint32_t qbytes4(uint32_t v, int h) {
 constexpr int MMA_ROWS = 16 * MMA_WARPS;  // rows of a block's tile
 constexpr int MMA_SLOTS = 8;              // chunks of a row (or token) in a stage
 constexpr int MMA_STAGES = 2;  // 38.4 KB a block at most: 5 blocks an SM (with 3 stages, 3)
-/* The tensor-core kernels are declared for one block an SM at least,
- * which leaves their registers to ptxas: 78-94 a thread, still 5 blocks
- * (without it, 64-80, measured 2% slower). */
 /* Bytes of a row's, a token's codes in a stage: padded by 16 so that the
  * 8 rows (tokens) a load instruction reads start 4 banks apart. */
 constexpr int MMA_W_LD = MMA_SLOTS * 16 + 16, MMA_X_LD = MMA_SLOTS * 32 + 16;
@@ -1305,7 +1302,10 @@ __device__ __forceinline__ void mma_store(const float (&res)[2][4], int64_t ra, 
 
 /* k_vrows on tensor cores: a block rows [r0, r0 + MMA_ROWS) for
  * MMA_TOKENS tokens; the blocks of a row block's token blocks run one
- * after another (x), so its rows are read from L2 after the first. */
+ * after another (x), so its rows are read from L2 after the first.
+ * Like k_mma_gate_up and k_mma_down, declared for one block an SM at
+ * least, which leaves the registers to ptxas: 78-94 a thread, still 5
+ * blocks an SM (without it, 64-80, measured 2% slower). */
 template <int K, int SDT, int W>
 __global__ void __launch_bounds__(MMA_WARPS * WARP, 1)
     k_mma_rows(sp_cuda_weight w, qacts a, float *y, int64_t ldy, int64_t n) {
