@@ -879,15 +879,13 @@ static void test_cuda_int8_activations(void **state) {
 
 /* GRAPH_STEPS steps after a prompt of each sequence: sequence 0 alone, then
  * both sequences a token each (steps 8 to 15), then sequence 0 again, with
- * the CUDA backend's step graphs on or off, its weights asked of L2 ahead
- * (prefetch) or not; every step's logits into out (two rows a step), its
- * graph counts into counts. */
+ * the CUDA backend's step graphs on or off; every
+ * step's logits into out (two rows a step), its graph counts into counts. */
 #define GRAPH_STEPS 24
-static void graph_steps(struct sp_model *m, const struct ref *r, bool graphs, bool prefetch, float *out,
-                        int64_t counts[2]) {
+static void graph_steps(struct sp_model *m, const struct ref *r, bool graphs, float *out, int64_t counts[2]) {
     struct sp_ctx *c;
     struct sp_ctx_params p = {.n_ctx = 128, .n_seq = 2, .max_batch = 64, .device = device, .n_threads = 2,
-                              .float_activations = float_acts, .graphs = graphs, .no_l2_prefetch = !prefetch};
+                              .float_activations = float_acts, .graphs = graphs};
     if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s", sp_error_msg());
     int64_t V = r->vocab, np = r->na < 16 ? r->na : 16;
     float *prompt = malloc((size_t)(np * V) * sizeof(float));
@@ -905,10 +903,12 @@ static void graph_steps(struct sp_model *m, const struct ref *r, bool graphs, bo
     sp_ctx_free(c);
 }
 
-/* check(m, r, off, on, bytes) on every fixture model (archs), with float
- * and with int8 activations: off and on room for graph_steps' logits. */
-static void each_fixture_steps(void (*check)(const char *arch, struct sp_model *m, const struct ref *r, float *off,
-                                             float *on, size_t bytes)) {
+/* Steps replayed as CUDA graphs (updated with each step's tokens and
+ * positions, a graph a batch size) give the logits of the same steps
+ * queued op by op, bit for bit, and do replay: every step of at most 64
+ * tokens here. */
+static void test_cuda_graphs(void **state) {
+    if (!use_cuda()) skip();
     for (int acts = 0; acts < 2; acts++) {
         float_acts = acts == 0;
         for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
@@ -917,7 +917,16 @@ static void each_fixture_steps(void (*check)(const char *arch, struct sp_model *
             open_fixture(archs[i], &m, &r);
             size_t bytes = (size_t)(2 * GRAPH_STEPS * r.vocab) * sizeof(float);
             float *off = calloc(1, bytes), *on = calloc(1, bytes);
-            check(archs[i], m, &r, off, on, bytes);
+            int64_t c_off[2], c_on[2];
+            graph_steps(m, &r, false, off, c_off);
+            graph_steps(m, &r, true, on, c_on);
+            print_message("%s (%s activations): %lld replays, %lld graphs built\n", archs[i],
+                          float_acts ? "float" : "int8", (long long)c_on[0], (long long)c_on[1]);
+            assert_int_equal(c_off[0], 0);
+            /* the prompts' steps (1 + 4) and every decode step */
+            assert_true(c_on[0] >= 5 + GRAPH_STEPS);
+            assert_true(c_on[1] < c_on[0]);
+            assert_memory_equal(off, on, bytes);
             free(off);
             free(on);
             free(r.la);
@@ -925,49 +934,6 @@ static void each_fixture_steps(void (*check)(const char *arch, struct sp_model *
             sp_model_close(m);
         }
     }
-}
-
-static void graphs_check(const char *arch, struct sp_model *m, const struct ref *r, float *off, float *on,
-                         size_t bytes) {
-    int64_t c_off[2], c_on[2];
-    graph_steps(m, r, false, true, off, c_off);
-    graph_steps(m, r, true, true, on, c_on);
-    print_message("%s (%s activations): %lld replays, %lld graphs built\n", arch, float_acts ? "float" : "int8",
-                  (long long)c_on[0], (long long)c_on[1]);
-    assert_int_equal(c_off[0], 0);
-    /* the prompts' steps (1 + 4) and every decode step */
-    assert_true(c_on[0] >= 5 + GRAPH_STEPS);
-    assert_true(c_on[1] < c_on[0]);
-    assert_memory_equal(off, on, bytes);
-}
-
-/* Steps replayed as CUDA graphs (updated with each step's tokens and
- * positions, a graph a batch size) give the logits of the same steps
- * queued op by op, bit for bit, and do replay: every step of at most 64
- * tokens here. */
-static void test_cuda_graphs(void **state) {
-    if (!use_cuda()) skip();
-    each_fixture_steps(graphs_check);
-}
-
-static void prefetch_check(const char *arch, struct sp_model *m, const struct ref *r, float *off, float *on,
-                           size_t bytes) {
-    int64_t counts[2];
-    for (int graphs = 0; graphs < 2; graphs++) {
-        graph_steps(m, r, graphs, false, off, counts);
-        graph_steps(m, r, graphs, true, on, counts);
-        assert_memory_equal(off, on, bytes);
-    }
-}
-
-/* Steps whose products' weights were asked of L2 while the kernels before
- * them ran (a kernel in the stream between them, which lets the next one
- * start early; the experts' downs asked by their gate and up) give the
- * logits of the same steps without, bit for bit: the steps of
- * graph_steps, queued op by op and as graphs. */
-static void test_cuda_l2_prefetch(void **state) {
-    if (!use_cuda()) skip();
-    each_fixture_steps(prefetch_check);
 }
 
 /* A synthetic model of cfg (deleted) in a new folder *dir, and it
@@ -1119,7 +1085,6 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_graphs, back_to_cpu),
-        cmocka_unit_test_teardown(test_cuda_l2_prefetch, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_wide_router, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_wide_heads, back_to_cpu),
     };

@@ -39,7 +39,7 @@ static void test_defaults(void **state) {
 static void test_environment(void **state) {
     char *env[] = {"SPARROW_KERNELS=avx2f", "SPARROW_IO=pread",      "SPARROW_EXPERT_POLICY=clock", "SPARROW_PREFETCH=0",
                    "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=1",
-                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", "SPARROW_CUDA_PREFETCH=0", NULL};
+                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", NULL};
     struct sp_settings s;
     load_ok(&s, env);
     assert_string_equal(s.kernels, "avx2f");
@@ -52,7 +52,6 @@ static void test_environment(void **state) {
     assert_true(s.cpu_experts);
     assert_true(s.cuda_graphs);
     assert_true(s.no_cuda_overlap);
-    assert_true(s.no_cuda_prefetch);
     assert_string_equal(s.tmp_dir, "/scratch");
     /* "0" and "" are off for on-switches; prefetch is off only at "0" */
     char *off[] = {"SPARROW_MMAP=0", "SPARROW_ROW_ORDER=", "SPARROW_PREFETCH=1",
@@ -154,8 +153,6 @@ static void test_flags(void **state) {
     assert_true(s.cuda_graphs);
     assert_int_equal(sp_settings_set(&s, "--no-cuda-overlap", NULL), SP_OK);
     assert_true(s.no_cuda_overlap);
-    assert_int_equal(sp_settings_set(&s, "--no-cuda-prefetch", NULL), SP_OK);
-    assert_true(s.no_cuda_prefetch);
     /* --precision over SPARROW_KERNELS: the variable's set is dropped */
     assert_int_equal(sp_settings_set(&s, "--precision", "exact"), SP_OK);
     assert_int_equal(s.precision, SP_PRECISION_EXACT);

@@ -165,7 +165,6 @@ struct sp_backend_params {
                              // would round them (CUDA: int8 for 4-bit codes); the CPU's kernel set decides there
     bool graphs;        // steps of few tokens recorded and replayed (CUDA graphs); else queued op by op
     bool no_overlap;    // no kernel starts before the one before it ends (CUDA: programmatic dependent launch off)
-    bool no_l2_prefetch;  // no weights asked of the device's L2 cache ahead of their product (CUDA)
 };
 
 /* Ops, for supports(). */

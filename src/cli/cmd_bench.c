@@ -631,7 +631,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
                                .float_activations = o->set.precision == SP_PRECISION_EXACT,
                                .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts, .graphs = o->set.cuda_graphs,
-                               .no_overlap = o->set.no_cuda_overlap, .no_l2_prefetch = o->set.no_cuda_prefetch};
+                               .no_overlap = o->set.no_cuda_overlap};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */

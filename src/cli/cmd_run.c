@@ -289,8 +289,7 @@ int sp_cmd_run(int argc, char **argv) {
                                .n_threads = (int)o.threads,
                                .float_activations = o.set.precision == SP_PRECISION_EXACT,
                                .graphs = o.set.cuda_graphs,
-                               .no_overlap = o.set.no_cuda_overlap,
-                               .no_l2_prefetch = o.set.no_cuda_prefetch};
+                               .no_overlap = o.set.no_cuda_overlap};
     if (cp.n_ctx > m->arch.max_pos && !o.ctx) cp.n_ctx = m->arch.max_pos;
     if (n + o.max_tokens > cp.n_ctx) {
         sp_errorf(SP_ERR_ARG, "%lld prompt tokens + %lld to generate exceed the context of %lld", (long long)n,

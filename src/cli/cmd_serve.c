@@ -205,7 +205,6 @@ int sp_cmd_serve(int argc, char **argv) {
     ep.float_activations = set.precision == SP_PRECISION_EXACT;
     ep.graphs = set.cuda_graphs;
     ep.no_overlap = set.no_cuda_overlap;
-    ep.no_l2_prefetch = set.no_cuda_prefetch;
     pin.cache_dir = set.cache_dir;
     /* Signals are taken synchronously by the main thread; every thread
      * started from here on inherits the blocked mask. */

@@ -47,13 +47,9 @@
     "                         graphs (default: every kernel queued as it comes)\n"                         \
     "  --no-cuda-overlap      with --device cuda, start each kernel only once the one before has ended\n"    \
     "                         (default: it starts early and waits inside, on GPUs that can)\n"             \
-    "  --no-cuda-prefetch     with --device cuda, do not ask the GPU's L2 cache for the next product's\n"   \
-    "                         weights while the kernels before it run (default: asked, in steps of\n"     \
-    "                         fewer than 16 tokens, with overlapped kernels)\n"                           \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
     "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=1,\n"       \
-    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_CUDA_PREFETCH=0; a flag overrides its\n"      \
-    "  variable.\n"                                                                                         \
+    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0; a flag overrides its variable.\n"                        \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code

@@ -24,10 +24,7 @@ const char *sp_settings_device_name(int device) {
     return device >= 0 && device < (int)(sizeof device_names / sizeof *device_names) - 1 ? device_names[device] : "?";
 }
 
-enum id {
-    KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, L2_PREFETCH,
-    ID_COUNT
-};
+enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, ID_COUNT };
 
 /* NAME: any name (a value follows the flag); CHOICE: one of `choices`;
  * ON: the flag turns it on, the variable when set to other than "" or
@@ -51,7 +48,6 @@ static const struct def {
     {CPU_EXPERTS, "--cpu-experts", "SPARROW_CPU_EXPERTS", ON, NULL},
     {GRAPHS, "--cuda-graphs", "SPARROW_CUDA_GRAPHS", ON, NULL},
     {OVERLAP, "--no-cuda-overlap", "SPARROW_CUDA_OVERLAP", OFF, NULL},
-    {L2_PREFETCH, "--no-cuda-prefetch", "SPARROW_CUDA_PREFETCH", OFF, NULL},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -91,7 +87,6 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case CPU_EXPERTS: s->cpu_experts = v; break;
     case GRAPHS: s->cuda_graphs = v; break;
     case OVERLAP: s->no_cuda_overlap = v; break;
-    case L2_PREFETCH: s->no_cuda_prefetch = v; break;
     case ID_COUNT: break;
     }
     return SP_OK;

@@ -75,7 +75,6 @@ struct sp_settings {
     bool cpu_experts;  // the CPU may compute experts a device's expert cache lacks while it copies others in
     bool cuda_graphs;  // the CUDA backend records small steps and replays them as CUDA graphs
     bool no_cuda_overlap;  // the CUDA backend's kernels wait for the one before to end before they start
-    bool no_cuda_prefetch; // the CUDA backend does not ask L2 for a product's weights ahead of it
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder

@@ -219,7 +219,7 @@ static struct sp_backend_params backend_params(const struct sp_arch *a, const st
                   .lin_v_dim = a->lin_v_dim, .lin_conv = a->lin_conv},
         .n_ctx = p->n_ctx, .n_seq = p->n_seq, .max_batch = p->max_batch, .kv_type = p->kv_type,
         .n_threads = p->n_threads, .float_activations = p->float_activations, .graphs = p->graphs,
-        .no_overlap = p->no_overlap, .no_l2_prefetch = p->no_l2_prefetch};
+        .no_overlap = p->no_overlap};
     for (int64_t L = 0; L < a->n_layers; L++) {
         enum sp_layer_kind k = a->layer_kind[L];
         bp.shape.n_kv_layers += k == SP_LAYER_ATTENTION || k == SP_LAYER_MLA;

@@ -100,7 +100,6 @@ struct sp_ctx_params {
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
     bool graphs;             // a device backend records small steps and replays them as graphs (--cuda-graphs)
     bool no_overlap;         // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
-    bool no_l2_prefetch;     // a device backend asks no weights of its L2 ahead of their product (--no-cuda-prefetch)
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

@@ -267,7 +267,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
                                .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads,
                                .float_activations = e->p.float_activations, .device_experts = e->p.device_experts,
                                .cpu_experts = e->p.cpu_experts, .graphs = e->p.graphs,
-                               .no_overlap = e->p.no_overlap, .no_l2_prefetch = e->p.no_l2_prefetch};
+                               .no_overlap = e->p.no_overlap};
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {
         if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;

@@ -48,7 +48,6 @@ struct sp_engine_params {
     bool float_activations; // a device backend's products keep activations in float (--precision exact)
     bool graphs;            // a device backend replays small steps as graphs (--cuda-graphs)
     bool no_overlap;        // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
-    bool no_l2_prefetch;    // a device backend asks no weights of its L2 ahead of their product (--no-cuda-prefetch)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     size_t device_experts;  // a device backend's expert cache in its memory, over the host's (0: every expert on it)
     bool cpu_experts;       // with it: the CPU may compute experts it lacks (sp_ctx_params.cpu_experts)

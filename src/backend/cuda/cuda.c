@@ -36,26 +36,6 @@ _Static_assert((int)SP_CUDA_ROUTE_SOFTMAX_TOPK == (int)SP_ROUTE_SOFTMAX_TOPK &&
  * through GRAPH_STAGE_BYTES of pinned memory. */
 #define GRAPH_TOKENS 64
 #define GRAPH_STAGE_BYTES ((size_t)256 << 10)
-/* Weights asked of L2 ahead of their products (unless p.no_l2_prefetch;
- * with overlapped launches, in steps of fewer tokens than a tensor-core
- * tile, whose products wait on memory): a step lists its uses of weights
- * (a product, attention's products, a MoE layer's fixed experts, an MLP)
- * as it queues them, and as it queues one, the weights of the use that
- * came next in the step before (decode steps read the same weights in the
- * same order) are asked of L2, so that memory works while the small
- * kernels between the products run. At most TRACE_USES uses a step and
- * PREFETCH_BYTES a use (a third of an H100's L2: the use's first bytes,
- * which its product reads first). */
-#define TRACE_USES 2048
-#define PREFETCH_BYTES ((int64_t)16 << 20)
-
-/* A use of weights: its key (the first weight's codes, or a MoE layer's
- * table) and the arrays it reads. */
-struct use {
-    const void *key;
-    struct sp_cuda_span span[SP_CUDA_SPANS];
-    int n;
-};
 
 /* A weight array copied to the device, found by its host address (a tied
  * embedding is the lm_head too) or by its device address (a linear
@@ -185,11 +165,6 @@ struct cuda {
     int64_t replayed, built;
     char *stage;  // (GRAPH_STAGE_BYTES) pinned: the recorded step's uploads, read when it is replayed
     size_t stage_used;
-    /* uses of weights (TRACE_USES): this step's in uses[now], the step before's in the other */
-    bool l2_prefetch;  // p.no_l2_prefetch off, launches overlapped
-    bool tracing;      // this step lists its uses
-    struct use *uses[2];
-    int n_uses[2], now;
 };
 
 static struct cuda *cuda_of(struct sp_backend *b) { return (struct cuda *)b; }
@@ -767,67 +742,6 @@ static bool batch_fits(struct cuda *c, int64_t n) {
     return false;
 }
 
-/* A step of n tokens begins: the step before's uses become the ones to follow. */
-static void trace_step(struct cuda *c, int64_t n) {
-    c->now ^= 1;
-    c->n_uses[c->now] = 0;
-    c->tracing = c->l2_prefetch && n < SP_CUDA_MMA_TOKENS;
-}
-
-/* A use of weights (key) begins: this step's next; NULL where the step lists none. */
-static struct use *use_begin(struct cuda *c, const void *key) {
-    if (!c->tracing) return NULL;
-    if (c->n_uses[c->now] == TRACE_USES) {
-        c->tracing = false;
-        return NULL;
-    }
-    struct use *u = &c->uses[c->now][c->n_uses[c->now]++];
-    u->key = key;
-    u->n = 0;
-    return u;
-}
-
-/* l's arrays: codes, scales, biases ({NULL, 0} where it has none), then its output bias. */
-static void linear_spans(const struct sp_linear *l, struct sp_cuda_span out[4]) {
-    const struct sp_qmat *m = &l->w;
-    const struct sp_qtype_traits *tr = sp_qtype_traits(m->type);
-    enum sp_dtype sdt = tr->scale_dtype != SP_DTYPE_COUNT ? tr->scale_dtype : m->scale_dtype;
-    int64_t groups = m->scales && m->group > 0 ? m->cols / m->group : 0;
-    int64_t gb = m->rows * groups * (int64_t)sp_dtype_size(sdt);
-    out[0] = sp_cuda_span_aligned(m->codes, m->rows * (int64_t)sp_qtype_row_bytes(m->type, m->cols));
-    out[1] = sp_cuda_span_aligned(m->scales, gb);
-    out[2] = sp_cuda_span_aligned(m->biases, m->biases ? gb : 0);
-    out[3] = sp_cuda_span_aligned(l->bias, l->bias ? m->rows * (int64_t)sp_dtype_size(l->bias_dtype) : 0);
-}
-
-/* l's arrays read by use u (NULL: none listed). */
-static void use_linear(struct use *u, const struct sp_linear *l) {
-    if (!u) return;
-    struct sp_cuda_span sp[4];
-    linear_spans(l, sp);
-    for (int i = 0; i < 4 && u->n < SP_CUDA_SPANS; i++)
-        if (sp[i].bytes > 0) u->span[u->n++] = sp[i];
-}
-
-/* The arrays of an item's down, which its gate and up ask of L2 (sp_cuda_mlp_gate_up's prefetch_down). */
-static void item_down(struct sp_cuda_mlp_item *d, const struct sp_linear *down) {
-    struct sp_cuda_span sp[4];
-    linear_spans(down, sp);
-    memcpy(d->down, sp, sizeof d->down);
-}
-
-/* The use this step listed last is queued: the weights of the use after
- * it in the step before asked of L2, where the step before had the same
- * use there. */
-static void use_queued(struct cuda *c) {
-    int i = c->n_uses[c->now] - 1, before = c->now ^ 1;
-    if (!c->tracing || c->err || i < 0 || i + 1 >= c->n_uses[before] ||
-        c->uses[before][i].key != c->uses[c->now][i].key)
-        return;
-    const struct use *next = &c->uses[before][i + 1];
-    check(c, (cudaError_t)sp_cuda_prefetch(next->span, next->n, PREFETCH_BYTES, c->stream), "weights to L2");
-}
-
 static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const struct sp_batch *bt, struct sp_tensor x) {
     struct cuda *c = cuda_of(b);
     struct sp_cuda_weight w;
@@ -842,11 +756,6 @@ static void cuda_embed(struct sp_backend *b, const struct sp_linear *e, const st
     c->has_snap = bt->snapshot && c->d_snap;
     if (c->has_snap && !upload(c, c->d_snap, bt->snapshot, (size_t)n, "snapshot flags")) return;
     if (!check(c, (cudaError_t)sp_cuda_embed(&w, c->d_tok, n, x.data, x.ld, c->stream), "embed")) return;
-    trace_step(c, n);  /* the first use's weights come in while the embedding, angles and norm run */
-    if (c->tracing && c->n_uses[c->now ^ 1] > 0) {
-        const struct use *first = &c->uses[c->now ^ 1][0];
-        check(c, (cudaError_t)sp_cuda_prefetch(first->span, first->n, PREFETCH_BYTES, c->stream), "weights to L2");
-    }
     check(c, (cudaError_t)sp_cuda_rope_table(c->d_pos, n, c->inv_freq, c->shape.rot_dims, c->shape.rope_scale,
                                              c->rope_cs, c->stream),
           "RoPE angles");
@@ -935,9 +844,9 @@ static bool qa_holds(const struct cuda *c, const float *x, int64_t ld, int64_t n
     return t->src == x && t->ld == ld && n <= t->n && t->cols == cols;
 }
 
-/* y = l(x) on n rows of x (ld apart) into rows of y, the product's kernels queued. */
-static bool queue_product(struct cuda *c, const struct sp_linear *l, const float *x, int64_t ldx, float *y,
-                          int64_t ldy, int64_t n) {
+/* y = l(x) on n rows of x (ld apart) into rows of y. */
+static bool product(struct cuda *c, const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy,
+                    int64_t n) {
     struct sp_cuda_weight w;
     if (!weight_of(c, l, &w)) return false;
     touched(c, y, n, ldy);
@@ -951,15 +860,6 @@ static bool queue_product(struct cuda *c, const struct sp_linear *l, const float
             !check(c, (cudaError_t)sp_cuda_linear_q(&w, &c->qa, y + t0 * ldy, ldy, m, c->stream), "linear"))
             return false;
     }
-    return true;
-}
-
-/* The same as a use of l's weights: the next use's asked of L2 after it. */
-static bool product(struct cuda *c, const struct sp_linear *l, const float *x, int64_t ldx, float *y, int64_t ldy,
-                    int64_t n) {
-    use_linear(use_begin(c, l->w.codes), l);
-    if (!queue_product(c, l, x, ldx, y, ldy, n)) return false;
-    use_queued(c);
     return true;
 }
 
@@ -1040,14 +940,10 @@ static void cuda_linear_attention(struct sp_backend *b, const struct sp_linear *
         touched_t(c, qkv);
         touched_t(c, att);
         if (q && !qa_holds(c, h.data, h.ld, n, w[0].cols) && !quantize(c, h.data, h.ld, n, w[0].cols, &c->qa, 0)) return;
-        struct use *u = use_begin(c, lq->w.codes);
-        for (int64_t i = 0; i < parts; i++) use_linear(u, l[i]);
         if (check(c, (cudaError_t)sp_cuda_linear_heads(w, (int)parts, h.data, h.ld, q ? &c->qa : NULL, qkv.data,
                                                        qkv.ld, n, &a, &kv, c->heads_done, c->stream),
-                  "attention's products")) {
-            use_queued(c);
+                  "attention's products"))
             attend(c, ly, bt, qkv, att, &a, &kv);
-        }
         return;
     }
     int64_t off = 0;
@@ -1179,16 +1075,6 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
     struct cuda *c = cuda_of(b);
     int64_t ld = c->shape.mlp_width, nv = 0, nr = 0;
     touched_t(c, out);
-    if (n > 0) {
-        const struct sp_linear *first = items[0].gate_up ? items[0].gate_up : items[0].gate;
-        struct use *u = first ? use_begin(c, first->w.codes) : NULL;
-        for (int64_t i = 0; i < n && u; i++) {
-            const struct sp_linear *l[3] = {items[i].gate_up ? items[i].gate_up : items[i].gate,
-                                            items[i].gate_up ? NULL : items[i].up, items[i].down};
-            for (int k = 0; k < 3; k++)
-                if (l[k]) use_linear(u, l[k]);
-        }
-    }
     for (int64_t i = 0; i < n && !c->err; i++) {
         const struct sp_mlp_item *it = &items[i];
         int64_t cnt = it->x.rows;
@@ -1214,7 +1100,6 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         r->xvec = r->xvec && ((uintptr_t)it->x.data & 15) == 0 && it->x.ld % 4 == 0;
         struct sp_cuda_mlp_item *d = &c->h_items[nv++];
         *d = item_weights(w, fused);
-        item_down(d, it->down);
         d->x = it->x.data, d->ldx = it->x.ld, d->n = cnt, d->row = d->xrow = it->row;
     }
     if (c->err || nv == 0) return;
@@ -1236,8 +1121,7 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
         if (r->q && !quantize_items(c, r)) break;
         if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&r->gate, r->fused, c->d_items + r->first, (int)r->count,
                                                         r->blocks_gate_up, nt, r->xvec, r->q ? &c->qa : NULL, c->ff_b,
-                                                        ld, act->alpha, act->limit, act->u_offset, c->tracing,
-                                                        c->stream),
+                                                        ld, act->alpha, act->limit, act->u_offset, c->stream),
                    "MLP gate and up"))
             break;
         /* rows between the items' are quantized too, unread */
@@ -1248,7 +1132,6 @@ static void cuda_mlp(struct sp_backend *b, const struct sp_mlp_item *items, int6
                                                c->ff_b, ld, r->q ? &c->qb : NULL, out.data, out.ld, c->stream),
               "MLP down");
     }
-    use_queued(c);
 }
 
 static void cuda_gather(struct sp_backend *b, struct sp_tensor dst, struct sp_tensor src, const int32_t *rows) {
@@ -1283,17 +1166,13 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
         ok = ok && sp_cuda_same_format(&t->gate, &w[0]) && sp_cuda_same_format(&t->down, &w[2]) &&
              t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
         h[e] = item_weights(w, t->fused);
-        item_down(&h[e], &m->down[e]);
     }
     if (ok && m->shared_gate) {  // the shared expert rides along where the experts' kernels read it as they are
         struct sp_mlp_item it = {m->shared_gate, m->shared_up, NULL, m->shared_down, {0}, 0};
         struct sp_cuda_weight w[3];
         t->shared = !t->fused && vec_item(c, &it, w) && sp_cuda_same_format(&t->gate, &w[0]) &&
                     sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
-        if (t->shared) {
-            h[E] = item_weights(w, false);
-            item_down(&h[E], m->shared_down);
-        }
+        if (t->shared) h[E] = item_weights(w, false);
     }
     size_t bytes = (size_t)(E + t->shared) * sizeof *h;
     if (ok && dev_alloc(c, bytes, (void **)&t->d) != SP_OK) ok = false;
@@ -1366,24 +1245,16 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
                            "rows to experts") &&
                      (!q || quantize(c, c->moe_x, d, rows, d, &c->qa, 0));
         if (!placed) break;
-        struct use *u = use_begin(c, t);  // the experts: the fixed one's weights (the routed ones are known later)
-        if (t->shared) {
-            use_linear(u, m->shared_gate);
-            use_linear(u, m->shared_up);
-            use_linear(u, m->shared_down);
-        }
         if (!check(c, (cudaError_t)sp_cuda_mlp_gate_up(&t->gate, t->fused, c->moe_items, (int)items,
                                                         jblocks * token_blocks, nt,
                                                         d % 4 == 0 && (!one || ((uintptr_t)x & 15) == 0), xq, c->moe_h, ff,
-                                                        act->alpha, act->limit, act->u_offset, c->tracing,
-                                                        c->stream),
+                                                        act->alpha, act->limit, act->u_offset, c->stream),
                    "experts' gate and up") ||
             (q && !quantize(c, c->moe_h, ff, rows, ff, &c->qb, 0)) ||
             !check(c, (cudaError_t)sp_cuda_mlp_down(&t->down, c->moe_items, (int)items, rblocks * token_blocks, nt,
                                                      c->moe_h, ff, q ? &c->qb : NULL, c->moe_y, d, c->stream),
                    "experts' down"))
             break;
-        use_queued(c);  // after the downs: the next use's weights come in as the results are added
         check(c, (cudaError_t)sp_cuda_scatter_add(out.data + t0 * out.ld, out.ld, c->moe_y, d, c->moe_toff,
                                                   c->moe_tlist, c->moe_ew, nt0, d, c->stream),
               "experts' results");
@@ -1572,7 +1443,6 @@ static void cuda_destroy(struct sp_backend *b) {
     sp_free(c->h_idx);
     sp_free(c->h_items);
     sp_free(c->runs);
-    sp_free(c->uses[0]);
     sp_free(c->moe);
     sp_free(c);
 }
@@ -1739,12 +1609,6 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
             major = 0;
         cudaGetLastError();
         sp_cuda_set_device(major, !p->no_overlap);
-        c->l2_prefetch = !p->no_l2_prefetch && !p->no_overlap && major >= 9;
-    }
-    if (c->l2_prefetch) {
-        c->uses[0] = sp_calloc(2 * TRACE_USES, sizeof *c->uses[0], SP_MEM_MISC);
-        c->l2_prefetch = c->uses[0] != NULL;  // without: no weights asked ahead
-        if (c->uses[0]) c->uses[1] = c->uses[0] + TRACE_USES;
     }
     c->graphs = p->graphs;
     if (c->graphs && cudaMallocHost((void **)&c->stage, GRAPH_STAGE_BYTES) != cudaSuccess) {

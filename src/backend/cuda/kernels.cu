@@ -68,53 +68,7 @@ constexpr uint32_t PREFETCH_CHUNKS = 2;
 /* Brings the 128-byte line at p into L2, without waiting for it. */
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-/* The same for bytes at p (16-byte aligned, a multiple of 16): one bulk
- * request on sm_90, a request a line before. */
-__device__ __forceinline__ void prefetch_l2_bytes(const char *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    for (uint32_t o = 0; o < bytes; o += 128) prefetch_l2(p + o);
-#endif
-}
-
-/* Part k of `parts` of each of spans[0 .. n) (prepared by the host: 16-byte aligned) asked of L2. */
-__device__ __forceinline__ void prefetch_part(const sp_cuda_span *spans, int n, int64_t k, int64_t parts) {
-    for (int i = 0; i < n; i++) {
-        int64_t per = ((spans[i].bytes + parts - 1) / parts + 15) & ~(int64_t)15, o = k * per;
-        if (spans[i].p && o < spans[i].bytes)
-            prefetch_l2_bytes(static_cast<const char *>(spans[i].p) + o,
-                              (uint32_t)(spans[i].bytes - o < per ? spans[i].bytes - o : per));
-    }
-}
-
 bool overlap = false;  // kernels launched with programmatic dependent launch (sp_cuda_set_device)
-
-/* ---- weights brought into L2 ahead of the kernel that reads them ---- */
-
-constexpr int64_t PREFETCH_PIECE = 2048;  // bytes a thread asks for at once
-constexpr int PREFETCH_THREADS = 128, PREFETCH_MAX_BLOCKS = 256;
-
-struct prefetch_spans {
-    sp_cuda_span s[SP_CUDA_SPANS];  // 16-byte aligned, multiples of 16 bytes
-    int n;
-};
-
-/* Asks L2 for every byte of the spans, a piece a thread at a time, and
- * lets the next kernel start before waiting for the one before: a
- * prefetch holds no result back, and the requests go on after the block
- * ends. */
-__global__ void __launch_bounds__(PREFETCH_THREADS) k_prefetch(prefetch_spans s) {
-    int64_t stride = (int64_t)gridDim.x * PREFETCH_THREADS * PREFETCH_PIECE;
-    for (int k = 0; k < s.n; k++)
-        for (int64_t o = ((int64_t)blockIdx.x * PREFETCH_THREADS + threadIdx.x) * PREFETCH_PIECE; o < s.s[k].bytes;
-             o += stride) {
-            int64_t len = s.s[k].bytes - o < PREFETCH_PIECE ? s.s[k].bytes - o : PREFETCH_PIECE;
-            prefetch_l2_bytes(static_cast<const char *>(s.s[k].p) + o, (uint32_t)len);
-        }
-    dep_launch();
-    dep_wait();
-}
 
 /* k<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where overlap is on. */
 template <class... P, class... A>
@@ -1003,7 +957,7 @@ __device__ __forceinline__ float glu_out(const sp_cuda_weight &w, const sp_cuda_
 template <int K, int BITS, int SDT, int NT, class A>
 __global__ void __launch_bounds__(VWARPS * WARP)
     k_mlp_gate_up(sp_cuda_weight w, const sp_cuda_mlp_item *items, int n_items, bool fused, A a, float *h,
-                  int64_t ldh, float alpha, float limit, float u_offset, bool prefetch_down) {
+                  int64_t ldh, float alpha, float limit, float u_offset) {
     dep_start();
     constexpr int EC = vec_elems<K, BITS>(), J = VR / 2;
     const sp_cuda_mlp_item &it = item_of(items, n_items, blockIdx.x, false);
@@ -1035,8 +989,6 @@ __global__ void __launch_bounds__(VWARPS * WARP)
     uint32_t chunks = (uint32_t)(w.cols / EC), cpg = chunks_per_group<K, BITS>(w);
     vpre pre;  // loaded after the wait: the items were written by the kernel before
     vpreload<K, SDT>(rw, chunks, cpg, lane, WARP, pre);
-    if (prefetch_down && b < jblocks && lane == 0)  // a warp's share of the item's down, by its first token block
-        prefetch_part(it.down, 3, b * VWARPS + threadIdx.x / WARP, jblocks * VWARPS);
     __shared__ float fold[fold_buf_floats<A, NT>()];
     vdot<K, BITS, SDT, NT>(rw, chunks, cpg, item_acts(a, it).rows(t0), nt, lane, WARP, pre, acc, fold);
 #pragma unroll
@@ -1558,7 +1510,6 @@ struct gate_up_launch {
     float *h;
     int64_t ldh;
     float alpha, limit, u_offset;
-    bool prefetch_down;
     cudaStream_t s;
     template <int K, int BITS, int SDT, int NT>
     int go() const {
@@ -1571,7 +1522,7 @@ struct gate_up_launch {
         } else if constexpr (!reads<K, BITS, A>()) return (int)cudaErrorInvalidValue;
         else {
             launch(k_mlp_gate_up<K, BITS, SDT, NT, A>, (unsigned)blocks, VWARPS * WARP, s, *w, items, n_items, fused, a,
-                   h, ldh, alpha, limit, u_offset, prefetch_down);
+                   h, ldh, alpha, limit, u_offset);
             return (int)cudaGetLastError();
         }
     }
@@ -3189,18 +3140,17 @@ extern "C" int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int
 
 extern "C" int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
                                    int n_items, int64_t blocks, int nt, bool xvec, const struct sp_cuda_qx *xq, float *h,
-                                   int64_t ldh, float alpha, float limit, float u_offset, bool prefetch_down,
-                                   void *stream) {
+                                   int64_t ldh, float alpha, float limit, float u_offset, void *stream) {
     if (n_items <= 0 || blocks <= 0) return 0;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (xq)
         return sp_cuda_q_ok(w) ? vdispatch(*w, nt,
                                            gate_up_launch<qacts>{w, items, n_items, blocks, fused, qacts_of(*xq), h,
-                                                                 ldh, alpha, limit, u_offset, prefetch_down, s})
+                                                                 ldh, alpha, limit, u_offset, s})
                                : (int)cudaErrorInvalidValue;
     return vdispatch(*w, nt,
                      gate_up_launch<facts>{w, items, n_items, blocks, fused, {nullptr, 0, xvec}, h, ldh, alpha, limit,
-                                           u_offset, prefetch_down, s});
+                                           u_offset, s});
 }
 
 extern "C" int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_item *items, int n_items,
@@ -3310,30 +3260,6 @@ extern "C" int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, in
     dim3 grid((unsigned)n, (unsigned)((cols + MOVE_THREADS - 1) / MOVE_THREADS));
     launch(k_scatter_add, grid, MOVE_THREADS, static_cast<cudaStream_t>(stream), out, ldo, src, lds, off, list, w,
            cols);
-    return (int)cudaGetLastError();
-}
-
-extern "C" struct sp_cuda_span sp_cuda_span_aligned(const void *p, int64_t bytes) {
-    if (!p || bytes <= 0) return (struct sp_cuda_span){nullptr, 0};
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)15, e = ((uintptr_t)p + (uintptr_t)bytes + 15) & ~(uintptr_t)15;
-    return (struct sp_cuda_span){reinterpret_cast<const void *>(a), (int64_t)(e - a)};
-}
-
-extern "C" int sp_cuda_prefetch(const struct sp_cuda_span *spans, int n, int64_t max_bytes, void *stream) {
-    prefetch_spans s = {};
-    int64_t total = 0;
-    for (int k = 0; k < n && k < SP_CUDA_SPANS && total < max_bytes; k++) {
-        sp_cuda_span a = sp_cuda_span_aligned(spans[k].p, spans[k].bytes);
-        if (a.bytes > max_bytes - total) a.bytes = (max_bytes - total) & ~(int64_t)15;
-        if (a.bytes <= 0) continue;
-        s.s[s.n++] = a;
-        total += a.bytes;
-    }
-    if (s.n == 0) return 0;
-    int64_t pieces = (total + PREFETCH_PIECE - 1) / PREFETCH_PIECE;
-    int64_t blocks = (pieces + PREFETCH_THREADS - 1) / PREFETCH_THREADS;
-    launch(k_prefetch, dim3((unsigned)(blocks < PREFETCH_MAX_BLOCKS ? blocks : PREFETCH_MAX_BLOCKS)), PREFETCH_THREADS,
-           static_cast<cudaStream_t>(stream), s);
     return (int)cudaGetLastError();
 }
 

@@ -97,15 +97,6 @@ bool sp_cuda_vec_ok(const struct sp_cuda_weight *w);
  * the same columns. */
 bool sp_cuda_same_format(const struct sp_cuda_weight *a, const struct sp_cuda_weight *b);
 
-/* Device memory to bring into L2 ahead of the kernels that read it. */
-#define SP_CUDA_SPANS 12
-struct sp_cuda_span {
-    const void *p;
-    int64_t bytes;
-};
-/* The span of whole 16-byte words that holds [p, p + bytes) ({NULL, 0} for none). */
-struct sp_cuda_span sp_cuda_span_aligned(const void *p, int64_t bytes);
-
 /* One gated MLP of a batch as the MLP launchers take it (an array of them
  * in device memory): the arrays of gate (or of the fused gate_up, outputs
  * alternating gate, up), up (unused when fused) and down, with their
@@ -119,7 +110,6 @@ struct sp_cuda_mlp_item {
     int64_t ldx, n, row, xrow;
     int64_t ff;                      // outputs of gate (columns of down)
     int64_t blk_gate_up, blk_down;   // the item's first block in each launch (sp_cuda_mlp_blocks)
-    struct sp_cuda_span down[3];     // the down's codes, scales and biases (sp_cuda_span_aligned), or {NULL, 0}
 };
 /* Tokens per block (1, 2, 4 or 8) for items of at most n tokens; with mma
  * (int8 activations and weights sp_cuda_mma_ok takes), SP_CUDA_MMA_TOKENS
@@ -133,12 +123,10 @@ int64_t sp_cuda_mlp_blocks(bool down, int64_t outputs, int64_t n, int nt);
  * w gives the format, group, bias type and columns that every item's
  * gate and up share. The activations: each item's x (xvec: every x is
  * 16-byte aligned with ldx a multiple of 4), or where xq is not NULL its
- * rows [xrow, xrow + n) of xq (w as sp_cuda_q_ok takes). prefetch_down:
- * the vector kernels' blocks (fewer than SP_CUDA_MMA_TOKENS tokens) also
- * ask L2 for each item's down (its spans), which then runs out of L2. */
+ * rows [xrow, xrow + n) of xq (w as sp_cuda_q_ok takes). */
 int sp_cuda_mlp_gate_up(const struct sp_cuda_weight *w, bool fused, const struct sp_cuda_mlp_item *items,
                         int n_items, int64_t blocks, int nt, bool xvec, const struct sp_cuda_qx *xq, float *h,
-                        int64_t ldh, float alpha, float limit, float u_offset, bool prefetch_down, void *stream);
+                        int64_t ldh, float alpha, float limit, float u_offset, void *stream);
 /* Then down of each from its rows of h (or where hq is not NULL, of hq)
  * into its rows of out; w gives the downs' format, group, bias type and
  * rows. */
@@ -267,12 +255,6 @@ int sp_cuda_linear_heads(const struct sp_cuda_weight *w, int parts, const float 
  * order) for a token seeing `positions` of them: each takes head_dim + 2
  * floats of the scratch for each query head. */
 int64_t sp_cuda_attn_chunks(int64_t positions);
-/* Asks L2 for the first max_bytes of spans[0 .. n) (n <= SP_CUDA_SPANS,
- * in order) and goes on: a kernel whose requests run while the kernels
- * after it do. With overlapped launches (sp_cuda_set_device) the kernel
- * queued after it may start before the one queued before it ends, so it
- * must read nothing but weights before its own wait. */
-int sp_cuda_prefetch(const struct sp_cuda_span *spans, int n, int64_t max_bytes, void *stream);
 /* The device's compute capability (major) and whether kernels are launched
  * to overlap the end of the kernel before them in the stream (programmatic
  * dependent launch, 9.0 on); tensor-core products need 8.0 on. For the
