@@ -682,17 +682,21 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
             }
             assert_true(sp_ctx_tier_stats(c, &ts));
             sp_ctx_free(c);
-            print_message("%s: device tier %zu bytes (%lld slots)%s: %llu hits, %llu misses, %llu evictions, %llu "
-                          "fences, %llu bytes in\n", label, budgets[k], (long long)ts.slots,
-                          below ? " over a host cache" : "", (unsigned long long)ts.hits,
-                          (unsigned long long)ts.misses, (unsigned long long)ts.evictions,
-                          (unsigned long long)ts.fences, (unsigned long long)ts.bytes_in);
+            print_message("%s: device tier %zu bytes (%lld slots)%s: %llu hits, %llu misses, %llu copied ahead (%llu "
+                          "used), %llu evictions, %llu fences, %llu orders, %llu bytes in\n", label, budgets[k],
+                          (long long)ts.slots, below ? " over a host cache" : "", (unsigned long long)ts.hits,
+                          (unsigned long long)ts.misses, (unsigned long long)ts.prefetched,
+                          (unsigned long long)ts.prefetch_used, (unsigned long long)ts.evictions,
+                          (unsigned long long)ts.fences, (unsigned long long)ts.orders, (unsigned long long)ts.bytes_in);
             assert_true(ts.misses > 0);
-            assert_int_equal(ts.bytes_in, ts.misses * ms.expert_bytes);
-            assert_int_equal(ts.cached, (int64_t)(ts.misses - ts.evictions));
+            assert_int_equal(ts.bytes_in, (ts.misses + ts.prefetched) * ms.expert_bytes);
+            assert_int_equal(ts.cached, (int64_t)(ts.misses + ts.prefetched - ts.evictions));
             assert_true(ts.cached <= ts.slots && (size_t)ts.slots * ts.slot_bytes <= budgets[k]);
+            assert_true(ts.prefetch_used <= ts.prefetched && ts.prefetch_used <= ts.hits);
+            if (below) assert_int_equal(ts.prefetched, 0);  // the store below reads ahead instead
             if (k == 0) assert_true(ts.evictions == 0 && ts.hits > 0);  // all of them: later chunks hit
-            if (k == 1) assert_true(ts.evictions > 0 && ts.fences > 0);  // one slot: every new expert evicts
+            if (k == 1) assert_true(ts.evictions > 0 && ts.fences + ts.orders > 0);  // one slot: every new expert evicts
+            if (k == 1) assert_int_equal(ts.prefetched, 0);  // no room beside the expert it predicts for
             if (below) {
                 struct sp_expert_store_stats st;
                 sp_expert_store_stats(s, &st);
@@ -703,6 +707,28 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
             sp_expert_store_free(s);
         }
     }
+    /* one token a step, where each MoE layer's routing predicts the next
+     * layer's experts (the tier over the mapped files copies them in ahead):
+     * the logits of the same steps without it, bit for bit */
+    p.device_experts = budgets[2];
+    float *ahead = malloc(n * V * sizeof(float));
+    for (int pf = 0; pf < 2; pf++) {
+        p.no_prefetch = !pf;
+        assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+        run_seq(c, r->b, r->nb, 1, 0, pf ? ahead : got, r->vocab);
+        assert_true(sp_ctx_tier_stats(c, &ts));
+        sp_ctx_free(c);
+        print_message("%s: one token a step, %s: %llu hits, %llu misses, %llu copied ahead (%llu used)\n", label,
+                      pf ? "predicted experts copied ahead" : "--no-prefetch", (unsigned long long)ts.hits,
+                      (unsigned long long)ts.misses, (unsigned long long)ts.prefetched,
+                      (unsigned long long)ts.prefetch_used);
+        if (!pf) assert_int_equal(ts.prefetched, 0);
+        if (pf) assert_true(ts.prefetched > 0 && ts.prefetch_used > 0);
+        assert_int_equal(ts.bytes_in, (ts.misses + ts.prefetched) * ms.expert_bytes);
+    }
+    p.no_prefetch = false;
+    if (memcmp(got, ahead, n * V * sizeof(float)) != 0) fail_msg("%s: experts copied in ahead changed the logits", label);
+    free(ahead);
     /* experts the tier lacks computed by the CPU meanwhile: the same
      * products (on a device, the CPU's kernels: the exact path's tolerance),
      * their sum added after the device's, so within rounding of the sums'

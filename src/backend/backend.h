@@ -316,12 +316,20 @@ struct sp_backend_ops {
     /* Optional, for a tier of experts in the backend's memory
      * (model/expert_tier.h): arena gives `bytes` of it (freed with the
      * backend) that weight views may point into without ops->prepare, and
-     * upload queues a copy from the host into it, in order with the ops. A
-     * source in memory from host_alloc may be read after upload returns:
-     * it must stay as it is until ops->sync; any other source is read
-     * before upload returns. */
+     * upload queues a copy from the host into it. A source in memory from
+     * host_alloc (or given to pin) may be read after upload returns: it
+     * must stay as it is until ops->sync; any other source is read before
+     * upload returns. Without the two calls below the copies are in order
+     * with the ops; with them, copies run on a queue of their own, beside
+     * the ops: copies_after_ops makes the copies queued after it wait for
+     * the ops queued before it (a slot that they read may be overwritten
+     * then), and ops_after_copies makes the ops queued after it wait for
+     * the copies queued before it (they may read those slots then);
+     * ops->sync waits for both queues. */
     enum sp_status (*arena)(struct sp_backend *b, size_t bytes, void **out);
     void (*upload)(struct sp_backend *b, void *dst, const void *src, size_t bytes);
+    void (*copies_after_ops)(struct sp_backend *b);
+    void (*ops_after_copies)(struct sp_backend *b);
     /* Optional: host memory that upload will read often (the weights'),
      * made as fast to copy from as host_alloc's until the backend is freed
      * (pinned, for a GPU). */

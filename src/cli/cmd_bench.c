@@ -348,9 +348,12 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
     double d_hit = d_hits + d_miss ? (double)d_hits / (double)(d_hits + d_miss) : 1.0;
     double h2d_tok = r->gen ? (double)d_bytes / (double)r->gen : 0.0;
     if (r->has_tier)
-        printf("; %s expert cache %.1f MiB (%lld experts): decode hit rate %.1f%%, %.2f MiB a token copied in, %.2f GB/s",
+        printf("; %s expert cache %.1f MiB (%lld experts): decode hit rate %.1f%%, %.2f MiB a token copied in, %.2f GB/s, "
+               "%llu experts copied ahead (%llu of them used)",
                sp_device_name(dev), (double)t1->budget / 1048576.0, (long long)t1->slots, 100.0 * d_hit,
-               h2d_tok / 1048576.0, r->decode_s > 0 ? (double)d_bytes / r->decode_s / 1e9 : 0.0);
+               h2d_tok / 1048576.0, r->decode_s > 0 ? (double)d_bytes / r->decode_s / 1e9 : 0.0,
+               (unsigned long long)(t1->prefetched - t0->prefetched),
+               (unsigned long long)(t1->prefetch_used - t0->prefetch_used));
     if (r->has_graphs)
         printf("; decode steps replayed as graphs: %lld of %lld (%lld built)",
                (long long)(r->replayed[1] - r->replayed[0]), (long long)(r->gen / (r->seqs > 0 ? r->seqs : 1)),
@@ -426,6 +429,8 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         sp_jw_key(&w, "h2d_bytes_per_token"); sp_jw_num(&w, h2d_tok);
         sp_jw_key(&w, "h2d_bytes"); sp_jw_uint(&w, t1->bytes_in);
         sp_jw_key(&w, "gpu_fences"); sp_jw_uint(&w, t1->fences);
+        sp_jw_key(&w, "gpu_prefetched"); sp_jw_uint(&w, t1->prefetched);
+        sp_jw_key(&w, "gpu_prefetch_used"); sp_jw_uint(&w, t1->prefetch_used);
         sp_jw_key(&w, "cpu_computed_experts"); sp_jw_uint(&w, t1->cpu_experts);
     }
     sp_jw_end(&w);
@@ -630,7 +635,8 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
                                .float_activations = o->set.precision == SP_PRECISION_EXACT,
-                               .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts, .graphs = o->set.cuda_graphs,
+                               .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts,
+                               .no_prefetch = o->set.no_prefetch, .graphs = o->set.cuda_graphs,
                                .no_overlap = o->set.no_cuda_overlap};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;

@@ -313,6 +313,7 @@ int sp_cmd_run(int argc, char **argv) {
     }
     cp.device_experts = plan.gpu_expert_cache;
     cp.cpu_experts = o.set.cpu_experts;
+    cp.no_prefetch = o.set.no_prefetch;
     if (plan.gpu_expert_cache)
         fprintf(stderr, "plan: %s expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", sp_device_name(o.device),
                 (double)plan.gpu_expert_cache / 1048576.0, (long long)plan.gpu_cached_experts, 100.0 * plan.gpu_hit_rate);

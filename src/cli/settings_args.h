@@ -36,7 +36,7 @@
     "                         files allow (auto), io_uring through the page cache, pread, or copies out\n"   \
     "                         of the files' mappings\n"                                                     \
     "  --expert-policy arc|lru|clock  the expert cache's replacement (default arc)\n"                           \
-    "  --no-prefetch          do not read the next MoE layer's experts ahead\n"                                 \
+    "  --no-prefetch          do not read (or copy to the GPU) ahead the next MoE layer's predicted experts\n" \
     "  --mmap                 keep resident weights in the files' pages (no copies, rows in order)\n"           \
     "  --row-order            keep weight matrices in row order (none interleaved for the kernels)\n"           \
     "  --device cpu|cuda      where the forward pass runs (default cpu; cuda: every weight on the GPU, in\n"    \

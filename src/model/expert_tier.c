@@ -16,7 +16,9 @@
 struct tslot {
     int64_t key;        // L * n_experts + e, or -1
     uint64_t last_use;
-    uint64_t epoch;     // the fence epoch of its last put: reusable without a fence once older than the tier's
+    uint64_t epoch;     // the epoch of its last put: overwritten without waiting once older than the tier's
+    uint64_t copy;      // the number of the copy that filled it
+    bool ahead;         // copied in ahead of a lookup (a prediction) and not looked up since
     int pins;
     struct sp_expert_views v;  // into the slot
 };
@@ -30,7 +32,11 @@ struct sp_expert_tier {
     size_t slot_bytes;
     uint8_t *arena;  // the backend's memory
     int32_t *where;  // (n_layers * n_experts): slot or -1
-    uint64_t tick, epoch;
+    uint64_t tick;
+    /* Copies the tier queued, and how many of them the ops queued since
+     * wait for. An epoch ends where the copies queued after it wait for the
+     * ops queued before it (ops->copies_after_ops, or a fence). */
+    uint64_t copies, joined, epoch;
     int64_t pinned;  // experts handed out and not put yet
     /* experts taken from lower whose copies may still read them: put back at the next fence */
     int64_t *held;   // (n_slots) keys
@@ -121,6 +127,18 @@ static void fence(struct sp_expert_tier *t) {
     t->st.fences++;
 }
 
+/* The copies queued after this wait for the ops queued before it (where
+ * the backend's copies run beside its ops, else a fence). */
+static void new_epoch(struct sp_expert_tier *t) {
+    if (!t->be->ops->copies_after_ops) {
+        fence(t);
+        return;
+    }
+    t->be->ops->copies_after_ops(t->be);
+    t->epoch++;
+    t->st.orders++;
+}
+
 /* A free slot, else the least recently used one nothing holds (-1: none). */
 static int64_t choose_victim(const struct sp_expert_tier *t) {
     int64_t victim = -1;
@@ -138,39 +156,56 @@ static void upload_part(void *ctx, void *dst, const void *src, size_t bytes) {
     be->ops->upload(be, dst, src, bytes);
 }
 
+/* Expert e of layer L copied into the least recently used slot nothing
+ * holds: *slot, which nothing reads that was queued before the copy. */
+static enum sp_status fill(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e,
+                           int32_t *slot) {
+    int64_t key = L * t->n_experts + e, victim = choose_victim(t);
+    if (victim < 0) return sp_errorf(SP_ERR_STATE, "every device expert slot is in use");
+    struct tslot *s = &t->slots[victim];
+    if (s->key >= 0 && s->epoch >= t->epoch) new_epoch(t);  // an op queued before may still read it
+    if (t->lower && t->n_held == t->n_slots) fence(t);
+    struct sp_expert_views src = *mapped;
+    if (t->lower) {
+        enum sp_status st = t->lower->get(t->lower->ctx, mapped, L, e, &src);
+        if (st != SP_OK) return st;
+    }
+    if (s->key >= 0) {
+        t->where[s->key] = -1;
+        t->st.evictions++;
+        t->st.cached--;
+    }
+    s->v = src;
+    t->st.bytes_in += sp_expert_views_move(&s->v, t->arena + (size_t)victim * t->slot_bytes, PART_ALIGN, upload_part, t->be);
+    if (t->lower) t->held[t->n_held++] = key;
+    s->key = key;
+    s->copy = ++t->copies;
+    s->ahead = false;
+    s->last_use = ++t->tick;
+    t->where[key] = (int32_t)victim;
+    t->st.cached++;
+    *slot = (int32_t)victim;
+    return SP_OK;
+}
+
 static enum sp_status tier_get(void *ctx, const struct sp_expert_views *mapped, int64_t L, int64_t e,
                                struct sp_expert_views *out) {
     struct sp_expert_tier *t = ctx;
-    int64_t key = L * t->n_experts + e;
-    int32_t w = t->where[key];
+    int32_t w = t->where[L * t->n_experts + e];
     if (w >= 0) {
         t->st.hits++;
+        if (t->slots[w].ahead) t->st.prefetch_used++;
     } else {
-        int64_t victim = choose_victim(t);
-        if (victim < 0) return sp_errorf(SP_ERR_STATE, "every device expert slot is in use");
-        struct tslot *s = &t->slots[victim];
-        if (s->key >= 0 && s->epoch >= t->epoch) fence(t);  // an op queued before may still read it
-        if (t->lower && t->n_held == t->n_slots) fence(t);
-        struct sp_expert_views src = *mapped;
-        if (t->lower) {
-            enum sp_status st = t->lower->get(t->lower->ctx, mapped, L, e, &src);
-            if (st != SP_OK) return st;
-        }
-        if (s->key >= 0) {
-            t->where[s->key] = -1;
-            t->st.evictions++;
-            t->st.cached--;
-        }
-        s->v = src;
-        t->st.bytes_in += sp_expert_views_move(&s->v, t->arena + (size_t)victim * t->slot_bytes, PART_ALIGN, upload_part, t->be);
-        if (t->lower) t->held[t->n_held++] = key;
-        s->key = key;
-        t->where[key] = (int32_t)victim;
+        enum sp_status st = fill(t, mapped, L, e, &w);
+        if (st != SP_OK) return st;
         t->st.misses++;
-        t->st.cached++;
-        w = (int32_t)victim;
     }
     struct tslot *s = &t->slots[w];
+    if (s->copy > t->joined && t->be->ops->ops_after_copies) {  // its copy may still run
+        t->be->ops->ops_after_copies(t->be);
+        t->joined = t->copies;
+    }
+    s->ahead = false;
     s->pins++;
     s->last_use = ++t->tick;
     t->pinned++;
@@ -187,10 +222,25 @@ static void tier_put(void *ctx, int64_t L, int64_t e) {
     if (--t->pinned == 0 && t->n_held > 0) fence(t);
 }
 
+/* Over the mapped files, the predicted experts that the tier lacks are
+ * copied in now, behind the copies queued before (up to half the slots,
+ * so that a prediction does not push out the experts it predicts); over
+ * an expert store, the store reads them ahead. */
 static void tier_prefetch(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped,
                           int64_t n) {
     struct sp_expert_tier *t = ctx;
-    /* the tier below reads ahead what this one lacks */
+    if (!t->lower) {
+        int64_t room = t->n_slots / 2;
+        for (int64_t i = 0; i < n && room > 0; i++) {
+            int32_t w;
+            if (t->where[L * t->n_experts + experts[i]] >= 0 || fill(t, &mapped[i], L, experts[i], &w) != SP_OK)
+                continue;
+            t->slots[w].ahead = true;
+            t->st.prefetched++;
+            room--;
+        }
+        return;
+    }
     int64_t m = 0;
     for (int64_t i = 0; i < n && m < t->n_experts; i++)
         if (t->where[L * t->n_experts + experts[i]] < 0) {
@@ -251,7 +301,7 @@ struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t) {
         if (lw < window) window = lw;
     }
     return (struct sp_expert_source){t, window, tier_get, tier_put,
-                                     t->lower && t->lower->prefetch ? tier_prefetch : NULL};
+                                     !t->lower || t->lower->prefetch ? tier_prefetch : NULL};
 }
 
 void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out) { *out = t->st; }

@@ -4,10 +4,10 @@
  * models whose experts do not all fit on the device. Slots of one expert
  * each live in the backend's arena (ops->arena); a miss takes the expert
  * from the tier below (the host's expert store, or the mapped files) and
- * queues its copy into the least recently used free slot (ops->upload), in
- * order with the ops, so that the products that follow read it. The views
- * handed out point into the slot and hold exactly the bytes of the files:
- * every token computes the same whatever the budget.
+ * queues its copy into the least recently used free slot (ops->upload), and
+ * the ops queued after the lookup wait for it (ops->ops_after_copies). The
+ * views handed out point into the slot and hold exactly the bytes of the
+ * files: every token computes the same whatever the budget.
  *
  *     struct sp_expert_tier *t;
  *     sp_expert_tier_create(be, model, 4ull << 30, &host_store_source, &t);  // or NULL: the mapped files
@@ -16,7 +16,11 @@
  *     sp_expert_tier_free(t);
  *
  * A slot that an op queued before may still read is not overwritten: a
- * victim used since the last fence is taken only after ops->sync (a fence).
+ * victim used since the last epoch begins a new one, whose copies wait for
+ * the ops queued before (ops->copies_after_ops; without it, ops->sync: a
+ * fence). Over the mapped files, the source's prefetch copies the experts
+ * predicted for a later layer in at once, so that their copies run while
+ * the device computes; over an expert store, the store reads them ahead.
  * Experts taken from the tier below are handed back to it at the next
  * fence, once their copies are done (its memory may be pinned and read
  * after upload returns); the tier fences when the last expert held is put.
@@ -35,7 +39,10 @@
 struct sp_expert_tier_stats {
     size_t budget, slot_bytes;
     int64_t slots, cached;
-    uint64_t hits, misses, evictions, fences;
+    uint64_t hits, misses, evictions;
+    uint64_t fences;    // waits for the queued work (to reuse a slot, or hand experts back to the tier below)
+    uint64_t orders;    // copies made to wait for the queued ops on the device instead (a slot reused)
+    uint64_t prefetched, prefetch_used;  // experts copied in ahead of their lookups, and those looked up then
     uint64_t bytes_in;  // copied from the host into the slots
     uint64_t cpu_experts;  // (expert, step) pairs the CPU computed instead (the forward pass's count)
 };

@@ -77,6 +77,13 @@ struct sp_ctx {
     uint64_t cpu_experts;
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
+    /* A device tier over the mapped files predicts the next MoE layer's
+     * experts at each MoE layer's routing (its copies then run while the
+     * layer computes): that layer's norm and router applied to the hidden
+     * state there, into pf_h and pf_logits. Else after each layer, into h. */
+    bool pf_at_routing;
+    struct sp_tensor pf_h, pf_logits;  // (B, d), (B, E)
+    float *pf_host;                    // (B, E) staging for pf_logits
     /* batch tensors in the backend's memory, max_batch rows each */
     struct sp_tensor x, h, tmp;   // (B, d)
     struct sp_tensor qkv;         // (B, q + 2 kv): q, k, v side by side
@@ -914,7 +921,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c->cw);
     void *host[] = {c->marks, c->router_host, c->sel,   c->sel_w,  c->etok,        c->ew,
                     c->ecount,      c->items, c->eviews, c->item_expert, c->pf_experts, c->pf_views,
-                    c->seq_len,     c->snap_len};
+                    c->pf_host,     c->seq_len, c->snap_len};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) sp_free(host[i]);
     sp_backend_free(c->be);
     sp_free(c);
@@ -1010,10 +1017,11 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         c->experts = &c->tier_source;
         if (!c->p.experts) pin_experts(c);
     }
-    if (c->experts && c->experts->prefetch) {
+    if (c->experts && c->experts->prefetch && !c->p.no_prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
         c->pf_views = sp_malloc((size_t)a->n_experts * sizeof *c->pf_views, SP_MEM_MODEL);
         if (!c->pf_experts || !c->pf_views) goto nomem;
+        c->pf_at_routing = c->tier && !c->p.experts;
     }
 
     int64_t d = a->d_model, B = c->p.max_batch;
@@ -1029,6 +1037,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
         goto fail;
     if (w.gate && (st = sp_backend_tensor(be, B, w.gate, &c->qgate)) != SP_OK) goto fail;
     if (a->shared_gate && (st = sp_backend_tensor(be, B, 1, &c->sgate)) != SP_OK) goto fail;
+    if (c->pf_at_routing &&
+        ((st = sp_backend_tensor(be, B, d, &c->pf_h)) != SP_OK || (st = sp_backend_tensor(be, B, E, &c->pf_logits)) != SP_OK))
+        goto fail;
     if (w.mq && (st = sp_backend_tensor(be, B, w.mq, &c->mq)) != SP_OK) goto fail;
     if ((w.lqkv && (st = sp_backend_tensor(be, B, w.lqkv, &c->lqkv)) != SP_OK) ||
         (w.lz && (st = sp_backend_tensor(be, B, w.lz, &c->lz)) != SP_OK) ||
@@ -1051,6 +1062,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->items = host_buf((size_t)(E + 1), sizeof *c->items, &ok);
     c->eviews = host_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
+    if (c->pf_at_routing) c->pf_host = host_buf((size_t)(B * E), sizeof(float), &ok);
     if (!ok) goto nomem;
     if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp)) != SP_OK)
         goto fail;
@@ -1261,6 +1273,61 @@ static void group_by_expert(struct sp_ctx *c, const struct layer *ly, float *log
         }
 }
 
+/* The next MoE layer after L (-1: none). */
+static int64_t next_moe_layer(const struct sp_ctx *c, int64_t L) {
+    for (int64_t L2 = L + 1; L2 < c->a->n_layers; L2++)
+        if (c->a->layer_moe[L2]) return L2;
+    return -1;
+}
+
+/* Asks the expert source early for the experts that n tokens' router
+ * logits of MoE layer L2 choose. */
+static void prefetch_routed(struct sp_ctx *c, int64_t L2, float *logits, int64_t n) {
+    const struct sp_arch *a = c->a;
+    const struct layer *ly = &c->layers[L2];
+    int64_t E = a->n_experts, K = a->n_experts_used;
+    int32_t sel[256];
+    float w[256];
+    SP_ASSERT(K <= 256 && E <= 1024);
+    bool seen[1024] = {false};
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++) {
+        route(a, ly, logits + t * E, sel, w);
+        for (int64_t j = 0; j < K; j++) {
+            int32_t e = sel[j];
+            if (seen[e]) continue;
+            seen[e] = true;
+            c->pf_views[m] = mapped_expert(ly, e);
+            c->pf_experts[m++] = e;
+        }
+    }
+    c->experts->prefetch(c->experts->ctx, L2, c->pf_experts, c->pf_views, m);
+}
+
+/* Predicts the experts the next MoE layer after L will use, by applying its
+ * norm and router to the hidden state as it leaves layer L, and starts
+ * reading the ones the cache lacks while that layer's attention runs. */
+static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
+    int64_t L2 = next_moe_layer(c, L);
+    if (L2 < 0) return;
+    const struct layer *ly = &c->layers[L2];
+    c->be->ops->rmsnorm(c->be, ly->ffn_norm, (float)c->a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(c->h, 0, n));
+    prefetch_routed(c, L2, router_logits(c, ly, n), n);
+}
+
+/* At MoE layer L's routing, the next MoE layer's norm and router applied
+ * to the hidden state of n tokens (c->x), queued before L's own router so
+ * that one wait serves both. Returns that layer (-1: none). */
+static int64_t predict_queue(struct sp_ctx *c, int64_t L, int64_t n) {
+    int64_t L2 = next_moe_layer(c, L);
+    if (L2 < 0) return -1;
+    const struct layer *ly = &c->layers[L2];
+    struct sp_backend *be = c->be;
+    be->ops->rmsnorm(be, ly->ffn_norm, (float)c->a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(c->pf_h, 0, n));
+    be->ops->linear(be, &ly->router, sp_tensor_rows(c->pf_h, 0, n), sp_tensor_rows(c->pf_logits, 0, n));
+    return L2;
+}
+
 /* Experts of a step that the CPU takes instead of a copy to the device:
  * those the device tier lacks, of few tokens (the CPU's products of more
  * run below its bandwidth), each to whichever of the CPU and the copies
@@ -1338,8 +1405,13 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
             return true;
         }
     }
-    float *logits = NULL;
-    STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E, logits = router_logits(c, ly, n));
+    float *logits = NULL, *predicted = NULL;
+    int64_t L2 = -1;
+    STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E * (c->pf_at_routing ? 2 : 1), {
+        if (c->pf_at_routing) L2 = predict_queue(c, ly - c->layers, n);
+        logits = router_logits(c, ly, n);
+        if (L2 >= 0) predicted = be->ops->host(be, sp_tensor_rows(c->pf_logits, 0, n), c->pf_host);
+    });
     int64_t *off = c->ecount;
     STEP(c, SP_STEP_ROUTE, 0, group_by_expert(c, ly, logits, n));
     if (c->p.time_steps) {
@@ -1394,36 +1466,11 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
             shared_left = false;
         }
     }
+    /* the next layer's copies queued behind this one's */
+    if (predicted) STEP(c, SP_STEP_ROUTE, 0, prefetch_routed(c, L2, predicted, n));
     if (shared_left) layer_mlp_add(c, ly, n, out);
     if (n_cpu) cpu_experts_add(c, ly, n, off, out);
     return true;
-}
-
-/* Predicts the experts the next MoE layer after L will use, by applying its
- * norm and router to the hidden state as it leaves layer L, and starts
- * reading the ones the cache lacks while that layer's attention runs. */
-static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
-    const struct sp_arch *a = c->a;
-    int64_t L2 = L + 1;
-    while (L2 < a->n_layers && !a->layer_moe[L2]) L2++;
-    if (L2 >= a->n_layers) return;
-    const struct layer *ly = &c->layers[L2];
-    int64_t E = a->n_experts, K = a->n_experts_used;
-    c->be->ops->rmsnorm(c->be, ly->ffn_norm, (float)a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(c->h, 0, n));
-    float *logits = router_logits(c, ly, n);
-    bool seen[1024] = {false};
-    int64_t m = 0;
-    for (int64_t t = 0; t < n; t++) {
-        route(a, ly, logits + t * E, c->sel + t * K, c->sel_w + t * K);
-        for (int64_t j = 0; j < K; j++) {
-            int32_t e = c->sel[t * K + j];
-            if (seen[e]) continue;
-            seen[e] = true;
-            c->pf_views[m] = mapped_expert(ly, e);
-            c->pf_experts[m++] = e;
-        }
-    }
-    c->experts->prefetch(c->experts->ctx, L2, c->pf_experts, c->pf_views, m);
 }
 
 /* ---- the forward pass ---- */
@@ -1619,9 +1666,10 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
             layer_mlp_add(c, ly, n, tmp);
         }
         /* prefetch_next reads x whole */
-        pending = be->ops->add_rmsnorm && !c->pf_experts && L + 1 < a->n_layers;
+        bool pf_next = c->pf_experts && !c->pf_at_routing;
+        pending = be->ops->add_rmsnorm && !pf_next && L + 1 < a->n_layers;
         if (!pending) STEP(c, SP_STEP_NORMS, 0, be->ops->add(be, x, tmp));
-        if (c->pf_experts) STEP(c, SP_STEP_EMBED, 0, prefetch_next(c, L, n));
+        if (pf_next) STEP(c, SP_STEP_EMBED, 0, prefetch_next(c, L, n));
     }
 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds

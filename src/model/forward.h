@@ -95,6 +95,7 @@ struct sp_ctx_params {
      * 0: every routed expert copied to the device at creation. */
     size_t device_experts;
     bool cpu_experts;      // with device_experts over the mapped files: the CPU may compute experts the tier lacks
+    bool no_prefetch;      // no experts predicted for the next MoE layer and asked for early
     double cpu_expert_gbs, copy_gbs;  // the rates that choose between the two (0: measured at creation)
     bool time_steps;       // keep the time of each step of the forward pass (sp_ctx_step_times)
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)

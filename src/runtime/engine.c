@@ -266,7 +266,8 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
                                .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads,
                                .float_activations = e->p.float_activations, .device_experts = e->p.device_experts,
-                               .cpu_experts = e->p.cpu_experts, .graphs = e->p.graphs,
+                               .cpu_experts = e->p.cpu_experts, .no_prefetch = e->p.expert_params.no_prefetch,
+                               .graphs = e->p.graphs,
                                .no_overlap = e->p.no_overlap};
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {

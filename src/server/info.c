@@ -115,6 +115,10 @@ void sp_info_json(const struct sp_info_src *src, struct sp_buf *out) {
         sp_jw_uint(&w, x->misses);
         sp_jw_key(&w, "host_to_device_bytes");
         sp_jw_uint(&w, x->bytes_in);
+        sp_jw_key(&w, "prefetched");
+        sp_jw_uint(&w, x->prefetched);
+        sp_jw_key(&w, "prefetch_used");
+        sp_jw_uint(&w, x->prefetch_used);
         sp_jw_key(&w, "cpu_computed_experts");
         sp_jw_uint(&w, x->cpu_experts);
         sp_jw_end(&w);

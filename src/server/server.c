@@ -1747,9 +1747,13 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c, struct sp_server
         METRIC_VALUE("gpu_expert_cache_bytes", "gauge", "bytes of experts held in device memory", "%zu",
                      (size_t)x->cached * x->slot_bytes);
         METRIC_VALUE("gpu_expert_hits_total", "counter", "expert lookups served from device memory", "%llu", (unsigned long long)x->hits);
-        METRIC_VALUE("gpu_expert_misses_total", "counter", "experts copied into device memory", "%llu", (unsigned long long)x->misses);
+        METRIC_VALUE("gpu_expert_misses_total", "counter", "expert lookups that copied the expert into device memory", "%llu", (unsigned long long)x->misses);
         METRIC_VALUE("gpu_expert_evictions_total", "counter", "experts dropped from device memory to make room", "%llu",
                      (unsigned long long)x->evictions);
+        METRIC_VALUE("gpu_expert_prefetched_total", "counter", "experts copied into device memory ahead, as predicted",
+                     "%llu", (unsigned long long)x->prefetched);
+        METRIC_VALUE("gpu_expert_prefetch_used_total", "counter", "experts copied ahead that were then used", "%llu",
+                     (unsigned long long)x->prefetch_used);
         METRIC_VALUE("host_to_device_bytes_total", "counter", "expert bytes copied from host memory to the device", "%llu",
                      (unsigned long long)x->bytes_in);
         METRIC_VALUE("cpu_computed_experts_total", "counter", "experts the CPU computed instead of a copy to the device (--cpu-experts)",

@@ -86,6 +86,11 @@ struct cuda {
     struct sp_backend_shape shape;
     cudaStream_t stream;
     bool has_stream;
+    /* ops->upload's queue beside the stream (made with the first arena), and
+     * the events that order the two (ops->copies_after_ops, ops_after_copies) */
+    cudaStream_t copy_stream;
+    cudaEvent_t ops_done, copies_done;
+    bool has_copy_stream;
     enum sp_status err;  // the first failure of queued work (ops->error)
     char err_msg[384];
     /* every cudaMalloc, freed with the backend */
@@ -209,6 +214,8 @@ static enum sp_status cuda_error(struct sp_backend *b) {
     /* a kernel that faulted shows in its stream's state (not ready: still running) */
     cudaError_t q = c->err == SP_OK ? cudaStreamQuery(c->stream) : cudaSuccess;
     if (q != cudaErrorNotReady) check(c, q, "queued work");
+    q = c->err == SP_OK && c->has_copy_stream ? cudaStreamQuery(c->copy_stream) : cudaSuccess;
+    if (q != cudaErrorNotReady) check(c, q, "copies to the device");
     return c->err == SP_OK ? SP_OK : sp_errorf(c->err, "%s", c->err_msg);
 }
 
@@ -579,6 +586,17 @@ static enum sp_status cuda_arena(struct sp_backend *b, size_t bytes, void **out)
     *out = NULL;
     if (c->n_arenas == (int)(sizeof c->arenas / sizeof *c->arenas))
         return sp_errorf(SP_ERR_STATE, "cuda: no room for another arena");
+    if (!c->has_copy_stream) {
+        cudaError_t e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&c->ops_done, cudaEventDisableTiming)) != cudaSuccess)
+            cudaStreamDestroy(c->copy_stream);
+        if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&c->copies_done, cudaEventDisableTiming)) != cudaSuccess) {
+            cudaEventDestroy(c->ops_done);
+            cudaStreamDestroy(c->copy_stream);
+        }
+        if (e != cudaSuccess) return sp_errorf(status_of(e), "cuda: a stream for copies: %s", cudaGetErrorString(e));
+        c->has_copy_stream = true;
+    }
     enum sp_status st = dev_alloc(c, bytes, out);
     if (st != SP_OK) return st;
     c->arenas[c->n_arenas].base = *out;
@@ -624,9 +642,29 @@ static void cuda_host_free(void *p) {
     sp_free_aligned(p);
 }
 
+/* Into an arena, on the copy stream (not recorded: a step's graph
+ * holds the stream's launches alone). */
 static void cuda_upload(struct sp_backend *b, void *dst, const void *src, size_t bytes) {
     struct cuda *c = cuda_of(b);
-    if (!c->err) upload(c, dst, src, bytes, "copying an expert to the device");
+    if (c->err || !bytes) return;
+    end_recording(c);
+    check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->copy_stream), "copying an expert to the device");
+}
+
+static void cuda_copies_after_ops(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    end_recording(c);
+    if (check(c, cudaEventRecord(c->ops_done, c->stream), "ordering copies after the queued work"))
+        check(c, cudaStreamWaitEvent(c->copy_stream, c->ops_done, 0), "ordering copies after the queued work");
+}
+
+static void cuda_ops_after_copies(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    end_recording(c);
+    if (check(c, cudaEventRecord(c->copies_done, c->copy_stream), "ordering work after the queued copies"))
+        check(c, cudaStreamWaitEvent(c->stream, c->copies_done, 0), "ordering work after the queued copies");
 }
 
 static enum sp_status cuda_tensor(struct sp_backend *b, int64_t rows, int64_t cols, struct sp_tensor *out) {
@@ -677,7 +715,11 @@ static float *cuda_host(struct sp_backend *b, struct sp_tensor t, float *staging
     return staging;
 }
 
-static void cuda_sync(struct sp_backend *b) { wait_queue(cuda_of(b)); }
+static void cuda_sync(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    if (c->has_copy_stream) check(c, cudaStreamSynchronize(c->copy_stream), "copies to the device");
+    wait_queue(c);
+}
 
 static bool cuda_supports(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt) {
     return (unsigned)op < SP_OP_COUNT && (unsigned)fmt < SP_QTYPE_COUNT;
@@ -1427,6 +1469,12 @@ static void cuda_destroy(struct sp_backend *b) {
         cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);
     }
+    if (c->has_copy_stream) {
+        cudaStreamSynchronize(c->copy_stream);
+        cudaStreamDestroy(c->copy_stream);
+        cudaEventDestroy(c->ops_done);
+        cudaEventDestroy(c->copies_done);
+    }
     for (int64_t n = 0; n <= GRAPH_TOKENS; n++)
         if (c->graph[n]) cudaGraphExecDestroy(c->graph[n]);
     if (c->stage) cudaFreeHost(c->stage);
@@ -1648,6 +1696,8 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .arena = cuda_arena,
     .pin = cuda_pin,
     .upload = cuda_upload,
+    .copies_after_ops = cuda_copies_after_ops,
+    .ops_after_copies = cuda_ops_after_copies,
     .write = cuda_write,
     .host = cuda_host,
     .sync = cuda_sync,
