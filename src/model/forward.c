@@ -74,6 +74,7 @@ struct sp_ctx {
     int32_t *ctok;                    // (B * k) the CPU's pairs: token, weight
     float *cw;
     double cpu_gbs, link_gbs;         // measured at creation: the CPU's expert bytes a second, the copies'
+    double cpu_call_s;                // and the CPU's time a call beyond its bytes (waking its threads)
     uint64_t cpu_experts;
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
@@ -832,8 +833,9 @@ static struct sp_mlp_item expert_item(const struct sp_expert_views *v, struct sp
 
 /* Experts a device tier lacks may be computed by the CPU while the device
  * copies others in: a CPU backend for them, and both rates measured once -
- * the CPU's on a few experts' products for one token, the copies' on the
- * tier's first slots (which stay filled) - for moe()'s choice. */
+ * the CPU's on one token's products through one expert a call and through
+ * several in one call (a call's fixed time and a byte's), the copies' on
+ * the tier's first slots (which stay filled) - for moe()'s choice. */
 static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend_params *dev) {
     const struct sp_arch *a = c->a;
     struct sp_backend_params bp = *dev;
@@ -861,29 +863,47 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
             if (view_used(&v, i) && (st = c->cpu->ops->prepare(c->cpu, view_at(&v, i))) != SP_OK) return st;
     }
     /* the CPU: one token through distinct experts (from memory, not a
-     * cache), after one that wakes its threads */
-    for (int64_t i = 0; i < d; i++) c->cgath.data[i] = 0.01f * (float)(i % 7);
-    double bytes = 0, t = 0;
-    for (int64_t e = 0; e < a->n_experts && e < 9; e++) {
-        struct sp_expert_views v = mapped_expert(&c->layers[L0], e);
-        struct sp_mlp_item it = expert_item(&v, sp_tensor_rows(c->cgath, 0, 1), 0);
+     * cache), after one that wakes its threads: 4 calls of one expert, then
+     * one of up to K */
+    int64_t most = K < 8 ? K : 8, e = 0, many = 0;
+    if (most > B) most = B;
+    for (int64_t r = 0; r < d * most; r++) c->cgath.data[r] = 0.01f * (float)(r % 7);
+    double b1 = 0, t1 = 0, bk = 0, tk = 0;
+    for (; e < a->n_experts && e < 5; e++) {
+        c->eviews[0] = mapped_expert(&c->layers[L0], e);
+        c->items[0] = expert_item(&c->eviews[0], sp_tensor_rows(c->cgath, 0, 1), 0);
         double t0 = sp_now_s();
-        c->cpu->ops->mlp(c->cpu, &it, 1, &c->act, c->cgout);
+        c->cpu->ops->mlp(c->cpu, c->items, 1, &c->act, c->cgout);
         if (e == 0) continue;
-        t += sp_now_s() - t0;
-        bytes += expert_bytes(&c->layers[L0], e);
+        t1 += sp_now_s() - t0;
+        b1 += expert_bytes(&c->layers[L0], e);
     }
-    c->cpu_gbs = c->p.cpu_expert_gbs > 0 ? c->p.cpu_expert_gbs : t > 0 ? bytes / t / 1e9 : 1.0;
+    int64_t ones = e > 1 ? e - 1 : 0;
+    for (; e < a->n_experts && many < most; e++, many++) {
+        c->eviews[many] = mapped_expert(&c->layers[L0], e);
+        c->items[many] = expert_item(&c->eviews[many], sp_tensor_rows(c->cgath, many, 1), many);
+        bk += expert_bytes(&c->layers[L0], e);
+    }
+    if (many > 1) {
+        double t0 = sp_now_s();
+        c->cpu->ops->mlp(c->cpu, c->items, many, &c->act, c->cgout);
+        tk = sp_now_s() - t0;
+    }
+    double per = ones > 0 ? b1 / (double)ones : 0, one_t = ones > 0 ? t1 / (double)ones : 0;
+    /* t = call + bytes / rate through (per, one_t) and (bk, tk) */
+    double rate = many > 1 && tk > one_t && bk > per ? (bk - per) / (tk - one_t) : one_t > 0 ? per / one_t : 1e9;
+    c->cpu_gbs = c->p.cpu_expert_gbs > 0 ? c->p.cpu_expert_gbs : rate / 1e9;
+    c->cpu_call_s = c->p.cpu_expert_gbs > 0 || one_t <= per / rate ? 0 : one_t - per / rate;
     /* the copies: the first experts into the tier, in layer order */
     struct sp_expert_tier_stats s0, s1;
     sp_expert_tier_stats(c->tier, &s0);
     double t0 = sp_now_s();
     int64_t filled = 0, want = 16;
     for (int64_t L = L0; L < a->n_layers && filled < want && filled < c->experts->window; L++)
-        for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts && filled < want && filled < c->experts->window; e++) {
-            struct sp_expert_views v = mapped_expert(&c->layers[L], e), got;
-            if ((st = c->experts->get(c->experts->ctx, &v, L, e, &got)) != SP_OK) return st;
-            c->experts->put(c->experts->ctx, L, e);
+        for (int64_t f = 0; a->layer_moe[L] && f < a->n_experts && filled < want && filled < c->experts->window; f++) {
+            struct sp_expert_views v = mapped_expert(&c->layers[L], f), got;
+            if ((st = c->experts->get(c->experts->ctx, &v, L, f, &got)) != SP_OK) return st;
+            c->experts->put(c->experts->ctx, L, f);
             filled++;
         }
     c->be->ops->sync(c->be);
@@ -893,8 +913,8 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
                   : dt > 0 && s1.bytes_in > s0.bytes_in ? (double)(s1.bytes_in - s0.bytes_in) / dt / 1e9
                                                         : 1.0;
     sp_log(SP_LOG_INFO, "experts: the CPU computes some of those the %s device lacks while it copies others in "
-           "(CPU %.1f GB/s, copies %.1f GB/s)",
-           sp_device_name(c->p.device), c->cpu_gbs, c->link_gbs);
+           "(CPU %.1f GB/s and %.0f us a call, copies %.1f GB/s)",
+           sp_device_name(c->p.device), c->cpu_gbs, c->cpu_call_s * 1e6, c->link_gbs);
     return SP_OK;
 }
 
@@ -1336,7 +1356,7 @@ static int64_t predict_queue(struct sp_ctx *c, int64_t L, int64_t n) {
 #define CPU_EXPERT_ROWS 4
 static int64_t choose_cpu_experts(struct sp_ctx *c, const struct layer *ly, const int64_t *off) {
     int64_t L = ly - c->layers, k = 0;
-    double cpu_t = 0, copy_t = 0;
+    double cpu_t = c->cpu_call_s, copy_t = 0;
     for (int64_t e = 0; e < c->a->n_experts; e++) {
         c->on_cpu[e] = false;
         int64_t cnt = off[e + 1] - off[e];
