@@ -707,7 +707,7 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
             sp_expert_store_free(s);
         }
     }
-    /* one token a step, where each MoE layer's routing predicts the next
+    /* steps of 16 tokens, where each MoE layer's routing predicts the next
      * layer's experts (the tier over the mapped files copies them in ahead):
      * the logits of the same steps without it, bit for bit */
     p.device_experts = budgets[2];
@@ -715,10 +715,10 @@ static void check_expert_tier(struct sp_model *m, const struct ref *r, const cha
     for (int pf = 0; pf < 2; pf++) {
         p.no_prefetch = !pf;
         assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
-        run_seq(c, r->b, r->nb, 1, 0, pf ? ahead : got, r->vocab);
+        run_seq(c, r->b, r->nb, 16, 0, pf ? ahead : got, r->vocab);
         assert_true(sp_ctx_tier_stats(c, &ts));
         sp_ctx_free(c);
-        print_message("%s: one token a step, %s: %llu hits, %llu misses, %llu copied ahead (%llu used)\n", label,
+        print_message("%s: 16 tokens a step, %s: %llu hits, %llu misses, %llu copied ahead (%llu used)\n", label,
                       pf ? "predicted experts copied ahead" : "--no-prefetch", (unsigned long long)ts.hits,
                       (unsigned long long)ts.misses, (unsigned long long)ts.prefetched,
                       (unsigned long long)ts.prefetch_used);

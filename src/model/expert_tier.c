@@ -230,6 +230,14 @@ static void tier_prefetch(void *ctx, int64_t L, const int64_t *experts, const st
                           int64_t n) {
     struct sp_expert_tier *t = ctx;
     if (!t->lower) {
+        /* the experts copied ahead for the layer before that it did not
+         * take: evicted first, so that a wrong prediction costs its copy and
+         * not an expert that would have been used */
+        for (int64_t i = 0; i < t->n_slots; i++)
+            if (t->slots[i].ahead && t->slots[i].key / t->n_experts != L) {
+                t->slots[i].ahead = false;
+                t->slots[i].last_use = 0;
+            }
         int64_t room = t->n_slots / 2;
         for (int64_t i = 0; i < n && room > 0; i++) {
             int32_t w;

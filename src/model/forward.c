@@ -79,9 +79,10 @@ struct sp_ctx {
     int64_t *pf_experts;              // (n_experts) experts predicted for the next MoE layer
     struct sp_expert_views *pf_views; // (n_experts) their views into the files
     /* A device tier over the mapped files predicts the next MoE layer's
-     * experts at each MoE layer's routing (its copies then run while the
-     * layer computes): that layer's norm and router applied to the hidden
-     * state there, into pf_h and pf_logits. Else after each layer, into h. */
+     * experts at each MoE layer's routing in steps of several tokens (its
+     * copies then run while the layer computes): that layer's norm and
+     * router applied to the hidden state there, into pf_h and pf_logits.
+     * Else after each layer, into h. */
     bool pf_at_routing;
     struct sp_tensor pf_h, pf_logits;  // (B, d), (B, E)
     float *pf_host;                    // (B, E) staging for pf_logits
@@ -1337,7 +1338,12 @@ static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
 
 /* At MoE layer L's routing, the next MoE layer's norm and router applied
  * to the hidden state of n tokens (c->x), queued before L's own router so
- * that one wait serves both. Returns that layer (-1: none). */
+ * that one wait serves both. Returns that layer (-1: none). Only in steps
+ * of PREDICT_MIN_TOKENS or more: a decode step's wrong predictions (a
+ * quarter of them on synthetic Ling-flash-2.0 shapes) cost the link more
+ * than the right ones gain by overlapping their copies with the kernels
+ * (docs/performance.md, larger than the GPU's memory). */
+#define PREDICT_MIN_TOKENS 16
 static int64_t predict_queue(struct sp_ctx *c, int64_t L, int64_t n) {
     int64_t L2 = next_moe_layer(c, L);
     if (L2 < 0) return -1;
@@ -1427,8 +1433,9 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     }
     float *logits = NULL, *predicted = NULL;
     int64_t L2 = -1;
-    STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E * (c->pf_at_routing ? 2 : 1), {
-        if (c->pf_at_routing) L2 = predict_queue(c, ly - c->layers, n);
+    bool predict = c->pf_at_routing && n >= PREDICT_MIN_TOKENS;
+    STEP(c, SP_STEP_ROUTER, (double)n * (double)d * (double)E * (predict ? 2 : 1), {
+        if (predict) L2 = predict_queue(c, ly - c->layers, n);
         logits = router_logits(c, ly, n);
         if (L2 >= 0) predicted = be->ops->host(be, sp_tensor_rows(c->pf_logits, 0, n), c->pf_host);
     });
