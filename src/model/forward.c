@@ -1325,15 +1325,23 @@ static void prefetch_routed(struct sp_ctx *c, int64_t L2, float *logits, int64_t
     c->experts->prefetch(c->experts->ctx, L2, c->pf_experts, c->pf_views, m);
 }
 
+/* MoE layer L2's norm and router applied to n tokens of the hidden state
+ * (c->x), queued: into rows of h and of logits. */
+static void queue_router_of(struct sp_ctx *c, int64_t L2, int64_t n, struct sp_tensor h, struct sp_tensor logits) {
+    const struct layer *ly = &c->layers[L2];
+    struct sp_backend *be = c->be;
+    be->ops->rmsnorm(be, ly->ffn_norm, (float)c->a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(h, 0, n));
+    be->ops->linear(be, &ly->router, sp_tensor_rows(h, 0, n), sp_tensor_rows(logits, 0, n));
+}
+
 /* Predicts the experts the next MoE layer after L will use, by applying its
  * norm and router to the hidden state as it leaves layer L, and starts
  * reading the ones the cache lacks while that layer's attention runs. */
 static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
     int64_t L2 = next_moe_layer(c, L);
     if (L2 < 0) return;
-    const struct layer *ly = &c->layers[L2];
-    c->be->ops->rmsnorm(c->be, ly->ffn_norm, (float)c->a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(c->h, 0, n));
-    prefetch_routed(c, L2, router_logits(c, ly, n), n);
+    queue_router_of(c, L2, n, c->h, c->router_out);
+    prefetch_routed(c, L2, c->be->ops->host(c->be, sp_tensor_rows(c->router_out, 0, n), c->router_host), n);
 }
 
 /* At MoE layer L's routing, the next MoE layer's norm and router applied
@@ -1346,11 +1354,7 @@ static void prefetch_next(struct sp_ctx *c, int64_t L, int64_t n) {
 #define PREDICT_MIN_TOKENS 16
 static int64_t predict_queue(struct sp_ctx *c, int64_t L, int64_t n) {
     int64_t L2 = next_moe_layer(c, L);
-    if (L2 < 0) return -1;
-    const struct layer *ly = &c->layers[L2];
-    struct sp_backend *be = c->be;
-    be->ops->rmsnorm(be, ly->ffn_norm, (float)c->a->norm_eps, sp_tensor_rows(c->x, 0, n), sp_tensor_rows(c->pf_h, 0, n));
-    be->ops->linear(be, &ly->router, sp_tensor_rows(c->pf_h, 0, n), sp_tensor_rows(c->pf_logits, 0, n));
+    if (L2 >= 0) queue_router_of(c, L2, n, c->pf_h, c->pf_logits);
     return L2;
 }
 

@@ -651,20 +651,21 @@ static void cuda_upload(struct sp_backend *b, void *dst, const void *src, size_t
     check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->copy_stream), "copying an expert to the device");
 }
 
-static void cuda_copies_after_ops(struct sp_backend *b) {
-    struct cuda *c = cuda_of(b);
+/* What `later` queues from now on waits for what `first` holds now (ev marks it). */
+static void wait_for(struct cuda *c, cudaStream_t later, cudaStream_t first, cudaEvent_t ev, const char *what) {
     if (c->err) return;
     end_recording(c);
-    if (check(c, cudaEventRecord(c->ops_done, c->stream), "ordering copies after the queued work"))
-        check(c, cudaStreamWaitEvent(c->copy_stream, c->ops_done, 0), "ordering copies after the queued work");
+    if (check(c, cudaEventRecord(ev, first), what)) check(c, cudaStreamWaitEvent(later, ev, 0), what);
+}
+
+static void cuda_copies_after_ops(struct sp_backend *b) {
+    struct cuda *c = cuda_of(b);
+    wait_for(c, c->copy_stream, c->stream, c->ops_done, "ordering copies after the queued work");
 }
 
 static void cuda_ops_after_copies(struct sp_backend *b) {
     struct cuda *c = cuda_of(b);
-    if (c->err) return;
-    end_recording(c);
-    if (check(c, cudaEventRecord(c->copies_done, c->copy_stream), "ordering work after the queued copies"))
-        check(c, cudaStreamWaitEvent(c->stream, c->copies_done, 0), "ordering work after the queued copies");
+    wait_for(c, c->stream, c->copy_stream, c->copies_done, "ordering work after the queued copies");
 }
 
 static enum sp_status cuda_tensor(struct sp_backend *b, int64_t rows, int64_t cols, struct sp_tensor *out) {
