@@ -5,7 +5,7 @@
 # (mean negative log-likelihood per token, and perplexity) by the float
 # model and by its quantized copies (affine4 g32 / g64, mxfp4, affine8 g32)
 # under each kernel set: float activations (avx2f), int16 (avx2-int16) and
-# the default (avx2: int8 for 4-bit rows, int16 for 8-bit rows). The
+# the default (avx2: int8 for 4- and 8-bit rows). The
 # difference a set makes on one quantized model is what its activation
 # rounding costs; the difference between the float model and the
 # quantized one under avx2f is what the weight format costs. A bf16 copy is

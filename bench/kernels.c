@@ -78,6 +78,7 @@ static const struct fmtdef fmts[] = {
     {"affine4-g32", SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16},
     {"affine4-g64", SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16},
     {"affine4-g128", SP_QTYPE_AFFINE4, 128, SP_DTYPE_BF16},
+    {"affine8-g32", SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16},  // GGUF's Q8_0 as read
     {"affine8-g64", SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16},
     {"affine2-g64", SP_QTYPE_AFFINE2, 64, SP_DTYPE_BF16},
     {"affine3-g64", SP_QTYPE_AFFINE3, 64, SP_DTYPE_BF16},

@@ -23,14 +23,14 @@
  * columns that stays near 1e-6; a wrong code, scale or column is >= 1e-3. */
 #define TOL_MATMUL 1e-5
 #define TOL_DOT 1e-5
-/* The int16-activation products (8-bit codes in avx2, avxvnni, avx512;
- * every 4/8-bit format in their -int16 sets) round activations to int16
+/* The int16-activation products (MLX's 2, 3, 5 and 6-bit codes in avx2,
+ * avxvnni, avx512; every affine and mxfp4 format in their -int16 sets) round activations to int16
  * per weight group: element i is off by at most amax_group / 65534, so the
  * error relative to sum |w_i x_i| is about (amax / mean |x|) / 65534 in the
  * worst case, ~5e-5 for Gaussian activations in 32-column rows, much less on
  * average. */
 #define TOL_Q16 2e-4
-/* The int8-activation products (4-bit codes in avx2, avxvnni, avx512)
+/* The int8-activation products (4- and 8-bit codes in avx2, avxvnni, avx512)
  * round x_i to a multiple of dx = amax_group / 127: independent errors
  * uniform in +-dx/2 multiplied by c_i, the part of w_i that multiplies the
  * rounded activations (affine: s * q = w - b, the bias term taking the
@@ -54,13 +54,13 @@ static inline enum acts acts_of(const struct sp_kernels *k, const struct sp_qmat
     if (!sp_qtype_is_quantized(m->type)) return ACTS_FLOAT;
     /* ggml's block formats: int8 (one scale a block) in the int8 sets, float in the others */
     bool blocks = sp_qtype_traits(m->type)->block_bytes != 0;
-    bool four_bit = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4;
+    bool bytes = m->type == SP_QTYPE_AFFINE4 || m->type == SP_QTYPE_MXFP4 || m->type == SP_QTYPE_AFFINE8;
     switch (k->isa) {
     case SP_KERNELS_AVX2:
     case SP_KERNELS_AVXVNNI:
     case SP_KERNELS_AVX512:
     case SP_KERNELS_AMX:
-        return four_bit || blocks ? ACTS_INT8 : ACTS_INT16;
+        return bytes || blocks ? ACTS_INT8 : ACTS_INT16;
     case SP_KERNELS_AVX2_INT16:
     case SP_KERNELS_AVXVNNI_INT16:
     case SP_KERNELS_AVX512_INT16:

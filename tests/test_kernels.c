@@ -298,6 +298,9 @@ static void test_batch_invariance(void **state) {
          * 57 groups, whose per-group rows round up to 64 and are padded (q8_ldg) */
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_F32, 608}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F16, 1152},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},   {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
+        /* 8-bit rows, by groups for every batch size: GGUF's Q8_0 as read
+         * (gpt-oss's 90 groups), and group 128 */
+        {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 2880}, {SP_QTYPE_AFFINE8, 128, SP_DTYPE_BF16, 1152},
         /* ggml's block formats (int8 products of their own: the K-quants,
          * and IQ4_XS with VNNI, by tokens from 8 tokens on, the rest and
          * the others 4 a pass) */
@@ -493,6 +496,7 @@ static void test_vnni_sets_match_avx2(void **state) {
         {SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 608}, {SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 640},
         {SP_QTYPE_AFFINE4, 64, SP_DTYPE_BF16, 576}, {SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 384},
         {SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 320}, {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056},
+        {SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 2880}, {SP_QTYPE_AFFINE8, 128, SP_DTYPE_F32, 1152},
         {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 2880},    {SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1824},
         {SP_QTYPE_BF16, 1, SP_DTYPE_COUNT, 520},    {SP_QTYPE_Q2_K, 256, SP_DTYPE_COUNT, 512},
         {SP_QTYPE_Q3_K, 256, SP_DTYPE_COUNT, 256},  {SP_QTYPE_Q4_K, 256, SP_DTYPE_COUNT, 512},

@@ -10,8 +10,8 @@
  * "avxvnni" (AVX2 + AVX-VNNI), else "avx2" (AVX2, FMA, F16C). The four give
  * bit-identical results; the VNNI ones take fewer instructions per
  * multiply-add, amx fewer still. Each has a twin "NAME-int16" that rounds
- * the activations of 4-bit rows to int16 instead of int8 (slower, closer to
- * float), and avx2 one with float activations, "avx2f". The CLI's
+ * the activations of 4- and 8-bit rows to int16 instead of int8 (slower,
+ * closer to float), and avx2 one with float activations, "avx2f". The CLI's
  * --kernels and --precision make another set current (sp_kernels_use).
  *
  *     const struct sp_kernels *k = sp_kernels();      // the set in use
@@ -26,10 +26,10 @@
  * Numerics: the portable and avx2f sets compute the same products in float
  * with a different summation order (and FMA rounding). avx2, avxvnni and
  * avx512 round activations with one scale per weight group (32 to 128
- * columns): to int8 in the products of 4-bit formats (error <= 1/254 of
- * the group's largest value per element, a sixteenth of the 4-bit weights'
- * own rounding step), to int16 in those of 8-bit formats (1/65534); their
- * -int16 twins use int16 for both. ggml's block formats (GGUF's K-quants
+ * columns): to int8 in the products of 4- and 8-bit formats (error <= 1/254
+ * of the group's largest value per element, a sixteenth of the 4-bit
+ * weights' own rounding step), to int16 in those of MLX's 2, 3, 5 and 6-bit
+ * formats (1/65534); their -int16 twins use int16 for all. ggml's block formats (GGUF's K-quants
  * and IQ4s) take int8 activations with one scale per block (256 columns,
  * IQ4_NL's 32), as ggml's own kernels do, in those sets (and amx), and float
  * activations in the others. matmul_rows_float keeps activations in
@@ -37,8 +37,8 @@
  * quant/qtype.h with named tolerances (relative to sum |w_i x_i|, plus the
  * standard deviation of int8 rounding); bench/act_precision.sh measures
  * what the rounding costs a trained model's perplexity: on stories260K,
- * int8 adds 0.1-1.2% to the 11-28% that 4-bit weights cost, int16 nothing
- * measurable (tests/cli/stories.sh holds the int8 cost under 3% of the
+ * int8 adds 0.1-1.2% to the 11-28% that 4-bit weights cost and 0.4% to the
+ * 0.07% of 8-bit ones, int16 nothing measurable (tests/cli/stories.sh holds the int8 cost under 3% of the
  * log-likelihood).
  */
 #ifndef SP_KERNELS_CPU_KERNELS_H
@@ -53,8 +53,8 @@
 
 enum sp_kernels_isa {
     SP_KERNELS_PORTABLE,
-    SP_KERNELS_AVX2,         // products of 4-bit codes with int8 activations, 8-bit codes with int16
-    SP_KERNELS_AVX2_INT16,   // int16 activations for 4-bit codes too
+    SP_KERNELS_AVX2,         // products of 4- and 8-bit codes with int8 activations, 2, 3, 5, 6-bit with int16
+    SP_KERNELS_AVX2_INT16,   // int16 activations for 4- and 8-bit codes too
     SP_KERNELS_AVX2F,        // the same instructions, float activations throughout
     SP_KERNELS_AVXVNNI,      // avx2's products with AVX-VNNI multiply-adds
     SP_KERNELS_AVXVNNI_INT16,

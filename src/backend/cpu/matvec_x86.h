@@ -9,9 +9,9 @@
  *   matvec_amx.c      the same plus AMX-TILE and AMX-INT8: "amx"
  *
  * Before including it a file defines KSET_ISA and KSET_NAME (the default
- * set: int8 activations for 4-bit rows, int16 for 8-bit rows),
- * KSET_INT16_ISA (its twin "NAME-int16", int16 activations for 4-bit rows
- * too), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set with float
+ * set: int8 activations for 4- and 8-bit rows, int16 for MLX's 2, 3, 5
+ * and 6-bit rows), KSET_INT16_ISA (its twin "NAME-int16", int16 activations
+ * for 4- and 8-bit rows too), optionally KSET_FLOAT_ISA and KSET_FLOAT_NAME (a set with float
  * activations throughout), and KSET_ENTRY, the name of the function that
  * returns a set by its enum value (and whether the CPU has AVX512-BF16,
  * which kernels.c reads from cpuid). The VNNI builds differ in two places:
@@ -39,14 +39,16 @@
  *
  * Products of packed weight rows with a batch of n activation vectors:
  *
- * - int8 activations (4-bit rows: affine4 and mxfp4, any n, the default
- *   sets): each token is rounded to int8 with one scale per weight group;
- *   codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32 pairs per
- *   instruction with exact sums. Blocks of 8 tokens go by tokens
- *   (q8_block_rows: 8 tokens per vector, rows unpacked to bytes once per
- *   32 tokens), the few left over by groups (q8_rows: 8 groups' sums per
- *   vector); one summation order, so the same bits either way.
- * - int16 activations (affine 8-bit; 4-bit rows in the -int16 sets; any n):
+ * - int8 activations (4- and 8-bit rows: affine4, mxfp4 and affine8, any
+ *   n, the default sets): each token is rounded to int8 with one scale per
+ *   weight group; codes stay bytes and vpmaddubsw (vpdpbusd) multiplies 32
+ *   pairs per instruction with exact sums. Blocks of 8 tokens of 4-bit rows
+ *   go by tokens (q8_block_rows: 8 tokens per vector, rows unpacked to
+ *   bytes once per 32 tokens), the few left over, and every token of 8-bit
+ *   rows, by groups (q8_rows: 8 groups' sums per vector); one summation
+ *   order, so the same bits either way.
+ * - int16 activations (affine 2, 3, 5 and 6-bit; 4- and 8-bit rows in the
+ *   -int16 sets; any n):
  *   each token is rounded to int16 with one scale per weight group, codes
  *   are widened to int16 and vpmaddwd (vpdpwssd) does 16 multiply-adds per
  *   instruction with exact int32 sums; a row is read once and decoded once
@@ -1477,11 +1479,11 @@ ALWAYS bool mx4_group_fits(__m256i eo) {
 
 /* Group g (group columns at xg) of token t rounded to int8 into q's
  * buffers: its scale, its codes in unit order (xq, ot: t's row) and, in
- * 512-bit builds, in unit-pair order (xp, op), its offset (mxfp4) or its
- * float sum (affine); the block's wide flag cleared where the group does
- * not fit (check_wide). */
+ * 512-bit builds, in unit-pair order (xp, op), or for 8-bit rows in column
+ * order (xq alone), its offset (mxfp4) or its float sum (affine); the
+ * block's wide flag cleared where the group does not fit (check_wide). */
 ALWAYS void q8_group(const struct q8acts *q, const float *xg, int64_t t, int64_t g, int64_t group, bool mx4,
-                     bool check_wide, int8_t *ot, int8_t *op) {
+                     bool natural, bool check_wide, int8_t *ot, int8_t *op) {
     float sum = 0.0f, amax = group_amax(xg, group, mx4 ? NULL : &sum);
     __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     ((float *)q->dx)[t * q->ldg + g] = amax / 127.0f;
@@ -1491,6 +1493,10 @@ ALWAYS void q8_group(const struct q8acts *q, const float *xg, int64_t t, int64_t
         __m256i s32;
         __m256i v = quantize32(xg + k, inv, &s32);
         isum = _mm256_add_epi32(isum, s32);
+        if (natural) {
+            _mm256_storeu_si256((__m256i *)(void *)(ot + g * group + k), v);
+            continue;
+        }
         /* units: evens of both halves, then odds; a last lone 32-column
          * block: its evens, then its odds */
         int64_t col = g * group + k, u0 = col & ~(int64_t)63;
@@ -1618,7 +1624,7 @@ ALWAYS int64_t mx4_units_zmm(const struct q8acts *q, const float *xt, int64_t t,
 
 /* q8_prepare (below) compiled for mxfp4 or for affine rows. */
 ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
-                           struct q8acts *q) {
+                           bool natural, struct q8acts *q) {
     int64_t ng = q->ng, ldg = q->ldg;
     float *dx = (float *)q->dx, *xsum = (float *)q->xsum;
     int32_t *xoff = (int32_t *)q->xoff;
@@ -1634,7 +1640,7 @@ ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_to
 #if HAVE_ZMM
         if (mx4 && group == 32) g = mx4_units_zmm(q, xt, t, ot, op);
 #endif
-        for (; g < ng; g++) q8_group(q, xt + g * group, t, g, group, mx4, check_wide, ot, op);
+        for (; g < ng; g++) q8_group(q, xt + g * group, t, g, group, mx4, natural, check_wide, ot, op);
         for (g = ng; g < ldg; g++) {
             dx[t * ldg + g] = 0.0f;
             if (mx4)
@@ -1645,15 +1651,17 @@ ALWAYS void q8_prepare_fmt(const float *x, int64_t ldx, int64_t n, int64_t by_to
     }
 }
 
-/* Quantizes n <= Q8_TOKENS tokens of x into q's buffers (one scale per
- * weight group of 32, 64 or 128 columns); the first by_tokens of them will
- * go by tokens (their blocks get q->xw). */
-static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, bool mx4,
+/* Quantizes n <= Q8_TOKENS tokens of x into q's buffers for rows of type
+ * t (one scale per weight group of 32, 64 or 128 columns); the first
+ * by_tokens of them will go by tokens (their blocks get q->xw). */
+static void q8_prepare(const float *x, int64_t ldx, int64_t n, int64_t by_tokens, int64_t group, enum sp_qtype t,
                        struct q8acts *q) {
-    if (mx4)
-        q8_prepare_fmt(x, ldx, n, by_tokens, group, true, q);
+    if (t == SP_QTYPE_MXFP4)
+        q8_prepare_fmt(x, ldx, n, by_tokens, group, true, false, q);
+    else if (t == SP_QTYPE_AFFINE8)
+        q8_prepare_fmt(x, ldx, n, by_tokens, group, false, true, q);
     else
-        q8_prepare_fmt(x, ldx, n, by_tokens, group, false, q);
+        q8_prepare_fmt(x, ldx, n, by_tokens, group, false, false, q);
 }
 
 /* A row's scales times code_scale (or its biases, code_scale 1) as floats
@@ -1944,9 +1952,68 @@ ALWAYS __m256 last_scales(int sdt, const uint8_t *p, int64_t ng, int gn) {
     return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(gn), lane)));
 }
 
+/* 8-bit codes (affine8) multiply the activations as bytes in column order
+ * (q8_prepare). With VNNI, vpdpbusd adds four products of an unsigned code
+ * and a signed activation into an int32 lane (at most 4 x 255 x 127);
+ * AVX2's vpmaddubsw would saturate pairs of them (2 x 255 x 127 > 32767),
+ * so there the codes and activations are widened to int16 and vpmaddwd
+ * adds pairs into int32. Either way a group's int32 sum is exact, so every
+ * set gives the same bits. */
+
+/* acc + 32 codes c times 32 activations x, in int32 lanes. */
+ALWAYS __m256i a8_acc(__m256i acc, __m256i c, __m256i x) {
+#if HAVE_DPWSSD
+    return u8_acc(acc, c, x);
+#else
+    __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1));
+    __m256i x0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x)), x1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(x, 1));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(c0, x0), _mm256_madd_epi16(c1, x1)));
+#endif
+}
+
+/* Lane i: the sum of v[i]'s 8 lanes. */
+ALWAYS __m256i lane_totals8(const __m256i v[8]) {
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    /* each 128-bit half: v[0..3] (v[4..7]) summed over that half's lanes */
+    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* group_sums for a row of 8-bit codes c: the exact int32 sums of groups
+ * g0 .. g0 + gn - 1 (gn <= 8; zero past gn) for tokens t < nt, group g0 + i
+ * in lane i; per: 32-column blocks per group. Token after token: the
+ * codes of the step come from L1 after the first. */
+ALWAYS void a8_group_sums(int per, const uint8_t *c, const struct q8acts *q, int64_t g0, int gn, int nt,
+                          __m256i s[4]) {
+    const int64_t col0 = g0 * 32 * per;
+    for (int64_t k = 0; k < (int64_t)gn * 32 * per; k += 64)
+        _mm_prefetch((const char *)c + col0 + k + PREFETCH_AHEAD_4BIT, _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = xq8(q, t) + col0;
+        __m256i v[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            v[j] = _mm256_setzero_si256();
+            if (j >= gn) continue;
+            for (int b = 0; b < per; b++) {
+                int64_t k = (int64_t)(j * per + b) * 32;
+                v[j] = a8_acc(v[j], _mm256_loadu_si256((const __m256i *)(const void *)(c + col0 + k)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)(x + k)));
+            }
+        }
+        s[t] = lane_totals8(v);
+    }
+}
+
 /* The sums of a step of groups, as wide as the build goes. */
 ALWAYS void step_sums(int fmt, int per, const uint8_t *c, const struct q8acts *q, int64_t g0, int gn, int nt,
                       __m256i s[4]) {
+    if (fmt == FMT_A8) {
+        a8_group_sums(per, c, q, g0, gn, nt, s);
+        return;
+    }
 #if HAVE_ZMM
     zmm_group_sums(fmt, per, c, q, g0, gn, nt, s);
 #else
@@ -3112,8 +3179,8 @@ struct impl {
     fused_fn fused[4];  // 1 to 4 tokens, float activations
     dequant_fn dequant;
     qacts_fn q16[4];    // 1 to 4 tokens, int16 activations; NULL for plain floats
-    q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4-bit codes only
-    q8acts_fn q8_block; // any tokens, int8 activations, by tokens
+    q8acts_fn q8[4];    // 1 to 4 tokens, int8 activations, by groups; 4- and 8-bit codes only
+    q8acts_fn q8_block; // any tokens, int8 activations, by tokens; 4-bit codes only
     q8acts_fn r16;      // any tokens, int8 activations, interleaved rows, by groups (avx512 builds; else NULL)
     q8acts_fn r16_block; // the same by tokens (avx512 builds; else NULL)
     bool four_bit;      // activations in the 4-bit order (q16_prepare)
@@ -3170,7 +3237,16 @@ struct impl {
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
     static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
                                           {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID}, {0}, 0, 0, 0, false};
-/* 4-bit formats: the same plus the int8-activation product */
+/* 8-bit codes: the same plus the int8-activation product by groups (for
+ * every batch size: no product by tokens) */
+#define IMPL_QUANT8(ID, FMT, SDT)                                                                                 \
+    IMPL(ID, FMT, SDT)                                                                                            \
+    Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
+    Q8(ID, FMT, SDT, 1) Q8(ID, FMT, SDT, 2) Q8(ID, FMT, SDT, 3) Q8(ID, FMT, SDT, 4)                               \
+    static const struct impl impl_##ID = {{fused1_##ID, fused2_##ID, fused3_##ID, fused4_##ID}, dequant_##ID,     \
+                                          {q16_1_##ID, q16_2_##ID, q16_3_##ID, q16_4_##ID},                       \
+                                          {q8_1_##ID, q8_2_##ID, q8_3_##ID, q8_4_##ID}, 0, 0, 0, false};
+/* 4-bit formats: the same plus the int8-activation product by tokens */
 #define IMPL_QUANT4(ID, FMT, SDT)                                                                                 \
     IMPL(ID, FMT, SDT)                                                                                            \
     Q16(ID, FMT, SDT, 1) Q16(ID, FMT, SDT, 2) Q16(ID, FMT, SDT, 3) Q16(ID, FMT, SDT, 4)                           \
@@ -3187,9 +3263,9 @@ IMPL_FLOAT(f16, FMT_F16, SP_DTYPE_F32)
 IMPL_QUANT4(a4_f32, FMT_A4, SP_DTYPE_F32)
 IMPL_QUANT4(a4_bf16, FMT_A4, SP_DTYPE_BF16)
 IMPL_QUANT4(a4_f16, FMT_A4, SP_DTYPE_F16)
-IMPL_QUANT(a8_f32, FMT_A8, SP_DTYPE_F32)
-IMPL_QUANT(a8_bf16, FMT_A8, SP_DTYPE_BF16)
-IMPL_QUANT(a8_f16, FMT_A8, SP_DTYPE_F16)
+IMPL_QUANT8(a8_f32, FMT_A8, SP_DTYPE_F32)
+IMPL_QUANT8(a8_bf16, FMT_A8, SP_DTYPE_BF16)
+IMPL_QUANT8(a8_f16, FMT_A8, SP_DTYPE_F16)
 IMPL_QUANT4(mx4, FMT_MX4, SP_DTYPE_U8)
 IMPL_QUANT(a2_f32, FMT_A2, SP_DTYPE_F32)
 IMPL_QUANT(a2_bf16, FMT_A2, SP_DTYPE_BF16)
@@ -4213,10 +4289,11 @@ static int64_t q8_blocked(int64_t nq, bool mx4) {
 #endif
 }
 
-/* int8 activations (4-bit codes), for any n: tokens are rounded Q8_TOKENS
- * at a time (and, for the product by tokens, set side by side in blocks)
- * once for every matrix of m; q8_blocked of them go by tokens, the rest by
- * groups, 4 at a time over a few rows. Both give a token the same bits. */
+/* int8 activations (4- and 8-bit codes), for any n: tokens are rounded
+ * Q8_TOKENS at a time (and, for the product by tokens, set side by side in
+ * blocks) once for every matrix of m; q8_blocked of them go by tokens where
+ * the set has that product, the rest by groups, 4 at a time over a few
+ * rows. Both give a token the same bits. */
 static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t r0, int64_t r1, const float *x,
                         int64_t ldx, int64_t n, int64_t ldy, void *scratch) {
     const struct sp_qmat *w0 = m->w[0];
@@ -4228,8 +4305,8 @@ static void q8_rows_all(const struct impl *im, const struct shared_x *m, int64_t
     for (int i = 0; i < m->n; i++) r16 = r16 && m->w[i]->interleaved;
     for (int64_t t0 = 0; t0 < n; t0 += Q8_TOKENS) {
         int64_t nq = n - t0 < Q8_TOKENS ? n - t0 : Q8_TOKENS;
-        int64_t blocked = q8_blocked(nq, mx4);
-        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, mx4, &q);
+        int64_t blocked = im->q8_block ? q8_blocked(nq, mx4) : 0;
+        q8_prepare(x + t0 * ldx, ldx, nq, blocked, w0->group, w0->type, &q);
         if (blocked) {
             struct q8acts qb = q;
             qb.n = blocked;
