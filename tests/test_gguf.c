@@ -1124,6 +1124,9 @@ static void test_gguf_models(void **state) {
     }
 }
 
+/* sp_interleave_fn: every 4-bit matrix that can be */
+static bool interleave_4bit(const struct sp_qmat *w) { return w->type == SP_QTYPE_AFFINE4 && sp_qmat_interleavable(w); }
+
 /* Each matrix of a GGUF written in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 and
  * IQ4_NL reads, as the model's matrix, exactly the values ggml's layout
  * gives its blocks (llama's q / k rows reordered, qwen3_moe's experts
@@ -1192,6 +1195,22 @@ static void test_gguf_quantized(void **state) {
         assert_true(checked >= 4);
         float *lg = model_logits(m, 8);
         for (int64_t i = 0; i < 8 * 256; i++) assert_true(isfinite(lg[i]));
+        /* repacked blocks are not held twice: the map keeps its header and
+         * the tensors still read from it, and the load's copy of it (4-bit
+         * rows interleaved, those made when opened in place) gives the same
+         * bits */
+        size_t mapped = sp_model_mapped_bytes(m);
+        if (qt == SP_GGUF_TYPE_IQ4_NL)
+            assert_int_equal(mapped, m->files->total_bytes);
+        else
+            assert_true(mapped < m->files->total_bytes);
+        struct sp_model_copy cp;
+        assert_int_equal(sp_model_copy_in(m, true, interleave_4bit, &cp, NULL), SP_OK);
+        if (qt == SP_GGUF_TYPE_Q4_0 || qt == SP_GGUF_TYPE_Q4_1) assert_true(cp.matrices > 0);
+        float *la = model_logits(m, 8);
+        if (memcmp(la, lg, (size_t)(8 * 256) * sizeof *la))
+            fail_msg("%s %s: the load's copy changed the logits", fx->arch, sp_gguf_type_name(qt));
+        free(la);
         if (fx->experts) {
             struct sp_expert_store_params ep = {0};
             sp_expert_store_params_for(&ep, SP_DEVICE_CPU, false);

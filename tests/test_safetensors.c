@@ -495,6 +495,44 @@ static void test_map_to_anon(void **state) {
     th_rmdir(dir);
 }
 
+/* A map narrowed to some ranges (sp_map_keep) reads them as before; its
+ * copy holds the pages they touch and no others (the rest read as zeros),
+ * and counts those pages as weights memory; populate touches them only. */
+static void test_map_keep(void **state) {
+    (void)state;
+    char *dir = th_tmpdir();
+    size_t size = ((size_t)6 << 20) + 321;
+    unsigned char *bytes = malloc(size);
+    assert_non_null(bytes);
+    for (size_t i = 0; i < size; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13) | 1;  // no zeros
+    th_write(dir, "w.bin", bytes, size);
+    char *path = sp_path_join(dir, "w.bin");
+    struct sp_map m;
+    assert_int_equal(sp_map_open(path, &m), SP_OK);
+    assert_int_equal(sp_map_live_bytes(&m), size);
+    (void)m.data[(size_t)3 << 20];  // a page of the part dropped, read once
+    const struct sp_map_range keep[] = {{100, 200}, {(size_t)4 << 20, 10000}, {size - 21, 21}};
+    assert_int_equal(sp_map_keep(&m, keep, 3), SP_OK);
+    size_t pages = 4096 + 12288 + (size - ((size - 21) & ~(size_t)4095));
+    assert_int_equal(sp_map_live_bytes(&m), pages);
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.data + keep[k].off, bytes + keep[k].off, keep[k].len);
+    assert_int_equal(sp_map_populate(&m, NULL), SP_OK);
+    size_t before = sp_mem_used(SP_MEM_WEIGHTS);
+    assert_int_equal(sp_map_to_anon(&m, NULL, NULL, NULL), SP_OK);
+    assert_int_equal(m.anon_bytes, pages);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before + pages);
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.data + keep[k].off, bytes + keep[k].off, keep[k].len);
+    assert_int_equal(m.data[(size_t)1 << 20], 0);  // never copied
+    assert_int_equal(m.data[(size_t)3 << 20], 0);
+    assert_int_equal(sp_map_populate(&m, NULL), SP_OK);
+    assert_true(smaps_field(m.data, "Rss:") <= ((size_t)4 << 20) + 65536);  // two 2 MiB pages at most, not 6 MiB
+    sp_map_close(&m);
+    assert_int_equal(sp_mem_used(SP_MEM_WEIGHTS), before);
+    free(bytes);
+    sp_free(path);
+    th_rmdir(dir);
+}
+
 static void test_hf_cache(void **state) {
     char *root = th_tmpdir();
     char path[1024], hub[1024];
@@ -547,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_huge_pages),
         cmocka_unit_test(test_map_guard),
         cmocka_unit_test(test_map_to_anon),
+        cmocka_unit_test(test_map_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

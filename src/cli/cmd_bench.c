@@ -326,6 +326,9 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
         snprintf(where, sizeof where, "device %s", sp_device_name(dev));
     char seqs[48] = "";
     if (r->seqs > 1) snprintf(seqs, sizeof seqs, " (%d sequences)", r->seqs);
+    /* the weights held: the files' maps still read, and what a file made when opened */
+    size_t weights = sp_model_mapped_bytes(m);
+    for (int i = 0; i < m->files->n_shards; i++) weights += m->files->shards[i]->owned_bytes;
     printf("%s: %s %lldL d%lld %lldx top-%lld %s, %s: load %.2f s, prefill %lld tokens "
            "%.1f tok/s, decode %.2f tok/s%s, %.1f MiB/token, %.2f GB/s = %.0f%% of %.1f GB/s%s; weights %.0f%% in "
            "2 MiB pages",
@@ -336,7 +339,7 @@ static struct run_stats report(const struct sp_model *m, const struct sp_model_s
            : ram_measured      ? " (measured now)"
            : pl->bw.measured   ? " (calibrated)"
                                : " (default)",
-           m->files->total_bytes ? 100.0 * (double)r->weights_huge / (double)m->files->total_bytes : 0.0);
+           weights ? 100.0 * (double)(r->weights_huge < weights ? r->weights_huge : weights) / (double)weights : 0.0);
     if (r->has_experts)
         printf("; expert cache %.1f MiB: hit rate %.1f%%, %.1f MiB read, %.1f MB/s, prefetch %llu (%llu used, %llu wasted)",
                (double)r->es.budget / 1048576.0, 100.0 * hit, (double)r->es.bytes_read / 1048576.0, disk,

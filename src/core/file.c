@@ -146,10 +146,7 @@ bool sp_map_changed(const struct sp_map *m, char *why, size_t cap) {
 /* ---- maps ---- */
 
 enum sp_status sp_map_open(const char *path, struct sp_map *m) {
-    m->data = NULL;
-    m->size = 0;
-    m->anon = false;
-    m->guard = 0;
+    *m = (struct sp_map){.fd = -1};
     m->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (m->fd < 0) return sp_errorf(errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat stt;
@@ -179,9 +176,13 @@ void sp_map_close(struct sp_map *m) {
     guard_remove(m->guard);
     m->guard = 0;
     if (m->data) munmap((void *)m->data, m->size);
-    if (m->anon) sp_mem_account(SP_MEM_WEIGHTS, -(ptrdiff_t)m->size);
+    if (m->anon) sp_mem_account(SP_MEM_WEIGHTS, -(ptrdiff_t)m->anon_bytes);
     m->anon = false;
+    m->anon_bytes = 0;
     if (m->fd >= 0) close(m->fd);
+    sp_free(m->live);
+    m->live = NULL;
+    m->n_live = 0;
     m->data = NULL;
     m->size = 0;
     m->fd = -1;
@@ -190,6 +191,46 @@ void sp_map_close(struct sp_map *m) {
 /* Bytes sp_map_populate and sp_map_to_anon bring in at a time: the
  * granularity of their progress. */
 #define LOAD_CHUNK ((size_t)64 << 20)
+#define PAGE ((size_t)4096)
+
+/* The spans of whole pages that m's reads touch: one for the whole map,
+ * else one a range (neighbours may share a page). */
+static size_t map_spans(const struct sp_map *m) { return m->live ? m->n_live : 1; }
+static void map_span(const struct sp_map *m, size_t i, size_t *off, size_t *len) {
+    size_t a = m->live ? m->live[i].off : 0, e = m->live ? m->live[i].off + m->live[i].len : m->size;
+    a &= ~(PAGE - 1);
+    e = (e + PAGE - 1) & ~(PAGE - 1);
+    if (e > m->size) e = m->size;
+    *off = a;
+    *len = e > a ? e - a : 0;
+}
+
+size_t sp_map_live_bytes(const struct sp_map *m) {
+    size_t n = 0, off, len;
+    for (size_t i = 0; m->data && i < map_spans(m); i++) {
+        map_span(m, i, &off, &len);
+        n += len;
+    }
+    return n;
+}
+
+enum sp_status sp_map_keep(struct sp_map *m, const struct sp_map_range *r, size_t n) {
+    if (!m->data || m->anon) return SP_OK;
+    struct sp_map_range *live = sp_malloc((n ? n : 1) * sizeof *live, SP_MEM_MODEL);
+    if (!live) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    memcpy(live, r, n * sizeof *live);
+    sp_free(m->live);
+    m->live = live;
+    m->n_live = n;
+    /* the pages between the ranges (whole pages only) */
+    size_t from = 0;
+    for (size_t i = 0; i <= n; i++) {
+        size_t to = i < n ? r[i].off & ~(PAGE - 1) : (m->size & ~(PAGE - 1));
+        if (to > from) (void)madvise((void *)(m->data + from), to - from, MADV_DONTNEED);
+        if (i < n) from = (r[i].off + r[i].len + PAGE - 1) & ~(PAGE - 1);
+    }
+    return SP_OK;
+}
 
 enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr) {
     if (!m->data) return SP_OK;
@@ -199,28 +240,34 @@ enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr) {
      * holds in 4 KiB pieces stay so (sp_map_huge_bytes tells which). */
     (void)madvise((void *)m->data, m->size, MADV_HUGEPAGE);
 #endif
-    size_t off = 0;
+    size_t i = 0, s0, sn;
 #ifdef MADV_POPULATE_READ
-    for (; off < m->size; off += LOAD_CHUNK) {
-        size_t n = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
-        if (madvise((void *)(m->data + off), n, MADV_POPULATE_READ) != 0) {
-            if (errno == EINVAL && off == 0) break;  // a kernel without it: the way below
-            return sp_errorf(SP_ERR_IO, "mapping %zu bytes into memory: %s", m->size, strerror(errno));
+    for (; i < map_spans(m); i++) {
+        map_span(m, i, &s0, &sn);
+        for (size_t off = s0; off < s0 + sn; off += LOAD_CHUNK) {
+            size_t n = s0 + sn - off < LOAD_CHUNK ? s0 + sn - off : LOAD_CHUNK;
+            if (madvise((void *)(m->data + off), n, MADV_POPULATE_READ) != 0) {
+                if (errno == EINVAL && i == 0 && off == s0) goto touch;  // a kernel without it: the way below
+                return sp_errorf(SP_ERR_IO, "mapping %zu bytes into memory: %s", m->size, strerror(errno));
+            }
+            if (pr) sp_progress_add(pr, n);
         }
-        if (pr) sp_progress_add(pr, n);
     }
-    if (off >= m->size) return SP_OK;
+    return SP_OK;
+touch:
 #endif
     /* kernels before 5.14: ask for read-ahead, then touch a byte per page */
-    (void)madvise((void *)m->data, m->size, MADV_WILLNEED);
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    unsigned char acc = 0;
-    for (off = 0; off < m->size; off += LOAD_CHUNK) {
-        size_t n = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
-        for (size_t o = off; o < off + n; o += page) acc ^= ((const volatile unsigned char *)m->data)[o];
-        if (pr) sp_progress_add(pr, n);
+    for (; i < map_spans(m); i++) {
+        map_span(m, i, &s0, &sn);
+        (void)madvise((void *)(m->data + s0), sn, MADV_WILLNEED);
+        unsigned char acc = 0;
+        for (size_t off = s0; off < s0 + sn; off += LOAD_CHUNK) {
+            size_t n = s0 + sn - off < LOAD_CHUNK ? s0 + sn - off : LOAD_CHUNK;
+            for (size_t o = off; o < off + n; o += PAGE) acc ^= ((const volatile unsigned char *)m->data)[o];
+            if (pr) sp_progress_add(pr, n);
+        }
+        (void)acc;
     }
-    (void)acc;
     return SP_OK;
 }
 
@@ -241,18 +288,23 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx, 
 #ifdef MADV_HUGEPAGE
     if (huge) (void)madvise(b, n, MADV_HUGEPAGE);
 #endif
-    /* read the file (from the page cache where it is there) into the copy */
-    for (size_t off = 0; off < m->size;) {
-        size_t want = m->size - off < LOAD_CHUNK ? m->size - off : LOAD_CHUNK;
-        ssize_t got = pread(m->fd, b + off, want, (off_t)off);
-        if (got <= 0) {
-            int e = got < 0 ? errno : EIO;
-            munmap(b, n);
-            return sp_errorf(SP_ERR_IO, "reading %zu bytes at %zu: %s", want, off,
-                             got < 0 ? strerror(e) : "file shrank");
+    /* read the file (from the page cache where it is there) into the copy:
+     * the pages still read; the others stay untouched, taking no memory */
+    for (size_t i = 0; i < map_spans(m); i++) {
+        size_t s0, sn;
+        map_span(m, i, &s0, &sn);
+        for (size_t off = s0; off < s0 + sn;) {
+            size_t want = s0 + sn - off < LOAD_CHUNK ? s0 + sn - off : LOAD_CHUNK;
+            ssize_t got = pread(m->fd, b + off, want, (off_t)off);
+            if (got <= 0) {
+                int e = got < 0 ? errno : EIO;
+                munmap(b, n);
+                return sp_errorf(SP_ERR_IO, "reading %zu bytes at %zu: %s", want, off,
+                                 got < 0 ? strerror(e) : "file shrank");
+            }
+            off += (size_t)got;
+            if (pr) sp_progress_add(pr, (size_t)got);
         }
-        off += (size_t)got;
-        if (pr) sp_progress_add(pr, (size_t)got);
     }
     if (edit) edit(ctx, m, (unsigned char *)b);
     if (mprotect(b, n, PROT_READ) != 0 ||
@@ -262,15 +314,18 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx, 
         return sp_errorf(SP_ERR_IO, "moving the copy over the map: %s", strerror(e));
     }
     m->anon = true;
-    sp_mem_account(SP_MEM_WEIGHTS, (ptrdiff_t)m->size);
+    m->anon_bytes = sp_map_live_bytes(m);
+    sp_mem_account(SP_MEM_WEIGHTS, (ptrdiff_t)m->anon_bytes);
     return SP_OK;
 }
 
-size_t sp_map_huge_bytes(const struct sp_map *m) {
-    if (!m->data) return 0;
+size_t sp_map_huge_bytes(const struct sp_map *m) { return sp_huge_bytes_in(m->data, m->size); }
+
+size_t sp_huge_bytes_in(const void *p, size_t n) {
+    if (!p) return 0;
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f) return 0;
-    uintptr_t lo = (uintptr_t)m->data, hi = lo + m->size;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
     char line[512];
     unsigned long long a, b, kb;
     size_t total = 0;

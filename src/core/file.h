@@ -22,6 +22,11 @@
 
 struct sp_progress;
 
+/* Bytes [off, off + len) of a map. */
+struct sp_map_range {
+    size_t off, len;
+};
+
 struct sp_map {
     const unsigned char *data;  // NULL for an empty file
     size_t size;
@@ -29,10 +34,21 @@ struct sp_map {
     int fd;  // kept open for pread-based readers of the same file
     int64_t mtime_ns;  // the file's modification time when mapped
     int guard;         // its entry in the fault guard's table plus one, or 0
+    /* The ranges still read, sorted and apart (sp_map_keep); NULL: all of it */
+    struct sp_map_range *live;
+    size_t n_live;
+    size_t anon_bytes;  // what the anonymous copy holds (counted as weights memory)
 };
 
 enum sp_status sp_map_open(const char *path, struct sp_map *m);
 void sp_map_close(struct sp_map *m);
+/* Narrows m to the n ranges still read (sorted by offset, apart; copied),
+ * for a file whose other bytes were read once and turned into something
+ * else: the pages wholly outside them leave the process now
+ * (MADV_DONTNEED), and sp_map_populate and sp_map_to_anon leave them out. */
+enum sp_status sp_map_keep(struct sp_map *m, const struct sp_map_range *r, size_t n);
+/* The bytes of m still read: its size, or its ranges' total. */
+size_t sp_map_live_bytes(const struct sp_map *m);
 /* Maps every page of m into the process now, reading from disk what the page
  * cache lacks, so that later reads take no page faults (for a file that is
  * to stay resident: a first touch costs a fault per 64 KiB or so, paid in
@@ -44,8 +60,9 @@ enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr);
 /* Changes a copy of m's bytes (at copy, m->size of them) before they
  * replace m's pages (sp_map_to_anon). */
 typedef void (*sp_map_edit_fn)(void *ctx, const struct sp_map *m, unsigned char *copy);
-/* Replaces the map's pages by an anonymous copy of the file, at the same
- * address (pointers into the map stay valid), in 2 MiB pages where the map
+/* Replaces the map's pages by an anonymous copy of the file (of the pages
+ * its ranges touch, sp_map_keep), at the same address (pointers into the
+ * map stay valid), in 2 MiB pages where the map
  * has whole ones and the kernel allows: read end to end by a one-token
  * product, such pages take a TLB miss per 2 MiB where the page cache often
  * holds a file in 4 KiB pieces. edit, where not NULL, changes the copy
@@ -58,6 +75,8 @@ enum sp_status sp_map_to_anon(struct sp_map *m, sp_map_edit_fn edit, void *ctx, 
  * or its anonymous copy's huge pages; /proc/self/smaps, 0 where the kernel
  * does not say). */
 size_t sp_map_huge_bytes(const struct sp_map *m);
+/* The same for the n bytes at p (the maps wholly inside them). */
+size_t sp_huge_bytes_in(const void *p, size_t n);
 
 /* The guard against files that change under their maps. A page of a map
  * past the end of a file that shrank (truncate, or a copy rewriting it in

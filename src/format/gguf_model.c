@@ -3,8 +3,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 #include "core/alloc.h"
 #include "core/file.h"
@@ -540,6 +542,14 @@ static enum sp_status add_tensor(struct sp_st_file *f, const struct plan *pl, co
     return st;
 }
 
+/* The mapped pages wholly inside n bytes at p, read once into memory of
+ * their own, leave the process (the file stays in the page cache): a file
+ * repacked whole is then not held twice while it opens. */
+static void drop_pages(const void *p, size_t n) {
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
 /* Plan pl's tensor into f: floats and native blocks in place (or their
  * rows reordered into owned memory at *at), other block types repacked
  * there. */
@@ -555,6 +565,7 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
         for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
         enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, *at, t->nbytes);
         *at += pl->owned;
+        drop_pages(t->data, t->nbytes);
         return st;
     }
     int64_t blocks = cols / BLOCK;
@@ -571,10 +582,46 @@ static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, u
         }
     }
     *at += pl->owned;
+    drop_pages(t->data, t->nbytes);
     enum sp_status st = add_tensor(f, pl, ".weight", SP_DTYPE_U8, blocks * (int64_t)cb, codes, (size_t)(rows * blocks) * cb);
     if (st == SP_OK) st = add_tensor(f, pl, ".scales", pl->rd->scale_dtype, blocks, scales, (size_t)(rows * blocks) * sb);
     if (st == SP_OK && pl->rd->biases)
         st = add_tensor(f, pl, ".biases", pl->rd->scale_dtype, blocks, biases, (size_t)(rows * blocks) * sb);
+    return st;
+}
+
+static int cmp_map_range(const void *a, const void *b) {
+    size_t x = ((const struct sp_map_range *)a)->off, y = ((const struct sp_map_range *)b)->off;
+    return (x > y) - (x < y);
+}
+
+/* The mapping narrowed to its header (the metadata the tokenizer and chat
+ * template are read from) and the tensors of f that still point into it:
+ * the blocks repacked or reordered into f->owned are not read again, and
+ * would otherwise stay in memory twice (mapped, and in the copy the load
+ * makes of the mapping). */
+static enum sp_status keep_mapped(const struct sp_st_file *f, const struct sp_gguf_file *g, struct sp_map *map) {
+    struct sp_map_range *r = sp_malloc((size_t)(f->n_tensors + 1) * sizeof *r, SP_MEM_MISC);
+    if (!r) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    size_t n = 0;
+    r[n++] = (struct sp_map_range){0, g->data_offset};
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        const unsigned char *p = f->tensors[i].data;
+        if (p && p >= map->data && p < map->data + map->size)
+            r[n++] = (struct sp_map_range){(size_t)(p - map->data), f->tensors[i].nbytes};
+    }
+    qsort(r, n, sizeof *r, cmp_map_range);
+    size_t w = 0;  // overlapping or touching ranges merged
+    for (size_t i = 0; i < n; i++) {
+        if (w && r[i].off <= r[w - 1].off + r[w - 1].len) {
+            size_t end = r[i].off + r[i].len;
+            if (end > r[w - 1].off + r[w - 1].len) r[w - 1].len = end - r[w - 1].off;
+        } else {
+            r[w++] = r[i];
+        }
+    }
+    enum sp_status st = sp_map_keep(map, r, w);
+    sp_free(r);
     return st;
 }
 
@@ -670,11 +717,13 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
     f->tensors = sp_calloc((size_t)(n_out ? n_out : 1), sizeof *f->tensors, SP_MEM_MODEL);
     f->names = sp_malloc((size_t)(n_out ? n_out : 1) * 96, SP_MEM_MODEL);
     if (st == SP_OK && (!f->tensors || !f->names)) st = sp_errorf(SP_ERR_NOMEM, "out of memory");
-    if (st == SP_OK && owned && !(f->owned = sp_malloc(owned, SP_MEM_WEIGHTS)))
+    if (st == SP_OK && owned && !(f->owned = sp_malloc_huge(owned, SP_MEM_WEIGHTS)))
         st = sp_errorf(SP_ERR_NOMEM, "%zu bytes for the reordered and repacked tensors", owned);
+    f->owned_bytes = f->owned ? owned : 0;
     unsigned char *at = f->owned;
     for (int64_t i = 0; i < np && st == SP_OK; i++) st = make_tensor(f, &plans[i], &at);
     sp_free(plans);
+    if (st == SP_OK && owned) st = keep_mapped(f, g, &g->map);
     if (st != SP_OK) return st;
     /* the mapping now belongs to this file: tensor data points into it */
     f->map = g->map;

@@ -235,7 +235,7 @@ void sp_st_close(struct sp_st_file *f) {
     sp_free(f->tensors);
     sp_free(f->names);
     sp_free(f->format);
-    sp_free(f->owned);
+    sp_free_aligned(f->owned);
     sp_free(f->path);
     sp_free(f);
 }

@@ -51,7 +51,10 @@ struct sp_st_file {
     char *format;  // __metadata__.format ("pt", "mlx", ...) or NULL; owned
     struct sp_strmap by_name;  // name -> index in tensors
     char *names;  // arena holding the tensor names
-    void *owned;  // tensor data made when opened rather than mapped (gguf_model.c), or NULL
+    /* tensor data made when opened rather than mapped (gguf_model.c), or
+     * NULL: owned_bytes of them, in 2 MiB pages where the kernel allows */
+    void *owned;
+    size_t owned_bytes;
 };
 
 /* Maps and validates a file. *out is owned by the caller (sp_st_close). */

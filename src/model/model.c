@@ -410,10 +410,10 @@ static bool slot_matrix(const struct sp_model *m, const struct sp_wslot *s, stru
     return true;
 }
 
-/* Whether n bytes at p lie in map f */
-static bool in_map(const struct sp_map *f, const void *p, size_t n) {
-    const unsigned char *b = p;
-    return b && b >= f->data && b + n <= f->data + f->size;
+/* Whether n bytes at p lie in the size bytes at base */
+static bool in_bytes(const void *base, size_t size, const void *p, size_t n) {
+    const unsigned char *b = p, *lo = base;
+    return b && lo && b >= lo && b + n <= lo + size;
 }
 
 /* The matrices sp_model_copy_in interleaves in a file's copy */
@@ -425,9 +425,10 @@ struct interleave {
     void *tmp;
 };
 
-/* Slot s's matrix, where `want` takes it and all its arrays lie in map f
- * (else false): *in_copy views it at the same offsets in copy. */
-static bool to_interleave(const struct interleave *il, const struct sp_wslot *s, const struct sp_map *f,
+/* Slot s's matrix, where `want` takes it and all its arrays lie in the
+ * size bytes at base (a file's map, or what it made when opened; else
+ * false): *in_copy views it at the same offsets in copy. */
+static bool to_interleave(const struct interleave *il, const struct sp_wslot *s, const void *base, size_t size,
                           const unsigned char *copy, struct sp_qmat *in_copy) {
     struct sp_qmat w;
     const struct sp_arch *a = &il->m->arch;
@@ -439,22 +440,24 @@ static bool to_interleave(const struct interleave *il, const struct sp_wslot *s,
     if (!slot_matrix(il->m, s, &w) || !sp_qmat_interleavable(&w) || !il->want(&w)) return false;
     size_t codes = (size_t)w.rows * sp_qtype_row_bytes(w.type, w.cols);
     size_t groups = (size_t)w.rows * (size_t)(w.cols / w.group) * sp_dtype_size(w.scale_dtype);
-    if (!in_map(f, w.codes, codes) || !in_map(f, w.scales, groups) || (w.biases && !in_map(f, w.biases, groups)))
+    if (!in_bytes(base, size, w.codes, codes) || !in_bytes(base, size, w.scales, groups) ||
+        (w.biases && !in_bytes(base, size, w.biases, groups)))
         return false;
+    const unsigned char *b = base;
     *in_copy = w;
-    in_copy->codes = copy + ((const unsigned char *)w.codes - f->data);
-    in_copy->scales = copy + ((const unsigned char *)w.scales - f->data);
-    if (w.biases) in_copy->biases = copy + ((const unsigned char *)w.biases - f->data);
+    in_copy->codes = copy + ((const unsigned char *)w.codes - b);
+    in_copy->scales = copy + ((const unsigned char *)w.scales - b);
+    if (w.biases) in_copy->biases = copy + ((const unsigned char *)w.biases - b);
     return true;
 }
 
-/* sp_map_edit_fn: interleaves the matrices of the file in its copy */
-static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *copy) {
-    struct interleave *il = ctx;
+/* Interleaves, in copy, the matrices that lie in the size bytes at base
+ * (copy: the same bytes, writable). */
+static void interleave_in(struct interleave *il, const void *base, size_t size, unsigned char *copy) {
     for (int64_t i = 0; i < il->m->weights.n_slots; i++) {
         struct sp_wslot *s = &il->m->weights.slots[i];
         struct sp_qmat w, done;
-        if (s->row_blocks || !to_interleave(il, s, f, copy, &w)) continue;
+        if (s->row_blocks || !to_interleave(il, s, base, size, copy, &w)) continue;
         size_t need = sp_qmat_block_bytes(&w);
         if (need > il->tmp_cap) {
             void *t = sp_malloc(need, SP_MEM_MISC);
@@ -470,11 +473,16 @@ static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *co
     }
 }
 
+/* sp_map_edit_fn: interleaves the matrices of the file in its copy */
+static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *copy) {
+    interleave_in(ctx, f->data, f->size, copy);
+}
+
 /* Whether a file holds a matrix to interleave */
 static bool file_to_interleave(const struct interleave *il, const struct sp_map *f) {
     for (int64_t i = 0; i < il->m->weights.n_slots; i++) {
         struct sp_qmat w;
-        if (to_interleave(il, &il->m->weights.slots[i], f, f->data, &w)) return true;
+        if (to_interleave(il, &il->m->weights.slots[i], f->data, f->size, f->data, &w)) return true;
     }
     return false;
 }
@@ -490,12 +498,15 @@ enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interlea
          * one the page cache holds in 2 MiB folios (README: Memory) */
         bool pages = huge_pages && f->map.size >= ((size_t)2 << 20);
         bool edit = want && file_to_interleave(&il, &f->map);
+        /* what the file made when opened (a GGUF's repacked blocks) is
+         * memory of its own: interleaved where it lies */
+        if (want && f->owned) interleave_in(&il, f->owned, f->owned_bytes, f->owned);
         if (f->map.anon || !(pages || edit)) continue;
         st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il, pr);
         if (st != SP_OK)
             sp_error_prefix("%s: ", f->path);
         else
-            out->copied += f->map.size;
+            out->copied += f->map.anon_bytes;
     }
     sp_free(il.tmp);
     out->interleaved = il.bytes;
@@ -505,14 +516,26 @@ enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interlea
 
 size_t sp_model_huge_bytes(const struct sp_model *m) {
     size_t n = 0;
-    for (int i = 0; i < m->files->n_shards; i++) n += sp_map_huge_bytes(&m->files->shards[i]->map);
+    for (int i = 0; i < m->files->n_shards; i++) {
+        const struct sp_st_file *f = m->files->shards[i];
+        size_t owned = sp_huge_bytes_in(f->owned, f->owned_bytes);  // its map may end in a part page
+        n += sp_map_huge_bytes(&f->map) + (owned < f->owned_bytes ? owned : f->owned_bytes);
+    }
     return n;
 }
 
 size_t sp_model_copied_bytes(const struct sp_model *m) {
     size_t n = 0;
-    for (int i = 0; i < m->files->n_shards; i++)
-        if (m->files->shards[i]->map.anon) n += m->files->shards[i]->map.size;
+    for (int i = 0; i < m->files->n_shards; i++) {
+        const struct sp_st_file *f = m->files->shards[i];
+        n += (f->map.anon ? f->map.anon_bytes : 0) + f->owned_bytes;
+    }
+    return n;
+}
+
+size_t sp_model_mapped_bytes(const struct sp_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->files->n_shards; i++) n += sp_map_live_bytes(&m->files->shards[i]->map);
     return n;
 }
 

@@ -63,10 +63,15 @@ struct sp_model_copy {
  * bytes copied. */
 enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interleave_fn want,
                                 struct sp_model_copy *out, struct sp_progress *pr);
-/* Bytes of the weight files in 2 MiB pages now (sp_map_huge_bytes). */
+/* Bytes of the weights in 2 MiB pages now (sp_map_huge_bytes): the
+ * files' maps, and what a file made when opened (a GGUF's repacked blocks). */
 size_t sp_model_huge_bytes(const struct sp_model *m);
-/* Bytes of the weight files held as anonymous copies (sp_map_to_anon). */
+/* Bytes of the weights held in anonymous memory: the files' copies
+ * (sp_map_to_anon) and what a file made when opened. */
 size_t sp_model_copied_bytes(const struct sp_model *m);
+/* Bytes of the files' maps that are still read (sp_map_live_bytes): what a
+ * load brings in. */
+size_t sp_model_mapped_bytes(const struct sp_model *m);
 
 /* Whether slot s holds a block format's codes (quant/qtype.h's
  * block_bytes): U8 codes without scales of a module the config quantizes

@@ -365,7 +365,8 @@ static bool thp_allowed(void) {
 
 double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp_plan_load_params *lp) {
     if (p->strategy != SP_STRATEGY_RESIDENT) return 0.0;
-    double mib = (double)p->file_bytes / 1048576.0, t0 = sp_now_s();
+    size_t in = sp_model_mapped_bytes(m);
+    double mib = (double)in / 1048576.0, t0 = sp_now_s();
     /* anonymous 2 MiB pages stream faster than the page cache's pages, and
      * interleaved rows faster than rows in order (README: Memory) */
     bool keep = lp && lp->mmap;
@@ -373,7 +374,7 @@ double sp_plan_load(const struct sp_plan *p, struct sp_model *m, const struct sp
     struct sp_model_copy copied = {0};
     sp_log(SP_LOG_INFO, "weights: bringing %.1f MiB into memory", mib);
     struct sp_progress pr;
-    sp_progress_begin(&pr, "weights in memory", p->file_bytes, NULL);
+    sp_progress_begin(&pr, "weights in memory", in, NULL);
     /* the copies first (read from the files, not through the map), then
      * every page of what stays mapped */
     if (!keep && sp_model_copy_in(m, thp_allowed(), want, &copied, &pr) != SP_OK)
