@@ -451,13 +451,13 @@ static bool to_interleave(const struct interleave *il, const struct sp_wslot *s,
     return true;
 }
 
-/* Interleaves, in copy, the matrices that lie in the size bytes at base
- * (copy: the same bytes, writable). */
-static void interleave_in(struct interleave *il, const void *base, size_t size, unsigned char *copy) {
+/* sp_map_edit_fn: interleaves the matrices of the file in its copy */
+static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *copy) {
+    struct interleave *il = ctx;
     for (int64_t i = 0; i < il->m->weights.n_slots; i++) {
         struct sp_wslot *s = &il->m->weights.slots[i];
         struct sp_qmat w, done;
-        if (s->row_blocks || !to_interleave(il, s, base, size, copy, &w)) continue;
+        if (s->row_blocks || !to_interleave(il, s, f->data, f->size, copy, &w)) continue;
         size_t need = sp_qmat_block_bytes(&w);
         if (need > il->tmp_cap) {
             void *t = sp_malloc(need, SP_MEM_MISC);
@@ -471,11 +471,6 @@ static void interleave_in(struct interleave *il, const void *base, size_t size, 
         il->bytes += sp_qtype_matrix_bytes(w.type, w.group, w.scale_dtype, w.rows, w.cols);
         il->matrices++;
     }
-}
-
-/* sp_map_edit_fn: interleaves the matrices of the file in its copy */
-static void interleave_copy(void *ctx, const struct sp_map *f, unsigned char *copy) {
-    interleave_in(ctx, f->data, f->size, copy);
 }
 
 /* Whether a file holds a matrix to interleave */
@@ -497,10 +492,11 @@ enum sp_status sp_model_copy_in(struct sp_model *m, bool huge_pages, sp_interlea
         /* for anonymous 2 MiB pages: every file big enough for one, also
          * one the page cache holds in 2 MiB folios (README: Memory) */
         bool pages = huge_pages && f->map.size >= ((size_t)2 << 20);
+        /* what a file made when opened (a GGUF's repacked blocks) stays in
+         * row order: Q4_0 as affine4 group 32 with f16 scales decoded
+         * 1.05-1.07x as fast in row order as interleaved (Zen 5 VM, avx512, 2 threads,
+         * 8-layer Qwen3-30B-A3B, three pairs of runs) */
         bool edit = want && file_to_interleave(&il, &f->map);
-        /* what the file made when opened (a GGUF's repacked blocks) is
-         * memory of its own: interleaved where it lies */
-        if (want && f->owned) interleave_in(&il, f->owned, f->owned_bytes, f->owned);
         if (f->map.anon || !(pages || edit)) continue;
         st = sp_map_to_anon(&f->map, edit ? interleave_copy : NULL, &il, pr);
         if (st != SP_OK)
