@@ -732,6 +732,7 @@ static const struct fixture fx_bailing = {"tests/fixtures/bailing_moe", "bailing
 
 /* What a written model gets wrong on purpose. */
 enum flaw { FLAW_NONE, FLAW_ARCH, FLAW_Q8_1, FLAW_NAME, FLAW_HEADS,
+            FLAW_BIG_SCALE,  // a Q4_0 block of blk.1.attn_v whose scale x -8 is past f16's range
             FLAW_MTP };  // not a flaw: a bailingmoe2 MTP block past the model's, to be left out
 
 /* ---- ggml's 32-element blocks, written and read here from their layout ---- */
@@ -1030,6 +1031,11 @@ static void write_fixture_gguf(const struct fixture *fx, const char *dir, const 
                     unsigned char blk[34];
                     for (int j = 0; j < 32; j++) x[j] = sp_bf16_to_f32((uint16_t)(row[2 * (c0 + j)] | row[2 * (c0 + j) + 1] << 8));
                     quantize_block(qt, x, blk);
+                    if (flaw == FLAW_BIG_SCALE && qt == SP_GGUF_TYPE_Q4_0 && !strcmp(ot[i].name, "blk.1.attn_v.weight") &&
+                        r == rows / 2 && c0 == 0) {
+                        uint16_t h = sp_f32_to_f16(10000.0f);
+                        blk[0] = (unsigned char)h, blk[1] = (unsigned char)(h >> 8);
+                    }
                     assert_int_equal(sp_buf_append(&b, (const char *)blk, block_bytes(qt)), SP_OK);
                 }
             }
@@ -1889,6 +1895,13 @@ static void test_llama_model_refused(void **state) {
                      cases[i].needle);
         assert_null(m);
     }
+    /* a repacked block whose bias would not fit f16, named with its scale */
+    write_fixture_gguf(&fx_llama, dir, "m.gguf", FLAW_BIG_SCALE, SP_GGUF_TYPE_Q4_0, NULL);
+    struct sp_model *m = (void *)1;
+    assert_int_not_equal(sp_model_open(path, &m), SP_OK);
+    if (!strstr(sp_error_msg(), "tensor blk.1.attn_v.weight: a block scale of 10000 does not fit the f16 bias"))
+        fail_msg("message \"%s\"", sp_error_msg());
+    assert_null(m);
     sp_free(path);
     th_rmdir(dir);
 }

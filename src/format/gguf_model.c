@@ -2,16 +2,21 @@
 #include "format/gguf_model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "core/alloc.h"
 #include "core/file.h"
 #include "core/half.h"
 #include "core/json.h"
+#include "core/pool.h"
 #include "format/gguf.h"
 #include "format/modeldir.h"
 
@@ -426,6 +431,17 @@ static uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 
 
 /* 4-bit block codes (16 bytes, element j and j + 16 in byte j) in MLX's order into out (16 bytes). */
 static void nibbles(const unsigned char *qs, unsigned char *out) {
+#ifdef __SSE2__
+    /* elements 0-15 (low nibbles) and 16-31 (high ones) a byte each; each
+     * 16-bit lane's two (even, odd) become even | odd << 4 in its low byte */
+    const __m128i low4 = _mm_set1_epi8(15), low8 = _mm_set1_epi16(0xff);
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    lo = _mm_and_si128(_mm_or_si128(lo, _mm_srli_epi16(lo, 4)), low8);
+    hi = _mm_and_si128(_mm_or_si128(hi, _mm_srli_epi16(hi, 4)), low8);
+    _mm_storeu_si128((__m128i *)(void *)out, _mm_packus_epi16(lo, hi));
+    return;
+#endif
     for (int b = 0; b < 16; b++) {
         int e0 = 2 * b, e1 = 2 * b + 1;
         unsigned c0 = e0 < 16 ? qs[e0] & 15u : qs[e0 - 16] >> 4, c1 = e1 < 16 ? qs[e1] & 15u : qs[e1 - 16] >> 4;
@@ -507,6 +523,8 @@ struct plan {
     int64_t d;     // rows of a head to reorder, or 0
     int64_t rows;  // product of the dims past the first
     size_t owned;  // bytes it takes in f->owned (a multiple of OWNED_ALIGN)
+    unsigned char *dst;  // its place in f->owned, or NULL
+    atomic_llong bad;    // a block (its offset in the tensor) whose bias does not fit f16, or -1
 };
 
 /* The module's parameters in the quantization section. */
@@ -550,39 +568,118 @@ static void drop_pages(const void *p, size_t n) {
     if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
-/* Plan pl's tensor into f: floats and native blocks in place (or their
- * rows reordered into owned memory at *at), other block types repacked
- * there. */
-static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl, unsigned char **at) {
+/* Where pl's codes, scales and biases go in its part of f->owned (pl->dst). */
+static void repacked_arrays(const struct plan *pl, unsigned char **codes, unsigned char **scales,
+                            unsigned char **biases) {
+    int64_t blocks = pl->t->dims[0] / BLOCK;
+    size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
+    *codes = pl->dst;
+    *scales = *codes + (size_t)(pl->rows * blocks) * cb;
+    *biases = *scales + (size_t)(pl->rows * blocks) * sb;
+}
+
+/* Rows [r0, r1) of pl's tensor into pl->dst: reordered (floats and native
+ * blocks), or repacked block by block (a block whose bias does not fit f16
+ * goes to pl->bad); then the mapped pages they came from let go. */
+static void fill_rows(struct plan *pl, int64_t r0, int64_t r1) {
     const struct sp_gguf_tensor *t = pl->t;
     const unsigned char *src = t->data;
-    int64_t cols = t->dims[0], rows = pl->rows;
-    const struct sp_gguf_type_traits *tr = sp_gguf_type_traits(t->type);
+    size_t srb = t->nbytes / (size_t)pl->rows;  // bytes of a source row
     if (!pl->rd->mode || pl->rd->native) {
-        size_t rb = t->nbytes / (size_t)rows;
-        int64_t last = pl->rd->native ? (int64_t)rb : cols;
-        if (!pl->d) return add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, t->data, t->nbytes);
-        for (int64_t o = 0; o < rows; o++) memcpy(*at + (size_t)o * rb, src + (size_t)src_row(o, pl->d) * rb, rb);
-        enum sp_status st = add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, *at, t->nbytes);
-        *at += pl->owned;
-        drop_pages(t->data, t->nbytes);
-        return st;
-    }
-    int64_t blocks = cols / BLOCK;
-    size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
-    unsigned char *codes = *at, *scales = codes + (size_t)(rows * blocks) * cb, *biases = scales + (size_t)(rows * blocks) * sb;
-    for (int64_t o = 0; o < rows; o++) {
-        const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * (size_t)(cols / tr->block) * tr->block_bytes;
-        for (int64_t k = 0; k < blocks; k++) {
-            size_t i = (size_t)(o * blocks + k);
-            if (!repack_block(t->type, row + (size_t)k * tr->block_bytes, codes + i * cb, scales + i * sb,
-                              biases + i * sb))
-                return sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s: a block scale of %g does not fit the f16 bias of "
-                                 "its affine form", f->path, t->name, (double)sp_f16_to_f32(rd16(row + (size_t)k * tr->block_bytes)));
+        for (int64_t o = r0; o < r1; o++) memcpy(pl->dst + (size_t)o * srb, src + (size_t)src_row(o, pl->d) * srb, srb);
+    } else {
+        int64_t blocks = t->dims[0] / BLOCK;
+        size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
+        size_t bb = sp_gguf_type_traits(t->type)->block_bytes;
+        unsigned char *codes, *scales, *biases;
+        repacked_arrays(pl, &codes, &scales, &biases);
+        for (int64_t o = r0; o < r1; o++) {
+            const unsigned char *row = src + (size_t)(pl->d ? src_row(o, pl->d) : o) * srb;
+            for (int64_t k = 0; k < blocks; k++) {
+                size_t i = (size_t)(o * blocks + k);
+                if (!repack_block(t->type, row + (size_t)k * bb, codes + i * cb, scales + i * sb, biases + i * sb))
+                    atomic_store(&pl->bad, (long long)((size_t)(row - src) + (size_t)k * bb));
+            }
         }
     }
-    *at += pl->owned;
-    drop_pages(t->data, t->nbytes);
+    /* a chunk holds whole heads, so its rows come from the same rows */
+    drop_pages(src + (size_t)r0 * srb, (size_t)(r1 - r0) * srb);
+}
+
+/* Pieces of the planned tensors' rows (whole heads where rows are
+ * reordered, about FILL_BYTES of the file each) for the threads to take. */
+#define FILL_BYTES ((size_t)8 << 20)
+struct fill_item {
+    struct plan *pl;
+    int64_t r0, r1;
+};
+struct fill_job {
+    struct fill_item *items;
+    int64_t n;
+    atomic_llong next;
+};
+
+static void fill_job_run(void *ctx, int tid, int nth) {
+    struct fill_job *j = ctx;
+    int64_t lo, hi;
+    while (sp_pool_take(&j->next, j->n, 1, &lo, &hi))
+        for (int64_t i = lo; i < hi; i++) fill_rows(j->items[i].pl, j->items[i].r0, j->items[i].r1);
+}
+
+/* Every plan with rows to move into f->owned (repacked or reordered), on
+ * every core: opening a file repacked whole is bound by these copies. */
+static enum sp_status fill_all(struct plan *plans, int64_t np) {
+    int64_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        struct fill_job j = {.n = 0};
+        if (pass) {
+            j.items = sp_malloc((size_t)(n ? n : 1) * sizeof *j.items, SP_MEM_MISC);
+            if (!j.items) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        }
+        for (int64_t p = 0; p < np; p++) {
+            struct plan *pl = &plans[p];
+            if (!pl->dst) continue;
+            size_t srb = pl->t->nbytes / (size_t)pl->rows;
+            int64_t unit = pl->d ? pl->d : 1, per = (int64_t)(FILL_BYTES / (srb ? srb : 1)) / unit * unit;
+            if (per < unit) per = unit;
+            for (int64_t r = 0; r < pl->rows; r += per) {
+                if (pass) j.items[j.n] = (struct fill_item){pl, r, r + per < pl->rows ? r + per : pl->rows};
+                j.n++;
+            }
+        }
+        if (!pass) {
+            n = j.n;
+            continue;
+        }
+        struct sp_pool *pool = NULL;
+        enum sp_status st = sp_pool_create(0, &pool);
+        if (st == SP_OK) {
+            sp_pool_run(pool, fill_job_run, &j);
+            sp_pool_free(pool);
+        }
+        sp_free(j.items);
+        return st;
+    }
+    return SP_OK;
+}
+
+/* Plan pl's tensor into f: floats and native blocks in place, or what
+ * fill_all put in its place in f->owned. */
+static enum sp_status make_tensor(struct sp_st_file *f, const struct plan *pl) {
+    const struct sp_gguf_tensor *t = pl->t;
+    int64_t cols = t->dims[0], rows = pl->rows;
+    if (!pl->rd->mode || pl->rd->native) {
+        int64_t last = pl->rd->native ? (int64_t)(t->nbytes / (size_t)rows) : cols;
+        return add_tensor(f, pl, pl->suffix, pl->rd->dtype, last, pl->dst ? pl->dst : t->data, t->nbytes);
+    }
+    long long bad = atomic_load(&pl->bad);
+    if (bad >= 0)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "%s: tensor %s: a block scale of %g does not fit the f16 bias of its "
+                         "affine form", f->path, t->name, (double)sp_f16_to_f32(rd16((const unsigned char *)t->data + bad)));
+    int64_t blocks = cols / BLOCK;
+    size_t cb = (size_t)pl->rd->bits * BLOCK / 8, sb = sp_dtype_size(pl->rd->scale_dtype);
+    unsigned char *codes, *scales, *biases;
+    repacked_arrays(pl, &codes, &scales, &biases);
     enum sp_status st = add_tensor(f, pl, ".weight", SP_DTYPE_U8, blocks * (int64_t)cb, codes, (size_t)(rows * blocks) * cb);
     if (st == SP_OK) st = add_tensor(f, pl, ".scales", pl->rd->scale_dtype, blocks, scales, (size_t)(rows * blocks) * sb);
     if (st == SP_OK && pl->rd->biases)
@@ -721,7 +818,13 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         st = sp_errorf(SP_ERR_NOMEM, "%zu bytes for the reordered and repacked tensors", owned);
     f->owned_bytes = f->owned ? owned : 0;
     unsigned char *at = f->owned;
-    for (int64_t i = 0; i < np && st == SP_OK; i++) st = make_tensor(f, &plans[i], &at);
+    for (int64_t i = 0; i < np && st == SP_OK; i++) {
+        plans[i].dst = plans[i].owned ? at : NULL;
+        atomic_init(&plans[i].bad, -1);
+        at += plans[i].owned;
+    }
+    if (st == SP_OK && owned) st = fill_all(plans, np);
+    for (int64_t i = 0; i < np && st == SP_OK; i++) st = make_tensor(f, &plans[i]);
     sp_free(plans);
     if (st == SP_OK && owned) st = keep_mapped(f, g, &g->map);
     if (st != SP_OK) return st;
