@@ -222,14 +222,18 @@ enum sp_status sp_map_keep(struct sp_map *m, const struct sp_map_range *r, size_
     sp_free(m->live);
     m->live = live;
     m->n_live = n;
-    /* the pages between the ranges (whole pages only) */
-    size_t from = 0;
-    for (size_t i = 0; i <= n; i++) {
-        size_t to = i < n ? r[i].off & ~(PAGE - 1) : (m->size & ~(PAGE - 1));
-        if (to > from) (void)madvise((void *)(m->data + from), to - from, MADV_DONTNEED);
-        if (i < n) from = (r[i].off + r[i].len + PAGE - 1) & ~(PAGE - 1);
+    /* the pages between the ranges */
+    for (size_t i = 0, from = 0; i <= n; i++) {
+        size_t to = i < n ? r[i].off : m->size;
+        if (to > from) sp_map_drop(m, from, to - from);
+        if (i < n) from = r[i].off + r[i].len;
     }
     return SP_OK;
+}
+
+void sp_map_drop(const struct sp_map *m, size_t off, size_t len) {
+    size_t a = (off + PAGE - 1) & ~(PAGE - 1), e = (off + len) & ~(PAGE - 1);
+    if (m->data && e > a) (void)madvise((void *)(m->data + a), e - a, MADV_DONTNEED);
 }
 
 enum sp_status sp_map_populate(const struct sp_map *m, struct sp_progress *pr) {

@@ -47,6 +47,10 @@ void sp_map_close(struct sp_map *m);
  * else: the pages wholly outside them leave the process now
  * (MADV_DONTNEED), and sp_map_populate and sp_map_to_anon leave them out. */
 enum sp_status sp_map_keep(struct sp_map *m, const struct sp_map_range *r, size_t n);
+/* The pages wholly inside bytes [off, off + len) of m leave the process
+ * (MADV_DONTNEED; the file stays in the page cache, a later read maps it
+ * again): for bytes read once into memory of their own. */
+void sp_map_drop(const struct sp_map *m, size_t off, size_t len);
 /* The bytes of m still read: its size, or its ranges' total. */
 size_t sp_map_live_bytes(const struct sp_map *m);
 /* Maps every page of m into the process now, reading from disk what the page

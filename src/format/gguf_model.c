@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -560,14 +559,6 @@ static enum sp_status add_tensor(struct sp_st_file *f, const struct plan *pl, co
     return st;
 }
 
-/* The mapped pages wholly inside n bytes at p, read once into memory of
- * their own, leave the process (the file stays in the page cache): a file
- * repacked whole is then not held twice while it opens. */
-static void drop_pages(const void *p, size_t n) {
-    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
-    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
-}
-
 /* Where pl's codes, scales and biases go in its part of f->owned (pl->dst). */
 static void repacked_arrays(const struct plan *pl, unsigned char **codes, unsigned char **scales,
                             unsigned char **biases) {
@@ -578,10 +569,12 @@ static void repacked_arrays(const struct plan *pl, unsigned char **codes, unsign
     *biases = *scales + (size_t)(pl->rows * blocks) * sb;
 }
 
-/* Rows [r0, r1) of pl's tensor into pl->dst: reordered (floats and native
- * blocks), or repacked block by block (a block whose bias does not fit f16
- * goes to pl->bad); then the mapped pages they came from let go. */
-static void fill_rows(struct plan *pl, int64_t r0, int64_t r1) {
+/* Rows [r0, r1) of pl's tensor (mapped by map) into pl->dst: reordered
+ * (floats and native blocks), or repacked block by block (a block whose
+ * bias does not fit f16 goes to pl->bad); then the mapped pages they came
+ * from let go, so that a file repacked whole is not held twice while it
+ * opens. */
+static void fill_rows(const struct sp_map *map, struct plan *pl, int64_t r0, int64_t r1) {
     const struct sp_gguf_tensor *t = pl->t;
     const unsigned char *src = t->data;
     size_t srb = t->nbytes / (size_t)pl->rows;  // bytes of a source row
@@ -603,7 +596,7 @@ static void fill_rows(struct plan *pl, int64_t r0, int64_t r1) {
         }
     }
     /* a chunk holds whole heads, so its rows come from the same rows */
-    drop_pages(src + (size_t)r0 * srb, (size_t)(r1 - r0) * srb);
+    sp_map_drop(map, (size_t)(src - map->data) + (size_t)r0 * srb, (size_t)(r1 - r0) * srb);
 }
 
 /* Pieces of the planned tensors' rows (whole heads where rows are
@@ -614,6 +607,7 @@ struct fill_item {
     int64_t r0, r1;
 };
 struct fill_job {
+    const struct sp_map *map;
     struct fill_item *items;
     int64_t n;
     atomic_llong next;
@@ -623,15 +617,15 @@ static void fill_job_run(void *ctx, int tid, int nth) {
     struct fill_job *j = ctx;
     int64_t lo, hi;
     while (sp_pool_take(&j->next, j->n, 1, &lo, &hi))
-        for (int64_t i = lo; i < hi; i++) fill_rows(j->items[i].pl, j->items[i].r0, j->items[i].r1);
+        for (int64_t i = lo; i < hi; i++) fill_rows(j->map, j->items[i].pl, j->items[i].r0, j->items[i].r1);
 }
 
 /* Every plan with rows to move into f->owned (repacked or reordered), on
  * every core: opening a file repacked whole is bound by these copies. */
-static enum sp_status fill_all(struct plan *plans, int64_t np) {
+static enum sp_status fill_all(const struct sp_map *map, struct plan *plans, int64_t np) {
     int64_t n = 0;
     for (int pass = 0; pass < 2; pass++) {
-        struct fill_job j = {.n = 0};
+        struct fill_job j = {.map = map, .n = 0};
         if (pass) {
             j.items = sp_malloc((size_t)(n ? n : 1) * sizeof *j.items, SP_MEM_MISC);
             if (!j.items) return sp_errorf(SP_ERR_NOMEM, "out of memory");
@@ -823,7 +817,7 @@ static enum sp_status shard_file(const struct gguf_arch *A, struct sp_gguf_split
         atomic_init(&plans[i].bad, -1);
         at += plans[i].owned;
     }
-    if (st == SP_OK && owned) st = fill_all(plans, np);
+    if (st == SP_OK && owned) st = fill_all(&g->map, plans, np);
     for (int64_t i = 0; i < np && st == SP_OK; i++) st = make_tensor(f, &plans[i]);
     sp_free(plans);
     if (st == SP_OK && owned) st = keep_mapped(f, g, &g->map);
