@@ -19,6 +19,7 @@ struct tslot {
     uint64_t epoch;     // the epoch of its last put: overwritten without waiting once older than the tier's
     uint64_t copy;      // the number of the copy that filled it
     bool ahead;         // copied in ahead of a lookup (a prediction) and not looked up since
+    bool fetched;       // copied in for a lookup of the same window (counted as its miss)
     int pins;
     struct sp_expert_views v;  // into the slot
 };
@@ -139,13 +140,13 @@ static void new_epoch(struct sp_expert_tier *t) {
     t->st.orders++;
 }
 
-/* A free slot, else the least recently used one nothing holds (-1: none). */
+/* A free slot, else the least recently used one nothing holds or waits to get (-1: none). */
 static int64_t choose_victim(const struct sp_expert_tier *t) {
     int64_t victim = -1;
     for (int64_t i = 0; i < t->n_slots; i++) {
         const struct tslot *s = &t->slots[i];
         if (s->key < 0) return i;
-        if (s->pins) continue;
+        if (s->pins || s->fetched) continue;
         if (victim < 0 || s->last_use < t->slots[victim].last_use) victim = i;
     }
     return victim;
@@ -180,7 +181,7 @@ static enum sp_status fill(struct sp_expert_tier *t, const struct sp_expert_view
     if (t->lower) t->held[t->n_held++] = key;
     s->key = key;
     s->copy = ++t->copies;
-    s->ahead = false;
+    s->ahead = s->fetched = false;
     s->last_use = ++t->tick;
     t->where[key] = (int32_t)victim;
     t->st.cached++;
@@ -192,7 +193,9 @@ static enum sp_status tier_get(void *ctx, const struct sp_expert_views *mapped, 
                                struct sp_expert_views *out) {
     struct sp_expert_tier *t = ctx;
     int32_t w = t->where[L * t->n_experts + e];
-    if (w >= 0) {
+    if (w >= 0 && t->slots[w].fetched) {
+        t->slots[w].fetched = false;  // its miss counted by tier_fetch
+    } else if (w >= 0) {
         t->st.hits++;
         if (t->slots[w].ahead) t->st.prefetch_used++;
     } else {
@@ -315,3 +318,16 @@ struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t) {
 void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out) { *out = t->st; }
 
 bool sp_expert_tier_has(const struct sp_expert_tier *t, int64_t L, int64_t e) { return t->where[L * t->n_experts + e] >= 0; }
+
+enum sp_status sp_expert_tier_fetch(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e,
+                                    bool *queued) {
+    *queued = false;
+    if (t->where[L * t->n_experts + e] >= 0) return SP_OK;
+    int32_t w;
+    enum sp_status st = fill(t, mapped, L, e, &w);
+    if (st != SP_OK) return st;
+    t->slots[w].fetched = true;
+    t->st.misses++;
+    *queued = true;
+    return SP_OK;
+}

@@ -1415,6 +1415,48 @@ static void cpu_experts_add(struct sp_ctx *c, const struct layer *ly, int64_t n,
     c->cpu_experts += (uint64_t)m;
 }
 
+/* Item i's weights: expert c->item_expert[i] of layer ly, from the expert
+ * source (its views kept in c->eviews[i]) or the mapped files. */
+static bool window_take(struct sp_ctx *c, const struct layer *ly, int64_t i) {
+    struct sp_expert_views v = mapped_expert(ly, c->item_expert[i]), *use = &c->eviews[i];
+    if (!c->experts)
+        *use = v;
+    else if (c->experts->get(c->experts->ctx, &v, ly - c->layers, c->item_expert[i], use) != SP_OK)
+        return false;
+    struct sp_mlp_item *it = &c->items[i];
+    it->gate = use->fused ? NULL : &use->gate;
+    it->up = use->fused ? NULL : &use->up;
+    it->gate_up = use->fused ? &use->gate_up : NULL;
+    it->down = &use->down;
+    return true;
+}
+
+/* The weights of a window's m items. Through a device tier, the experts it
+ * lacks move to the front, [0, *later), with their copies queued at once,
+ * and only the others are taken now (window_take takes the rest once the
+ * others' products are queued, so that those run while the copies do). */
+static bool window_lookup(struct sp_ctx *c, const struct layer *ly, int64_t m, int64_t *later) {
+    int64_t L = ly - c->layers, k = 0;
+    for (int64_t i = 0; c->tier && i < m; i++) {
+        if (sp_expert_tier_has(c->tier, L, c->item_expert[i])) continue;
+        struct sp_mlp_item it = c->items[i];  // to the front, the order kept
+        int64_t ex = c->item_expert[i];
+        memmove(c->items + k + 1, c->items + k, (size_t)(i - k) * sizeof *c->items);
+        memmove(c->item_expert + k + 1, c->item_expert + k, (size_t)(i - k) * sizeof *c->item_expert);
+        c->items[k] = it;
+        c->item_expert[k++] = ex;
+    }
+    for (int64_t i = k; i < m; i++)  // held before any copy may choose their slots
+        if (!window_take(c, ly, i)) return false;
+    for (int64_t i = 0; i < k; i++) {
+        struct sp_expert_views v = mapped_expert(ly, c->item_expert[i]);
+        bool queued;
+        if (sp_expert_tier_fetch(c->tier, &v, L, c->item_expert[i], &queued) != SP_OK) return false;
+    }
+    *later = k;
+    return true;
+}
+
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
  * token sums its experts in ascending expert order whatever the batch holds
@@ -1456,9 +1498,10 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         if (hh != c->ch.data) memcpy(c->ch.data, hh, (size_t)(n * d) * sizeof(float));
     }
     /* Windows of consecutive experts whose rows fit the batch buffers run
-     * together; through an expert source as many as it lets one hold. The shared expert joins the last window
-     * where it fits. Each token sums its experts in ascending order, then
-     * the shared expert. */
+     * together; through an expert source as many as it lets one hold. The
+     * shared expert joins the last window where it fits. Each token sums
+     * its experts in ascending order, then the shared expert: one scatter a
+     * window, whatever order its products ran in. */
     int64_t B = c->p.max_batch, per_window = !c->experts ? E : c->experts->window > 0 ? c->experts->window : 1, e = 0;
     bool shared_left = ly->has_mlp;
     while (e < E || shared_left) {
@@ -1468,25 +1511,27 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
             int64_t cnt = off[e + 1] - off[e];
             if (!cnt) continue;
             if (rows + cnt > B || (c->cpu && c->on_cpu[e])) break;
-            struct sp_expert_views v = mapped_expert(ly, e), *use = &c->eviews[m];
-            if (!c->experts)
-                *use = v;
-            else if (c->experts->get(c->experts->ctx, &v, ly - c->layers, e, use) != SP_OK)
-                return false;
-            c->items[m] = (struct sp_mlp_item){use->fused ? NULL : &use->gate, use->fused ? NULL : &use->up,
-                                               use->fused ? &use->gate_up : NULL, &use->down,
-                                               sp_tensor_rows(c->gath, rows, cnt), rows};
-            c->item_expert[m++] = e;
+            c->item_expert[m] = e;
+            c->items[m++] = (struct sp_mlp_item){.x = sp_tensor_rows(c->gath, rows, cnt), .row = rows};
             rows += cnt;
         }
         while (e < E && not_on_device(c, off, e)) e++;
         bool shared_now = shared_left && e == E && rows + n <= B;
+        if (m == 0 && !shared_now) break;
+        int64_t later = 0;  // items [0, later): copies the device tier queued, taken after the others run
+        if (!window_lookup(c, ly, m, &later)) return false;
         if (shared_now)
             c->items[m] = (struct sp_mlp_item){&ly->gate, &ly->up, NULL, &ly->down, sp_tensor_rows(c->h, 0, n), rows};
-        if (m == 0 && !shared_now) break;
         STEP(c, SP_STEP_MOVE, 0, be->ops->gather(be, sp_tensor_rows(c->gath, 0, rows), c->h, c->etok + p0));
-        STEP(c, SP_STEP_EXPERTS, sp_mlp_macs(c->items, m + shared_now, d),
-             be->ops->mlp(be, c->items, m + shared_now, &c->act, c->gout));
+        struct sp_mlp_item *now = c->items + later;
+        int64_t n_now = m - later + shared_now;
+        if (n_now) STEP(c, SP_STEP_EXPERTS, sp_mlp_macs(now, n_now, d), be->ops->mlp(be, now, n_now, &c->act, c->gout));
+        if (later) {
+            for (int64_t i = 0; i < later; i++)
+                if (!window_take(c, ly, i)) return false;
+            STEP(c, SP_STEP_EXPERTS, sp_mlp_macs(c->items, later, d),
+                 be->ops->mlp(be, c->items, later, &c->act, c->gout));
+        }
         if (c->experts)
             for (int64_t i = 0; i < m; i++) c->experts->put(c->experts->ctx, ly - c->layers, c->item_expert[i]);
         STEP(c, SP_STEP_MOVE, 0,
