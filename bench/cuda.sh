@@ -12,6 +12,11 @@
 #                                     the models are written (several GB each)
 #
 # SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests.
+# TIER="6.75G ..." also decodes Ling-flash-2.0 with that --gpu-mem-limit (the
+# rest of its experts in host memory), without and with --cpu-experts (each
+# build taking turns with BASE's where given): tok/s, the decode hit rate,
+# the bytes a token copied in, the experts the CPU took, and the rates the
+# CPU's share was chosen by.
 # BASE=FILE (another build's sparrow) measures batch-1 prefill and decode of
 # that build and this one taking turns, ROUNDS times (default 2), each a
 # median of 2 runs: the way docs/performance.md compares builds on a noisy
@@ -61,6 +66,21 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
         done
     else
         "$B/sparrow" bench --model "$dir" --device cuda --repeat 3 || rc=1
+    fi
+    if [ "$s" = ling ] && [ -n "${TIER:-}" ]; then
+        for lim in $TIER; do
+            for _ in $(seq "${ROUNDS:-2}"); do
+                for b in ${BASE:+"$BASE"} "$B/sparrow"; do
+                    for f in "" --cpu-experts; do
+                        printf '%s --gpu-mem-limit %s %s: ' "$b" "$lim" "$f"
+                        "$b" bench --model "$dir" --device cuda --gpu-mem-limit "$lim" $f --repeat 3 2>"$W/tier.log" |
+                            tail -1 | grep -oE '"(prefill_tok_s_median|decode_tok_s_median|gpu_decode_hit_rate|h2d_bytes_per_token|cpu_computed_experts)":[0-9.e+]+' |
+                            paste -sd' ' || rc=1
+                        grep -h "CPU computes" "$W/tier.log" | tail -1
+                    done
+                done
+            done
+        done
     fi
     [ "${QUICK:-0}" = 1 ] && continue
     "$B/sparrow" bench --model "$dir" --device cuda --steps | grep -v '^{' || rc=1

@@ -914,8 +914,10 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
                   : dt > 0 && s1.bytes_in > s0.bytes_in ? (double)(s1.bytes_in - s0.bytes_in) / dt / 1e9
                                                         : 1.0;
     sp_log(SP_LOG_INFO, "experts: the CPU computes some of those the %s device lacks while it copies others in "
-           "(CPU %.1f GB/s and %.0f us a call, copies %.1f GB/s)",
-           sp_device_name(c->p.device), c->cpu_gbs, c->cpu_call_s * 1e6, c->link_gbs);
+           "(CPU %.1f GB/s and %.0f us a call: one expert in %.0f us, %lld in one call in %.0f us, %d threads; "
+           "copies %.1f GB/s)",
+           sp_device_name(c->p.device), c->cpu_gbs, c->cpu_call_s * 1e6, one_t * 1e6, (long long)many, tk * 1e6,
+           c->cpu->p.n_threads, c->link_gbs);
     return SP_OK;
 }
 
