@@ -319,15 +319,12 @@ void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_
 
 bool sp_expert_tier_has(const struct sp_expert_tier *t, int64_t L, int64_t e) { return t->where[L * t->n_experts + e] >= 0; }
 
-enum sp_status sp_expert_tier_fetch(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e,
-                                    bool *queued) {
-    *queued = false;
+enum sp_status sp_expert_tier_fetch(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e) {
     if (t->where[L * t->n_experts + e] >= 0) return SP_OK;
     int32_t w;
     enum sp_status st = fill(t, mapped, L, e, &w);
     if (st != SP_OK) return st;
     t->slots[w].fetched = true;
     t->st.misses++;
-    *queued = true;
     return SP_OK;
 }

@@ -62,13 +62,12 @@ struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t);
 void sp_expert_tier_stats(const struct sp_expert_tier *t, struct sp_expert_tier_stats *out);
 /* Whether expert e of layer L is in the tier now. */
 bool sp_expert_tier_has(const struct sp_expert_tier *t, int64_t L, int64_t e);
-/* Where the tier lacks expert e of layer L: its copy queued now (a miss),
- * and *queued set. The ops queued meanwhile do not wait for it, and its
+/* Where the tier lacks expert e of layer L: its copy queued now (a miss).
+ * The ops queued meanwhile do not wait for it, and its
  * slot is not reused before its get, which makes the ops queued after it
  * wait as a miss's would: a window's experts that the tier holds are
  * computed while the others copy in. */
-enum sp_status sp_expert_tier_fetch(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e,
-                                    bool *queued);
+enum sp_status sp_expert_tier_fetch(struct sp_expert_tier *t, const struct sp_expert_views *mapped, int64_t L, int64_t e);
 /* Where the tier copies from the mapped files (lower NULL): makes the host
  * memory of views[0..n) fast to copy from (ops->pin: the whole pages they
  * span, merged into ranges), as long as the backend lives. Returns the

@@ -1434,11 +1434,7 @@ static bool window_take(struct sp_ctx *c, const struct layer *ly, int64_t i) {
         *use = v;
     else if (c->experts->get(c->experts->ctx, &v, ly - c->layers, c->item_expert[i], use) != SP_OK)
         return false;
-    struct sp_mlp_item *it = &c->items[i];
-    it->gate = use->fused ? NULL : &use->gate;
-    it->up = use->fused ? NULL : &use->up;
-    it->gate_up = use->fused ? &use->gate_up : NULL;
-    it->down = &use->down;
+    c->items[i] = expert_item(use, c->items[i].x, c->items[i].row);
     return true;
 }
 
@@ -1461,8 +1457,7 @@ static bool window_lookup(struct sp_ctx *c, const struct layer *ly, int64_t m, i
         if (!window_take(c, ly, i)) return false;
     for (int64_t i = 0; i < k; i++) {
         struct sp_expert_views v = mapped_expert(ly, c->item_expert[i]);
-        bool queued;
-        if (sp_expert_tier_fetch(c->tier, &v, L, c->item_expert[i], &queued) != SP_OK) return false;
+        if (sp_expert_tier_fetch(c->tier, &v, L, c->item_expert[i]) != SP_OK) return false;
     }
     *later = k;
     return true;
