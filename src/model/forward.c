@@ -833,16 +833,17 @@ static struct sp_mlp_item expert_item(const struct sp_expert_views *v, struct sp
 }
 
 /* Experts a device tier lacks may be computed by the CPU while the device
- * copies others in: a CPU backend for them, and both rates measured once -
- * the CPU's on one token's products through one expert a call and through
- * several in one call (a call's fixed time and a byte's), the copies' on
- * the tier's first slots (which stay filled) - for moe()'s choice. */
-static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend_params *dev) {
+ * copies others in: a CPU backend for them with the threads asked for (the
+ * device's own backend runs one), and both rates measured once - the CPU's
+ * on one token's products through one expert a call and through several in
+ * one call (a call's fixed time and a byte's), the copies' on the tier's
+ * first slots (which stay filled) - for moe()'s choice. */
+static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend_params *dev, int threads) {
     const struct sp_arch *a = c->a;
     struct sp_backend_params bp = *dev;
     bp.n_ctx = 1;
     bp.n_seq = 1;
-    bp.n_threads = c->p.n_threads;
+    bp.n_threads = threads;
     bp.float_activations = false;
     enum sp_status st = sp_backend_create(SP_DEVICE_CPU, &bp, &c->cpu);
     int64_t B = c->p.max_batch, d = a->d_model, K = a->n_experts_used;
@@ -998,6 +999,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     if ((st = sp_backend_create(c->p.device, &bp, &c->be)) != SP_OK) goto fail;
     if (c->p.time_steps && c->be->ops->mark && !(c->marks = sp_malloc(STEP_MARKS * sizeof *c->marks, SP_MEM_MODEL)))
         goto nomem;
+    int threads_asked = c->p.n_threads;  // for the CPU beside a device (cpu_experts_init)
     c->p.n_threads = c->be->p.n_threads;
     c->act = (struct sp_glu){1.0f, INFINITY, 0.0f};
     if (a->act == SP_ACT_SWIGLU_CLAMP) c->act = (struct sp_glu){(float)a->swiglu_alpha, (float)a->swiglu_limit, 1.0f};
@@ -1096,7 +1098,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
     if (c->pf_at_routing) c->pf_host = host_buf((size_t)(B * E), sizeof(float), &ok);
     if (!ok) goto nomem;
-    if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp)) != SP_OK)
+    if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp, threads_asked)) != SP_OK)
         goto fail;
     sp_free(inv_freq);
     *out = c;
