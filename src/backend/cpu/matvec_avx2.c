@@ -1,5 +1,5 @@
-/* matvec_avx2.c - the kernel sets "avx2" (int8 activations for 4-bit rows,
- * int16 for 8-bit rows), "avx2-int16" (int16 for both) and "avx2f" (float
+/* matvec_avx2.c - the kernel sets "avx2" (int8 activations for 4- and 8-bit
+ * rows), "avx2-int16" (int16 for both) and "avx2f" (float
  * activations): matvec_x86.h built with AVX2 + FMA + F16C. */
 #define KSET_ISA SP_KERNELS_AVX2
 #define KSET_INT16_ISA SP_KERNELS_AVX2_INT16
