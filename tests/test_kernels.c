@@ -179,16 +179,18 @@ static void test_block_decoders_exact(void **state) {
 }
 
 /* The int8 products add code x activation products in int16 before they
- * widen them; at the largest codes (affine 15, mxfp4 +6: 2 x 6 + 12 = 24,
- * and -6: 0) times activations that all round to +127 or all to -127 the
- * sums must stay exact, in every set, by groups and by tokens. */
+ * widen them; at the largest codes (affine4 15, mxfp4 +6: 2 x 6 + 12 = 24,
+ * and -6: 0; affine8 255 and 0, which AVX2 takes as 127 and -128) times
+ * activations that all round to +127 or all to -127 the sums must stay
+ * exact, in every set, by groups and by tokens. */
 static void test_int8_extremes(void **state) {
     const struct {
         struct fmt_case f;
         uint8_t code_byte;  // both nibbles
     } cases[] = {{{SP_QTYPE_AFFINE4, 32, SP_DTYPE_BF16, 1056}, 0xff}, {{SP_QTYPE_AFFINE4, 64, SP_DTYPE_F16, 768}, 0xff},
                  {{SP_QTYPE_AFFINE4, 128, SP_DTYPE_F32, 1152}, 0xff}, {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, 0x77},
-                 {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, 0xff}};
+                 {{SP_QTYPE_MXFP4, 32, SP_DTYPE_U8, 1056}, 0xff},     {{SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 1056}, 0x00},
+                 {{SP_QTYPE_AFFINE8, 32, SP_DTYPE_F16, 2880}, 0xff},  {{SP_QTYPE_AFFINE8, 64, SP_DTYPE_BF16, 768}, 0x00}};
     const int64_t rows = 13, sizes[] = {1, 4, 8, 17};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const struct fmt_case *f = &cases[c].f;
