@@ -156,8 +156,8 @@ static void stream_cases(const char *path, const char *sep) {
 }
 
 static void test_vectors(void **state) {
-    stream_cases(VECTORS_DIR "/qwen2.inp", "\n__ggml_vocab_test__\n");
-    stream_cases(VECTORS_DIR "/llama-spm.inp", "\n__ggml_vocab_test__\n");
+    stream_cases(tu_vector_path("qwen2.inp"), "\n__ggml_vocab_test__\n");
+    stream_cases(tu_vector_path("llama-spm.inp"), "\n__ggml_vocab_test__\n");
 }
 
 static void test_corpus(void **state) { stream_cases(CORPUS_DIR "/corpus.inp", "\n__sparrow_case__\n"); }

@@ -16,7 +16,7 @@
 
 static void test_llama_spm_vectors(void **state) {
     struct sp_tokenizer *t;
-    if (sp_model_tokenizer_load(VECTORS_DIR "/llama-spm.vocab.gguf", &t) != SP_OK) fail_msg("%s", sp_error_msg());
+    if (sp_model_tokenizer_load(tu_vector_path("llama-spm.vocab.gguf"), &t) != SP_OK) fail_msg("%s", sp_error_msg());
     assert_int_equal(sp_tokenizer_bos(t), 1);
 
     /* llama.cpp's ids; decoding gives the text back (the Strip undoes the Prepend). */

