@@ -13,7 +13,7 @@
 #
 # SHAPES (default "qwen3 ling gptoss") picks shapes; TESTS=0 skips the tests.
 # TIER="6.75G ..." also decodes Ling-flash-2.0 with that --gpu-mem-limit (the
-# rest of its experts in host memory), without and with --cpu-experts (each
+# rest of its experts in host memory), with --no-cpu-experts and without (each
 # build taking turns with BASE's where given): tok/s, the decode hit rate,
 # the bytes a token copied in, the experts the CPU took, and the rates the
 # CPU's share was chosen by.
@@ -71,7 +71,7 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
         for lim in $TIER; do
             for _ in $(seq "${ROUNDS:-2}"); do
                 for b in ${BASE:+"$BASE"} "$B/sparrow"; do
-                    for f in "" --cpu-experts; do
+                    for f in --no-cpu-experts ""; do
                         printf '%s --gpu-mem-limit %s %s: ' "$b" "$lim" "$f"
                         "$b" bench --model "$dir" --device cuda --gpu-mem-limit "$lim" $f --repeat 3 2>"$W/tier.log" |
                             tail -1 | grep -oE '"(prefill_tok_s_median|decode_tok_s_median|gpu_decode_hit_rate|h2d_bytes_per_token|cpu_computed_experts)":[0-9.e+]+' |

@@ -23,7 +23,7 @@ static void test_defaults(void **state) {
     assert_false(s.no_prefetch);
     assert_false(s.mmap);
     assert_false(s.row_order);
-    assert_false(s.cpu_experts);
+    assert_false(s.no_cpu_experts);
     assert_false(s.cuda_graphs);
     assert_int_equal(s.kernels_from, SP_ORIGIN_DEFAULT);
     assert_int_equal(s.precision_from, SP_ORIGIN_DEFAULT);
@@ -38,7 +38,7 @@ static void test_defaults(void **state) {
 
 static void test_environment(void **state) {
     char *env[] = {"SPARROW_KERNELS=avx2f", "SPARROW_IO=pread",      "SPARROW_EXPERT_POLICY=clock", "SPARROW_PREFETCH=0",
-                   "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=1",
+                   "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=0",
                    "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", NULL};
     struct sp_settings s;
     load_ok(&s, env);
@@ -49,15 +49,16 @@ static void test_environment(void **state) {
     assert_true(s.no_prefetch);
     assert_true(s.mmap);
     assert_true(s.row_order);
-    assert_true(s.cpu_experts);
+    assert_true(s.no_cpu_experts);
     assert_true(s.cuda_graphs);
     assert_true(s.no_cuda_overlap);
     assert_string_equal(s.tmp_dir, "/scratch");
     /* "0" and "" are off for on-switches; prefetch is off only at "0" */
     char *off[] = {"SPARROW_MMAP=0", "SPARROW_ROW_ORDER=", "SPARROW_PREFETCH=1",
-                   "SPARROW_IO=",    "SPARROW_KERNELS=",   "SPARROW_CUDA_OVERLAP=1", NULL};
+                   "SPARROW_IO=",    "SPARROW_KERNELS=",   "SPARROW_CUDA_OVERLAP=1", "SPARROW_CPU_EXPERTS=1", NULL};
     load_ok(&s, off);
     assert_false(s.no_cuda_overlap);
+    assert_false(s.no_cpu_experts);
     assert_false(s.mmap);
     assert_false(s.row_order);
     assert_false(s.no_prefetch);
@@ -146,8 +147,11 @@ static void test_flags(void **state) {
     assert_true(s.mmap);
     assert_int_equal(sp_settings_set(&s, "--row-order", NULL), SP_OK);
     assert_true(s.row_order);
+    /* --no-cpu-experts turns the default off; --cpu-experts, the default, back on */
+    assert_int_equal(sp_settings_set(&s, "--no-cpu-experts", NULL), SP_OK);
+    assert_true(s.no_cpu_experts);
     assert_int_equal(sp_settings_set(&s, "--cpu-experts", NULL), SP_OK);
-    assert_true(s.cpu_experts);
+    assert_false(s.no_cpu_experts);
     s.cuda_graphs = false;
     assert_int_equal(sp_settings_set(&s, "--cuda-graphs", NULL), SP_OK);
     assert_true(s.cuda_graphs);

@@ -638,7 +638,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
                                .float_activations = o->set.precision == SP_PRECISION_EXACT,
-                               .device_experts = pl.gpu_expert_cache, .cpu_experts = o->set.cpu_experts,
+                               .device_experts = pl.gpu_expert_cache, .cpu_experts = !o->set.no_cpu_experts,
                                .no_prefetch = o->set.no_prefetch, .graphs = o->set.cuda_graphs,
                                .no_overlap = o->set.no_cuda_overlap};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);

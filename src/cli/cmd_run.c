@@ -312,7 +312,7 @@ int sp_cmd_run(int argc, char **argv) {
                 (long long)plan.cached_experts, 100.0 * plan.hit_rate);
     }
     cp.device_experts = plan.gpu_expert_cache;
-    cp.cpu_experts = o.set.cpu_experts;
+    cp.cpu_experts = !o.set.no_cpu_experts;
     cp.no_prefetch = o.set.no_prefetch;
     if (plan.gpu_expert_cache)
         fprintf(stderr, "plan: %s expert cache of %.1f MiB (%lld experts, %.1f%% of them)\n", sp_device_name(o.device),

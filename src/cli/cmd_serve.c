@@ -257,7 +257,7 @@ int sp_cmd_serve(int argc, char **argv) {
     sp_buf_free(&pl);
     ep.expert_cache = plan.host_cache;
     ep.device_experts = plan.gpu_expert_cache;
-    ep.cpu_experts = set.cpu_experts;
+    ep.cpu_experts = !set.no_cpu_experts;
     struct sp_plan_load_params lp = sp_cli_load_params(&set);
     sp_plan_load(&plan, m, &lp);
     struct sp_model_stats stats;

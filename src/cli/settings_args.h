@@ -41,14 +41,14 @@
     "  --row-order            keep weight matrices in row order (none interleaved for the kernels)\n"           \
     "  --device cpu|cuda      where the forward pass runs (default cpu; cuda: every weight on the GPU, in\n"    \
     "                         row order; needs a build with make CUDA=1)\n"                                      \
-    "  --cpu-experts          with a GPU expert cache, let the CPU compute some of the experts the GPU\n"     \
-    "                         lacks while the others are copied in (default: copy them all)\n"               \
+    "  --no-cpu-experts       with a GPU expert cache, copy in every expert the GPU lacks (default: the\n"  \
+    "                         CPU computes those it would finish sooner while the others are copied in)\n" \
     "  --cuda-graphs          with --device cuda, record steps of up to 64 tokens and replay them as CUDA\n" \
     "                         graphs (default: every kernel queued as it comes)\n"                         \
     "  --no-cuda-overlap      with --device cuda, start each kernel only once the one before has ended\n"    \
     "                         (default: it starts early and waits inside, on GPUs that can)\n"             \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
-    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=1,\n"       \
+    "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=0,\n"       \
     "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0; a flag overrides its variable.\n"                        \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 

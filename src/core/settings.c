@@ -45,7 +45,8 @@ static const struct def {
     {MMAP, "--mmap", "SPARROW_MMAP", ON, NULL},
     {ROW_ORDER, "--row-order", "SPARROW_ROW_ORDER", ON, NULL},
     {DEVICE, "--device", "SPARROW_DEVICE", CHOICE, device_names},
-    {CPU_EXPERTS, "--cpu-experts", "SPARROW_CPU_EXPERTS", ON, NULL},
+    {CPU_EXPERTS, "--no-cpu-experts", "SPARROW_CPU_EXPERTS", OFF, NULL},
+    {CPU_EXPERTS, "--cpu-experts", NULL, ON, NULL},  // the default, still taken
     {GRAPHS, "--cuda-graphs", "SPARROW_CUDA_GRAPHS", ON, NULL},
     {OVERLAP, "--no-cuda-overlap", "SPARROW_CUDA_OVERLAP", OFF, NULL},
 };
@@ -84,7 +85,7 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case MMAP: s->mmap = v; break;
     case ROW_ORDER: s->row_order = v; break;
     case DEVICE: s->device = v; break;
-    case CPU_EXPERTS: s->cpu_experts = v; break;
+    case CPU_EXPERTS: s->no_cpu_experts = d->kind == OFF ? v : !v; break;
     case GRAPHS: s->cuda_graphs = v; break;
     case OVERLAP: s->no_cuda_overlap = v; break;
     case ID_COUNT: break;
@@ -158,7 +159,7 @@ enum sp_status sp_settings_load(struct sp_settings *s, char *const *env) {
     memset(s, 0, sizeof *s);
     enum sp_status st = folders(s, env);
     for (size_t i = 0; i < N_DEFS && st == SP_OK; i++) {
-        const char *v = env_get(env, defs[i].env);
+        const char *v = defs[i].env ? env_get(env, defs[i].env) : NULL;
         if (!v) continue;
         st = parse(s, &defs[i], v, SP_ORIGIN_ENV, defs[i].env);
     }

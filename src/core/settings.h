@@ -23,7 +23,7 @@
  * --mmap        SPARROW_MMAP           on when set to other than "" or "0"
  * --row-order   SPARROW_ROW_ORDER      on when set to other than "" or "0"
  * --device      SPARROW_DEVICE         cpu | cuda (checked by the CLI against the build)
- * --cpu-experts SPARROW_CPU_EXPERTS    on when set to other than "" or "0"
+ * --no-cpu-experts SPARROW_CPU_EXPERTS=0 (--cpu-experts: the default)
  * --cuda-graphs SPARROW_CUDA_GRAPHS    on when set to other than "" or "0"
  * --no-cuda-overlap SPARROW_CUDA_OVERLAP=0
  *
@@ -72,7 +72,7 @@ struct sp_settings {
     bool mmap;         // weights stay in the files' pages: no copies into anonymous memory
     bool row_order;    // weight matrices stay in row order: none interleaved for the kernels
     int device;        // where the forward pass runs: an index of sp_settings_device_name (backend.h's sp_device order)
-    bool cpu_experts;  // the CPU may compute experts a device's expert cache lacks while it copies others in
+    bool no_cpu_experts;  // the CPU does not compute experts a device's expert cache lacks (it copies them all in)
     bool cuda_graphs;  // the CUDA backend records small steps and replays them as CUDA graphs
     bool no_cuda_overlap;  // the CUDA backend's kernels wait for the one before to end before they start
     enum sp_origin kernels_from, precision_from;

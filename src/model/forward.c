@@ -70,6 +70,7 @@ struct sp_ctx {
      * copying them (p.cpu_experts, a tier over the mapped files) */
     struct sp_backend *cpu;
     struct sp_tensor ch, cgath, cgout, cout;  // (B, d) each, in host memory
+    float *cpu_io;                    // ch's and cout's memory where the device's host_alloc gave it (pinned)
     bool *on_cpu;                     // (E) this layer's choice
     int32_t *ctok;                    // (B * k) the CPU's pairs: token, weight
     float *cw;
@@ -847,10 +848,20 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
     bp.float_activations = false;
     enum sp_status st = sp_backend_create(SP_DEVICE_CPU, &bp, &c->cpu);
     int64_t B = c->p.max_batch, d = a->d_model, K = a->n_experts_used;
-    if (st != SP_OK || (st = sp_backend_tensor(c->cpu, B, d, &c->ch)) != SP_OK ||
+    /* the hidden state's way to the CPU and its sum's way back in memory
+     * the device copies from and to at the link's speed (pinned: a
+     * 512-token chunk's 8 MiB each way at 9 GB/s from pageable memory cost
+     * prefill 5% on Ling-flash-2.0 shapes) */
+    if (st == SP_OK && c->be->ops->host_alloc) {
+        c->cpu_io = c->be->ops->host_alloc((size_t)(2 * B * d) * sizeof(float), SP_MEM_ACT);
+        if (!c->cpu_io) return sp_errorf(SP_ERR_NOMEM, "out of memory");
+        c->ch = (struct sp_tensor){c->cpu_io, B, d, d};
+        c->cout = (struct sp_tensor){c->cpu_io + B * d, B, d, d};
+    }
+    if (st != SP_OK || (!c->cpu_io && (st = sp_backend_tensor(c->cpu, B, d, &c->ch)) != SP_OK) ||
         (st = sp_backend_tensor(c->cpu, B, d, &c->cgath)) != SP_OK ||
         (st = sp_backend_tensor(c->cpu, B, d, &c->cgout)) != SP_OK ||
-        (st = sp_backend_tensor(c->cpu, B, d, &c->cout)) != SP_OK)
+        (!c->cpu_io && (st = sp_backend_tensor(c->cpu, B, d, &c->cout)) != SP_OK))
         return st;
     c->on_cpu = sp_calloc((size_t)a->n_experts, sizeof *c->on_cpu, SP_MEM_ACT);
     c->ctok = sp_malloc((size_t)(B * K) * sizeof *c->ctok, SP_MEM_ACT);
@@ -949,6 +960,7 @@ void sp_ctx_free(struct sp_ctx *c) {
     sp_free(c->layers);
     sp_expert_tier_free(c->tier);
     sp_backend_free(c->cpu);
+    if (c->cpu_io) c->be->ops->host_free(c->cpu_io);
     sp_free(c->on_cpu);
     sp_free(c->ctok);
     sp_free(c->cw);
@@ -1371,15 +1383,18 @@ static int64_t predict_queue(struct sp_ctx *c, int64_t L, int64_t n) {
     return L2;
 }
 
-/* Experts of a step that the CPU takes instead of a copy to the device:
- * those the device tier lacks, of few tokens (the CPU's products of more
- * run below its bandwidth), each to whichever of the CPU and the copies
- * would finish its share sooner at the rates measured at creation.
+/* Experts of a step of n tokens that the CPU takes instead of a copy to
+ * the device: those the device tier lacks, of few tokens (the CPU's
+ * products of more run below its bandwidth), each to whichever of the CPU
+ * and the copies would finish its share sooner at the rates measured at
+ * creation; none where the copies they save take less time than moving the
+ * step's hidden state to the CPU and its sum back, which the device waits
+ * for (a prompt's chunk, whose experts mostly have many tokens).
  * Returns how many. */
 #define CPU_EXPERT_ROWS 4
-static int64_t choose_cpu_experts(struct sp_ctx *c, const struct layer *ly, const int64_t *off) {
+static int64_t choose_cpu_experts(struct sp_ctx *c, const struct layer *ly, int64_t n, const int64_t *off) {
     int64_t L = ly - c->layers, k = 0;
-    double cpu_t = c->cpu_call_s, copy_t = 0;
+    double cpu_t = c->cpu_call_s, copy_t = 0, saved = 0;
     for (int64_t e = 0; e < c->a->n_experts; e++) {
         c->on_cpu[e] = false;
         int64_t cnt = off[e + 1] - off[e];
@@ -1388,10 +1403,16 @@ static int64_t choose_cpu_experts(struct sp_ctx *c, const struct layer *ly, cons
         if (cpu_t + tc <= copy_t + tl) {
             c->on_cpu[e] = true;
             cpu_t += tc;
+            saved += tl;
             k++;
         } else {
             copy_t += tl;
         }
+    }
+    double moved = 2.0 * (double)(n * c->a->d_model) * sizeof(float) / (c->link_gbs * 1e9);
+    if (k && saved <= moved) {
+        memset(c->on_cpu, 0, (size_t)c->a->n_experts * sizeof *c->on_cpu);
+        k = 0;
     }
     return k;
 }
@@ -1422,7 +1443,9 @@ static void cpu_experts_add(struct sp_ctx *c, const struct layer *ly, int64_t n,
     cpu->ops->mlp(cpu, c->items, m, &c->act, c->cgout);
     cpu->ops->zero(cpu, sp_tensor_rows(c->cout, 0, n));
     cpu->ops->scatter_add(cpu, sp_tensor_rows(c->cout, 0, n), sp_tensor_rows(c->cgout, 0, rows), c->ctok, c->cw);
-    /* in order after the device's own work on gath */
+    /* in order after the device's own work on gath; a copy from pinned
+     * memory reads cout as it runs: the next layer's routing waits for it
+     * before cout is written again */
     be->ops->write(be, sp_tensor_rows(c->gath, 0, n), c->cout.data);
     be->ops->add(be, out, sp_tensor_rows(c->gath, 0, n));
     c->cpu_experts += (uint64_t)m;
@@ -1499,7 +1522,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         c->steps.routed += (double)off[E];
         for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
     }
-    int64_t n_cpu = c->cpu ? choose_cpu_experts(c, ly, off) : 0;
+    int64_t n_cpu = c->cpu ? choose_cpu_experts(c, ly, n, off) : 0;
     if (n_cpu) {
         /* h for the CPU, before the device's work is queued (host waits for it) */
         float *hh = be->ops->host(be, sp_tensor_rows(c->h, 0, n), c->ch.data);
