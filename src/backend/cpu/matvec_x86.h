@@ -2009,9 +2009,8 @@ ALWAYS void a8_group_sums(int per, const uint8_t *c, const struct q8acts *q, int
         }
         s[t] = lane_totals8(v);
 #if !HAVE_DPWSSD
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        __m256i off = _mm256_loadu_si256((const __m256i *)(const void *)(q->xoff + t * q->ldg + g0));
-        s[t] = _mm256_add_epi32(s[t], _mm256_and_si256(off, _mm256_cmpgt_epi32(_mm256_set1_epi32(gn), lane)));
+        /* past the row's groups the offsets are zero, as MX4's (q8_prepare_fmt pads to ldg) */
+        s[t] = _mm256_add_epi32(s[t], _mm256_loadu_si256((const __m256i *)(const void *)(q->xoff + t * q->ldg + g0)));
 #endif
     }
 }
