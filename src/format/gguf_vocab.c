@@ -14,6 +14,13 @@
 /* llama.cpp's token types */
 enum { TYPE_NORMAL = 1, TYPE_UNKNOWN = 2, TYPE_CONTROL = 3, TYPE_USER = 4, TYPE_UNUSED = 5 };
 
+/* Ling's tokenizer.json regex as llama.cpp quotes it, its possessive
+ * quantifiers kept (PCRE2 has them); no normalizer, as llama.cpp reads
+ * these files. */
+#define BAILING_REGEX                                                                                                \
+    "'(?i:[sdmt]|ll|ve|re)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?+\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]++[\\\\r\\\\n]*|" \
+    "\\\\s*[\\\\r\\\\n]|\\\\s+(?!\\\\S)|\\\\s+"
+
 /* Byte-level BPE ("gpt2") vocabularies: llama.cpp's pre-tokenizer types
  * (tokenizer.ggml.pre) and what the tokenizer.json each stands for holds
  * around the model: its Split regex (isolated, then ByteLevel without its
@@ -35,6 +42,10 @@ static const struct bpe_pre {
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|"
      "\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+",
      NULL, true},
+    /* Ling 2.0, Ling 1.x and LLaDA-MoE */
+    {"bailingmoe2", BAILING_REGEX, NULL, false},
+    {"bailingmoe", BAILING_REGEX, NULL, false},
+    {"llada-moe", BAILING_REGEX, NULL, false},
     /* gpt-oss (o200k) */
     {"gpt-4o",
      "[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?[\\\\p{Lu}\\\\p{Lt}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]*[\\\\p{Ll}\\\\p{Lm}\\\\p{Lo}\\\\p{M}]+(?i:'s|"
@@ -324,7 +335,8 @@ static enum sp_status bpe_pre_of(const struct sp_gguf_file *f, const struct bpe_
         }
     return sp_errorf(SP_ERR_UNSUPPORTED,
                      "%s: tokenizer.ggml.pre \"%.*s\": the byte-level BPE pre-tokenizers read so far are qwen2 (Qwen2, "
-                     "Qwen2.5, Qwen3), llama-bpe (Llama 3) and gpt-4o (gpt-oss)",
+                     "Qwen2.5, Qwen3), llama-bpe (Llama 3), bailingmoe, bailingmoe2 and llada-moe (Ling) and gpt-4o "
+                     "(gpt-oss)",
                      f->path, (int)(pre.len < 60 ? pre.len : 60), pre.data);
 }
 
