@@ -90,10 +90,11 @@ static enum acts target_acts(const struct target *t, const struct sp_qmat *m, bo
 
 static float inv_freq[ROT / 2];
 
-static struct sp_backend *make_backend(const struct target *t, enum sp_kv_type kv) {
+/* A backend for the model above with a vocabulary of vocab. */
+static struct sp_backend *make_backend_vocab(const struct target *t, enum sp_kv_type kv, int64_t vocab) {
     for (int i = 0; i < ROT / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)ROT);
     struct sp_backend_params p = {
-        .shape = {.n_layers = LAYERS, .n_kv_layers = LAYERS, .d_model = D, .vocab = VOCAB, .n_heads = HEADS, .n_kv_heads = KV_HEADS,
+        .shape = {.n_layers = LAYERS, .n_kv_layers = LAYERS, .d_model = D, .vocab = vocab, .n_heads = HEADS, .n_kv_heads = KV_HEADS,
                   .head_dim = HEAD_DIM, .mlp_width = 2 * FF, .n_experts = EXPERTS, .rot_dims = ROT,
                   .inv_freq = inv_freq, .rope_scale = 1.25f},
         .n_ctx = CTX, .n_seq = SEQS, .max_batch = BATCH, .kv_type = kv, .n_threads = 2,
@@ -102,6 +103,10 @@ static struct sp_backend *make_backend(const struct target *t, enum sp_kv_type k
     struct sp_backend *b;
     if (sp_backend_create(t->dev, &p, &b) != SP_OK) fail_msg("%s: %s", t->label, sp_error_msg());
     return b;
+}
+
+static struct sp_backend *make_backend(const struct target *t, enum sp_kv_type kv) {
+    return make_backend_vocab(t, kv, VOCAB);
 }
 
 static void done_backend(struct sp_backend *b) {
@@ -937,6 +942,71 @@ static void test_argmax_ties(void **state) {
     }
 }
 
+/* A backend's own best logits (ops->top_k, sampling's candidates) are the
+ * host's sp_top_k of the logits it gives: for vocabularies of one block of
+ * the device's sort and of one, two and three rounds of them, k of 1, 40
+ * and 64, rows left out; among the logits ties at the top (head rows
+ * 3, 10, 17, ... one long row u, two tokens along it), NaN (a row of
+ * +inf and -inf) and infinities (a row of one, -inf for the tokens along
+ * u). */
+static void test_top_k(void **state) {
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 53);
+    static const int64_t vocabs[] = {VOCAB, 4097, 157184, 300000}, ks[] = {1, 40, SP_TOP_K_MAX};
+    int tried = 0;
+    for (int ti = 0; ti < n_targets; ti++)
+        for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+            const int64_t V = vocabs[vi];
+            struct sp_backend *b = make_backend_vocab(&targets[ti], SP_KV_F16, V);
+            if (!b->ops->top_k) {
+                done_backend(b);
+                continue;
+            }
+            tried++;
+            struct mat H;
+            mat_make(&H, SP_QTYPE_F32, 1, SP_DTYPE_COUNT, V, D, &rng);
+            float *u = randn(D, 1000.0f, &rng), *hw = H.codes;
+            for (int64_t r = 3; r < V; r += 7) memcpy(hw + r * D, u, D * sizeof *u);
+            for (int i = 0; i < D; i++) hw[5 * D + i] = i % 2 ? INFINITY : -INFINITY;
+            memset(hw + 6 * D, 0, D * sizeof *hw);
+            hw[6 * D] = u[0] > 0 ? -INFINITY : INFINITY;  // -inf for the tokens along u
+            struct sp_linear head = linear_of(&H);
+            assert_int_equal(b->ops->prepare(b, &head), SP_OK);
+            enum { N = 5 };
+            bool want[N] = {true, false, true, true, true};
+            float *xv = randn(N * D, 1.0f, &rng), *logits = malloc(N * V * sizeof *logits), ones[D];
+            for (int i = 0; i < D; i++) xv[i] += u[i], xv[2 * D + i] += u[i], ones[i] = 1.0f;
+            const float *norm;
+            struct sp_vector vn = {ones, SP_DTYPE_F32, D};
+            assert_int_equal(b->ops->vector(b, &vn, &norm), SP_OK);
+            struct sp_tensor x = tensor_of(b, N, D, xv);
+            int64_t m = b->ops->logits(b, norm, 1e-5f, &head, x, want, logits);
+            assert_int_equal(m, 4);
+            struct sp_cand got[N * SP_TOP_K_MAX], want_top[SP_TOP_K_MAX];
+            for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+                int64_t k = ks[ki] < V ? ks[ki] : V;
+                assert_int_equal(b->ops->top_k(b, norm, 1e-5f, &head, x, want, k, got), m);
+                for (int64_t r = 0; r < m; r++) {
+                    sp_top_k(logits + r * V, V, k, want_top);
+                    for (int64_t j = 0; j < k; j++)
+                        if (memcmp(&got[r * k + j], &want_top[j], sizeof *want_top) != 0)
+                            fail_msg("%s: vocabulary %lld, k %lld, row %lld: candidate %lld is %d (%g), the host's %d (%g)",
+                                     targets[ti].label, (long long)V, (long long)k, (long long)r, (long long)j,
+                                     got[r * k + j].id, got[r * k + j].logit, want_top[j].id, want_top[j].logit);
+                }
+                for (int64_t r = 0; r < 2; r++)  // tokens 0 and 2, along u
+                    if (got[r * k].id != 3 || (k > 1 && got[r * k + 1].id != 10))
+                        fail_msg("%s: the ties at the top, %d first, not 3 (then 10)", targets[ti].label, got[r * k].id);
+            }
+            free(u);
+            free(xv);
+            free(logits);
+            mat_free(&H);
+            done_backend(b);
+        }
+    if (!tried) print_message("no backend here has its own best logits (the host's sp_top_k serves)\n");
+}
+
 /* A device backend refuses the CPU's interleaved rows at prepare, and keeps
  * an op's failure (here a weight it was never given) for ops->error: it is
  * reported when asked, and host gives zeros after it. */
@@ -1015,6 +1085,7 @@ int main(void) {
         cmocka_unit_test(test_gather_scatter),
         cmocka_unit_test(test_logits),
         cmocka_unit_test(test_argmax_ties),
+        cmocka_unit_test(test_top_k),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

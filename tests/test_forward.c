@@ -341,6 +341,26 @@ static void check_batch_invariance(struct sp_model *m, const struct ref *r) {
     b.argmax = ids;
     assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_OK);
     assert_memory_equal(ids, want_ids, (size_t)(2 * n) * sizeof *ids);
+    /* and for each row's best logits: the host's sp_top_k of those logits */
+    b.argmax = NULL;
+    assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_OK);
+    int64_t ks[] = {1, 7, V < SP_TOP_K_MAX ? V : SP_TOP_K_MAX};
+    struct sp_cand *top = malloc((size_t)(2 * n * SP_TOP_K_MAX) * sizeof *top), want_top[SP_TOP_K_MAX];
+    for (size_t j = 0; j < sizeof ks / sizeof *ks; j++) {
+        b.top = top;
+        b.top_k = ks[j];
+        float *scratch = malloc((size_t)(2 * n * V) * sizeof(float));
+        assert_int_equal(sp_ctx_forward(c, &b, scratch), SP_OK);
+        free(scratch);
+        for (int64_t i = 0; i < 2 * n; i++) {
+            sp_top_k(mixed + i * V, V, ks[j], want_top);
+            assert_memory_equal(top + i * ks[j], want_top, (size_t)ks[j] * sizeof *top);
+        }
+    }
+    b.top_k = SP_TOP_K_MAX + 1;
+    assert_int_equal(sp_ctx_forward(c, &b, mixed), SP_ERR_ARG);
+    b.top = NULL;
+    free(top);
     /* bad input is an error, not a crash */
     int32_t bad = (int32_t)V, zero = 0, big = 64;
     struct sp_batch bb = {.n = 1, .tokens = &bad, .pos = &zero, .seq = &zero};

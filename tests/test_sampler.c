@@ -11,6 +11,7 @@
 
 #include <math.h>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 #include "runtime/sampler.h"
 
@@ -305,6 +306,65 @@ static void test_seeds_and_nan(void **state) {
     free(base);
 }
 
+/* Sampling with a top-k from the k best logits alone (a backend's
+ * candidates, here the host's sp_top_k) draws what sampling from the
+ * whole vocabulary draws, draw for draw with one seed: on random logits
+ * with ties, -0, NaN and -inf among them, at several top-k, top-p, min-p
+ * and temperatures, from more candidates than the top-k too. Where the
+ * draw needs more than the best logits (top-k off, a penalty, greedy),
+ * sp_sampler_top_k says 0. */
+static void test_from_best_logits(void **state) {
+    float *l = malloc(VOCAB * sizeof *l), *scratch = malloc(VOCAB * sizeof *scratch);
+    struct sp_cand top[SP_TOP_K_MAX];
+    struct sp_rng rng;
+    sp_rng_seed(&rng, 5);
+    const struct {
+        int32_t k;
+        float top_p, min_p, temp;
+    } cases[] = {{40, 0.95f, 0.05f, 0.8f}, {1, 1.0f, 0.0f, 1.0f}, {64, 1.0f, 0.0f, 1.5f}, {10, 0.5f, 0.0f, 0.7f},
+                 {64, 0.9f, 0.2f, 0.3f}, {5, 1.0f, 0.5f, 2.0f}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        for (int trial = 0; trial < 20; trial++) {
+            for (int64_t i = 0; i < VOCAB; i++) {
+                uint64_t r = sp_rng_next(&rng);
+                /* a few distinct values on a spread: ties among the best too */
+                l[i] = (float)(r % 97) * 0.125f - (float)(r >> 60);
+                if (r % 211 == 0) l[i] = NAN;
+                if (r % 223 == 0) l[i] = -INFINITY;
+                if (r % 227 == 0) l[i] = -0.0f;
+            }
+            struct sp_sampler *full = make(cases[ci].k, cases[ci].top_p, cases[ci].min_p, cases[ci].temp, 100 + trial);
+            struct sp_sampler *best = make(cases[ci].k, cases[ci].top_p, cases[ci].min_p, cases[ci].temp, 100 + trial);
+            assert_int_equal(sp_sampler_top_k(best), cases[ci].k);
+            int64_t n = trial % 2 ? SP_TOP_K_MAX : cases[ci].k;  // exactly k candidates, or more
+            sp_top_k(l, VOCAB, n, top);
+            for (int d = 0; d < 30; d++) {
+                memcpy(scratch, l, VOCAB * sizeof *l);
+                int32_t want = sp_sampler_sample(full, scratch), got = sp_sampler_sample_top(best, top, n);
+                if (want != got) fail_msg("case %zu trial %d draw %d: %d from the best logits, %d from all", ci, trial, d, got, want);
+            }
+            sp_sampler_free(full);
+            sp_sampler_free(best);
+        }
+    }
+    struct sp_sampler *s = make(0, 0.9f, 0.0f, 1.0f, 1);
+    assert_int_equal(sp_sampler_top_k(s), 0);  // top-k off
+    sp_sampler_free(s);
+    s = make(40, 1.0f, 0.0f, 0.0f, 1);
+    assert_int_equal(sp_sampler_top_k(s), 0);  // greedy
+    sp_sampler_free(s);
+    s = make(VOCAB, 1.0f, 0.0f, 1.0f, 1);
+    assert_int_equal(sp_sampler_top_k(s), 0);  // the whole vocabulary
+    sp_sampler_free(s);
+    struct sp_sampler_params p = sp_sampler_defaults();
+    p.repeat_penalty = 1.1f;
+    assert_int_equal(sp_sampler_create(&p, VOCAB, &s), SP_OK);
+    assert_int_equal(sp_sampler_top_k(s), 0);  // a penalty moves logits first
+    sp_sampler_free(s);
+    free(scratch);
+    free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
@@ -313,6 +373,7 @@ int main(void) {
         cmocka_unit_test(test_top_p),
         cmocka_unit_test(test_min_p_and_top_k),
         cmocka_unit_test(test_seeds_and_nan),
+        cmocka_unit_test(test_from_best_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,8 @@
  * names, the KV types, and facts about weights read from their headers. */
 #include "backend/backend.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -143,4 +145,53 @@ size_t sp_backend_work_bytes(enum sp_device d, const struct sp_backend_params *p
     if (d == SP_DEVICE_CUDA) return sp_cuda_work_bytes(p);
 #endif
     return d == SP_DEVICE_CPU ? sp_cpu_work_bytes(p, widest) : 0;
+}
+
+/* ---- a row's best logits ---- */
+
+int sp_cand_cmp(const void *a, const void *b) {
+    const struct sp_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* v[i] as a candidate: NaN as -inf, -0 as +0 (equal, and one bit pattern for either) */
+static struct sp_cand cand_of(const float *v, int64_t i) {
+    return (struct sp_cand){isnan(v[i]) ? -INFINITY : v[i] == 0.0f ? 0.0f : v[i], (int32_t)i};
+}
+
+/* One pass with a min-heap of the k best seen (the worst at the root): a
+ * later value enters only if larger than the root, as an equal one has a
+ * larger index. */
+void sp_top_k(const float *v, int64_t n, int64_t k, struct sp_cand *c) {
+    if (k >= n) {
+        for (int64_t i = 0; i < n; i++) c[i] = cand_of(v, i);
+        qsort(c, (size_t)n, sizeof *c, sp_cand_cmp);
+        return;
+    }
+    for (int64_t i = 0; i < k; i++) {  // sift up
+        struct sp_cand x = cand_of(v, i);
+        int64_t j = i;
+        while (j > 0 && sp_cand_cmp(&c[(j - 1) / 2], &x) < 0) {
+            c[j] = c[(j - 1) / 2];
+            j = (j - 1) / 2;
+        }
+        c[j] = x;
+    }
+    for (int64_t i = k; i < n; i++) {
+        if (!(v[i] > c[0].logit)) continue;
+        struct sp_cand x = cand_of(v, i);
+        int64_t j = 0;  // sift down from the root
+        for (;;) {
+            int64_t l = 2 * j + 1, r = l + 1, w = j;
+            const struct sp_cand *wc = &x;
+            if (l < k && sp_cand_cmp(&c[l], wc) > 0) w = l, wc = &c[l];
+            if (r < k && sp_cand_cmp(&c[r], wc) > 0) w = r;
+            if (w == j) break;
+            c[j] = c[w];
+            j = w;
+        }
+        c[j] = x;
+    }
+    qsort(c, (size_t)k, sizeof *c, sp_cand_cmp);
 }

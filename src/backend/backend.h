@@ -112,6 +112,20 @@ const char *sp_kv_type_name(enum sp_kv_type t);
 bool sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
 enum sp_dtype sp_kv_dtype(enum sp_kv_type t);
 
+/* A logit and its token: a candidate of a step's sampling. */
+struct sp_cand {
+    float logit;  // NaN as -inf
+    int32_t id;
+};
+/* The most candidates a row a batch may ask for (sp_batch.top_k): sampling
+ * with a top-k up to it draws from them, not from the whole vocabulary. */
+#define SP_TOP_K_MAX 64
+/* c[0 .. k) = the k best of v[0 .. n) (k <= n): the highest first, the
+ * lower index of equal ones, NaN as -inf (and -0 as +0). */
+void sp_top_k(const float *v, int64_t n, int64_t k, struct sp_cand *c);
+/* That order as qsort's comparison. */
+int sp_cand_cmp(const void *a, const void *b);
+
 /* A batch of tokens from any of the context's sequences. Tokens of one
  * sequence come in increasing position order. */
 struct sp_batch {
@@ -124,7 +138,10 @@ struct sp_batch {
                                 // copied to its snapshot slot (ops->state_copy)
     int32_t *argmax;            // NULL, or (rows wanting logits): each such row's greedy choice, in
                                 // order, instead of its logits (ops->argmax); may be tokens
+    struct sp_cand *top;        // without argmax: NULL, or (rows wanting logits, top_k): each such
+    int64_t top_k;              // row's top_k best logits (sp_top_k's order) instead of its logits
 };
+
 
 /* ---- what a backend is sized and set up for ---- */
 
@@ -432,6 +449,11 @@ struct sp_backend_ops {
      * how many rows. */
     int64_t (*argmax)(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
                       struct sp_tensor x, const bool *want, int32_t *ids);
+    /* Optional (NULL: logits, then sp_top_k on the host): the same rows'
+     * k <= SP_TOP_K_MAX best logits each, in sp_top_k's order, into top (k
+     * a row). Returns how many rows. */
+    int64_t (*top_k)(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                     struct sp_tensor x, const bool *want, int64_t k, struct sp_cand *top);
 };
 
 /* The instance every backend's state begins with. */

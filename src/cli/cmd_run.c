@@ -364,8 +364,11 @@ int sp_cmd_run(int argc, char **argv) {
     size_t sent = 0;
     int64_t generated = 0;
     const char *why = "length";
-    /* greedy: each step after the first asks the forward pass for its choice, not its logits */
+    /* each step after the first asks the forward pass for its greedy
+     * choice, or for the best logits a top-k draws from, not the logits */
     bool greedy = sp_sampler_greedy(smp);
+    int64_t top_k = greedy || sp_sampler_top_k(smp) > SP_TOP_K_MAX ? 0 : sp_sampler_top_k(smp);
+    struct sp_cand top[SP_TOP_K_MAX];
     int32_t picked = -1;
     for (int64_t i = 0; i < o.max_tokens; i++) {
         int32_t next = picked >= 0 ? picked : sp_sampler_sample(smp, logits);
@@ -391,8 +394,10 @@ int sp_cmd_run(int argc, char **argv) {
         }
         if (i + 1 == o.max_tokens) break;
         int32_t p = (int32_t)(n + i), sq = 0;
-        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq, .argmax = greedy ? &picked : NULL};
+        struct sp_batch b = {.n = 1, .tokens = &next, .pos = &p, .seq = &sq, .argmax = greedy ? &picked : NULL,
+                             .top = top_k ? top : NULL, .top_k = top_k};
         if (sp_ctx_forward(c, &b, logits) != SP_OK) goto fail;
+        if (top_k) picked = sp_sampler_sample_top(smp, top, top_k);
     }
     if (dt && strcmp(why, "stop") != 0) {
         sp_buf_clear(&delta);

@@ -1582,9 +1582,32 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
 
 /* ---- the forward pass ---- */
 
+/* The final norm and lm_head on the rows of x that want logits: their
+ * logits, greedy choices (b->argmax) or best candidates (b->top), by the
+ * backend's own op where it has one, else from the logits on the host
+ * (logits then serves as scratch). Returns how many rows. */
+static int64_t lm_head(struct sp_ctx *c, const struct sp_batch *b, struct sp_tensor x, float *logits) {
+    struct sp_backend *be = c->be;
+    const float eps = (float)c->a->norm_eps;
+    const int64_t V = c->a->vocab;
+    const bool top = b->top && !b->argmax;
+    if (b->argmax && be->ops->argmax) return be->ops->argmax(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, b->argmax);
+    if (top && be->ops->top_k)
+        return be->ops->top_k(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, b->top_k, b->top);
+    int64_t m = be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits);
+    for (int64_t r = 0; r < m && (b->argmax || top); r++) {
+        if (b->argmax) b->argmax[r] = (int32_t)sp_kernels()->argmax(logits + r * V, V);
+        else sp_top_k(logits + r * V, V, b->top_k, b->top + r * b->top_k);
+    }
+    return m;
+}
+
 static enum sp_status check_batch(const struct sp_ctx *c, const struct sp_batch *b) {
     if (b->n <= 0 || b->n > c->p.max_batch)
         return sp_errorf(SP_ERR_ARG, "batch of %lld tokens (1 to %lld allowed)", (long long)b->n, (long long)c->p.max_batch);
+    if (b->top && !b->argmax && (b->top_k < 1 || b->top_k > SP_TOP_K_MAX || b->top_k > c->a->vocab))
+        return sp_errorf(SP_ERR_ARG, "%lld best logits a row asked for (1 to %d allowed)", (long long)b->top_k,
+                         SP_TOP_K_MAX);
     for (int64_t t = 0; t < b->n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->a->vocab)
             return sp_errorf(SP_ERR_ARG, "token %d is outside the vocabulary of %lld", b->tokens[t], (long long)c->a->vocab);
@@ -1780,12 +1803,7 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     }
 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
-    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab,
-         m = b->argmax && be->ops->argmax
-                 ? be->ops->argmax(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, b->argmax)
-                 : be->ops->logits(be, c->out_norm, eps, &c->lm_head, x, b->want_logits, logits));
-    if (b->argmax && !be->ops->argmax)
-        for (int64_t r = 0; r < m; r++) b->argmax[r] = (int32_t)sp_kernels()->argmax(logits + r * a->vocab, a->vocab);
+    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = lm_head(c, b, x, logits));
     if (c->p.time_steps) read_marks(c);
     st = be->ops->error ? be->ops->error(be) : SP_OK;
     track_states(c, b, st == SP_OK);

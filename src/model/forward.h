@@ -134,8 +134,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
 void sp_ctx_free(struct sp_ctx *c);
 /* Runs a batch; logits of the tokens that want them, in batch order,
  * [count][vocab] floats (where b->argmax is set, their greedy choices go
- * there instead, and logits, as large, may serve as scratch). Bad
- * tokens/positions/sequences are SP_ERR_ARG. */
+ * there instead, or where b->top is, their b->top_k best logits; logits,
+ * as large, may then serve as scratch). Bad tokens/positions/sequences,
+ * and a top_k outside 1 .. SP_TOP_K_MAX, are SP_ERR_ARG. */
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits);
 /* The parameters as the context took them (defaults filled in, the
  * backend's thread count). */

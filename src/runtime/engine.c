@@ -76,6 +76,7 @@ struct sp_engine {
     bool *b_snap;  // recurrent models: a prompt's state snapshot after this token
     int *b_slot_of_row;  // logits row -> slot
     int32_t *b_pick;     // (n_slots) each row's greedy choice, where the whole step samples greedily
+    struct sp_cand *b_top;  // (n_slots, SP_TOP_K_MAX) each row's best logits, where every row samples from them
     float *logits;       // (n_slots, vocab)
     float *scratch;      // (vocab) for logprobs
     float *scratch2;     // (vocab) for constrained sampling
@@ -230,6 +231,7 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e->b_snap);
     sp_free(e->b_slot_of_row);
     sp_free(e->b_pick);
+    sp_free(e->b_top);
     sp_free(e->logits);
     sp_free(e->scratch);
     sp_free(e->scratch2);
@@ -290,6 +292,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->b_snap = sp_malloc((size_t)B * sizeof(bool), SP_MEM_SERVER);
     e->b_slot_of_row = sp_malloc((size_t)S * sizeof(int), SP_MEM_SERVER);
     e->b_pick = sp_malloc((size_t)S * sizeof(int32_t), SP_MEM_SERVER);
+    e->b_top = sp_malloc((size_t)S * SP_TOP_K_MAX * sizeof *e->b_top, SP_MEM_SERVER);
     e->logits = sp_malloc((size_t)S * (size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
     e->scratch2 = sp_malloc((size_t)e->vocab * sizeof(float), SP_MEM_SERVER);
@@ -298,7 +301,7 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->st.n_layers = m->arch.n_layers;
     if (!e->layer_hits || !e->layer_misses) goto nomem;
     if (!e->scratch2 || !e->slots || !e->queue || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_snap ||
-        !e->b_slot_of_row || !e->b_pick || !e->logits || !e->scratch)
+        !e->b_slot_of_row || !e->b_pick || !e->b_top || !e->logits || !e->scratch)
         goto nomem;
     struct sp_sampler_params sp = sp_sampler_defaults();
     sp.penalty_last_n = 4096;
@@ -724,8 +727,17 @@ static bool greedy_only(const struct slot *s) {
     return !s->req->gp.grammar && s->req->gp.top_logprobs < 0 && sp_sampler_greedy(s->smp);
 }
 
+/* The k of s's sampling from its k best logits alone (sp_sampler_top_k, up
+ * to SP_TOP_K_MAX and with no constraint or log-probabilities to report):
+ * then the forward pass hands those back instead of the vocabulary's
+ * logits. 0 otherwise. */
+static int64_t top_only(const struct slot *s) {
+    int64_t k = s->req->gp.grammar || s->req->gp.top_logprobs >= 0 ? 0 : sp_sampler_top_k(s->smp);
+    return k <= SP_TOP_K_MAX ? k : 0;
+}
+
 /* After a forward pass: s's next token sampled from its logits row, or
- * where picked >= 0 (greedy_only) that one. */
+ * where picked >= 0 (greedy_only, or drawn from its best logits) that one. */
 static void after_logits(struct sp_engine *e, struct slot *s, float *row, int32_t picked) {
     struct sp_req *r = s->req;
     struct sp_tok_info ti;
@@ -907,9 +919,19 @@ static bool step(struct sp_engine *e) {
     if (!n) return false;
     bool greedy = rows > 0;
     for (int k = 0; k < rows && greedy; k++) greedy = greedy_only(&e->slots[e->b_slot_of_row[k]]);
+    /* or each row greedy or sampling from its best logits: as many of
+     * those as the widest top-k (a greedy row takes the first) */
+    int64_t top_k = 0;
+    for (int k = 0; k < rows && !greedy; k++) {
+        const struct slot *s = &e->slots[e->b_slot_of_row[k]];
+        int64_t sk = greedy_only(s) ? 1 : top_only(s);
+        top_k = sk && (k == 0 || top_k) ? (sk > top_k ? sk : top_k) : 0;
+        if (!top_k) break;
+    }
     double t0 = sp_now_s();
     struct sp_batch b = {.n = n, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
-                         .snapshot = e->b_snap, .argmax = greedy ? e->b_pick : NULL};
+                         .snapshot = e->b_snap, .argmax = greedy ? e->b_pick : NULL, .top = top_k ? e->b_top : NULL,
+                         .top_k = top_k};
     uint64_t faults = sp_map_faults();
     enum sp_status st = sp_ctx_forward(e->ctx, &b, e->logits);
     /* a fault during the pass read zeros for weights: no token of it may go out */
@@ -949,7 +971,11 @@ static bool step(struct sp_engine *e) {
     }
     for (int k = 0; k < rows; k++) {
         struct slot *s = &e->slots[e->b_slot_of_row[k]];
-        if (s->req) after_logits(e, s, e->logits + (size_t)k * (size_t)e->vocab, greedy ? e->b_pick[k] : -1);
+        if (!s->req) continue;
+        int32_t picked = greedy ? e->b_pick[k] : -1;
+        const struct sp_cand *top = e->b_top + k * top_k;
+        if (top_k) picked = greedy_only(s) ? top[0].id : sp_sampler_sample_top(s->smp, top, top_k);
+        after_logits(e, s, e->logits + (size_t)k * (size_t)e->vocab, picked);
     }
     return true;
 }

@@ -7,12 +7,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "backend/backend.h"
 #include "backend/cpu/kernels.h"
-
-struct cand {
-    float logit;
-    int32_t id;
-};
 
 struct sp_sampler {
     struct sp_sampler_params p;
@@ -22,7 +18,7 @@ struct sp_sampler {
     int32_t *hist;   // ring of the last penalty_last_n tokens (when bounded)
     int64_t hist_len, hist_pos;
     int32_t cap_last_n;  // capacity of hist
-    struct cand *c;  // (vocab) the candidates sorted first, in order; past them, nucleus_end's scratch
+    struct sp_cand *c;  // (vocab) the candidates sorted first, in order; past them, nucleus_end's scratch
     float *w;        // (vocab) the vocabulary's probabilities, when top-k is off
 };
 
@@ -91,63 +87,14 @@ void sp_sampler_accept(struct sp_sampler *s, int32_t tok) {
 
 int32_t sp_argmax(const float *v, int64_t n) { return (int32_t)sp_kernels()->argmax(v, n); }
 
-static int cmp_cand(const void *a, const void *b) {
-    const struct cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-/* A logit as a candidate: NaN ranks with -inf (last), so that the order
- * is total. */
-static struct cand cand_of(const float *v, int64_t i) {
-    return (struct cand){isnan(v[i]) ? -INFINITY : v[i], (int32_t)i};
-}
-
-/* c[0 .. k) = the k best of v[0 .. n), best first (ties: the lower id).
- * One pass with a min-heap of the k best seen (the worst at the root): a
- * later value enters only if larger than the root, as an equal one has a
- * larger id. */
-static void best_k(struct cand *c, const float *v, int64_t n, int64_t k) {
-    if (k >= n) {
-        for (int64_t i = 0; i < n; i++) c[i] = cand_of(v, i);
-        qsort(c, (size_t)n, sizeof *c, cmp_cand);
-        return;
-    }
-    for (int64_t i = 0; i < k; i++) {  // sift up
-        struct cand x = cand_of(v, i);
-        int64_t j = i;
-        while (j > 0 && cmp_cand(&c[(j - 1) / 2], &x) < 0) {
-            c[j] = c[(j - 1) / 2];
-            j = (j - 1) / 2;
-        }
-        c[j] = x;
-    }
-    for (int64_t i = k; i < n; i++) {
-        if (!(v[i] > c[0].logit)) continue;
-        struct cand x = {v[i], (int32_t)i};
-        int64_t j = 0;  // sift down from the root
-        for (;;) {
-            int64_t l = 2 * j + 1, r = l + 1, w = j;
-            const struct cand *wc = &x;
-            if (l < k && cmp_cand(&c[l], wc) > 0) w = l, wc = &c[l];
-            if (r < k && cmp_cand(&c[r], wc) > 0) w = r;
-            if (w == j) break;
-            c[j] = c[w];
-            j = w;
-        }
-        c[j] = x;
-    }
-    qsort(c, (size_t)k, sizeof *c, cmp_cand);
-}
-
 /* Past the sorted candidates (top-k off), sets are bounded by rank: a
  * candidate is in when it ranks below the last sorted one (c[sorted - 1])
  * and at or above `bound` (highest logit first, then the lower id; NaN and
  * -inf are never in). */
-static bool ranks_at_or_above(float l, int64_t id, struct cand b) {
+static bool ranks_at_or_above(float l, int64_t id, struct sp_cand b) {
     return l > b.logit || (l == b.logit && id <= b.id);
 }
-static bool past_sorted(float l, int64_t i, struct cand last) {
+static bool past_sorted(float l, int64_t i, struct sp_cand last) {
     return l > -INFINITY && !ranks_at_or_above(l, i, last);
 }
 
@@ -160,9 +107,9 @@ static int bucket_of(float f) { return f >= NUCLEUS_BUCKETS - 1 ? NUCLEUS_BUCKET
  * temperature 1): a histogram of the others' mass over their logits finds
  * the bucket where the mass reaches top_p, and only that bucket is sorted.
  * A bound of -inf: the nucleus is every candidate. */
-static struct cand nucleus_end(struct sp_sampler *s, const float *logits, int64_t sorted, double cum, double top_p) {
+static struct sp_cand nucleus_end(struct sp_sampler *s, const float *logits, int64_t sorted, double cum, double top_p) {
     const int64_t V = s->vocab;
-    const struct cand last = s->c[sorted - 1];
+    const struct sp_cand last = s->c[sorted - 1];
     float hi = last.logit, lo = hi;
     for (int64_t i = 0; i < V; i++) lo = past_sorted(logits[i], i, last) && logits[i] < lo ? logits[i] : lo;
     /* higher logits in lower buckets, equal ones in one; others go to
@@ -173,13 +120,13 @@ static struct cand nucleus_end(struct sp_sampler *s, const float *logits, int64_
     for (int64_t i = 0; i < V; i++) mass[BUCKET(i)] += past_sorted(logits[i], i, last) ? s->w[i] : 0.0f;
     int b = 0;
     for (; b < NUCLEUS_BUCKETS && cum + mass[b] < top_p; b++) cum += mass[b];
-    if (b == NUCLEUS_BUCKETS) return (struct cand){-INFINITY, INT32_MAX};
-    struct cand *m = s->c + sorted;  // the bucket's candidates, after the sorted ones
+    if (b == NUCLEUS_BUCKETS) return (struct sp_cand){-INFINITY, INT32_MAX};
+    struct sp_cand *m = s->c + sorted;  // the bucket's candidates, after the sorted ones
     int64_t nm = 0;
     for (int64_t i = 0; i < V; i++)
-        if (BUCKET(i) == b && past_sorted(logits[i], i, last)) m[nm++] = (struct cand){logits[i], (int32_t)i};
+        if (BUCKET(i) == b && past_sorted(logits[i], i, last)) m[nm++] = (struct sp_cand){logits[i], (int32_t)i};
 #undef BUCKET
-    qsort(m, (size_t)nm, sizeof *m, cmp_cand);
+    qsort(m, (size_t)nm, sizeof *m, sp_cand_cmp);
     for (int64_t j = 0; j < nm; j++) {
         cum += s->w[m[j].id];
         if (cum >= top_p) return m[j];
@@ -216,29 +163,14 @@ static bool penalized(const struct sp_sampler_params *p) {
 
 bool sp_sampler_greedy(const struct sp_sampler *s) { return s->p.temp <= 0.0f && !penalized(&s->p); }
 
-int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
+/* The draw from the candidates s->c[0 .. sorted), the best of the
+ * vocabulary's logits in order, of which the first K (the top-k; the
+ * vocabulary when off) are in the running. Where sorted == K (top-k on)
+ * that is all it reads, and logits may be NULL. */
+static int32_t draw(struct sp_sampler *s, const float *logits, int64_t K, int64_t sorted) {
     const struct sp_sampler_params *p = &s->p;
-    int64_t V = s->vocab;
-    if (penalized(p)) {
-        if (p->penalty_last_n > 0) {
-            /* the tokens of the window, each once: its count is negated when
-             * done, then restored */
-            for (int64_t i = 0; i < s->hist_len; i++) {
-                int32_t t = s->hist[i];
-                if (s->count[t] > 0) penalize(p, logits, t, s->count[t]), s->count[t] = -s->count[t];
-            }
-            for (int64_t i = 0; i < s->hist_len; i++)
-                if (s->count[s->hist[i]] < 0) s->count[s->hist[i]] = -s->count[s->hist[i]];
-        } else {
-            for (int64_t i = 0; i < V; i++)
-                if (s->count[i]) penalize(p, logits, i, s->count[i]);
-        }
-    }
-    if (p->temp <= 0.0f) return sp_argmax(logits, V);
-    const int64_t K = p->top_k > 0 && p->top_k < V ? p->top_k : V;  // the vocabulary when top-k is off
-    const int64_t sorted = K < V ? K : V < SORTED_FIRST ? V : SORTED_FIRST;
-    best_k(s->c, logits, V, sorted);
-    const struct cand *c = s->c;
+    const int64_t V = s->vocab;
+    const struct sp_cand *c = s->c;
     double mx = c[0].logit;
     if (mx == -INFINITY) return c[0].id;
     /* top-p on the probabilities at temperature 1 over the top_k, as
@@ -246,7 +178,7 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
      * off, 256 sorted) of the whole vocabulary, the nucleus then reaching
      * past the sorted ones as far as nucleus_end finds */
     int64_t n = K;
-    struct cand bound = {-INFINITY, INT32_MAX};
+    struct sp_cand bound = {-INFINITY, INT32_MAX};
     float w_temp = 0.0f;  // the temperature of the softmax in s->w (0: none)
     if (p->top_p < 1.0f) {
         const bool all_sorted = sorted == K;
@@ -293,7 +225,7 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
      * distribution; this one needs no further sorting), weighted by the
      * vocabulary's softmax at the temperature */
     if (w_temp != p->temp) vocab_softmax(s, logits, p->temp);
-    const struct cand last = c[sorted - 1];
+    const struct sp_cand last = c[sorted - 1];
 #define REST(i) (past_sorted(logits[i], i, last) && logits[i] >= cut && ranks_at_or_above(logits[i], i, bound))
     double total = 0;
     for (int64_t i = 0; i < sorted; i++) total += s->w[c[i].id];
@@ -313,4 +245,41 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
     }
 #undef REST
     return chosen;  // (or the last of the set, r past the rounded total)
+}
+
+int32_t sp_sampler_sample(struct sp_sampler *s, float *logits) {
+    const struct sp_sampler_params *p = &s->p;
+    int64_t V = s->vocab;
+    if (penalized(p)) {
+        if (p->penalty_last_n > 0) {
+            /* the tokens of the window, each once: its count is negated when
+             * done, then restored */
+            for (int64_t i = 0; i < s->hist_len; i++) {
+                int32_t t = s->hist[i];
+                if (s->count[t] > 0) penalize(p, logits, t, s->count[t]), s->count[t] = -s->count[t];
+            }
+            for (int64_t i = 0; i < s->hist_len; i++)
+                if (s->count[s->hist[i]] < 0) s->count[s->hist[i]] = -s->count[s->hist[i]];
+        } else {
+            for (int64_t i = 0; i < V; i++)
+                if (s->count[i]) penalize(p, logits, i, s->count[i]);
+        }
+    }
+    if (p->temp <= 0.0f) return sp_argmax(logits, V);
+    const int64_t K = p->top_k > 0 && p->top_k < V ? p->top_k : V;  // the vocabulary when top-k is off
+    const int64_t sorted = K < V ? K : V < SORTED_FIRST ? V : SORTED_FIRST;
+    sp_top_k(logits, V, sorted, s->c);
+    return draw(s, logits, K, sorted);
+}
+
+int64_t sp_sampler_top_k(const struct sp_sampler *s) {
+    const struct sp_sampler_params *p = &s->p;
+    return p->temp > 0.0f && !penalized(p) && p->top_k > 0 && p->top_k < s->vocab ? p->top_k : 0;
+}
+
+int32_t sp_sampler_sample_top(struct sp_sampler *s, const struct sp_cand *c, int64_t n) {
+    int64_t K = sp_sampler_top_k(s);
+    if (K <= 0 || K > n) K = n;
+    memcpy(s->c, c, (size_t)K * sizeof *c);
+    return draw(s, NULL, K, K);
 }

@@ -34,6 +34,7 @@ struct sp_sampler_params {
 };
 
 struct sp_sampler;
+struct sp_cand;
 
 struct sp_sampler_params sp_sampler_defaults(void);
 enum sp_status sp_sampler_create(const struct sp_sampler_params *p, int64_t vocab, struct sp_sampler **out);
@@ -47,6 +48,13 @@ void sp_sampler_reset(struct sp_sampler *s);
  * (larger values are clamped to it); -1 (all history) stays -1. */
 void sp_sampler_configure(struct sp_sampler *s, const struct sp_sampler_params *p);
 int32_t sp_sampler_sample(struct sp_sampler *s, float *logits);
+/* The k where sampling draws from the k best logits alone, as they are
+ * (a temperature above 0, top-k k below the vocabulary, no penalty): then
+ * sp_sampler_sample_top of them is sp_sampler_sample's choice. 0 otherwise. */
+int64_t sp_sampler_top_k(const struct sp_sampler *s);
+/* sp_sampler_sample from the n >= sp_sampler_top_k(s) best logits c (in
+ * sp_top_k's order: a backend's, or the host's), not the whole vocabulary's. */
+int32_t sp_sampler_sample_top(struct sp_sampler *s, const struct sp_cand *c, int64_t n);
 /* Whether sample takes the largest logit as it is (greedy, no penalty):
  * then sp_argmax of the logits, or a backend's greedy choice, is its choice. */
 bool sp_sampler_greedy(const struct sp_sampler *s);

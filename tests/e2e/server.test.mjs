@@ -113,6 +113,24 @@ test('the same seed gives the same text; another seed another', async () => {
   assert.notEqual(a.choices[0].message.content, c.choices[0].message.content);
 });
 
+// Sampling with a top-k (the server's default 40) draws from each row's
+// best logits, which the forward pass hands back instead of the
+// vocabulary's; a request for log-probabilities reads every logit. The
+// same seeds give the same texts either way, requests batched together
+// (a greedy one among them) or alone.
+test('sampling from the best logits gives the text sampling from every logit gives', async () => {
+  const reqs = [0.8, 1.3, 0].map((temperature, i) => ({ model: 'x', prompt: 'Candidates', max_tokens: 24,
+    temperature, seed: 30 + i }));
+  const batched = await Promise.all(reqs.map((r) => client(main).completions.create(r)));
+  for (const [i, r] of reqs.entries()) {
+    const full = await client(main).completions.create({ ...r, logprobs: 1 });
+    assert.equal(batched[i].choices[0].text, full.choices[0].text, `temperature ${r.temperature}`);
+  }
+  const a = await client(main).completions.create({ ...reqs[0], top_k: 64, top_p: 0.9 });
+  const b = await client(main).completions.create({ ...reqs[0], top_k: 64, top_p: 0.9, logprobs: 1 });
+  assert.equal(a.choices[0].text, b.choices[0].text, 'top_k 64');
+});
+
 // Text completions: the raw text (chat content also passes through the
 // output parser, which may drop whitespace around tags).
 test('stop strings end the text before them with finish_reason stop', async () => {

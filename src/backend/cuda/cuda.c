@@ -133,6 +133,8 @@ struct cuda {
     float *logit_rows, *logit_out; // (LOGIT_ROWS, d), (LOGIT_ROWS, vocab)
     float *logit_host;             // (LOGIT_ROWS, vocab), pinned host memory
     uint64_t *d_best;              // (LOGIT_ROWS) greedy choices, packed (sp_cuda_argmax)
+    uint64_t *d_top, *d_top_work;  // (LOGIT_ROWS, SP_TOP_K_MAX) best logits, packed, and their scratch
+    uint64_t *h_top;               // (LOGIT_ROWS, SP_TOP_K_MAX) those on the host
     int64_t logit_cap;             // rows of those
     int32_t *d_tok, *d_pos, *d_seq;
     int32_t *d_idx;                // gather rows, scatter offsets and lists, logits rows
@@ -1337,12 +1339,16 @@ static void cuda_scatter_add(struct sp_backend *b, struct sp_tensor out, struct 
           "scatter_add");
 }
 
+_Static_assert(SP_TOP_K_MAX == SP_CUDA_TOP_K_MAX, "the backend's best logits a row are the batch's");
+
 /* The wanted rows LOGIT_ROWS at a time: normed into logit_rows, through
  * the head, then to the host: their logits, or where ids is set only each
- * row's greedy choice (a few bytes a row instead of the vocabulary's
- * floats, and no pass over them on the host). */
+ * row's greedy choice, or where top is, its k best logits (a few bytes a
+ * row instead of the vocabulary's floats, and no pass over them on the
+ * host). */
 static int64_t head_rows(struct cuda *c, const float *norm, float eps, const struct sp_linear *head,
-                         struct sp_tensor x, const bool *want, float *logits, int32_t *ids) {
+                         struct sp_tensor x, const bool *want, float *logits, int32_t *ids, int64_t kt,
+                         struct sp_cand *top) {
     int64_t d = x.cols, V = head->w.rows, m = 0;
     if (V > c->shape.vocab) {
         fail(c, SP_ERR_ARG, "cuda: an lm_head wider than the vocabulary the backend was made for");
@@ -1371,6 +1377,15 @@ static int64_t head_rows(struct cuda *c, const float *norm, float eps, const str
                       "reading greedy choices back") &&
                 wait_queue(c))
                 for (int64_t i = 0; i < k; i++) ids[j0 + i] = sp_cuda_best_index(best[i]);
+        } else if (top) {
+            if (check(c, (cudaError_t)sp_cuda_top_k(c->logit_out, V, k, V, (int)kt, c->d_top_work, c->d_top, c->stream),
+                      "best logits") &&
+                check(c, cudaMemcpyAsync(c->h_top, c->d_top, (size_t)(k * kt) * sizeof *c->h_top,
+                                         cudaMemcpyDeviceToHost, c->stream),
+                      "reading best logits back") &&
+                wait_queue(c))
+                for (int64_t i = 0; i < k * kt; i++)
+                    top[j0 * kt + i] = (struct sp_cand){sp_cuda_top_value(c->h_top[i]), sp_cuda_best_index(c->h_top[i])};
         } else if (check(c, cudaMemcpyAsync(c->logit_host, c->logit_out, (size_t)(k * V) * sizeof(float),
                                             cudaMemcpyDeviceToHost, c->stream),
                          "reading logits back") &&
@@ -1380,18 +1395,24 @@ static int64_t head_rows(struct cuda *c, const float *norm, float eps, const str
     }
     wait_queue(c);
     if (c->err && ids) memset(ids, 0, (size_t)m * sizeof *ids);
+    else if (c->err && top) memset(top, 0, (size_t)(m * kt) * sizeof *top);
     else if (c->err) memset(logits, 0, (size_t)(m * V) * sizeof(float));
     return m;
 }
 
 static int64_t cuda_logits(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
                            struct sp_tensor x, const bool *want, float *logits) {
-    return head_rows(cuda_of(b), norm, eps, head, x, want, logits, NULL);
+    return head_rows(cuda_of(b), norm, eps, head, x, want, logits, NULL, 0, NULL);
 }
 
 static int64_t cuda_argmax(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
                            struct sp_tensor x, const bool *want, int32_t *ids) {
-    return head_rows(cuda_of(b), norm, eps, head, x, want, NULL, ids);
+    return head_rows(cuda_of(b), norm, eps, head, x, want, NULL, ids, 0, NULL);
+}
+
+static int64_t cuda_top_k(struct sp_backend *b, const float *norm, float eps, const struct sp_linear *head,
+                          struct sp_tensor x, const bool *want, int64_t k, struct sp_cand *top) {
+    return head_rows(cuda_of(b), norm, eps, head, x, want, NULL, NULL, k, top);
 }
 
 /* ---- bandwidth ---- */
@@ -1483,6 +1504,7 @@ static void cuda_destroy(struct sp_backend *b) {
     for (int64_t i = 0; i < c->n_pinned; i++) cudaHostUnregister(c->pinned[i]);
     sp_free(c->pinned);
     if (c->logit_host) cudaFreeHost(c->logit_host);
+    sp_free(c->h_top);
     for (int i = 0; i < c->made_marks; i++) cudaEventDestroy(c->marks[i]);
     sp_free(c->marks);
     sp_free(c->allocs);
@@ -1545,7 +1567,8 @@ size_t sp_cuda_work_bytes(const struct sp_backend_params *p) {
               (4 * P + 1) * sizeof(int32_t) +
               (size_t)(s->n_layers + 1) * (size_t)(s->n_experts + 1) * sizeof(struct sp_cuda_mlp_item);
     size_t q = p->float_activations ? 0 : 2 * (size_t)(q_rows(p) * q_cols(p)) * (1 + 2 * sizeof(float) / SP_CUDA_QBLOCK);
-    return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) + L * sizeof(uint64_t) +
+    size_t top = L * (SP_TOP_K_MAX + (size_t)sp_cuda_top_k_scratch(s->vocab)) * sizeof(uint64_t);
+    return floats * sizeof(float) + q + (5 * B + 2) * sizeof(int32_t) + L * sizeof(uint64_t) + top +
            (size_t)(s->n_experts + 2) * sizeof(struct sp_cuda_mlp_item) + moe;
 }
 
@@ -1610,6 +1633,9 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         (st = dev_floats(c, c->logit_cap * s->d_model, &c->logit_rows)) != SP_OK ||
         (st = dev_floats(c, c->logit_cap * s->vocab, &c->logit_out)) != SP_OK ||
         (st = dev_alloc(c, (size_t)c->logit_cap * sizeof(uint64_t), (void **)&c->d_best)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)(c->logit_cap * SP_TOP_K_MAX) * sizeof(uint64_t), (void **)&c->d_top)) != SP_OK ||
+        (st = dev_alloc(c, (size_t)(c->logit_cap * sp_cuda_top_k_scratch(s->vocab)) * sizeof(uint64_t),
+                        (void **)&c->d_top_work)) != SP_OK ||
         (st = dev_floats(c, c->w_cap, &c->d_w)) != SP_OK ||
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_tok)) != SP_OK ||
         (st = dev_alloc(c, (size_t)B * sizeof(int32_t), (void **)&c->d_pos)) != SP_OK ||
@@ -1643,6 +1669,11 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
         c->moe_rows = c->moe_sel + P;
         c->moe_tlist = c->moe_rows + P;
         c->moe_toff = c->moe_tlist + P;
+    }
+    c->h_top = sp_malloc((size_t)(c->logit_cap * SP_TOP_K_MAX) * sizeof *c->h_top, SP_MEM_MISC);
+    if (!c->h_top) {
+        st = sp_errorf(SP_ERR_NOMEM, "out of memory");
+        goto fail;
     }
     if ((e = cudaMallocHost((void **)&c->logit_host, (size_t)(c->logit_cap * s->vocab) * sizeof(float))) !=
         cudaSuccess) {
@@ -1727,4 +1758,5 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .moe = cuda_moe,
     .logits = cuda_logits,
     .argmax = cuda_argmax,
+    .top_k = cuda_top_k,
 };

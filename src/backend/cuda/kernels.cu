@@ -1812,6 +1812,72 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     if (b) atomicMax(best + blockIdx.y, b);
 }
 
+/* ---- a row's best logits (sampling's candidates) ----
+ *
+ * Each value a key as pack_best makes it, NaN taken as -inf: the larger
+ * key the better candidate (the larger value, then the lower index), no
+ * two alike, 0 below them all (padding). A block sorts up to TOPK_SPAN
+ * keys in shared memory (bitonic, descending) and keeps the first k: of
+ * TOPK_SPAN values of a row (k_topk_span), or of lists of k from blocks
+ * before (k_topk_merge, TOPK_SPAN / k lists a block), until one list of a
+ * row is left. Sorting 4096 keys is 78 rounds of compare-and-swap in
+ * shared memory; a row of 157,184 logits takes two rounds of blocks. */
+constexpr int TOPK_THREADS = 512, TOPK_SPAN = 4096;
+
+/* keys[0 .. n) in descending order; n a power of 2, at most TOPK_SPAN. */
+__device__ __forceinline__ void block_sort_desc(unsigned long long *keys, int n) {
+    for (int size = 2; size <= n; size *= 2)
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < n / 2; i += TOPK_THREADS) {
+                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                bool desc = (lo & size) == 0;  // this run's direction: the last run is descending
+                unsigned long long a = keys[lo], b = keys[hi];
+                if ((a < b) == desc) keys[lo] = b, keys[hi] = a;
+            }
+        }
+    __syncthreads();
+}
+
+/* The smallest power of 2 at least n (n <= TOPK_SPAN). */
+__device__ __forceinline__ int pow2_at_least(int n) {
+    int p = 2;
+    while (p < n) p *= 2;
+    return p;
+}
+
+/* Block (s, t): values [s TOPK_SPAN, (s + 1) TOPK_SPAN) of row t, its k
+ * best keys into out + (t gridDim.x + s) k. */
+__global__ void __launch_bounds__(TOPK_THREADS)
+    k_topk_span(const float *x, int64_t ldx, int64_t cols, int k, unsigned long long *out) {
+    dep_start();
+    __shared__ unsigned long long keys[TOPK_SPAN];
+    const float *row = x + (int64_t)blockIdx.y * ldx;
+    int64_t c0 = (int64_t)blockIdx.x * TOPK_SPAN;
+    int n = cols - c0 < TOPK_SPAN ? (int)(cols - c0) : TOPK_SPAN, n2 = pow2_at_least(n > k ? n : k);
+    for (int i = threadIdx.x; i < n2; i += TOPK_THREADS) {
+        float v = i < n ? row[c0 + i] : 0.0f;
+        keys[i] = i < n ? pack_best(v == v ? v : -INFINITY, c0 + i) : 0ull;
+    }
+    block_sort_desc(keys, n2);
+    unsigned long long *o = out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) o[i] = keys[i];
+}
+
+/* Block (g, t): lists [g per, (g + 1) per) of the `lists` of k keys of
+ * row t in `in`, their k best into out + (t gridDim.x + g) k. */
+__global__ void __launch_bounds__(TOPK_THREADS)
+    k_topk_merge(const unsigned long long *in, int lists, int per, int k, unsigned long long *out) {
+    dep_start();
+    __shared__ unsigned long long keys[TOPK_SPAN];
+    int l0 = blockIdx.x * per, nl = lists - l0 < per ? lists - l0 : per, n = nl * k, n2 = pow2_at_least(n);
+    const unsigned long long *src = in + ((int64_t)blockIdx.y * lists + l0) * k;
+    for (int i = threadIdx.x; i < n2; i += TOPK_THREADS) keys[i] = i < n ? src[i] : 0ull;
+    block_sort_desc(keys, n2);
+    unsigned long long *o = out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) o[i] = keys[i];
+}
+
 /* ---- routing ---- */
 
 /* Routing: a warp a token, lane l holding experts l, l + 32, l + 64, ...
@@ -3361,6 +3427,31 @@ extern "C" int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t co
     dim3 grid((unsigned)((cols + ARGMAX_SPAN - 1) / ARGMAX_SPAN), (unsigned)n);
     launch(k_argmax, grid, ARGMAX_THREADS, s, x, ldx, cols, reinterpret_cast<unsigned long long *>(best));
     return (int)cudaGetLastError();
+}
+
+extern "C" int64_t sp_cuda_top_k_scratch(int64_t cols) {
+    return 2 * ((cols + TOPK_SPAN - 1) / TOPK_SPAN) * SP_CUDA_TOP_K_MAX;
+}
+
+extern "C" int sp_cuda_top_k(const float *x, int64_t ldx, int64_t n, int64_t cols, int k, uint64_t *scratch,
+                             uint64_t *best, void *stream) {
+    if (n <= 0) return 0;
+    if (k < 1 || k > SP_CUDA_TOP_K_MAX || k > cols || cols > (int64_t)UINT32_MAX || n > MAX_GRID_Y)
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int lists = (int)((cols + TOPK_SPAN - 1) / TOPK_SPAN), per = TOPK_SPAN / k;
+    /* ping-pong halves of scratch, n rows of at most `lists` lists each; the last round into best */
+    unsigned long long *a = reinterpret_cast<unsigned long long *>(scratch), *b = a + n * (int64_t)lists * k;
+    unsigned long long *to = lists == 1 ? reinterpret_cast<unsigned long long *>(best) : a;
+    int e = launch(k_topk_span, dim3((unsigned)lists, (unsigned)n), TOPK_THREADS, s, x, ldx, cols, k, to);
+    while (e == 0 && lists > 1) {
+        int groups = (lists + per - 1) / per;
+        unsigned long long *from = to;
+        to = groups == 1 ? reinterpret_cast<unsigned long long *>(best) : from == a ? b : a;
+        e = launch(k_topk_merge, dim3((unsigned)groups, (unsigned)n), TOPK_THREADS, s, from, lists, per, k, to);
+        lists = groups;
+    }
+    return e ? e : (int)cudaGetLastError();
 }
 
 namespace {

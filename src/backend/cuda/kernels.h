@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -140,6 +141,22 @@ int sp_cuda_mlp_down(const struct sp_cuda_weight *w, const struct sp_cuda_mlp_it
 int sp_cuda_argmax(const float *x, int64_t ldx, int64_t n, int64_t cols, uint64_t *best, void *stream);
 static inline int32_t sp_cuda_best_index(uint64_t best) {
     return best ? (int32_t)(0xffffffffu - (uint32_t)best) : 0;
+}
+/* The k <= SP_CUDA_TOP_K_MAX best values of each of n rows of cols floats
+ * (k <= cols; row t at x + t * ldx): the larger value first, the lower
+ * index of equal ones, NaN as -inf; packed as sp_cuda_argmax packs them,
+ * into best[t k .. t k + k) (device memory), which sp_cuda_top_value and
+ * sp_cuda_best_index turn back. scratch: device memory of n x
+ * sp_cuda_top_k_scratch(cols) words. */
+#define SP_CUDA_TOP_K_MAX 64
+int64_t sp_cuda_top_k_scratch(int64_t cols);
+int sp_cuda_top_k(const float *x, int64_t ldx, int64_t n, int64_t cols, int k, uint64_t *scratch, uint64_t *best,
+                  void *stream);
+static inline float sp_cuda_top_value(uint64_t best) {
+    uint32_t h = (uint32_t)(best >> 32), u = h & 0x80000000u ? h & 0x7fffffffu : ~h;
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
 }
 /* Routing on the device (backend.h's enum sp_route, in the same order). */
 enum sp_cuda_route_kind {
