@@ -336,6 +336,8 @@ static void test_from_best_logits(void **state) {
             struct sp_sampler *full = make(cases[ci].k, cases[ci].top_p, cases[ci].min_p, cases[ci].temp, 100 + trial);
             struct sp_sampler *best = make(cases[ci].k, cases[ci].top_p, cases[ci].min_p, cases[ci].temp, 100 + trial);
             assert_int_equal(sp_sampler_top_k(best), cases[ci].k);
+            assert_int_equal(sp_sampler_top_k_upto(best, SP_TOP_K_MAX), cases[ci].k);
+            assert_int_equal(sp_sampler_top_k_upto(best, cases[ci].k - 1), 0);  // more than a pass hands back
             int64_t n = trial % 2 ? SP_TOP_K_MAX : cases[ci].k;  // exactly k candidates, or more
             sp_top_k(l, VOCAB, n, top);
             for (int d = 0; d < 30; d++) {

@@ -367,7 +367,7 @@ int sp_cmd_run(int argc, char **argv) {
     /* each step after the first asks the forward pass for its greedy
      * choice, or for the best logits a top-k draws from, not the logits */
     bool greedy = sp_sampler_greedy(smp);
-    int64_t top_k = greedy || sp_sampler_top_k(smp) > SP_TOP_K_MAX ? 0 : sp_sampler_top_k(smp);
+    int64_t top_k = greedy ? 0 : sp_sampler_top_k_upto(smp, SP_TOP_K_MAX);
     struct sp_cand top[SP_TOP_K_MAX];
     int32_t picked = -1;
     for (int64_t i = 0; i < o.max_tokens; i++) {

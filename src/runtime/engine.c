@@ -732,8 +732,7 @@ static bool greedy_only(const struct slot *s) {
  * then the forward pass hands those back instead of the vocabulary's
  * logits. 0 otherwise. */
 static int64_t top_only(const struct slot *s) {
-    int64_t k = s->req->gp.grammar || s->req->gp.top_logprobs >= 0 ? 0 : sp_sampler_top_k(s->smp);
-    return k <= SP_TOP_K_MAX ? k : 0;
+    return s->req->gp.grammar || s->req->gp.top_logprobs >= 0 ? 0 : sp_sampler_top_k_upto(s->smp, SP_TOP_K_MAX);
 }
 
 /* After a forward pass: s's next token sampled from its logits row, or

@@ -277,6 +277,11 @@ int64_t sp_sampler_top_k(const struct sp_sampler *s) {
     return p->temp > 0.0f && !penalized(p) && p->top_k > 0 && p->top_k < s->vocab ? p->top_k : 0;
 }
 
+int64_t sp_sampler_top_k_upto(const struct sp_sampler *s, int64_t max) {
+    int64_t k = sp_sampler_top_k(s);
+    return k <= max ? k : 0;
+}
+
 int32_t sp_sampler_sample_top(struct sp_sampler *s, const struct sp_cand *c, int64_t n) {
     int64_t K = sp_sampler_top_k(s);
     if (K <= 0 || K > n) K = n;
