@@ -542,6 +542,37 @@ __device__ __forceinline__ int32_t mx2_bytes(uint32_t c) {
     return (int32_t)__byte_perm(__byte_perm(POS0, POS1, mag), __byte_perm(NEG0, NEG1, mag), side);
 }
 
+/* A byte permute in its default mode: a selector nibble's low 3 bits
+ * pick a byte of {hi, lo}, and its top bit set gives that byte's sign
+ * (0x00 or 0xff) instead of the byte. */
+__device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
+    return d;
+}
+
+/* mxfp4's 32 codes of a chunk as twice their values, apart by sign, as
+ * int8 in element order: p the positive codes' (0 where negative), n the
+ * negative codes' magnitudes (0 where positive); the chunk's dot product
+ * is p's less n's. A permute whose selector nibble is the code itself
+ * copies its magnitude's byte where the sign bit is clear and gives that
+ * byte's sign (0) where it is set; with the sign bits flipped, the
+ * reverse. 7 integer ops for 8 codes, where mx2_bytes's one signed table
+ * takes 13, for two more dp4a: a one-token mxfp4 product is bound by
+ * integer issue, and this takes a large one from 59% to 68% of an H200's
+ * copy bandwidth. */
+__device__ __forceinline__ void mx2_split(const uint4 &q, int32_t (&p)[8], int32_t (&n)[8]) {
+    constexpr uint32_t M0 = 0x03020100u, M1 = 0x0c080604u;  // 0, 1, 2, 3 | 4, 6, 8, 12
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint32_t v = word_of(q, u), f = v ^ 0x88888888u;
+        p[2 * u] = (int32_t)prmt(M0, M1, v);
+        p[2 * u + 1] = (int32_t)prmt(M0, M1, v >> 16);
+        n[2 * u] = (int32_t)prmt(M0, M1, f);
+        n[2 * u + 1] = (int32_t)prmt(M0, M1, f >> 16);
+    }
+}
+
 /* The 32 codes of a chunk as 8 words of 4 int8 in element order: mxfp4
  * twice its values, affine 4-bit its codes (0 .. 15). */
 template <int K>
@@ -770,8 +801,9 @@ __device__ __forceinline__ void warp_fold(float (&acc)[VR][NT], int n, float *bu
 }
 
 /* The same with int8 activations (mxfp4 and affine 4-bit; a chunk is a
- * block of QB): each chunk's codes as int8 (qdecode), four products a
- * dp4a, the chunk's integer sum scaled once: mxfp4 by half its scale
+ * block of QB): each chunk's codes as int8 (qdecode; one token's
+ * mxfp4 mx2_split, its positive and negative codes apart), four products
+ * a dp4a, the chunk's integer sum scaled once: mxfp4 by half its scale
  * times d, affine by scale x d plus bias x the float sum of the block
  * (so that only s x q meets the rounding of x, as on the CPU); the
  * lanes' sums added in lane order (warp_fold, in the warp's buffer of
@@ -786,27 +818,44 @@ __device__ __forceinline__ void vdot(const vrow (&rw)[VR], uint32_t chunks, uint
         const float *b = ch.b;
 #pragma unroll
         for (int r = 0; r < VR; r++) s[r] = int8_scale<K>(ch.s[r]);
-        int32_t wv[VR][8];
-#pragma unroll
-        for (int r = 0; r < VR; r++) qdecode<K>(ch.q[r], wv[r]);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= nt) break;
-            const uint4 *xp = reinterpret_cast<const uint4 *>(a.q + t * a.ldq) + 2 * c;
+        auto dot = [](const int32_t(&w)[8], const uint4 &x0, const uint4 &x1) {
+            int32_t sum = __dp4a(w[0], (int32_t)x0.x, 0);
+            sum = __dp4a(w[1], (int32_t)x0.y, sum);
+            sum = __dp4a(w[2], (int32_t)x0.z, sum);
+            sum = __dp4a(w[3], (int32_t)x0.w, sum);
+            sum = __dp4a(w[4], (int32_t)x1.x, sum);
+            sum = __dp4a(w[5], (int32_t)x1.y, sum);
+            sum = __dp4a(w[6], (int32_t)x1.z, sum);
+            return __dp4a(w[7], (int32_t)x1.w, sum);
+        };
+        auto add = [&](int r, int t, int32_t sum, float2 d) {
+            float v = K == K_AFFINE ? fmaf(b[r], d.y, acc[r][t]) : acc[r][t];
+            acc[r][t] = fmaf((float)sum, __fmul_rn(s[r], d.x), v);
+        };
+        if constexpr (K == K_MXFP4 && NT == 1) {
+            /* one token: a row's codes split by sign (mx2_split) and used at once, a row at a
+             * time, so that the registers stay those of the batches' decoding */
+            const uint4 *xp = reinterpret_cast<const uint4 *>(a.q) + 2 * c;
             uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-            float2 d = __ldg(a.d + t * a.ldd + c);
+            float2 d = __ldg(a.d + c);
 #pragma unroll
             for (int r = 0; r < VR; r++) {
-                int32_t sum = __dp4a(wv[r][0], (int32_t)x0.x, 0);
-                sum = __dp4a(wv[r][1], (int32_t)x0.y, sum);
-                sum = __dp4a(wv[r][2], (int32_t)x0.z, sum);
-                sum = __dp4a(wv[r][3], (int32_t)x0.w, sum);
-                sum = __dp4a(wv[r][4], (int32_t)x1.x, sum);
-                sum = __dp4a(wv[r][5], (int32_t)x1.y, sum);
-                sum = __dp4a(wv[r][6], (int32_t)x1.z, sum);
-                sum = __dp4a(wv[r][7], (int32_t)x1.w, sum);
-                float v = K == K_AFFINE ? fmaf(b[r], d.y, acc[r][t]) : acc[r][t];
-                acc[r][t] = fmaf((float)sum, __fmul_rn(s[r], d.x), v);
+                int32_t wp[8], wn[8];
+                mx2_split(ch.q[r], wp, wn);
+                add(r, 0, dot(wp, x0, x1) - dot(wn, x0, x1), d);
+            }
+        } else {
+            int32_t wv[VR][8];
+#pragma unroll
+            for (int r = 0; r < VR; r++) qdecode<K>(ch.q[r], wv[r]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                const uint4 *xp = reinterpret_cast<const uint4 *>(a.q + t * a.ldq) + 2 * c;
+                uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+                float2 d = __ldg(a.d + t * a.ldd + c);
+#pragma unroll
+                for (int r = 0; r < VR; r++) add(r, t, dot(wv[r], x0, x1), d);
             }
         }
     });
@@ -1076,8 +1125,8 @@ __device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-/* The 4 codes in half h of word v as int8 bytes in element order, as
- * qdecode makes them. */
+/* The 4 codes in half h of word v as int8 bytes in element order: mxfp4
+ * twice their values (mx2_bytes), affine 4-bit the codes. */
 template <int K>
 __device__ __forceinline__ uint32_t qbytes4(uint32_t v, int h) {
     if constexpr (K == K_MXFP4) return (uint32_t)mx2_bytes(v >> (16 * h));
