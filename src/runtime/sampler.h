@@ -52,8 +52,8 @@ int32_t sp_sampler_sample(struct sp_sampler *s, float *logits);
  * (a temperature above 0, top-k k below the vocabulary, no penalty): then
  * sp_sampler_sample_top of them is sp_sampler_sample's choice. 0 otherwise. */
 int64_t sp_sampler_top_k(const struct sp_sampler *s);
-/* sp_sampler_top_k where it is at most max (the best logits a row that a
- * forward pass can hand back: SP_TOP_K_MAX), 0 otherwise. */
+/* sp_sampler_top_k where it is at most max (the most best logits a forward
+ * pass hands back for a row: SP_TOP_K_MAX), 0 otherwise. */
 int64_t sp_sampler_top_k_upto(const struct sp_sampler *s, int64_t max);
 /* sp_sampler_sample from the n >= sp_sampler_top_k(s) best logits c (in
  * sp_top_k's order: a backend's, or the host's), not the whole vocabulary's. */
