@@ -17,6 +17,7 @@
 #include "runtime/experts.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
+#include "model/ranks.h"
 #include "model/synth.h"
 #include "runtime/sampler.h"
 
@@ -802,6 +803,143 @@ static void expert_tier_checks(struct sp_model *m, const struct ref *r, const ch
 
 static void test_expert_tier(void **state) { each_moe_fixture(expert_tier_checks); }
 
+/* max |a - b| over max |b| of n rows of vocab logits; and how many rows'
+ * argmax differ where b's best two are not within that distance. */
+static double logits_distance(const float *a, const float *b, int64_t n, int64_t vocab, int64_t *flips) {
+    double top = 0, diff = 0;
+    for (int64_t i = 0; i < n * vocab; i++) {
+        top = fmax(top, fabs(b[i]));
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+    }
+    *flips = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int32_t x = sp_argmax(a + t * vocab, vocab), y = sp_argmax(b + t * vocab, vocab);
+        *flips += x != y && fabs(b[t * vocab + x] - b[t * vocab + y]) > 2 * diff;
+    }
+    return top > 0 ? diff / top : diff;
+}
+
+/* Expert parallelism in one process (model/ranks.h): each MoE layer's
+ * experts split over 2, 3 and as many ranks as there are experts, each rank
+ * a context of its own, give the logits of one context but for the order
+ * the ranks' sums are added in: prefill in chunks, decode a token a pass,
+ * and a sequence copied from another (every rank copies its own cache). */
+static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const char *arch) {
+    const int64_t V = r->vocab, n = r->nb, half = n / 2;
+    float *want = malloc((size_t)(n * V) * sizeof(float)), *got = malloc((size_t)(n * V) * sizeof(float));
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 128, .kv_type = SP_KV_F32, .n_threads = 1};
+    struct sp_ctx *c;
+    assert_true(n - half <= p.max_batch);
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    run_seq(c, r->b, n, 16, 0, want, V);
+    sp_ctx_free(c);
+    const int ranks[] = {2, 3, (int)m->arch.n_experts};
+    for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
+        p.n_ranks = ranks[k];
+        if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, %d ranks: %s", arch, ranks[k], sp_error_msg());
+        int64_t flips;
+        for (int chunk = 16; chunk >= 1; chunk -= 15) {  // a prompt's chunks, then a token a pass
+            run_seq(c, r->b, n, chunk, chunk == 16 ? 0 : 1, got, V);
+            double dist = logits_distance(got, want, n, V, &flips);
+            print_message("%s, %d ranks, %d tokens a pass: max|diff| %.3g of max|logit|, %lld argmax flips\n", arch,
+                          ranks[k], chunk, dist, (long long)flips);
+            assert_true(dist < 1e-5);
+            assert_int_equal(flips, 0);
+        }
+        /* the second half after a copy of the first: the copy reached every rank's cache (and state) */
+        run_seq(c, r->b, half, 16, 0, got, V);
+        sp_ctx_copy_seq(c, 0, 1, half);
+        int32_t pos[128], seq[128];
+        for (int64_t i = half; i < n; i++) pos[i - half] = (int32_t)i, seq[i - half] = 1;
+        struct sp_batch b = {.n = n - half, .tokens = r->b + half, .pos = pos, .seq = seq};
+        if (sp_ctx_forward(c, &b, got) != SP_OK) fail_msg("%s, %d ranks: %s", arch, ranks[k], sp_error_msg());
+        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < 1e-5);
+        assert_int_equal(flips, 0);
+        /* a batch that every rank refuses: an error naming the rank, and the ranks go on */
+        int32_t bad = (int32_t)V;
+        struct sp_batch wrong = {.n = 1, .tokens = &bad, .pos = pos, .seq = seq};
+        assert_int_equal(sp_ctx_forward(c, &wrong, got), SP_ERR_ARG);
+        assert_non_null(strstr(sp_error_msg(), "rank 0: "));
+        sp_ctx_copy_seq(c, 0, 1, half);  // a recurrent state goes on only from where it is
+        assert_int_equal(sp_ctx_forward(c, &b, got), SP_OK);
+        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < 1e-5);
+        sp_ctx_free(c);
+    }
+    /* more ranks than experts, a GPU's, over an expert cache: refused, saying why */
+    p.n_ranks = (int)m->arch.n_experts + 1;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "routed experts a layer"));
+    p.n_ranks = 2;
+    p.device = SP_DEVICE_CUDA;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(sp_error_msg(), "CPU backend only"));
+    free(want);
+    free(got);
+}
+
+/* Rank r's part of ranks_sum_run: v = (r + 1) / 3, ..., summed; rank
+ * `quitter` gives up before its second sum. */
+struct ranks_job {
+    struct sp_ranks *g;
+    int quitter;
+    float v[3][4];
+    bool ok[3][2];
+};
+
+static void ranks_sum_run(void *arg, int r) {
+    struct ranks_job *j = arg;
+    for (int i = 0; i < 4; i++) j->v[r][i] = (float)(r + 1) / 3.0f + (float)i;
+    j->ok[r][0] = sp_ranks_sum(j->g, r, j->v[r], 4);
+    if (r == j->quitter) {
+        sp_ranks_fail(j->g, r);
+        return;
+    }
+    j->ok[r][1] = sp_ranks_sum(j->g, r, j->v[r], 4);
+}
+
+static void test_expert_ranks(void **state) {
+    /* the group: sums in rank order, the same bits on every rank; a rank
+     * that gives up lets the others go; the group runs again after it */
+    struct sp_ranks *g;
+    assert_int_equal(sp_ranks_create(1, 4, &g), SP_ERR_ARG);
+    assert_int_equal(sp_ranks_create(3, 4, &g), SP_OK);
+    for (int quitter = -1; quitter < 3; quitter++) {
+        struct ranks_job j = {.g = g, .quitter = quitter};
+        sp_ranks_run(g, ranks_sum_run, &j);
+        for (int r = 0; r < 3; r++) {
+            assert_true(j.ok[r][0]);
+            assert_int_equal(j.ok[r][1], quitter < 0);
+            float want = 1.0f / 3.0f + 2.0f / 3.0f + 1.0f;  // rank order
+            if (quitter < 0) want *= 3.0f;
+            if (r != quitter) assert_true(memcmp(&j.v[r][0], &want, sizeof want) == 0);
+        }
+    }
+    sp_ranks_free(g);
+
+    each_moe_fixture(expert_ranks_checks);
+    /* a dense model has no experts to split */
+    struct sp_model *m;
+    struct ref r;
+    open_fixture("llama", &m, &r);
+    struct sp_ctx_params p = {.n_ctx = 64, .n_seq = 1, .max_batch = 16, .kv_type = SP_KV_F32, .n_threads = 1, .n_ranks = 2};
+    struct sp_ctx *c;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    free(r.la);
+    free(r.lb);
+    sp_model_close(m);
+    /* the split: as many experts a rank where they weigh alike, else the load balanced */
+    int32_t owner[8];
+    int64_t count[3] = {0};
+    sp_ranks_split(NULL, 8, 3, owner);
+    for (int e = 0; e < 8; e++) count[owner[e]]++;
+    assert_true(count[0] == 3 && count[1] == 3 && count[2] == 2);
+    const double load[6] = {1, 5, 1, 1, 1, 1};
+    sp_ranks_split(load, 6, 2, owner);
+    assert_int_equal(owner[1], 0);
+    for (int e = 0; e < 6; e++)
+        if (e != 1) assert_int_equal(owner[e], 1);
+}
+
 /* Looks expert e of layer 0 up in the store and hands it back: whether it was
  * a hit. */
 static bool lookup(const struct sp_model *m, struct sp_expert_store *s, int64_t e) {
@@ -1124,6 +1262,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_expert_cache),
         cmocka_unit_test(test_expert_policy),
         cmocka_unit_test(test_expert_tier),
+        cmocka_unit_test(test_expert_ranks),
         cmocka_unit_test_teardown(test_cuda_reference_logits, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_quantized_variants, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_batch_invariance, back_to_cpu),

@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "model/expert_tier.h"
 #include "model/inspect.h"
+#include "model/ranks.h"
 
 /* Weight views (prepared by the backend) and the backend's float copies of
  * the small parameters of one layer. */
@@ -111,6 +112,14 @@ struct sp_ctx {
     struct sp_expert_views *eviews;   // (E) the views of their experts
     int64_t *item_expert;             // (E) and the experts' numbers
     struct sp_progress *load;         // sp_ctx_create on a device: the weights' copies to it, counted
+    /* expert parallelism (p.n_ranks > 1): this context's rank, the group,
+     * each routed expert's rank, a MoE layer's output on the host for the
+     * sum; rank 0's context holds every rank's (peers[0] is itself) */
+    int rank;
+    struct sp_ranks *ranks;
+    const int32_t *owner;  // (n_layers * E)
+    float *rank_buf;       // (B, d)
+    struct sp_ctx **peers;
 };
 
 /* A step timed by backend marks, its seconds read once the pass is done. */
@@ -653,6 +662,11 @@ static enum sp_status load_delta(struct sp_ctx *c, int64_t L, int64_t state, str
     return st;
 }
 
+/* Whether this context's rank computes routed expert e of layer L. */
+static bool owns(const struct sp_ctx *c, int64_t L, int64_t e) {
+    return !c->owner || c->owner[L * c->a->n_experts + e] == c->rank;
+}
+
 static enum sp_status load_layer(struct sp_ctx *c, int64_t L, int64_t *kv_layers, int64_t *state_layers) {
     const struct sp_model *m = c->m;
     const struct sp_arch *a = c->a;
@@ -720,16 +734,17 @@ mlp:
     /* with a device tier the experts stay views into the files: the tier copies them in as they are used */
     bool prepare = !c->p.device_experts;
     for (int64_t e = 0; e < a->n_experts; e++) {
+        bool mine = prepare && owns(c, L, e);  // another rank's expert stays a view, never read here
         if (m->fused_gate_up) {
-            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE_UP, e, prepare, &ly->egate_up[e])) != SP_OK) return st;
+            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE_UP, e, mine, &ly->egate_up[e])) != SP_OK) return st;
         } else {
-            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE, e, prepare, &ly->egate[e])) != SP_OK ||
-                (st = expert_lin(c, L, SP_ROLE_EXP_UP, e, prepare, &ly->eup[e])) != SP_OK)
+            if ((st = expert_lin(c, L, SP_ROLE_EXP_GATE, e, mine, &ly->egate[e])) != SP_OK ||
+                (st = expert_lin(c, L, SP_ROLE_EXP_UP, e, mine, &ly->eup[e])) != SP_OK)
                 return st;
         }
-        if ((st = expert_lin(c, L, SP_ROLE_EXP_DOWN, e, prepare, &ly->edown[e])) != SP_OK) return st;
+        if ((st = expert_lin(c, L, SP_ROLE_EXP_DOWN, e, mine, &ly->edown[e])) != SP_OK) return st;
     }
-    if (c->be->ops->moe && prepare) {
+    if (c->be->ops->moe && prepare && !c->owner) {
         ly->moe = (struct sp_moe){.layer = L, .router = &ly->router, .route = route_kind(a->router),
                                   .n_experts = a->n_experts, .k = a->n_experts_used, .n_group = a->n_group,
                                   .topk_group = a->topk_group, .norm_topk = a->norm_topk_prob,
@@ -944,6 +959,13 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
 
 void sp_ctx_free(struct sp_ctx *c) {
     if (!c) return;
+    if (c->peers) {  // rank 0's: the other ranks' contexts, their threads first
+        sp_ranks_free(c->ranks);
+        for (int r = 1; r < c->p.n_ranks; r++) sp_ctx_free(c->peers[r]);
+        sp_free(c->peers);
+        sp_free((void *)c->owner);
+    }
+    sp_free(c->rank_buf);
     if (c->layers) {
         for (int64_t L = 0; L < c->a->n_layers; L++) {
             struct layer *ly = &c->layers[L];
@@ -979,7 +1001,10 @@ static void *host_buf(size_t n, size_t size, bool *ok) {
     return p;
 }
 
-enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *params, struct sp_ctx **out) {
+/* The context of rank `rank` of group g (NULL: no ranks), its routed
+ * experts those that owner gives it. */
+static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_params *params, int rank,
+                                 struct sp_ranks *g, const int32_t *owner, struct sp_ctx **out) {
     *out = NULL;
     const struct sp_arch *a = &m->arch;
     struct sp_ctx *c = sp_calloc(1, sizeof *c, SP_MEM_MODEL);
@@ -987,6 +1012,9 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->m = m;
     c->a = a;
     c->p = *params;
+    c->rank = rank;
+    c->ranks = g;
+    c->owner = owner;
     if (c->p.n_ctx <= 0) c->p.n_ctx = a->max_pos < 4096 ? a->max_pos : 4096;
     if (c->p.n_seq <= 0) c->p.n_seq = 1;
     if (c->p.max_batch <= 0) c->p.max_batch = SP_DEFAULT_BATCH;
@@ -1109,6 +1137,7 @@ enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_param
     c->eviews = host_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
     if (c->pf_at_routing) c->pf_host = host_buf((size_t)(B * E), sizeof(float), &ok);
+    if (g) c->rank_buf = host_buf((size_t)(B * d), sizeof(float), &ok);
     if (!ok) goto nomem;
     if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp, threads_asked)) != SP_OK)
         goto fail;
@@ -1122,6 +1151,45 @@ fail:
     sp_free(inv_freq);
     sp_ctx_free(c);
     return st;
+}
+
+/* Rank 0's context, holding every rank's: each MoE layer's experts split
+ * over the ranks alike (each rank about the same number). */
+static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
+    const struct sp_arch *a = &m->arch;
+    int n = p->n_ranks;
+    if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
+    if (p->device != SP_DEVICE_CPU)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks runs on the CPU backend only so far, "
+                         "not on %s", n, sp_device_name(p->device));
+    if (p->experts || p->device_experts)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
+    if (a->n_experts < n)
+        return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
+                         "one each", n, (long long)a->n_experts);
+    int64_t E = a->n_experts, B = p->max_batch > 0 ? p->max_batch : SP_DEFAULT_BATCH;
+    int32_t *owner = sp_calloc((size_t)(a->n_layers * E), sizeof *owner, SP_MEM_MODEL);
+    struct sp_ctx **peers = sp_calloc((size_t)n, sizeof *peers, SP_MEM_MODEL);
+    struct sp_ranks *g = NULL;
+    enum sp_status st = !owner || !peers ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_ranks_create(n, B * a->d_model, &g);
+    for (int64_t L = 0; st == SP_OK && L < a->n_layers; L++)
+        if (a->layer_moe[L]) sp_ranks_split(NULL, E, n, owner + L * E);
+    for (int r = 0; st == SP_OK && r < n; r++) st = ctx_create(m, p, r, g, owner, &peers[r]);
+    if (st != SP_OK) {
+        for (int r = 0; peers && r < n; r++) sp_ctx_free(peers[r]);
+        sp_ranks_free(g);
+        sp_free(peers);
+        sp_free(owner);
+        return st;
+    }
+    peers[0]->peers = peers;
+    *out = peers[0];
+    return SP_OK;
+}
+
+enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
+    *out = NULL;
+    return p->n_ranks > 1 ? ranks_create(m, p, out) : ctx_create(m, p, 0, NULL, NULL, out);
 }
 
 const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c) { return &c->p; }
@@ -1147,6 +1215,7 @@ bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *bui
 }
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
+    for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_copy_seq(c->peers[r], src, dst, n);
     c->be->ops->kv_copy_seq(c->be, src, dst, n);
     if (!c->seq_len || src == dst) return;
     SP_ASSERT(sp_ctx_seq_resumable(c, src, n) == n);
@@ -1488,6 +1557,25 @@ static bool window_lookup(struct sp_ctx *c, const struct layer *ly, int64_t m, i
     return true;
 }
 
+/* Where the experts are split over ranks: this rank's (token, weight)
+ * pairs of layer L alone, in expert order, the other ranks' experts left
+ * with none (so that windows of consecutive experts hold consecutive
+ * pairs). */
+static void keep_own(struct sp_ctx *c, int64_t L) {
+    int64_t *off = c->ecount, kept = 0, start = off[0];
+    for (int64_t e = 0; e < c->a->n_experts; e++) {
+        int64_t end = off[e + 1];
+        off[e] = kept;
+        if (owns(c, L, e)) {
+            memmove(c->etok + kept, c->etok + start, (size_t)(end - start) * sizeof *c->etok);
+            memmove(c->ew + kept, c->ew + start, (size_t)(end - start) * sizeof *c->ew);
+            kept += end - start;
+        }
+        start = end;
+    }
+    off[c->a->n_experts] = kept;
+}
+
 /* Routed experts for n tokens of h, added into out (n, d). Tokens are
  * grouped by expert so each expert's weights are read once per batch; each
  * token sums its experts in ascending expert order whatever the batch holds
@@ -1496,8 +1584,8 @@ static bool window_lookup(struct sp_ctx *c, const struct layer *ly, int64_t m, i
 static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_tensor out) {
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
-    int64_t E = a->n_experts, d = a->d_model;
-    if (!c->experts && be->ops->moe) {
+    int64_t E = a->n_experts, d = a->d_model, L = ly - c->layers;
+    if (!c->experts && be->ops->moe && !c->owner) {
         /* the backend routes on its own: no round trip through the host */
         bool done = false, shared_done = false;
         double macs = 3.0 * (double)n * (double)a->n_experts_used * (double)d * (double)a->d_expert;
@@ -1522,6 +1610,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         c->steps.routed += (double)off[E];
         for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
     }
+    if (c->owner) keep_own(c, L);
     int64_t n_cpu = c->cpu ? choose_cpu_experts(c, ly, n, off) : 0;
     if (n_cpu) {
         /* h for the CPU, before the device's work is queued (host waits for it) */
@@ -1534,7 +1623,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
      * its experts in ascending order, then the shared expert: one scatter a
      * window, whatever order its products ran in. */
     int64_t B = c->p.max_batch, per_window = !c->experts ? E : c->experts->window > 0 ? c->experts->window : 1, e = 0;
-    bool shared_left = ly->has_mlp;
+    bool shared_left = ly->has_mlp && c->rank == 0;  // rank 0's alone where the experts are split
     while (e < E || shared_left) {
         while (e < E && not_on_device(c, off, e)) e++;
         int64_t m = 0, rows = 0, p0 = off[e];
@@ -1654,6 +1743,7 @@ int64_t sp_ctx_seq_resumable(const struct sp_ctx *c, int seq, int64_t n) {
 }
 
 void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n) {
+    for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_seq_resume(c->peers[r], seq, n);
     if (!c->seq_len) return;
     SP_ASSERT(sp_ctx_seq_resumable(c, seq, n) == n);
     if (n == c->seq_len[seq]) return;
@@ -1745,7 +1835,21 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
     });
 }
 
-enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+/* Where the experts are split over ranks: the n rows of out, this rank's
+ * share of a MoE layer's output, become the sum of every rank's. */
+static bool sum_ranks(struct sp_ctx *c, struct sp_tensor out) {
+    struct sp_backend *be = c->be;
+    int64_t n = out.rows, d = out.cols;
+    const float *hv = be->ops->host(be, out, c->rank_buf);
+    if (hv != c->rank_buf)
+        for (int64_t r = 0; r < n; r++) memcpy(c->rank_buf + r * d, hv + r * out.ld, (size_t)d * sizeof *hv);
+    if (!sp_ranks_sum(c->ranks, c->rank, c->rank_buf, n * d)) return false;
+    be->ops->write(be, out, c->rank_buf);
+    return true;
+}
+
+/* One rank's pass (the only one's without ranks); logits NULL past rank 0. */
+static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
     const struct sp_arch *a = c->a;
@@ -1792,6 +1896,10 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
                 track_states(c, b, false);
                 return sp_errorf(SP_ERR_IO, "layer %lld: %s", (long long)L, sp_error_msg());
             }
+            if (c->ranks && !sum_ranks(c, tmp)) {
+                track_states(c, b, false);
+                return sp_errorf(SP_ERR_STATE, "layer %lld: another rank failed", (long long)L);
+            }
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, tmp);
         }
@@ -1803,9 +1911,37 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     }
 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
-    STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = lm_head(c, b, x, logits));
+    if (c->rank == 0) STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = lm_head(c, b, x, logits));
     if (c->p.time_steps) read_marks(c);
     st = be->ops->error ? be->ops->error(be) : SP_OK;
     track_states(c, b, st == SP_OK);
     return st;
+}
+
+/* A pass over every rank: each one's status and error (SP_ERR_STATE where
+ * it stopped at a sum that another rank's failure left unfinished). */
+struct rank_pass {
+    struct sp_ctx **ctx;
+    const struct sp_batch *b;
+    float *logits;
+    enum sp_status st[SP_RANKS_MAX];
+    char why[SP_RANKS_MAX][256];
+};
+
+static void rank_pass_run(void *arg, int r) {
+    struct rank_pass *p = arg;
+    p->st[r] = forward_rank(p->ctx[r], p->b, r == 0 ? p->logits : NULL);
+    if (p->st[r] == SP_OK) return;
+    snprintf(p->why[r], sizeof p->why[r], "%s", sp_error_msg());
+    sp_ranks_fail(p->ctx[0]->ranks, r);
+}
+
+enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+    if (!c->peers) return forward_rank(c, b, logits);
+    struct rank_pass p = {.ctx = c->peers, .b = b, .logits = logits};
+    sp_ranks_run(c->ranks, rank_pass_run, &p);
+    int first = -1;  // the first rank that failed on its own, else the first that failed
+    for (int r = c->p.n_ranks - 1; r >= 0; r--)
+        if (p.st[r] != SP_OK && (first < 0 || p.st[first] == SP_ERR_STATE || p.st[r] != SP_ERR_STATE)) first = r;
+    return first < 0 ? SP_OK : sp_errorf(p.st[first], "rank %d: %s", first, p.why[first]);
 }

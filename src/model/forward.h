@@ -101,6 +101,12 @@ struct sp_ctx_params {
     bool float_activations;  // products keep activations in float on a device backend (--precision exact)
     bool graphs;             // a device backend records small steps and replays them as graphs (--cuda-graphs)
     bool no_overlap;         // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
+    /* Expert parallelism (model/ranks.h): the routed experts of each MoE
+     * layer split over this many ranks (0, 1: none), each a context with a
+     * backend of its own that runs the same pass on its share and the
+     * shared expert on rank 0, the ranks' MoE outputs summed after each MoE
+     * layer. The CPU backend's only so far, without an expert cache. */
+    int n_ranks;
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

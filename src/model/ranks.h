@@ -1,0 +1,53 @@
+/*
+ * ranks.h - expert parallelism inside one process: the routed experts of
+ * each MoE layer split over several ranks, each a context with a backend
+ * of its own that runs the same forward pass, the ranks' MoE outputs summed
+ * after each MoE layer (model/forward.h: sp_ctx_params.n_ranks).
+ *
+ *     struct sp_ranks *g;
+ *     sp_ranks_create(2, floats, &g);
+ *     sp_ranks_run(g, fn, arg);            // fn(arg, 0) here, fn(arg, 1) on rank 1's thread
+ *     ... inside fn, on every rank:
+ *     sp_ranks_sum(g, rank, v, n);         // v = the sum of every rank's v
+ *
+ * Rank 0 runs on the caller's thread, every other rank on a thread of its
+ * own that lives as long as the group. The sum adds the ranks' vectors in
+ * rank order, so every rank gets the same bits.
+ */
+#ifndef SP_MODEL_RANKS_H
+#define SP_MODEL_RANKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define SP_RANKS_MAX 64
+
+struct sp_ranks;
+
+/* A group of n ranks (2 .. SP_RANKS_MAX) whose sums hold up to `floats`
+ * floats a rank. */
+enum sp_status sp_ranks_create(int n, int64_t floats, struct sp_ranks **out);
+void sp_ranks_free(struct sp_ranks *g);
+
+/* fn(arg, r) for every rank r at once; returns when every rank's has. */
+void sp_ranks_run(struct sp_ranks *g, void (*fn)(void *arg, int rank), void *arg);
+
+/* Inside sp_ranks_run, on every rank in the same order: v[0 .. n) (n at
+ * most the group's floats) becomes the sum of every rank's v[0 .. n).
+ * False, v unchanged, where a rank gave up (sp_ranks_fail) in this run. */
+bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n);
+
+/* Rank `rank` reaches no more sums in this run: the others' return false
+ * instead of waiting for it. */
+void sp_ranks_fail(struct sp_ranks *g, int rank);
+
+/* Experts [0, n_experts) to ranks [0, n_ranks) so that each rank's share of
+ * the load (load[e]: an expert's expected tokens; NULL: every expert
+ * alike) is about the same: the heaviest expert first, each to the rank
+ * with the least load so far (ties: fewer experts, then the lower rank).
+ * owner[e] gets its rank. */
+void sp_ranks_split(const double *load, int64_t n_experts, int n_ranks, int32_t *owner);
+
+#endif
