@@ -17,6 +17,9 @@
 # build taking turns with BASE's where given): tok/s, the decode hit rate,
 # the bytes a token copied in, the experts the CPU took, and the rates the
 # CPU's share was chosen by.
+# DEVICES=0,1 also decodes each shape with its experts split over those GPUs
+# (--devices), 1 and 32 sequences, beside the same on the first GPU alone,
+# taking turns.
 # BASE=FILE (another build's sparrow) measures batch-1 prefill and decode of
 # that build and this one taking turns, ROUNDS times (default 2), each a
 # median of 2 runs: the way docs/performance.md compares builds on a noisy
@@ -78,6 +81,17 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
                             paste -sd' ' || rc=1
                         grep -h "CPU computes" "$W/tier.log" | tail -1
                     done
+                done
+            done
+        done
+    fi
+    if [ -n "${DEVICES:-}" ]; then
+        for _ in $(seq "${ROUNDS:-2}"); do
+            for d in "${DEVICES%%,*}" "$DEVICES"; do
+                for n in 1 32; do
+                    printf -- '--devices %s --seqs %s: ' "$d" "$n"
+                    "$B/sparrow" bench --model "$dir" --device cuda --devices "$d" --seqs "$n" --repeat 2 | tail -1 |
+                        grep -oE '"(prefill|decode)_tok_s_median":[0-9.]+' | paste -sd' ' || rc=1
                 done
             done
         done

@@ -819,15 +819,22 @@ static double logits_distance(const float *a, const float *b, int64_t n, int64_t
     return top > 0 ? diff / top : diff;
 }
 
+/* GPU numbers for ranks that all run on the first GPU. */
+static const int first_gpu[SP_RANKS_MAX];
+
 /* Expert parallelism in one process (model/ranks.h): each MoE layer's
  * experts split over 2, 3 and as many ranks as there are experts, each rank
  * a context of its own, give the logits of one context but for the order
- * the ranks' sums are added in: prefill in chunks, decode a token a pass,
- * and a sequence copied from another (every rank copies its own cache). */
+ * the ranks' sums are added in (on a GPU also the routing weights: the
+ * ranks route on the host, one context on the device, with its own exp):
+ * prefill in chunks, decode a token a pass, and a sequence copied from
+ * another (every rank copies its own cache). */
 static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const char *arch) {
     const int64_t V = r->vocab, n = r->nb, half = n / 2;
+    const double tol = device == SP_DEVICE_CPU ? 1e-5 : 1e-4;
     float *want = malloc((size_t)(n * V) * sizeof(float)), *got = malloc((size_t)(n * V) * sizeof(float));
-    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 128, .kv_type = SP_KV_F32, .n_threads = 1};
+    struct sp_ctx_params p = {.n_ctx = 256, .n_seq = 2, .max_batch = 128, .kv_type = SP_KV_F32, .n_threads = 1,
+                              .device = device, .float_activations = float_acts, .gpus = first_gpu};
     struct sp_ctx *c;
     assert_true(n - half <= p.max_batch);
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
@@ -843,7 +850,7 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
             double dist = logits_distance(got, want, n, V, &flips);
             print_message("%s, %d ranks, %d tokens a pass: max|diff| %.3g of max|logit|, %lld argmax flips\n", arch,
                           ranks[k], chunk, dist, (long long)flips);
-            assert_true(dist < 1e-5);
+            assert_true(dist < tol);
             assert_int_equal(flips, 0);
         }
         /* the second half after a copy of the first: the copy reached every rank's cache (and state) */
@@ -853,7 +860,7 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
         for (int64_t i = half; i < n; i++) pos[i - half] = (int32_t)i, seq[i - half] = 1;
         struct sp_batch b = {.n = n - half, .tokens = r->b + half, .pos = pos, .seq = seq};
         if (sp_ctx_forward(c, &b, got) != SP_OK) fail_msg("%s, %d ranks: %s", arch, ranks[k], sp_error_msg());
-        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < 1e-5);
+        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < tol);
         assert_int_equal(flips, 0);
         /* a batch that every rank refuses: an error naming the rank, and the ranks go on */
         int32_t bad = (int32_t)V;
@@ -862,17 +869,17 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
         assert_non_null(strstr(sp_error_msg(), "rank 0: "));
         sp_ctx_copy_seq(c, 0, 1, half);  // a recurrent state goes on only from where it is
         assert_int_equal(sp_ctx_forward(c, &b, got), SP_OK);
-        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < 1e-5);
+        assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < tol);
         sp_ctx_free(c);
     }
-    /* more ranks than experts, a GPU's, over an expert cache: refused, saying why */
+    /* more ranks than experts, over an expert cache: refused, saying why */
     p.n_ranks = (int)m->arch.n_experts + 1;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
     assert_non_null(strstr(sp_error_msg(), "routed experts a layer"));
     p.n_ranks = 2;
-    p.device = SP_DEVICE_CUDA;
+    p.device_experts = (size_t)1 << 30;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(sp_error_msg(), "CPU backend only"));
+    assert_non_null(strstr(sp_error_msg(), "expert cache"));
     free(want);
     free(got);
 }
@@ -1052,6 +1059,11 @@ static void test_cuda_expert_tier(void **state) {
     test_expert_tier(state);
     float_acts = false;
     test_expert_tier(state);
+}
+
+static void test_cuda_expert_ranks(void **state) {
+    if (!use_cuda()) skip();
+    each_moe_fixture(expert_ranks_checks);
 }
 
 static void test_cuda_int8_activations(void **state) {
@@ -1268,6 +1280,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_cuda_batch_invariance, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_int8_activations, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_expert_tier, back_to_cpu),
+        cmocka_unit_test_teardown(test_cuda_expert_ranks, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_recurrent_states, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_graphs, back_to_cpu),
         cmocka_unit_test_teardown(test_cuda_wide_router, back_to_cpu),

@@ -39,9 +39,11 @@ static void test_defaults(void **state) {
 static void test_environment(void **state) {
     char *env[] = {"SPARROW_KERNELS=avx2f", "SPARROW_IO=pread",      "SPARROW_EXPERT_POLICY=clock", "SPARROW_PREFETCH=0",
                    "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=0",
-                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", NULL};
+                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", "SPARROW_DEVICES=2,0", NULL};
     struct sp_settings s;
     load_ok(&s, env);
+    assert_int_equal(s.n_devices, 2);
+    assert_true(s.devices[0] == 2 && s.devices[1] == 0);
     assert_string_equal(s.kernels, "avx2f");
     assert_int_equal(s.kernels_from, SP_ORIGIN_ENV);
     assert_int_equal(s.io, SP_IO_PREAD);
@@ -157,6 +159,18 @@ static void test_flags(void **state) {
     assert_true(s.cuda_graphs);
     assert_int_equal(sp_settings_set(&s, "--no-cuda-overlap", NULL), SP_OK);
     assert_true(s.no_cuda_overlap);
+    /* --devices: distinct GPU numbers below 64, separated by commas */
+    assert_int_equal(sp_settings_set(&s, "--devices", "0,1,63"), SP_OK);
+    assert_true(s.n_devices == 3 && s.devices[2] == 63);
+    const char *bad[][2] = {{"0,0", "GPU 0 given twice"}, {"a", "expected GPU numbers"}, {"0,64", "GPU 64 is past 63"},
+                            {"0,", "expected GPU numbers"}, {"", "expected GPU numbers"}, {"-1", "expected GPU numbers"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(sp_settings_set(&s, "--devices", bad[i][0]), SP_ERR_ARG);
+        assert_non_null(strstr(sp_error_msg(), bad[i][1]));
+        assert_non_null(strstr(sp_error_msg(), "--devices"));
+    }
+    assert_int_equal(sp_settings_set(&s, "--devices", NULL), SP_ERR_ARG);
+    assert_int_equal(s.n_devices, 3);  // what was set stays
     /* --precision over SPARROW_KERNELS: the variable's set is dropped */
     assert_int_equal(sp_settings_set(&s, "--precision", "exact"), SP_OK);
     assert_int_equal(s.precision, SP_PRECISION_EXACT);

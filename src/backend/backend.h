@@ -182,6 +182,7 @@ struct sp_backend_params {
                              // would round them (CUDA: int8 for 4-bit codes); the CPU's kernel set decides there
     bool graphs;        // steps of few tokens recorded and replayed (CUDA graphs); else queued op by op
     bool no_overlap;    // no kernel starts before the one before it ends (CUDA: programmatic dependent launch off)
+    int gpu;            // which of the machine's GPUs (CUDA's device number; 0: the first)
 };
 
 /* Ops, for supports(). */
@@ -289,6 +290,10 @@ struct sp_backend_ops {
     void *(*host_alloc)(size_t bytes, enum sp_mem_class cls);
     void (*host_free)(void *p);
     void (*destroy)(struct sp_backend *b);
+    /* Sends the calling thread's further calls to b's device, where a
+     * process drives several (NULL: nothing to choose). A backend's ops,
+     * made on one thread, are made on another after bind. */
+    void (*bind)(struct sp_backend *b);
     /* Whether op runs on weights of format fmt (ops without weights ignore fmt). */
     bool (*supports)(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt);
 

@@ -631,6 +631,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     pin.parallel = (int)o->seqs;
     pin.batch = o->batch;
     pin.device = o->device;
+    pin.n_devices = o->set.n_devices;
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
@@ -640,7 +641,8 @@ static int bench_model(const char *model, struct bench_opts *o) {
                                .float_activations = o->set.precision == SP_PRECISION_EXACT,
                                .device_experts = pl.gpu_expert_cache, .cpu_experts = !o->set.no_cpu_experts,
                                .no_prefetch = o->set.no_prefetch, .graphs = o->set.cuda_graphs,
-                               .no_overlap = o->set.no_cuda_overlap};
+                               .no_overlap = o->set.no_cuda_overlap, .n_ranks = o->set.n_devices,
+                               .gpus = o->set.n_devices ? o->set.devices : NULL};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */

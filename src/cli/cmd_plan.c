@@ -23,32 +23,6 @@ static const char usage[] =
     "  --calibrate measures RAM and disk read bandwidth here (reading the model's first\n"
     "  file) and stores them for later plans.\n";
 
-/* --devices: distinct device numbers (0 .. 63) separated by commas; their count. */
-static bool parse_devices(const char *v, int *n) {
-    uint64_t seen = 0;
-    *n = 0;
-    for (const char *p = v;; p++) {
-        char *end;
-        if (*p < '0' || *p > '9') break;
-        long d = strtol(p, &end, 10);
-        if (d > 63) {
-            fprintf(stderr, "error: --devices: device %ld is past 63\n", d);
-            return false;
-        }
-        if (seen >> d & 1) {
-            fprintf(stderr, "error: --devices: device %ld given twice\n", d);
-            return false;
-        }
-        seen |= 1ull << d;
-        ++*n;
-        p = end;
-        if (!*p) return true;
-        if (*p != ',') break;
-    }
-    fprintf(stderr, "error: --devices: expected device numbers separated by commas (e.g. 0,1), got '%s'\n", v);
-    return false;
-}
-
 int sp_cmd_plan(int argc, char **argv) {
     const char *model = NULL;
     bool json = false, calibrate = false;
@@ -90,8 +64,6 @@ int sp_cmd_plan(int argc, char **argv) {
             in.expert_cache_set = true;
         } else if (sp_arg_value(argc, argv, &i, "--gpu-mem-limit", &v)) {
             if (!v || !sp_arg_size("--gpu-mem-limit", v, &in.gpu_mem_limit)) return SP_EXIT_USAGE;
-        } else if (sp_arg_value(argc, argv, &i, "--devices", &v)) {
-            if (!v || !parse_devices(v, &in.n_devices)) return SP_EXIT_USAGE;
         } else if (argv[i][0] == '-') {
             return sp_arg_unknown(argv[0], argv[i]);
         } else if (!model) {
@@ -105,6 +77,7 @@ int sp_cmd_plan(int argc, char **argv) {
         fputs(usage, stderr);
         return SP_EXIT_USAGE;
     }
+    in.n_devices = set.n_devices;
     struct sp_model *m;
     if (sp_cli_model_open(&set, model, &m) != SP_OK) return sp_cli_fail();
     if (calibrate) {

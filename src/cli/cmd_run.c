@@ -301,6 +301,9 @@ int sp_cmd_run(int argc, char **argv) {
     o.plan.batch = cp.max_batch;
     o.plan.kv_type = cp.kv_type;
     o.plan.device = o.device;
+    o.plan.n_devices = o.set.n_devices;
+    cp.n_ranks = o.set.n_devices;
+    cp.gpus = o.set.n_devices ? o.set.devices : NULL;
     struct sp_plan plan;
     if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;
     if (plan.host_cache) {

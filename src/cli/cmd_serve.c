@@ -249,6 +249,9 @@ int sp_cmd_serve(int argc, char **argv) {
     pin.batch = ep.batch_tokens;
     pin.kv_type = ep.kv_type;
     pin.device = ep.device;
+    pin.n_devices = set.n_devices;
+    ep.n_ranks = set.n_devices;
+    ep.gpus = set.n_devices ? set.devices : NULL;
     struct sp_plan plan;
     if (sp_plan_make(m, &pin, &plan) != SP_OK) goto fail;
     struct sp_buf pl = SP_BUF_INIT;

@@ -2,7 +2,9 @@
 #include "core/settings.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -24,12 +26,15 @@ const char *sp_settings_device_name(int device) {
     return device >= 0 && device < (int)(sizeof device_names / sizeof *device_names) - 1 ? device_names[device] : "?";
 }
 
-enum id { KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, ID_COUNT };
+enum id {
+    KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, DEVICES, ID_COUNT
+};
 
 /* NAME: any name (a value follows the flag); CHOICE: one of `choices`;
  * ON: the flag turns it on, the variable when set to other than "" or
- * "0"; OFF: the flag turns it off, the variable when set to "0". */
-enum kind { NAME, CHOICE, ON, OFF };
+ * "0"; OFF: the flag turns it off, the variable when set to "0"; LIST:
+ * numbers separated by commas (a value follows the flag). */
+enum kind { NAME, CHOICE, ON, OFF, LIST };
 
 static const struct def {
     enum id id;
@@ -49,6 +54,7 @@ static const struct def {
     {CPU_EXPERTS, "--cpu-experts", NULL, ON, NULL},  // the default, still taken
     {GRAPHS, "--cuda-graphs", "SPARROW_CUDA_GRAPHS", ON, NULL},
     {OVERLAP, "--no-cuda-overlap", "SPARROW_CUDA_OVERLAP", OFF, NULL},
+    {DEVICES, "--devices", "SPARROW_DEVICES", LIST, NULL},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -62,6 +68,30 @@ static const struct def *def_of_flag(const char *flag) {
 static void list_choices(struct sp_buf *b, const char *const *choices) {
     for (int i = 0; choices[i]; i++)
         sp_buf_printf(b, "%s%s", i == 0 ? "" : choices[i + 1] ? ", " : " or ", choices[i]);
+}
+
+/* --devices: distinct GPU numbers (0 .. SP_SETTINGS_DEVICES_MAX - 1)
+ * separated by commas. */
+static enum sp_status devices(struct sp_settings *s, const char *v, const char *what) {
+    uint64_t seen = 0;
+    int n = 0;
+    for (const char *p = v;; p++) {
+        if (*p < '0' || *p > '9') break;
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (d >= SP_SETTINGS_DEVICES_MAX)
+            return sp_errorf(SP_ERR_ARG, "%s: GPU %ld is past %d", what, d, SP_SETTINGS_DEVICES_MAX - 1);
+        if (seen >> d & 1) return sp_errorf(SP_ERR_ARG, "%s: GPU %ld given twice", what, d);
+        seen |= 1ull << d;
+        s->devices[n++] = (int)d;
+        p = end;
+        if (!*p) {
+            s->n_devices = n;
+            return SP_OK;
+        }
+        if (*p != ',') break;
+    }
+    return sp_errorf(SP_ERR_ARG, "%s: expected GPU numbers separated by commas (e.g. 0,1), got \"%s\"", what, v);
 }
 
 /* Stores a value parsed for d: v (CHOICE: the index; ON, OFF: 1), or name
@@ -88,6 +118,7 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case CPU_EXPERTS: s->no_cpu_experts = d->kind == OFF ? v : !v; break;
     case GRAPHS: s->cuda_graphs = v; break;
     case OVERLAP: s->no_cuda_overlap = v; break;
+    case DEVICES: return devices(s, name, what);
     case ID_COUNT: break;
     }
     return SP_OK;
@@ -97,8 +128,9 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
  * CHOICE counts as unset. */
 static enum sp_status parse(struct sp_settings *s, const struct def *d, const char *value, enum sp_origin from,
                             const char *what) {
-    if (!*value && from == SP_ORIGIN_ENV && (d->kind == NAME || d->kind == CHOICE)) return SP_OK;
+    if (!*value && from == SP_ORIGIN_ENV && (d->kind == NAME || d->kind == CHOICE || d->kind == LIST)) return SP_OK;
     switch (d->kind) {
+    case LIST: return store(s, d, 0, value, from, what);
     case NAME:
         if (!*value) return sp_errorf(SP_ERR_ARG, "%s needs a kernel set's name", what);
         return store(s, d, 0, value, from, what);
@@ -172,14 +204,14 @@ enum sp_status sp_settings_from_env(struct sp_settings *s) { return sp_settings_
 
 bool sp_settings_is_flag(const char *flag, bool *takes_value) {
     const struct def *d = def_of_flag(flag);
-    if (d && takes_value) *takes_value = d->kind == NAME || d->kind == CHOICE;
+    if (d && takes_value) *takes_value = d->kind == NAME || d->kind == CHOICE || d->kind == LIST;
     return d != NULL;
 }
 
 enum sp_status sp_settings_set(struct sp_settings *s, const char *flag, const char *value) {
     const struct def *d = def_of_flag(flag);
     if (!d) return sp_errorf(SP_ERR_ARG, "%s is not a setting", flag);
-    bool wants = d->kind == NAME || d->kind == CHOICE;
+    bool wants = d->kind == NAME || d->kind == CHOICE || d->kind == LIST;
     if (wants && !value) return sp_errorf(SP_ERR_ARG, "%s needs a value", flag);
     if (!wants && value) return sp_errorf(SP_ERR_ARG, "%s takes no value", flag);
     /* the kernel set by name or by precision: one flag, which overrides the other's variable */

@@ -26,6 +26,8 @@
  * --no-cpu-experts SPARROW_CPU_EXPERTS=0 (--cpu-experts: the default)
  * --cuda-graphs SPARROW_CUDA_GRAPHS    on when set to other than "" or "0"
  * --no-cuda-overlap SPARROW_CUDA_OVERLAP=0
+ * --devices     SPARROW_DEVICES        GPU numbers (0 .. 63), distinct, separated by commas:
+ *                                      the routed experts split over those GPUs
  *
  * --kernels and --precision both choose the kernel set: given together at
  * the same level (two flags, or two variables) they are an error; a flag
@@ -62,6 +64,7 @@ enum sp_origin { SP_ORIGIN_DEFAULT, SP_ORIGIN_ENV, SP_ORIGIN_FLAG };
 
 #define SP_SETTINGS_NAME_MAX 32
 #define SP_SETTINGS_PATH_MAX 4096
+#define SP_SETTINGS_DEVICES_MAX 64
 
 struct sp_settings {
     char kernels[SP_SETTINGS_NAME_MAX];  // a kernel set's name ("avx2f"); "": chosen by precision
@@ -75,6 +78,8 @@ struct sp_settings {
     bool no_cpu_experts;  // the CPU does not compute experts a device's expert cache lacks (it copies them all in)
     bool cuda_graphs;  // the CUDA backend records small steps and replays them as CUDA graphs
     bool no_cuda_overlap;  // the CUDA backend's kernels wait for the one before to end before they start
+    int n_devices;         // --devices: that many GPUs (0: none given), their numbers in devices
+    int devices[SP_SETTINGS_DEVICES_MAX];
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder

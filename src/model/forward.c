@@ -957,6 +957,12 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
     return SP_OK;
 }
 
+/* The calling thread's calls to c's backend go to its device (the GPU
+ * its rank was given, on a machine of several). */
+static void bind_rank(struct sp_ctx *c) {
+    if (c->be && c->be->ops->bind) c->be->ops->bind(c->be);
+}
+
 void sp_ctx_free(struct sp_ctx *c) {
     if (!c) return;
     if (c->peers) {  // rank 0's: the other ranks' contexts, their threads first
@@ -965,6 +971,7 @@ void sp_ctx_free(struct sp_ctx *c) {
         sp_free(c->peers);
         sp_free((void *)c->owner);
     }
+    bind_rank(c);
     sp_free(c->rank_buf);
     if (c->layers) {
         for (int64_t L = 0; L < c->a->n_layers; L++) {
@@ -1032,6 +1039,7 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
     }
     if (c->p.device_experts && a->n_experts <= 0) c->p.device_experts = 0;  // nothing to cache
     struct sp_backend_params bp = backend_params(a, &c->p);
+    bp.gpu = c->p.gpus ? c->p.gpus[rank] : rank;
     inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
     if (!inv_freq) goto nomem;
     bp.shape.rope_scale = rope_init(&a->rope, inv_freq);
@@ -1159,9 +1167,6 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
     const struct sp_arch *a = &m->arch;
     int n = p->n_ranks;
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->device != SP_DEVICE_CPU)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks runs on the CPU backend only so far, "
-                         "not on %s", n, sp_device_name(p->device));
     if (p->experts || p->device_experts)
         return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
     if (a->n_experts < n)
@@ -1183,6 +1188,7 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
         return st;
     }
     peers[0]->peers = peers;
+    bind_rank(peers[0]);  // the caller's thread is rank 0's
     *out = peers[0];
     return SP_OK;
 }
@@ -1216,6 +1222,7 @@ bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *bui
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
     for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_copy_seq(c->peers[r], src, dst, n);
+    bind_rank(c);
     c->be->ops->kv_copy_seq(c->be, src, dst, n);
     if (!c->seq_len || src == dst) return;
     SP_ASSERT(sp_ctx_seq_resumable(c, src, n) == n);
@@ -1745,6 +1752,7 @@ int64_t sp_ctx_seq_resumable(const struct sp_ctx *c, int seq, int64_t n) {
 void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n) {
     for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_seq_resume(c->peers[r], seq, n);
     if (!c->seq_len) return;
+    bind_rank(c);
     SP_ASSERT(sp_ctx_seq_resumable(c, seq, n) == n);
     if (n == c->seq_len[seq]) return;
     if (n > 0) c->be->ops->state_copy(c->be, c->p.n_seq + seq, seq);
@@ -1852,6 +1860,7 @@ static bool sum_ranks(struct sp_ctx *c, struct sp_tensor out) {
 static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
+    bind_rank(c);
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t n = b->n, d = a->d_model, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;

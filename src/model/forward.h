@@ -105,8 +105,10 @@ struct sp_ctx_params {
      * layer split over this many ranks (0, 1: none), each a context with a
      * backend of its own that runs the same pass on its share and the
      * shared expert on rank 0, the ranks' MoE outputs summed after each MoE
-     * layer. The CPU backend's only so far, without an expert cache. */
+     * layer; on a GPU, rank r on GPU gpus[r] (NULL: GPU r; one context on
+     * GPU gpus[0]). Not over an expert cache yet. */
     int n_ranks;
+    const int *gpus;
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

@@ -270,7 +270,9 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
                                .float_activations = e->p.float_activations, .device_experts = e->p.device_experts,
                                .cpu_experts = e->p.cpu_experts, .no_prefetch = e->p.expert_params.no_prefetch,
                                .graphs = e->p.graphs,
-                               .no_overlap = e->p.no_overlap};
+                               .no_overlap = e->p.no_overlap,
+                               .n_ranks = e->p.n_ranks,
+                               .gpus = e->p.gpus};
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {
         if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;

@@ -48,6 +48,8 @@ struct sp_engine_params {
     bool float_activations; // a device backend's products keep activations in float (--precision exact)
     bool graphs;            // a device backend replays small steps as graphs (--cuda-graphs)
     bool no_overlap;        // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
+    int n_ranks;            // the routed experts split over this many GPUs (sp_ctx_params.n_ranks), numbered
+    const int *gpus;        // gpus[0 ..) (NULL: 0 ..)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     size_t device_experts;  // a device backend's expert cache in its memory, over the host's (0: every expert on it)
     bool cpu_experts;       // with it: the CPU may compute experts it lacks (sp_ctx_params.cpu_experts)

@@ -155,8 +155,8 @@ static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan
     p->gpu_base_bytes = p->resident_weight_bytes +
                         sp_ctx_device_bytes(&m->arch, in->device, p->ctx, p->parallel,
                                             in->batch > 0 ? in->batch : SP_DEFAULT_BATCH, in->kv_type);
-    /* device d's share of every MoE layer's experts: experts [E d / n, E (d + 1) / n) of each; the
-     * figures are the largest share's (ceil(E / n) a layer) */
+    /* device d's share of every MoE layer's experts (model/ranks.h's split: ceil(E / n) a layer at
+     * most); the figures are the largest share's */
     int nd = p->n_devices;
     int64_t all_experts = p->n_experts * p->n_moe_layers;
     int64_t total_experts = (p->n_experts + nd - 1) / nd * p->n_moe_layers;

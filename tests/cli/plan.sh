@@ -74,12 +74,14 @@ run "each caches its share" 0 node -e '
     if (g.devices !== 3 || g.device_experts !== 86 * 31 || !(g.cached_experts > 0 && g.cached_experts <= g.device_experts) ||
         g.link_bytes_per_token !== 31 * 4096 * 4 * 2 * 2 / 3 - ((31 * 4096 * 4 * 2 * 2) % 3) / 3) process.exit(1);' "$TMP/gpu3.json"
 run "--devices 0,0" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,0
-expect "names the device given twice" "$TMP/err" "device 0 given twice"
+expect "names the device given twice" "$TMP/err" "GPU 0 given twice"
 run "--devices a" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices a
-expect "says what it expected" "$TMP/err" "expected device numbers separated by commas"
+expect "says what it expected" "$TMP/err" "expected GPU numbers separated by commas"
 run "--devices 0,64" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,64
 run "--devices 0, (a comma last)" 2 "$SPARROW" plan "$TMP/flash" --device cuda --gpu-mem-limit 141G --devices 0,
 run "--devices on the CPU" 1 "$SPARROW" plan "$TMP/flash" --mem-limit 512G --devices 0,1
+expect "says it needs a GPU device" "$TMP/err" "needs a GPU device"
+run "run --devices on the CPU" 1 "$SPARROW" run --model "$TMP/flash" --mem-limit 512G --devices 0,1 --tokens 1,2
 expect "says it needs a GPU device" "$TMP/err" "needs a GPU device"
 
 # Qwen3.5-122B-A10B in mxfp4, shapes only: 36 Gated DeltaNet layers, whose

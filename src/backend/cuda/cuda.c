@@ -1580,6 +1580,10 @@ enum sp_status sp_cuda_backend_create(const struct sp_backend_params *p, struct 
     if (e != cudaSuccess || devices == 0)
         return sp_errorf(SP_ERR_UNSUPPORTED, "no CUDA device: %s",
                          e != cudaSuccess ? cudaGetErrorString(e) : "the driver lists none");
+    if (p->gpu < 0 || p->gpu >= devices)
+        return sp_errorf(SP_ERR_ARG, "GPU %d: the CUDA driver lists %d (0 to %d)", p->gpu, devices, devices - 1);
+    if ((e = cudaSetDevice(p->gpu)) != cudaSuccess)
+        return sp_errorf(status_of(e), "cuda: GPU %d: %s", p->gpu, cudaGetErrorString(e));
     if (s->head_dim > SP_CUDA_MAX_HEAD_DIM || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads != 0)
         return sp_errorf(SP_ERR_UNSUPPORTED,
                          "cuda: %lld heads of %lld dimensions over %lld KV heads (at most %d dimensions, query heads a "
@@ -1716,9 +1720,12 @@ fail:
     return st;
 }
 
+static void cuda_bind(struct sp_backend *b) { cudaSetDevice(b->p.gpu); }
+
 const struct sp_backend_ops sp_cuda_backend_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
+    .bind = cuda_bind,
     .supports = cuda_supports,
     .tensor = cuda_tensor,
     .vector = cuda_vector,

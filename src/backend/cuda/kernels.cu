@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
@@ -1497,12 +1498,12 @@ bool vsplit(const sp_cuda_weight &w) {
  * default) on the current device, the first time. */
 template <auto KERN>
 int raise_smem(size_t bytes) {
-    static uint64_t raised;  // a bit a device
+    static std::atomic<uint64_t> raised;  // a bit a device (several devices' threads may launch at once)
     int dev = 0;
     cudaGetDevice(&dev);
-    if (raised >> (dev & 63) & 1) return 0;
+    if (raised.load() >> (dev & 63) & 1) return 0;
     int e = (int)cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (!e) raised |= 1ull << (dev & 63);
+    if (!e) raised.fetch_or(1ull << (dev & 63));
     return e;
 }
 
