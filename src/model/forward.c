@@ -118,7 +118,7 @@ struct sp_ctx {
     int rank;
     struct sp_ranks *ranks;
     const int32_t *owner;  // (n_layers * E)
-    float *rank_buf;       // (B, d)
+    float *rank_buf;       // (B, d), where the backend copies fastest (its host_alloc: pinned, for a GPU)
     struct sp_ctx **peers;
 };
 
@@ -972,7 +972,10 @@ void sp_ctx_free(struct sp_ctx *c) {
         sp_free((void *)c->owner);
     }
     bind_rank(c);
-    sp_free(c->rank_buf);
+    if (c->rank_buf && c->be->ops->host_alloc)
+        c->be->ops->host_free(c->rank_buf);
+    else
+        sp_free(c->rank_buf);
     if (c->layers) {
         for (int64_t L = 0; L < c->a->n_layers; L++) {
             struct layer *ly = &c->layers[L];
@@ -1145,7 +1148,11 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
     c->eviews = host_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
     if (c->pf_at_routing) c->pf_host = host_buf((size_t)(B * E), sizeof(float), &ok);
-    if (g) c->rank_buf = host_buf((size_t)(B * d), sizeof(float), &ok);
+    if (g && be->ops->host_alloc) {
+        if (!(c->rank_buf = be->ops->host_alloc((size_t)(B * d) * sizeof(float), SP_MEM_ACT))) ok = false;
+    } else if (g) {
+        c->rank_buf = host_buf((size_t)(B * d), sizeof(float), &ok);
+    }
     if (!ok) goto nomem;
     if (c->tier && !c->p.experts && c->p.cpu_experts && (st = cpu_experts_init(c, &bp, threads_asked)) != SP_OK)
         goto fail;
