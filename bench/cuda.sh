@@ -17,6 +17,10 @@
 # build taking turns with BASE's where given): tok/s, the decode hit rate,
 # the bytes a token copied in, the experts the CPU took, and the rates the
 # CPU's share was chosen by.
+# SAMPLE=1 also decodes 256 tokens of each shape with sampling (sparrow run,
+# temperature 0.8): top-k 64 (the GPU's best logits), 65 (every logit to the
+# host) and greedy, BASE's build taking turns where given, the texts' digests
+# beside the tok/s (the same seed draws the same tokens in both builds).
 # DEVICES=0,1 also decodes each shape with its experts split over those GPUs
 # (--devices), 1 and 32 sequences, beside the same on the first GPU alone,
 # taking turns.
@@ -81,6 +85,21 @@ for s in ${SHAPES:-qwen3 ling gptoss}; do
                             paste -sd' ' || rc=1
                         grep -h "CPU computes" "$W/tier.log" | tail -1
                     done
+                done
+            done
+        done
+    fi
+    if [ "${SAMPLE:-0}" = 1 ]; then
+        ids=$(seq 1000 7 1441 | paste -sd,)
+        for _ in $(seq "${ROUNDS:-2}"); do
+            for b in ${BASE:+"$BASE"} "$B/sparrow"; do
+                for k in 64 65 greedy; do
+                    if [ "$k" = greedy ]; then a="--temp 0"; else a="--temp 0.8 --top-k $k --seed 7"; fi
+                    # shellcheck disable=SC2086
+                    out=$("$b" run --model "$dir" --device cuda --tokens "$ids" --max-tokens 256 --ignore-eos $a \
+                        2>"$W/run.log") || rc=1
+                    printf '%s top-k %s: text %s, %s\n' "$b" "$k" "$(echo "$out" | md5sum | cut -c1-8)" \
+                        "$(grep -o 'decode: [^;]*' "$W/run.log")"
                 done
             done
         done
