@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "core/progress.h"
 #include "model/expert_tier.h"
 #include "model/inspect.h"
@@ -1186,7 +1187,13 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
     enum sp_status st = !owner || !peers ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_ranks_create(n, B * a->d_model, &g);
     for (int64_t L = 0; st == SP_OK && L < a->n_layers; L++)
         if (a->layer_moe[L]) sp_ranks_split(NULL, E, n, owner + L * E);
-    for (int r = 0; st == SP_OK && r < n; r++) st = ctx_create(m, p, r, g, owner, &peers[r]);
+    /* ranks on the CPU share its threads */
+    struct sp_ctx_params rp = *p;
+    if (p->device == SP_DEVICE_CPU) {
+        int threads = p->n_threads > 0 ? p->n_threads : sp_physical_cores();
+        rp.n_threads = threads / n > 1 ? threads / n : 1;
+    }
+    for (int r = 0; st == SP_OK && r < n; r++) st = ctx_create(m, &rp, r, g, owner, &peers[r]);
     if (st != SP_OK) {
         for (int r = 0; peers && r < n; r++) sp_ctx_free(peers[r]);
         sp_ranks_free(g);

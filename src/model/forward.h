@@ -106,7 +106,8 @@ struct sp_ctx_params {
      * backend of its own that runs the same pass on its share and the
      * shared expert on rank 0, the ranks' MoE outputs summed after each MoE
      * layer; on a GPU, rank r on GPU gpus[r] (NULL: GPU r; one context on
-     * GPU gpus[0]). Not over an expert cache yet. */
+     * GPU gpus[0]), on the CPU n_threads shared among them. Not over an
+     * expert cache yet. */
     int n_ranks;
     const int *gpus;
 };
