@@ -44,6 +44,22 @@ static void test_environment(void **state) {
     load_ok(&s, env);
     assert_int_equal(s.n_devices, 2);
     assert_true(s.devices[0] == 2 && s.devices[1] == 0);
+    /* a launcher's ranks: none set, one process; set, checked */
+    assert_true(s.world_size == 1 && s.rank == 0 && s.master_port == 29500);
+    assert_string_equal(s.master_addr, "127.0.0.1");
+    char *launched[] = {"WORLD_SIZE=3", "RANK=2", "MASTER_ADDR=node7", "MASTER_PORT=1234", NULL};
+    load_ok(&s, launched);
+    assert_true(s.world_size == 3 && s.rank == 2 && s.master_port == 1234);
+    assert_string_equal(s.master_addr, "node7");
+    const char *bad_ranks[][3] = {{"WORLD_SIZE=0", "RANK=0", "WORLD_SIZE"}, {"WORLD_SIZE=2", "RANK=2", "RANK"},
+                                  {"WORLD_SIZE=2x", "RANK=0", "WORLD_SIZE"}, {"WORLD_SIZE=65", "RANK=0", "WORLD_SIZE"},
+                                  {"MASTER_PORT=0", "RANK=0", "MASTER_PORT"}, {"WORLD_SIZE=2", "RANK=-1", "RANK"}};
+    for (size_t i = 0; i < sizeof bad_ranks / sizeof *bad_ranks; i++) {
+        char *e[] = {(char *)bad_ranks[i][0], (char *)bad_ranks[i][1], NULL};
+        assert_int_equal(sp_settings_load(&s, e), SP_ERR_ARG);
+        assert_non_null(strstr(sp_error_msg(), bad_ranks[i][2]));
+    }
+    load_ok(&s, env);
     assert_string_equal(s.kernels, "avx2f");
     assert_int_equal(s.kernels_from, SP_ORIGIN_ENV);
     assert_int_equal(s.io, SP_IO_PREAD);

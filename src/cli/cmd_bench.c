@@ -625,6 +625,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_model *m;
     if (sp_cli_model_open(&o->set, model, &m) != SP_OK) return sp_cli_fail();
     int rc = 1;
+    struct sp_ranks *group = NULL;  // this process as one rank of several (WORLD_SIZE)
     int64_t prompt = o->prompt, gen = o->gen, threads = o->threads;
     struct sp_plan_inputs pin = o->pin;
     pin.ctx = prompt + gen;
@@ -645,6 +646,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
                                .gpus = o->set.n_devices ? o->set.devices : NULL};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;
+    if (sp_cli_join_ranks(&o->set, m, &cp, &group) != SP_OK) goto done;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     struct sp_plan_load_params lp = sp_cli_load_params(&o->set);
     double load_s = o->cold ? 0.0 : sp_plan_load(&pl, m, &lp);
@@ -687,6 +689,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     rc = 0;
 done:
     if (rc) sp_cli_fail();
+    sp_ranks_free(group);
     sp_model_close(m);
     return rc;
 }

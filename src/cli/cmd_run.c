@@ -255,6 +255,7 @@ int sp_cmd_run(int argc, char **argv) {
     struct sp_model *m = NULL;
     struct sp_tokenizer *tok = NULL;
     struct sp_ctx *c = NULL;
+    struct sp_ranks *group = NULL;  // this process as one rank of several (WORLD_SIZE)
     struct sp_expert_store *store = NULL;  // an expert cache, where the plan keeps one
     struct sp_expert_source source;
     struct sp_sampler *smp = NULL;
@@ -322,7 +323,7 @@ int sp_cmd_run(int argc, char **argv) {
                 (double)plan.gpu_expert_cache / 1048576.0, (long long)plan.gpu_cached_experts, 100.0 * plan.gpu_hit_rate);
     struct sp_plan_load_params lp = sp_cli_load_params(&o.set);
     sp_plan_load(&plan, m, &lp);
-    if (sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
+    if (sp_cli_join_ranks(&o.set, m, &cp, &group) != SP_OK || sp_ctx_create(m, &cp, &c) != SP_OK) goto fail;
     int64_t B = sp_ctx_params(c)->max_batch;
     logits = sp_malloc((size_t)(o.dump ? B : 1) * (size_t)V * sizeof(float), SP_MEM_ACT);
     bool *want = sp_malloc((size_t)B * sizeof(bool), SP_MEM_ACT);
@@ -432,6 +433,7 @@ fail:
     sp_free(logits);
     sp_ids_free(&ids);
     sp_ctx_free(c);
+    sp_ranks_free(group);
     sp_expert_store_free(store);
     sp_tokenizer_free(tok);
     sp_model_close(m);

@@ -113,3 +113,29 @@ enum sp_status sp_cli_model_open(const struct sp_settings *s, const char *spec, 
     sp_free(dir);
     return st;
 }
+
+enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
+                                 struct sp_ranks **g) {
+    *g = NULL;
+    if (s->world_size <= 1) return SP_OK;
+    if (cp->n_ranks > 1)
+        return sp_errorf(SP_ERR_ARG, "--devices and WORLD_SIZE both split the experts: give one of them");
+    const struct sp_arch *a = &m->arch;
+    if (a->n_experts < s->world_size)  /* before any rank waits for the others */
+        return sp_errorf(SP_ERR_ARG, "%d ranks (WORLD_SIZE) for %lld routed experts a layer: the ranks split the "
+                         "experts, at least one each", s->world_size, (long long)a->n_experts);
+    int64_t B = cp->max_batch > 0 ? cp->max_batch : SP_DEFAULT_BATCH;
+    /* what every rank must run alike: the model's shape, the batch, the ranks, the device */
+    const int64_t what[] = {a->n_layers, a->d_model, a->vocab, a->n_experts, a->n_experts_used, B, s->world_size,
+                            cp->device};
+    uint64_t key = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof what / sizeof *what; i++) key = (key ^ (uint64_t)what[i]) * 1099511628211ull;
+    enum sp_status st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,
+                                         120.0, g);
+    if (st != SP_OK) return st;
+    cp->group = *g;
+    cp->rank = s->rank;
+    cp->n_ranks = s->world_size;
+    if (s->rank > 0 && !freopen("/dev/null", "w", stdout)) return sp_errorf(SP_ERR_IO, "rank %d: /dev/null", s->rank);
+    return SP_OK;
+}

@@ -22,7 +22,9 @@
 #include "backend/backend.h"
 #include "core/settings.h"
 #include "runtime/experts.h"
+#include "model/forward.h"
 #include "model/model.h"
+#include "model/ranks.h"
 #include "runtime/plan.h"
 
 /* The help lines of the settings' flags (serve, run, bench). */
@@ -47,9 +49,12 @@
     "                         graphs (default: every kernel queued as it comes)\n"                         \
     "  --no-cuda-overlap      with --device cuda, start each kernel only once the one before has ended\n"    \
     "                         (default: it starts early and waits inside, on GPUs that can)\n"             \
+    "  --devices LIST         with --device cuda, the routed experts split over those GPUs (e.g. 0,1)\n"    \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
     "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=0,\n"       \
-    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0; a flag overrides its variable.\n"                        \
+    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_DEVICES; a flag overrides its variable.\n"       \
+    "  run and bench as ranks of a launcher's processes (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT, as\n"    \
+    "  torchrun sets them): the routed experts split over the processes, rank 0 prints\n"                  \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code
@@ -66,6 +71,13 @@ int sp_cli_kernels_use(const struct sp_settings *s);
 /* The device s chooses, when this build has its backend; else the usage
  * exit code with an error that says how to get one. */
 int sp_cli_device(const struct sp_settings *s, enum sp_device *out);
+/* Where s says this process is one rank of several (WORLD_SIZE > 1):
+ * joins the others (sp_ranks_connect, for up to 120 s) and makes cp that
+ * rank's (cp's model m and batch as every rank's must be); *g the group,
+ * to free after the context (NULL alone). Other ranks than 0 print nothing
+ * on stdout: every rank makes the same text. */
+enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
+                                 struct sp_ranks **g);
 /* The parameters the library takes from s (a device other than the CPU
  * loads every matrix in row order). */
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s);

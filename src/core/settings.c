@@ -187,9 +187,33 @@ static enum sp_status folders(struct sp_settings *s, char *const *env) {
     return SP_OK;
 }
 
+/* A whole number of variable name in [lo, hi], or def where it is unset or empty. */
+static enum sp_status env_int(char *const *env, const char *name, long lo, long hi, long def, int *out) {
+    const char *v = env_nonempty(env, name);
+    char *end;
+    long x = v ? strtol(v, &end, 10) : def;
+    if (v && (*end || x < lo || x > hi))
+        return sp_errorf(SP_ERR_ARG, "%s: expected a whole number from %ld to %ld, got \"%.40s\"", name, lo, hi, v);
+    *out = (int)x;
+    return SP_OK;
+}
+
+/* The launcher's variables of ranks in processes. */
+static enum sp_status ranks(struct sp_settings *s, char *const *env) {
+    enum sp_status st = env_int(env, "WORLD_SIZE", 1, SP_SETTINGS_DEVICES_MAX, 1, &s->world_size);
+    if (st == SP_OK) st = env_int(env, "RANK", 0, s->world_size - 1, 0, &s->rank);
+    if (st == SP_OK) st = env_int(env, "MASTER_PORT", 1, 65535, 29500, &s->master_port);
+    const char *addr = env_nonempty(env, "MASTER_ADDR");
+    if (st == SP_OK && addr && strlen(addr) >= sizeof s->master_addr)
+        st = sp_errorf(SP_ERR_ARG, "MASTER_ADDR: a host name of at most %zu bytes", sizeof s->master_addr - 1);
+    if (st == SP_OK) snprintf(s->master_addr, sizeof s->master_addr, "%s", addr ? addr : "127.0.0.1");
+    return st;
+}
+
 enum sp_status sp_settings_load(struct sp_settings *s, char *const *env) {
     memset(s, 0, sizeof *s);
     enum sp_status st = folders(s, env);
+    if (st == SP_OK) st = ranks(s, env);
     for (size_t i = 0; i < N_DEFS && st == SP_OK; i++) {
         const char *v = defs[i].env ? env_get(env, defs[i].env) : NULL;
         if (!v) continue;

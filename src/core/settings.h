@@ -33,6 +33,11 @@
  * the same level (two flags, or two variables) they are an error; a flag
  * overrides the other's variable.
  *
+ * Ranks in processes (model/ranks.h), read as torchrun's launcher sets
+ * them: WORLD_SIZE (processes, 1 to SP_SETTINGS_DEVICES_MAX; unset: 1),
+ * RANK (this one's, 0 to WORLD_SIZE - 1), MASTER_ADDR (rank 0's host;
+ * default 127.0.0.1) and MASTER_PORT (default 29500).
+ *
  * The folders follow the conventions of the tools that share them:
  * hf_hub_cache is $HF_HUB_CACHE, else $HF_HOME/hub, else
  * $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub;
@@ -80,6 +85,9 @@ struct sp_settings {
     bool no_cuda_overlap;  // the CUDA backend's kernels wait for the one before to end before they start
     int n_devices;         // --devices: that many GPUs (0: none given), their numbers in devices
     int devices[SP_SETTINGS_DEVICES_MAX];
+    int world_size, rank;  // this process's rank of world_size (WORLD_SIZE, RANK; 1 and 0 alone)
+    int master_port;
+    char master_addr[256];
     enum sp_origin kernels_from, precision_from;
     char hf_hub_cache[SP_SETTINGS_PATH_MAX];  // the Hugging Face hub cache folder
     char cache_dir[SP_SETTINGS_PATH_MAX];     // sparrow's cache folder

@@ -970,8 +970,8 @@ void sp_ctx_free(struct sp_ctx *c) {
         sp_ranks_free(c->ranks);
         for (int r = 1; r < c->p.n_ranks; r++) sp_ctx_free(c->peers[r]);
         sp_free(c->peers);
-        sp_free((void *)c->owner);
     }
+    if (c->peers || c->p.group) sp_free((void *)c->owner);  // rank 0 of threads, or a process's rank
     bind_rank(c);
     if (c->rank_buf && c->be->ops->host_alloc)
         c->be->ops->host_free(c->rank_buf);
@@ -1171,22 +1171,47 @@ fail:
 
 /* Rank 0's context, holding every rank's: each MoE layer's experts split
  * over the ranks alike (each rank about the same number). */
-static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
+/* Each routed expert's rank over n ranks (every layer's split alike), or
+ * why the model or the parameters take no ranks. */
+static enum sp_status split_experts(const struct sp_model *m, const struct sp_ctx_params *p, int n, int32_t **owner) {
     const struct sp_arch *a = &m->arch;
-    int n = p->n_ranks;
+    int64_t E = a->n_experts;
+    *owner = NULL;
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
     if (p->experts || p->device_experts)
         return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
-    if (a->n_experts < n)
+    if (E < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
-                         "one each", n, (long long)a->n_experts);
-    int64_t E = a->n_experts, B = p->max_batch > 0 ? p->max_batch : SP_DEFAULT_BATCH;
-    int32_t *owner = sp_calloc((size_t)(a->n_layers * E), sizeof *owner, SP_MEM_MODEL);
+                         "one each", n, (long long)E);
+    if (!(*owner = sp_calloc((size_t)(a->n_layers * E), sizeof **owner, SP_MEM_MODEL)))
+        return sp_errorf(SP_ERR_NOMEM, "out of memory");
+    for (int64_t L = 0; L < a->n_layers; L++)
+        if (a->layer_moe[L]) sp_ranks_split(NULL, E, n, *owner + L * E);
+    return SP_OK;
+}
+
+/* This process's rank of a group of processes: a context of its own, over
+ * the group p->group. */
+static enum sp_status process_rank_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
+    int32_t *owner;
+    enum sp_status st = split_experts(m, p, p->n_ranks, &owner);
+    if (st == SP_OK && (p->rank < 0 || p->rank >= p->n_ranks))
+        st = sp_errorf(SP_ERR_ARG, "rank %d of %d", p->rank, p->n_ranks);
+    if (st == SP_OK) st = ctx_create(m, p, p->rank, p->group, owner, out);
+    if (st != SP_OK) sp_free(owner);
+    return st;
+}
+
+static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
+    const struct sp_arch *a = &m->arch;
+    int n = p->n_ranks;
+    int64_t B = p->max_batch > 0 ? p->max_batch : SP_DEFAULT_BATCH;
+    int32_t *owner;
+    enum sp_status st = split_experts(m, p, n, &owner);
+    if (st != SP_OK) return st;
     struct sp_ctx **peers = sp_calloc((size_t)n, sizeof *peers, SP_MEM_MODEL);
     struct sp_ranks *g = NULL;
-    enum sp_status st = !owner || !peers ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_ranks_create(n, B * a->d_model, &g);
-    for (int64_t L = 0; st == SP_OK && L < a->n_layers; L++)
-        if (a->layer_moe[L]) sp_ranks_split(NULL, E, n, owner + L * E);
+    st = !peers ? sp_errorf(SP_ERR_NOMEM, "out of memory") : sp_ranks_create(n, B * a->d_model, &g);
     /* ranks on the CPU share its threads */
     struct sp_ctx_params rp = *p;
     if (p->device == SP_DEVICE_CPU) {
@@ -1209,6 +1234,7 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
 
 enum sp_status sp_ctx_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
     *out = NULL;
+    if (p->group) return process_rank_create(m, p, out);
     return p->n_ranks > 1 ? ranks_create(m, p, out) : ctx_create(m, p, 0, NULL, NULL, out);
 }
 
@@ -1870,8 +1896,9 @@ static bool sum_ranks(struct sp_ctx *c, struct sp_tensor out) {
     return true;
 }
 
-/* One rank's pass (the only one's without ranks); logits NULL past rank 0. */
-static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+/* One rank's pass (the only one's without ranks), to the lm_head where
+ * head (the caller's context, not another thread's rank). */
+static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, float *logits, bool head) {
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
     bind_rank(c);
@@ -1934,7 +1961,7 @@ static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, f
     }
 
     int64_t m = 0;  // set inside the step, before STEP adds its multiply-adds
-    if (c->rank == 0) STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = lm_head(c, b, x, logits));
+    if (head) STEP(c, SP_STEP_LM_HEAD, (double)m * (double)d * (double)a->vocab, m = lm_head(c, b, x, logits));
     if (c->p.time_steps) read_marks(c);
     st = be->ops->error ? be->ops->error(be) : SP_OK;
     track_states(c, b, st == SP_OK);
@@ -1953,14 +1980,14 @@ struct rank_pass {
 
 static void rank_pass_run(void *arg, int r) {
     struct rank_pass *p = arg;
-    p->st[r] = forward_rank(p->ctx[r], p->b, r == 0 ? p->logits : NULL);
+    p->st[r] = forward_rank(p->ctx[r], p->b, p->logits, r == 0);
     if (p->st[r] == SP_OK) return;
     snprintf(p->why[r], sizeof p->why[r], "%s", sp_error_msg());
     sp_ranks_fail(p->ctx[0]->ranks, r);
 }
 
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
-    if (!c->peers) return forward_rank(c, b, logits);
+    if (!c->peers) return forward_rank(c, b, logits, true);
     struct rank_pass p = {.ctx = c->peers, .b = b, .logits = logits};
     sp_ranks_run(c->ranks, rank_pass_run, &p);
     int first = -1;  // the first rank that failed on its own, else the first that failed

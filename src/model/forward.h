@@ -81,6 +81,8 @@ struct sp_expert_source {
     void (*prefetch)(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped, int64_t n);
 };
 
+struct sp_ranks;
+
 struct sp_ctx_params {
     int64_t n_ctx;         // positions per sequence (0: the model's, capped at 4096)
     int n_seq;             // sequences (0: 1)
@@ -110,6 +112,11 @@ struct sp_ctx_params {
      * expert cache yet. */
     int n_ranks;
     const int *gpus;
+    /* Or this process's rank `rank` of n_ranks processes, joined by group
+     * (sp_ranks_connect), each running the same passes and sampling: the
+     * context is that rank alone. */
+    struct sp_ranks *group;
+    int rank;
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:

@@ -13,6 +13,14 @@
  * Rank 0 runs on the caller's thread, every other rank on a thread of its
  * own that lives as long as the group. The sum adds the ranks' vectors in
  * rank order, so every rank gets the same bits.
+ *
+ * Ranks may also be processes, one a rank, each running the same program
+ * on the same input (started by a launcher that sets torchrun's RANK,
+ * WORLD_SIZE, MASTER_ADDR and MASTER_PORT): sp_ranks_connect joins this
+ * process's rank to the others over TCP (rank 0 listens, the others
+ * connect to it), and each sum goes through rank 0, which adds the ranks'
+ * vectors in rank order and sends the sum back. Equal sums keep the ranks
+ * in step: each runs the whole pass and the same sampling.
  */
 #ifndef SP_MODEL_RANKS_H
 #define SP_MODEL_RANKS_H
@@ -31,7 +39,16 @@ struct sp_ranks;
 enum sp_status sp_ranks_create(int n, int64_t floats, struct sp_ranks **out);
 void sp_ranks_free(struct sp_ranks *g);
 
-/* fn(arg, r) for every rank r at once; returns when every rank's has. */
+/* This process's rank `rank` of n (2 .. SP_RANKS_MAX) processes whose sums
+ * hold up to `floats` floats: rank 0 listens at addr:port for the others,
+ * which try to connect for up to timeout_s. Each says its rank and key (a
+ * number that must be the same for all: what they run), so a process of
+ * another rank count, rank taken twice or other key is refused. */
+enum sp_status sp_ranks_connect(int rank, int n, const char *addr, int port, uint64_t key, int64_t floats,
+                                double timeout_s, struct sp_ranks **out);
+
+/* fn(arg, r) for every rank r at once; returns when every rank's has
+ * (a group of threads). */
 void sp_ranks_run(struct sp_ranks *g, void (*fn)(void *arg, int rank), void *arg);
 
 /* Inside sp_ranks_run, on every rank in the same order: v[0 .. n) (n at
@@ -40,7 +57,7 @@ void sp_ranks_run(struct sp_ranks *g, void (*fn)(void *arg, int rank), void *arg
 bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n);
 
 /* Rank `rank` reaches no more sums in this run: the others' return false
- * instead of waiting for it. */
+ * instead of waiting for it (over TCP: its connections close). */
 void sp_ranks_fail(struct sp_ranks *g, int rank);
 
 /* Experts [0, n_experts) to ranks [0, n_ranks) so that each rank's share of
