@@ -49,8 +49,11 @@ static void test_environment(void **state) {
     assert_string_equal(s.master_addr, "127.0.0.1");
     char *launched[] = {"WORLD_SIZE=3", "RANK=2", "MASTER_ADDR=node7", "MASTER_PORT=1234", NULL};
     load_ok(&s, launched);
-    assert_true(s.world_size == 3 && s.rank == 2 && s.master_port == 1234);
+    assert_true(s.world_size == 3 && s.rank == 2 && s.local_rank == 2 && s.master_port == 1234);
     assert_string_equal(s.master_addr, "node7");
+    char *local[] = {"WORLD_SIZE=4", "RANK=3", "LOCAL_RANK=1", NULL};
+    load_ok(&s, local);
+    assert_true(s.rank == 3 && s.local_rank == 1);
     const char *bad_ranks[][3] = {{"WORLD_SIZE=0", "RANK=0", "WORLD_SIZE"}, {"WORLD_SIZE=2", "RANK=2", "RANK"},
                                   {"WORLD_SIZE=2x", "RANK=0", "WORLD_SIZE"}, {"WORLD_SIZE=65", "RANK=0", "WORLD_SIZE"},
                                   {"MASTER_PORT=0", "RANK=0", "MASTER_PORT"}, {"WORLD_SIZE=2", "RANK=-1", "RANK"}};

@@ -136,6 +136,7 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     cp->group = *g;
     cp->rank = s->rank;
     cp->n_ranks = s->world_size;
+    if (!cp->gpus) cp->gpus = &s->local_rank;  // a GPU: --devices N, else LOCAL_RANK
     if (s->rank > 0 && !freopen("/dev/null", "w", stdout)) return sp_errorf(SP_ERR_IO, "rank %d: /dev/null", s->rank);
     return SP_OK;
 }

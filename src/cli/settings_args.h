@@ -53,8 +53,8 @@
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
     "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=0,\n"       \
     "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_DEVICES; a flag overrides its variable.\n"       \
-    "  run and bench as ranks of a launcher's processes (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT, as\n"    \
-    "  torchrun sets them): the routed experts split over the processes, rank 0 prints\n"                  \
+    "  run and bench also run as ranks of a launcher's processes (WORLD_SIZE, RANK, LOCAL_RANK,\n"      \
+    "  MASTER_ADDR, MASTER_PORT, as torchrun sets them): the routed experts split over them\n"           \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code

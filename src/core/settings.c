@@ -202,6 +202,7 @@ static enum sp_status env_int(char *const *env, const char *name, long lo, long 
 static enum sp_status ranks(struct sp_settings *s, char *const *env) {
     enum sp_status st = env_int(env, "WORLD_SIZE", 1, SP_SETTINGS_DEVICES_MAX, 1, &s->world_size);
     if (st == SP_OK) st = env_int(env, "RANK", 0, s->world_size - 1, 0, &s->rank);
+    if (st == SP_OK) st = env_int(env, "LOCAL_RANK", 0, SP_SETTINGS_DEVICES_MAX - 1, s->rank, &s->local_rank);
     if (st == SP_OK) st = env_int(env, "MASTER_PORT", 1, 65535, 29500, &s->master_port);
     const char *addr = env_nonempty(env, "MASTER_ADDR");
     if (st == SP_OK && addr && strlen(addr) >= sizeof s->master_addr)

@@ -35,7 +35,8 @@
  *
  * Ranks in processes (model/ranks.h), read as torchrun's launcher sets
  * them: WORLD_SIZE (processes, 1 to SP_SETTINGS_DEVICES_MAX; unset: 1),
- * RANK (this one's, 0 to WORLD_SIZE - 1), MASTER_ADDR (rank 0's host;
+ * RANK (this one's, 0 to WORLD_SIZE - 1), LOCAL_RANK (its number on its
+ * machine, the GPU it takes; default RANK), MASTER_ADDR (rank 0's host;
  * default 127.0.0.1) and MASTER_PORT (default 29500).
  *
  * The folders follow the conventions of the tools that share them:
@@ -86,6 +87,7 @@ struct sp_settings {
     int n_devices;         // --devices: that many GPUs (0: none given), their numbers in devices
     int devices[SP_SETTINGS_DEVICES_MAX];
     int world_size, rank;  // this process's rank of world_size (WORLD_SIZE, RANK; 1 and 0 alone)
+    int local_rank;        // and on its machine (LOCAL_RANK)
     int master_port;
     char master_addr[256];
     enum sp_origin kernels_from, precision_from;

@@ -1043,7 +1043,8 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
     }
     if (c->p.device_experts && a->n_experts <= 0) c->p.device_experts = 0;  // nothing to cache
     struct sp_backend_params bp = backend_params(a, &c->p);
-    bp.gpu = c->p.gpus ? c->p.gpus[rank] : rank;
+    int at = c->p.group ? 0 : rank;  // a process's rank: its one GPU
+    bp.gpu = c->p.gpus ? c->p.gpus[at] : at;
     inv_freq = sp_malloc((size_t)(a->rope.rot_dims / 2 + 1) * sizeof(float), SP_MEM_MODEL);
     if (!inv_freq) goto nomem;
     bp.shape.rope_scale = rope_init(&a->rope, inv_freq);

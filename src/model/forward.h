@@ -114,7 +114,7 @@ struct sp_ctx_params {
     const int *gpus;
     /* Or this process's rank `rank` of n_ranks processes, joined by group
      * (sp_ranks_connect), each running the same passes and sampling: the
-     * context is that rank alone. */
+     * context is that rank alone (on a GPU, GPU gpus[0], NULL: 0). */
     struct sp_ranks *group;
     int rank;
 };
