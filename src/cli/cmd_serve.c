@@ -201,6 +201,11 @@ int sp_cmd_serve(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     if ((rc = sp_cli_kernels_use(&set)) || (rc = sp_cli_device(&set, &ep.device))) return rc;
+    if (set.world_size > 1) {
+        fprintf(stderr, "error: WORLD_SIZE=%d: serve does not run as ranks of several processes yet (run and bench "
+                        "do; --devices splits the experts over the GPUs of one server)\n", set.world_size);
+        return SP_EXIT_USAGE;
+    }
     ep.expert_params = sp_cli_expert_params(&set);
     ep.float_activations = set.precision == SP_PRECISION_EXACT;
     ep.graphs = set.cuda_graphs;

@@ -56,6 +56,9 @@ expect "rank 0 names it" "$TMP/err" "runs another model or shape"
 if wait "$pid"; then not_ok "the other rank failed too"; else ok "the other rank failed too"; fi
 expect "the other rank says rank 0 refused it" "$TMP/err.1" "refused"
 
+run "serve as ranks" 2 env WORLD_SIZE=2 "$SPARROW" serve --model tests/fixtures/qwen3_moe
+expect "says it does not yet" "$TMP/err" "serve does not run as ranks of several processes yet"
+
 # the launcher's variables, checked
 run "WORLD_SIZE=two" 2 env WORLD_SIZE=two "$SPARROW" run --model tests/fixtures/qwen3_moe --tokens 1
 expect "names the variable" "$TMP/err" "WORLD_SIZE: expected a whole number"
