@@ -63,6 +63,63 @@ static const char usage[] =
     "  --gpu-mem-limit SIZE   device memory to plan for with --device cuda (default: what is free on it)\n"
     SP_CLI_SETTINGS_USAGE;
 
+/* The engine's plan (memory, caches) made and its weights loaded; ep's
+ * caches and devices as the plan says. */
+static enum sp_status plan_engine(const struct sp_settings *set, struct sp_model *m, struct sp_engine_params *ep,
+                                  struct sp_plan_inputs *pin, struct sp_plan *plan) {
+    sp_engine_params_resolve(ep, m);
+    pin->ctx = ep->n_ctx;
+    pin->parallel = ep->n_slots;
+    pin->batch = ep->batch_tokens;
+    pin->kv_type = ep->kv_type;
+    pin->device = ep->device;
+    pin->n_devices = set->n_devices;
+    ep->n_ranks = set->n_devices;
+    ep->gpus = set->n_devices ? set->devices : NULL;
+    enum sp_status st = sp_plan_make(m, pin, plan);
+    if (st != SP_OK) return st;
+    ep->expert_cache = plan->host_cache;
+    ep->device_experts = plan->gpu_expert_cache;
+    ep->cpu_experts = !set->no_cpu_experts;
+    struct sp_plan_load_params lp = sp_cli_load_params(set);
+    sp_plan_load(plan, m, &lp);
+    return SP_OK;
+}
+
+/* Where this process is one rank of several (WORLD_SIZE > 1): joined to
+ * the others, ep that rank's. */
+static enum sp_status join_ranks(const struct sp_settings *set, const struct sp_model *m, struct sp_engine_params *ep) {
+    struct sp_ctx_params cp = {.max_batch = ep->batch_tokens, .device = ep->device, .n_ranks = ep->n_ranks,
+                               .gpus = ep->gpus};
+    struct sp_ranks *g;
+    enum sp_status st = sp_cli_join_ranks(set, m, &cp, &g);
+    if (st != SP_OK || !g) return st;
+    ep->group = g;
+    ep->rank = cp.rank;
+    ep->n_ranks = cp.n_ranks;
+    ep->gpus = cp.gpus;
+    return SP_OK;
+}
+
+/* A rank other than 0 of a server's processes: no HTTP, its share of rank
+ * 0's engine until rank 0 stops. */
+static int follow_rank(const struct sp_settings *set, const char *model, struct sp_engine_params *ep,
+                       struct sp_plan_inputs *pin) {
+    struct sp_model *m = NULL;
+    struct sp_plan plan;
+    enum sp_status st = sp_cli_model_open(set, model, &m);
+    if (st == SP_OK) st = plan_engine(set, m, ep, pin, &plan);
+    if (st == SP_OK) st = join_ranks(set, m, ep);
+    if (st == SP_OK) {
+        sp_log(SP_LOG_INFO, "rank %d of %d: following rank 0's engine", set->rank, set->world_size);
+        st = sp_engine_follow(m, ep);
+    }
+    if (st != SP_OK) sp_cli_fail();
+    sp_ranks_free(ep->group);
+    sp_model_close(m);
+    return st == SP_OK ? 0 : 1;
+}
+
 int sp_cmd_serve(int argc, char **argv) {
     struct sp_server_opts so = {.host = "127.0.0.1", .port = 5413, .defaults = sp_sampler_defaults(),
                                 .max_connections = 1024, .max_connections_per_ip = 128, .request_timeout = 10};
@@ -201,16 +258,12 @@ int sp_cmd_serve(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     if ((rc = sp_cli_kernels_use(&set)) || (rc = sp_cli_device(&set, &ep.device))) return rc;
-    if (set.world_size > 1) {
-        fprintf(stderr, "error: WORLD_SIZE=%d: serve does not run as ranks of several processes yet (run and bench "
-                        "do; --devices splits the experts over the GPUs of one server)\n", set.world_size);
-        return SP_EXIT_USAGE;
-    }
     ep.expert_params = sp_cli_expert_params(&set);
     ep.float_activations = set.precision == SP_PRECISION_EXACT;
     ep.graphs = set.cuda_graphs;
     ep.no_overlap = set.no_cuda_overlap;
     pin.cache_dir = set.cache_dir;
+    if (set.world_size > 1 && set.rank > 0) return follow_rank(&set, model, &ep, &pin);
     /* Signals are taken synchronously by the main thread; every thread
      * started from here on inherits the blocked mask. */
     sigset_t sigs;
@@ -249,25 +302,13 @@ int sp_cmd_serve(int argc, char **argv) {
         sp_log(SP_LOG_WARN, "no chat template (%s): /v1/chat/completions will answer 400", sp_error_msg());
         ct = NULL;
     }
-    pin.ctx = ep.n_ctx;
-    pin.parallel = ep.n_slots;
-    pin.batch = ep.batch_tokens;
-    pin.kv_type = ep.kv_type;
-    pin.device = ep.device;
-    pin.n_devices = set.n_devices;
-    ep.n_ranks = set.n_devices;
-    ep.gpus = set.n_devices ? set.devices : NULL;
     struct sp_plan plan;
-    if (sp_plan_make(m, &pin, &plan) != SP_OK) goto fail;
+    if (plan_engine(&set, m, &ep, &pin, &plan) != SP_OK) goto fail;
     struct sp_buf pl = SP_BUF_INIT;
     sp_plan_report(&plan, false, &pl);
     fputs(pl.data ? pl.data : "", stderr);
     sp_buf_free(&pl);
-    ep.expert_cache = plan.host_cache;
-    ep.device_experts = plan.gpu_expert_cache;
-    ep.cpu_experts = !set.no_cpu_experts;
-    struct sp_plan_load_params lp = sp_cli_load_params(&set);
-    sp_plan_load(&plan, m, &lp);
+    if (join_ranks(&set, m, &ep) != SP_OK) goto fail;
     struct sp_model_stats stats;
     sp_model_stats(m, &stats);
     struct sp_buf rep = SP_BUF_INIT;
@@ -361,7 +402,8 @@ int sp_cmd_serve(int argc, char **argv) {
 fail:
     if (rc) sp_cli_fail();
     sp_server_stop(srv);
-    sp_engine_free(eng);
+    sp_engine_free(eng);  // the other ranks' follow ends with it
+    sp_ranks_free(ep.group);
     sp_chat_template_free(ct);
     sp_tokenizer_free(tok);
     sp_model_close(m);

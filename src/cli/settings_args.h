@@ -53,8 +53,8 @@
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
     "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=0,\n"       \
     "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_DEVICES; a flag overrides its variable.\n"       \
-    "  run and bench also run as ranks of a launcher's processes (WORLD_SIZE, RANK, LOCAL_RANK,\n"      \
-    "  MASTER_ADDR, MASTER_PORT, as torchrun sets them): the routed experts split over them\n"           \
+    "  As ranks of a launcher's processes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR,\n"                \
+    "  MASTER_PORT, as torchrun sets them): the routed experts split over the processes\n"              \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
 
 /* Settings from this process's environment; 0, or the usage exit code
@@ -75,7 +75,7 @@ int sp_cli_device(const struct sp_settings *s, enum sp_device *out);
  * joins the others (sp_ranks_connect, for up to 120 s) and makes cp that
  * rank's (cp's model m and batch as every rank's must be); *g the group,
  * to free after the context (NULL alone). Other ranks than 0 print nothing
- * on stdout: every rank makes the same text. */
+ * on stdout: rank 0 speaks for them. */
 enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
                                  struct sp_ranks **g);
 /* The parameters the library takes from s (a device other than the CPU

@@ -120,8 +120,17 @@ struct sp_ctx {
     struct sp_ranks *ranks;
     const int32_t *owner;  // (n_layers * E)
     float *rank_buf;       // (B, d), where the backend copies fastest (its host_alloc: pinned, for a GPU)
+    uint8_t *follow_buf;   // ranks in processes that rank 0 leads: a call's message (FOLLOW_BYTES)
+    bool *follow_snap;     // (B) a followed batch's snapshot flags
     struct sp_ctx **peers;
 };
+
+/* What rank 0 of processes that it leads sends the others before each
+ * call they follow: FOLLOW_HEAD int64 words (the call, its numbers), then
+ * for a pass the batch's tokens, positions and sequences (int32) and its
+ * snapshot flags (a byte each). */
+enum { FOLLOW_FORWARD = 1, FOLLOW_COPY, FOLLOW_RESUME, FOLLOW_QUIT, FOLLOW_HEAD = 4 };
+#define FOLLOW_BYTES(n) (FOLLOW_HEAD * sizeof(int64_t) + (size_t)(n) * (3 * sizeof(int32_t) + 1))
 
 /* A step timed by backend marks, its seconds read once the pass is done. */
 struct step_mark {
@@ -958,6 +967,27 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
     return SP_OK;
 }
 
+/* Whether c is rank 0 of processes that it leads. */
+static bool leading(const struct sp_ctx *c) { return c->p.group && c->p.lead && c->rank == 0; }
+
+/* Rank 0 leading: the call (cmd, its numbers a0 .. a2; b for a pass) to
+ * the other ranks. */
+static bool lead_send(struct sp_ctx *c, int64_t cmd, int64_t a0, int64_t a1, int64_t a2, const struct sp_batch *b) {
+    int64_t head[FOLLOW_HEAD] = {cmd, a0, a1, a2};
+    uint8_t *p = c->follow_buf;
+    memcpy(p, head, sizeof head);
+    size_t len = sizeof head;
+    if (b) {
+        size_t ints = (size_t)b->n * sizeof(int32_t);
+        memcpy(p + len, b->tokens, ints);
+        memcpy(p + len + ints, b->pos, ints);
+        memcpy(p + len + 2 * ints, b->seq, ints);
+        for (int64_t t = 0; t < b->n; t++) p[len + 3 * ints + (size_t)t] = b->snapshot && b->snapshot[t];
+        len += 3 * ints + (size_t)b->n;
+    }
+    return sp_ranks_send(c->ranks, p, len);
+}
+
 /* The calling thread's calls to c's backend go to its device (the GPU
  * its rank was given, on a machine of several). */
 static void bind_rank(struct sp_ctx *c) {
@@ -973,6 +1003,9 @@ void sp_ctx_free(struct sp_ctx *c) {
     }
     if (c->peers || c->p.group) sp_free((void *)c->owner);  // rank 0 of threads, or a process's rank
     bind_rank(c);
+    if (leading(c) && c->follow_buf) lead_send(c, FOLLOW_QUIT, 0, 0, 0, NULL);
+    sp_free(c->follow_buf);
+    sp_free(c->follow_snap);
     if (c->rank_buf && c->be->ops->host_alloc)
         c->be->ops->host_free(c->rank_buf);
     else
@@ -1150,6 +1183,10 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
     c->eviews = host_buf((size_t)E, sizeof *c->eviews, &ok);
     c->item_expert = host_buf((size_t)E, sizeof *c->item_expert, &ok);
     if (c->pf_at_routing) c->pf_host = host_buf((size_t)(B * E), sizeof(float), &ok);
+    if (c->p.group && c->p.lead) {
+        c->follow_buf = host_buf(FOLLOW_BYTES(B), 1, &ok);
+        c->follow_snap = host_buf((size_t)B, sizeof(bool), &ok);
+    }
     if (g && be->ops->host_alloc) {
         if (!(c->rank_buf = be->ops->host_alloc((size_t)(B * d) * sizeof(float), SP_MEM_ACT))) ok = false;
     } else if (g) {
@@ -1263,6 +1300,7 @@ bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *bui
 
 void sp_ctx_copy_seq(struct sp_ctx *c, int src, int dst, int64_t n) {
     for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_copy_seq(c->peers[r], src, dst, n);
+    if (leading(c)) lead_send(c, FOLLOW_COPY, src, dst, n, NULL);  // a rank gone fails the next pass
     bind_rank(c);
     c->be->ops->kv_copy_seq(c->be, src, dst, n);
     if (!c->seq_len || src == dst) return;
@@ -1792,6 +1830,7 @@ int64_t sp_ctx_seq_resumable(const struct sp_ctx *c, int seq, int64_t n) {
 
 void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n) {
     for (int r = 1; c->peers && r < c->p.n_ranks; r++) sp_ctx_seq_resume(c->peers[r], seq, n);
+    if (leading(c)) lead_send(c, FOLLOW_RESUME, seq, n, 0, NULL);
     if (!c->seq_len) return;
     bind_rank(c);
     SP_ASSERT(sp_ctx_seq_resumable(c, seq, n) == n);
@@ -1988,6 +2027,12 @@ static void rank_pass_run(void *arg, int r) {
 }
 
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits) {
+    if (leading(c)) {
+        enum sp_status st = check_batch(c, b);  // a batch every rank would refuse is not sent
+        if (st != SP_OK) return st;
+        if (!lead_send(c, FOLLOW_FORWARD, b->n, 0, 0, b))
+            return sp_errorf(SP_ERR_IO, "rank 0: another rank is gone (its connection closed)");
+    }
     if (!c->peers) return forward_rank(c, b, logits, true);
     struct rank_pass p = {.ctx = c->peers, .b = b, .logits = logits};
     sp_ranks_run(c->ranks, rank_pass_run, &p);
@@ -1995,4 +2040,51 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
     for (int r = c->p.n_ranks - 1; r >= 0; r--)
         if (p.st[r] != SP_OK && (first < 0 || p.st[first] == SP_ERR_STATE || p.st[r] != SP_ERR_STATE)) first = r;
     return first < 0 ? SP_OK : sp_errorf(p.st[first], "rank %d: %s", first, p.why[first]);
+}
+
+enum sp_status sp_ctx_follow(struct sp_ctx *c) {
+    if (!c->p.group || !c->p.lead || c->rank == 0)
+        return sp_errorf(SP_ERR_STATE, "sp_ctx_follow: the context is not a rank that follows rank 0");
+    const int64_t B = c->p.max_batch;
+    for (;;) {
+        size_t len;
+        int64_t head[FOLLOW_HEAD];
+        if (!sp_ranks_recv(c->ranks, c->follow_buf, FOLLOW_BYTES(B), &len) || len < sizeof head)
+            return sp_errorf(SP_ERR_IO, "rank %d: rank 0 is gone (its connection closed)", c->rank);
+        memcpy(head, c->follow_buf, sizeof head);
+        const uint8_t *p = c->follow_buf + sizeof head;
+        switch (head[0]) {
+        case FOLLOW_FORWARD: {
+            int64_t n = head[1];
+            if (n < 1 || n > B || len != FOLLOW_BYTES(n))
+                return sp_errorf(SP_ERR_FORMAT, "rank %d: a pass of %lld tokens in %zu bytes from rank 0", c->rank,
+                                 (long long)n, len);
+            size_t ints = (size_t)n * sizeof(int32_t);
+            for (int64_t t = 0; t < n; t++) c->follow_snap[t] = p[3 * ints + (size_t)t] != 0;
+            struct sp_batch b = {.n = n, .tokens = (const int32_t *)(const void *)p,
+                                 .pos = (const int32_t *)(const void *)(p + ints),
+                                 .seq = (const int32_t *)(const void *)(p + 2 * ints), .snapshot = c->follow_snap};
+            enum sp_status st = forward_rank(c, &b, NULL, false);
+            if (st != SP_OK) {  // rank 0's sums then fail too
+                sp_ranks_fail(c->ranks, c->rank);
+                return sp_errorf(st, "rank %d: %s", c->rank, sp_error_msg());
+            }
+            break;
+        }
+        case FOLLOW_COPY:
+            if (head[1] < 0 || head[1] >= c->p.n_seq || head[2] < 0 || head[2] >= c->p.n_seq || head[3] < 0)
+                return sp_errorf(SP_ERR_FORMAT, "rank %d: a copy of sequence %lld to %lld from rank 0", c->rank,
+                                 (long long)head[1], (long long)head[2]);
+            sp_ctx_copy_seq(c, (int)head[1], (int)head[2], head[3]);
+            break;
+        case FOLLOW_RESUME:
+            if (head[1] < 0 || head[1] >= c->p.n_seq || head[2] < 0)
+                return sp_errorf(SP_ERR_FORMAT, "rank %d: a resume of sequence %lld from rank 0", c->rank,
+                                 (long long)head[1]);
+            sp_ctx_seq_resume(c, (int)head[1], head[2]);
+            break;
+        case FOLLOW_QUIT: return SP_OK;
+        default: return sp_errorf(SP_ERR_FORMAT, "rank %d: call %lld from rank 0", c->rank, (long long)head[0]);
+        }
+    }
 }

@@ -117,6 +117,7 @@ struct sp_ctx_params {
      * context is that rank alone (on a GPU, GPU gpus[0], NULL: 0). */
     struct sp_ranks *group;
     int rank;
+    bool lead;  // with group: rank 0 leads, the other ranks follow its calls (sp_ctx_follow) instead of making their own
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:
@@ -154,6 +155,11 @@ void sp_ctx_free(struct sp_ctx *c);
  * as large, may then serve as scratch). Bad tokens/positions/sequences,
  * and a top_k outside 1 .. SP_TOP_K_MAX, are SP_ERR_ARG. */
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits);
+/* A rank other than 0 of processes that rank 0 leads (sp_ctx_params.lead):
+ * takes rank 0's passes, sequence copies and resumes as they come and does
+ * its share of each, until rank 0's context is freed (SP_OK) or a rank is
+ * gone (an error; the others' passes then fail). */
+enum sp_status sp_ctx_follow(struct sp_ctx *c);
 /* The parameters as the context took them (defaults filled in, the
  * backend's thread count). */
 const struct sp_ctx_params *sp_ctx_params(const struct sp_ctx *c);

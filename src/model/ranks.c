@@ -205,6 +205,31 @@ enum sp_status sp_ranks_connect(int rank, int n, const char *addr, int port, uin
     return SP_OK;
 }
 
+#define MSG_SEQ UINT64_MAX  // a message's head, where a sum's has its count
+
+bool sp_ranks_send(struct sp_ranks *g, const void *buf, size_t len) {
+    SP_ASSERT(g->net && g->self == 0);
+    struct sum_head h = {MSG_SEQ, (int64_t)len};
+    for (int r = 1; r < g->n; r++)
+        if (g->fd[r] < 0 || !send_all(g->fd[r], &h, sizeof h) || !send_all(g->fd[r], buf, len)) {
+            close_all(g);
+            return false;
+        }
+    return true;
+}
+
+bool sp_ranks_recv(struct sp_ranks *g, void *buf, size_t cap, size_t *len) {
+    SP_ASSERT(g->net && g->self > 0);
+    struct sum_head h;
+    if (g->fd[0] < 0 || !recv_all(g->fd[0], &h, sizeof h) || h.seq != MSG_SEQ || h.n < 0 || (size_t)h.n > cap ||
+        !recv_all(g->fd[0], buf, (size_t)h.n)) {
+        close_all(g);
+        return false;
+    }
+    *len = (size_t)h.n;
+    return true;
+}
+
 /* A sum through rank 0 (every rank's n the same, at the same count of sums). */
 static bool net_sum(struct sp_ranks *g, float *v, int64_t n) {
     struct sum_head h = {g->sums++, n};

@@ -47,6 +47,13 @@ void sp_ranks_free(struct sp_ranks *g);
 enum sp_status sp_ranks_connect(int rank, int n, const char *addr, int port, uint64_t key, int64_t floats,
                                 double timeout_s, struct sp_ranks **out);
 
+/* Ranks in processes where rank 0 leads: rank 0's len bytes at buf to
+ * every other rank (sp_ranks_send), each other rank's next message into
+ * buf (up to cap bytes; *len its size). False where a rank is gone or a
+ * message is past cap. */
+bool sp_ranks_send(struct sp_ranks *g, const void *buf, size_t len);
+bool sp_ranks_recv(struct sp_ranks *g, void *buf, size_t cap, size_t *len);
+
 /* fn(arg, r) for every rank r at once; returns when every rank's has
  * (a group of threads). */
 void sp_ranks_run(struct sp_ranks *g, void (*fn)(void *arg, int rank), void *arg);

@@ -249,6 +249,35 @@ void sp_engine_free(struct sp_engine *e) {
     sp_free(e);
 }
 
+void sp_engine_params_resolve(struct sp_engine_params *p, const struct sp_model *m) {
+    if (p->n_slots <= 0) p->n_slots = 1;
+    if (p->batch_tokens <= 0) p->batch_tokens = SP_DEFAULT_BATCH;
+    if (p->batch_tokens < p->n_slots) p->batch_tokens = p->n_slots;
+    if (p->queue_max <= 0) p->queue_max = 64;
+    if (p->n_ctx <= 0) p->n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
+}
+
+/* The context an engine of (resolved) parameters p runs on. */
+static struct sp_ctx_params ctx_params(const struct sp_engine_params *p) {
+    return (struct sp_ctx_params){.n_ctx = p->n_ctx, .n_seq = p->n_slots, .max_batch = p->batch_tokens,
+                                  .kv_type = p->kv_type, .device = p->device, .n_threads = p->n_threads,
+                                  .float_activations = p->float_activations, .device_experts = p->device_experts,
+                                  .cpu_experts = p->cpu_experts, .no_prefetch = p->expert_params.no_prefetch,
+                                  .graphs = p->graphs, .no_overlap = p->no_overlap, .n_ranks = p->n_ranks,
+                                  .gpus = p->gpus, .group = p->group, .rank = p->rank, .lead = p->group != NULL};
+}
+
+enum sp_status sp_engine_follow(const struct sp_model *m, const struct sp_engine_params *params) {
+    struct sp_engine_params p = *params;
+    sp_engine_params_resolve(&p, m);
+    struct sp_ctx_params cp = ctx_params(&p);
+    struct sp_ctx *c;
+    enum sp_status st = sp_ctx_create(m, &cp, &c);
+    if (st == SP_OK) st = sp_ctx_follow(c);
+    sp_ctx_free(c);
+    return st;
+}
+
 enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokenizer *tok,
                                 const struct sp_engine_params *params, struct sp_engine **out) {
     *out = NULL;
@@ -259,20 +288,9 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
     e->m = m;
     e->tok = tok;
     e->p = *params;
-    if (e->p.n_slots <= 0) e->p.n_slots = 1;
-    if (e->p.batch_tokens <= 0) e->p.batch_tokens = SP_DEFAULT_BATCH;
-    if (e->p.batch_tokens < e->p.n_slots) e->p.batch_tokens = e->p.n_slots;
-    if (e->p.queue_max <= 0) e->p.queue_max = 64;
-    if (e->p.n_ctx <= 0) e->p.n_ctx = m->arch.max_pos < 4096 ? m->arch.max_pos : 4096;
+    sp_engine_params_resolve(&e->p, m);
     e->vocab = m->arch.vocab;
-    struct sp_ctx_params cp = {.n_ctx = e->p.n_ctx, .n_seq = e->p.n_slots, .max_batch = e->p.batch_tokens,
-                               .kv_type = e->p.kv_type, .device = e->p.device, .n_threads = e->p.n_threads,
-                               .float_activations = e->p.float_activations, .device_experts = e->p.device_experts,
-                               .cpu_experts = e->p.cpu_experts, .no_prefetch = e->p.expert_params.no_prefetch,
-                               .graphs = e->p.graphs,
-                               .no_overlap = e->p.no_overlap,
-                               .n_ranks = e->p.n_ranks,
-                               .gpus = e->p.gpus};
+    struct sp_ctx_params cp = ctx_params(&e->p);
     enum sp_status st = SP_OK;
     if (e->p.expert_cache) {
         if ((st = sp_expert_store_create(m, e->p.expert_cache, &e->p.expert_params, &e->experts)) != SP_OK) goto fail;

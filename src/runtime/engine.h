@@ -50,6 +50,8 @@ struct sp_engine_params {
     bool no_overlap;        // a device backend starts no kernel before the one before it ends (--no-cuda-overlap)
     int n_ranks;            // the routed experts split over this many GPUs (sp_ctx_params.n_ranks), numbered
     const int *gpus;        // gpus[0 ..) (NULL: 0 ..)
+    struct sp_ranks *group; // or this process's rank `rank` of n_ranks processes: rank 0 runs the engine and
+    int rank;               // leads, the others follow it (sp_engine_follow)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     size_t device_experts;  // a device backend's expert cache in its memory, over the host's (0: every expert on it)
     bool cpu_experts;       // with it: the CPU may compute experts it lacks (sp_ctx_params.cpu_experts)
@@ -132,6 +134,12 @@ enum sp_status sp_engine_create(const struct sp_model *m, const struct sp_tokeni
 /* Stops the scheduler (unfinished requests end as cancelled) and frees it. */
 void sp_engine_free(struct sp_engine *e);
 const struct sp_engine_params *sp_engine_params(const struct sp_engine *e);
+/* The defaults filled in where p leaves them (0), as the engine takes them. */
+void sp_engine_params_resolve(struct sp_engine_params *p, const struct sp_model *m);
+/* A rank other than 0 of an engine's processes (p->group): its context,
+ * following rank 0's engine until rank 0's is freed (SP_OK) or a rank is
+ * gone (model/forward.h: sp_ctx_follow). */
+enum sp_status sp_engine_follow(const struct sp_model *m, const struct sp_engine_params *p);
 /* Queues a request. SP_ERR_LIMIT: the queue is full; SP_ERR_ARG: the prompt
  * is empty, has ids outside the vocabulary, or leaves no room in the context;
  * SP_ERR_STATE: the engine has failed (sp_engine_failed). */

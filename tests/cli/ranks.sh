@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# ranks.sh - sparrow run as ranks of several processes (WORLD_SIZE, RANK,
-# MASTER_ADDR, MASTER_PORT, as a launcher such as torchrun sets them): each
-# process computes its share of the routed experts and the MoE layers'
-# outputs are summed through rank 0 over TCP on this host. Rank 0 prints
-# the text one process prints, greedy and sampled; the other ranks print
-# nothing; a rank that runs another model is refused by name.
+# ranks.sh - sparrow run and serve as ranks of several processes
+# (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT, as a launcher such as
+# torchrun sets them): each process computes its share of the routed
+# experts and the MoE layers' outputs are summed through rank 0 over TCP on
+# this host. run's rank 0 prints the text one process prints, greedy and
+# sampled, and the other ranks print nothing; serve's rank 0 answers what
+# one server answers (the prompt cache's copies and resumes reach the
+# others) and names a rank that is gone; a rank that runs another model is
+# refused by name.
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
@@ -56,8 +59,67 @@ expect "rank 0 names it" "$TMP/err" "runs another model or shape"
 if wait "$pid"; then not_ok "the other rank failed too"; else ok "the other rank failed too"; fi
 expect "the other rank says rank 0 refused it" "$TMP/err.1" "refused"
 
-run "serve as ranks" 2 env WORLD_SIZE=2 "$SPARROW" serve --model tests/fixtures/qwen3_moe
-expect "says it does not yet" "$TMP/err" "serve does not run as ranks of several processes yet"
+# serve: rank 0 answers, the others follow; the same texts as one server
+run "the e2e model" 0 tools/make-e2e-model.sh "$TMP/e2e"
+cat >"$TMP/ask.mjs" <<'JS'
+// ask.mjs PORT PROMPT...: each prompt's greedy completion and its cached prompt tokens, a line each (or the error)
+const [port, ...prompts] = process.argv.slice(2);
+for (const prompt of prompts) {
+  const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, {method: 'POST',
+    headers: {'content-type': 'application/json'}, body: JSON.stringify({prompt, max_tokens: 16, temperature: 0})});
+  const j = await r.json();
+  console.log(r.status, JSON.stringify(j.choices ? j.choices[0].text : j.error.message),
+              j.usage?.prompt_tokens_details?.cached_tokens ?? 0);
+}
+JS
+# serve_up OUT ERR ENV...: a server in the background ($!), its port in $sport once ready
+serve_up() {
+    local out="$1" err="$2"
+    shift 2
+    env "$@" "$SPARROW" serve --model "$TMP/e2e" --port 0 --threads 1 >"$out" 2>"$err" &
+    spid=$!
+    sport=
+    for _ in $(seq 150); do
+        sport=$(grep -o '"port":[0-9]*' "$out" 2>/dev/null | head -1 | cut -d: -f2)
+        [ -n "$sport" ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+prompts=("Hello there" "Hello there" "The sky is" "Hello there, friend")
+serve_up "$TMP/s.out" "$TMP/s.err" WORLD_SIZE=1 && ok "one server up" || not_ok "one server up" "$TMP/s.err"
+run "one server answers" 0 node "$TMP/ask.mjs" "$sport" "${prompts[@]}"
+cp "$TMP/out" "$TMP/one"
+kill "$spid"
+wait "$spid"
+port=$((port + 1))
+WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" serve --model "$TMP/e2e" --port 0 --threads 1 \
+    >"$TMP/f.out" 2>"$TMP/f.err" &
+fpid=$!
+serve_up "$TMP/s.out" "$TMP/s.err" WORLD_SIZE=2 RANK=0 MASTER_PORT="$port" && ok "rank 0's server up" ||
+    not_ok "rank 0's server up" "$TMP/s.err" "$TMP/f.err"
+run "two ranks answer" 0 node "$TMP/ask.mjs" "$sport" "${prompts[@]}"
+if cmp -s "$TMP/out" "$TMP/one" && grep -q '^200 ' "$TMP/one"; then ok "the texts of one server"
+else not_ok "the texts differ from one server's" "$TMP/one" "$TMP/out" "$TMP/s.err"; fi
+if [ "$(sed -n 2p "$TMP/out" | awk '{print $NF}')" -gt 0 ]; then ok "the prompt cache served the repeat"
+else not_ok "the prompt cache served no repeat" "$TMP/out"; fi
+kill "$spid"
+if wait "$spid"; then ok "rank 0 stops on a signal"; else not_ok "rank 0 stops on a signal" "$TMP/s.err"; fi
+if wait "$fpid"; then ok "rank 1 stops with it"; else not_ok "rank 1 stops with it" "$TMP/f.err"; fi
+# a rank gone: rank 0 answers with the error and keeps serving
+port=$((port + 1))
+WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" serve --model "$TMP/e2e" --port 0 --threads 1 \
+    >"$TMP/f.out" 2>"$TMP/f.err" &
+fpid=$!
+serve_up "$TMP/s.out" "$TMP/s.err" WORLD_SIZE=2 RANK=0 MASTER_PORT="$port" && ok "again, up" || not_ok "again, up" "$TMP/s.err"
+kill -9 "$fpid"
+wait "$fpid" 2>/dev/null
+run "a request after rank 1 is gone" 0 node "$TMP/ask.mjs" "$sport" "Hello there"
+expect "its error names the gone rank" "$TMP/out" "another rank is gone"
+run "rank 0 still answers" 0 node "$TMP/ask.mjs" "$sport" "The sky is"
+expect "with the same error" "$TMP/out" "another rank is gone"
+kill "$spid"
+wait "$spid"
 
 # the launcher's variables, checked
 run "WORLD_SIZE=two" 2 env WORLD_SIZE=two "$SPARROW" run --model tests/fixtures/qwen3_moe --tokens 1
