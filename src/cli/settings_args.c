@@ -114,6 +114,21 @@ enum sp_status sp_cli_model_open(const struct sp_settings *s, const char *spec, 
     return st;
 }
 
+/* FNV-1a of this process's arguments past the program's name (/proc/self/cmdline; 0 where unreadable). */
+static uint64_t args_hash(void) {
+    FILE *f = fopen("/proc/self/cmdline", "rb");
+    if (!f) return 0;
+    uint64_t h = 1469598103934665603ull;
+    int ch;
+    bool past_name = false;
+    while ((ch = fgetc(f)) != EOF) {
+        if (past_name) h = (h ^ (uint64_t)(unsigned char)ch) * 1099511628211ull;
+        if (ch == 0) past_name = true;
+    }
+    fclose(f);
+    return h;
+}
+
 enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
                                  struct sp_ranks **g) {
     *g = NULL;
@@ -125,9 +140,9 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
         return sp_errorf(SP_ERR_ARG, "%d ranks (WORLD_SIZE) for %lld routed experts a layer: the ranks split the "
                          "experts, at least one each", s->world_size, (long long)a->n_experts);
     int64_t B = cp->max_batch > 0 ? cp->max_batch : SP_DEFAULT_BATCH;
-    /* what every rank must run alike: the model's shape, the batch, the ranks, the device */
-    const int64_t what[] = {a->n_layers, a->d_model, a->vocab, a->n_experts, a->n_experts_used, B, s->world_size,
-                            cp->device};
+    /* what every rank must run alike: the command, the model's shape, the batch, the ranks, the device */
+    const int64_t what[] = {(int64_t)args_hash(), a->n_layers, a->d_model,    a->vocab, a->n_experts,
+                            a->n_experts_used,     B,           s->world_size, cp->device};
     uint64_t key = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof what / sizeof *what; i++) key = (key ^ (uint64_t)what[i]) * 1099511628211ull;
     enum sp_status st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,

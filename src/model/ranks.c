@@ -132,7 +132,7 @@ static enum sp_status accept_ranks(struct sp_ranks *g, int port, uint64_t key, d
         if (h.n != g->n || h.key != key || h.rank < 1 || h.rank >= g->n || g->fd[h.rank] >= 0) {
             st = sp_errorf(SP_ERR_ARG, "rank 0: a rank %d of %d %s", h.rank, h.n,
                            h.n != g->n ? "ranks joined (this one has another count)"
-                           : h.key != key ? "runs another model or shape than this one"
+                           : h.key != key ? "runs another command or model than this one"
                                           : "is out of range or taken twice");
             uint8_t no = 0;
             send_all(fd, &no, 1);

@@ -55,7 +55,16 @@ WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" run --model tests/fixtures/gp
 pid=$!
 run "a rank of another model" 1 env WORLD_SIZE=2 RANK=0 MASTER_PORT="$port" "$SPARROW" run \
     --model tests/fixtures/qwen3_moe --threads 1 --tokens "$ids"
-expect "rank 0 names it" "$TMP/err" "runs another model or shape"
+expect "rank 0 names it" "$TMP/err" "runs another command or model"
+# ... or the same model with other arguments (here another seed)
+port=$((port + 1))
+WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" run --model tests/fixtures/qwen3_moe --threads 1 --tokens "$ids" \
+    --seed 8 >"$TMP/out.1" 2>"$TMP/err.1" &
+pid=$!
+run "a rank of other arguments" 1 env WORLD_SIZE=2 RANK=0 MASTER_PORT="$port" "$SPARROW" run \
+    --model tests/fixtures/qwen3_moe --threads 1 --tokens "$ids" --seed 7
+expect "rank 0 refuses it too" "$TMP/err" "runs another command or model"
+wait "$pid"
 if wait "$pid"; then not_ok "the other rank failed too"; else ok "the other rank failed too"; fi
 expect "the other rank says rank 0 refused it" "$TMP/err.1" "refused"
 
