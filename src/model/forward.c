@@ -1207,8 +1207,6 @@ fail:
     return st;
 }
 
-/* Rank 0's context, holding every rank's: each MoE layer's experts split
- * over the ranks alike (each rank about the same number). */
 /* Each routed expert's rank over n ranks (every layer's split alike), or
  * why the model or the parameters take no ranks. */
 static enum sp_status split_experts(const struct sp_model *m, const struct sp_ctx_params *p, int n, int32_t **owner) {
@@ -1240,6 +1238,7 @@ static enum sp_status process_rank_create(const struct sp_model *m, const struct
     return st;
 }
 
+/* Rank 0's context of ranks in threads, holding every rank's. */
 static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
     const struct sp_arch *a = &m->arch;
     int n = p->n_ranks;
