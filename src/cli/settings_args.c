@@ -6,7 +6,9 @@
 
 #include "cli/args.h"
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/log.h"
+#include "core/strmap.h"
 #include "backend/cpu/kernels.h"
 
 int sp_cli_settings_init(struct sp_settings *s) {
@@ -114,18 +116,17 @@ enum sp_status sp_cli_model_open(const struct sp_settings *s, const char *spec, 
     return st;
 }
 
-/* FNV-1a of this process's arguments past the program's name (/proc/self/cmdline; 0 where unreadable). */
+/* A hash of this process's arguments past the program's name (/proc/self/cmdline; 0 where unreadable). */
 static uint64_t args_hash(void) {
-    FILE *f = fopen("/proc/self/cmdline", "rb");
-    if (!f) return 0;
-    uint64_t h = 1469598103934665603ull;
-    int ch;
-    bool past_name = false;
-    while ((ch = fgetc(f)) != EOF) {
-        if (past_name) h = (h ^ (uint64_t)(unsigned char)ch) * 1099511628211ull;
-        if (ch == 0) past_name = true;
+    char *cmd;
+    size_t len;
+    if (sp_read_file("/proc/self/cmdline", (size_t)1 << 20, &cmd, &len) != SP_OK) {
+        sp_error_clear();
+        return 0;
     }
-    fclose(f);
+    size_t name = strnlen(cmd, len);  // the arguments after its terminating 0
+    uint64_t h = name < len ? sp_hash_bytes(cmd + name + 1, len - name - 1) : 0;
+    sp_free(cmd);
     return h;
 }
 
@@ -143,8 +144,7 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     /* what every rank must run alike: the command, the model's shape, the batch, the ranks, the device */
     const int64_t what[] = {(int64_t)args_hash(), a->n_layers, a->d_model,    a->vocab, a->n_experts,
                             a->n_experts_used,     B,           s->world_size, cp->device};
-    uint64_t key = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof what / sizeof *what; i++) key = (key ^ (uint64_t)what[i]) * 1099511628211ull;
+    uint64_t key = sp_hash_bytes(what, sizeof what);
     enum sp_status st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,
                                          120.0, g);
     if (st != SP_OK) return st;

@@ -230,6 +230,15 @@ bool sp_ranks_recv(struct sp_ranks *g, void *buf, size_t cap, size_t *len) {
     return true;
 }
 
+/* v[0 .. n) = first[i] + the slots of ranks 1 .. in rank order (the one order of every sum). */
+static void add_slots(const struct sp_ranks *g, const float *first, float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = first[i];
+        for (int r = 1; r < g->n; r++) s += g->slots[(size_t)r * (size_t)g->floats + (size_t)i];
+        v[i] = s;
+    }
+}
+
 /* A sum through rank 0 (every rank's n the same, at the same count of sums). */
 static bool net_sum(struct sp_ranks *g, float *v, int64_t n) {
     struct sum_head h = {g->sums++, n};
@@ -243,11 +252,7 @@ static bool net_sum(struct sp_ranks *g, float *v, int64_t n) {
             return false;
         }
     }
-    for (int64_t i = 0; i < n; i++) {
-        float s = v[i];
-        for (int r = 1; r < g->n; r++) s += g->slots[(size_t)r * (size_t)g->floats + (size_t)i];
-        v[i] = s;
-    }
+    add_slots(g, v, v, n);
     for (int r = 1; r < g->n; r++)
         if (!send_all(g->fd[r], v, bytes)) {
             close_all(g);
@@ -357,11 +362,7 @@ bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n) {
     if (g->net) return net_sum(g, v, n);
     memcpy(g->slots + (size_t)rank * (size_t)g->floats, v, (size_t)n * sizeof *v);
     if (!barrier(g)) return false;
-    for (int64_t i = 0; i < n; i++) {
-        float s = g->slots[i];
-        for (int r = 1; r < g->n; r++) s += g->slots[(size_t)r * (size_t)g->floats + (size_t)i];
-        v[i] = s;
-    }
+    add_slots(g, g->slots, v, n);
     /* no rank writes its slot again before every rank has read them all */
     return barrier(g);
 }
