@@ -137,15 +137,14 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     if (cp->n_ranks > 1)
         return sp_errorf(SP_ERR_ARG, "--devices and WORLD_SIZE both split the experts: give one of them");
     const struct sp_arch *a = &m->arch;
-    if (a->n_experts < s->world_size)  /* before any rank waits for the others */
-        return sp_errorf(SP_ERR_ARG, "%d ranks (WORLD_SIZE) for %lld routed experts a layer: the ranks split the "
-                         "experts, at least one each", s->world_size, (long long)a->n_experts);
+    enum sp_status st = sp_ctx_ranks_check(m, cp, s->world_size);  // before any rank waits for the others
+    if (st != SP_OK) return st;
     int64_t B = cp->max_batch > 0 ? cp->max_batch : SP_DEFAULT_BATCH;
     /* what every rank must run alike: the command, the model's shape, the batch, the ranks, the device */
     const int64_t what[] = {(int64_t)args_hash(), a->n_layers, a->d_model,    a->vocab, a->n_experts,
                             a->n_experts_used,     B,           s->world_size, cp->device};
     uint64_t key = sp_hash_bytes(what, sizeof what);
-    enum sp_status st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,
+    st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,
                                          120.0, g);
     if (st != SP_OK) return st;
     cp->group = *g;

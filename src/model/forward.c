@@ -1207,18 +1207,24 @@ fail:
     return st;
 }
 
+enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n) {
+    if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
+    if (p->experts || p->device_experts)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
+    if (m->arch.n_experts < n)
+        return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
+                         "one each", n, (long long)m->arch.n_experts);
+    return SP_OK;
+}
+
 /* Each routed expert's rank over n ranks (every layer's split alike), or
  * why the model or the parameters take no ranks. */
 static enum sp_status split_experts(const struct sp_model *m, const struct sp_ctx_params *p, int n, int32_t **owner) {
     const struct sp_arch *a = &m->arch;
     int64_t E = a->n_experts;
     *owner = NULL;
-    if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->experts || p->device_experts)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
-    if (E < n)
-        return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
-                         "one each", n, (long long)E);
+    enum sp_status st = sp_ctx_ranks_check(m, p, n);
+    if (st != SP_OK) return st;
     if (!(*owner = sp_calloc((size_t)(a->n_layers * E), sizeof **owner, SP_MEM_MODEL)))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     for (int64_t L = 0; L < a->n_layers; L++)
