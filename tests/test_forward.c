@@ -15,6 +15,7 @@
 #include "model/expert_tier.h"
 #include "model/forward.h"
 #include "runtime/experts.h"
+#include "runtime/routing.h"
 #include "model/inspect.h"
 #include "model/quantize.h"
 #include "model/ranks.h"
@@ -819,6 +820,53 @@ static double logits_distance(const float *a, const float *b, int64_t n, int64_t
     return top > 0 ? diff / top : diff;
 }
 
+/* Routing counts (count_routes): each MoE layer's counts add up to its
+ * tokens times the experts a token takes, and a dense layer's are zeros;
+ * experts placed over 2 ranks by those counts (expert_load) give the
+ * logits of one context (want) and count the same. */
+static void route_count_checks(struct sp_model *m, const struct ref *r, const char *arch,
+                               const struct sp_ctx_params *base, const float *want, double tol) {
+    const struct sp_arch *a = &m->arch;
+    const int64_t V = r->vocab, n = r->nb, E = a->n_experts, LE = a->n_layers * E;
+    float *got = malloc((size_t)(n * V) * sizeof(float));
+    uint64_t *one = malloc((size_t)LE * sizeof *one);
+    double *load = malloc((size_t)LE * sizeof *load);
+    struct sp_ctx_params p = *base;
+    p.count_routes = true;
+    struct sp_ctx *c;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    run_seq(c, r->b, n, 16, 0, got, V);
+    int64_t flips;
+    assert_true(logits_distance(got, want, n, V, &flips) < tol);  // on a GPU the routing moved to the host
+    assert_int_equal(flips, 0);
+    memcpy(one, sp_ctx_route_counts(c), (size_t)LE * sizeof *one);
+    sp_ctx_free(c);
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        uint64_t sum = 0;
+        for (int64_t e = 0; e < E; e++) sum += one[L * E + e];
+        assert_int_equal(sum, a->layer_moe[L] ? (uint64_t)(n * a->n_experts_used) : 0);
+    }
+    for (int64_t i = 0; i < LE; i++) load[i] = (double)one[i];
+    p.n_ranks = 2;
+    p.expert_load = load;
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, 2 ranks by load: %s", arch, sp_error_msg());
+    run_seq(c, r->b, n, 16, 0, got, V);
+    double dist = logits_distance(got, want, n, V, &flips);
+    print_message("%s, 2 ranks placed by the routing counts: max|diff| %.3g of max|logit|, %lld argmax flips\n", arch,
+                  dist, (long long)flips);
+    assert_true(dist < tol);
+    assert_int_equal(flips, 0);
+    assert_memory_equal(sp_ctx_route_counts(c), one, (size_t)LE * sizeof *one);
+    sp_ctx_free(c);
+    p.count_routes = false;
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
+    assert_null(sp_ctx_route_counts(c));
+    sp_ctx_free(c);
+    free(load);
+    free(one);
+    free(got);
+}
+
 /* GPU numbers for ranks that all run on the first GPU. */
 static const int first_gpu[SP_RANKS_MAX];
 
@@ -840,6 +888,7 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_OK);
     run_seq(c, r->b, n, 16, 0, want, V);
     sp_ctx_free(c);
+    route_count_checks(m, r, arch, &p, want, tol);
     const int ranks[] = {2, 3, (int)m->arch.n_experts};
     for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
         p.n_ranks = ranks[k];
@@ -904,6 +953,68 @@ static void ranks_sum_run(void *arg, int r) {
     j->ok[r][1] = sp_ranks_sum(j->g, r, j->v[r], 4);
 }
 
+/* The routing counts file (runtime/routing.h): what is written is read
+ * back; a file of another shape or kind is refused, naming what is wrong. */
+static void routing_file_checks(void) {
+    struct sp_model *m;
+    struct ref r;
+    open_fixture("qwen3_moe", &m, &r);
+    const struct sp_arch *a = &m->arch;
+    int64_t LE = a->n_layers * a->n_experts;
+    uint64_t *counts = calloc((size_t)LE, sizeof *counts);
+    for (int64_t L = 0; L < a->n_layers; L++)
+        for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts; e++) counts[L * a->n_experts + e] = (uint64_t)(e * 3 + L);
+    char *dir = th_tmpdir(), path[4200];
+    snprintf(path, sizeof path, "%s/routing.json", dir);
+    assert_int_equal(sp_routing_write(path, m, counts), SP_OK);
+    double *load;
+    assert_int_equal(sp_routing_read(path, m, &load), SP_OK);
+    for (int64_t i = 0; i < LE; i++) assert_true(load[i] == (double)counts[i]);
+    sp_free(load);
+    /* a MoE layer between two dense ones (the fixture: layer 1 dense) */
+    assert_true(a->n_layers == 3 && a->layer_moe[0] && !a->layer_moe[1] && a->n_experts == 16);
+    const char *zeros = "[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]";
+    struct {
+        const char *text, *says;
+    } bad[] = {
+        {"[1, 2]", "expected a JSON object"},
+        {"{\"layers\": 3, \"experts\": 16", "invalid JSON"},
+        {"{\"experts\": 16}", "no \"layers\""},
+        {"{\"layers\": 4, \"experts\": 16}", "the model has 3"},
+        {"{\"layers\": 3, \"experts\": 8}", "the model has 16"},
+        {"{\"layers\": 3, \"experts\": 16}", "\"counts\" is nothing"},
+        {"{\"layers\": 3, \"experts\": 16, \"counts\": [null, null]}", "2 rows for 3 layers"},
+        {"{\"layers\": 3, \"experts\": 16, \"counts\": [null, null, null]}", "layer 0: expected an array of 16"},
+        {"{\"layers\": 3, \"experts\": 16, \"counts\": [[1, 2], null, null]}", "layer 0: expected an array of 16"},
+        {NULL, "layer 1, which has no routed experts"},
+        {NULL, "layer 2, expert 3: expected a whole number"},
+        {NULL, "layer 2, expert 0: expected a whole number"},
+    };
+    char text[512];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *t = bad[i].text;
+        if (!t) {
+            const char *rows[] = {"%s, %s, %s", "%s, null, [0,0,0,\"x\",0,0,0,0,0,0,0,0,0,0,0,0]",
+                                  "%s, null, [-1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]"};
+            char body[400];
+            snprintf(body, sizeof body, rows[i - 9], zeros, zeros, zeros);
+            snprintf(text, sizeof text, "{\"layers\": 3, \"experts\": 16, \"counts\": [%s]}", body);
+            t = text;
+        }
+        th_write_str(dir, "bad.json", t);
+        snprintf(path, sizeof path, "%s/bad.json", dir);
+        assert_int_not_equal(sp_routing_read(path, m, &load), SP_OK);
+        assert_null(load);
+        if (!strstr(sp_error_msg(), bad[i].says) || !strstr(sp_error_msg(), "bad.json"))
+            fail_msg("case %zu: \"%s\" does not say \"%s\"", i, sp_error_msg(), bad[i].says);
+    }
+    th_rmdir(dir);
+    free(counts);
+    free(r.la);
+    free(r.lb);
+    sp_model_close(m);
+}
+
 static void test_expert_ranks(void **state) {
     /* the group: sums in rank order, the same bits on every rank; a rank
      * that gives up lets the others go; the group runs again after it */
@@ -940,11 +1051,15 @@ static void test_expert_ranks(void **state) {
     sp_ranks_split(NULL, 8, 3, owner);
     for (int e = 0; e < 8; e++) count[owner[e]]++;
     assert_true(count[0] == 3 && count[1] == 3 && count[2] == 2);
+    /* as many experts a rank however they weigh: the heaviest, then each to the lightest rank with room */
     const double load[6] = {1, 5, 1, 1, 1, 1};
     sp_ranks_split(load, 6, 2, owner);
-    assert_int_equal(owner[1], 0);
-    for (int e = 0; e < 6; e++)
-        if (e != 1) assert_int_equal(owner[e], 1);
+    const int32_t want[6] = {1, 0, 1, 1, 0, 0};
+    assert_memory_equal(owner, want, sizeof want);
+    const double two[6] = {1, 1, 4, 1, 4, 1};  // the two heavy ones apart
+    sp_ranks_split(two, 6, 2, owner);
+    assert_int_not_equal(owner[2], owner[4]);
+    routing_file_checks();
 }
 
 /* Looks expert e of layer 0 up in the store and hands it back: whether it was

@@ -39,9 +39,12 @@ static void test_defaults(void **state) {
 static void test_environment(void **state) {
     char *env[] = {"SPARROW_KERNELS=avx2f", "SPARROW_IO=pread",      "SPARROW_EXPERT_POLICY=clock", "SPARROW_PREFETCH=0",
                    "SPARROW_MMAP=1",        "SPARROW_ROW_ORDER=yes", "TMPDIR=/scratch",             "SPARROW_CPU_EXPERTS=0",
-                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", "SPARROW_DEVICES=2,0", NULL};
+                   "SPARROW_CUDA_GRAPHS=1", "SPARROW_CUDA_OVERLAP=0", "SPARROW_DEVICES=2,0",
+                   "SPARROW_EXPERT_LOAD=/data/routing.json", "SPARROW_RECORD_ROUTING=", NULL};
     struct sp_settings s;
     load_ok(&s, env);
+    assert_string_equal(s.expert_load, "/data/routing.json");
+    assert_string_equal(s.record_routing, "");  // empty: unset
     assert_int_equal(s.n_devices, 2);
     assert_true(s.devices[0] == 2 && s.devices[1] == 0);
     /* a launcher's ranks: none set, one process; set, checked */
@@ -190,6 +193,19 @@ static void test_flags(void **state) {
     }
     assert_int_equal(sp_settings_set(&s, "--devices", NULL), SP_ERR_ARG);
     assert_int_equal(s.n_devices, 3);  // what was set stays
+    /* the routing files: a name each */
+    assert_int_equal(sp_settings_set(&s, "--record-routing", "out.json"), SP_OK);
+    assert_string_equal(s.record_routing, "out.json");
+    assert_int_equal(sp_settings_set(&s, "--expert-load", ""), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "--expert-load needs a file's name"));
+    assert_int_equal(sp_settings_set(&s, "--expert-load", NULL), SP_ERR_ARG);
+    char longname[SP_SETTINGS_PATH_MAX + 1];
+    memset(longname, 'a', SP_SETTINGS_PATH_MAX);
+    longname[SP_SETTINGS_PATH_MAX] = 0;
+    assert_int_equal(sp_settings_set(&s, "--expert-load", longname), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "a file name of more than"));
+    takes = false;
+    assert_true(sp_settings_is_flag("--expert-load", &takes) && takes);
     /* --precision over SPARROW_KERNELS: the variable's set is dropped */
     assert_int_equal(sp_settings_set(&s, "--precision", "exact"), SP_OK);
     assert_int_equal(s.precision, SP_PRECISION_EXACT);

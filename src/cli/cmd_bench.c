@@ -626,6 +626,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
     if (sp_cli_model_open(&o->set, model, &m) != SP_OK) return sp_cli_fail();
     int rc = 1;
     struct sp_ranks *group = NULL;  // this process as one rank of several (WORLD_SIZE)
+    double *load = NULL;            // --expert-load's counts
     int64_t prompt = o->prompt, gen = o->gen, threads = o->threads;
     struct sp_plan_inputs pin = o->pin;
     pin.ctx = prompt + gen;
@@ -636,6 +637,14 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
+    struct sp_ctx_params rp = {0};
+    if (o->set.record_routing[0]) {
+        sp_errorf(SP_ERR_ARG, "--record-routing: bench's prompts are random tokens; record with run or serve");
+        goto done;
+    }
+    if (sp_cli_routing_params(&o->set, m, &rp, &load) != SP_OK) goto done;
+    pin.expert_load = load;
+    pin.expert_load_from = o->set.expert_load;
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;
     struct sp_ctx_params cp = {.n_ctx = prompt + gen, .n_seq = (int)o->seqs, .max_batch = o->batch, .kv_type = pin.kv_type,
                                .device = o->device, .n_threads = (int)threads, .time_steps = o->steps,
@@ -646,6 +655,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
                                .gpus = o->set.n_devices ? o->set.devices : NULL};
     struct sp_expert_store_params ep = sp_cli_expert_params(&o->set);
     size_t expert_cache = pl.host_cache;
+    cp.expert_load = load;
     if (sp_cli_join_ranks(&o->set, m, &cp, &group) != SP_OK) goto done;
     /* --cold measures reads from disk inside the run: nothing is brought in before it */
     struct sp_plan_load_params lp = sp_cli_load_params(&o->set);
@@ -690,6 +700,7 @@ static int bench_model(const char *model, struct bench_opts *o) {
 done:
     if (rc) sp_cli_fail();
     sp_ranks_free(group);
+    sp_free(load);
     sp_model_close(m);
     return rc;
 }

@@ -78,8 +78,20 @@ int sp_cmd_plan(int argc, char **argv) {
         return SP_EXIT_USAGE;
     }
     in.n_devices = set.n_devices;
+    if (set.record_routing[0]) {
+        fprintf(stderr, "error: plan: --record-routing: a plan runs no tokens; record with run or serve\n");
+        return SP_EXIT_USAGE;
+    }
     struct sp_model *m;
     if (sp_cli_model_open(&set, model, &m) != SP_OK) return sp_cli_fail();
+    struct sp_ctx_params cp = {0};
+    double *load = NULL;
+    if (sp_cli_routing_params(&set, m, &cp, &load) != SP_OK) {
+        rc = sp_cli_fail();
+        goto done;
+    }
+    in.expert_load = load;
+    in.expert_load_from = set.expert_load;
     if (calibrate) {
         struct sp_bandwidth bw;
         if (sp_bandwidth_calibrate(m->files->shards[0]->path, set.cache_dir, &bw) != SP_OK) {
@@ -100,6 +112,7 @@ int sp_cmd_plan(int argc, char **argv) {
     fwrite(out.data, 1, out.len, stdout);
     sp_buf_free(&out);
 done:
+    sp_free(load);
     sp_model_close(m);
     return rc;
 }

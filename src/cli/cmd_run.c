@@ -257,6 +257,7 @@ int sp_cmd_run(int argc, char **argv) {
     struct sp_ctx *c = NULL;
     struct sp_ranks *group = NULL;  // this process as one rank of several (WORLD_SIZE)
     struct sp_expert_store *store = NULL;  // an expert cache, where the plan keeps one
+    double *load = NULL;                   // --expert-load's counts
     struct sp_expert_source source;
     struct sp_sampler *smp = NULL;
     struct sp_detok *dt = NULL;
@@ -305,6 +306,9 @@ int sp_cmd_run(int argc, char **argv) {
     o.plan.n_devices = o.set.n_devices;
     cp.n_ranks = o.set.n_devices;
     cp.gpus = o.set.n_devices ? o.set.devices : NULL;
+    if (sp_cli_routing_params(&o.set, m, &cp, &load) != SP_OK) goto fail;
+    o.plan.expert_load = load;
+    o.plan.expert_load_from = o.set.expert_load;
     struct sp_plan plan;
     if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;
     if (plan.host_cache) {
@@ -422,6 +426,7 @@ int sp_cmd_run(int argc, char **argv) {
                 (unsigned long long)es.hits, (unsigned long long)es.misses,
                 es.hits + es.misses ? 100.0 * (double)es.hits / (double)(es.hits + es.misses) : 0.0,
                 (double)es.bytes_read / 1048576.0, es.read_s, es.read_s > 0 ? (double)es.bytes_read / es.read_s / 1e6 : 0.0);
+    if (sp_cli_routing_save(&o.set, m, sp_ctx_route_counts(c)) != SP_OK) goto fail;
     rc = 0;
 fail:
     if (rc) sp_cli_fail();
@@ -434,6 +439,7 @@ fail:
     sp_ids_free(&ids);
     sp_ctx_free(c);
     sp_ranks_free(group);
+    sp_free(load);
     sp_expert_store_free(store);
     sp_tokenizer_free(tok);
     sp_model_close(m);

@@ -64,9 +64,16 @@ static const char usage[] =
     SP_CLI_SETTINGS_USAGE;
 
 /* The engine's plan (memory, caches) made and its weights loaded; ep's
- * caches and devices as the plan says. */
+ * caches, devices and routing (sp_cli_routing_params; *load owned) as the
+ * plan says. */
 static enum sp_status plan_engine(const struct sp_settings *set, struct sp_model *m, struct sp_engine_params *ep,
-                                  struct sp_plan_inputs *pin, struct sp_plan *plan) {
+                                  struct sp_plan_inputs *pin, struct sp_plan *plan, double **load) {
+    struct sp_ctx_params cp = {0};
+    enum sp_status st = sp_cli_routing_params(set, m, &cp, load);
+    if (st != SP_OK) return st;
+    ep->expert_load = pin->expert_load = cp.expert_load;
+    ep->count_routes = cp.count_routes;
+    pin->expert_load_from = set->expert_load;
     sp_engine_params_resolve(ep, m);
     pin->ctx = ep->n_ctx;
     pin->parallel = ep->n_slots;
@@ -76,7 +83,7 @@ static enum sp_status plan_engine(const struct sp_settings *set, struct sp_model
     pin->n_devices = set->n_devices;
     ep->n_ranks = set->n_devices;
     ep->gpus = set->n_devices ? set->devices : NULL;
-    enum sp_status st = sp_plan_make(m, pin, plan);
+    st = sp_plan_make(m, pin, plan);
     if (st != SP_OK) return st;
     ep->expert_cache = plan->host_cache;
     ep->device_experts = plan->gpu_expert_cache;
@@ -90,7 +97,7 @@ static enum sp_status plan_engine(const struct sp_settings *set, struct sp_model
  * the others, ep that rank's. */
 static enum sp_status join_ranks(const struct sp_settings *set, const struct sp_model *m, struct sp_engine_params *ep) {
     struct sp_ctx_params cp = {.max_batch = ep->batch_tokens, .device = ep->device, .n_ranks = ep->n_ranks,
-                               .gpus = ep->gpus};
+                               .gpus = ep->gpus, .expert_load = ep->expert_load};
     struct sp_ranks *g;
     enum sp_status st = sp_cli_join_ranks(set, m, &cp, &g);
     if (st != SP_OK || !g) return st;
@@ -107,8 +114,9 @@ static int follow_rank(const struct sp_settings *set, const char *model, struct 
                        struct sp_plan_inputs *pin) {
     struct sp_model *m = NULL;
     struct sp_plan plan;
+    double *load = NULL;
     enum sp_status st = sp_cli_model_open(set, model, &m);
-    if (st == SP_OK) st = plan_engine(set, m, ep, pin, &plan);
+    if (st == SP_OK) st = plan_engine(set, m, ep, pin, &plan, &load);
     if (st == SP_OK) st = join_ranks(set, m, ep);
     if (st == SP_OK) {
         sp_log(SP_LOG_INFO, "rank %d of %d: following rank 0's engine", set->rank, set->world_size);
@@ -116,6 +124,7 @@ static int follow_rank(const struct sp_settings *set, const char *model, struct 
     }
     if (st != SP_OK) sp_cli_fail();
     sp_ranks_free(ep->group);
+    sp_free(load);
     sp_model_close(m);
     return st == SP_OK ? 0 : 1;
 }
@@ -287,6 +296,7 @@ int sp_cmd_serve(int argc, char **argv) {
     struct sp_chat_template *ct = NULL;
     struct sp_engine *eng = NULL;
     struct sp_server *srv = NULL;
+    double *load = NULL;  // --expert-load's counts
     char id_buf[256];
     rc = 1;
     if (!so.model_id) {
@@ -303,7 +313,7 @@ int sp_cmd_serve(int argc, char **argv) {
         ct = NULL;
     }
     struct sp_plan plan;
-    if (plan_engine(&set, m, &ep, &pin, &plan) != SP_OK) goto fail;
+    if (plan_engine(&set, m, &ep, &pin, &plan, &load) != SP_OK) goto fail;
     struct sp_buf pl = SP_BUF_INIT;
     sp_plan_report(&plan, false, &pl);
     fputs(pl.data ? pl.data : "", stderr);
@@ -402,7 +412,13 @@ int sp_cmd_serve(int argc, char **argv) {
 fail:
     if (rc) sp_cli_fail();
     sp_server_stop(srv);
+    sp_engine_stop(eng);
+    if (eng && sp_cli_routing_save(&set, m, sp_engine_route_counts(eng)) != SP_OK) {
+        sp_cli_fail();
+        rc = 1;
+    }
     sp_engine_free(eng);  // the other ranks' follow ends with it
+    sp_free(load);
     sp_ranks_free(ep.group);
     sp_chat_template_free(ct);
     sp_tokenizer_free(tok);

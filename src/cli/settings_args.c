@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/strmap.h"
 #include "backend/cpu/kernels.h"
+#include "runtime/routing.h"
 
 int sp_cli_settings_init(struct sp_settings *s) {
     if (sp_settings_from_env(s) == SP_OK) return 0;
@@ -141,8 +142,12 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     if (st != SP_OK) return st;
     int64_t B = cp->max_batch > 0 ? cp->max_batch : SP_DEFAULT_BATCH;
     /* what every rank must run alike: the command, the model's shape, the batch, the ranks, the device */
-    const int64_t what[] = {(int64_t)args_hash(), a->n_layers, a->d_model,    a->vocab, a->n_experts,
-                            a->n_experts_used,     B,           s->world_size, cp->device};
+    /* the load the experts are placed by: its file's name is among the arguments, this is what it held */
+    uint64_t load = cp->expert_load ? sp_hash_bytes(cp->expert_load, (size_t)(a->n_layers * a->n_experts) *
+                                                                         sizeof *cp->expert_load)
+                                    : 0;
+    const int64_t what[] = {(int64_t)args_hash(), a->n_layers, a->d_model,    a->vocab,   a->n_experts,
+                            a->n_experts_used,     B,           s->world_size, cp->device, (int64_t)load};
     uint64_t key = sp_hash_bytes(what, sizeof what);
     st = sp_ranks_connect(s->rank, s->world_size, s->master_addr, s->master_port, key, B * a->d_model,
                                          120.0, g);
@@ -153,4 +158,25 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     if (!cp->gpus) cp->gpus = &s->local_rank;  // a GPU: --devices N, else LOCAL_RANK
     if (s->rank > 0 && !freopen("/dev/null", "w", stdout)) return sp_errorf(SP_ERR_IO, "rank %d: /dev/null", s->rank);
     return SP_OK;
+}
+
+enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
+                                     double **load) {
+    *load = NULL;
+    cp->count_routes = s->record_routing[0] != 0;
+    if (!s->expert_load[0]) return SP_OK;
+    if (s->n_devices <= 1 && s->world_size <= 1)
+        return sp_errorf(SP_ERR_ARG, "--expert-load places the routed experts over ranks: give --devices with several "
+                         "GPUs, or run as ranks of a launcher (WORLD_SIZE)");
+    enum sp_status st = sp_routing_read(s->expert_load, m, load);
+    cp->expert_load = *load;
+    return st;
+}
+
+enum sp_status sp_cli_routing_save(const struct sp_settings *s, const struct sp_model *m, const uint64_t *counts) {
+    if (!s->record_routing[0] || s->rank != 0) return SP_OK;
+    if (!counts) return sp_errorf(SP_ERR_STATE, "%s: no routing was counted", s->record_routing);
+    enum sp_status st = sp_routing_write(s->record_routing, m, counts);
+    if (st == SP_OK) sp_log(SP_LOG_INFO, "routing counts written to %s", s->record_routing);
+    return st;
 }

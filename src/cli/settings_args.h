@@ -50,9 +50,14 @@
     "  --no-cuda-overlap      with --device cuda, start each kernel only once the one before has ended\n"    \
     "                         (default: it starts early and waits inside, on GPUs that can)\n"             \
     "  --devices LIST         with --device cuda, the routed experts split over those GPUs (e.g. 0,1)\n"    \
+    "  --expert-load FILE     split the experts so that each GPU or rank takes about as many tokens, by\n"    \
+    "                         the routing counts FILE holds (--record-routing; default: as many experts)\n"  \
+    "  --record-routing FILE  write how many tokens each expert of each layer took to FILE at the end\n"     \
+    "                         (JSON; the routing then runs on the host)\n"                                   \
     "  Each also from SPARROW_KERNELS, SPARROW_PRECISION, SPARROW_IO, SPARROW_EXPERT_POLICY,\n"                 \
     "  SPARROW_PREFETCH=0, SPARROW_MMAP=1, SPARROW_ROW_ORDER=1, SPARROW_DEVICE, SPARROW_CPU_EXPERTS=0,\n"       \
-    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_DEVICES; a flag overrides its variable.\n"       \
+    "  SPARROW_CUDA_GRAPHS=1, SPARROW_CUDA_OVERLAP=0, SPARROW_DEVICES, SPARROW_EXPERT_LOAD,\n"                  \
+    "  SPARROW_RECORD_ROUTING; a flag overrides its variable.\n"                                              \
     "  As ranks of a launcher's processes (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR,\n"                \
     "  MASTER_PORT, as torchrun sets them): the routed experts split over the processes\n"              \
     "  --quiet                warnings and errors only on stderr: no info lines, no load progress\n"
@@ -78,6 +83,16 @@ int sp_cli_device(const struct sp_settings *s, enum sp_device *out);
  * on stdout: rank 0 speaks for them. */
 enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
                                  struct sp_ranks **g);
+/* The routing settings of s into cp: the expert load --expert-load names,
+ * read for m into *load (owned: sp_free after the context; NULL where none
+ * is named), and counting where --record-routing names a file. A load
+ * where nothing splits the experts (no --devices of several GPUs, no
+ * WORLD_SIZE) is refused: it would place nothing. */
+enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
+                                     double **load);
+/* Writes counts (sp_ctx_route_counts) where --record-routing says, from
+ * rank 0 alone; nothing where it names no file. */
+enum sp_status sp_cli_routing_save(const struct sp_settings *s, const struct sp_model *m, const uint64_t *counts);
 /* The parameters the library takes from s (a device other than the CPU
  * loads every matrix in row order). */
 struct sp_expert_store_params sp_cli_expert_params(const struct sp_settings *s);

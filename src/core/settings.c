@@ -27,14 +27,16 @@ const char *sp_settings_device_name(int device) {
 }
 
 enum id {
-    KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, DEVICES, ID_COUNT
+    KERNELS, PRECISION, IO, POLICY, PREFETCH, MMAP, ROW_ORDER, DEVICE, CPU_EXPERTS, GRAPHS, OVERLAP, DEVICES,
+    EXPERT_LOAD, RECORD_ROUTING, ID_COUNT
 };
 
-/* NAME: any name (a value follows the flag); CHOICE: one of `choices`;
+/* NAME: any name (a value follows the flag); PATH: a file's name (a
+ * value follows the flag); CHOICE: one of `choices`;
  * ON: the flag turns it on, the variable when set to other than "" or
  * "0"; OFF: the flag turns it off, the variable when set to "0"; LIST:
  * numbers separated by commas (a value follows the flag). */
-enum kind { NAME, CHOICE, ON, OFF, LIST };
+enum kind { NAME, PATH, CHOICE, ON, OFF, LIST };
 
 static const struct def {
     enum id id;
@@ -55,8 +57,12 @@ static const struct def {
     {GRAPHS, "--cuda-graphs", "SPARROW_CUDA_GRAPHS", ON, NULL},
     {OVERLAP, "--no-cuda-overlap", "SPARROW_CUDA_OVERLAP", OFF, NULL},
     {DEVICES, "--devices", "SPARROW_DEVICES", LIST, NULL},
+    {EXPERT_LOAD, "--expert-load", "SPARROW_EXPERT_LOAD", PATH, NULL},
+    {RECORD_ROUTING, "--record-routing", "SPARROW_RECORD_ROUTING", PATH, NULL},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
+
+static bool has_value(const struct def *d) { return d->kind != ON && d->kind != OFF; }
 
 static const struct def *def_of_flag(const char *flag) {
     for (size_t i = 0; i < N_DEFS; i++)
@@ -94,8 +100,16 @@ static enum sp_status devices(struct sp_settings *s, const char *v, const char *
     return sp_errorf(SP_ERR_ARG, "%s: expected GPU numbers separated by commas (e.g. 0,1), got \"%s\"", what, v);
 }
 
+/* A file's name into dst (SP_SETTINGS_PATH_MAX bytes). */
+static enum sp_status path_store(char *dst, const char *name, const char *what) {
+    if (strlen(name) >= SP_SETTINGS_PATH_MAX)
+        return sp_errorf(SP_ERR_ARG, "%s: a file name of more than %d bytes", what, SP_SETTINGS_PATH_MAX - 1);
+    strcpy(dst, name);
+    return SP_OK;
+}
+
 /* Stores a value parsed for d: v (CHOICE: the index; ON, OFF: 1), or name
- * (NAME). `what` names the source in messages ("--io", "SPARROW_IO"). */
+ * (NAME, PATH, LIST). `what` names the source in messages ("--io", "SPARROW_IO"). */
 static enum sp_status store(struct sp_settings *s, const struct def *d, int v, const char *name, enum sp_origin from,
                             const char *what) {
     switch (d->id) {
@@ -119,6 +133,8 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     case GRAPHS: s->cuda_graphs = v; break;
     case OVERLAP: s->no_cuda_overlap = v; break;
     case DEVICES: return devices(s, name, what);
+    case EXPERT_LOAD: return path_store(s->expert_load, name, what);
+    case RECORD_ROUTING: return path_store(s->record_routing, name, what);
     case ID_COUNT: break;
     }
     return SP_OK;
@@ -128,9 +144,12 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
  * CHOICE counts as unset. */
 static enum sp_status parse(struct sp_settings *s, const struct def *d, const char *value, enum sp_origin from,
                             const char *what) {
-    if (!*value && from == SP_ORIGIN_ENV && (d->kind == NAME || d->kind == CHOICE || d->kind == LIST)) return SP_OK;
+    if (!*value && from == SP_ORIGIN_ENV && has_value(d)) return SP_OK;
     switch (d->kind) {
     case LIST: return store(s, d, 0, value, from, what);
+    case PATH:
+        if (!*value) return sp_errorf(SP_ERR_ARG, "%s needs a file's name", what);
+        return store(s, d, 0, value, from, what);
     case NAME:
         if (!*value) return sp_errorf(SP_ERR_ARG, "%s needs a kernel set's name", what);
         return store(s, d, 0, value, from, what);
@@ -229,14 +248,14 @@ enum sp_status sp_settings_from_env(struct sp_settings *s) { return sp_settings_
 
 bool sp_settings_is_flag(const char *flag, bool *takes_value) {
     const struct def *d = def_of_flag(flag);
-    if (d && takes_value) *takes_value = d->kind == NAME || d->kind == CHOICE || d->kind == LIST;
+    if (d && takes_value) *takes_value = has_value(d);
     return d != NULL;
 }
 
 enum sp_status sp_settings_set(struct sp_settings *s, const char *flag, const char *value) {
     const struct def *d = def_of_flag(flag);
     if (!d) return sp_errorf(SP_ERR_ARG, "%s is not a setting", flag);
-    bool wants = d->kind == NAME || d->kind == CHOICE || d->kind == LIST;
+    bool wants = has_value(d);
     if (wants && !value) return sp_errorf(SP_ERR_ARG, "%s needs a value", flag);
     if (!wants && value) return sp_errorf(SP_ERR_ARG, "%s takes no value", flag);
     /* the kernel set by name or by precision: one flag, which overrides the other's variable */

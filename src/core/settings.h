@@ -88,6 +88,8 @@ struct sp_settings {
     int devices[SP_SETTINGS_DEVICES_MAX];
     int world_size, rank;  // this process's rank of world_size (WORLD_SIZE, RANK; 1 and 0 alone)
     int local_rank;        // and on its machine (LOCAL_RANK)
+    char expert_load[SP_SETTINGS_PATH_MAX];     // --expert-load: routing counts to place experts over ranks by ("": none)
+    char record_routing[SP_SETTINGS_PATH_MAX];  // --record-routing: where to write the run's routing counts ("": nowhere)
     int master_port;
     char master_addr[256];
     enum sp_origin kernels_from, precision_from;

@@ -123,6 +123,7 @@ struct sp_ctx {
     uint8_t *follow_buf;   // ranks in processes that rank 0 leads: a call's message (FOLLOW_BYTES)
     bool *follow_snap;     // (B) a followed batch's snapshot flags
     struct sp_ctx **peers;
+    uint64_t *routes;      // p.count_routes: (n_layers * E) tokens routed to each expert (sp_ctx_route_counts)
 };
 
 /* What rank 0 of processes that it leads sends the others before each
@@ -192,6 +193,8 @@ void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset) 
     *out = c->steps;
     if (reset) memset(&c->steps, 0, sizeof c->steps);
 }
+
+const uint64_t *sp_ctx_route_counts(const struct sp_ctx *c) { return c->routes; }
 
 /* Floats per token of the MLP buffers: the widest of the dense MLP, a
  * routed expert's gate and up side by side, and the shared experts. */
@@ -1002,6 +1005,7 @@ void sp_ctx_free(struct sp_ctx *c) {
         sp_free(c->peers);
     }
     if (c->peers || c->p.group) sp_free((void *)c->owner);  // rank 0 of threads, or a process's rank
+    sp_free(c->routes);
     bind_rank(c);
     if (leading(c) && c->follow_buf) lead_send(c, FOLLOW_QUIT, 0, 0, 0, NULL);
     sp_free(c->follow_buf);
@@ -1092,6 +1096,9 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
 
     c->layers = sp_calloc((size_t)a->n_layers, sizeof *c->layers, SP_MEM_MODEL);
     if (!c->layers) goto nomem;
+    if (c->p.count_routes && rank == 0 && a->n_experts > 0 &&
+        !(c->routes = sp_calloc((size_t)(a->n_layers * a->n_experts), sizeof *c->routes, SP_MEM_MODEL)))
+        goto nomem;
     /* a device other than the CPU copies every weight into its memory as
      * it prepares it: that is the load to show (the CPU computes on the
      * host's copies, prepared in no time) */
@@ -1228,7 +1235,7 @@ static enum sp_status split_experts(const struct sp_model *m, const struct sp_ct
     if (!(*owner = sp_calloc((size_t)(a->n_layers * E), sizeof **owner, SP_MEM_MODEL)))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");
     for (int64_t L = 0; L < a->n_layers; L++)
-        if (a->layer_moe[L]) sp_ranks_split(NULL, E, n, *owner + L * E);
+        if (a->layer_moe[L]) sp_ranks_split(p->expert_load ? p->expert_load + L * E : NULL, E, n, *owner + L * E);
     return SP_OK;
 }
 
@@ -1676,7 +1683,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t E = a->n_experts, d = a->d_model, L = ly - c->layers;
-    if (!c->experts && be->ops->moe && !c->owner) {
+    if (!c->experts && be->ops->moe && !c->owner && !c->routes) {
         /* the backend routes on its own: no round trip through the host */
         bool done = false, shared_done = false;
         double macs = 3.0 * (double)n * (double)a->n_experts_used * (double)d * (double)a->d_expert;
@@ -1701,6 +1708,8 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
         c->steps.routed += (double)off[E];
         for (int64_t i = 0; i < E; i++) c->steps.experts_run += off[i + 1] > off[i];
     }
+    if (c->routes)
+        for (int64_t i = 0; i < E; i++) c->routes[L * E + i] += (uint64_t)(off[i + 1] - off[i]);
     if (c->owner) keep_own(c, L);
     int64_t n_cpu = c->cpu ? choose_cpu_experts(c, ly, n, off) : 0;
     if (n_cpu) {

@@ -118,6 +118,13 @@ struct sp_ctx_params {
     struct sp_ranks *group;
     int rank;
     bool lead;  // with group: rank 0 leads, the other ranks follow its calls (sp_ctx_follow) instead of making their own
+    /* With ranks: each MoE layer's tokens routed to each routed expert
+     * (n_layers x n_experts, layer-major; sp_ctx_route_counts of an earlier
+     * run), by which the experts are placed so that the ranks' shares are
+     * about the same (sp_ranks_split); NULL: every expert alike. Read at
+     * creation. */
+    const double *expert_load;
+    bool count_routes;  // count them (sp_ctx_route_counts); the routing then runs on the host
 };
 
 /* Steps of the forward pass, as a context with time_steps times them:
@@ -203,6 +210,10 @@ void sp_ctx_seq_resume(struct sp_ctx *c, int seq, int64_t n);
 /* The steps' times since the context was made or last reset (zero unless
  * made with time_steps); reset: start again from zero. */
 void sp_ctx_step_times(struct sp_ctx *c, struct sp_step_times *out, bool reset);
+/* With count_routes: the tokens routed to each routed expert of each MoE
+ * layer since creation (n_layers x n_experts, layer-major; a dense layer's
+ * row zeros); NULL without. Over ranks, rank 0's context counts them all. */
+const uint64_t *sp_ctx_route_counts(const struct sp_ctx *c);
 struct sp_expert_tier_stats;
 /* The counters of the context's device expert tier (false: it has none). */
 bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out);

@@ -398,10 +398,13 @@ void sp_ranks_split(const double *load, int64_t n_experts, int n_ranks, int32_t 
     SP_ASSERT(order && n_ranks >= 1 && n_ranks <= SP_RANKS_MAX);
     for (int64_t e = 0; e < n_experts; e++) order[e] = (struct by_load){load, e};
     qsort(order, (size_t)n_experts, sizeof *order, heavier_first);
+    int64_t cap = (n_experts + n_ranks - 1) / n_ranks;  // as many experts a rank: their memory alike
     for (int64_t i = 0; i < n_experts; i++) {
-        int best = 0;
-        for (int r = 1; r < n_ranks; r++)
-            if (sum[r] < sum[best] || (sum[r] == sum[best] && count[r] < count[best])) best = r;
+        int best = -1;
+        for (int r = 0; r < n_ranks; r++)
+            if (count[r] < cap &&
+                (best < 0 || sum[r] < sum[best] || (sum[r] == sum[best] && count[r] < count[best])))
+                best = r;
         int64_t e = order[i].e;
         owner[e] = best;
         sum[best] += load ? load[e] : 1.0;

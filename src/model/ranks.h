@@ -67,11 +67,12 @@ bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n);
  * instead of waiting for it (over TCP: its connections close). */
 void sp_ranks_fail(struct sp_ranks *g, int rank);
 
-/* Experts [0, n_experts) to ranks [0, n_ranks) so that each rank's share of
+/* Experts [0, n_experts) to ranks [0, n_ranks), at most ceil(n_experts /
+ * n_ranks) a rank (each rank's memory alike), so that each rank's share of
  * the load (load[e]: an expert's expected tokens; NULL: every expert
  * alike) is about the same: the heaviest expert first, each to the rank
- * with the least load so far (ties: fewer experts, then the lower rank).
- * owner[e] gets its rank. */
+ * with the least load so far that has room (ties: fewer experts, then the
+ * lower rank). owner[e] gets its rank. */
 void sp_ranks_split(const double *load, int64_t n_experts, int n_ranks, int32_t *owner);
 
 #endif

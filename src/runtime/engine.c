@@ -188,15 +188,21 @@ int sp_eos_ids(const struct sp_model *m, const struct sp_tokenizer *tok, int32_t
 
 static void *engine_main(void *arg);
 
+void sp_engine_stop(struct sp_engine *e) {
+    if (!e || !e->thread_started) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_started = false;
+}
+
+const uint64_t *sp_engine_route_counts(const struct sp_engine *e) { return sp_ctx_route_counts(e->ctx); }
+
 void sp_engine_free(struct sp_engine *e) {
     if (!e) return;
-    if (e->thread_started) {
-        pthread_mutex_lock(&e->mu);
-        e->stop = true;
-        pthread_cond_broadcast(&e->cv);
-        pthread_mutex_unlock(&e->mu);
-        pthread_join(e->thread, NULL);
-    }
+    sp_engine_stop(e);
     for (int i = 0; e->queue && i < e->q_len; i++) {
         struct sp_req *r = e->queue[(e->q_head + i) % e->q_cap];
         pthread_mutex_lock(&r->mu);
@@ -264,7 +270,8 @@ static struct sp_ctx_params ctx_params(const struct sp_engine_params *p) {
                                   .float_activations = p->float_activations, .device_experts = p->device_experts,
                                   .cpu_experts = p->cpu_experts, .no_prefetch = p->expert_params.no_prefetch,
                                   .graphs = p->graphs, .no_overlap = p->no_overlap, .n_ranks = p->n_ranks,
-                                  .gpus = p->gpus, .group = p->group, .rank = p->rank, .lead = p->group != NULL};
+                                  .gpus = p->gpus, .group = p->group, .rank = p->rank, .lead = p->group != NULL,
+                                  .expert_load = p->expert_load, .count_routes = p->count_routes};
 }
 
 enum sp_status sp_engine_follow(const struct sp_model *m, const struct sp_engine_params *params) {

@@ -52,6 +52,8 @@ struct sp_engine_params {
     const int *gpus;        // gpus[0 ..) (NULL: 0 ..)
     struct sp_ranks *group; // or this process's rank `rank` of n_ranks processes: rank 0 runs the engine and
     int rank;               // leads, the others follow it (sp_engine_follow)
+    const double *expert_load;  // with ranks: the experts placed by this load (sp_ctx_params.expert_load)
+    bool count_routes;          // count the tokens routed to each expert (sp_engine_route_counts)
     size_t expert_cache;    // 0: experts through the mapping; else the expert cache budget in bytes
     size_t device_experts;  // a device backend's expert cache in its memory, over the host's (0: every expert on it)
     bool cpu_experts;       // with it: the CPU may compute experts it lacks (sp_ctx_params.cpu_experts)
@@ -166,6 +168,12 @@ void sp_engine_stats(struct sp_engine *e, struct sp_engine_stats *s);
 bool sp_engine_failed(struct sp_engine *e, char *msg, size_t cap);
 /* Copies the expert cache's per-layer hits and misses (n_layers each). */
 void sp_engine_expert_layers(struct sp_engine *e, uint64_t *hits, uint64_t *misses);
+/* Stops the engine's thread: no step runs after it returns; requests
+ * still queued or running end with sp_engine_free. */
+void sp_engine_stop(struct sp_engine *e);
+/* With count_routes: the tokens routed to each expert of each MoE layer
+ * (sp_ctx_route_counts), to read after sp_engine_stop. NULL without. */
+const uint64_t *sp_engine_route_counts(const struct sp_engine *e);
 
 /* Waits up to timeout_ms for news, then appends the new text (final: stop
  * strings already removed) and, if toks is not NULL, the new token records;

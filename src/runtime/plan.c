@@ -19,6 +19,7 @@
 #include "core/progress.h"
 #include "backend/cpu/membw.h"
 #include "model/expert_tier.h"
+#include "model/ranks.h"
 
 #define DEFAULT_RAM_GBS 10.0
 #define DEFAULT_DISK_GBS 1.0
@@ -135,6 +136,30 @@ static size_t activation_estimate(const struct sp_arch *a, int parallel, int64_t
 #define GPU_CONTEXT_BYTES ((uint64_t)512 << 20)
 #define GPU_SLACK_FRACTION 0.03
 
+/* The busiest of nd devices' share of the routed experts' tokens, the
+ * experts of each MoE layer placed by load as the ranks place them
+ * (sp_ranks_split); a layer without counts weighs its experts alike. */
+static double busiest_share(const struct sp_arch *a, const double *load, int nd) {
+    int64_t E = a->n_experts, layers = 0;
+    if (!load || nd <= 1 || E <= 0) return 1.0 / nd;
+    double dev[SP_RANKS_MAX] = {0};
+    int32_t *owner = sp_malloc((size_t)E * sizeof *owner, SP_MEM_MISC);
+    if (!owner) return 1.0 / nd;
+    for (int64_t L = 0; L < a->n_layers; L++) {
+        if (!a->layer_moe[L]) continue;
+        const double *l = load + L * E;
+        double sum = 0;
+        for (int64_t e = 0; e < E; e++) sum += l[e];
+        sp_ranks_split(sum > 0 ? l : NULL, E, nd, owner);
+        for (int64_t e = 0; e < E; e++) dev[owner[e]] += sum > 0 ? l[e] / sum : 1.0 / (double)E;
+        layers++;
+    }
+    sp_free(owner);
+    double most = 0;
+    for (int d = 0; d < nd; d++) most = dev[d] > most ? dev[d] : most;
+    return layers ? most / (double)layers : 1.0 / nd;
+}
+
 /* The device tier of the plan (p's host tier done). */
 static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan_inputs *in, struct sp_plan *p,
                                   double routed_per_token) {
@@ -164,7 +189,9 @@ static enum sp_status plan_device(const struct sp_model *m, const struct sp_plan
         all_experts ? (size_t)((double)p->routed_expert_bytes * (double)total_experts / (double)all_experts) : 0;
     p->device_experts = total_experts;
     p->device_expert_bytes = share;
-    double routed_share = routed_per_token / nd;
+    p->device_routed_share = busiest_share(&m->arch, in->expert_load, nd);
+    p->expert_load_from = nd > 1 && in->expert_load ? in->expert_load_from : NULL;
+    double routed_share = routed_per_token * p->device_routed_share;
     p->device_bytes_per_token = (size_t)((double)p->bytes_per_token - routed_per_token + routed_share);
     p->link_bytes_per_token =
         nd > 1 ? (size_t)(p->n_moe_layers * m->arch.d_model) * sizeof(float) * 2 * (size_t)(nd - 1) / (size_t)nd : 0;
@@ -343,6 +370,8 @@ void sp_plan_write_json(const struct sp_plan *p, struct sp_jw *w) {
         KU("device_experts", p->device_experts);
         KU("device_expert_bytes", p->device_expert_bytes);
         KU("device_bytes_per_token", p->device_bytes_per_token);
+        KN("device_routed_share", p->device_routed_share);
+        if (p->expert_load_from) KS("expert_load", p->expert_load_from);
         KU("link_bytes_per_token", p->link_bytes_per_token);
         sp_jw_end(w);
     }
@@ -419,7 +448,13 @@ static void report_device(const struct sp_plan *p, struct sp_buf *out) {
                            "from the host (uniform routing)\n",
                       dev, gib(p->gpu_expert_cache), each, (long long)p->gpu_cached_experts,
                       (long long)p->device_experts, 100.0 * p->gpu_hit_rate, (double)p->h2d_bytes_per_token / 1048576.0);
-    if (several)
+    if (several && p->expert_load_from)
+        sp_buf_printf(out, "per device      %.2f MiB of weights read a decoded token on the busiest (%.1f%% of the "
+                           "routed experts' tokens, by the routing counts of %s); %.1f KiB sent (the MoE layers' "
+                           "outputs summed over the devices)\n",
+                      (double)p->device_bytes_per_token / 1048576.0, 100.0 * p->device_routed_share,
+                      p->expert_load_from, (double)p->link_bytes_per_token / 1024.0);
+    else if (several)
         sp_buf_printf(out, "per device      %.2f MiB of weights read a decoded token (its share of the routed experts, "
                            "uniform routing); %.1f KiB sent (the MoE layers' outputs summed over the devices)\n",
                       (double)p->device_bytes_per_token / 1048576.0, (double)p->link_bytes_per_token / 1024.0);

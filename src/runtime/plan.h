@@ -58,6 +58,8 @@ struct sp_plan_inputs {
     enum sp_device device;  // where the forward pass runs
     uint64_t gpu_mem_limit; // device memory to use (0: what is free on it now), on each device
     int n_devices;          // devices of that kind the routed experts are split over (0, 1: one)
+    const double *expert_load;     // those experts placed by this load (sp_ctx_params.expert_load; NULL: alike)
+    const char *expert_load_from;  // where it came from, for the report (a file's name)
 };
 
 /* How sp_plan_load brings weights in; zero is the default of each. */
@@ -111,6 +113,8 @@ struct sp_plan {
     int64_t device_experts;        // routed experts (all layers) the device holds or caches from
     size_t device_expert_bytes;    // their bytes
     size_t device_bytes_per_token; // weights a device reads a decoded token (its share of the routed experts)
+    double device_routed_share;    // the busiest device's share of the routed experts' tokens
+    const char *expert_load_from;  // what that share comes from (NULL: every expert alike)
     size_t link_bytes_per_token;   // what a device sends a decoded token (0 for one device)
     uint64_t gpu_limit;            // device memory to use
     const char *gpu_limit_source;  // "--gpu-mem-limit" or "free device memory"

@@ -48,6 +48,32 @@ for fx in qwen3_moe bailing_moe gpt_oss; do
     done
 done
 
+# routing counts: recorded by one process, then the experts placed by them
+# over 2 ranks (the same text) and in a plan over 2 GPUs
+model=tests/fixtures/qwen3_moe
+run "record the routing" 0 "$SPARROW" run --model "$model" --threads 1 --tokens "$ids" --max-tokens 24 --ignore-eos \
+    --temp 0 --record-routing "$TMP/routing.json"
+cp "$TMP/out" "$TMP/one"
+expect "says where the counts went" "$TMP/err" "routing counts written to $TMP/routing.json"
+# 28 prompt tokens and 23 decoded ones went through the layers (the last one drawn is not run)
+run "the counts' tokens" 0 node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
+    const moe = j.counts.filter(r => r); const sums = moe.map(r => r.reduce((a, b) => a + b, 0));
+    if (j.tokens !== 51 || j.counts.length !== 3 || j.counts[1] !== null || sums.some(s => s !== 51 * 4))
+        throw new Error(JSON.stringify(j));' "$TMP/routing.json"
+run "2 ranks placed by the counts" 0 ranks 2 "$model" --tokens "$ids" --max-tokens 24 --ignore-eos --temp 0 \
+    --expert-load "$TMP/routing.json"
+if cmp -s "$TMP/out" "$TMP/one" && [ -s "$TMP/one" ]; then ok "placed by the counts: one process's text"
+else not_ok "placed by the counts: the text differs" "$TMP/one" "$TMP/out" "$TMP/err"; fi
+run "a plan by the counts" 0 "$SPARROW" plan "$model" --device cuda --devices 0,1 --gpu-mem-limit 1G \
+    --expert-load "$TMP/routing.json"
+expect "says the busiest GPU's share" "$TMP/out" "routed experts' tokens, by the routing counts of $TMP/routing.json"
+run "a load without ranks" 1 "$SPARROW" run --model "$model" --tokens 1 --expert-load "$TMP/routing.json"
+expect "is refused: it would place nothing" "$TMP/err" "--expert-load places the routed experts over ranks"
+run "another model's load" 1 ranks 2 tests/fixtures/gpt_oss --tokens "$ids" --expert-load "$TMP/routing.json"
+expect "is refused, naming the file" "$TMP/err" "routing.json: counts of 3 layers (\"layers\"), the model has 4"
+run "a bench that records" 1 "$SPARROW" bench --model "$model" --record-routing "$TMP/b.json"
+expect "is refused: random tokens" "$TMP/err" "record with run or serve"
+
 # a rank of another model: rank 0 says so and every rank fails
 port=$((port + 1))
 WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" run --model tests/fixtures/gpt_oss --threads 1 --tokens "$ids" \
@@ -115,6 +141,18 @@ else not_ok "the prompt cache served no repeat" "$TMP/out"; fi
 kill "$spid"
 if wait "$spid"; then ok "rank 0 stops on a signal"; else not_ok "rank 0 stops on a signal" "$TMP/s.err"; fi
 if wait "$fpid"; then ok "rank 1 stops with it"; else not_ok "rank 1 stops with it" "$TMP/f.err"; fi
+# a server that records the routing writes its counts when it stops
+serve_up "$TMP/s.out" "$TMP/s.err" WORLD_SIZE=1 SPARROW_RECORD_ROUTING="$TMP/served.json" &&
+    ok "a recording server up" || not_ok "a recording server up" "$TMP/s.err"
+run "it answers the same" 0 node "$TMP/ask.mjs" "$sport" "${prompts[@]}"
+if cmp -s "$TMP/out" "$TMP/one"; then ok "the texts of one server, recording"
+else not_ok "recording changed the texts" "$TMP/one" "$TMP/out" "$TMP/s.err"; fi
+kill "$spid"
+if wait "$spid"; then ok "it stops on a signal"; else not_ok "it stops on a signal" "$TMP/s.err"; fi
+expect "having written the counts" "$TMP/s.err" "routing counts written to $TMP/served.json"
+run "the counts are of the requests' tokens" 0 node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
+    if (!(j.tokens > 0) || !j.counts.some(r => r && r.some(c => c > 0))) throw new Error(JSON.stringify(j));' \
+    "$TMP/served.json"
 # a rank gone: rank 0 answers with the error and keeps serving
 port=$((port + 1))
 WORLD_SIZE=2 RANK=1 MASTER_PORT="$port" "$SPARROW" serve --model "$TMP/e2e" --port 0 --threads 1 \
