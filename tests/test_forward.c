@@ -876,7 +876,8 @@ static const int first_gpu[SP_RANKS_MAX];
  * the ranks' sums are added in (on a GPU also the routing weights: the
  * ranks route on the host, one context on the device, with its own exp):
  * prefill in chunks, decode a token a pass, and a sequence copied from
- * another (every rank copies its own cache). */
+ * another (every rank copies its own cache); so do 2 ranks each with an
+ * expert cache of its own on its device. */
 static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const char *arch) {
     const int64_t V = r->vocab, n = r->nb, half = n / 2;
     const double tol = device == SP_DEVICE_CPU ? 1e-5 : 1e-4;
@@ -921,14 +922,32 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
         assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < tol);
         sp_ctx_free(c);
     }
-    /* more ranks than experts, over an expert cache: refused, saying why */
+    /* more ranks than experts, over a host expert cache: refused, saying why */
     p.n_ranks = (int)m->arch.n_experts + 1;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
     assert_non_null(strstr(sp_error_msg(), "routed experts a layer"));
     p.n_ranks = 2;
-    p.device_experts = (size_t)1 << 30;
+    struct sp_expert_source host = {0};
+    p.experts = &host;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(sp_error_msg(), "expert cache"));
+    assert_non_null(strstr(sp_error_msg(), "host expert cache"));
+    p.experts = NULL;
+    /* each rank's device expert cache of a few slots over the mapped files: its own experts copied in as used */
+    p.device_experts = 3 * sp_expert_tier_slot_bytes(m) + sp_expert_tier_slot_bytes(m) / 2;
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, 2 ranks' expert caches: %s", arch, sp_error_msg());
+    run_seq(c, r->b, n, 16, 0, got, V);
+    int64_t flips;
+    double dist = logits_distance(got, want, n, V, &flips);
+    struct sp_expert_tier_stats ts;
+    assert_true(sp_ctx_tier_stats(c, &ts));
+    print_message("%s, 2 ranks, an expert cache of 3.5 slots each: max|diff| %.3g of max|logit|, %lld argmax flips, "
+                  "%llu misses, %llu hits\n", arch, dist, (long long)flips, (unsigned long long)ts.misses,
+                  (unsigned long long)ts.hits);
+    assert_true(dist < tol);
+    assert_int_equal(flips, 0);
+    assert_int_equal(ts.slots, 6);  // both ranks'
+    assert_true(ts.misses > 0);
+    sp_ctx_free(c);
     free(want);
     free(got);
 }

@@ -837,9 +837,12 @@ static void pin_experts(struct sp_ctx *c) {
     struct sp_expert_views *v = sp_malloc((size_t)(a->n_layers * a->n_experts) * sizeof *v, SP_MEM_MISC);
     if (!v) return;
     int64_t n = 0;
-    for (int64_t L = 0; L < a->n_layers; L++)
-        if (a->layer_moe[L])
-            for (int64_t e = 0; e < a->n_experts; e++) v[n++] = mapped_expert(&c->layers[L], e);
+    /* ranks in threads: the first pins every rank's (pinned for every GPU), the others none */
+    if (c->owner && !c->p.group && c->rank > 0) n = 0;
+    else
+        for (int64_t L = 0; L < a->n_layers; L++)
+            for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts; e++)
+                if (!c->p.group || owns(c, L, e)) v[n++] = mapped_expert(&c->layers[L], e);
     double t0 = sp_now_s();
     size_t pinned = sp_expert_tier_pin(c->tier, v, n);
     if (pinned)
@@ -951,6 +954,7 @@ static enum sp_status cpu_experts_init(struct sp_ctx *c, const struct sp_backend
     int64_t filled = 0, want = 16;
     for (int64_t L = L0; L < a->n_layers && filled < want && filled < c->experts->window; L++)
         for (int64_t f = 0; a->layer_moe[L] && f < a->n_experts && filled < want && filled < c->experts->window; f++) {
+            if (!owns(c, L, f)) continue;
             struct sp_expert_views v = mapped_expert(&c->layers[L], f), got;
             if ((st = c->experts->get(c->experts->ctx, &v, L, f, &got)) != SP_OK) return st;
             c->experts->put(c->experts->ctx, L, f);
@@ -1216,8 +1220,9 @@ fail:
 
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n) {
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->experts || p->device_experts)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over an expert cache yet", n);
+    if (p->experts)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over a host expert cache "
+                         "yet (a GPU expert cache of each rank's, over the model's pages, does)", n);
     if (m->arch.n_experts < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
                          "one each", n, (long long)m->arch.n_experts);
@@ -1300,6 +1305,22 @@ bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out)
     if (!c->tier) return false;
     sp_expert_tier_stats(c->tier, out);
     out->cpu_experts = c->cpu_experts;
+    for (int r = 1; c->peers && r < c->p.n_ranks; r++) {  // ranks in threads: every rank's tier
+        struct sp_expert_tier_stats s;
+        sp_expert_tier_stats(c->peers[r]->tier, &s);
+        out->budget += s.budget;
+        out->slots += s.slots;
+        out->cached += s.cached;
+        out->hits += s.hits;
+        out->misses += s.misses;
+        out->evictions += s.evictions;
+        out->fences += s.fences;
+        out->orders += s.orders;
+        out->prefetched += s.prefetched;
+        out->prefetch_used += s.prefetch_used;
+        out->bytes_in += s.bytes_in;
+        out->cpu_experts += c->peers[r]->cpu_experts;
+    }
     return true;
 }
 
@@ -1508,7 +1529,7 @@ static void prefetch_routed(struct sp_ctx *c, int64_t L2, float *logits, int64_t
         route(a, ly, logits + t * E, sel, w);
         for (int64_t j = 0; j < K; j++) {
             int32_t e = sel[j];
-            if (seen[e]) continue;
+            if (seen[e] || !owns(c, L2, e)) continue;
             seen[e] = true;
             c->pf_views[m] = mapped_expert(ly, e);
             c->pf_experts[m++] = e;

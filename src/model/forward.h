@@ -108,8 +108,10 @@ struct sp_ctx_params {
      * backend of its own that runs the same pass on its share and the
      * shared expert on rank 0, the ranks' MoE outputs summed after each MoE
      * layer; on a GPU, rank r on GPU gpus[r] (NULL: GPU r; one context on
-     * GPU gpus[0]), on the CPU n_threads shared among them. Not over an
-     * expert cache yet. */
+     * GPU gpus[0]), on the CPU n_threads shared among them. With
+     * device_experts, each rank's device holds an expert cache of that
+     * many bytes of its own experts; not over a host expert cache
+     * (`experts`) yet. */
     int n_ranks;
     const int *gpus;
     /* Or this process's rank `rank` of n_ranks processes, joined by group
