@@ -1,8 +1,10 @@
 /* settings_args.c - the settings' flags, and their values handed to the library. */
 #include "cli/settings_args.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "core/alloc.h"
@@ -164,6 +166,17 @@ enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct s
                                      double **load) {
     *load = NULL;
     cp->count_routes = s->record_routing[0] != 0;
+    if (cp->count_routes) {
+        if (m->arch.n_experts <= 0)
+            return sp_errorf(SP_ERR_ARG, "--record-routing: the model has no routed experts to count");
+        /* a recording that cannot be written is known now, not after the run */
+        char dir[SP_SETTINGS_PATH_MAX];
+        const char *slash = strrchr(s->record_routing, '/');
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - s->record_routing) + 1 : 1, slash ? s->record_routing : ".");
+        if (access(dir, W_OK) != 0)
+            return sp_errorf(SP_ERR_IO, "--record-routing %s: cannot write in %s: %s", s->record_routing, dir,
+                             strerror(errno));
+    }
     if (!s->expert_load[0]) return SP_OK;
     if (s->n_devices <= 1 && s->world_size <= 1)
         return sp_errorf(SP_ERR_ARG, "--expert-load places the routed experts over ranks: give --devices with several "

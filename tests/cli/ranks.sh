@@ -73,6 +73,12 @@ run "another model's load" 1 ranks 2 tests/fixtures/gpt_oss --tokens "$ids" --ex
 expect "is refused, naming the file" "$TMP/err" "routing.json: counts of 3 layers (\"layers\"), the model has 4"
 run "a bench that records" 1 "$SPARROW" bench --model "$model" --record-routing "$TMP/b.json"
 expect "is refused: random tokens" "$TMP/err" "record with run or serve"
+run "a recording where nothing can be written" 1 "$SPARROW" run --model "$model" --tokens "$ids" \
+    --record-routing "$TMP/none/r.json"
+expect "is refused before the run" "$TMP/err" "--record-routing $TMP/none/r.json: cannot write in $TMP/none/"
+if [ ! -s "$TMP/out" ]; then ok "and nothing was generated"; else not_ok "it generated first" "$TMP/out"; fi
+run "a dense model's recording" 1 "$SPARROW" run --model tests/fixtures/llama --tokens 1 --record-routing "$TMP/d.json"
+expect "is refused" "$TMP/err" "the model has no routed experts to count"
 
 # a rank of another model: rank 0 says so and every rank fails
 port=$((port + 1))
