@@ -837,12 +837,12 @@ static void pin_experts(struct sp_ctx *c) {
     struct sp_expert_views *v = sp_malloc((size_t)(a->n_layers * a->n_experts) * sizeof *v, SP_MEM_MISC);
     if (!v) return;
     int64_t n = 0;
-    /* ranks in threads: the first pins every rank's (pinned for every GPU), the others none */
-    if (c->owner && !c->p.group && c->rank > 0) n = 0;
-    else
-        for (int64_t L = 0; L < a->n_layers; L++)
-            for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts; e++)
-                if (!c->p.group || owns(c, L, e)) v[n++] = mapped_expert(&c->layers[L], e);
+    /* of ranks in threads the first pins every rank's experts (pinned for every GPU) and the others
+     * none, so no page is registered twice; a process's rank pins its own */
+    bool none = c->owner && !c->p.group && c->rank > 0;
+    for (int64_t L = 0; !none && L < a->n_layers; L++)
+        for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts; e++)
+            if (!c->p.group || owns(c, L, e)) v[n++] = mapped_expert(&c->layers[L], e);
     double t0 = sp_now_s();
     size_t pinned = sp_expert_tier_pin(c->tier, v, n);
     if (pinned)
