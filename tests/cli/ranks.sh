@@ -67,6 +67,12 @@ else not_ok "placed by the counts: the text differs" "$TMP/one" "$TMP/out" "$TMP
 run "a plan by the counts" 0 "$SPARROW" plan "$model" --device cuda --devices 0,1 --gpu-mem-limit 1G \
     --expert-load "$TMP/routing.json"
 expect "says the busiest GPU's share" "$TMP/out" "routed experts' tokens, by the routing counts of $TMP/routing.json"
+run "the same plan as JSON" 0 "$SPARROW" plan "$model" --device cuda --devices 0,1 --gpu-mem-limit 1G \
+    --expert-load "$TMP/routing.json" --json
+cp "$TMP/out" "$TMP/plan.json"
+run "gives the share and the file" 0 node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
+    const d = j.gpu; if (!(d.device_routed_share >= 0.5 && d.device_routed_share < 1) || !d.expert_load.endsWith("routing.json"))
+        throw new Error(JSON.stringify(d));' "$TMP/plan.json"
 run "a load without ranks" 1 "$SPARROW" run --model "$model" --tokens 1 --expert-load "$TMP/routing.json"
 expect "is refused: it would place nothing" "$TMP/err" "--expert-load places the routed experts over ranks"
 run "another model's load" 1 ranks 2 tests/fixtures/gpt_oss --tokens "$ids" --expert-load "$TMP/routing.json"
