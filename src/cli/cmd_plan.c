@@ -12,14 +12,16 @@
 static const char usage[] =
     "usage: sparrow plan MODEL [--ctx N] [--parallel N] [--kv-type f16|bf16|f32] [--mem-limit SIZE]\n"
     "                    [--expert-cache SIZE] [--device cpu|cuda] [--gpu-mem-limit SIZE] [--devices LIST]\n"
-    "                    [--json] [--calibrate]\n"
+    "                    [--expert-load FILE] [--json] [--calibrate]\n"
     "  Prints what stays resident, the routed-expert cache budget, the bytes read per\n"
     "  token from memory and disk, and the expected decode speed. Sizes take K, M, G, T.\n"
     "  With --device cuda, also what the device holds: every expert, or a device expert\n"
     "  cache of what --gpu-mem-limit (default: the device's free memory) leaves; the plan\n"
     "  is made from headers alone, so it needs no GPU when --gpu-mem-limit is given.\n"
     "  --devices 0,1,... plans for those devices (--gpu-mem-limit each): each MoE layer's\n"
-    "  experts split over them, the rest on each, and what each reads and sends a token.\n"
+    "  experts split over them, the rest on each, and what each reads and sends a token;\n"
+    "  --expert-load FILE places them by the routing counts FILE holds (run or serve's\n"
+    "  --record-routing) and gives the busiest device's share of their tokens.\n"
     "  --calibrate measures RAM and disk read bandwidth here (reading the model's first\n"
     "  file) and stores them for later plans.\n";
 
