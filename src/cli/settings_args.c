@@ -169,11 +169,11 @@ enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct s
     if (cp->count_routes) {
         if (m->arch.n_experts <= 0)
             return sp_errorf(SP_ERR_ARG, "--record-routing: the model has no routed experts to count");
-        /* a recording that cannot be written is known now, not after the run */
+        /* a recording that cannot be written is known now, not after the run (rank 0 writes it) */
         char dir[SP_SETTINGS_PATH_MAX];
         const char *slash = strrchr(s->record_routing, '/');
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - s->record_routing) + 1 : 1, slash ? s->record_routing : ".");
-        if (access(dir, W_OK) != 0)
+        if (s->rank == 0 && access(dir, W_OK) != 0)
             return sp_errorf(SP_ERR_IO, "--record-routing %s: cannot write in %s: %s", s->record_routing, dir,
                              strerror(errno));
     }
