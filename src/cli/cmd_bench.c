@@ -637,12 +637,11 @@ static int bench_model(const char *model, struct bench_opts *o) {
     struct sp_plan pl;
     struct sp_model_stats ms;
     sp_model_stats(m, &ms);
-    struct sp_ctx_params rp = {0};
     if (o->set.record_routing[0]) {
         sp_errorf(SP_ERR_ARG, "--record-routing: bench's prompts are random tokens; record with run or serve");
         goto done;
     }
-    if (sp_cli_routing_params(&o->set, m, &rp, &load) != SP_OK) goto done;
+    if (sp_cli_routing(&o->set, m, &load, NULL) != SP_OK) goto done;
     pin.expert_load = load;
     pin.expert_load_from = o->set.expert_load;
     if (sp_plan_make(m, &pin, &pl) != SP_OK) goto done;

@@ -86,9 +86,8 @@ int sp_cmd_plan(int argc, char **argv) {
     }
     struct sp_model *m;
     if (sp_cli_model_open(&set, model, &m) != SP_OK) return sp_cli_fail();
-    struct sp_ctx_params cp = {0};
     double *load = NULL;
-    if (sp_cli_routing_params(&set, m, &cp, &load) != SP_OK) {
+    if (sp_cli_routing(&set, m, &load, NULL) != SP_OK) {
         rc = sp_cli_fail();
         goto done;
     }

@@ -306,8 +306,8 @@ int sp_cmd_run(int argc, char **argv) {
     o.plan.n_devices = o.set.n_devices;
     cp.n_ranks = o.set.n_devices;
     cp.gpus = o.set.n_devices ? o.set.devices : NULL;
-    if (sp_cli_routing_params(&o.set, m, &cp, &load) != SP_OK) goto fail;
-    o.plan.expert_load = load;
+    if (sp_cli_routing(&o.set, m, &load, &cp.count_routes) != SP_OK) goto fail;
+    cp.expert_load = o.plan.expert_load = load;
     o.plan.expert_load_from = o.set.expert_load;
     struct sp_plan plan;
     if (sp_plan_make(m, &o.plan, &plan) != SP_OK) goto fail;

@@ -64,15 +64,13 @@ static const char usage[] =
     SP_CLI_SETTINGS_USAGE;
 
 /* The engine's plan (memory, caches) made and its weights loaded; ep's
- * caches, devices and routing (sp_cli_routing_params; *load owned) as the
+ * caches, devices and routing (sp_cli_routing; *load owned) as the
  * plan says. */
 static enum sp_status plan_engine(const struct sp_settings *set, struct sp_model *m, struct sp_engine_params *ep,
                                   struct sp_plan_inputs *pin, struct sp_plan *plan, double **load) {
-    struct sp_ctx_params cp = {0};
-    enum sp_status st = sp_cli_routing_params(set, m, &cp, load);
+    enum sp_status st = sp_cli_routing(set, m, load, &ep->count_routes);
     if (st != SP_OK) return st;
-    ep->expert_load = pin->expert_load = cp.expert_load;
-    ep->count_routes = cp.count_routes;
+    ep->expert_load = pin->expert_load = *load;
     pin->expert_load_from = set->expert_load;
     sp_engine_params_resolve(ep, m);
     pin->ctx = ep->n_ctx;

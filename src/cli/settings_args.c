@@ -162,11 +162,11 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     return SP_OK;
 }
 
-enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
-                                     double **load) {
+enum sp_status sp_cli_routing(const struct sp_settings *s, const struct sp_model *m, double **load, bool *count_routes) {
     *load = NULL;
-    cp->count_routes = s->record_routing[0] != 0;
-    if (cp->count_routes) {
+    bool counts = s->record_routing[0] != 0;
+    if (count_routes) *count_routes = counts;
+    if (counts) {
         if (m->arch.n_experts <= 0)
             return sp_errorf(SP_ERR_ARG, "--record-routing: the model has no routed experts to count");
         /* a recording that cannot be written is known now, not after the run (rank 0 writes it) */
@@ -181,9 +181,7 @@ enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct s
     if (s->n_devices <= 1 && s->world_size <= 1)
         return sp_errorf(SP_ERR_ARG, "--expert-load places the routed experts over ranks: give --devices with several "
                          "GPUs, or run as ranks of a launcher (WORLD_SIZE)");
-    enum sp_status st = sp_routing_read(s->expert_load, m, load);
-    cp->expert_load = *load;
-    return st;
+    return sp_routing_read(s->expert_load, m, load);
 }
 
 enum sp_status sp_cli_routing_save(const struct sp_settings *s, const struct sp_model *m, const uint64_t *counts) {

@@ -83,13 +83,14 @@ int sp_cli_device(const struct sp_settings *s, enum sp_device *out);
  * on stdout: rank 0 speaks for them. */
 enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
                                  struct sp_ranks **g);
-/* The routing settings of s into cp: the expert load --expert-load names,
- * read for m into *load (owned: sp_free after the context; NULL where none
- * is named), and counting where --record-routing names a file. A load
- * where nothing splits the experts (no --devices of several GPUs, no
- * WORLD_SIZE) is refused: it would place nothing. */
-enum sp_status sp_cli_routing_params(const struct sp_settings *s, const struct sp_model *m, struct sp_ctx_params *cp,
-                                     double **load);
+/* The routing settings of s for model m: the expert load --expert-load
+ * names, read into *load (owned: sp_free after the context; NULL where
+ * none is named), and *count_routes where --record-routing names a file
+ * (NULL: a command that refused recording before). A load where nothing
+ * splits the experts (no --devices of several GPUs, no WORLD_SIZE) is
+ * refused: it would place nothing; so is a recording of a model without
+ * routed experts, or one rank 0 cannot write. */
+enum sp_status sp_cli_routing(const struct sp_settings *s, const struct sp_model *m, double **load, bool *count_routes);
 /* Writes counts (sp_ctx_route_counts) where --record-routing says, from
  * rank 0 alone; nothing where it names no file. */
 enum sp_status sp_cli_routing_save(const struct sp_settings *s, const struct sp_model *m, const uint64_t *counts);

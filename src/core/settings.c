@@ -140,8 +140,8 @@ static enum sp_status store(struct sp_settings *s, const struct def *d, int v, c
     return SP_OK;
 }
 
-/* Parses value for d and stores it; an empty variable of a NAME or a
- * CHOICE counts as unset. */
+/* Parses value for d and stores it; an empty variable of a setting that
+ * takes a value counts as unset. */
 static enum sp_status parse(struct sp_settings *s, const struct def *d, const char *value, enum sp_origin from,
                             const char *what) {
     if (!*value && from == SP_ORIGIN_ENV && has_value(d)) return SP_OK;

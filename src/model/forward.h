@@ -165,8 +165,8 @@ void sp_ctx_free(struct sp_ctx *c);
  * and a top_k outside 1 .. SP_TOP_K_MAX, are SP_ERR_ARG. */
 enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float *logits);
 /* Why n ranks (sp_ctx_params.n_ranks) cannot split m's experts under p,
- * or SP_OK: too many ranks, more than the experts of a layer, an expert
- * cache. */
+ * or SP_OK: too many ranks, more than the experts of a layer, a host
+ * expert cache. */
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n);
 /* A rank other than 0 of processes that rank 0 leads (sp_ctx_params.lead):
  * takes rank 0's passes, sequence copies and resumes as they come and does
