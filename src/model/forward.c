@@ -831,16 +831,15 @@ static struct sp_expert_views mapped_expert(const struct layer *ly, int64_t e) {
 }
 
 /* Makes the mapped experts the device tier copies from fast to copy (where
- * it cannot, the copies stay slower: nothing fails). */
+ * it cannot, the copies stay slower: nothing fails): a process's rank its
+ * own, any other context every expert. Called once the context's weights are
+ * on the device: a copy from a page registered only in part is refused. */
 static void pin_experts(struct sp_ctx *c) {
     const struct sp_arch *a = c->a;
     struct sp_expert_views *v = sp_malloc((size_t)(a->n_layers * a->n_experts) * sizeof *v, SP_MEM_MISC);
     if (!v) return;
     int64_t n = 0;
-    /* of ranks in threads the first pins every rank's experts (pinned for every GPU) and the others
-     * none, so no page is registered twice; a process's rank pins its own */
-    bool none = c->owner && !c->p.group && c->rank > 0;
-    for (int64_t L = 0; !none && L < a->n_layers; L++)
+    for (int64_t L = 0; L < a->n_layers; L++)
         for (int64_t e = 0; a->layer_moe[L] && e < a->n_experts; e++)
             if (!c->p.group || owns(c, L, e)) v[n++] = mapped_expert(&c->layers[L], e);
     double t0 = sp_now_s();
@@ -1146,7 +1145,9 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
         if ((st = sp_expert_tier_create(c->be, m, c->p.device_experts, c->p.experts, &c->tier)) != SP_OK) goto fail;
         c->tier_source = sp_expert_tier_source(c->tier);
         c->experts = &c->tier_source;
-        if (!c->p.experts) pin_experts(c);
+        /* ranks in threads: rank 0 pins every rank's experts (for every GPU) once all have
+         * their weights, so no page is registered twice or under a later weight's copy */
+        if (!c->p.experts && !(c->owner && !c->p.group)) pin_experts(c);
     }
     if (c->experts && c->experts->prefetch && !c->p.no_prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
@@ -1282,6 +1283,7 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
         return st;
     }
     peers[0]->peers = peers;
+    if (peers[0]->tier && !p->experts) pin_experts(peers[0]);
     bind_rank(peers[0]);  // the caller's thread is rank 0's
     *out = peers[0];
     return SP_OK;
