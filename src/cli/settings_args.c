@@ -140,7 +140,7 @@ enum sp_status sp_cli_join_ranks(const struct sp_settings *s, const struct sp_mo
     if (cp->n_ranks > 1)
         return sp_errorf(SP_ERR_ARG, "--devices and WORLD_SIZE both split the experts: give one of them");
     const struct sp_arch *a = &m->arch;
-    enum sp_status st = sp_ctx_ranks_check(m, cp, s->world_size);  // before any rank waits for the others
+    enum sp_status st = sp_ctx_ranks_check(m, cp, s->world_size, true);  // before any rank waits for the others
     if (st != SP_OK) return st;
     int64_t B = cp->max_batch > 0 ? cp->max_batch : SP_DEFAULT_BATCH;
     /* what every rank must run alike: the command, the model's shape, the batch, the ranks, the device */

@@ -1219,11 +1219,12 @@ fail:
     return st;
 }
 
-enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n) {
+enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n, bool processes) {
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->experts)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d ranks does not run over a host expert cache "
-                         "yet (a GPU expert cache of each rank's, over the model's pages, does)", n);
+    if (p->experts && !processes)
+        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d GPUs of one process does not run over a host "
+                         "expert cache yet (ranks in processes do, each its own; a GPU expert cache of each GPU's, "
+                         "over the model's pages, does)", n);
     if (m->arch.n_experts < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
                          "one each", n, (long long)m->arch.n_experts);
@@ -1236,7 +1237,7 @@ static enum sp_status split_experts(const struct sp_model *m, const struct sp_ct
     const struct sp_arch *a = &m->arch;
     int64_t E = a->n_experts;
     *owner = NULL;
-    enum sp_status st = sp_ctx_ranks_check(m, p, n);
+    enum sp_status st = sp_ctx_ranks_check(m, p, n, p->group != NULL);
     if (st != SP_OK) return st;
     if (!(*owner = sp_calloc((size_t)(a->n_layers * E), sizeof **owner, SP_MEM_MODEL)))
         return sp_errorf(SP_ERR_NOMEM, "out of memory");

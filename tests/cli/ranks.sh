@@ -48,6 +48,18 @@ for fx in qwen3_moe bailing_moe gpt_oss; do
     done
 done
 
+# a host expert cache too small for the model: each rank's process keeps its own experts in one of its own
+model=tests/fixtures/qwen3_moe
+run "qwen3_moe, one process (greedy)" 0 "$SPARROW" run --model "$model" --threads 1 --tokens "$ids" --max-tokens 24 \
+    --ignore-eos --temp 0
+cp "$TMP/out" "$TMP/one"
+run "2 ranks, each over an expert cache of 5 of the 32 experts" 0 ranks 2 "$model" --tokens "$ids" --max-tokens 24 \
+    --ignore-eos --temp 0 --expert-cache 120K
+if cmp -s "$TMP/out" "$TMP/one" && [ -s "$TMP/one" ]; then ok "over expert caches: one process's text"
+else not_ok "over expert caches: the text differs" "$TMP/one" "$TMP/out" "$TMP/err"; fi
+expect "rank 0 read its experts through its cache" "$TMP/err" "misses ("
+expect "so did rank 1" "$TMP/err.1" "misses ("
+
 # routing counts: recorded by one process, then the experts placed by them
 # over 2 ranks (the same text) and in a plan over 2 GPUs
 model=tests/fixtures/qwen3_moe
