@@ -922,22 +922,45 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
         assert_true(logits_distance(got, want + half * V, n - half, V, &flips) < tol);
         sp_ctx_free(c);
     }
-    /* more ranks than experts, over a host expert cache: refused, saying why */
+    /* more ranks than experts: refused, saying why */
     p.n_ranks = (int)m->arch.n_experts + 1;
     assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
     assert_non_null(strstr(sp_error_msg(), "routed experts a layer"));
     p.n_ranks = 2;
-    struct sp_expert_source host = {0};
+    /* ranks in threads over one host expert cache of 6 experts (3 held at once: one a rank), read into by both
+     * ranks at once (on a GPU, under each rank's device cache of 3.5 slots); one of 2 holds too few */
+    size_t unit = sp_expert_store_min_budget(m), tslot = sp_expert_tier_slot_bytes(m);
+    struct sp_expert_store_params ep = {0};
+    sp_expert_store_params_for(&ep, device, false);
+    struct sp_expert_store *store;
+    assert_int_equal(sp_expert_store_create(m, 2 * unit, &ep, &store), SP_OK);
+    struct sp_expert_source host = sp_expert_store_source(store);
     p.experts = &host;
-    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(sp_error_msg(), "host expert cache"));
-    p.experts = NULL;
-    /* each rank's device expert cache of a few slots over the mapped files: its own experts copied in as used */
-    p.device_experts = 3 * sp_expert_tier_slot_bytes(m) + sp_expert_tier_slot_bytes(m) / 2;
-    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, 2 ranks' expert caches: %s", arch, sp_error_msg());
+    assert_int_equal(sp_ctx_create(m, &p, &c), SP_ERR_ARG);
+    assert_non_null(strstr(sp_error_msg(), "each rank needs one"));
+    sp_expert_store_free(store);
+    assert_int_equal(sp_expert_store_create(m, 6 * unit, &ep, &store), SP_OK);
+    host = sp_expert_store_source(store);
+    p.device_experts = device == SP_DEVICE_CPU ? 0 : 3 * tslot + tslot / 2;
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, 2 ranks over a host cache: %s", arch, sp_error_msg());
     run_seq(c, r->b, n, 16, 0, got, V);
     int64_t flips;
     double dist = logits_distance(got, want, n, V, &flips);
+    struct sp_expert_store_stats hs;
+    sp_expert_store_stats(store, &hs);
+    print_message("%s, 2 ranks over a host expert cache of 6 experts: max|diff| %.3g of max|logit|, %lld argmax "
+                  "flips, %llu misses\n", arch, dist, (long long)flips, (unsigned long long)hs.misses);
+    assert_true(dist < tol);
+    assert_int_equal(flips, 0);
+    assert_true(hs.misses > 0);
+    sp_ctx_free(c);
+    sp_expert_store_free(store);
+    p.experts = NULL;
+    /* each rank's device expert cache of a few slots over the mapped files: its own experts copied in as used */
+    p.device_experts = 3 * tslot + tslot / 2;
+    if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, 2 ranks' expert caches: %s", arch, sp_error_msg());
+    run_seq(c, r->b, n, 16, 0, got, V);
+    dist = logits_distance(got, want, n, V, &flips);
     struct sp_expert_tier_stats ts;
     assert_true(sp_ctx_tier_stats(c, &ts));
     print_message("%s, 2 ranks, an expert cache of 3.5 slots each: max|diff| %.3g of max|logit|, %lld argmax flips, "

@@ -123,6 +123,9 @@ struct sp_ctx {
     uint8_t *follow_buf;   // ranks in processes that rank 0 leads: a call's message (FOLLOW_BYTES)
     bool *follow_snap;     // (B) a followed batch's snapshot flags
     struct sp_ctx **peers;
+    /* ranks in threads over one host expert cache: p.experts, each rank
+     * holding its share of the experts one may hold at once */
+    struct sp_expert_source rank_source;
     uint64_t *routes;      // p.count_routes: (n_layers * E) tokens routed to each expert (sp_ctx_route_counts)
 };
 
@@ -1141,8 +1144,13 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
         c->load = NULL;
     }
     c->experts = c->p.experts;
+    if (c->experts && c->owner && !c->p.group) {
+        c->rank_source = *c->experts;
+        c->rank_source.window = (c->experts->window > 0 ? c->experts->window : 1) / c->p.n_ranks;  // >= 1 (ranks_check)
+        c->experts = &c->rank_source;
+    }
     if (c->p.device_experts) {
-        if ((st = sp_expert_tier_create(c->be, m, c->p.device_experts, c->p.experts, &c->tier)) != SP_OK) goto fail;
+        if ((st = sp_expert_tier_create(c->be, m, c->p.device_experts, c->experts, &c->tier)) != SP_OK) goto fail;
         c->tier_source = sp_expert_tier_source(c->tier);
         c->experts = &c->tier_source;
         /* ranks in threads: rank 0 pins every rank's experts (for every GPU) once all have
@@ -1221,10 +1229,10 @@ fail:
 
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n, bool processes) {
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->experts && !processes)
-        return sp_errorf(SP_ERR_UNSUPPORTED, "expert parallelism over %d GPUs of one process does not run over a host "
-                         "expert cache yet (ranks in processes do, each its own; a GPU expert cache of each GPU's, "
-                         "over the model's pages, does)", n);
+    int64_t held = p->experts && p->experts->window > 0 ? p->experts->window : 1;  // at once
+    if (p->experts && !processes && held < n)
+        return sp_errorf(SP_ERR_ARG, "a host expert cache that holds %lld experts at once, shared by %d ranks: each "
+                         "rank needs one (a cache of %d experts at least)", (long long)held, n, 2 * n);
     if (m->arch.n_experts < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
                          "one each", n, (long long)m->arch.n_experts);

@@ -167,7 +167,8 @@ enum sp_status sp_ctx_forward(struct sp_ctx *c, const struct sp_batch *b, float 
 /* Why n ranks (sp_ctx_params.n_ranks; in processes, one a rank, where
  * processes) cannot split m's experts under p, or SP_OK: too many ranks,
  * more than the experts of a layer, a host expert cache shared by ranks in
- * threads (a process's rank has a host expert cache of its own). */
+ * threads that cannot hold an expert of each at once (a process's rank
+ * has a host expert cache of its own). */
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n, bool processes);
 /* A rank other than 0 of processes that rank 0 leads (sp_ctx_params.lead):
  * takes rank 0's passes, sequence copies and resumes as they come and does

@@ -36,6 +36,10 @@ struct reader_io {
     size_t block_bytes;
 };
 
+/* Demand reads at once at most (threads that get experts together: ranks
+ * in threads over one store), each with a reader of its own. */
+#define DEMAND_READERS 64
+
 /* A read the prefetch thread owes: which slot, and where the bytes are. */
 struct job {
     int64_t slot;
@@ -68,10 +72,13 @@ struct sp_expert_store {
     pthread_cond_t cv;
     struct job *jobs;  // (n_slots) ring
     int64_t j_head, j_len;
-    /* the files, read by the demand reads (forward thread) and the reads
-     * ahead (reader thread) */
+    /* the files, read by the demand reads (the threads that get experts,
+     * each through a reader it takes while it reads: the first made with
+     * the store, the others when first needed) and the reads ahead (reader
+     * thread) */
     struct sp_storage *storage;
-    struct reader_io io_demand, io_ahead;
+    struct reader_io io_demand[DEMAND_READERS], io_ahead;
+    bool demand_busy[DEMAND_READERS];
     uint64_t *layer_hits, *layer_misses;  // (n_layers)
 };
 
@@ -139,10 +146,12 @@ void sp_expert_store_free(struct sp_expert_store *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    sp_storage_reader_close(s->io_demand.rd);
+    for (int i = 0; i < DEMAND_READERS; i++) {
+        sp_storage_reader_close(s->io_demand[i].rd);
+        sp_free(s->io_demand[i].block);
+    }
     sp_storage_reader_close(s->io_ahead.rd);
     sp_storage_close(s->storage);
-    sp_free(s->io_demand.block);
     sp_free(s->io_ahead.block);
     sp_free(s->jobs);
     if (s->arena) s->arena_free(s->arena);
@@ -209,7 +218,7 @@ enum sp_status sp_expert_store_create(const struct sp_model *m, size_t budget,
     s->st.slot_bytes = unit;
     s->st.slots = s->n_slots;
     enum sp_status st = sp_storage_open(m->files, p->io, unit, &s->storage);
-    if (st == SP_OK) st = sp_storage_reader_open(s->storage, &s->io_demand.rd);
+    if (st == SP_OK) st = sp_storage_reader_open(s->storage, &s->io_demand[0].rd);
     if (st == SP_OK) st = sp_storage_reader_open(s->storage, &s->io_ahead.rd);
     if (st != SP_OK) {
         sp_expert_store_free(s);
@@ -441,15 +450,42 @@ static int64_t choose_victim(struct sp_expert_store *s, int64_t L) {
     return victim;
 }
 
+/* *r: a demand reader no thread is reading with, taken (under mu), or -1
+ * where every one is busy. */
+static enum sp_status take_reader(struct sp_expert_store *s, int *r) {
+    *r = -1;
+    for (int i = 0; i < DEMAND_READERS; i++) {
+        if (s->demand_busy[i]) continue;
+        enum sp_status st = s->io_demand[i].rd ? SP_OK : sp_storage_reader_open(s->storage, &s->io_demand[i].rd);
+        if (st != SP_OK) return st;
+        s->demand_busy[i] = true;
+        *r = i;
+        break;
+    }
+    return SP_OK;
+}
+
 enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_expert_views *mapped, int64_t L,
                                    int64_t e, struct sp_expert_views *out) {
     int64_t key = L * s->n_experts + e;
     pthread_mutex_lock(&s->mu);
-    int32_t w = s->where[key];
-    if (w >= 0) {
-        /* a read ahead still under way counts as a hit once it lands */
-        while (s->slots[w].loading) pthread_cond_wait(&s->cv, &s->mu);
+    int32_t w;
+    int r = -1;  // a miss's reader
+    for (;;) {
         w = s->where[key];
+        if (w >= 0) {
+            /* a read ahead, or another thread's read, still under way counts as a hit once it lands */
+            while (s->slots[w].loading) pthread_cond_wait(&s->cv, &s->mu);
+            w = s->where[key];
+        }
+        if (w >= 0) break;
+        enum sp_status st = take_reader(s, &r);
+        if (st != SP_OK) {
+            pthread_mutex_unlock(&s->mu);
+            return st;
+        }
+        if (r >= 0) break;
+        pthread_cond_wait(&s->cv, &s->mu);  // every reader busy: wait for a read to end
     }
     if (w >= 0) {
         s->st.hits++;
@@ -474,6 +510,7 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
             victim = choose_victim(s, L);
         }
         if (victim < 0) {
+            s->demand_busy[r] = false;
             pthread_mutex_unlock(&s->mu);
             return sp_errorf(SP_ERR_STATE, "every expert cache slot is in use");
         }
@@ -491,10 +528,11 @@ enum sp_status sp_expert_store_get(struct sp_expert_store *s, const struct sp_ex
         pthread_mutex_unlock(&s->mu);
         uint64_t reads = 0, bytes = 0;
         double t0 = sp_now_s();
-        enum sp_status st = read_unit(s->m, &s->io_demand, mapped, sl->mem, &reads, &bytes);
-        if (st == SP_OK) st = interleave_unit(s, &s->io_demand, mapped, sl->mem);
+        enum sp_status st = read_unit(s->m, &s->io_demand[r], mapped, sl->mem, &reads, &bytes);
+        if (st == SP_OK) st = interleave_unit(s, &s->io_demand[r], mapped, sl->mem);
         double dt = sp_now_s() - t0;
         pthread_mutex_lock(&s->mu);
+        s->demand_busy[r] = false;
         sl->loading = false;
         pthread_cond_broadcast(&s->cv);
         if (st != SP_OK) {
