@@ -1866,13 +1866,13 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
  *
  * Each value a key as pack_best makes it, NaN taken as -inf: the larger
  * key the better candidate (the larger value, then the lower index), no
- * two alike, 0 below them all (padding). A block sorts up to TOPK_SPAN
- * keys in shared memory (bitonic, descending) and keeps the first k: of
- * TOPK_SPAN values of a row (k_topk_span), or of lists of k from blocks
- * before (k_topk_merge, TOPK_SPAN / k lists a block), until one list of a
- * row is left. Sorting 4096 keys is 78 rounds of compare-and-swap in
- * shared memory; a row of 157,184 logits takes two rounds of blocks. */
-constexpr int TOPK_THREADS = 512, TOPK_SPAN = 4096;
+ * two alike, 0 below them all (padding, never a candidate). A block finds
+ * the k best of up to TOPK_SPAN keys in shared memory by radix selection
+ * (block_best_k) and sorts those k: of TOPK_SPAN values of a row
+ * (k_topk_span), or of lists of k from blocks before (k_topk_merge,
+ * TOPK_SPAN / k lists a block), until one list of a row is left. A row of
+ * 157,184 logits takes two rounds of blocks. */
+constexpr int TOPK_THREADS = 512, TOPK_SPAN = 4096, TOPK_BINS = 256;
 
 /* keys[0 .. n) in descending order; n a power of 2, at most TOPK_SPAN. */
 __device__ __forceinline__ void block_sort_desc(unsigned long long *keys, int n) {
@@ -1896,6 +1896,66 @@ __device__ __forceinline__ int pow2_at_least(int n) {
     return p;
 }
 
+/* The k best of keys[0 .. n) (zeros skipped; fewer where fewer are not 0)
+ * to o[0 .. k) in descending order, zeros after them. The k-th best key is
+ * found a byte at a time from the top: a histogram of the byte of the keys
+ * that share the bytes above it finds the byte of the k-th best, until the
+ * keys that share the bytes found are all taken (8 rounds at most, a few
+ * for logits, which differ in their top bits). */
+__device__ void block_best_k(const unsigned long long *keys, int n, int k, unsigned long long *o) {
+    __shared__ unsigned hist[TOPK_BINS];
+    __shared__ unsigned long long sel[SP_CUDA_TOP_K_MAX];
+    __shared__ int s_bin, s_above, s_in, s_count;
+    const int lane = threadIdx.x % WARP;
+    unsigned long long prefix = 0, mask = 0;  // the bytes of the k-th best found so far
+    int need = k;                             // of the keys that share them
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < TOPK_BINS; i += TOPK_THREADS) hist[i] = 0;
+        __syncthreads();
+        for (int i0 = 0; i0 < n; i0 += TOPK_THREADS) {  // uniform trips: the warp's match needs every lane
+            int i = i0 + threadIdx.x;
+            unsigned long long key = i < n ? keys[i] : 0;
+            int bin = key && (key & mask) == prefix ? (int)(key >> shift & 0xff) : -1;
+            unsigned peers = __match_any_sync(0xffffffffu, bin);  // lanes of one bin add once
+            if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x < WARP) {  // lane l: bins 255 - 8 l down to 248 - 8 l
+            unsigned c[TOPK_BINS / WARP], t = 0;
+            for (int j = 0; j < TOPK_BINS / WARP; j++) t += c[j] = hist[TOPK_BINS - 1 - (TOPK_BINS / WARP) * lane - j];
+            unsigned incl = t;
+            for (int d = 1; d < WARP; d *= 2) {
+                unsigned u = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d) incl += u;
+            }
+            unsigned run = incl - t, total = __shfl_sync(0xffffffffu, incl, WARP - 1);
+            if (total <= (unsigned)need) {  // first round only: k or fewer keys, all taken
+                if (lane == 0) s_bin = -1;
+            } else
+                for (int j = 0; j < TOPK_BINS / WARP; j++) {
+                    if (run < (unsigned)need && (unsigned)need <= run + c[j])
+                        s_bin = TOPK_BINS - 1 - (TOPK_BINS / WARP) * lane - j, s_above = (int)run, s_in = (int)c[j];
+                    run += c[j];
+                }
+        }
+        __syncthreads();
+        if (s_bin < 0) break;
+        prefix |= (unsigned long long)s_bin << shift, mask |= 0xffull << shift;
+        need -= s_above;
+        if (s_in == need) break;  // the keys that share the bytes found are the rest of the k
+    }
+    /* the k best: every key at least prefix (whose bytes below those found are 0) */
+    for (int i = threadIdx.x; i < SP_CUDA_TOP_K_MAX; i += TOPK_THREADS) sel[i] = 0;
+    if (threadIdx.x == 0) s_count = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += TOPK_THREADS) {
+        unsigned long long key = keys[i];
+        if (key && key >= prefix) sel[atomicAdd(&s_count, 1)] = key;
+    }
+    block_sort_desc(sel, pow2_at_least(k));
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) o[i] = sel[i];
+}
+
 /* Block (s, t): values [s TOPK_SPAN, (s + 1) TOPK_SPAN) of row t, its k
  * best keys into out + (t gridDim.x + s) k. */
 __global__ void __launch_bounds__(TOPK_THREADS)
@@ -1904,14 +1964,13 @@ __global__ void __launch_bounds__(TOPK_THREADS)
     __shared__ unsigned long long keys[TOPK_SPAN];
     const float *row = x + (int64_t)blockIdx.y * ldx;
     int64_t c0 = (int64_t)blockIdx.x * TOPK_SPAN;
-    int n = cols - c0 < TOPK_SPAN ? (int)(cols - c0) : TOPK_SPAN, n2 = pow2_at_least(n > k ? n : k);
-    for (int i = threadIdx.x; i < n2; i += TOPK_THREADS) {
-        float v = i < n ? row[c0 + i] : 0.0f;
-        keys[i] = i < n ? pack_best(v == v ? v : -INFINITY, c0 + i) : 0ull;
+    int n = cols - c0 < TOPK_SPAN ? (int)(cols - c0) : TOPK_SPAN;
+    for (int i = threadIdx.x; i < n; i += TOPK_THREADS) {
+        float v = row[c0 + i];
+        keys[i] = pack_best(v == v ? v : -INFINITY, c0 + i);
     }
-    block_sort_desc(keys, n2);
-    unsigned long long *o = out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
-    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) o[i] = keys[i];
+    __syncthreads();
+    block_best_k(keys, n, k, out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k);
 }
 
 /* Block (g, t): lists [g per, (g + 1) per) of the `lists` of k keys of
@@ -1920,12 +1979,11 @@ __global__ void __launch_bounds__(TOPK_THREADS)
     k_topk_merge(const unsigned long long *in, int lists, int per, int k, unsigned long long *out) {
     dep_start();
     __shared__ unsigned long long keys[TOPK_SPAN];
-    int l0 = blockIdx.x * per, nl = lists - l0 < per ? lists - l0 : per, n = nl * k, n2 = pow2_at_least(n);
+    int l0 = blockIdx.x * per, nl = lists - l0 < per ? lists - l0 : per, n = nl * k;
     const unsigned long long *src = in + ((int64_t)blockIdx.y * lists + l0) * k;
-    for (int i = threadIdx.x; i < n2; i += TOPK_THREADS) keys[i] = i < n ? src[i] : 0ull;
-    block_sort_desc(keys, n2);
-    unsigned long long *o = out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
-    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) o[i] = keys[i];
+    for (int i = threadIdx.x; i < n; i += TOPK_THREADS) keys[i] = src[i];
+    __syncthreads();
+    block_best_k(keys, n, k, out + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k);
 }
 
 /* ---- routing ---- */
