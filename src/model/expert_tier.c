@@ -308,7 +308,7 @@ size_t sp_expert_tier_pin(struct sp_expert_tier *t, const struct sp_expert_views
 struct sp_expert_source sp_expert_tier_source(struct sp_expert_tier *t) {
     int64_t window = t->n_slots < t->n_experts ? t->n_slots : t->n_experts;
     if (t->lower) {
-        int64_t lw = t->lower->window > 0 ? t->lower->window : 1;
+        int64_t lw = sp_expert_source_held(t->lower);
         if (lw < window) window = lw;
     }
     return (struct sp_expert_source){t, window, tier_get, tier_put,

@@ -678,6 +678,9 @@ static enum sp_status load_delta(struct sp_ctx *c, int64_t L, int64_t state, str
     return st;
 }
 
+/* Whether this context is a rank of ranks in threads (rank 0's context holding the others'). */
+static bool rank_in_threads(const struct sp_ctx *c) { return c->owner && !c->p.group; }
+
 /* Whether this context's rank computes routed expert e of layer L. */
 static bool owns(const struct sp_ctx *c, int64_t L, int64_t e) {
     return !c->owner || c->owner[L * c->a->n_experts + e] == c->rank;
@@ -1144,9 +1147,9 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
         c->load = NULL;
     }
     c->experts = c->p.experts;
-    if (c->experts && c->owner && !c->p.group) {
+    if (c->experts && rank_in_threads(c)) {
         c->rank_source = *c->experts;
-        c->rank_source.window = (c->experts->window > 0 ? c->experts->window : 1) / c->p.n_ranks;  // >= 1 (ranks_check)
+        c->rank_source.window = sp_expert_source_held(c->experts) / c->p.n_ranks;  // >= 1 (sp_ctx_ranks_check)
         c->experts = &c->rank_source;
     }
     if (c->p.device_experts) {
@@ -1155,7 +1158,7 @@ static enum sp_status ctx_create(const struct sp_model *m, const struct sp_ctx_p
         c->experts = &c->tier_source;
         /* ranks in threads: rank 0 pins every rank's experts (for every GPU) once all have
          * their weights, so no page is registered twice or under a later weight's copy */
-        if (!c->p.experts && !(c->owner && !c->p.group)) pin_experts(c);
+        if (!c->p.experts && !rank_in_threads(c)) pin_experts(c);
     }
     if (c->experts && c->experts->prefetch && !c->p.no_prefetch) {
         c->pf_experts = sp_malloc((size_t)a->n_experts * sizeof *c->pf_experts, SP_MEM_MODEL);
@@ -1229,10 +1232,10 @@ fail:
 
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n, bool processes) {
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    int64_t held = p->experts && p->experts->window > 0 ? p->experts->window : 1;  // at once
-    if (p->experts && !processes && held < n)
+    if (p->experts && !processes && sp_expert_source_held(p->experts) < n)
         return sp_errorf(SP_ERR_ARG, "a host expert cache that holds %lld experts at once, shared by %d ranks: each "
-                         "rank needs one (a cache of %d experts at least)", (long long)held, n, 2 * n);
+                         "rank needs one (a cache of %d experts at least)",
+                         (long long)sp_expert_source_held(p->experts), n, 2 * n);
     if (m->arch.n_experts < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
                          "one each", n, (long long)m->arch.n_experts);
@@ -1754,7 +1757,7 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
      * shared expert joins the last window where it fits. Each token sums
      * its experts in ascending order, then the shared expert: one scatter a
      * window, whatever order its products ran in. */
-    int64_t B = c->p.max_batch, per_window = !c->experts ? E : c->experts->window > 0 ? c->experts->window : 1, e = 0;
+    int64_t B = c->p.max_batch, per_window = !c->experts ? E : sp_expert_source_held(c->experts), e = 0;
     bool shared_left = ly->has_mlp && c->rank == 0;  // rank 0's alone where the experts are split
     while (e < E || shared_left) {
         while (e < E && not_on_device(c, off, e)) e++;

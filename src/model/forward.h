@@ -69,9 +69,10 @@ int sp_expert_views_parts(const struct sp_expert_views *v, const void **ptr, siz
  * model's mapping (an expert cache: runtime/experts.h; a device's tier
  * over it: model/expert_tier.h). get: expert e of layer L, valid until put
  * (`mapped`: its views into the files); one forward pass calls them at a
- * time, holding at most `window` experts at once (0: one). prefetch (NULL:
- * none): experts the next MoE layer L is predicted to take, asked for
- * early. */
+ * time (ranks in threads over one cache: each rank's), holding at most
+ * `window` experts at once (0: one; sp_expert_source_held). prefetch
+ * (NULL: none): experts the next MoE layer L is predicted to take, asked
+ * for early. */
 struct sp_expert_source {
     void *ctx;
     int64_t window;
@@ -80,6 +81,11 @@ struct sp_expert_source {
     void (*put)(void *ctx, int64_t L, int64_t e);
     void (*prefetch)(void *ctx, int64_t L, const int64_t *experts, const struct sp_expert_views *mapped, int64_t n);
 };
+
+/* The experts a caller of s may hold at once. */
+static inline int64_t sp_expert_source_held(const struct sp_expert_source *s) {
+    return s->window > 0 ? s->window : 1;
+}
 
 struct sp_ranks;
 
