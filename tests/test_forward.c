@@ -894,6 +894,7 @@ static void expert_ranks_checks(struct sp_model *m, const struct ref *r, const c
     for (size_t k = 0; k < sizeof ranks / sizeof *ranks; k++) {
         p.n_ranks = ranks[k];
         if (sp_ctx_create(m, &p, &c) != SP_OK) fail_msg("%s, %d ranks: %s", arch, ranks[k], sp_error_msg());
+        assert_int_equal(sp_ctx_sums_on_devices(c), device == SP_DEVICE_CUDA);  // one GPU: every rank's memory
         int64_t flips;
         for (int chunk = 16; chunk >= 1; chunk -= 15) {  // a prompt's chunks, then a token a pass
             run_seq(c, r->b, n, chunk, chunk == 16 ? 0 : 1, got, V);

@@ -275,6 +275,11 @@ struct sp_moe {
     /* The layer's ungated shared expert (NULL: none), which ops->moe may
      * add too, after each row's routed experts. */
     const struct sp_linear *shared_gate, *shared_up, *shared_down;
+    /* Experts split over ranks: only the experts e with owner[e] == rank
+     * are this context's to compute (the others' weights are views never
+     * read) and added into out; owner NULL: every expert. */
+    const int32_t *owner;
+    int32_t rank;
 };
 
 struct sp_backend;
@@ -316,6 +321,18 @@ struct sp_backend_ops {
     float *(*host)(struct sp_backend *b, struct sp_tensor t, float *staging);
     /* Waits for queued work. */
     void (*sync)(struct sp_backend *b);
+    /* Optional (NULL: sums through the host): sums over ranks in threads,
+     * each rank a backend of this kind, without the host waiting.
+     * parts_link says whether each of the n backends bs can read the
+     * others' memory (and lets it). part_share queues a copy of t, this
+     * rank's part of a sum, for the others to read, and returns it (NULL
+     * after a failure); once every rank's part_share has returned,
+     * parts_add makes t the sum of the n ranks' parts, added in rank order
+     * as the host adds them. A part stays readable until this backend's
+     * part_share after next. */
+    bool (*parts_link)(struct sp_backend *const *bs, int n);
+    const void *(*part_share)(struct sp_backend *b, struct sp_tensor t);
+    void (*parts_add)(struct sp_backend *b, struct sp_tensor t, const void *const *parts, int n);
     /* The first failure of work that ops queued (a launch or a copy that
      * failed: ops that return nothing keep it), SP_OK while there is none;
      * the failure's message is set again for the caller (sp_errorf). Once

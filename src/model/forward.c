@@ -123,6 +123,11 @@ struct sp_ctx {
     uint8_t *follow_buf;   // ranks in processes that rank 0 leads: a call's message (FOLLOW_BYTES)
     bool *follow_snap;     // (B) a followed batch's snapshot flags
     struct sp_ctx **peers;
+    /* ranks in threads whose backends read each other's memory: the ranks'
+     * parts of the sum under way (two rounds taking turns, n_ranks each;
+     * rank 0's allocation), summed on the devices */
+    const void **parts;
+    int parts_turn;
     /* ranks in threads over one host expert cache: p.experts, each rank
      * holding its share of the experts one may hold at once */
     struct sp_expert_source rank_source;
@@ -763,13 +768,14 @@ mlp:
         }
         if ((st = expert_lin(c, L, SP_ROLE_EXP_DOWN, e, mine, &ly->edown[e])) != SP_OK) return st;
     }
-    if (c->be->ops->moe && prepare && !c->owner) {
+    if (c->be->ops->moe && prepare) {
         ly->moe = (struct sp_moe){.layer = L, .router = &ly->router, .route = route_kind(a->router),
                                   .n_experts = a->n_experts, .k = a->n_experts_used, .n_group = a->n_group,
                                   .topk_group = a->topk_group, .norm_topk = a->norm_topk_prob,
                                   .routed_scale = (float)a->routed_scale, .gate = ly->egate, .up = ly->eup,
-                                  .gate_up = ly->egate_up, .down = ly->edown};
-        if (ly->has_mlp && !ly->has_sgate)
+                                  .gate_up = ly->egate_up, .down = ly->edown,
+                                  .owner = c->owner ? c->owner + L * a->n_experts : NULL, .rank = c->rank};
+        if (ly->has_mlp && !ly->has_sgate && c->rank == 0)  // of split experts, rank 0's
             ly->moe.shared_gate = &ly->gate, ly->moe.shared_up = &ly->up, ly->moe.shared_down = &ly->down;
         if (ly->expert_bias) ly->moe.bias = vec(c, L, SP_ROLE_EXPERT_BIAS, &st);
     }
@@ -1012,6 +1018,7 @@ void sp_ctx_free(struct sp_ctx *c) {
         sp_ranks_free(c->ranks);
         for (int r = 1; r < c->p.n_ranks; r++) sp_ctx_free(c->peers[r]);
         sp_free(c->peers);
+        sp_free(c->parts);
     }
     if (c->peers || c->p.group) sp_free((void *)c->owner);  // rank 0 of threads, or a process's rank
     sp_free(c->routes);
@@ -1269,6 +1276,20 @@ static enum sp_status process_rank_create(const struct sp_model *m, const struct
     return st;
 }
 
+/* The ranks' sums on their devices where each rank's backend reads the
+ * others' memory (else through the host). */
+static void link_parts(struct sp_ctx **peers, int n) {
+    struct sp_backend *bs[SP_RANKS_MAX];
+    for (int r = 0; r < n; r++) bs[r] = peers[r]->be;
+    const struct sp_backend_ops *ops = bs[0]->ops;
+    if (!ops->parts_link || !ops->parts_link(bs, n)) return;
+    const void **parts = sp_calloc((size_t)(2 * n), sizeof *parts, SP_MEM_MODEL);
+    for (int r = 0; parts && r < n; r++) peers[r]->parts = parts;
+    if (parts) sp_log(SP_LOG_INFO, "ranks: %d, their sums on the devices (each reads the others' memory)", n);
+}
+
+bool sp_ctx_sums_on_devices(const struct sp_ctx *c) { return c->parts != NULL; }
+
 /* Rank 0's context of ranks in threads, holding every rank's. */
 static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx_params *p, struct sp_ctx **out) {
     const struct sp_arch *a = &m->arch;
@@ -1296,6 +1317,7 @@ static enum sp_status ranks_create(const struct sp_model *m, const struct sp_ctx
     }
     peers[0]->peers = peers;
     if (peers[0]->tier && !p->experts) pin_experts(peers[0]);
+    link_parts(peers, n);
     bind_rank(peers[0]);  // the caller's thread is rank 0's
     *out = peers[0];
     return SP_OK;
@@ -1718,14 +1740,14 @@ static bool moe(struct sp_ctx *c, const struct layer *ly, int64_t n, struct sp_t
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t E = a->n_experts, d = a->d_model, L = ly - c->layers;
-    if (!c->experts && be->ops->moe && !c->owner && !c->routes) {
-        /* the backend routes on its own: no round trip through the host */
+    if (!c->experts && be->ops->moe && !c->routes) {
+        /* the backend routes on its own (and keeps a rank's own experts): no round trip through the host */
         bool done = false, shared_done = false;
         double macs = 3.0 * (double)n * (double)a->n_experts_used * (double)d * (double)a->d_expert;
         STEP(c, SP_STEP_EXPERTS, macs,
              done = be->ops->moe(be, &ly->moe, sp_tensor_rows(c->h, 0, n), &c->act, out, &shared_done));
         if (done) {
-            if (ly->has_mlp && !shared_done) layer_mlp_add(c, ly, n, out);
+            if (ly->has_mlp && !shared_done && c->rank == 0) layer_mlp_add(c, ly, n, out);
             return true;
         }
     }
@@ -1976,6 +1998,16 @@ static void mla(struct sp_ctx *c, const struct layer *ly, const struct sp_batch 
  * share of a MoE layer's output, become the sum of every rank's. */
 static bool sum_ranks(struct sp_ctx *c, struct sp_tensor out) {
     struct sp_backend *be = c->be;
+    if (c->parts) {  // on the devices, the host waiting for none of them
+        const void **parts = c->parts + c->parts_turn * c->p.n_ranks;
+        c->parts_turn ^= 1;
+        parts[c->rank] = be->ops->part_share(be, out);
+        if (!sp_ranks_barrier(c->ranks)) return false;
+        for (int r = 0; r < c->p.n_ranks; r++)
+            if (!parts[r]) return false;
+        be->ops->parts_add(be, out, parts, c->p.n_ranks);
+        return true;
+    }
     int64_t n = out.rows, d = out.cols;
     const float *hv = be->ops->host(be, out, c->rank_buf);
     if (hv != c->rank_buf)
@@ -1991,6 +2023,7 @@ static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, f
     enum sp_status st = check_batch(c, b);
     if (st != SP_OK) return st;
     bind_rank(c);
+    c->parts_turn = 0;  // every rank's first sum of the pass in the same round, whatever ended the last pass
     const struct sp_arch *a = c->a;
     struct sp_backend *be = c->be;
     int64_t n = b->n, d = a->d_model, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
@@ -2037,7 +2070,8 @@ static enum sp_status forward_rank(struct sp_ctx *c, const struct sp_batch *b, f
             }
             if (c->ranks && !sum_ranks(c, tmp)) {
                 track_states(c, b, false);
-                return sp_errorf(SP_ERR_STATE, "layer %lld: another rank failed", (long long)L);
+                st = be->ops->error ? be->ops->error(be) : SP_OK;  // this rank's own failure first
+                return st != SP_OK ? st : sp_errorf(SP_ERR_STATE, "layer %lld: another rank failed", (long long)L);
             }
         } else if (ly->has_mlp) {
             layer_mlp_add(c, ly, n, tmp);

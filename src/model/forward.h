@@ -230,5 +230,9 @@ bool sp_ctx_tier_stats(const struct sp_ctx *c, struct sp_expert_tier_stats *out)
 /* How many steps (or their first parts) the backend replayed as recorded
  * graphs, and how many recordings it built anew (false: it records none). */
 bool sp_ctx_graph_counts(const struct sp_ctx *c, int64_t *replayed, int64_t *built);
+/* Whether the ranks' sums after each MoE layer run on their devices, which
+ * read each other's memory (ranks in threads on GPUs with peer access, or
+ * on one GPU), rather than through the host. */
+bool sp_ctx_sums_on_devices(const struct sp_ctx *c);
 
 #endif

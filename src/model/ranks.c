@@ -367,6 +367,11 @@ bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n) {
     return barrier(g);
 }
 
+bool sp_ranks_barrier(struct sp_ranks *g) {
+    SP_ASSERT(!g->net);
+    return barrier(g);
+}
+
 void sp_ranks_fail(struct sp_ranks *g, int rank) {
     (void)rank;
     if (g->net) {

@@ -63,6 +63,10 @@ void sp_ranks_run(struct sp_ranks *g, void (*fn)(void *arg, int rank), void *arg
  * False, v unchanged, where a rank gave up (sp_ranks_fail) in this run. */
 bool sp_ranks_sum(struct sp_ranks *g, int rank, float *v, int64_t n);
 
+/* Ranks in threads, inside sp_ranks_run, on every rank in the same order:
+ * returns once every rank has reached it; false where a rank gave up. */
+bool sp_ranks_barrier(struct sp_ranks *g);
+
 /* Rank `rank` reaches no more sums in this run: the others' return false
  * instead of waiting for it (over TCP: its connections close). */
 void sp_ranks_fail(struct sp_ranks *g, int rank);

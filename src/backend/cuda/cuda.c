@@ -71,6 +71,7 @@ struct moe_table {
     bool shared;                       // the shared expert is item n_experts: formats and ff as the experts'
     struct sp_cuda_weight gate, down;  // the formats every expert shares
     struct sp_cuda_mlp_item *d;        // (n_experts + shared)
+    const uint8_t *own;                // (n_experts) after d: 1 where the expert is this rank's; NULL: every expert
 };
 
 /* What qa holds: the int8 rows of n rows of cols floats at src (ld apart);
@@ -155,6 +156,16 @@ struct cuda {
     int32_t *moe_sel, *moe_rows, *moe_toff, *moe_tlist;  // (P), (P), (P + 1), (P)
     float *moe_w, *moe_ew;         // (P) each
     float *moe_x, *moe_y;          // (P, d): the pairs' rows in, the experts' results out
+    /* ops->part_share: this rank's parts of sums, two taking turns (a part
+     * is read by the other ranks until the share after next), each with
+     * the event of its copy */
+    struct part {
+        float *data;
+        int64_t cap;
+        cudaEvent_t copied;
+        bool has_event;
+    } parts[2];
+    int part_turn;
     float *moe_h;                  // (P, expert_ff): the experts' activations
     struct sp_cuda_mlp_item *moe_items;  // (n_experts + 1)
     /* ops->mark: events recorded on the stream, created as needed */
@@ -724,6 +735,66 @@ static void cuda_sync(struct sp_backend *b) {
     wait_queue(c);
 }
 
+/* ---- sums over ranks ---- */
+
+static bool cuda_parts_link(struct sp_backend *const *bs, int n) {
+    if (n < 1 || n > SP_CUDA_PARTS_MAX) return false;
+    for (int i = 0; i < n; i++)
+        if (bs[i]->ops != &sp_cuda_backend_ops) return false;
+    int was;
+    if (cudaGetDevice(&was) != cudaSuccess) return false;
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++)
+        for (int j = 0; j < n && ok; j++) {
+            int a = bs[i]->p.gpu, z = bs[j]->p.gpu, can = 0;
+            if (a == z) continue;
+            ok = cudaDeviceCanAccessPeer(&can, a, z) == cudaSuccess && can && cudaSetDevice(a) == cudaSuccess;
+            cudaError_t e = ok ? cudaDeviceEnablePeerAccess(z, 0) : cudaSuccess;
+            if (e == cudaErrorPeerAccessAlreadyEnabled) e = cudaSuccess;
+            ok = ok && e == cudaSuccess;
+        }
+    cudaGetLastError();
+    cudaSetDevice(was);
+    return ok;
+}
+
+static const void *cuda_part_share(struct sp_backend *b, struct sp_tensor t) {
+    struct cuda *c = cuda_of(b);
+    struct part *p = &c->parts[c->part_turn];
+    if (c->err) return NULL;
+    end_recording(c);  // the other ranks wait for the part's event: the step goes on unrecorded
+    if (!p->has_event) {
+        if (!check(c, cudaEventCreateWithFlags(&p->copied, cudaEventDisableTiming), "an event for the ranks' sums"))
+            return NULL;
+        p->has_event = true;
+    }
+    if (!dev_reserve(c, (void **)&p->data, &p->cap, t.rows * t.cols, sizeof(float)) ||
+        !check(c, cudaMemcpy2DAsync(p->data, (size_t)t.cols * sizeof(float), t.data, (size_t)t.ld * sizeof(float),
+                                    (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyDeviceToDevice, c->stream),
+               "a rank's part of a sum") ||
+        !check(c, cudaEventRecord(p->copied, c->stream), "a rank's part of a sum"))
+        return NULL;
+    c->part_turn ^= 1;
+    return p;
+}
+
+static void cuda_parts_add(struct sp_backend *b, struct sp_tensor t, const void *const *parts, int n) {
+    struct cuda *c = cuda_of(b);
+    if (c->err) return;
+    if (n < 1 || n > SP_CUDA_PARTS_MAX) {
+        fail(c, SP_ERR_ARG, "cuda: a sum of more ranks than it takes");
+        return;
+    }
+    touched_t(c, t);
+    struct sp_cuda_parts q = {.n = n};
+    for (int j = 0; j < n; j++) {
+        const struct part *p = parts[j];
+        if (!check(c, cudaStreamWaitEvent(c->stream, p->copied, 0), "waiting for a rank's part of a sum")) return;
+        q.part[j] = p->data;
+    }
+    check(c, (cudaError_t)sp_cuda_sum_parts(t.data, t.ld, &q, t.rows, t.cols, c->stream), "the ranks' sum");
+}
+
 static bool cuda_supports(const struct sp_backend *b, enum sp_op op, enum sp_qtype fmt) {
     return (unsigned)op < SP_OP_COUNT && (unsigned)fmt < SP_QTYPE_COUNT;
 }
@@ -1192,7 +1263,7 @@ static void cuda_gather(struct sp_backend *b, struct sp_tensor dst, struct sp_te
 
 /* m's experts as items of the batched kernels, uploaded once; false (and
  * the table marked so) where some expert's weights are not all read by
- * those kernels or do not share the first expert's formats. */
+ * those kernels or do not share the formats of the first (of this rank's). */
 static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
     struct moe_table *t = &c->moe[m->layer];
     if (t->built) return t->ok ? t : NULL;
@@ -1203,15 +1274,18 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
     t->fused = m->gate_up != NULL;
     bool ok = true;
     for (int64_t e = 0; e < E && ok; e++) {
+        if (m->owner && m->owner[e] != m->rank) continue;  // another rank's: never read here
         struct sp_mlp_item it = {t->fused ? NULL : &m->gate[e], t->fused ? NULL : &m->up[e],
                                  t->fused ? &m->gate_up[e] : NULL, &m->down[e], {0}, 0};
         struct sp_cuda_weight w[3];
         ok = vec_item(c, &it, w);
-        if (ok && e == 0) t->gate = w[0], t->down = w[2];
-        ok = ok && sp_cuda_same_format(&t->gate, &w[0]) && sp_cuda_same_format(&t->down, &w[2]) &&
-             t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
+        ok = ok && (!t->gate.codes || (sp_cuda_same_format(&t->gate, &w[0]) &&
+                                       sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows &&
+                                       !t->gate.bias == !w[1].bias));
+        if (ok && !t->gate.codes) t->gate = w[0], t->down = w[2];
         h[e] = item_weights(w, t->fused);
     }
+    ok = ok && t->gate.codes;  // no expert of the layer here: the host's path
     if (ok && m->shared_gate) {  // the shared expert rides along where the experts' kernels read it as they are
         struct sp_mlp_item it = {m->shared_gate, m->shared_up, NULL, m->shared_down, {0}, 0};
         struct sp_cuda_weight w[3];
@@ -1219,9 +1293,17 @@ static struct moe_table *moe_table(struct cuda *c, const struct sp_moe *m) {
                     sp_cuda_same_format(&t->down, &w[2]) && t->down.rows == w[2].rows && !t->gate.bias == !w[1].bias;
         if (t->shared) h[E] = item_weights(w, false);
     }
-    size_t bytes = (size_t)(E + t->shared) * sizeof *h;
-    if (ok && dev_alloc(c, bytes, (void **)&t->d) != SP_OK) ok = false;
+    size_t bytes = (size_t)(E + t->shared) * sizeof *h, own_bytes = m->owner ? (size_t)E : 0;
+    uint8_t *own = own_bytes ? sp_malloc(own_bytes, SP_MEM_MISC) : NULL;
+    if (own_bytes && !own) ok = false;
+    for (int64_t e = 0; own && e < E; e++) own[e] = m->owner[e] == m->rank;
+    if (ok && dev_alloc(c, bytes + own_bytes, (void **)&t->d) != SP_OK) ok = false;
     if (ok) ok = upload(c, t->d, h, bytes, "expert table");
+    if (ok && own) {
+        t->own = (const uint8_t *)t->d + bytes;
+        ok = upload(c, (void *)t->own, own, own_bytes, "the rank's experts");
+    }
+    sp_free(own);
     sp_free(h);
     t->ok = ok;
     return ok ? t : NULL;
@@ -1273,10 +1355,10 @@ static bool cuda_moe(struct sp_backend *b, const struct sp_moe *m, struct sp_ten
         bool from_qa = q && qa_holds(c, x, h.ld, nt0, d);
         const struct sp_cuda_qx *xq = !q ? NULL : from_qa && !one ? &c->qb : &c->qa;
         if (!product(c, m->router, x, h.ld, c->moe_logits, E, nt0) ||
-            !check(c, (cudaError_t)sp_cuda_moe_group(&r, c->moe_logits, E, c->moe_sel, c->moe_w, nt0, t->d, t->shared,
-                                                      one ? x : c->moe_x, one ? h.ld : d, one, nt, jblocks, rblocks,
-                                                      items, c->moe_items, c->moe_rows, c->moe_ew, c->moe_toff,
-                                                      c->moe_tlist, c->stream),
+            !check(c, (cudaError_t)sp_cuda_moe_group(&r, c->moe_logits, E, c->moe_sel, c->moe_w, nt0, t->d, t->own,
+                                                      t->shared, one ? x : c->moe_x, one ? h.ld : d, one, nt, jblocks,
+                                                      rblocks, items, c->moe_items, c->moe_rows, c->moe_ew,
+                                                      c->moe_toff, c->moe_tlist, c->stream),
                    "routing and grouping by expert"))
             break;
         bool placed;  // the activations where the items read them
@@ -1500,6 +1582,8 @@ static void cuda_destroy(struct sp_backend *b) {
     for (int64_t n = 0; n <= GRAPH_TOKENS; n++)
         if (c->graph[n]) cudaGraphExecDestroy(c->graph[n]);
     if (c->stage) cudaFreeHost(c->stage);
+    for (int i = 0; i < 2; i++)
+        if (c->parts[i].has_event) cudaEventDestroy(c->parts[i].copied);
     for (int64_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     for (int64_t i = 0; i < c->n_pinned; i++) cudaHostUnregister(c->pinned[i]);
     sp_free(c->pinned);
@@ -1740,6 +1824,9 @@ const struct sp_backend_ops sp_cuda_backend_ops = {
     .write = cuda_write,
     .host = cuda_host,
     .sync = cuda_sync,
+    .parts_link = cuda_parts_link,
+    .part_share = cuda_part_share,
+    .parts_add = cuda_parts_add,
     .error = cuda_error,
     .mark = cuda_mark,
     .mark_seconds = cuda_mark_seconds,

@@ -1793,6 +1793,15 @@ __global__ void k_add(float *dst, int64_t ldd, const float *src, int64_t lds, in
     if (c < cols) dst[r * ldd + c] = __fadd_rn(dst[r * ldd + c], src[r * lds + c]);
 }
 
+__global__ void k_sum_parts(float *out, int64_t ldo, sp_cuda_parts p, int64_t cols) {
+    dep_start();
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (c >= cols) return;
+    float s = p.part[0][r * cols + c];
+    for (int j = 1; j < p.n; j++) s = __fadd_rn(s, p.part[j][r * cols + c]);
+    out[r * ldo + c] = s;
+}
+
 __global__ void k_glu(float *out, int64_t ldo, const float *g, const float *u, int64_t lds, int64_t w, float alpha,
                       float limit, float u_offset) {
     dep_start();
@@ -1822,7 +1831,10 @@ __global__ void k_scatter_add(float *out, int64_t ldo, const float *src, int64_t
     if (a == b || c >= cols) return;
     float *o = out + (int64_t)blockIdx.x * ldo + c;
     float v = *o;
-    for (int32_t k = a; k < b; k++) v = fmaf(w[list[k]], src[(int64_t)list[k] * lds + c], v);
+    for (int32_t k = a; k < b; k++) {
+        int32_t g = list[k];
+        if (g >= 0) v = fmaf(w[g], src[(int64_t)g * lds + c], v);  // < 0: another rank's pair
+    }
     *o = v;
 }
 
@@ -2172,7 +2184,8 @@ constexpr int GROUP_ROUTE_V = 2;
 template <int V>
 __global__ void __launch_bounds__(GROUP_THREADS)
     k_moe_group(struct sp_cuda_route r, const float *logits, int64_t ldl, bool route_here, int32_t *sel, float *w,
-                int n, const sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx, bool one_row, int nt,
+                int n, const sp_cuda_mlp_item *table, const uint8_t *own, bool shared, const float *gath, int64_t ldx,
+                bool one_row, int nt,
                 int64_t jblocks, int64_t rblocks, int max_items, sp_cuda_mlp_item *items, int32_t *rows, float *ew,
                 int32_t *toff, int32_t *tlist) {
     dep_start();
@@ -2191,9 +2204,10 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     }
     for (int e = tid; e < SP_CUDA_ROUTE_MAX_EXPERTS; e += GROUP_THREADS) cnt[e] = 0;
     __syncthreads();
-    for (int i = tid; i < nk; i += GROUP_THREADS) atomicAdd(&cnt[sel[i]], 1);
+    for (int i = tid; i < nk; i += GROUP_THREADS)
+        if (!own || own[sel[i]]) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total, tb_total;
+    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total, tb_total, pairs;
 #pragma unroll
     for (int j = 0; j < GROUP_PER; j++) {
         int e = tid * GROUP_PER + j;
@@ -2201,7 +2215,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         used[j] = c[j] > 0;
         tb[j] = (c[j] + nt - 1) / nt;
     }
-    scan(tmp).ExclusiveSum(c, o);
+    scan(tmp).ExclusiveSum(c, o, pairs);
     __syncthreads();
     scan(tmp).ExclusiveSum(used, io, total);
     __syncthreads();
@@ -2239,6 +2253,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
         items[m].n = 0;
         items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
     }
+    for (int g = pairs + tid; g < nk; g += GROUP_THREADS) rows[g] = 0;  // other ranks' pairs: rows gathered unread
     for (int e = tid / WARP; e < E; e += GROUP_THREADS / WARP) {
         if (!cnt[e]) continue;
         int at = off[e];
@@ -2259,7 +2274,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     for (int t = tid; t < n; t += GROUP_THREADS) {
         int ex[SP_CUDA_ROUTE_MAX_K], gp[SP_CUDA_ROUTE_MAX_K];
         for (int j = 0; j < K; j++) {
-            int e = sel[t * K + j], g = tlist[t * S + j], at = j;
+            int e = sel[t * K + j], g = own && !own[e] ? -1 : tlist[t * S + j], at = j;
             for (; at > 0 && ex[at - 1] > e; at--) ex[at] = ex[at - 1], gp[at] = gp[at - 1];
             ex[at] = e, gp[at] = g;
         }
@@ -2285,7 +2300,8 @@ __global__ void __launch_bounds__(GROUP_THREADS)
  * there is one, is item K). */
 __global__ void __launch_bounds__(SP_CUDA_ROUTE_MAX_EXPERTS)
     k_moe_one(struct sp_cuda_route r, const float *logits, int32_t *sel, float *w, const sp_cuda_mlp_item *table,
-              bool shared, const float *x, int64_t ldx, int64_t jblocks, int64_t rblocks, int max_items,
+              const uint8_t *own, bool shared, const float *x, int64_t ldx, int64_t jblocks, int64_t rblocks,
+              int max_items,
               sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
     dep_start();
     __shared__ float val[SP_CUDA_ROUTE_MAX_EXPERTS];
@@ -2367,9 +2383,12 @@ __global__ void __launch_bounds__(SP_CUDA_ROUTE_MAX_EXPERTS)
     if (e >= WARP) return;
     int my_e = lane < K ? pick[lane] : 0, g = 0;
     route_weights(r, group, my_e, lane < K ? score[lane] : 0.0f, sel, w);
-    for (int j = 0; j < K; j++) {  /* the choice's place in expert order */
+    bool ours = lane < K && (!own || own[my_e]);
+    unsigned ours_mask = __ballot_sync(0xffffffffu, ours);
+    int kept = __popc(ours_mask), used = kept + (shared ? 1 : 0);
+    for (int j = 0; j < K; j++) {  /* the choice's place in expert order among the kept */
         int ej = __shfl_sync(0xffffffffu, my_e, j);
-        g += ej < my_e || (ej == my_e && j < lane);
+        g += (ours_mask >> j & 1u) && (ej < my_e || (ej == my_e && j < lane));
     }
     auto place = [&](const sp_cuda_mlp_item &from, int at) {
         sp_cuda_mlp_item it = from;
@@ -2384,15 +2403,19 @@ __global__ void __launch_bounds__(SP_CUDA_ROUTE_MAX_EXPERTS)
         rows[at] = 0;
         tlist[at] = at;
     };
-    if (lane < K) {
+    if (ours) {
         place(table[my_e], g);
         ew[g] = w[lane];
     }
     if (shared && lane == 0) {
-        place(table[E], K);
-        ew[K] = 1.0f;
+        place(table[E], kept);
+        ew[kept] = 1.0f;
     }
-    if (lane == 0) toff[0] = 0, toff[1] = S;
+    for (int m = used + lane; m < S; m += WARP) {  // other ranks' choices: no item
+        items[m].n = 0;
+        items[m].blk_gate_up = items[m].blk_down = INT64_MAX;
+    }
+    if (lane == 0) toff[0] = 0, toff[1] = used;
 }
 
 /* ---- attention ---- */
@@ -3391,6 +3414,22 @@ extern "C" int sp_cuda_gather_q(const struct sp_cuda_qx *dst, const struct sp_cu
     return (int)cudaGetLastError();
 }
 
+extern "C" int sp_cuda_sum_parts(float *out, int64_t ldo, const struct sp_cuda_parts *p, int64_t n, int64_t cols,
+                                 void *stream) {
+    if (n <= 0 || cols <= 0) return 0;
+    if (p->n < 1 || p->n > SP_CUDA_PARTS_MAX) return (int)cudaErrorInvalidValue;
+    for (int64_t r0 = 0; r0 < n; r0 += MAX_GRID_Y) {
+        int64_t m = n - r0 < MAX_GRID_Y ? n - r0 : MAX_GRID_Y;
+        sp_cuda_parts q = *p;
+        for (int j = 0; j < q.n; j++) q.part[j] += r0 * cols;
+        dim3 grid((unsigned)((cols + 255) / 256), (unsigned)m);
+        launch(k_sum_parts, grid, 256, static_cast<cudaStream_t>(stream), out + r0 * ldo, ldo, q, cols);
+        int err = (int)cudaGetLastError();
+        if (err) return err;
+    }
+    return 0;
+}
+
 extern "C" int sp_cuda_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t n, int64_t cols,
                            void *stream) {
     if (n <= 0 || cols <= 0) return 0;
@@ -3583,6 +3622,7 @@ struct moe_group_launch {
     float *w;
     int64_t n;
     const sp_cuda_mlp_item *table;
+    const uint8_t *own;
     bool shared;
     const float *gath;
     int64_t ldx;
@@ -3600,16 +3640,16 @@ struct moe_group_launch {
         if (!here)
             launch(k_route<V>, (unsigned)((n + ROUTE_WARPS - 1) / ROUTE_WARPS), ROUTE_WARPS * WARP, s, *r, logits, ldl,
                    n, sel, w);
-        launch(k_moe_group<V>, 1, GROUP_THREADS, s, *r, logits, ldl, here, sel, w, (int)n, table, shared, gath, ldx,
-               one_row, nt, jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
+        launch(k_moe_group<V>, 1, GROUP_THREADS, s, *r, logits, ldl, here, sel, w, (int)n, table, own, shared, gath,
+               ldx, one_row, nt, jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
         return (int)cudaGetLastError();
     }
 };
 }  // namespace
 
 extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel,
-                                 float *w, int64_t n, const struct sp_cuda_mlp_item *table, bool shared,
-                                 const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks,
+                                 float *w, int64_t n, const struct sp_cuda_mlp_item *table, const uint8_t *own,
+                                 bool shared, const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks,
                                  int64_t rblocks, int64_t max_items, struct sp_cuda_mlp_item *items, int32_t *rows,
                                  float *ew, int32_t *toff, int32_t *tlist, void *stream) {
     if (n <= 0) return 0;
@@ -3618,12 +3658,13 @@ extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *log
         return (int)cudaErrorInvalidValue;
     if (n == 1 && one_row) {
         unsigned threads = (unsigned)((r->n_experts + WARP - 1) / WARP * WARP);
-        launch(k_moe_one, 1, threads, static_cast<cudaStream_t>(stream), *r, logits, sel, w, table, shared, gath, ldx,
-               jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
+        launch(k_moe_one, 1, threads, static_cast<cudaStream_t>(stream), *r, logits, sel, w, table, own, shared, gath,
+               ldx, jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
         return (int)cudaGetLastError();
     }
-    moe_group_launch l = {r,  logits, ldl,     sel,     w,         n,     table, shared, gath, ldx,  one_row,
-                          nt, jblocks, rblocks, max_items, items, rows, ew,    toff,   tlist, static_cast<cudaStream_t>(stream)};
+    moe_group_launch l = {r,       logits,    ldl,   sel,  w,  n,    table, own,   shared, gath, ldx, one_row,
+                          nt,      jblocks,   rblocks, max_items, items, rows, ew, toff, tlist,
+                          static_cast<cudaStream_t>(stream)};
     return by_experts(r->n_experts, l);
 }
 

@@ -190,12 +190,15 @@ struct sp_cuda_route {
  * (sp_cuda_scatter_add's off and list). With shared, table[n_experts] is a
  * shared expert of the experts' formats and ff: one more item after the
  * others, on rows n k + t of gath (rows[n k + t] = t, weight 1), last in
- * each token's list (then k + 1 long). n x (k + shared) at most
+ * each token's list (then k + 1 long). Where own is not NULL (experts
+ * split over ranks: own[e] nonzero where expert e is this rank's), only
+ * this rank's pairs become items; another rank's pair is -1 in tlist (a
+ * one-token list holds only this rank's). n x (k + shared) at most
  * SP_CUDA_MOE_MAX_PAIRS. */
 #define SP_CUDA_MOE_MAX_PAIRS 4608  // a 512-token chunk of top-8 routing with a shared expert at once
 int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel, float *w,
-                      int64_t n, const struct sp_cuda_mlp_item *table, bool shared, const float *gath, int64_t ldx,
-                      bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
+                      int64_t n, const struct sp_cuda_mlp_item *table, const uint8_t *own, bool shared,
+                      const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
                       struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist,
                       void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
@@ -213,6 +216,14 @@ int sp_cuda_add_rmsnorm(float *x, int64_t ldx, float *r, int64_t ldr, bool zero_
                         float *out, int64_t ldo, int64_t n, int64_t cols, const struct sp_cuda_qx *q, void *stream);
 /* dst += src over n rows of cols. */
 int sp_cuda_add(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t n, int64_t cols, void *stream);
+/* Ranks' parts of a sum (n rows of cols each, dense; another GPU's where
+ * peer access allows): out row r = their rows r added in part order. */
+#define SP_CUDA_PARTS_MAX 64
+struct sp_cuda_parts {
+    const float *part[SP_CUDA_PARTS_MAX];
+    int n;
+};
+int sp_cuda_sum_parts(float *out, int64_t ldo, const struct sp_cuda_parts *p, int64_t n, int64_t cols, void *stream);
 /* out = (u + u_offset) * g / (1 + exp(-alpha g)), g clamped to <= limit, u to [-limit, limit]; g and u
  * rows lds apart (u NULL: pairs g[2j], g[2j + 1]), n rows of w outputs. */
 int sp_cuda_glu(float *out, int64_t ldo, const float *g, const float *u, int64_t lds, int64_t n, int64_t w,
@@ -223,7 +234,7 @@ int sp_cuda_gather(float *dst, int64_t ldd, const float *src, int64_t lds, const
 /* The same for int8 rows (codes and block pairs) of cols (a multiple of SP_CUDA_QBLOCK). */
 int sp_cuda_gather_q(const struct sp_cuda_qx *dst, const struct sp_cuda_qx *src, const int32_t *rows, int64_t n,
                      int64_t cols, void *stream);
-/* Row t of out += w[k] x row k of src for k in list[off[t] .. off[t + 1]) in that order, t < n. */
+/* Row t of out += w[k] x row k of src for k in list[off[t] .. off[t + 1]) in that order (k < 0: none), t < n. */
 int sp_cuda_scatter_add(float *out, int64_t ldo, const float *src, int64_t lds, const int32_t *off,
                         const int32_t *list, const float *w, int64_t n, int64_t cols, void *stream);
 
