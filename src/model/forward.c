@@ -1239,10 +1239,10 @@ fail:
 
 enum sp_status sp_ctx_ranks_check(const struct sp_model *m, const struct sp_ctx_params *p, int n, bool processes) {
     if (n > SP_RANKS_MAX) return sp_errorf(SP_ERR_ARG, "%d ranks: at most %d", n, SP_RANKS_MAX);
-    if (p->experts && !processes && sp_expert_source_held(p->experts) < n)
+    int64_t held = p->experts ? sp_expert_source_held(p->experts) : 0;
+    if (p->experts && !processes && held < n)
         return sp_errorf(SP_ERR_ARG, "a host expert cache that holds %lld experts at once, shared by %d ranks: each "
-                         "rank needs one (a cache of %d experts at least)",
-                         (long long)sp_expert_source_held(p->experts), n, 2 * n);
+                         "rank needs one (a cache of %d experts at least)", (long long)held, n, 2 * n);
     if (m->arch.n_experts < n)
         return sp_errorf(SP_ERR_ARG, "%d ranks for %lld routed experts a layer: the ranks split the experts, at least "
                          "one each", n, (long long)m->arch.n_experts);

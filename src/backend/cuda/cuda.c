@@ -769,8 +769,9 @@ static const void *cuda_part_share(struct sp_backend *b, struct sp_tensor t) {
         p->has_event = true;
     }
     if (!dev_reserve(c, (void **)&p->data, &p->cap, t.rows * t.cols, sizeof(float)) ||
-        !check(c, cudaMemcpy2DAsync(p->data, (size_t)t.cols * sizeof(float), t.data, (size_t)t.ld * sizeof(float),
-                                    (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyDeviceToDevice, c->stream),
+        !check(c,
+               cudaMemcpy2DAsync(p->data, (size_t)t.cols * sizeof(float), t.data, (size_t)t.ld * sizeof(float),
+                                 (size_t)t.cols * sizeof(float), (size_t)t.rows, cudaMemcpyDeviceToDevice, c->stream),
                "a rank's part of a sum") ||
         !check(c, cudaEventRecord(p->copied, c->stream), "a rank's part of a sum"))
         return NULL;

@@ -2185,9 +2185,8 @@ template <int V>
 __global__ void __launch_bounds__(GROUP_THREADS)
     k_moe_group(struct sp_cuda_route r, const float *logits, int64_t ldl, bool route_here, int32_t *sel, float *w,
                 int n, const sp_cuda_mlp_item *table, const uint8_t *own, bool shared, const float *gath, int64_t ldx,
-                bool one_row, int nt,
-                int64_t jblocks, int64_t rblocks, int max_items, sp_cuda_mlp_item *items, int32_t *rows, float *ew,
-                int32_t *toff, int32_t *tlist) {
+                bool one_row, int nt, int64_t jblocks, int64_t rblocks, int max_items, sp_cuda_mlp_item *items,
+                int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
     dep_start();
     using scan = cub::BlockScan<int, GROUP_THREADS>;
     __shared__ typename scan::TempStorage tmp;
@@ -2207,7 +2206,8 @@ __global__ void __launch_bounds__(GROUP_THREADS)
     for (int i = tid; i < nk; i += GROUP_THREADS)
         if (!own || own[sel[i]]) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total, tb_total, pairs;
+    int c[GROUP_PER], o[GROUP_PER], used[GROUP_PER], io[GROUP_PER], tb[GROUP_PER], to[GROUP_PER], total, tb_total,
+        pairs;
 #pragma unroll
     for (int j = 0; j < GROUP_PER; j++) {
         int e = tid * GROUP_PER + j;
@@ -2301,8 +2301,7 @@ __global__ void __launch_bounds__(GROUP_THREADS)
 __global__ void __launch_bounds__(SP_CUDA_ROUTE_MAX_EXPERTS)
     k_moe_one(struct sp_cuda_route r, const float *logits, int32_t *sel, float *w, const sp_cuda_mlp_item *table,
               const uint8_t *own, bool shared, const float *x, int64_t ldx, int64_t jblocks, int64_t rblocks,
-              int max_items,
-              sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
+              int max_items, sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist) {
     dep_start();
     __shared__ float val[SP_CUDA_ROUTE_MAX_EXPERTS];
     __shared__ __align__(16) unsigned long long word[SP_CUDA_ROUTE_MAX_EXPERTS];  // candidates; 0: none
@@ -3662,9 +3661,8 @@ extern "C" int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *log
                ldx, jblocks, rblocks, (int)max_items, items, rows, ew, toff, tlist);
         return (int)cudaGetLastError();
     }
-    moe_group_launch l = {r,       logits,    ldl,   sel,  w,  n,    table, own,   shared, gath, ldx, one_row,
-                          nt,      jblocks,   rblocks, max_items, items, rows, ew, toff, tlist,
-                          static_cast<cudaStream_t>(stream)};
+    moe_group_launch l = {r, logits, ldl, sel, w, n, table, own, shared, gath, ldx, one_row, nt, jblocks, rblocks,
+                          max_items, items, rows, ew, toff, tlist, static_cast<cudaStream_t>(stream)};
     return by_experts(r->n_experts, l);
 }
 

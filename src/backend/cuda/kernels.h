@@ -198,9 +198,9 @@ struct sp_cuda_route {
 #define SP_CUDA_MOE_MAX_PAIRS 4608  // a 512-token chunk of top-8 routing with a shared expert at once
 int sp_cuda_moe_group(const struct sp_cuda_route *r, const float *logits, int64_t ldl, int32_t *sel, float *w,
                       int64_t n, const struct sp_cuda_mlp_item *table, const uint8_t *own, bool shared,
-                      const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks, int64_t rblocks, int64_t max_items,
-                      struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff, int32_t *tlist,
-                      void *stream);
+                      const float *gath, int64_t ldx, bool one_row, int nt, int64_t jblocks, int64_t rblocks,
+                      int64_t max_items, struct sp_cuda_mlp_item *items, int32_t *rows, float *ew, int32_t *toff,
+                      int32_t *tlist, void *stream);
 /* Row tokens[t] of w (dequantized) into x[t * ldx ...] for t < n. */
 int sp_cuda_embed(const struct sp_cuda_weight *w, const int32_t *tokens, int64_t n, float *x, int64_t ldx,
                   void *stream);
